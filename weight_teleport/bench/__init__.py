@@ -1,0 +1,1 @@
+"""Benchmarks: simulated RL deltas, peer codecs, entropy bounds and the harness."""
