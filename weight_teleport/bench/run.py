@@ -1,0 +1,256 @@
+"""The delta benchmark: our codec and the peers' codecs on the same simulated RL steps.
+
+For each learning rate, AdamW steps of a simulated Qwen3-style model give (old, new)
+bf16 pairs. Every codec encodes and decodes every pair in this process; every round trip
+is checked bit-exact; sizes are compared with the delta's order-0 entropy bound, and
+speeds are reported in GB/s of bf16 weights (2 bytes per element).
+"""
+
+import argparse
+import dataclasses
+import datetime
+import json
+import os
+import platform
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from weight_teleport.bench.baselines import BASELINES, BaselineUnavailable, State
+from weight_teleport.bench.entropy import bit_view, delta_entropy
+from weight_teleport.bench.simulate import delta_pairs, make_config, make_state
+
+OURS = "weight_teleport"
+REFERENCE = "xor_zstd1"
+
+
+@dataclasses.dataclass(frozen=True)
+class Codec:
+    """A codec under test; ``decode(old, blob)`` returns the new state."""
+
+    name: str
+    encode: Callable[[State, State], bytes]
+    decode: Callable[[State, bytes], State]
+    in_place: bool = False
+    """``decode`` patches the state it is given: it gets a copy made outside the timer."""
+
+
+def _our_codec(threads: int | None) -> Codec | None:
+    try:
+        from weight_teleport.codec import apply_delta, encode_delta
+    except ImportError as e:
+        print(f"note: {OURS} codec not importable ({e}); benchmarking the baselines only")
+        return None
+
+    def encode(old: State, new: State) -> bytes:
+        return encode_delta(old, new, base_version=0, version=1, threads=threads)
+
+    def decode(state: State, blob: bytes) -> State:
+        apply_delta(state, blob, threads=threads)
+        return state
+
+    return Codec(OURS, encode, decode, in_place=True)
+
+
+def codecs(threads: int | None = None) -> list[Codec]:
+    """Our codec (when importable) followed by every baseline."""
+    ours = _our_codec(threads)
+    peers = [Codec(b.name, b.encode, b.decode) for b in BASELINES]
+    return ([ours] if ours else []) + peers
+
+
+def _same_bits(a: State, b: State) -> bool:
+    return a.keys() == b.keys() and all(
+        a[n].dtype == b[n].dtype
+        and a[n].shape == b[n].shape
+        and torch.equal(bit_view(a[n]), bit_view(b[n]))
+        for n in a
+    )
+
+
+def _timed(fn: Callable[[], object]) -> tuple[object, float]:
+    start = time.perf_counter()
+    result = fn()
+    return result, time.perf_counter() - start
+
+
+def _run_codec(codec: Codec, old: State, new: State, repeats: int) -> dict:
+    """Encode and decode one pair ``repeats`` times; return size and timings."""
+    encode_s, decode_s = [], []
+    for _ in range(repeats):
+        blob, seconds = _timed(lambda: codec.encode(old, new))
+        encode_s.append(seconds)
+        base = {n: t.clone() for n, t in old.items()} if codec.in_place else old
+        decoded, seconds = _timed(lambda: codec.decode(base, blob))
+        decode_s.append(seconds)
+        if not _same_bits(decoded, new):
+            raise RuntimeError(f"{codec.name}: decoded state differs from the new state")
+    return {"bytes": len(blob), "encode_s": encode_s, "decode_s": decode_s}
+
+
+def _summarise(runs: list[dict], elements: int, weight_bytes: int) -> dict:
+    wire = sum(r["bytes"] for r in runs) / len(runs)
+    encode_s = statistics.median(s for r in runs for s in r["encode_s"])
+    decode_s = statistics.median(s for r in runs for s in r["decode_s"])
+    return {
+        "available": True,
+        "bytes_per_step": wire,
+        "bits_per_element": wire * 8 / elements,
+        "encode_gbps": weight_bytes / encode_s / 1e9,
+        "decode_gbps": weight_bytes / decode_s / 1e9,
+    }
+
+
+def _add_ratios(row: dict) -> None:
+    """Add each codec's ratio to the order-0 bound and XOR+zstd-1's size over its size."""
+    reference = row["codecs"].get(REFERENCE, {})
+    for stats in row["codecs"].values():
+        if stats["available"]:
+            stats["ratio_to_bound"] = stats["bits_per_element"] / row["bound_bits_per_element"]
+            if reference.get("available"):
+                stats["xor_zstd1_over_this"] = reference["bytes_per_step"] / stats["bytes_per_step"]
+
+
+def bench_lr(master: State, lr: float, steps: int, seed: int, codec_list: list[Codec], repeats: int) -> dict:
+    """Benchmark every codec on ``steps`` simulated steps at ``lr``; ``master`` advances."""
+    runs = {c.name: [] for c in codec_list}
+    unavailable, entropies = {}, []
+    for old, new in delta_pairs(master, lr, steps, seed):
+        entropies.append(delta_entropy(old, new))
+        for codec in codec_list:
+            if codec.name in unavailable:
+                continue
+            try:
+                runs[codec.name].append(_run_codec(codec, old, new, repeats))
+            except BaselineUnavailable as e:
+                unavailable[codec.name] = {"available": False, "reason": str(e)}
+    elements = entropies[0].elements
+    weight_bytes = sum(t.numel() * t.element_size() for t in old.values())
+    row = {
+        "lr": lr,
+        "elements": elements,
+        "density": statistics.mean(e.density for e in entropies),
+        "residual_bits": statistics.mean(e.residual_bits for e in entropies),
+        "bound_bits_per_element": statistics.mean(e.bound_bits_per_element for e in entropies),
+        "codecs": {
+            c.name: unavailable.get(c.name) or _summarise(runs[c.name], elements, weight_bytes)
+            for c in codec_list
+        },
+    }
+    _add_ratios(row)
+    return row
+
+
+def _machine() -> dict:
+    import zstandard
+
+    return {
+        "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "numpy": np.__version__,
+        "zstandard": zstandard.__version__,
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    }
+
+
+def _print_row(row: dict) -> None:
+    print(
+        f"lr {row['lr']:.0e}: density {row['density']:.3%}, residual {row['residual_bits']:.2f} bits,"
+        f" order-0 bound {row['bound_bits_per_element']:.4f} bits/elem"
+    )
+    print(f"  {'codec':<16}{'bits/elem':>10}{'x bound':>9}{'xor/this':>10}{'enc GB/s':>10}{'dec GB/s':>10}")
+    for name, s in row["codecs"].items():
+        if not s["available"]:
+            print(f"  {name:<16}not available: {s['reason']}")
+            continue
+        print(
+            f"  {name:<16}{s['bits_per_element']:>10.4f}{s['ratio_to_bound']:>9.2f}"
+            f"{s.get('xor_zstd1_over_this', float('nan')):>10.2f}"
+            f"{s['encode_gbps']:>10.3f}{s['decode_gbps']:>10.3f}"
+        )
+
+
+def _plot(rows: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    density = [r["density"] for r in rows]
+    ax.plot(density, [r["bound_bits_per_element"] for r in rows], "k--", label="order-0 bound")
+    for name in rows[0]["codecs"]:
+        points = [(r["density"], r["codecs"][name]) for r in rows]
+        points = [(d, s["bits_per_element"]) for d, s in points if s["available"]]
+        if points:
+            ax.plot(*zip(*points), marker="o", label=name)
+    ax.set(xscale="log", yscale="log", xlabel="changed elements (density)", ylabel="bits per element")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def run_bench(
+    config_name: str = "small",
+    lrs: tuple[float, ...] = (1e-6, 3e-6, 1e-5),
+    steps: int = 2,
+    seed: int = 0,
+    out_dir: str | Path = "out/bench",
+    threads: int | None = None,
+    repeats: int = 2,
+) -> dict:
+    """Run the benchmark, print a table, write ``bench.json`` and ``bench.png`` into
+    ``out_dir`` and return the results. ``threads`` goes to our codec; baselines run on
+    one thread. Every lr starts from the same weights and optimizer seed."""
+    config = make_config(config_name)
+    codec_list = codecs(threads)
+    initial = make_state(config, seed)
+    rows = []
+    for lr in lrs:
+        master = {n: w.clone() for n, w in initial.items()}
+        rows.append(bench_lr(master, lr, steps, seed, codec_list, repeats))
+        _print_row(rows[-1])
+    result = {
+        "machine": _machine(),
+        "config": dataclasses.asdict(config),
+        "params": {"lrs": list(lrs), "steps": steps, "seed": seed, "threads": threads, "repeats": repeats},
+        "results": rows,
+    }
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "bench.json").write_text(json.dumps(result, indent=2) + "\n")
+    _plot(rows, out / "bench.png")
+    print(f"wrote {out / 'bench.json'} and {out / 'bench.png'}")
+    return result
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add the benchmark's options to ``parser`` (the ``bench`` subcommand)."""
+    parser.add_argument("--config", default="small", help="model config: tiny, small, qwen3-0.6b, qwen3-8b")
+    parser.add_argument("--lrs", type=float, nargs="+", default=[1e-6, 3e-6, 1e-5], help="learning rates")
+    parser.add_argument("--steps", type=int, default=2, help="optimizer steps measured per learning rate")
+    parser.add_argument("--seed", type=int, default=0, help="simulation seed")
+    parser.add_argument("--out-dir", default="out/bench", help="where bench.json and bench.png go")
+    parser.add_argument("--threads", type=int, default=None, help="threads for our codec (default: its own)")
+    parser.add_argument("--repeats", type=int, default=2, help="timed repeats per step and codec")
+
+
+def main(args: argparse.Namespace) -> int:
+    """Run the benchmark from parsed ``add_arguments`` options; return the exit status."""
+    run_bench(args.config, tuple(args.lrs), args.steps, args.seed, args.out_dir, args.threads, args.repeats)
+    return 0
+
+
+if __name__ == "__main__":
+    cli = argparse.ArgumentParser(description=__doc__)
+    add_arguments(cli)
+    raise SystemExit(main(cli.parse_args()))
