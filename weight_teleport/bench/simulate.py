@@ -113,11 +113,13 @@ def _log_normal(n: int, sigma: float, gen: torch.Generator) -> torch.Tensor:
 
 
 def _heavy_tailed(shape: tuple[int, ...], gen: torch.Generator) -> torch.Tensor:
-    """Standard normal samples, a random 5% of them replaced by Student-t(4) samples."""
+    """Standard normal samples, a random ~5% of them replaced by Student-t(4) samples."""
     x = torch.randn(shape, generator=gen, device=gen.device)
     flat = x.view(-1)
     k = round(_TAIL_FRACTION * flat.numel())
-    where = torch.randint(flat.numel(), (k,), generator=gen, device=gen.device)
+    # unique: a repeated index would leave the winning write up to the scatter order
+    where = torch.randint(flat.numel(), (k,), generator=gen, device=gen.device).unique()
+    k = where.numel()
     u = 1.0 - torch.rand((2, k), generator=gen, device=gen.device)
     chi2_4 = u.log().sum(0).mul_(-2.0)  # chi-square with 4 dof: -2 log(U1 U2)
     flat[where] = torch.randn(k, generator=gen, device=gen.device) / (chi2_4 / 4).sqrt()
