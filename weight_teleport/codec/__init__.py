@@ -1,0 +1,24 @@
+"""Bit-exact delta codec: encode the change between two states, stage it, apply it."""
+
+from weight_teleport.codec.api import (
+    apply_delta,
+    apply_staged,
+    decode_snapshot,
+    encode_delta,
+    encode_snapshot,
+    inspect,
+    stage_delta,
+)
+from weight_teleport.codec.patch import ApplyReport, StagedPatch
+
+__all__ = [
+    "ApplyReport",
+    "StagedPatch",
+    "apply_delta",
+    "apply_staged",
+    "decode_snapshot",
+    "encode_delta",
+    "encode_snapshot",
+    "inspect",
+    "stage_delta",
+]

@@ -1,0 +1,167 @@
+"""The codec's public functions. Backends are chosen here and nowhere else."""
+
+import time
+from collections.abc import Mapping, MutableMapping
+
+import torch
+
+from weight_teleport.codec import streams
+from weight_teleport.codec.cpu import backend as cpu
+from weight_teleport.codec.dtypes import BY_NAME, as_uint, dtype_info
+from weight_teleport.codec.patch import ApplyReport, StagedPatch
+from weight_teleport.codec.plan import DEFAULT_CHUNK_ELEMS, check_chunk_elems
+from weight_teleport.errors import PackMismatchError, UnsupportedFormatError
+from weight_teleport.format import PackHeader, read_header, write_pack
+
+DEFAULT_LEVEL = 3
+
+
+def _check_cpu(state: Mapping[str, torch.Tensor]) -> None:
+    for name, t in state.items():
+        if t.device.type != "cpu":
+            raise ValueError(f"tensor {name!r} is on {t.device}; this build encodes and applies CPU "
+                             "tensors only (move the state to the CPU)")
+
+
+def _items(new: Mapping[str, torch.Tensor], old: Mapping[str, torch.Tensor] | None):
+    if old is not None:
+        if set(old) != set(new):
+            diff = sorted(set(old) ^ set(new))[:5]
+            raise ValueError(f"old and new states hold different tensor names, e.g. {diff}")
+        _check_cpu(old)
+    _check_cpu(new)
+    items = []
+    for name, t in new.items():
+        info = dtype_info(t.dtype)
+        if old is not None and (old[name].shape != t.shape or old[name].dtype != t.dtype):
+            raise ValueError(f"tensor {name!r} changed shape or dtype: {tuple(old[name].shape)} "
+                             f"{old[name].dtype} -> {tuple(t.shape)} {t.dtype}; publish a snapshot")
+        items.append(cpu.EncodeItem(name, info, tuple(t.shape), as_uint(t),
+                                    None if old is None else as_uint(old[name])))
+    return items
+
+
+def _pack(kind, items, version, base_version, chunk_elems, level, threads) -> bytes:
+    check_chunk_elems(chunk_elems)
+    records, chunks = cpu.encode(items, chunk_elems, level, threads)
+    header = PackHeader(kind=kind, version=version, base_version=base_version,
+                        chunk_elems=chunk_elems, tensors=records, stream_codecs=["raw", "zstd"])
+    return write_pack(header, chunks)
+
+
+def encode_delta(old: Mapping[str, torch.Tensor], new: Mapping[str, torch.Tensor], *,
+                 base_version: int, version: int, chunk_elems: int = DEFAULT_CHUNK_ELEMS,
+                 level: int = DEFAULT_LEVEL, threads: int | None = None) -> bytes:
+    """A pack that turns `old` (at `base_version`) into `new` (at `version`), bit for bit.
+
+    Both states map the same names to tensors of the same shapes and dtypes. `level` is the
+    zstd level of the streams; `threads` defaults to all cores."""
+    items = _items(new, old)
+    return _pack("delta", items, int(version), int(base_version), chunk_elems, level, threads)
+
+
+def encode_snapshot(state: Mapping[str, torch.Tensor], *, version: int,
+                    chunk_elems: int = DEFAULT_CHUNK_ELEMS, level: int = DEFAULT_LEVEL,
+                    threads: int | None = None) -> bytes:
+    """A pack holding the full weights of `state` (an anchor a receiver can start from)."""
+    return _pack("snapshot", _items(state, None), int(version), None, chunk_elems, level, threads)
+
+
+def _check_readable(header: PackHeader) -> None:
+    unknown = set(header.stream_codecs) - {streams.NAMES[c] for c in streams.CPU_READABLE}
+    if unknown:
+        raise UnsupportedFormatError(
+            f"pack uses stream codecs {sorted(unknown)} that the CPU cannot decode; ask its writer "
+            "for portable packs (stream_codec='zstd')")
+
+
+def _lives(state: Mapping[str, torch.Tensor], header: PackHeader, strict: bool):
+    missing = [t.name for t in header.tensors if t.name not in state]
+    if missing:
+        raise PackMismatchError(f"the state has no tensor {missing[0]!r} ({len(missing)} missing)")
+    extra = set(state) - {t.name for t in header.tensors}
+    if strict and extra:
+        raise PackMismatchError(f"the pack does not cover tensor {sorted(extra)[0]!r} of the state "
+                                f"({len(extra)} more); pass strict=False to leave such tensors alone")
+    _check_cpu({t.name: state[t.name] for t in header.tensors})
+    lives = {}
+    for rec in header.tensors:
+        t = state[rec.name]
+        if tuple(t.shape) != rec.shape or t.dtype != BY_NAME[rec.dtype].torch_dtype:
+            raise PackMismatchError(f"tensor {rec.name!r} is {tuple(t.shape)} {t.dtype} in the state "
+                                    f"but {rec.shape} {rec.dtype} in the pack")
+        lives[rec.name] = cpu._Live(t, BY_NAME[rec.dtype])
+    return lives
+
+
+def stage_delta(state: Mapping[str, torch.Tensor], pack: bytes, *, base_version: int | None = None,
+                check_base: bool = True, strict: bool = True, threads: int | None = None) -> StagedPatch:
+    """Decode and verify a pack against `state` without writing anything.
+
+    Checks the container (checksums), that the pack fits the state (names, shapes, dtypes,
+    `base_version` if given), with `check_base` that the state holds the pack's base weights
+    (one read of the state), and that the patched weights will have the promised digests.
+    Raises a typed error (weight_teleport.errors) otherwise."""
+    header = read_header(pack)
+    _check_readable(header)
+    if header.kind == "delta" and base_version is not None and header.base_version != base_version:
+        raise PackMismatchError(f"pack applies to version {header.base_version}, the state is at "
+                                f"version {base_version}")
+    lives = _lives(state, header, strict)
+    return cpu.stage(lives, header, pack, check_base and header.kind == "delta", threads)
+
+
+def apply_staged(state: MutableMapping[str, torch.Tensor], staged: StagedPatch,
+                 threads: int | None = None) -> None:
+    """Write a staged patch into `state` in place (the only step that modifies weights)."""
+    lives = {t.name: cpu._Live(state[t.name], t.info) for t in staged.tensors}
+    cpu.apply(lives, staged, threads)
+
+
+def apply_delta(state: MutableMapping[str, torch.Tensor], pack: bytes, *,
+                base_version: int | None = None, check_base: bool = True, strict: bool = True,
+                threads: int | None = None) -> ApplyReport:
+    """Patch `state` in place with a delta (or overwrite it with a snapshot) pack.
+
+    Everything is decoded and verified first (see stage_delta); a pack that does not fit
+    raises before any tensor is modified."""
+    t0 = time.perf_counter()
+    staged = stage_delta(state, pack, base_version=base_version, check_base=check_base,
+                         strict=strict, threads=threads)
+    t1 = time.perf_counter()
+    apply_staged(state, staged, threads)
+    t2 = time.perf_counter()
+    return ApplyReport(version=staged.version, base_version=staged.base_version, kind=staged.kind,
+                       tensors_patched=sum(1 for t in staged.tensors if t.chunks),
+                       elements_changed=staged.changed, pack_bytes=len(pack),
+                       base_checked=staged.base_checked, digest_verified=True,
+                       stage_seconds=t1 - t0, apply_seconds=t2 - t1)
+
+
+def decode_snapshot(pack: bytes, *, threads: int | None = None) -> dict[str, torch.Tensor]:
+    """The full weights of a snapshot pack, as new CPU tensors."""
+    header = read_header(pack)
+    if header.kind != "snapshot":
+        raise PackMismatchError(f"pack is a {header.kind} for version {header.base_version}; "
+                                "a receiver with no weights needs a snapshot pack")
+    state = {t.name: torch.empty(t.shape, dtype=BY_NAME[t.dtype].torch_dtype) for t in header.tensors}
+    apply_delta(state, pack, threads=threads)
+    return state
+
+
+def inspect(pack: bytes) -> dict:
+    """Header fields and size statistics of a pack (reads only the preamble and header)."""
+    header = read_header(pack)
+    tensors = []
+    for t in header.tensors:
+        nbytes = sum(c.length for c in t.chunks)
+        tensors.append({"name": t.name, "dtype": t.dtype, "shape": list(t.shape), "codec": t.codec,
+                        "changed": t.changed, "density": t.changed / max(t.numel, 1),
+                        "bytes": nbytes, "chunks": len(t.chunks), "digest": t.digest})
+    numel = sum(t.numel for t in header.tensors)
+    changed = sum(t.changed for t in header.tensors)
+    return {"format_version": header.format_version, "kind": header.kind, "version": header.version,
+            "base_version": header.base_version, "chunk_elems": header.chunk_elems,
+            "stream_codecs": header.stream_codecs, "tensors": tensors, "numel": numel,
+            "changed": changed, "density": changed / max(numel, 1), "pack_bytes": len(pack),
+            "header_bytes": header.payload_offset, "bits_per_element": 8 * len(pack) / max(numel, 1)}

@@ -1,0 +1,244 @@
+"""The CPU backend: numba kernels over chunks on a thread pool, zstd streams."""
+
+import os
+import zlib
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from weight_teleport.codec import digest as D
+from weight_teleport.codec.cpu import chunks as C
+from weight_teleport.codec.cpu import kernels as K
+from weight_teleport.codec.dtypes import BY_NAME, DtypeInfo, as_uint
+from weight_teleport.codec.patch import ChunkPatch, StagedPatch, TensorPatch
+from weight_teleport.codec.plan import SPARSE_MAX_DENSITY, chunk_ranges, plan_classes, runs_to_lut
+from weight_teleport.errors import DigestMismatchError, PackFormatError, PackMismatchError
+from weight_teleport.format import ChunkRef, PackHeader, TensorRecord, chunk_payload
+
+DENSE_CODECS = ("dense_residual", "dense_values")
+
+
+@dataclass
+class EncodeItem:
+    name: str
+    info: DtypeInfo
+    shape: tuple[int, ...]
+    new: np.ndarray
+    old: np.ndarray | None
+    """Base bit patterns; None for snapshots."""
+
+
+def _pool(threads: int | None) -> ThreadPoolExecutor:
+    return ThreadPoolExecutor(max_workers=threads or os.cpu_count() or 1)
+
+
+def _first_word(start: int, info: DtypeInfo) -> int:
+    return start * info.nbytes // 8
+
+
+def _scan(item: EncodeItem, start: int, stop: int):
+    """Key histograms and digest sums of one chunk of a delta (or snapshot) item."""
+    new = item.new[start:stop]
+    s_new = C.digest_sum(new, _first_word(start, item.info))
+    if item.old is None:
+        return None, None, None, s_new
+    old = item.old[start:stop]
+    total = np.zeros(C.n_keys(item.info), np.int64)
+    changed = np.zeros_like(total)
+    shift, kmask, _, _ = C.consts(item.info)
+    K.key_histogram(old, new, shift, kmask, total, changed)
+    return total, changed, C.digest_sum(old, _first_word(start, item.info)), s_new
+
+
+def _candidates(item: EncodeItem, changed: int) -> tuple[str, ...]:
+    if item.old is None:
+        return ("dense_values",)
+    if changed == 0:
+        return ()
+    if changed <= SPARSE_MAX_DENSITY * item.new.size:
+        return ("sparse",)
+    return ("sparse", *DENSE_CODECS)
+
+
+def encode(items: list[EncodeItem], chunk_elems: int, level: int, threads: int | None):
+    """Records (chunk offsets relative to the returned chunk list) and chunk bytes."""
+    ranges = [chunk_ranges(it.new.size, chunk_elems) for it in items]
+    with _pool(threads) as pool:
+        scans = [list(pool.map(lambda r, it=it: _scan(it, *r), rs)) for it, rs in zip(items, ranges)]
+        records, jobs = [], []
+        for it, rs, sc in zip(items, ranges, scans):
+            rec, plan = _record(it, sc)
+            records.append(rec)
+            for codec in _candidates(it, rec.changed):
+                for r, s in zip(rs, sc):
+                    jobs.append((len(records) - 1, codec, pool.submit(_encode_chunk, it, r, s, codec, plan, level)))
+        outputs: dict[tuple[int, str], list[bytes]] = {}
+        for idx, codec, fut in jobs:
+            outputs.setdefault((idx, codec), []).append(fut.result())
+    return _lay_out(records, outputs)
+
+
+def _record(it: EncodeItem, sc) -> tuple[TensorRecord, object]:
+    nbytes = it.new.size * it.info.nbytes
+    rec = TensorRecord(name=it.name, dtype=it.info.name, shape=it.shape, codec="dense_values",
+                       digest=D.to_hex(D.finish(sum(s[3] for s in sc), nbytes)), changed=it.new.size)
+    if it.old is None:
+        return rec, None
+    rec.base_digest = D.to_hex(D.finish(sum(s[2] for s in sc), nbytes))
+    total = sum(s[0] for s in sc) if sc else np.zeros(C.n_keys(it.info), np.int64)
+    changed = sum(s[1] for s in sc) if sc else np.zeros_like(total)
+    rec.changed = int(changed.sum())
+    rec.codec = "same"
+    if rec.changed == 0:
+        return rec, None
+    plan = plan_classes(total, changed)
+    rec.classes, rec.inverted = plan.runs, [int(c) for c in np.flatnonzero(plan.inverted)]
+    return rec, plan
+
+
+def _encode_chunk(it: EncodeItem, r, scan, codec: str, plan, level: int) -> bytes:
+    start, stop = r
+    new = it.new[start:stop]
+    old = None if it.old is None else it.old[start:stop]
+    if codec == "sparse":
+        data = C.encode_sparse(old, new, it.info, plan, scan[0], scan[1], level)
+    else:
+        data = C.encode_dense(old, new, it.info, codec, level)
+    return data
+
+
+def _lay_out(records: list[TensorRecord], outputs):
+    chunks, offset = [], 0
+    for idx, rec in enumerate(records):
+        options = {codec: parts for (i, codec), parts in outputs.items() if i == idx}
+        if not options:
+            continue
+        codec = min(options, key=lambda c: sum(len(p) for p in options[c]))
+        if codec != "sparse":
+            rec.classes, rec.inverted = [], []
+        rec.codec = codec
+        for part in options[codec]:
+            rec.chunks.append(ChunkRef(offset, len(part), zlib.crc32(part)))
+            chunks.append(part)
+            offset += len(part)
+    return records, chunks
+
+
+class _Live:
+    """The bit patterns of a live tensor (a view when it is contiguous, else a copy)."""
+
+    def __init__(self, tensor: torch.Tensor, info: DtypeInfo):
+        self.tensor, self.info = tensor, info
+        self.u = as_uint(tensor)
+        u8 = self.u.view(np.uint8)
+        self.n_full = u8.size // 8
+        self.words = u8[:self.n_full * 8].view(np.uint64)
+        tail = np.zeros(8, np.uint8)
+        tail[:u8.size % 8] = u8[self.n_full * 8:]
+        self.tail = tail.view(np.uint64)[0]
+
+    def commit(self) -> None:
+        """Write a patched copy back into a non-contiguous tensor."""
+        if not self.tensor.is_contiguous():
+            flat = torch.from_numpy(self.u).view(self.info.int_torch).view(self.tensor.shape)
+            self.tensor.view(self.info.int_torch).copy_(flat)
+
+
+def _stage_chunk(live: _Live, rec: TensorRecord, ref: ChunkRef, start: int, stop: int,
+                 pack, header: PackHeader, lut, inverted, check_base: bool):
+    """(ChunkPatch, old digest sum or None, new digest sum or delta) of one chunk."""
+    info = live.info
+    data = chunk_payload(pack, header, ref)
+    old = live.u[start:stop]
+    fw = _first_word(start, info)
+    needs_old = check_base or (rec.codec in DENSE_CODECS and header.kind == "delta")
+    s_old = C.digest_sum(old, fw) if needs_old else None
+    if rec.codec == "sparse":
+        pos, val = C.decode_sparse(old, data, info, lut, inverted)
+        wmask = np.uint64((1 << info.bits) - 1)
+        delta = int(K.digest_patch_delta(live.words, live.tail, live.n_full, start, info.nbytes,
+                                         pos, val, wmask))
+        return ChunkPatch(start, pos, val), s_old, delta
+    values = C.decode_dense(old, data, info, rec.codec, stop - start)
+    s_new = C.digest_sum(values, fw)
+    if header.kind == "snapshot":
+        return ChunkPatch(start, None, values), s_old, s_new
+    return ChunkPatch(start, None, values), s_old, s_new - s_old
+
+
+def stage(lives: dict[str, _Live], header: PackHeader, pack, check_base: bool, threads: int | None):
+    """Decode and verify every chunk against the live weights; nothing is written."""
+    with _pool(threads) as pool:
+        futures = []
+        for rec in header.tensors:
+            live = lives[rec.name]
+            lut = inverted = None
+            if rec.codec == "sparse":
+                lut, inverted = _class_map(rec, live.info)
+            rs = chunk_ranges(rec.numel, header.chunk_elems) if rec.chunks else []
+            futures.append([pool.submit(_stage_chunk, live, rec, ref, s, e, pack, header, lut,
+                                        inverted, check_base) for ref, (s, e) in zip(rec.chunks, rs)])
+            if check_base and rec.codec == "same":
+                futures[-1].append(pool.submit(C.digest_sum, live.u, 0))
+        results = [[f.result() for f in fs] for fs in futures]
+    tensors = [_verify(rec, lives[rec.name], res, header, check_base)
+               for rec, res in zip(header.tensors, results)]
+    return StagedPatch(header.kind, header.version, header.base_version, tensors, check_base)
+
+
+def _class_map(rec: TensorRecord, info: DtypeInfo):
+    try:
+        lut = runs_to_lut(rec.classes, C.n_keys(info))
+    except ValueError as e:
+        raise PackFormatError(f"tensor {rec.name!r}: {e}") from None
+    n_classes = int(lut.max()) + 1
+    inverted = np.zeros(n_classes, np.bool_)
+    for c in rec.inverted:
+        if not 0 <= c < n_classes:
+            raise PackFormatError(f"tensor {rec.name!r}: inverted class {c} does not exist")
+        inverted[c] = True
+    return lut, inverted
+
+
+def _verify(rec: TensorRecord, live: _Live, results, header: PackHeader, check_base: bool) -> TensorPatch:
+    kind = header.kind
+    nbytes = rec.numel * live.info.nbytes
+    digest = D.from_hex(rec.digest)
+    if rec.codec == "same" and check_base:
+        results = [(None, int(results[0]), 0)] if results else []
+    if kind == "delta" and check_base:
+        actual = D.to_hex(D.finish(sum(r[1] for r in results), nbytes))
+        if actual != rec.base_digest:
+            raise PackMismatchError(
+                f"tensor {rec.name!r} does not hold the weights of base version {header.base_version} "
+                f"(digest {actual}, expected {rec.base_digest}): the state is at another version or "
+                "was modified; resync from a snapshot")
+    if kind == "delta":
+        predicted = D.finish(D.word_sum(D.from_hex(rec.base_digest), nbytes) + sum(r[2] for r in results), nbytes)
+    else:
+        predicted = D.finish(sum(r[2] for r in results), nbytes)
+    if predicted != digest:
+        raise DigestMismatchError(
+            f"tensor {rec.name!r}: the patched weights would have digest {D.to_hex(predicted)}, "
+            f"the pack promises {rec.digest}; the pack is corrupt or was encoded from other weights")
+    chunks = [r[0] for r in results if r[0] is not None]
+    return TensorPatch(rec.name, BY_NAME[rec.dtype], rec.shape, digest, chunks)
+
+
+def apply(lives: dict[str, _Live], staged: StagedPatch, threads: int | None) -> None:
+    """Write a staged patch into the live weights."""
+    jobs = [(lives[t.name], c) for t in staged.tensors for c in t.chunks]
+    with _pool(threads) as pool:
+        list(pool.map(lambda job: _apply_chunk(*job), jobs))
+    for t in staged.tensors:
+        if t.chunks:
+            lives[t.name].commit()
+
+
+def _apply_chunk(live: _Live, chunk: ChunkPatch) -> None:
+    if chunk.positions is None:
+        live.u[chunk.start:chunk.start + chunk.values.size] = chunk.values
+    else:
+        K.scatter(live.u[chunk.start:], chunk.positions, chunk.values)

@@ -1,0 +1,169 @@
+"""Encode and decode one chunk on the CPU: kernels in, format groups out."""
+
+import numpy as np
+
+from weight_teleport.codec.cpu import kernels as K
+from weight_teleport.codec.dtypes import DtypeInfo
+from weight_teleport.codec.plan import ClassPlan
+from weight_teleport.codec.streams import decode_stream, encode_stream
+from weight_teleport.errors import PackFormatError
+from weight_teleport.format import Group, Stream, read_groups, write_groups
+
+U64 = np.uint64
+
+
+def consts(info: DtypeInfo) -> tuple[np.uint64, np.uint64, np.uint64, np.uint64]:
+    """(shift, key mask, float sign bit or 0, element mask) as the kernels take them."""
+    wmask = U64((1 << info.bits) - 1)
+    signbit = U64(1 << (info.bits - 1)) if info.is_float else U64(0)
+    return U64(info.mantissa_bits), U64((1 << info.exponent_bits) - 1), signbit, wmask
+
+
+def n_keys(info: DtypeInfo) -> int:
+    return 1 << info.exponent_bits
+
+
+def digest_sum(data: np.ndarray, first_word: int) -> int:
+    """Sum of digest terms over the bytes of `data`, whose first byte starts word `first_word`
+    (a partial last word is zero-padded)."""
+    u8 = data.view(np.uint8)
+    n_full = u8.size // 8
+    s = int(K.digest_words(u8[:n_full * 8].view(np.uint64), first_word))
+    if u8.size % 8:
+        tail = np.zeros(8, np.uint8)
+        tail[:u8.size % 8] = u8[n_full * 8:]
+        s += int(K.digest_words(tail.view(np.uint64), first_word + n_full))
+    return s & ((1 << 64) - 1)
+
+
+def _stream(data: np.ndarray, level: int) -> Stream:
+    codec, payload = encode_stream(data, level)
+    return Stream(codec, data.nbytes, payload)
+
+
+def _decoded(stream: Stream, dtype=np.uint8) -> np.ndarray:
+    raw = decode_stream(stream.codec, stream.data, stream.raw_len)
+    if raw.size % np.dtype(dtype).itemsize:
+        raise PackFormatError("stream length is not a whole number of elements")
+    return raw.view(dtype)
+
+
+def class_counts(plan: ClassPlan, total: np.ndarray, changed: np.ndarray):
+    """Per class: elements, changed elements and coded events (changes, or non-changes
+    where the class is inverted) of one chunk, from its key histograms."""
+    n = plan.n_classes
+    tot = np.bincount(plan.lut, weights=total, minlength=n).astype(np.int64)
+    chg = np.bincount(plan.lut, weights=changed, minlength=n).astype(np.int64)
+    events = np.where(plan.inverted, tot - chg, chg)
+    return tot, chg, events
+
+
+def _offsets(counts: np.ndarray) -> np.ndarray:
+    return np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
+
+
+def encode_sparse(old, new, info: DtypeInfo, plan: ClassPlan, total, changed, level: int) -> bytes:
+    shift, kmask, signbit, wmask = consts(info)
+    _, chg, events = class_counts(plan, total, changed)
+    ev_off, res_off = _offsets(events), _offsets(chg)
+    gaps = np.empty(int(events.sum()), np.int64)
+    res = np.empty(int(chg.sum()), np.uint64)
+    K.sparse_encode(old, new, shift, kmask, plan.lut, plan.inverted, signbit, wmask,
+                    ev_off, res_off, gaps, res)
+    groups = []
+    for c in range(plan.n_classes):
+        if events[c] == 0 and chg[c] == 0:
+            groups.append(Group(0, []))
+            continue
+        g = gaps[ev_off[c]:ev_off[c] + events[c]]
+        r = res[res_off[c]:res_off[c] + chg[c]]
+        syms = np.empty(g.size, np.uint8)
+        bits = np.empty(g.size * 4 + 8, np.uint8)
+        nbits = K.gaps_to_symbols(g, syms, bits)
+        rsyms = np.empty(r.size, np.uint8)
+        esc = np.empty(r.size, np.uint64)
+        n_esc = K.residuals_to_symbols(r, U64(1 << (info.bits - 1)), wmask, rsyms, esc)
+        streams = [syms, bits[:nbits], rsyms, esc[:n_esc].astype(info.uint_numpy)]
+        groups.append(Group(int(events[c]), [_stream(s, level) for s in streams]))
+    return write_groups(groups)
+
+
+def _class_streams(group: Group, inverted: bool, info: DtypeInfo):
+    """Gaps and residuals of one class from its group."""
+    if not group.streams:
+        return np.zeros(0, np.int64), np.zeros(0, np.uint64)
+    if len(group.streams) != 4:
+        raise PackFormatError(f"sparse class has {len(group.streams)} streams, expected 4")
+    syms, bits, rsyms = (_decoded(s) for s in group.streams[:3])
+    esc = _decoded(group.streams[3], info.uint_numpy).astype(np.uint64)
+    if syms.size != group.count or (not inverted and rsyms.size != group.count):
+        raise PackFormatError("sparse class streams disagree with their event count")
+    gaps = np.empty(syms.size, np.int64)
+    res = np.empty(rsyms.size, np.uint64)
+    if not K.symbols_to_gaps(syms, bits, gaps):
+        raise PackFormatError("gap stream is malformed")
+    if not K.symbols_to_residuals(rsyms, esc, U64((1 << info.bits) - 1), res):
+        raise PackFormatError("residual stream is malformed")
+    return gaps, res
+
+
+def decode_sparse(old, chunk, info: DtypeInfo, lut: np.ndarray, inverted: np.ndarray):
+    """Positions (ascending) and new bit patterns of the changed elements of a chunk."""
+    groups = read_groups(chunk)
+    if len(groups) != inverted.size:
+        raise PackFormatError(f"sparse chunk has {len(groups)} classes, its tensor {inverted.size}")
+    parts = [_class_streams(g, bool(inv), info) for g, inv in zip(groups, inverted)]
+    ev_cnt = np.array([p[0].size for p in parts], np.int64)
+    res_cnt = np.array([p[1].size for p in parts], np.int64)
+    gaps = np.concatenate([p[0] for p in parts])
+    res = np.concatenate([p[1] for p in parts])
+    shift, kmask, signbit, wmask = consts(info)
+    pos = np.empty(res.size, np.int64)
+    val = np.empty(res.size, info.uint_numpy)
+    n = K.sparse_decode(old, shift, kmask, lut, inverted, signbit, wmask,
+                        _offsets(ev_cnt), ev_cnt, gaps, _offsets(res_cnt), res_cnt, res, pos, val)
+    if n != res.size:
+        raise PackFormatError("sparse chunk does not fit the receiver's weights (corrupt streams)")
+    return pos, val
+
+
+def _planes(values: np.ndarray) -> list[np.ndarray]:
+    wb = values.dtype.itemsize
+    bytes2d = values.view(np.uint8).reshape(-1, wb)
+    return [np.ascontiguousarray(bytes2d[:, b]) for b in range(wb)]
+
+
+def _unplanes(groups: list[Group], n: int, dtype: np.dtype) -> np.ndarray:
+    wb = np.dtype(dtype).itemsize
+    if len(groups) != 1 or groups[0].count != n or len(groups[0].streams) != wb:
+        raise PackFormatError("dense chunk layout does not fit its tensor")
+    out = np.empty((n, wb), np.uint8)
+    for b, s in enumerate(groups[0].streams):
+        plane = _decoded(s)
+        if plane.size != n:
+            raise PackFormatError("dense chunk plane has the wrong length")
+        out[:, b] = plane
+    return out.reshape(-1).view(dtype)
+
+
+def encode_dense(old, new, info: DtypeInfo, codec: str, level: int) -> bytes:
+    """'dense_values': byte planes of the new bit patterns; 'dense_residual': byte planes of
+    the zigzag residual of every element."""
+    if codec == "dense_values":
+        values = new
+    else:
+        _, _, signbit, wmask = consts(info)
+        values = np.empty(new.size, info.uint_numpy)
+        K.residual_all(old, new, signbit, wmask, values)
+    return write_groups([Group(new.size, [_stream(p, level) for p in _planes(values)])])
+
+
+def decode_dense(old, chunk, info: DtypeInfo, codec: str, n: int) -> np.ndarray:
+    """The new bit patterns of every element of a dense chunk."""
+    values = _unplanes(read_groups(chunk), n, info.uint_numpy)
+    if codec == "dense_values":
+        return values
+    _, _, signbit, wmask = consts(info)
+    out = np.empty(n, info.uint_numpy)
+    K.apply_residual_all(old, values, signbit, wmask, out)
+    return out

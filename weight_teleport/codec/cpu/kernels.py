@@ -1,0 +1,279 @@
+"""Numba kernels of the CPU backend: one pass each over a chunk, GIL released.
+
+All element arithmetic is done on uint64 so that one kernel serves every width; `wmask`
+is the element mask (2^bits - 1) and `signbit` its top bit (0 for integer dtypes, which
+then use the identity as their order-preserving key)."""
+
+import numpy as np
+from numba import njit
+
+U64 = np.uint64
+GOLDEN = U64(0x9E3779B97F4A7C15)
+MIX1 = U64(0xBF58476D1CE4E5B9)
+MIX2 = U64(0x94D049BB133111EB)
+ESCAPE = 255
+KERNEL = dict(nogil=True, cache=True, boundscheck=False)
+
+
+@njit(inline="always")
+def _mix(z):
+    z = (z ^ (z >> U64(30))) * MIX1
+    z = (z ^ (z >> U64(27))) * MIX2
+    return z ^ (z >> U64(31))
+
+
+@njit(inline="always")
+def _term(word, j):
+    return _mix(word ^ (U64(j) * GOLDEN))
+
+
+@njit(inline="always")
+def _key(b, signbit, wmask):
+    """Order-preserving map of a float bit pattern to an unsigned integer."""
+    if signbit == U64(0):
+        return b
+    if b & signbit:
+        return b ^ wmask
+    return b ^ signbit
+
+
+@njit(inline="always")
+def _unkey(k, signbit, wmask):
+    if signbit == U64(0):
+        return k
+    if k & signbit:
+        return k ^ signbit
+    return k ^ wmask
+
+
+@njit(inline="always")
+def _floor_log2(v):
+    n = 0
+    for step in (32, 16, 8, 4, 2, 1):
+        if v >> U64(step):
+            v >>= U64(step)
+            n += step
+    return n
+
+
+@njit(**KERNEL)
+def digest_words(words, first_word):
+    """Sum of the digest terms of `words` (uint64), the first having index `first_word`."""
+    s = U64(0)
+    for j in range(words.size):
+        s += _term(words[j], first_word + j)
+    return s
+
+
+@njit(**KERNEL)
+def key_histogram(old, new, shift, kmask, total, changed):
+    """Per context key (old value's exponent field): elements and changed elements."""
+    for i in range(old.size):
+        o = U64(old[i])
+        k = (o >> shift) & kmask
+        total[k] += 1
+        if old[i] != new[i]:
+            changed[k] += 1
+
+
+@njit(**KERNEL)
+def sparse_encode(old, new, shift, kmask, lut, inverted, signbit, wmask, ev_off, res_off, gaps, res):
+    """Per class, the gaps between events (in that class's own order) and the residuals
+    key(new) - key(old) mod 2^bits of changed elements, written at ev_off[c] / res_off[c]."""
+    n_cls = lut.max() + 1
+    rank = np.zeros(n_cls, np.int64)
+    last = np.full(n_cls, -1, np.int64)
+    ev_pos = ev_off.copy()
+    res_pos = res_off.copy()
+    for i in range(old.size):
+        o = U64(old[i])
+        nw = U64(new[i])
+        c = lut[(o >> shift) & kmask]
+        ch = o != nw
+        if ch:
+            res[res_pos[c]] = (_key(nw, signbit, wmask) - _key(o, signbit, wmask)) & wmask
+            res_pos[c] += 1
+        if ch != inverted[c]:
+            gaps[ev_pos[c]] = rank[c] - last[c] - 1
+            last[c] = rank[c]
+            ev_pos[c] += 1
+        rank[c] += 1
+
+
+@njit(**KERNEL)
+def sparse_decode(old, shift, kmask, lut, inverted, signbit, wmask,
+                  ev_off, ev_cnt, gaps, res_off, res_cnt, res, out_pos, out_val):
+    """Inverse of sparse_encode against the receiver's old chunk: positions and new bit
+    patterns of the changed elements, ascending. Returns their number, or -1 when the
+    streams do not fit the chunk (a corrupt pack)."""
+    n_cls = ev_off.size
+    rank = np.zeros(n_cls, np.int64)
+    ev_i = np.zeros(n_cls, np.int64)
+    res_i = np.zeros(n_cls, np.int64)
+    nxt = np.full(n_cls, -1, np.int64)
+    for c in range(n_cls):
+        if ev_cnt[c] > 0:
+            nxt[c] = gaps[ev_off[c]]
+    k = 0
+    for i in range(old.size):
+        o = U64(old[i])
+        c = lut[(o >> shift) & kmask]
+        r = rank[c]
+        rank[c] = r + 1
+        ev = r == nxt[c]
+        if ev:
+            ev_i[c] += 1
+            nxt[c] = r + 1 + gaps[ev_off[c] + ev_i[c]] if ev_i[c] < ev_cnt[c] else -1
+        if ev != inverted[c]:
+            if res_i[c] >= res_cnt[c]:
+                return -1
+            d = res[res_off[c] + res_i[c]]
+            res_i[c] += 1
+            out_pos[k] = i
+            out_val[k] = _unkey((_key(o, signbit, wmask) + d) & wmask, signbit, wmask)
+            k += 1
+    for c in range(n_cls):
+        if ev_i[c] != ev_cnt[c] or res_i[c] != res_cnt[c]:
+            return -1
+    return k
+
+
+@njit(**KERNEL)
+def gaps_to_symbols(gaps, syms, bits):
+    """Gap g as v = g + 1: symbol 0 for v = 1, else 2*nb - 1 + (bit nb-1 of v) with
+    nb = floor(log2 v), followed by the nb - 1 low bits of v, LSB-first into `bits`.
+    Returns the number of bytes of `bits` used."""
+    acc = U64(0)
+    nacc = 0
+    out = 0
+    for i in range(gaps.size):
+        v = U64(gaps[i]) + U64(1)
+        if v == U64(1):
+            syms[i] = 0
+            continue
+        nb = _floor_log2(v)
+        syms[i] = U64(2 * nb - 1) + ((v >> U64(nb - 1)) & U64(1))
+        ne = nb - 1
+        if ne > 0:
+            acc |= (v & ((U64(1) << U64(ne)) - U64(1))) << U64(nacc)
+            nacc += ne
+            while nacc >= 8:
+                bits[out] = acc & U64(0xFF)
+                out += 1
+                acc >>= U64(8)
+                nacc -= 8
+    if nacc > 0:
+        bits[out] = acc & U64(0xFF)
+        out += 1
+    return out
+
+
+@njit(**KERNEL)
+def symbols_to_gaps(syms, bits, gaps):
+    """Inverse of gaps_to_symbols. Returns False on a malformed stream."""
+    acc = U64(0)
+    nacc = 0
+    pos = 0
+    for i in range(syms.size):
+        s = np.int64(syms[i])
+        if s == 0:
+            gaps[i] = 0
+            continue
+        if s > 62:
+            return False
+        nb = (s + 1) >> 1
+        hb = U64((s + 1) & 1)
+        ne = nb - 1
+        while nacc < ne:
+            if pos >= bits.size:
+                return False
+            acc |= U64(bits[pos]) << U64(nacc)
+            pos += 1
+            nacc += 8
+        extra = acc & ((U64(1) << U64(ne)) - U64(1))
+        acc = acc >> U64(ne)
+        nacc -= ne
+        gaps[i] = ((U64(1) << U64(nb)) | (hb << U64(ne)) | extra) - U64(1)
+    return pos == bits.size
+
+
+@njit(**KERNEL)
+def residuals_to_symbols(res, signbit_w, wmask, syms, escapes):
+    """Residual r != 0 as a zigzag symbol (+1 -> 0, -1 -> 1, +2 -> 2, ...); symbols >= 255
+    become ESCAPE and the raw residual goes to `escapes`. Returns the escape count."""
+    n_esc = 0
+    for i in range(res.size):
+        r = res[i]
+        if r & signbit_w:
+            zz = (wmask - r) * U64(2) + U64(1)
+        else:
+            zz = (r - U64(1)) * U64(2)
+        if zz < U64(ESCAPE) and r != U64(0):
+            syms[i] = zz
+        else:
+            syms[i] = ESCAPE
+            escapes[n_esc] = r
+            n_esc += 1
+    return n_esc
+
+
+@njit(**KERNEL)
+def symbols_to_residuals(syms, escapes, wmask, res):
+    """Inverse of residuals_to_symbols. Returns False when the escapes do not match."""
+    e = 0
+    for i in range(syms.size):
+        s = U64(syms[i])
+        if s == ESCAPE:
+            if e >= escapes.size:
+                return False
+            res[i] = escapes[e]
+            e += 1
+        elif s & U64(1):
+            res[i] = (wmask - (s >> U64(1))) & wmask
+        else:
+            res[i] = (s >> U64(1)) + U64(1)
+    return e == escapes.size
+
+
+@njit(**KERNEL)
+def residual_all(old, new, signbit, wmask, out):
+    """Zigzag of key(new) - key(old) for every element (0 where unchanged)."""
+    half = (wmask >> U64(1)) + U64(1)
+    for i in range(old.size):
+        d = (_key(U64(new[i]), signbit, wmask) - _key(U64(old[i]), signbit, wmask)) & wmask
+        out[i] = (d << U64(1)) & wmask if d < half else ((wmask - d) << U64(1)) | U64(1)
+
+
+@njit(**KERNEL)
+def apply_residual_all(old, zz, signbit, wmask, out):
+    """Inverse of residual_all."""
+    for i in range(old.size):
+        z = U64(zz[i])
+        d = (wmask - (z >> U64(1))) if z & U64(1) else (z >> U64(1))
+        out[i] = _unkey((_key(U64(old[i]), signbit, wmask) + d) & wmask, signbit, wmask)
+
+
+@njit(**KERNEL)
+def digest_patch_delta(words, tail_word, n_full, first_elem, elem_bytes, pos, val, wmask):
+    """Change of the digest sum when elements first_elem + pos[k] of a tensor (whose bytes
+    are the uint64 `words`, then `tail_word` at index n_full) take the values val[k].
+    `pos` is ascending."""
+    acc = U64(0)
+    k = 0
+    per_word = 8 // elem_bytes
+    while k < pos.size:
+        j = (first_elem + pos[k]) // per_word
+        old_w = words[j] if j < n_full else tail_word
+        new_w = old_w
+        while k < pos.size and (first_elem + pos[k]) // per_word == j:
+            sh = U64(((first_elem + pos[k]) % per_word) * elem_bytes * 8)
+            new_w = (new_w & ~(wmask << sh)) | ((U64(val[k]) & wmask) << sh)
+            k += 1
+        acc += _term(new_w, j) - _term(old_w, j)
+    return acc
+
+
+@njit(**KERNEL)
+def scatter(dst, pos, val):
+    for k in range(pos.size):
+        dst[pos[k]] = val[k]

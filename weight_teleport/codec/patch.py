@@ -1,0 +1,71 @@
+"""A staged patch: a decoded, verified pack, ready to be written into live weights."""
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from weight_teleport.codec.dtypes import DtypeInfo
+
+
+@dataclass
+class ChunkPatch:
+    start: int
+    """First element of the chunk in the flattened tensor."""
+    positions: np.ndarray | None
+    """Offsets (from `start`, ascending) of the changed elements; None when `values` covers
+    the whole chunk (dense chunks and snapshots)."""
+    values: np.ndarray
+    """New bit patterns (unsigned integers of the tensor's width)."""
+
+
+@dataclass
+class TensorPatch:
+    name: str
+    info: DtypeInfo
+    shape: tuple[int, ...]
+    digest: int
+    """Digest of the tensor once patched."""
+    chunks: list[ChunkPatch] = field(default_factory=list)
+
+    @property
+    def changed(self) -> int:
+        return sum(c.values.size if c.positions is None else c.positions.size for c in self.chunks)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(c.values.nbytes + (0 if c.positions is None else c.positions.nbytes)
+                   for c in self.chunks)
+
+
+@dataclass
+class StagedPatch:
+    kind: str
+    version: int
+    base_version: int | None
+    tensors: list[TensorPatch]
+    base_checked: bool
+    """Whether the live weights were checked against the pack's base digests while staging."""
+
+    @property
+    def changed(self) -> int:
+        return sum(t.changed for t in self.tensors)
+
+    @property
+    def nbytes(self) -> int:
+        """Memory held by the staged patch."""
+        return sum(t.nbytes for t in self.tensors)
+
+
+@dataclass
+class ApplyReport:
+    version: int
+    base_version: int | None
+    kind: str
+    tensors_patched: int
+    elements_changed: int
+    pack_bytes: int
+    base_checked: bool
+    digest_verified: bool
+    """The result's digests were checked (before any weight was written)."""
+    stage_seconds: float
+    apply_seconds: float

@@ -1,0 +1,22 @@
+"""Typed errors. Every error a user can act on says what to do about it."""
+
+
+class WeightTeleportError(Exception):
+    """Base class of every error this library raises on purpose."""
+
+
+class PackFormatError(WeightTeleportError, ValueError):
+    """The bytes are not a well-formed pack: bad magic, truncated, corrupted (failed checksum)."""
+
+
+class UnsupportedFormatError(PackFormatError):
+    """The pack uses a format version or a stream codec this build cannot read."""
+
+
+class PackMismatchError(WeightTeleportError, ValueError):
+    """The pack is well formed but does not fit the state it is applied to
+    (other tensor names, shapes or dtypes, another base version, or other base weights)."""
+
+
+class DigestMismatchError(WeightTeleportError):
+    """The weights a pack would produce do not have the digest the pack promises."""

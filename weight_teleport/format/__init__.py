@@ -1,0 +1,28 @@
+"""The pack container: pure bytes in, bytes out (no files, no devices). Spec: docs/FORMAT.md."""
+
+from weight_teleport.format.container import (
+    FORMAT_VERSION,
+    MAGIC,
+    ChunkRef,
+    PackHeader,
+    TensorRecord,
+    chunk_payload,
+    read_header,
+    write_pack,
+)
+from weight_teleport.format.groups import Group, Stream, read_groups, write_groups
+
+__all__ = [
+    "FORMAT_VERSION",
+    "MAGIC",
+    "ChunkRef",
+    "Group",
+    "PackHeader",
+    "Stream",
+    "TensorRecord",
+    "chunk_payload",
+    "read_groups",
+    "read_header",
+    "write_groups",
+    "write_pack",
+]

@@ -1,0 +1,183 @@
+"""Pack container v1: a fixed preamble, a JSON header, then the chunk payload.
+
+    offset  size  field
+    0       4     magic b"WTPK"
+    4       2     format version, u16 little-endian
+    6       2     flags, u16 (0 in v1)
+    8       4     header length H, u32
+    12      4     CRC-32 of the header bytes, u32
+    16      8     payload length P, u64
+    24      H     header: UTF-8 JSON object
+    24+H    P     payload: the chunks, back to back
+
+Every chunk is addressed by (offset, length) relative to the payload start and carries
+its own CRC-32, so a reader can fetch the preamble and header, then any chunk alone.
+"""
+
+import json
+import struct
+import zlib
+from dataclasses import dataclass, field
+
+from weight_teleport.errors import PackFormatError, UnsupportedFormatError
+
+MAGIC = b"WTPK"
+FORMAT_VERSION = 1
+PREAMBLE = struct.Struct("<4sHHIIQ")
+KINDS = ("delta", "snapshot")
+
+
+@dataclass(frozen=True)
+class ChunkRef:
+    offset: int
+    """Byte offset of the chunk from the start of the payload."""
+    length: int
+    """Byte length of the chunk."""
+    crc32: int
+    """CRC-32 (zlib) of the chunk bytes."""
+
+
+@dataclass
+class TensorRecord:
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    codec: str
+    """'same' (unchanged, no chunks), 'sparse', 'dense_residual' or 'dense_values'."""
+    digest: str
+    """Digest of the tensor's full new bytes, 16 hex digits (codec/digest.py)."""
+    base_digest: str | None = None
+    """Digest of the base tensor's bytes (deltas only)."""
+    changed: int = 0
+    """Number of elements whose bit pattern changed (deltas) or all elements (snapshots)."""
+    classes: list[tuple[int, int]] = field(default_factory=list)
+    """Context class map as runs (first key, class): key k maps to the class of the last run
+    whose first key is <= k. Sparse codec only."""
+    inverted: list[int] = field(default_factory=list)
+    """Classes whose event stream lists the unchanged elements instead of the changed ones."""
+    chunks: list[ChunkRef] = field(default_factory=list)
+
+    @property
+    def numel(self) -> int:
+        n = 1
+        for s in self.shape:
+            n *= s
+        return n
+
+
+@dataclass
+class PackHeader:
+    kind: str
+    version: int
+    base_version: int | None
+    chunk_elems: int
+    tensors: list[TensorRecord]
+    stream_codecs: list[str] = field(default_factory=list)
+    """Every stream codec the payload uses, so a reader can refuse what it cannot decode upfront."""
+    format_version: int = FORMAT_VERSION
+    payload_offset: int = 0
+    """Where the payload starts in the pack (set by read_header)."""
+    payload_length: int = 0
+
+
+def _header_json(h: PackHeader) -> bytes:
+    tensors = []
+    for t in h.tensors:
+        rec = {"name": t.name, "dtype": t.dtype, "shape": list(t.shape), "codec": t.codec,
+               "digest": t.digest, "changed": t.changed}
+        if t.base_digest is not None:
+            rec["base_digest"] = t.base_digest
+        if t.classes:
+            rec["classes"] = [list(r) for r in t.classes]
+        if t.inverted:
+            rec["inverted"] = list(t.inverted)
+        if t.chunks:
+            rec["chunks"] = [[c.offset, c.length, c.crc32] for c in t.chunks]
+        tensors.append(rec)
+    obj = {"kind": h.kind, "version": h.version, "base_version": h.base_version,
+           "chunk_elems": h.chunk_elems, "stream_codecs": h.stream_codecs, "tensors": tensors}
+    return json.dumps(obj, separators=(",", ":")).encode()
+
+
+def write_pack(header: PackHeader, chunks: list[bytes]) -> bytes:
+    """Serialise a pack. `header.tensors[*].chunks` must already point into `chunks` laid end to end."""
+    head = _header_json(header)
+    payload_len = sum(len(c) for c in chunks)
+    pre = PREAMBLE.pack(MAGIC, FORMAT_VERSION, 0, len(head), zlib.crc32(head), payload_len)
+    return b"".join([pre, head, *chunks])
+
+
+def _record(d: dict) -> TensorRecord:
+    return TensorRecord(
+        name=d["name"], dtype=d["dtype"], shape=tuple(int(s) for s in d["shape"]),
+        codec=d["codec"], digest=d["digest"], base_digest=d.get("base_digest"),
+        changed=int(d["changed"]), classes=[(int(a), int(b)) for a, b in d.get("classes", [])],
+        inverted=[int(c) for c in d.get("inverted", [])],
+        chunks=[ChunkRef(int(o), int(n), int(c)) for o, n, c in d.get("chunks", [])],
+    )
+
+
+def read_header(buf: bytes | memoryview, *, total_length: int | None = None) -> PackHeader:
+    """Parse and check the preamble and header. `buf` needs only the first 24 + H bytes;
+    pass `total_length` when `buf` is a prefix, to check the payload length against it."""
+    mv = memoryview(buf)
+    if len(mv) < PREAMBLE.size:
+        raise PackFormatError(f"pack truncated: {len(mv)} bytes, the preamble alone is {PREAMBLE.size}")
+    magic, version, flags, hlen, hcrc, plen = PREAMBLE.unpack_from(mv, 0)
+    if magic != MAGIC:
+        raise PackFormatError(f"not a weight-teleport pack (magic {bytes(magic)!r}, expected {MAGIC!r})")
+    if version != FORMAT_VERSION:
+        raise UnsupportedFormatError(
+            f"pack format version {version} is not supported by this build (it reads version "
+            f"{FORMAT_VERSION}); upgrade weight-teleport to read it")
+    if flags != 0:
+        raise UnsupportedFormatError(f"pack flags {flags:#x} are unknown to format version 1")
+    end = PREAMBLE.size + hlen
+    if len(mv) < end:
+        raise PackFormatError(f"pack truncated inside its header ({len(mv)} of {end} bytes)")
+    head = bytes(mv[PREAMBLE.size:end])
+    if zlib.crc32(head) != hcrc:
+        raise PackFormatError("pack header is corrupted (CRC-32 mismatch)")
+    total = len(mv) if total_length is None else total_length
+    if total != end + plen:
+        raise PackFormatError(f"pack length {total} does not match its header ({end + plen} bytes): "
+                              "truncated or padded")
+    try:
+        d = json.loads(head)
+        header = PackHeader(
+            kind=d["kind"], version=int(d["version"]),
+            base_version=None if d["base_version"] is None else int(d["base_version"]),
+            chunk_elems=int(d["chunk_elems"]), tensors=[_record(t) for t in d["tensors"]],
+            stream_codecs=list(d["stream_codecs"]), format_version=version,
+            payload_offset=end, payload_length=plen)
+    except (KeyError, TypeError, ValueError) as e:
+        raise PackFormatError(f"pack header is malformed: {e!r}") from None
+    _check_layout(header)
+    return header
+
+
+def _check_layout(h: PackHeader) -> None:
+    if h.kind not in KINDS:
+        raise PackFormatError(f"unknown pack kind {h.kind!r}")
+    if h.chunk_elems <= 0 or h.chunk_elems % 8:
+        raise PackFormatError(f"chunk_elems {h.chunk_elems} must be a positive multiple of 8")
+    names = set()
+    for t in h.tensors:
+        if t.name in names:
+            raise PackFormatError(f"tensor {t.name!r} appears twice in the pack")
+        names.add(t.name)
+        n_chunks = 0 if t.codec == "same" else -(-t.numel // h.chunk_elems)
+        if len(t.chunks) != n_chunks:
+            raise PackFormatError(f"tensor {t.name!r} has {len(t.chunks)} chunks, expected {n_chunks}")
+        for c in t.chunks:
+            if c.offset < 0 or c.length < 0 or c.offset + c.length > h.payload_length:
+                raise PackFormatError(f"tensor {t.name!r} has a chunk outside the payload")
+
+
+def chunk_payload(pack: bytes | memoryview, header: PackHeader, ref: ChunkRef) -> memoryview:
+    """The bytes of one chunk, after checking its CRC-32."""
+    start = header.payload_offset + ref.offset
+    data = memoryview(pack)[start:start + ref.length]
+    if len(data) != ref.length or zlib.crc32(data) != ref.crc32:
+        raise PackFormatError(f"pack chunk at payload offset {ref.offset} is corrupted (CRC-32 mismatch)")
+    return data

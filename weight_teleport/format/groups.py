@@ -1,0 +1,91 @@
+"""The inside of a chunk: groups of byte streams, each stream coded on its own.
+
+    chunk  := varint n_groups, group_desc * n_groups, stream bytes (in order)
+    group  := varint count, varint n_streams, stream_desc * n_streams
+    stream := u8 codec id, varint raw length, varint stored length
+
+A sparse chunk has one group per context class (count = events of that class); a dense
+chunk has one group (count = elements) whose streams are byte planes.
+"""
+
+from dataclasses import dataclass
+
+from weight_teleport.errors import PackFormatError
+
+
+@dataclass
+class Stream:
+    codec: int
+    raw_len: int
+    data: bytes | memoryview
+
+
+@dataclass
+class Group:
+    count: int
+    streams: list[Stream]
+
+
+def _put_varint(out: bytearray, v: int) -> None:
+    while v >= 0x80:
+        out.append((v & 0x7F) | 0x80)
+        v >>= 7
+    out.append(v)
+
+
+def _get_varint(buf: memoryview, pos: int) -> tuple[int, int]:
+    v = shift = 0
+    while True:
+        if pos >= len(buf) or shift > 63:
+            raise PackFormatError("chunk table is truncated or malformed (varint)")
+        b = buf[pos]
+        pos += 1
+        v |= (b & 0x7F) << shift
+        if b < 0x80:
+            return v, pos
+        shift += 7
+
+
+def write_groups(groups: list[Group]) -> bytes:
+    """Serialise a chunk."""
+    table = bytearray()
+    _put_varint(table, len(groups))
+    for g in groups:
+        _put_varint(table, g.count)
+        _put_varint(table, len(g.streams))
+        for s in g.streams:
+            table.append(s.codec)
+            _put_varint(table, s.raw_len)
+            _put_varint(table, len(s.data))
+    return b"".join([bytes(table), *(s.data for g in groups for s in g.streams)])
+
+
+def read_groups(chunk: bytes | memoryview) -> list[Group]:
+    """Parse a chunk; the streams' data are views into `chunk`."""
+    buf = memoryview(chunk)
+    n_groups, pos = _get_varint(buf, 0)
+    descs = []
+    for _ in range(n_groups):
+        count, pos = _get_varint(buf, pos)
+        n_streams, pos = _get_varint(buf, pos)
+        streams = []
+        for _ in range(n_streams):
+            if pos >= len(buf):
+                raise PackFormatError("chunk table is truncated")
+            codec = buf[pos]
+            raw_len, pos = _get_varint(buf, pos + 1)
+            stored, pos = _get_varint(buf, pos)
+            streams.append((codec, raw_len, stored))
+        descs.append((count, streams))
+    groups = []
+    for count, streams in descs:
+        out = []
+        for codec, raw_len, stored in streams:
+            if pos + stored > len(buf):
+                raise PackFormatError("chunk stream runs past the end of the chunk")
+            out.append(Stream(codec, raw_len, buf[pos:pos + stored]))
+            pos += stored
+        groups.append(Group(count, out))
+    if pos != len(buf):
+        raise PackFormatError("chunk has trailing bytes after its streams")
+    return groups
