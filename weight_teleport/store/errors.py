@@ -1,0 +1,38 @@
+"""Errors raised by object stores: each one says what went wrong and what to do."""
+
+from __future__ import annotations
+
+
+class StoreError(Exception):
+    """Base class of every error raised by a store."""
+
+
+class NotFound(StoreError, KeyError):
+    """The object (or manifest) does not exist in the store."""
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0]) if self.args else "not found"
+
+
+class InvalidKey(StoreError, ValueError):
+    """A key is malformed or would land outside the store's root."""
+
+
+class AuthError(StoreError):
+    """The store refused the credentials (missing or wrong upload token)."""
+
+
+class TooLarge(StoreError):
+    """The object is larger than the store accepts."""
+
+
+class Conflict(StoreError):
+    """An immutable object already exists under this key with different bytes."""
+
+
+class TransportError(StoreError):
+    """A transient failure (network, server busy): the operation may succeed if retried."""
+
+
+class MissingDependency(StoreError, ImportError):
+    """A store needs an optional package that is not installed."""
