@@ -1,0 +1,166 @@
+"""The origin's routes: content-addressed objects, the manifest, long-poll, listing.
+
+    GET    /o/KEY              307 to /b/HASH/KEY (no-cache), X-Content-SHA256: HASH
+    PUT    /o/KEY              upload (bearer token); 201, or 200 if identical, 409 if not
+    DELETE /o/KEY              delete (bearer token); 204
+    GET    /b/HASH/KEY         the bytes, Range supported, cacheable forever
+    GET    /manifest           the manifest (no-cache, ETag); PUT replaces it (token)
+    GET    /watch?after=ETAG&timeout=S   200 + manifest when it changes, else 304 (204
+                               if there is no manifest) at timeout
+    GET    /list?prefix=P      {"keys": [...]}
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+
+from aiohttp import web
+
+from ..store.errors import InvalidKey
+from ..store.keys import validate_prefix
+from .blobs import IMMUTABLE, send_file
+from .config import ServerConfig
+from .origin import ORIGIN, make_origin, receive, request_key, require_token
+
+_HASH = re.compile(r"[0-9a-f]{64}\Z")
+NO_CACHE = {"Cache-Control": "no-cache"}
+
+
+async def resolve(request: web.Request) -> web.Response:
+    """307 from an object's key to its content-addressed URL."""
+    origin, key = request.app[ORIGIN], request_key(request)
+    try:
+        digest = await origin.hashes.hash_of(origin.store.path_of(key))
+    except FileNotFoundError:
+        raise web.HTTPNotFound(text=f"no object {key!r}") from None
+    # Relative, so that it stays right behind a proxy that mounts the origin on a path.
+    location = "../" * key.count("/") + f"../b/{digest}/{key}"
+    return web.Response(status=307, headers={"Location": location,
+                                             "X-Content-SHA256": digest, **NO_CACHE})
+
+
+async def get_blob(request: web.Request) -> web.StreamResponse:
+    """The immutable bytes of an object at its content address; Range gives 206."""
+    origin, key, digest = request.app[ORIGIN], request_key(request), request.match_info["hash"]
+    if not _HASH.match(digest):
+        raise web.HTTPBadRequest(text="the content hash must be 64 lowercase hex digits")
+    path = origin.store.path_of(key)
+    try:
+        actual = await origin.hashes.hash_of(path)
+    except FileNotFoundError:
+        actual = None
+    if actual != digest:
+        raise web.HTTPNotFound(text=f"no object {key!r} with hash {digest}")
+    headers = {"ETag": f'"{digest}"', "Cache-Control": IMMUTABLE}
+    if request.if_none_match and any(e.value == digest for e in request.if_none_match):
+        return web.Response(status=304, headers=headers)
+    resp = await send_file(request, path, headers, origin.config.chunk_bytes)
+    origin.stats["blob_get"] += 1
+    origin.stats["blob_bytes"] += resp.content_length or 0
+    return resp
+
+
+async def put_object(request: web.Request) -> web.Response:
+    """Upload an object; it is visible only once complete."""
+    origin = request.app[ORIGIN]
+    require_token(request, origin.config.token)
+    key = request_key(request)
+    path = origin.store.path_of(key)
+    digest, created = await receive(request, path, origin.config.max_object_bytes,
+                                    overwrite=False, chunk=origin.config.chunk_bytes)
+    if not created and await origin.hashes.hash_of(path) != digest:
+        raise web.HTTPConflict(text=f"object {key!r} exists with other bytes; objects "
+                                    f"are immutable: upload under a new key")
+    origin.hashes.remember(path, digest)
+    origin.stats["upload"] += 1
+    return web.Response(status=201 if created else 200,
+                        headers={"X-Content-SHA256": digest, "ETag": f'"{digest}"'})
+
+
+async def delete_object(request: web.Request) -> web.Response:
+    """Delete an object (retention); its cached copies expire with their URLs' use."""
+    origin = request.app[ORIGIN]
+    require_token(request, origin.config.token)
+    path = origin.store.path_of(request_key(request))
+    try:
+        path.unlink()
+    except FileNotFoundError:
+        raise web.HTTPNotFound(text=f"no object {request.match_info['key']!r}") from None
+    origin.hashes.forget(path)
+    return web.Response(status=204)
+
+
+async def get_manifest(request: web.Request) -> web.Response:
+    """The manifest, revalidated by caches on every use."""
+    manifest = request.app[ORIGIN].manifest.current()
+    if manifest is None:
+        raise web.HTTPNotFound(text="no manifest yet", headers=NO_CACHE)
+    data, etag = manifest
+    headers = {"ETag": f'"{etag}"', **NO_CACHE}
+    if request.if_none_match and any(e.value == etag for e in request.if_none_match):
+        return web.Response(status=304, headers=headers)
+    return web.Response(body=data, headers=headers, content_type="application/octet-stream")
+
+
+async def put_manifest(request: web.Request) -> web.Response:
+    """Replace the manifest atomically and wake the long-polls."""
+    origin = request.app[ORIGIN]
+    require_token(request, origin.config.token)
+    digest, _ = await receive(request, origin.store.manifest_path,
+                              origin.config.max_manifest_bytes, overwrite=True,
+                              chunk=origin.config.chunk_bytes)
+    origin.manifest.notify()
+    return web.Response(status=204, headers={"ETag": f'"{digest}"'})
+
+
+async def watch(request: web.Request) -> web.Response:
+    """Long-poll: answer as soon as the manifest's ETag differs from `after`."""
+    origin = request.app[ORIGIN]
+    after = request.query.get("after", "").strip('"')
+    try:
+        timeout = float(request.query.get("timeout", origin.config.max_watch_s))
+    except ValueError:
+        raise web.HTTPBadRequest(text="timeout must be a number of seconds") from None
+    if not 0 <= timeout < float("inf"):
+        raise web.HTTPBadRequest(text="timeout must be a non-negative number of seconds")
+    origin.stats["watch"] += 1
+    manifest = await origin.manifest.wait_change(after, min(timeout, origin.config.max_watch_s))
+    headers = {"Cache-Control": "no-store"}
+    if manifest is None:
+        return web.Response(status=304 if origin.manifest.current() else 204, headers=headers)
+    data, etag = manifest
+    return web.Response(body=data, headers={"ETag": f'"{etag}"', **headers},
+                        content_type="application/octet-stream")
+
+
+async def list_keys(request: web.Request) -> web.Response:
+    """The sorted keys that start with `prefix`."""
+    origin, prefix = request.app[ORIGIN], request.query.get("prefix", "")
+    try:
+        validate_prefix(prefix)
+    except InvalidKey as exc:
+        raise web.HTTPBadRequest(text=str(exc)) from None
+    keys = await asyncio.get_running_loop().run_in_executor(None, origin.store.list, prefix)
+    return web.json_response({"keys": keys}, headers=NO_CACHE)
+
+
+async def healthz(request: web.Request) -> web.Response:
+    """Readiness probe."""
+    return web.Response(text="ok", headers={"Cache-Control": "no-store"})
+
+
+def make_app(config: ServerConfig) -> web.Application:
+    """The origin as an aiohttp application serving `config.root`."""
+    app = web.Application(client_max_size=config.max_manifest_bytes)
+    app[ORIGIN] = make_origin(config)
+    app.router.add_get("/o/{key:.+}", resolve)
+    app.router.add_put("/o/{key:.+}", put_object)
+    app.router.add_delete("/o/{key:.+}", delete_object)
+    app.router.add_get("/b/{hash}/{key:.+}", get_blob)
+    app.router.add_get("/manifest", get_manifest)
+    app.router.add_put("/manifest", put_manifest)
+    app.router.add_get("/watch", watch)
+    app.router.add_get("/list", list_keys)
+    app.router.add_get("/healthz", healthz)
+    return app
