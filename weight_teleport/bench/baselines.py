@@ -54,8 +54,12 @@ def _tensor(bits: np.ndarray, like: torch.Tensor) -> torch.Tensor:
     return torch.from_numpy(bits).view(signed).view(like.dtype).view(like.shape)
 
 
-def _join(payloads: Iterable[bytes]) -> bytes:
-    return b"".join(_LENGTH.pack(len(p)) + p for p in payloads)
+def _join(payloads: Iterable[bytes | np.ndarray]) -> bytes:
+    """Concatenate bytes-like payloads, each behind its length, copying each once."""
+    parts = []
+    for payload in payloads:
+        parts += [_LENGTH.pack(memoryview(payload).nbytes), payload]
+    return b"".join(parts)
 
 
 def _split(blob: bytes) -> list[memoryview]:
@@ -69,7 +73,7 @@ def _split(blob: bytes) -> list[memoryview]:
 
 def _per_tensor(
     name: str,
-    encode_one: Callable[[np.ndarray, np.ndarray], bytes],
+    encode_one: Callable[[np.ndarray, np.ndarray], bytes | np.ndarray],
     decode_one: Callable[[np.ndarray, memoryview], np.ndarray],
 ) -> Baseline:
     """Build a baseline from functions that code one tensor's unsigned bit patterns."""
@@ -174,7 +178,7 @@ def _zipnn_decode(old: np.ndarray, payload: memoryview) -> np.ndarray:
 
 
 BASELINES = (
-    _per_tensor("raw_bf16", lambda old, new: new.tobytes(), _raw_decode),
+    _per_tensor("raw_bf16", lambda old, new: new, _raw_decode),
     _per_tensor("index_value", _index_value_encode, _index_value_decode),
     _per_tensor("xor_zstd1", _xor_zstd1_encode, _xor_zstd1_decode),
     _per_tensor("gaps_zstd", _gaps_zstd_encode, _gaps_zstd_decode),
