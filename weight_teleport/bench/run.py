@@ -211,6 +211,8 @@ def run_bench(
     """Run the benchmark, print a table, write ``bench.json`` and ``bench.png`` into
     ``out_dir`` and return the results. ``threads`` goes to our codec; baselines run on
     one thread. Every lr starts from the same weights and optimizer seed."""
+    if steps < 1 or repeats < 1:
+        raise ValueError(f"steps and repeats must be at least 1, got {steps} and {repeats}")
     config = make_config(config_name)
     codec_list = codecs(threads)
     initial = make_state(config, seed)
