@@ -22,8 +22,12 @@ def _compressor(level: int) -> zstandard.ZstdCompressor:
     if cache is None:
         cache = _local.zstd = {}
     if level not in cache:
-        cache[level] = zstandard.ZstdCompressor(
-            level=level, write_checksum=False, write_content_size=False, write_dict_id=False)
+        # Streams are symbol streams with little repetition: long minimum matches keep
+        # zstd from trading cheap Huffman-coded literals for costly short matches.
+        params = zstandard.ZstdCompressionParameters(
+            compression_level=level, min_match=7, strategy=zstandard.STRATEGY_FAST,
+            write_checksum=0, write_content_size=0, write_dict_id=0)
+        cache[level] = zstandard.ZstdCompressor(compression_params=params)
     return cache[level]
 
 

@@ -79,11 +79,11 @@ def encode_sparse(old, new, info: DtypeInfo, plan: ClassPlan, total, changed, le
         r = res[res_off[c]:res_off[c] + chg[c]]
         syms = np.empty(g.size, np.uint8)
         bits = np.empty(g.size * 4 + 8, np.uint8)
-        nbits = K.gaps_to_symbols(g, syms, bits)
-        rsyms = np.empty(r.size, np.uint8)
-        esc = np.empty(r.size, np.uint64)
-        n_esc = K.residuals_to_symbols(r, U64(1 << (info.bits - 1)), wmask, rsyms, esc)
-        streams = [syms, bits[:nbits], rsyms, esc[:n_esc].astype(info.uint_numpy)]
+        rsyms = np.empty(max(g.size, r.size), np.uint8)
+        esc = np.empty(rsyms.size, np.uint64)
+        nbits, n_r, n_esc = K.class_to_symbols(g, r, not plan.inverted[c], U64(1 << (info.bits - 1)),
+                                               wmask, syms, bits, rsyms, esc)
+        streams = [syms, bits[:nbits], rsyms[:n_r], esc[:n_esc].astype(info.uint_numpy)]
         groups.append(Group(int(events[c]), [_stream(s, level) for s in streams]))
     return write_groups(groups)
 
@@ -96,14 +96,12 @@ def _class_streams(group: Group, inverted: bool, info: DtypeInfo):
         raise PackFormatError(f"sparse class has {len(group.streams)} streams, expected 4")
     syms, bits, rsyms = (_decoded(s) for s in group.streams[:3])
     esc = _decoded(group.streams[3], info.uint_numpy).astype(np.uint64)
-    if syms.size != group.count or (not inverted and rsyms.size != group.count):
+    if syms.size != group.count:
         raise PackFormatError("sparse class streams disagree with their event count")
     gaps = np.empty(syms.size, np.int64)
-    res = np.empty(rsyms.size, np.uint64)
-    if not K.symbols_to_gaps(syms, bits, gaps):
-        raise PackFormatError("gap stream is malformed")
-    if not K.symbols_to_residuals(rsyms, esc, U64((1 << info.bits) - 1), res):
-        raise PackFormatError("residual stream is malformed")
+    res = np.empty(rsyms.size if inverted else syms.size, np.uint64)
+    if not K.symbols_to_class(syms, bits, rsyms, esc, not inverted, U64((1 << info.bits) - 1), gaps, res):
+        raise PackFormatError("sparse class streams are malformed")
     return gaps, res
 
 

@@ -138,101 +138,136 @@ def sparse_decode(old, shift, kmask, lut, inverted, signbit, wmask,
     return k
 
 
+@njit(inline="always")
+def _zigzag(r, signbit_w, wmask):
+    """Residual r != 0 (w-bit two's complement) as +1 -> 0, -1 -> 1, +2 -> 2, -2 -> 3, ..."""
+    if r & signbit_w:
+        return (wmask - r) * U64(2) + U64(1)
+    return (r - U64(1)) * U64(2)
+
+
+@njit(inline="always")
+def _unzigzag(z, wmask):
+    if z & U64(1):
+        return (wmask - (z >> U64(1))) & wmask
+    return (z >> U64(1)) + U64(1)
+
+
+@njit(inline="always")
+def _put_residual(zz, r, rsyms, n_r, escapes, n_esc):
+    """Append zz to the residual symbols (ESCAPE and the raw residual when zz >= 255)."""
+    if zz < U64(ESCAPE):
+        rsyms[n_r] = zz
+        return n_esc
+    rsyms[n_r] = ESCAPE
+    escapes[n_esc] = r
+    return n_esc + 1
+
+
 @njit(**KERNEL)
-def gaps_to_symbols(gaps, syms, bits):
-    """Gap g as v = g + 1: symbol 0 for v = 1, else 2*nb - 1 + (bit nb-1 of v) with
-    nb = floor(log2 v), followed by the nb - 1 low bits of v, LSB-first into `bits`.
-    Returns the number of bytes of `bits` used."""
+def class_to_symbols(gaps, res, joint, signbit_w, wmask, syms, bits, rsyms, escapes):
+    """Code one class's events and residuals as byte symbols.
+
+    Event gap g is v = g + 1: bucket 0 for v = 1, else 2*nb - 1 + (bit nb-1 of v) with
+    nb = floor(log2 v), then the nb - 1 low bits of v go LSB-first to `bits`. The symbol is
+    bucket * 4 + rc. With `joint` (events are the changes), rc = min(zigzag residual, 3) and
+    only residuals with rc = 3 go to `rsyms` (as zigzag - 3); otherwise rc = 0 and every
+    residual goes to `rsyms`. Residual symbols >= 255 are ESCAPE plus the raw residual in
+    `escapes`. Returns (bytes of bits, residual symbols, escapes)."""
     acc = U64(0)
     nacc = 0
-    out = 0
+    nbytes = 0
+    n_r = 0
+    n_esc = 0
     for i in range(gaps.size):
         v = U64(gaps[i]) + U64(1)
-        if v == U64(1):
-            syms[i] = 0
-            continue
-        nb = _floor_log2(v)
-        syms[i] = U64(2 * nb - 1) + ((v >> U64(nb - 1)) & U64(1))
-        ne = nb - 1
-        if ne > 0:
-            acc |= (v & ((U64(1) << U64(ne)) - U64(1))) << U64(nacc)
-            nacc += ne
-            while nacc >= 8:
-                bits[out] = acc & U64(0xFF)
-                out += 1
-                acc >>= U64(8)
-                nacc -= 8
+        sym = U64(0)
+        if v != U64(1):
+            nb = _floor_log2(v)
+            sym = U64(2 * nb - 1) + ((v >> U64(nb - 1)) & U64(1))
+            ne = nb - 1
+            if ne > 0:
+                acc |= (v & ((U64(1) << U64(ne)) - U64(1))) << U64(nacc)
+                nacc += ne
+                while nacc >= 8:
+                    bits[nbytes] = acc & U64(0xFF)
+                    nbytes += 1
+                    acc >>= U64(8)
+                    nacc -= 8
+        rc = U64(0)
+        if joint:
+            zz = _zigzag(res[i], signbit_w, wmask)
+            rc = min(zz, U64(3))
+            if rc == U64(3):
+                n_esc = _put_residual(zz - U64(3), res[i], rsyms, n_r, escapes, n_esc)
+                n_r += 1
+        syms[i] = sym * U64(4) + rc
     if nacc > 0:
-        bits[out] = acc & U64(0xFF)
-        out += 1
-    return out
+        bits[nbytes] = acc & U64(0xFF)
+        nbytes += 1
+    if not joint:
+        for i in range(res.size):
+            n_esc = _put_residual(_zigzag(res[i], signbit_w, wmask), res[i], rsyms, n_r, escapes, n_esc)
+            n_r += 1
+    return nbytes, n_r, n_esc
+
+
+@njit(inline="always")
+def _get_residual(s, base, escapes, e, wmask):
+    """(residual, escapes used) for residual symbol s; e = -1 when escapes run out."""
+    if s != U64(ESCAPE):
+        return _unzigzag(s + base, wmask), e
+    if e >= escapes.size:
+        return U64(0), -1
+    return escapes[e], e + 1
 
 
 @njit(**KERNEL)
-def symbols_to_gaps(syms, bits, gaps):
-    """Inverse of gaps_to_symbols. Returns False on a malformed stream."""
+def symbols_to_class(syms, bits, rsyms, escapes, joint, wmask, gaps, res):
+    """Inverse of class_to_symbols (`res` sized to the class's changes). Returns False when
+    the streams are malformed or do not agree with each other."""
     acc = U64(0)
     nacc = 0
     pos = 0
-    for i in range(syms.size):
-        s = np.int64(syms[i])
-        if s == 0:
-            gaps[i] = 0
-            continue
-        if s > 62:
-            return False
-        nb = (s + 1) >> 1
-        hb = U64((s + 1) & 1)
-        ne = nb - 1
-        while nacc < ne:
-            if pos >= bits.size:
-                return False
-            acc |= U64(bits[pos]) << U64(nacc)
-            pos += 1
-            nacc += 8
-        extra = acc & ((U64(1) << U64(ne)) - U64(1))
-        acc = acc >> U64(ne)
-        nacc -= ne
-        gaps[i] = ((U64(1) << U64(nb)) | (hb << U64(ne)) | extra) - U64(1)
-    return pos == bits.size
-
-
-@njit(**KERNEL)
-def residuals_to_symbols(res, signbit_w, wmask, syms, escapes):
-    """Residual r != 0 as a zigzag symbol (+1 -> 0, -1 -> 1, +2 -> 2, ...); symbols >= 255
-    become ESCAPE and the raw residual goes to `escapes`. Returns the escape count."""
-    n_esc = 0
-    for i in range(res.size):
-        r = res[i]
-        if r & signbit_w:
-            zz = (wmask - r) * U64(2) + U64(1)
-        else:
-            zz = (r - U64(1)) * U64(2)
-        if zz < U64(ESCAPE) and r != U64(0):
-            syms[i] = zz
-        else:
-            syms[i] = ESCAPE
-            escapes[n_esc] = r
-            n_esc += 1
-    return n_esc
-
-
-@njit(**KERNEL)
-def symbols_to_residuals(syms, escapes, wmask, res):
-    """Inverse of residuals_to_symbols. Returns False when the escapes do not match."""
+    n_r = 0
     e = 0
     for i in range(syms.size):
-        s = U64(syms[i])
-        if s == ESCAPE:
-            if e >= escapes.size:
+        s = np.int64(syms[i]) >> 2
+        rc = U64(syms[i] & 3)
+        if s > 62 or (rc != U64(0) and not joint):
+            return False
+        v = U64(1)
+        if s > 0:
+            nb = (s + 1) >> 1
+            ne = nb - 1
+            while nacc < ne:
+                if pos >= bits.size:
+                    return False
+                acc |= U64(bits[pos]) << U64(nacc)
+                pos += 1
+                nacc += 8
+            extra = acc & ((U64(1) << U64(ne)) - U64(1))
+            acc = acc >> U64(ne)
+            nacc -= ne
+            v = (U64(1) << U64(nb)) | (U64((s + 1) & 1) << U64(ne)) | extra
+        gaps[i] = v - U64(1)
+        if joint:
+            if rc < U64(3):
+                res[i] = _unzigzag(rc, wmask)
+            else:
+                if n_r >= rsyms.size:
+                    return False
+                res[i], e = _get_residual(U64(rsyms[n_r]), U64(3), escapes, e, wmask)
+                n_r += 1
+                if e < 0:
+                    return False
+    if not joint:
+        for j in range(rsyms.size):
+            res[j], e = _get_residual(U64(rsyms[j]), U64(0), escapes, e, wmask)
+            if e < 0:
                 return False
-            res[i] = escapes[e]
-            e += 1
-        elif s & U64(1):
-            res[i] = (wmask - (s >> U64(1))) & wmask
-        else:
-            res[i] = (s >> U64(1)) + U64(1)
-    return e == escapes.size
+        n_r = rsyms.size
+    return pos == bits.size and n_r == rsyms.size and e == escapes.size
 
 
 @njit(**KERNEL)

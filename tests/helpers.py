@@ -1,0 +1,72 @@
+"""Shared test helpers: bit-pattern comparison and state generators."""
+
+import numpy as np
+import torch
+
+from weight_teleport.codec.dtypes import BY_NAME, dtype_info
+
+DTYPES = [d.torch_dtype for d in BY_NAME.values()]
+FLOAT_DTYPES = [d.torch_dtype for d in BY_NAME.values() if d.is_float]
+
+
+def bits(t: torch.Tensor) -> torch.Tensor:
+    """The bit patterns of a tensor (contiguous copy as integers)."""
+    return t.detach().contiguous().view(dtype_info(t.dtype).int_torch)
+
+
+def assert_bits_equal(a: dict, b: dict) -> None:
+    assert set(a) == set(b)
+    for k in a:
+        assert a[k].shape == b[k].shape and a[k].dtype == b[k].dtype, k
+        assert torch.equal(bits(a[k]), bits(b[k])), f"tensor {k!r} differs in its bit patterns"
+
+
+def clone_state(state: dict) -> dict:
+    return {k: v.clone() for k, v in state.items()}
+
+
+def from_bits(u: np.ndarray, dtype: torch.dtype, shape) -> torch.Tensor:
+    """A tensor of `dtype` holding the bit patterns `u`."""
+    info = dtype_info(dtype)
+    signed = np.dtype(f"<i{info.nbytes}") if info.nbytes > 1 else np.dtype(np.uint8)
+    u = np.ascontiguousarray(u.astype(info.uint_numpy))
+    return torch.from_numpy(u.view(signed).copy()).view(dtype).reshape(shape)
+
+
+def random_bits(rng: np.random.Generator, dtype: torch.dtype, n: int) -> np.ndarray:
+    """Uniformly random bit patterns (0/1 for bool)."""
+    info = dtype_info(dtype)
+    u = rng.integers(0, np.iinfo(np.uint64).max, size=n, dtype=np.uint64, endpoint=True)
+    if dtype == torch.bool:
+        return (u & np.uint64(1)).astype(np.uint8)
+    return (u & np.uint64((1 << info.bits) - 1)).astype(info.uint_numpy)
+
+
+def weight_like(rng: np.random.Generator, dtype: torch.dtype, n: int) -> np.ndarray:
+    """Bit patterns of N(0, 0.02)-like weights, or small integers for integer dtypes."""
+    info = dtype_info(dtype)
+    if not info.is_float:
+        return random_bits(rng, dtype, n) & np.array(0x3F if dtype != torch.bool else 1, info.uint_numpy)
+    vals = torch.from_numpy(rng.standard_normal(n) * 0.02).to(dtype)
+    return vals.contiguous().view(info.int_torch).numpy().view(info.uint_numpy).copy()
+
+
+SPECIALS = {
+    torch.float32: [0x00000000, 0x80000000, 0x7F800000, 0xFF800000, 0x7FC00001, 0xFFBADBAD, 0x00000001, 0x807FFFFF, 0x7F7FFFFF, 0xFF7FFFFF],
+    torch.float64: [0, 1 << 63, 0x7FF0000000000000, 0xFFF0000000000000, 0x7FF8000000000123, 0xFFF0000000000001, 1, 0x800FFFFFFFFFFFFF, 0x7FEFFFFFFFFFFFFF],
+    torch.bfloat16: [0x0000, 0x8000, 0x7F80, 0xFF80, 0x7FC1, 0xFF81, 0x0001, 0x807F, 0x7F7F, 0xFF7F],
+    torch.float16: [0x0000, 0x8000, 0x7C00, 0xFC00, 0x7E01, 0xFC01, 0x0001, 0x83FF, 0x7BFF, 0xFBFF],
+    torch.float8_e4m3fn: [0x00, 0x80, 0x7F, 0xFF, 0x01, 0x87, 0x7E, 0xFE],
+    torch.float8_e5m2: [0x00, 0x80, 0x7C, 0xFC, 0x7D, 0xFF, 0x01, 0x83, 0x7B, 0xFB],
+}
+
+
+def specials(dtype: torch.dtype) -> list[int]:
+    """Adversarial bit patterns: +-0, +-inf, NaNs with payloads, subnormals, extremes."""
+    info = dtype_info(dtype)
+    if info.is_float:
+        return SPECIALS[dtype]
+    if dtype == torch.bool:
+        return [0, 1]
+    top = (1 << info.bits) - 1
+    return [0, 1, top, top >> 1, (top >> 1) + 1]
