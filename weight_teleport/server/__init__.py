@@ -39,7 +39,6 @@ def serve_main(args: argparse.Namespace) -> int:
         os.environ.get(TOKEN_ENV) or None
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    args.root.mkdir(parents=True, exist_ok=True)
     from .runner import serve_forever  # imports aiohttp
 
     serve_forever(ServerConfig(root=args.root, host=args.host, port=args.port,

@@ -94,7 +94,8 @@ async def receive(request: web.Request, path: Path, limit: int, *, overwrite: bo
 
 
 def make_origin(config: ServerConfig) -> Origin:
-    """The shared state of an origin serving `config.root`."""
+    """The shared state of an origin serving `config.root` (created if missing)."""
+    config.root.mkdir(parents=True, exist_ok=True)
     store = FileStore(config.root)
     return Origin(config, store, HashIndex(config.chunk_bytes),
                   ManifestWatch(store.manifest_path, config.disk_check_s))

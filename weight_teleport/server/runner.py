@@ -28,6 +28,15 @@ async def _start(config: ServerConfig) -> tuple[web.AppRunner, int]:
     return runner, port
 
 
+async def _stop(runner: web.AppRunner) -> None:
+    await runner.cleanup()
+    # Lingering reads of refused uploads may outlive the cleanup's grace period.
+    tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+
+
 def serve_forever(config: ServerConfig) -> None:
     """Serve until interrupted (Ctrl-C or SIGTERM)."""
     web.run_app(make_app(config), host=config.host, port=config.port,
@@ -69,7 +78,7 @@ class OriginServer:
     def stop(self) -> None:
         """Close every connection and stop the thread."""
         if self._runner is not None:
-            asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(30)
+            asyncio.run_coroutine_threadsafe(_stop(self._runner), self._loop).result(30)
             self._runner = None
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=30)
