@@ -8,7 +8,8 @@ from dataclasses import dataclass
 import numpy as np
 
 DEFAULT_CHUNK_ELEMS = 1 << 22
-MAX_CHUNK_ELEMS = 1 << 30
+MAX_CHUNK_ELEMS = 1 << 22
+"""Gaps inside a chunk must fit the event symbol's 45 buckets (docs/FORMAT.md)."""
 MAX_CLASSES = 16
 MIN_CLASS_EVENTS = 512
 """A context class must hold at least this many events (changes) in the tensor: smaller

@@ -3,9 +3,9 @@
     offset  size  field
     0       4     magic b"WTPK"
     4       2     format version, u16 little-endian
-    6       2     flags, u16 (0 in v1)
-    8       4     header length H, u32
-    12      4     CRC-32 of the header bytes, u32
+    6       2     flags, u16: bit 0 = the header is zstd-compressed; other bits 0
+    8       4     header length H (as stored), u32
+    12      4     CRC-32 of the stored header bytes, u32
     16      8     payload length P, u64
     24      H     header: UTF-8 JSON object
     24+H    P     payload: the chunks, back to back
@@ -19,12 +19,18 @@ import struct
 import zlib
 from dataclasses import dataclass, field
 
+import zstandard
+
 from weight_teleport.errors import PackFormatError, UnsupportedFormatError
 
 MAGIC = b"WTPK"
 FORMAT_VERSION = 1
 PREAMBLE = struct.Struct("<4sHHIIQ")
 KINDS = ("delta", "snapshot")
+FLAG_HEADER_ZSTD = 1
+COMPRESS_HEADER_FROM = 4096
+"""Headers of at least this many bytes are stored zstd-compressed when that is smaller."""
+MAX_HEADER_BYTES = 1 << 28
 
 
 @dataclass(frozen=True)
@@ -102,8 +108,13 @@ def _header_json(h: PackHeader) -> bytes:
 def write_pack(header: PackHeader, chunks: list[bytes]) -> bytes:
     """Serialise a pack. `header.tensors[*].chunks` must already point into `chunks` laid end to end."""
     head = _header_json(header)
+    flags = 0
+    if len(head) >= COMPRESS_HEADER_FROM:
+        packed = zstandard.ZstdCompressor(level=9, write_checksum=False).compress(head)
+        if len(packed) < len(head):
+            head, flags = packed, FLAG_HEADER_ZSTD
     payload_len = sum(len(c) for c in chunks)
-    pre = PREAMBLE.pack(MAGIC, FORMAT_VERSION, 0, len(head), zlib.crc32(head), payload_len)
+    pre = PREAMBLE.pack(MAGIC, FORMAT_VERSION, flags, len(head), zlib.crc32(head), payload_len)
     return b"".join([pre, head, *chunks])
 
 
@@ -130,7 +141,7 @@ def read_header(buf: bytes | memoryview, *, total_length: int | None = None) -> 
         raise UnsupportedFormatError(
             f"pack format version {version} is not supported by this build (it reads version "
             f"{FORMAT_VERSION}); upgrade weight-teleport to read it")
-    if flags != 0:
+    if flags & ~FLAG_HEADER_ZSTD:
         raise UnsupportedFormatError(f"pack flags {flags:#x} are unknown to format version 1")
     end = PREAMBLE.size + hlen
     if len(mv) < end:
@@ -143,6 +154,8 @@ def read_header(buf: bytes | memoryview, *, total_length: int | None = None) -> 
         raise PackFormatError(f"pack length {total} does not match its header ({end + plen} bytes): "
                               "truncated or padded")
     try:
+        if flags & FLAG_HEADER_ZSTD:
+            head = zstandard.ZstdDecompressor().decompress(head, max_output_size=MAX_HEADER_BYTES)
         d = json.loads(head)
         header = PackHeader(
             kind=d["kind"], version=int(d["version"]),
@@ -150,7 +163,7 @@ def read_header(buf: bytes | memoryview, *, total_length: int | None = None) -> 
             chunk_elems=int(d["chunk_elems"]), tensors=[_record(t) for t in d["tensors"]],
             stream_codecs=list(d["stream_codecs"]), format_version=version,
             payload_offset=end, payload_length=plen)
-    except (KeyError, TypeError, ValueError) as e:
+    except (KeyError, TypeError, ValueError, zstandard.ZstdError) as e:
         raise PackFormatError(f"pack header is malformed: {e!r}") from None
     _check_layout(header)
     return header

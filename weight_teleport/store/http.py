@@ -7,7 +7,6 @@ Uploads carry a bearer token; `watch` long-polls `/watch`.
 
 from __future__ import annotations
 
-import hashlib
 import http.client
 import json
 import threading
@@ -18,6 +17,7 @@ from urllib.parse import quote, urlencode, urlsplit
 from .base import Store
 from .config import StoreConfig
 from .errors import AuthError, Conflict, NotFound, StoreError, TooLarge, TransportError
+from .keys import content_hash
 
 _RESOLVED_KEYS = 4096  # key -> content hash entries remembered per store
 _WATCH_SLICE_S = 30.0  # longest single long-poll request
@@ -134,7 +134,7 @@ class HttpStore(Store):
     # Primitives.
     def _put(self, key: str, data: bytes) -> None:
         headers = {**self._auth(), "Content-Type": "application/octet-stream",
-                   "X-Content-SHA256": hashlib.sha256(data).hexdigest()}
+                   "X-Content-SHA256": content_hash(data)}
         status, _, body = self._request("PUT", "/o/" + quote(key), data, headers)
         self._check(status, body, f"put {key!r}")
 

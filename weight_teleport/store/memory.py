@@ -26,8 +26,12 @@ _NAMES_LOCK = threading.Lock()
 class MemoryStore(Store):
     """A store held in this process's memory, for tests and same-process use."""
 
-    def __init__(self, name: str, config: StoreConfig | None = None):
+    def __init__(self, name: str | None, config: StoreConfig | None = None):
+        """Open the store called `name` (created empty if new); None makes a private one."""
         super().__init__(config)
+        if name is None:
+            self._shared = _Shared()
+            return
         with _NAMES_LOCK:
             self._shared = _NAMES.setdefault(name, _Shared())
 

@@ -24,6 +24,7 @@ _REGISTRY: dict[str, _Entry] = {
     "http": _Entry(".http:HttpStore", None),
     "https": _Entry(".http:HttpStore", None),
     "s3": _Entry(".fsspec_store:FsspecStore", "s3"),
+    "dist": _Entry(".dist:DistStore", None),
 }
 # Other fsspec object stores work once their fsspec package is installed.
 _FSSPEC_FALLBACK = _Entry(".fsspec_store:FsspecStore", "s3")
@@ -36,7 +37,8 @@ def register_store(scheme: str, target: str, extra: str | None = None) -> None:
 
 def open_store(url: str, config: StoreConfig | None = None) -> Store:
     """Open the store at `url`: file:///dir, memory://name, http://host:port/prefix,
-    s3://bucket/prefix (or another fsspec protocol). A bare path means file://."""
+    s3://bucket/prefix (or another fsspec protocol), dist://?src=0. A bare path
+    means file://."""
     scheme, sep, _ = url.partition("://")
     if not sep:
         scheme, url = "file", f"file://{url}"

@@ -12,6 +12,10 @@ GOLDEN = U64(0x9E3779B97F4A7C15)
 MIX1 = U64(0xBF58476D1CE4E5B9)
 MIX2 = U64(0x94D049BB133111EB)
 ESCAPE = 255
+RC = 5
+"""Residual classes in a joint event symbol: zigzag 0..3 (+1, -1, +2, -2), 4 = look in the
+residual stream. Bucket b and class rc make the symbol b * RC + rc (b <= 44, so < 255)."""
+MAX_BUCKET = 44
 KERNEL = dict(nogil=True, cache=True, boundscheck=False)
 
 
@@ -197,11 +201,11 @@ def class_to_symbols(gaps, res, joint, signbit_w, wmask, syms, bits, rsyms, esca
         rc = U64(0)
         if joint:
             zz = _zigzag(res[i], signbit_w, wmask)
-            rc = min(zz, U64(3))
-            if rc == U64(3):
-                n_esc = _put_residual(zz - U64(3), res[i], rsyms, n_r, escapes, n_esc)
+            rc = min(zz, U64(RC - 1))
+            if rc == U64(RC - 1):
+                n_esc = _put_residual(zz - U64(RC - 1), res[i], rsyms, n_r, escapes, n_esc)
                 n_r += 1
-        syms[i] = sym * U64(4) + rc
+        syms[i] = sym * U64(RC) + rc
     if nacc > 0:
         bits[nbytes] = acc & U64(0xFF)
         nbytes += 1
@@ -232,9 +236,9 @@ def symbols_to_class(syms, bits, rsyms, escapes, joint, wmask, gaps, res):
     n_r = 0
     e = 0
     for i in range(syms.size):
-        s = np.int64(syms[i]) >> 2
-        rc = U64(syms[i] & 3)
-        if s > 62 or (rc != U64(0) and not joint):
+        s = np.int64(syms[i]) // RC
+        rc = U64(np.int64(syms[i]) % RC)
+        if s > MAX_BUCKET or (rc != U64(0) and not joint):
             return False
         v = U64(1)
         if s > 0:
@@ -252,12 +256,12 @@ def symbols_to_class(syms, bits, rsyms, escapes, joint, wmask, gaps, res):
             v = (U64(1) << U64(nb)) | (U64((s + 1) & 1) << U64(ne)) | extra
         gaps[i] = v - U64(1)
         if joint:
-            if rc < U64(3):
+            if rc < U64(RC - 1):
                 res[i] = _unzigzag(rc, wmask)
             else:
                 if n_r >= rsyms.size:
                     return False
-                res[i], e = _get_residual(U64(rsyms[n_r]), U64(3), escapes, e, wmask)
+                res[i], e = _get_residual(U64(rsyms[n_r]), U64(RC - 1), escapes, e, wmask)
                 n_r += 1
                 if e < 0:
                     return False

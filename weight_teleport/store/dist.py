@@ -1,0 +1,97 @@
+"""`dist://?src=RANK`: broadcast objects to every rank of a torch.distributed job.
+
+Every rank opens the store together (it creates a gloo group, a collective call) and
+holds a full replica in memory. Only the source rank writes: each write is applied to
+its replica and broadcast; the other ranks apply broadcasts on a background thread, so
+their reads and `watch` are local. The caller initialises torch.distributed first.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from urllib.parse import parse_qs, urlsplit
+
+import torch
+import torch.distributed as dist
+
+from .config import StoreConfig
+from .errors import StoreError
+from .memory import MemoryStore
+
+log = logging.getLogger(__name__)
+_PUT, _DELETE, _MANIFEST, _CLOSE = range(4)
+
+
+class DistStore(MemoryStore):
+    """A replicated in-memory store fed by broadcasts from rank `src`."""
+
+    def __init__(self, src: int = 0, config: StoreConfig | None = None):
+        super().__init__(None, config)
+        if not dist.is_initialized():
+            raise StoreError("dist:// needs torch.distributed initialised first "
+                             "(torch.distributed.init_process_group)")
+        self.src = src
+        self._group = dist.new_group(backend="gloo")
+        self._send_lock = threading.Lock()
+        self._receiver: threading.Thread | None = None
+        if dist.get_rank() != src:
+            self._receiver = threading.Thread(target=self._receive, daemon=True,
+                                              name="weight-teleport-dist")
+            self._receiver.start()
+
+    @classmethod
+    def from_url(cls, url: str, config: StoreConfig | None = None) -> "DistStore":
+        """Open `dist://?src=RANK` (source rank 0 by default)."""
+        query = parse_qs(urlsplit(url).query)
+        return cls(int(query.get("src", ["0"])[0]), config)
+
+    def _broadcast(self, op: int, key: str = "", data: bytes = b"") -> None:
+        if dist.get_rank() != self.src:
+            raise StoreError(f"only rank {self.src} (the source) writes to this dist:// "
+                             f"store; rank {dist.get_rank()} reads it")
+        payload = key.encode() + data
+        header = torch.tensor([op, len(key.encode()), len(payload)], dtype=torch.int64)
+        with self._send_lock:
+            dist.broadcast(header, self.src, group=self._group)
+            if payload:
+                body = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
+                dist.broadcast(body, self.src, group=self._group)
+
+    def _receive(self) -> None:
+        """Apply the source's broadcasts to the local replica until it closes."""
+        apply = {_PUT: super()._put, _DELETE: super()._delete}
+        while True:
+            header = torch.empty(3, dtype=torch.int64)
+            dist.broadcast(header, self.src, group=self._group)
+            op, key_len, size = header.tolist()
+            payload = b""
+            if size:
+                body = torch.empty(size, dtype=torch.uint8)
+                dist.broadcast(body, self.src, group=self._group)
+                payload = body.numpy().tobytes()
+            if op == _CLOSE:
+                return
+            if op == _MANIFEST:
+                super()._put_manifest(payload)
+            else:
+                apply[op](payload[:key_len].decode(), *([payload[key_len:]] if op == _PUT else []))
+
+    def _put(self, key: str, data: bytes) -> None:
+        super()._put(key, data)
+        self._broadcast(_PUT, key, data)
+
+    def _delete(self, key: str) -> None:
+        super()._delete(key)
+        self._broadcast(_DELETE, key)
+
+    def _put_manifest(self, data: bytes) -> None:
+        super()._put_manifest(data)
+        self._broadcast(_MANIFEST, data=data)
+
+    def close(self) -> None:
+        """On the source, tell the other ranks to stop; elsewhere, wait for that."""
+        if self._receiver is None:
+            self._broadcast(_CLOSE)
+        else:
+            self._receiver.join()
