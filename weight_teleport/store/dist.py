@@ -60,22 +60,29 @@ class DistStore(MemoryStore):
 
     def _receive(self) -> None:
         """Apply the source's broadcasts to the local replica until it closes."""
-        apply = {_PUT: super()._put, _DELETE: super()._delete}
-        while True:
-            header = torch.empty(3, dtype=torch.int64)
-            dist.broadcast(header, self.src, group=self._group)
-            op, key_len, size = header.tolist()
-            payload = b""
-            if size:
-                body = torch.empty(size, dtype=torch.uint8)
-                dist.broadcast(body, self.src, group=self._group)
-                payload = body.numpy().tobytes()
-            if op == _CLOSE:
-                return
-            if op == _MANIFEST:
-                super()._put_manifest(payload)
-            else:
-                apply[op](payload[:key_len].decode(), *([payload[key_len:]] if op == _PUT else []))
+        try:
+            while self._apply_next():
+                pass
+        except Exception:  # the source died or the group broke: keep the replica
+            log.exception("dist:// store stopped receiving from rank %d", self.src)
+
+    def _apply_next(self) -> bool:
+        header = torch.empty(3, dtype=torch.int64)
+        dist.broadcast(header, self.src, group=self._group)
+        op, key_len, size = header.tolist()
+        payload = b""
+        if size:
+            body = torch.empty(size, dtype=torch.uint8)
+            dist.broadcast(body, self.src, group=self._group)
+            payload = body.numpy().tobytes()
+        key, data = payload[:key_len].decode(), payload[key_len:]
+        if op == _PUT:
+            super()._put(key, data)
+        elif op == _DELETE:
+            super()._delete(key)
+        elif op == _MANIFEST:
+            super()._put_manifest(data)
+        return op != _CLOSE
 
     def _put(self, key: str, data: bytes) -> None:
         super()._put(key, data)

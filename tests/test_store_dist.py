@@ -1,0 +1,62 @@
+"""`dist://`: one source rank broadcasts to the others over gloo, in real processes."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import traceback
+
+import pytest
+
+from services import free_port
+from weight_teleport.store import StoreError, manifest_etag, open_store
+
+WORLD = 3
+OBJECTS = {f"v/{i}": bytes([i]) * (1000 * i + 1) for i in range(1, 6)}
+
+
+def _rank_main(rank: int, port: int, errors: "mp.Queue") -> None:
+    import torch.distributed as dist
+
+    try:
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}",
+                                rank=rank, world_size=WORLD)
+        store = open_store("dist://?src=0")
+        if rank == 0:
+            for key, data in OBJECTS.items():
+                store.put(key, data)
+            store.delete("v/5")
+            store.put_manifest(b"latest=4")
+        else:
+            assert store.watch(None, timeout=60) == b"latest=4"
+            assert store.list() == sorted(set(OBJECTS) - {"v/5"})
+            for key in store.list():
+                assert store.get(key) == OBJECTS[key]
+            assert store.get_range("v/3", 10, 20) == OBJECTS["v/3"][10:20]
+            with pytest.raises(StoreError, match="only rank 0"):
+                store.put("v/9", b"x")
+        store.close()
+        assert store.watch(manifest_etag(b"latest=4"), timeout=0) is None
+        dist.destroy_process_group()
+    except BaseException:
+        errors.put(f"rank {rank}: {traceback.format_exc()}")
+        raise
+
+
+def test_broadcast_to_every_rank() -> None:
+    ctx = mp.get_context("spawn")
+    errors, port = ctx.Queue(), free_port()
+    procs = [ctx.Process(target=_rank_main, args=(r, port, errors)) for r in range(WORLD)]
+    for p in procs:
+        p.start()
+    try:
+        for p in procs:
+            p.join(timeout=60)
+        failures = []
+        while not errors.empty():
+            failures.append(errors.get())
+        assert not failures, "\n".join(failures)
+        assert [p.exitcode for p in procs] == [0] * WORLD
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.kill()
