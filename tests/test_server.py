@@ -128,7 +128,8 @@ def test_objects_are_content_addressed_and_immutable(origin: OriginServer) -> No
     assert (status, body) == (200, data)
     assert headers["Cache-Control"] == "public, max-age=31536000, immutable"
     assert headers["ETag"] == f'"{digest}"'
-    assert request(origin, "GET", f"/b/{digest}/v/1", headers={"If-None-Match": f'"{digest}"'})[0] == 304
+    revalidate = {"If-None-Match": f'"{digest}"'}
+    assert request(origin, "GET", f"/b/{digest}/v/1", headers=revalidate)[0] == 304
     assert request(origin, "GET", f"/b/{'0' * 64}/v/1")[0] == 404
     assert request(origin, "GET", "/b/not-a-hash/v/1")[0] == 400
 
@@ -139,7 +140,8 @@ def test_range_requests(origin: OriginServer) -> None:
     request(origin, "PUT", "/o/r", data, AUTH)
     url = f"/b/{digest}/r"
     status, headers, body = request(origin, "GET", url, headers={"Range": "bytes=10-19"})
-    assert (status, body, headers["Content-Range"]) == (206, data[10:20], f"bytes 10-19/{len(data)}")
+    assert (status, body) == (206, data[10:20])
+    assert headers["Content-Range"] == f"bytes 10-19/{len(data)}"
     assert request(origin, "GET", url, headers={"Range": "bytes=2500-"})[2] == data[2500:]
     assert request(origin, "GET", url, headers={"Range": "bytes=-7"})[2] == data[-7:]
     assert request(origin, "GET", url, headers={"Range": "bytes=9000-9999"})[0] == 416
@@ -151,7 +153,8 @@ def test_manifest_headers(origin: OriginServer) -> None:
     assert request(origin, "PUT", "/manifest", b"m1", AUTH)[0] == 204
     status, headers, body = request(origin, "GET", "/manifest")
     etag = f'"{manifest_etag(b"m1")}"'
-    assert (status, body, headers["ETag"], headers["Cache-Control"]) == (200, b"m1", etag, "no-cache")
+    assert (status, body, headers["ETag"]) == (200, b"m1", etag)
+    assert headers["Cache-Control"] == "no-cache"
     assert request(origin, "GET", "/manifest", headers={"If-None-Match": etag})[0] == 304
 
 
@@ -199,3 +202,13 @@ def test_serve_command(tmp_path: Path) -> None:
         assert (tmp_path / "root" / "objects" / "k").read_bytes() == b"v"
     finally:
         stop_process(proc)
+
+
+def test_key_used_as_directory_conflicts(origin: OriginServer) -> None:
+    assert request(origin, "PUT", "/o/a", b"1", AUTH)[0] == 201
+    assert request(origin, "PUT", "/o/b/c", b"2", AUTH)[0] == 201
+    assert request(origin, "PUT", "/o/a/x", b"3", AUTH)[0] == 409
+    assert request(origin, "PUT", "/o/b", b"3", AUTH)[0] == 409
+    assert request(origin, "GET", "/o/b")[0] == 404
+    assert request(origin, "DELETE", "/o/b", headers=AUTH)[0] == 404
+    assert stored_files(origin) == ["objects/a", "objects/b/c"]

@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from weight_teleport.store import (MissingDependency, RetryConfig, Store, StoreConfig,
-                                   StoreError, TransportError, open_store, register_store)
+from weight_teleport.store import (Conflict, MissingDependency, NotFound, RetryConfig, Store,
+                                   StoreConfig, StoreError, TransportError, open_store,
+                                   register_store)
 from weight_teleport.store.file import AtomicFile, FileStore
 from weight_teleport.store.memory import MemoryStore
 
@@ -141,3 +142,17 @@ def test_keys_cannot_escape_root(tmp_path: Path) -> None:
         with pytest.raises(StoreError):
             store.put(key, b"x")
     assert sorted(os.listdir(tmp_path)) == []
+
+
+def test_key_used_as_directory_conflicts(tmp_path: Path) -> None:
+    store = FileStore(tmp_path)
+    store.put("a", b"1")
+    store.put("b/c", b"2")
+    for key in ["a/x", "b"]:
+        with pytest.raises(Conflict, match="directory"):
+            store.put(key, b"3")
+        with pytest.raises(NotFound):
+            store.get(key)
+        with pytest.raises(NotFound):
+            store.delete(key)
+    assert store.list() == ["a", "b/c"]

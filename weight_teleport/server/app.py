@@ -18,6 +18,7 @@ import re
 from aiohttp import web
 
 from ..store.errors import InvalidKey
+from ..store.file import MISSING
 from ..store.keys import validate_prefix
 from .blobs import IMMUTABLE, send_file
 from .config import ServerConfig
@@ -32,7 +33,7 @@ async def resolve(request: web.Request) -> web.Response:
     origin, key = request.app[ORIGIN], request_key(request)
     try:
         digest = await origin.hashes.hash_of(origin.store.path_of(key))
-    except FileNotFoundError:
+    except MISSING:
         raise web.HTTPNotFound(text=f"no object {key!r}") from None
     # Relative, so that it stays right behind a proxy that mounts the origin on a path.
     location = "../" * key.count("/") + f"../b/{digest}/{key}"
@@ -48,7 +49,7 @@ async def get_blob(request: web.Request) -> web.StreamResponse:
     path = origin.store.path_of(key)
     try:
         actual = await origin.hashes.hash_of(path)
-    except FileNotFoundError:
+    except MISSING:
         actual = None
     if actual != digest:
         raise web.HTTPNotFound(text=f"no object {key!r} with hash {digest}")
@@ -69,7 +70,7 @@ async def put_object(request: web.Request) -> web.Response:
     path = origin.store.path_of(key)
     digest, created = await receive(request, path, origin.config.max_object_bytes,
                                     overwrite=False, chunk=origin.config.chunk_bytes)
-    if not created and await origin.hashes.hash_of(path) != digest:
+    if not created and (not path.is_file() or await origin.hashes.hash_of(path) != digest):
         raise web.HTTPConflict(text=f"object {key!r} exists with other bytes; objects "
                                     f"are immutable: upload under a new key")
     origin.hashes.remember(path, digest)
@@ -85,7 +86,7 @@ async def delete_object(request: web.Request) -> web.Response:
     path = origin.store.path_of(request_key(request))
     try:
         path.unlink()
-    except FileNotFoundError:
+    except MISSING:
         raise web.HTTPNotFound(text=f"no object {request.match_info['key']!r}") from None
     origin.hashes.forget(path)
     return web.Response(status=204)

@@ -71,7 +71,11 @@ async def receive(request: web.Request, path: Path, limit: int, *, overwrite: bo
     if (request.content_length or 0) > limit:
         raise _too_large(limit)
     loop = asyncio.get_running_loop()
-    out = await loop.run_in_executor(None, lambda: AtomicFile(path, overwrite=overwrite))
+    try:
+        out = await loop.run_in_executor(None, lambda: AtomicFile(path, overwrite=overwrite))
+    except (FileExistsError, NotADirectoryError):
+        raise web.HTTPConflict(text=f"{request.path} collides with another key used as "
+                                    f"a directory (as 'a' and 'a/b' do)") from None
     sha, size = hashlib.sha256(), 0
     try:
         async for data in request.content.iter_chunked(chunk):

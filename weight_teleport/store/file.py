@@ -18,6 +18,8 @@ from .config import StoreConfig
 from .errors import Conflict, NotFound
 from .keys import validate_key
 
+# What reading a key that is not a file raises (absent, a directory, under a file).
+MISSING = (FileNotFoundError, IsADirectoryError, NotADirectoryError)
 OBJECTS_DIR = "objects"
 MANIFEST_NAME = "manifest"
 
@@ -98,18 +100,21 @@ class FileStore(Store):
         return self.objects / validate_key(key)
 
     def _put(self, key: str, data: bytes) -> None:
+        path = self.path_of(key)
         try:
-            with AtomicFile(self.path_of(key), overwrite=False) as f:
+            with AtomicFile(path, overwrite=False) as f:
                 f.write(data)
-        except FileExistsError:
-            if self._get(key) != data:
-                raise Conflict(f"object {key!r} already exists with different bytes; "
-                               f"objects are immutable: write under a new key") from None
+        except (FileExistsError, NotADirectoryError):
+            if not path.is_file() or path.read_bytes() != data:
+                raise Conflict(
+                    f"cannot write {key!r}: it exists with other bytes (objects are "
+                    f"immutable: use a new key), or it collides with another key used as "
+                    f"a directory (as 'a' and 'a/b' do)") from None
 
     def _get(self, key: str) -> bytes:
         try:
             return self.path_of(key).read_bytes()
-        except FileNotFoundError:
+        except MISSING:
             raise NotFound(f"no object {key!r} under {self.objects}") from None
 
     def _get_range(self, key: str, start: int, end: int) -> bytes:
@@ -117,7 +122,7 @@ class FileStore(Store):
             with open(self.path_of(key), "rb") as f:
                 f.seek(start)
                 return f.read(end - start)
-        except FileNotFoundError:
+        except MISSING:
             raise NotFound(f"no object {key!r} under {self.objects}") from None
 
     def _list(self, prefix: str) -> list[str]:
@@ -135,7 +140,7 @@ class FileStore(Store):
     def _delete(self, key: str) -> None:
         try:
             os.unlink(self.path_of(key))
-        except FileNotFoundError:
+        except MISSING:
             raise NotFound(f"no object {key!r} under {self.objects}") from None
 
     def _put_manifest(self, data: bytes) -> None:
