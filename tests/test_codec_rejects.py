@@ -1,0 +1,130 @@
+"""Packs that do not fit raise a typed error and leave the state untouched."""
+
+import struct
+
+import numpy as np
+import pytest
+import torch
+from helpers import assert_bits_equal, clone_state
+
+import weight_teleport as wt
+from weight_teleport.errors import (DigestMismatchError, PackFormatError, PackMismatchError,
+                                    UnsupportedFormatError)
+from weight_teleport.format import read_header
+
+
+@pytest.fixture(scope="module")
+def states():
+    g = torch.Generator().manual_seed(0)
+    old = {"a": (torch.randn(300, 70, generator=g) * 0.02).to(torch.bfloat16),
+           "b": torch.randn(513, generator=g)}
+    new = clone_state(old)
+    new["a"].view(-1)[::37] = (new["a"].view(-1)[::37].float() * 1.01).to(torch.bfloat16)
+    new["b"][::5] += 1e-3
+    return old, new
+
+
+@pytest.fixture(scope="module")
+def pack(states):
+    old, new = states
+    return wt.encode_delta(old, new, base_version=1, version=2, chunk_elems=4096)
+
+
+def _rejects(state, pack, error, **kw):
+    before = clone_state(state)
+    with pytest.raises(error):
+        wt.apply_delta(state, pack, **kw)
+    assert_bits_equal(state, before)
+
+
+def test_wrong_base_version_number(states, pack):
+    _rejects(clone_state(states[0]), pack, PackMismatchError, base_version=5)
+
+
+def test_wrong_base_weights(states, pack):
+    state = clone_state(states[0])
+    state["a"].view(-1)[7] = 3.0
+    _rejects(state, pack, PackMismatchError)
+
+
+def test_applied_twice_is_refused(states, pack):
+    state = clone_state(states[0])
+    wt.apply_delta(state, pack)
+    _rejects(state, pack, PackMismatchError)
+
+
+def test_wrong_names_shapes_dtypes(states, pack):
+    old = states[0]
+    _rejects({"a": old["a"].clone()}, pack, PackMismatchError)
+    _rejects({**clone_state(old), "extra": torch.zeros(3)}, pack, PackMismatchError)
+    _rejects({"a": old["a"].clone().reshape(70, 300), "b": old["b"].clone()}, pack, PackMismatchError)
+    _rejects({"a": old["a"].clone(), "b": old["b"].to(torch.float64)}, pack, PackMismatchError)
+
+
+def test_extra_state_tensors_allowed_when_not_strict(states, pack):
+    state = {**clone_state(states[0]), "rotary.inv_freq": torch.ones(4)}
+    wt.apply_delta(state, pack, strict=False)
+    assert_bits_equal({k: state[k] for k in ("a", "b")}, states[1])
+
+
+@pytest.mark.parametrize("cut", [0, 3, 20, 30, -1, -7])
+def test_truncated(states, pack, cut):
+    _rejects(clone_state(states[0]), pack[:cut] if cut >= 0 else pack[:len(pack) + cut], PackFormatError)
+
+
+def test_every_bit_flip_in_a_sample_is_caught(states, pack):
+    rng = np.random.default_rng(0)
+    state = clone_state(states[0])
+    for pos in rng.choice(len(pack), size=60, replace=False):
+        bad = bytearray(pack)
+        bad[pos] ^= 1 << int(rng.integers(8))
+        _rejects(state, bytes(bad), (PackFormatError, PackMismatchError, DigestMismatchError))
+
+
+def test_unknown_format_version_refused(pack):
+    bad = bytearray(pack)
+    struct.pack_into("<H", bad, 4, 2)
+    with pytest.raises(UnsupportedFormatError, match="version 2"):
+        read_header(bytes(bad))
+
+
+def test_gpu_only_stream_codec_refused_on_cpu(states):
+    old, new = states
+    pack = wt.encode_delta(old, new, base_version=1, version=2)
+    header = read_header(pack)
+    header.stream_codecs = ["raw", "nvcomp-ans"]
+    from weight_teleport.format import write_pack
+    from weight_teleport.format.container import chunk_payload
+    chunks = [bytes(chunk_payload(pack, header, c)) for t in header.tensors for c in t.chunks]
+    with pytest.raises(UnsupportedFormatError, match="zstd"):
+        wt.apply_delta(clone_state(old), write_pack(header, chunks))
+
+
+def test_consistent_but_wrong_pack_caught_by_digest(states):
+    """A well-formed pack whose promised digest is not what it produces (e.g. an encoder
+    bug) is refused before anything is written."""
+    old, new = states
+    pack = wt.encode_delta(old, new, base_version=1, version=2)
+    header = read_header(pack)
+    header.tensors[0].digest = "0" * 16
+    from weight_teleport.format import write_pack
+    from weight_teleport.format.container import chunk_payload
+    chunks = [bytes(chunk_payload(pack, header, c)) for t in header.tensors for c in t.chunks]
+    _rejects(clone_state(old), write_pack(header, chunks), DigestMismatchError)
+
+
+def test_snapshot_is_not_a_delta(states):
+    with pytest.raises(PackMismatchError):
+        wt.decode_snapshot(wt.encode_delta(*states, base_version=0, version=1))
+
+
+def test_encoder_user_errors(states):
+    old, new = states
+    with pytest.raises(ValueError, match="names"):
+        wt.encode_delta(old, {"a": new["a"]}, base_version=0, version=1)
+    with pytest.raises(ValueError, match="shape or dtype"):
+        wt.encode_delta(old, {"a": new["a"], "b": new["b"][:10]}, base_version=0, version=1)
+    with pytest.raises(ValueError, match="not supported"):
+        wt.encode_snapshot({"c": torch.zeros(2, dtype=torch.complex64)}, version=0)
+    with pytest.raises(ValueError, match="chunk_elems"):
+        wt.encode_delta(old, new, base_version=0, version=1, chunk_elems=12)

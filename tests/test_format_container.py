@@ -1,0 +1,66 @@
+"""The container and chunk-table layers on their own: pure bytes."""
+
+import pytest
+
+from weight_teleport.errors import PackFormatError
+from weight_teleport.format import (ChunkRef, Group, PackHeader, Stream, TensorRecord, chunk_payload,
+                                    read_groups, read_header, write_groups, write_pack)
+
+
+def _header(n_tensors=1):
+    recs = [TensorRecord(name=f"t{i}", dtype="bfloat16", shape=(4, 4), codec="dense_values",
+                         digest="00" * 8, changed=16, chunks=[ChunkRef(0, 3, 0x352441C2)])
+            for i in range(n_tensors)]
+    return PackHeader(kind="snapshot", version=3, base_version=None, chunk_elems=16, tensors=recs)
+
+
+def test_header_round_trip():
+    pack = write_pack(_header(), [b"abc"])
+    h = read_header(pack)
+    assert h.tensors[0].shape == (4, 4) and h.version == 3 and h.payload_length == 3
+    assert bytes(chunk_payload(pack, h, h.tensors[0].chunks[0])) == b"abc"
+
+
+def test_large_header_is_compressed_and_read_back():
+    pack = write_pack(_header(200), [b"abc"])
+    assert pack[6] == 1
+    assert len(read_header(pack).tensors) == 200
+
+
+def test_header_needs_only_its_prefix():
+    pack = write_pack(_header(), [b"abc"])
+    h = read_header(pack[:-3], total_length=len(pack))
+    assert h.payload_offset == len(pack) - 3
+
+
+def test_corrupt_chunk_detected():
+    pack = bytearray(write_pack(_header(), [b"abc"]))
+    pack[-1] ^= 0x40
+    h = read_header(bytes(pack))
+    with pytest.raises(PackFormatError, match="corrupted"):
+        chunk_payload(bytes(pack), h, h.tensors[0].chunks[0])
+
+
+def test_chunk_outside_payload_refused():
+    header = _header()
+    header.tensors[0].chunks = [ChunkRef(1, 3, 0)]
+    with pytest.raises(PackFormatError, match="outside"):
+        read_header(write_pack(header, [b"abc"]))
+
+
+def test_bad_magic_refused():
+    with pytest.raises(PackFormatError, match="magic"):
+        read_header(b"NOPE" + bytes(40))
+
+
+def test_groups_round_trip():
+    groups = [Group(3, [Stream(0, 2, b"xy"), Stream(1, 100, b"zzz")]), Group(0, []), Group(1 << 40, [])]
+    out = read_groups(write_groups(groups))
+    assert [(g.count, [(s.codec, s.raw_len, bytes(s.data)) for s in g.streams]) for g in out] == \
+        [(3, [(0, 2, b"xy"), (1, 100, b"zzz")]), (0, []), (1 << 40, [])]
+
+
+@pytest.mark.parametrize("bad", [b"", b"\x01", b"\x01\x01\x01\x00\x05\x05", b"\x01\x00\x00extra"])
+def test_malformed_groups_refused(bad):
+    with pytest.raises(PackFormatError):
+        read_groups(bad)
