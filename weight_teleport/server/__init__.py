@@ -39,6 +39,9 @@ def serve_main(args: argparse.Namespace) -> int:
         os.environ.get(TOKEN_ENV) or None
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    if token is None:
+        logging.getLogger(__name__).warning(
+            "no upload token (--token-file or %s): the server is read-only", TOKEN_ENV)
     from .runner import serve_forever  # imports aiohttp
 
     serve_forever(ServerConfig(root=args.root, host=args.host, port=args.port,

@@ -22,6 +22,10 @@ log = logging.getLogger(__name__)
 class Store:
     """An object store of immutable blobs and one atomically replaced manifest.
 
+    Keys are written once and never reused: writing other bytes under an existing key
+    raises Conflict, and a deleted key must not come back with other bytes (readers and
+    HTTP caches may still hold the old ones).
+
     Subclasses implement `_put`, `_get`, `_get_range`, `_list`, `_delete`,
     `_put_manifest` and `_get_manifest`; they raise `TransportError` for failures worth
     retrying and the other `errors` for the rest. They may override `_watch`.
