@@ -42,17 +42,25 @@ def serve_main(args: argparse.Namespace) -> int:
     if token is None:
         logging.getLogger(__name__).warning(
             "no upload token (--token-file or %s): the server is read-only", TOKEN_ENV)
-    from .runner import serve_forever  # imports aiohttp
-
-    serve_forever(ServerConfig(root=args.root, host=args.host, port=args.port,
-                               token=token, max_object_bytes=args.max_object_bytes))
+    config = ServerConfig(root=args.root, host=args.host, port=args.port, token=token,
+                          max_object_bytes=args.max_object_bytes)
+    _runner().serve_forever(config)
     return 0
+
+
+def _runner():
+    """The runner module, which needs aiohttp, with an install hint if it is missing."""
+    try:
+        from . import runner
+    except ImportError as exc:
+        raise ImportError(f"the origin server needs {exc.name!r}: "
+                          f'pip install "weight-teleport[http]"') from exc
+    return runner
 
 
 def __getattr__(name: str):
     if name in ("OriginServer", "serve_forever"):
-        from . import runner
-        return getattr(runner, name)
+        return getattr(_runner(), name)
     raise AttributeError(name)
 
 
