@@ -1,0 +1,46 @@
+"""Live CUDA weights as the kernels read them, and the items the encoder takes."""
+
+from dataclasses import dataclass
+
+import torch
+
+from weight_teleport.codec.dtypes import DtypeInfo
+
+
+def flat_bits(tensor: torch.Tensor, info: DtypeInfo) -> torch.Tensor:
+    """The bit patterns of a tensor as a flat integer tensor (a view when contiguous)."""
+    return tensor.detach().contiguous().view(info.int_torch).view(-1)
+
+
+class Live:
+    """A live tensor and its flat bit patterns (a view when contiguous, else a copy)."""
+
+    def __init__(self, tensor: torch.Tensor, info: DtypeInfo):
+        self.tensor, self.info = tensor, info
+        self.u = flat_bits(tensor, info)
+
+    @property
+    def in_place(self) -> bool:
+        """Whether writing `u` writes the tensor itself."""
+        return self.tensor.is_contiguous()
+
+    def commit(self) -> None:
+        """Write a patched copy back into a non-contiguous tensor."""
+        if not self.in_place:
+            self.tensor.view(self.info.int_torch).copy_(self.u.view(self.tensor.shape))
+
+
+@dataclass
+class EncodeItem:
+    name: str
+    info: DtypeInfo
+    shape: tuple[int, ...]
+    new: torch.Tensor
+    """Flat bit patterns of the new tensor, on the device."""
+    old: torch.Tensor | None
+    """Flat base bit patterns; None for snapshots."""
+
+    @classmethod
+    def of(cls, name: str, info: DtypeInfo, new: torch.Tensor, old: torch.Tensor | None) -> "EncodeItem":
+        return cls(name, info, tuple(new.shape), flat_bits(new, info),
+                   None if old is None else flat_bits(old, info))

@@ -1,0 +1,74 @@
+"""A patch staged on the GPU: what `apply` writes, already verified against its digests."""
+
+from dataclasses import dataclass, field
+
+import torch
+
+from weight_teleport.codec.dtypes import DtypeInfo
+
+
+@dataclass
+class DeviceTensorPatch:
+    name: str
+    info: DtypeInfo
+    shape: tuple[int, ...]
+    digest: int
+    """Digest of the tensor once patched."""
+    changed: int = 0
+    positions: torch.Tensor | None = None
+    """Flat element indices (int64) of changed elements, when not part of a fused group."""
+    values: torch.Tensor | None = None
+    """Their new bit patterns (the dtype's integer type)."""
+    dense: list[tuple[int, torch.Tensor]] = field(default_factory=list)
+    """(first element, new bit patterns) of whole chunks (dense codecs and snapshots)."""
+    fused: bool = False
+    """Its changes sit in the patch's fused group of its element type."""
+
+    @property
+    def chunks(self) -> bool:
+        """Whether applying the patch writes into this tensor."""
+        return self.changed > 0 or bool(self.dense)
+
+
+@dataclass
+class FusedGroup:
+    """Changes of several contiguous tensors of one element type, addressed from one base."""
+    base: str
+    """Name of the tensor offsets count from (the lowest address of the group)."""
+    addresses: dict[str, int]
+    """data_ptr of each member at staging; apply refuses a state whose tensors moved."""
+    offsets: torch.Tensor
+    values: torch.Tensor
+
+
+@dataclass
+class DevicePatch:
+    kind: str
+    version: int
+    base_version: int | None
+    tensors: list[DeviceTensorPatch]
+    base_checked: bool
+    groups: list[FusedGroup] = field(default_factory=list)
+
+    @property
+    def changed(self) -> int:
+        return sum(t.changed + sum(v.numel() for _, v in t.dense) for t in self.tensors)
+
+    @property
+    def nbytes(self) -> int:
+        """Memory held by the staged patch."""
+        arrays = [g.offsets for g in self.groups] + [g.values for g in self.groups]
+        for t in self.tensors:
+            arrays += [a for a in (t.positions, t.values) if a is not None] + [v for _, v in t.dense]
+        return sum(a.numel() * a.element_size() for a in arrays)
+
+    def offload(self) -> "DevicePatch":
+        """Move the patch to pinned host memory (when device memory is short); apply copies
+        it back. Returns self."""
+        for g in self.groups:
+            g.offsets, g.values = g.offsets.cpu().pin_memory(), g.values.cpu().pin_memory()
+        for t in self.tensors:
+            if t.positions is not None:
+                t.positions, t.values = t.positions.cpu().pin_memory(), t.values.cpu().pin_memory()
+            t.dense = [(s, v.cpu().pin_memory()) for s, v in t.dense]
+        return self
