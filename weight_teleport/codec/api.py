@@ -1,7 +1,8 @@
 """The codec's public functions. Backends are chosen here and nowhere else."""
 
 import time
-from collections.abc import Mapping, MutableMapping
+from collections.abc import Iterable, Mapping, MutableMapping
+from types import SimpleNamespace
 
 import torch
 
@@ -16,11 +17,22 @@ from weight_teleport.format import PackHeader, read_header, write_pack
 DEFAULT_LEVEL = 3
 
 
-def _check_cpu(state: Mapping[str, torch.Tensor]) -> None:
-    for name, t in state.items():
-        if t.device.type != "cpu":
-            raise ValueError(f"tensor {name!r} is on {t.device}; this build encodes and applies CPU "
-                             "tensors only (move the state to the CPU)")
+def _cpu_item(name, info, new: torch.Tensor, old: torch.Tensor | None):
+    return cpu.EncodeItem(name, info, tuple(new.shape), as_uint(new), None if old is None else as_uint(old))
+
+
+_CPU = SimpleNamespace(item=_cpu_item, Live=cpu._Live, encode=cpu.encode, stage=cpu.stage, apply=cpu.apply)
+
+
+def _backend(tensors: Iterable[torch.Tensor]):
+    """The backend of the tensors' device type: CPU, or CUDA (Triton kernels)."""
+    types = {t.device.type for t in tensors}
+    if types <= {"cpu"}:
+        return _CPU
+    if types == {"cuda"}:
+        from weight_teleport.codec.cuda import backend
+        return backend
+    raise ValueError(f"tensors are on {sorted(types)}; keep a whole state on the CPU or on CUDA devices")
 
 
 def _items(new: Mapping[str, torch.Tensor], old: Mapping[str, torch.Tensor] | None):
@@ -28,22 +40,21 @@ def _items(new: Mapping[str, torch.Tensor], old: Mapping[str, torch.Tensor] | No
         if set(old) != set(new):
             diff = sorted(set(old) ^ set(new))[:5]
             raise ValueError(f"old and new states hold different tensor names, e.g. {diff}")
-        _check_cpu(old)
-    _check_cpu(new)
+    backend = _backend([*new.values(), *(old.values() if old is not None else [])])
     items = []
     for name, t in new.items():
         info = dtype_info(t.dtype)
         if old is not None and (old[name].shape != t.shape or old[name].dtype != t.dtype):
             raise ValueError(f"tensor {name!r} changed shape or dtype: {tuple(old[name].shape)} "
                              f"{old[name].dtype} -> {tuple(t.shape)} {t.dtype}; publish a snapshot")
-        items.append(cpu.EncodeItem(name, info, tuple(t.shape), as_uint(t),
-                                    None if old is None else as_uint(old[name])))
-    return items
+        items.append(backend.item(name, info, t, None if old is None else old[name]))
+    return backend, items
 
 
-def _pack(kind, items, version, base_version, chunk_elems, level, threads) -> bytes:
+def _pack(kind, backend_items, version, base_version, chunk_elems, level, threads) -> bytes:
     check_chunk_elems(chunk_elems)
-    records, chunks = cpu.encode(items, chunk_elems, level, threads)
+    backend, items = backend_items
+    records, chunks = backend.encode(items, chunk_elems, level, threads)
     header = PackHeader(kind=kind, version=version, base_version=base_version,
                         chunk_elems=chunk_elems, tensors=records, stream_codecs=["raw", "zstd"])
     return write_pack(header, chunks)
@@ -83,15 +94,15 @@ def _lives(state: Mapping[str, torch.Tensor], header: PackHeader, strict: bool):
     if strict and extra:
         raise PackMismatchError(f"the pack does not cover tensor {sorted(extra)[0]!r} of the state "
                                 f"({len(extra)} more); pass strict=False to leave such tensors alone")
-    _check_cpu({t.name: state[t.name] for t in header.tensors})
+    backend = _backend(state[t.name] for t in header.tensors)
     lives = {}
     for rec in header.tensors:
         t = state[rec.name]
         if tuple(t.shape) != rec.shape or t.dtype != BY_NAME[rec.dtype].torch_dtype:
             raise PackMismatchError(f"tensor {rec.name!r} is {tuple(t.shape)} {t.dtype} in the state "
                                     f"but {rec.shape} {rec.dtype} in the pack")
-        lives[rec.name] = cpu._Live(t, BY_NAME[rec.dtype])
-    return lives
+        lives[rec.name] = backend.Live(t, BY_NAME[rec.dtype])
+    return backend, lives
 
 
 def stage_delta(state: Mapping[str, torch.Tensor], pack: bytes, *, base_version: int | None = None,
@@ -107,15 +118,16 @@ def stage_delta(state: Mapping[str, torch.Tensor], pack: bytes, *, base_version:
     if header.kind == "delta" and base_version is not None and header.base_version != base_version:
         raise PackMismatchError(f"pack applies to version {header.base_version}, the state is at "
                                 f"version {base_version}")
-    lives = _lives(state, header, strict)
-    return cpu.stage(lives, header, pack, check_base and header.kind == "delta", threads)
+    backend, lives = _lives(state, header, strict)
+    return backend.stage(lives, header, pack, check_base and header.kind == "delta", threads)
 
 
 def apply_staged(state: MutableMapping[str, torch.Tensor], staged: StagedPatch,
                  threads: int | None = None) -> None:
     """Write a staged patch into `state` in place (the only step that modifies weights)."""
-    lives = {t.name: cpu._Live(state[t.name], t.info) for t in staged.tensors}
-    cpu.apply(lives, staged, threads)
+    backend = _backend(state[t.name] for t in staged.tensors)
+    lives = {t.name: backend.Live(state[t.name], t.info) for t in staged.tensors}
+    backend.apply(lives, staged, threads)
 
 
 def apply_delta(state: MutableMapping[str, torch.Tensor], pack: bytes, *,
