@@ -1,0 +1,18 @@
+"""Publish weight versions from a trainer; follow them on samplers, anywhere."""
+
+from weight_teleport.pipeline.config import PublisherConfig, RetentionConfig, SubscriberConfig
+from weight_teleport.pipeline.metrics import PublishResult, SubscriberStats, UpdateReport
+from weight_teleport.pipeline.publisher import PublishHandle, Publisher
+from weight_teleport.pipeline.subscriber import Subscriber
+
+__all__ = [
+    "PublishHandle",
+    "PublishResult",
+    "Publisher",
+    "PublisherConfig",
+    "RetentionConfig",
+    "Subscriber",
+    "SubscriberConfig",
+    "SubscriberStats",
+    "UpdateReport",
+]

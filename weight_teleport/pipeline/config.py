@@ -1,0 +1,75 @@
+"""Publisher and subscriber configuration: plain dataclasses, no I/O."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from weight_teleport.store import StoreConfig
+
+BACKPRESSURE = ("block", "skip")
+
+
+@dataclass
+class RetentionConfig:
+    """Which objects a publisher keeps in the store."""
+
+    keep_anchors: int = 2
+    """Anchors kept (the newest ones); every object older than the oldest kept anchor is
+    removed from the manifest, then deleted. 0 keeps everything."""
+
+
+@dataclass
+class PublisherConfig:
+    """Options of `Publisher`."""
+
+    anchor_every: int = 16
+    """A full snapshot (anchor) is published with every Nth version after the previous
+    anchor, beside that version's delta. The first version is always an anchor."""
+    max_pending: int = 1
+    """Snapshots waiting to be encoded while one is in flight (the bounded queue)."""
+    backpressure: str = "block"
+    """When the queue is full: "block" makes `publish` wait for a slot; "skip" drops the
+    oldest waiting snapshot (that version is never published; the next delta spans it)."""
+    baseline_device: str = "cpu"
+    """Where the baseline (the last published weights) lives: "cpu" (pinned when CUDA is
+    present). "cuda" needs the CUDA codec backend."""
+    memory_budget_bytes: int | None = None
+    """Upper bound on the host memory of the baseline plus queued snapshots; `publish`
+    raises ConfigError if the weights would not fit. None: no bound."""
+    resume: bool = True
+    """Continue the versions already in the store: the first delta is taken against the
+    latest version there (fetched once). False: start with a fresh anchor."""
+    chunk_elems: int | None = None
+    """Codec chunk size in elements; None takes the codec's default."""
+    level: int = 3
+    """Zstd level of the pack streams."""
+    threads: int | None = None
+    """Encoder threads; None uses every core."""
+    retention: RetentionConfig = field(default_factory=RetentionConfig)
+    """What to delete as new anchors arrive."""
+    store: StoreConfig = field(default_factory=StoreConfig)
+    """Options of the transport (token, endpoint, retries)."""
+
+
+@dataclass
+class SubscriberConfig:
+    """Options of `Subscriber`."""
+
+    initial_version: int | None = None
+    """The version the target already holds (after a restart); None: unknown, start from
+    an anchor. A wrong claim is caught by the digests and resynced."""
+    max_staged_bytes: int = 1 << 30
+    """Staged patches are held up to this much memory; staging pauses above it until
+    `apply` (one version is always staged, whatever its size)."""
+    watch_timeout_s: float = 5.0
+    """Longest single wait for a new manifest before checking again."""
+    fetch_attempts: int = 3
+    """Tries to fetch a valid object before it is set aside and another plan is sought."""
+    retry_backoff_s: float = 0.2
+    """Delay before refetching a rejected object; doubled after each failure."""
+    retry_backoff_max_s: float = 5.0
+    """Longest delay between two refetches."""
+    threads: int | None = None
+    """Decoder threads; None uses every core."""
+    store: StoreConfig = field(default_factory=StoreConfig)
+    """Options of the transport (endpoint, retries)."""

@@ -1,0 +1,107 @@
+"""The publisher's worker step: encode one version, upload it, update the manifest."""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+import torch
+
+from weight_teleport.codec import encode_delta, encode_snapshot
+from weight_teleport.pipeline.config import PublisherConfig
+from weight_teleport.pipeline.fetch import materialize
+from weight_teleport.pipeline.manifest import Entry, Manifest, from_json, make_entry
+from weight_teleport.pipeline.metrics import PublishResult
+from weight_teleport.pipeline.plan import needs_anchor, plan_retention
+from weight_teleport.pipeline.snapshots import State, state_nbytes
+from weight_teleport.store import NotFound, Store
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class EncodeJob:
+    version: int
+    snapshot: State
+    result: PublishResult
+    t_publish: float
+    """perf_counter() when `publish` was called."""
+
+
+def _layout(state: State) -> dict:
+    return {k: (tuple(t.shape), t.dtype) for k, t in state.items()}
+
+
+class Encoder:
+    """Holds the manifest and the baseline; turns jobs into stored objects."""
+
+    def __init__(self, store: Store, config: PublisherConfig):
+        self.store, self.config = store, config
+        raw = store.get_manifest()
+        self.manifest = from_json(raw) if raw is not None and config.resume else Manifest()
+        self.baseline: State | None = None
+        self.baseline_version: int | None = None
+
+    def next_version(self) -> int:
+        """The first version this publisher may use."""
+        latest = self.manifest.latest if self.config.resume else None
+        return 0 if latest is None else latest + 1
+
+    def swap_baseline(self, snapshot: State) -> State | None:
+        """Make `snapshot` the baseline; return the previous baseline's buffers."""
+        old, self.baseline = self.baseline, snapshot
+        return old
+
+    def _resume(self) -> None:
+        """Fetch the store's latest weights as the baseline (a resumed publisher)."""
+        if self.baseline is None and self.manifest.latest is not None:
+            self.baseline, self.baseline_version = materialize(self.store, self.manifest,
+                                                               threads=self.config.threads)
+
+    def run(self, job: EncodeJob) -> PublishResult:
+        """Encode, upload and announce `job`'s version; returns its measurements."""
+        r, t0 = job.result, time.perf_counter()
+        r.queued_s = t0 - job.t_publish - r.snapshot_s
+        self._resume()
+        base = self.baseline_version
+        if base is not None and _layout(self.baseline) != _layout(job.snapshot):
+            log.warning("version %d changes tensor names, shapes or dtypes: publishing an anchor "
+                        "only; followers restart from it", job.version)
+            base = None
+        packs = self._encode(job, base)
+        t1 = time.perf_counter()
+        entries = [make_entry(job.version, kind, b, pack, state_nbytes(job.snapshot))
+                   for kind, b, pack in packs]
+        for entry, (_, _, pack) in zip(entries, packs):
+            self.store.put(entry.key, pack)
+        self._announce(entries)
+        t2 = time.perf_counter()
+        self.baseline_version = job.version
+        r.base_version, r.objects, r.raw_bytes = base, entries, state_nbytes(job.snapshot)
+        r.encode_s, r.upload_s, r.total_s = t1 - t0, t2 - t1, t2 - job.t_publish
+        return r
+
+    def _encode(self, job: EncodeJob, base: int | None) -> list[tuple[str, int | None, bytes]]:
+        opts = {"level": self.config.level, "threads": self.config.threads}
+        if self.config.chunk_elems is not None:
+            opts["chunk_elems"] = self.config.chunk_elems
+        packs = []
+        if base is not None:
+            packs.append(("delta", base, encode_delta(self.baseline, job.snapshot, base_version=base,
+                                                      version=job.version, **opts)))
+        if base is None or needs_anchor(self.manifest, job.version, self.config.anchor_every):
+            packs.append(("snapshot", None, encode_snapshot(job.snapshot, version=job.version, **opts)))
+        return packs
+
+    def _announce(self, entries: list[Entry]) -> None:
+        """Write the new manifest, then delete what retention dropped from it."""
+        manifest = self.manifest.with_entries(*entries)
+        manifest, dropped = plan_retention(manifest, self.config.retention.keep_anchors)
+        self.store.put_manifest(manifest.to_json())
+        self.manifest = manifest
+        for entry in dropped:
+            try:
+                self.store.delete(entry.key)
+            except NotFound:
+                pass

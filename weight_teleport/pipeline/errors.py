@@ -1,0 +1,21 @@
+"""Errors of the publish/subscribe pipeline; each says what to do about it."""
+
+from weight_teleport.errors import WeightTeleportError
+
+
+class ConfigError(WeightTeleportError, ValueError):
+    """A configuration value cannot be honoured (the message names the field)."""
+
+
+class ManifestError(WeightTeleportError, ValueError):
+    """The store's manifest is malformed or inconsistent (duplicate or unordered versions)."""
+
+
+class ObjectRejected(WeightTeleportError):
+    """A fetched object is not the one the manifest describes (truncated, corrupted, or a
+    pack of another version); it is never decoded, and is fetched again."""
+
+
+class NoPlanError(WeightTeleportError):
+    """The store holds no chain of objects that reaches the wanted version (it was never
+    published, or retention removed its anchor)."""

@@ -1,0 +1,59 @@
+"""Fetch objects and check them against the manifest before anything decodes them."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+
+import torch
+
+from weight_teleport.codec import apply_delta, decode_snapshot
+from weight_teleport.errors import PackFormatError
+from weight_teleport.format import read_header
+from weight_teleport.pipeline.errors import ObjectRejected
+from weight_teleport.pipeline.manifest import Entry, Manifest
+from weight_teleport.pipeline.plan import plan_catchup
+from weight_teleport.store import Store
+
+Progress = Callable[[int], None]
+
+
+def fetch(store: Store, entry: Entry) -> bytes:
+    """The object of `entry`, checked: its size, SHA-256 and pack header (kind, version,
+    base) must match the entry, else ObjectRejected (truncated, corrupted, misplaced)."""
+    data = store.get(entry.key)
+    if len(data) != entry.size:
+        raise ObjectRejected(f"{entry.key}: {len(data)} bytes, the manifest says {entry.size} "
+                             "(truncated or overwritten)")
+    digest = hashlib.sha256(data).hexdigest()
+    if digest != entry.sha256:
+        raise ObjectRejected(f"{entry.key}: SHA-256 {digest[:16]}..., the manifest says "
+                             f"{entry.sha256[:16]}... (corrupted)")
+    try:
+        header = read_header(data)
+    except PackFormatError as exc:
+        raise ObjectRejected(f"{entry.key}: not a readable pack ({exc})") from None
+    if (header.kind, header.version, header.base_version) != (entry.kind, entry.version, entry.base):
+        raise ObjectRejected(
+            f"{entry.key}: holds a {header.kind} to version {header.version} from "
+            f"{header.base_version}, the manifest lists a {entry.kind} to {entry.version} from "
+            f"{entry.base} (duplicated or out-of-order object)")
+    return data
+
+
+def materialize(store: Store, manifest: Manifest, version: int | None = None,
+                progress: Progress | None = None,
+                threads: int | None = None) -> tuple[dict[str, torch.Tensor], int]:
+    """Full weights of `version` (default: the latest) decoded from the store's anchor and
+    deltas, with every digest checked; returns (state, version)."""
+    plan = plan_catchup(manifest, None, version)
+    state: dict[str, torch.Tensor] = {}
+    for entry in plan.steps:
+        pack = fetch(store, entry)
+        if progress is not None:
+            progress(len(pack))
+        if entry.kind == "snapshot":
+            state = decode_snapshot(pack, threads=threads)
+        else:
+            apply_delta(state, pack, base_version=entry.base, threads=threads)
+    return state, plan.target

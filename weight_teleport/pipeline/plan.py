@@ -1,0 +1,90 @@
+"""Version arithmetic: catch-up plans and retention. Plain Python, no torch, no I/O."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from weight_teleport.pipeline.errors import NoPlanError
+from weight_teleport.pipeline.manifest import Entry, Manifest
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The objects to fetch and apply, in order, to reach `target`."""
+
+    steps: tuple[Entry, ...]
+    target: int | None
+    from_anchor: bool
+    """The plan starts from a snapshot (the receiver's weights are not needed)."""
+    chain_broken: bool
+    """The receiver had a version but no chain of deltas leads from it to `target`."""
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes to fetch."""
+        return sum(e.size for e in self.steps)
+
+
+def plan_catchup(manifest: Manifest, current: int | None, target: int | None = None,
+                 exclude: frozenset[str] | set[str] = frozenset()) -> Plan:
+    """The cheapest plan (fewest bytes, then fewest steps) from `current` (None: no usable
+    weights) to `target` (None: the latest version), skipping keys in `exclude`.
+
+    A plan applies the chain of deltas from `current`, or jumps to an anchor and applies
+    the deltas after it, whichever fetches less. Raise NoPlanError if nothing reaches
+    `target`."""
+    target = manifest.latest if target is None else target
+    if target is None or current == target:
+        return Plan((), target, False, False)
+    if current is not None and current > target:
+        current = None  # ahead of the store (it was reset): start again from an anchor
+    best: dict[int | None, tuple[int, int, tuple[Entry, ...]]] = {}
+    if current is not None:
+        best[current] = (0, 0, ())
+    for e in manifest.entries:
+        if e.version > target or (current is not None and e.version <= current) \
+                or e.key in exclude:
+            continue
+        if e.kind == "snapshot":
+            candidate = (e.size, 1, (e,))
+        elif e.base in best:
+            cost, n, steps = best[e.base]
+            candidate = (cost + e.size, n + 1, steps + (e,))
+        else:
+            continue
+        if e.version not in best or candidate[:2] < best[e.version][:2]:
+            best[e.version] = candidate
+    if target not in best:
+        raise NoPlanError(f"no anchor or chain of deltas in the store reaches version {target} "
+                          f"(from {current}); publish a new anchor or pick another version")
+    steps = best[target][2]
+    from_anchor = steps[0].kind == "snapshot"
+    broken = current is not None and from_anchor and not _chain_exists(manifest, current, target,
+                                                                       exclude)
+    return Plan(steps, target, from_anchor, broken)
+
+
+def _chain_exists(manifest: Manifest, current: int, target: int, exclude) -> bool:
+    reached = {current}
+    for e in manifest.entries:
+        if e.kind == "delta" and e.base in reached and e.version <= target and e.key not in exclude:
+            reached.add(e.version)
+    return target in reached
+
+
+def plan_retention(manifest: Manifest, keep_anchors: int) -> tuple[Manifest, list[Entry]]:
+    """Split `manifest` into what to keep and the entries to delete: everything older
+    than the `keep_anchors`-th newest anchor goes (0 keeps everything)."""
+    anchors = manifest.anchors
+    if keep_anchors <= 0 or len(anchors) <= keep_anchors:
+        return manifest, []
+    oldest = anchors[-keep_anchors].version
+    kept = tuple(e for e in manifest.entries if e.version >= oldest)
+    dropped = [e for e in manifest.entries if e.version < oldest]
+    return replace(manifest, entries=kept), dropped
+
+
+def needs_anchor(manifest: Manifest, version: int, anchor_every: int) -> bool:
+    """Whether `version` gets a snapshot: none yet, or `anchor_every` versions since the last."""
+    anchors = manifest.anchors
+    return not anchors or version - anchors[-1].version >= anchor_every

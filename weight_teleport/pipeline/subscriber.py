@@ -1,0 +1,141 @@
+"""The sampler side: follow a store's versions in the background, patch on `apply`."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+from weight_teleport.codec import StagedPatch
+from weight_teleport.pipeline.config import SubscriberConfig
+from weight_teleport.pipeline.follow import Follower
+from weight_teleport.pipeline.manifest import Entry
+from weight_teleport.pipeline.metrics import UpdateReport, SubscriberStats
+from weight_teleport.pipeline.stager import Stager
+from weight_teleport.pipeline.verify import mismatched
+from weight_teleport.store import Store, open_store
+from weight_teleport.targets.base import Target
+
+log = logging.getLogger(__name__)
+
+
+class Subscriber:
+    """Keeps `target` up to date with the store at `url`.
+
+    A background thread watches the manifest, fetches each object, checks it (size,
+    SHA-256, header) and stages it (decoded and digest-checked, nothing written). The
+    sampler calls `apply()` when `ready()`: that is the only pause. Rejected objects are
+    fetched again; a broken chain or a digest mismatch resyncs from the latest anchor."""
+
+    def __init__(self, url: str, target: Target, config: SubscriberConfig | None = None, *,
+                 store: Store | None = None):
+        self.config = config = config or SubscriberConfig()
+        self.target = target
+        self._own_store = store is None
+        self._store = store or open_store(url, config.store)
+        view = target.checkpoint_view()
+        initial = config.initial_version
+        if view is None and initial is not None:
+            log.warning("SubscriberConfig.initial_version=%d is ignored: the target lends no "
+                        "checkpoint view to decode against, so it starts from an anchor", initial)
+            initial = None
+        self.stats = SubscriberStats()
+        self._stager = Stager(view, config.threads)
+        self._pending: list[tuple[Entry, StagedPatch]] = []
+        self._events: list[str] = []
+        self._resynced = self._applying = self._closed = False
+        self._live_version = initial
+        self._cond = threading.Condition()
+        self._follower = Follower(self, initial)
+        self._thread = threading.Thread(target=self._follower.run, daemon=True,
+                                        name="weight-teleport-subscriber")
+        self._thread.start()
+
+    @property
+    def version(self) -> int | None:
+        """The version the target holds (None before the first apply)."""
+        return self._live_version
+
+    def ready(self) -> bool:
+        """True when a staged version waits for `apply`."""
+        with self._cond:
+            return bool(self._pending)
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until a staged version waits for `apply`; False on timeout."""
+        with self._cond:
+            return self._cond.wait_for(lambda: self._pending or self._closed, timeout) \
+                and bool(self._pending)
+
+    def apply(self) -> UpdateReport:
+        """Write every staged version into the target (the pause) and report it.
+        Returns an empty report when nothing is staged."""
+        with self._cond:
+            pending, self._pending = self._pending, []
+            report = UpdateReport(resynced=self._resynced, events=self._events)
+            self._events, self._resynced, self._applying = [], False, bool(pending)
+        t0 = time.perf_counter()
+        for _, staged in pending:
+            self.target.apply(staged)
+        report.pause_s = time.perf_counter() - t0
+        report.versions = [e.version for e, _ in pending]
+        report.bytes_fetched = sum(e.size for e, _ in pending)
+        with self._cond:
+            if pending:
+                self._live_version = pending[-1][0].version
+                self.stats.pause_s += report.pause_s
+            report.version = self._live_version
+            self._applying = False
+            self._cond.notify_all()
+        if pending and self._stager.uses_view:
+            self._check_live(pending[-1][1])
+        return report
+
+    def _check_live(self, staged: StagedPatch) -> None:
+        """After the pause: the live weights must carry the patch's digests."""
+        bad = mismatched(self._stager.view, staged)
+        if bad:
+            self._follower.request_resync(f"after applying version {staged.version}, tensor "
+                                          f"{bad[0]!r} ({len(bad)} in all) lacks its digest")
+
+    # Used by the Follower thread.
+    def _event(self, message: str, resync: bool = False) -> None:
+        log.warning("%s", message)
+        with self._cond:
+            self._events.append(message)
+            self._resynced = self._resynced or resync
+
+    def _wait_for_room(self) -> bool:
+        """Block until another version may be staged; False once closed."""
+        def room() -> bool:
+            if self._closed:
+                return True
+            if self._stager.uses_view:
+                return not self._pending and not self._applying
+            staged = sum(s.nbytes for _, s in self._pending)
+            return not self._pending or staged < self.config.max_staged_bytes
+        with self._cond:
+            self._cond.wait_for(room)
+            return not self._closed
+
+    def _push(self, entry: Entry, staged: StagedPatch) -> None:
+        with self._cond:
+            if entry.kind == "snapshot":
+                self._pending.clear()  # it overwrites whatever older patches would write
+            self._pending.append((entry, staged))
+            self._cond.notify_all()
+
+    def close(self) -> None:
+        """Stop following (staged versions are dropped) and close the store."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+        self._thread.join()
+        if self._own_store:
+            self._store.close()
+
+    def __enter__(self) -> "Subscriber":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
