@@ -10,6 +10,7 @@ from weight_teleport.codec import (
     encode_snapshot,
     inspect,
     stage_delta,
+    tensor_digest,
 )
 
 __version__ = "0.1.0"
@@ -24,4 +25,5 @@ __all__ = [
     "encode_snapshot",
     "inspect",
     "stage_delta",
+    "tensor_digest",
 ]

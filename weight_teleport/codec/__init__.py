@@ -8,6 +8,7 @@ from weight_teleport.codec.api import (
     encode_snapshot,
     inspect,
     stage_delta,
+    tensor_digest,
 )
 from weight_teleport.codec.patch import ApplyReport, StagedPatch
 
@@ -21,4 +22,5 @@ __all__ = [
     "encode_snapshot",
     "inspect",
     "stage_delta",
+    "tensor_digest",
 ]

@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import torch
 
-from weight_teleport.codec import streams
+from weight_teleport.codec import digest, streams
 from weight_teleport.codec.cpu import backend as cpu
 from weight_teleport.codec.dtypes import BY_NAME, as_uint, dtype_info
 from weight_teleport.codec.patch import ApplyReport, StagedPatch
@@ -159,6 +159,13 @@ def decode_snapshot(pack: bytes, *, threads: int | None = None) -> dict[str, tor
     state = {t.name: torch.empty(t.shape, dtype=BY_NAME[t.dtype].torch_dtype) for t in header.tensors}
     apply_delta(state, pack, threads=threads)
     return state
+
+
+def tensor_digest(tensor: torch.Tensor) -> str:
+    """The digest (16 hex digits, docs/FORMAT.md) of a tensor's bytes, as packs carry it:
+    compare it with a pack's record to verify weights after applying (computed on the CPU)."""
+    u = as_uint(tensor.detach().cpu())
+    return digest.to_hex(digest.finish(cpu.C.digest_sum(u, 0), u.nbytes))
 
 
 def inspect(pack: bytes) -> dict:
