@@ -38,6 +38,7 @@ def _serve(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     from weight_teleport import demo
     from weight_teleport.bench import run as bench
+    from weight_teleport.pipeline import cli as pipeline
     from weight_teleport.server import add_serve_arguments
 
     parser = argparse.ArgumentParser(prog="weight-teleport",
@@ -59,6 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("serve", help="run the HTTP origin server")
     add_serve_arguments(p)
     p.set_defaults(func=_serve)
+    pipeline.add_subcommands(sub)
     return parser
 
 
