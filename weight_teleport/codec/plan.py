@@ -2,7 +2,6 @@
 
 Takes counts and metadata, returns decisions; no torch, no kernels."""
 
-import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -106,10 +105,3 @@ def runs_to_lut(runs: list[tuple[int, int]], n_keys: int) -> np.ndarray:
         lut[start:stop] = cls
     return lut
 
-
-def order0_bits(total: int, changed: int) -> float:
-    """H(p) * n: the order-0 information of a change mask, in bits."""
-    if changed in (0, total):
-        return 0.0
-    p = changed / total
-    return -total * (p * math.log2(p) + (1 - p) * math.log2(1 - p))
