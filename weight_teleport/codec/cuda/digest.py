@@ -38,6 +38,8 @@ def _word_sum_of_words(words: torch.Tensor, first_word: int) -> torch.Tensor:
 def word_sum(tensor: torch.Tensor) -> torch.Tensor:
     """Sum (mod 2^64, as a device int64 scalar) of the digest terms of a CUDA tensor's bytes,
     in its logical (row-major) order. No host synchronisation."""
+    if tensor.numel() == 0:
+        return torch.zeros((), dtype=torch.int64, device=tensor.device)
     u8 = tensor.detach().contiguous().view(-1).view(torch.uint8)
     n_full = u8.numel() // 8
     if u8.data_ptr() % 8:

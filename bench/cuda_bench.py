@@ -1,0 +1,134 @@
+"""CUDA codec benchmark on a Qwen3-8B-shaped set of bf16 tensors (one device run).
+
+The delta is generated directly, not by the AdamW simulator (whose fp32 moments of an 8B
+model need ~98 GB): trained-like fp32 masters from `make_state`, old = bf16(master),
+new = bf16(master - lr * u) with u standard normal per element (an Adam step moves each
+weight by about lr). Times are CUDA-event medians of repeats; end-to-end calls (which
+include host work) are wall-clock with a device synchronisation.
+
+    python bench/cuda_bench.py [--model qwen3-8b] [--lr 2e-6] [--out DIR]
+"""
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+import weight_teleport as wt
+from weight_teleport.bench.simulate import make_config, make_state
+from weight_teleport.codec.cuda import ranks
+from weight_teleport.codec.cuda.digest import word_sum
+from weight_teleport.codec.cuda.scan import scan
+from weight_teleport.codec.dtypes import dtype_info
+
+
+def cuda_ms(fn, repeats: int = 5) -> float:
+    """Median milliseconds of `fn` between CUDA events, after one warm-up call."""
+    fn()
+    times = []
+    for _ in range(repeats):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        torch.cuda.synchronize()
+        times.append(a.elapsed_time(b))
+    return statistics.median(times)
+
+
+def wall_s(fn, repeats: int = 2):
+    """(median wall seconds, last result) of `fn`, synchronising the device around it."""
+    times, out = [], None
+    for _ in range(repeats):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        out = fn()
+        torch.cuda.synchronize()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times), out
+
+
+def make_delta(model: str, lr: float, seed: int = 0):
+    master = make_state(make_config(model), seed, device="cuda")
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    old, new = {}, {}
+    for name in list(master):
+        w = master.pop(name)
+        old[name] = w.to(torch.bfloat16)
+        new[name] = w.add_(torch.randn(w.shape, generator=gen, device="cuda"), alpha=-lr).to(torch.bfloat16)
+        del w
+    return old, new
+
+
+def copy_bandwidth() -> float:
+    """Bytes read + written per second of a 4 GiB device-to-device copy."""
+    src = torch.empty(1 << 31, dtype=torch.int16, device="cuda").random_()
+    dst = torch.empty_like(src)
+    ms = cuda_ms(lambda: dst.copy_(src), 10)
+    return 2 * src.numel() * 2 / (ms / 1e3)
+
+
+def gpu_passes(old, new):
+    """Median ms of the encoder's GPU scan and of one class-count pass over every tensor."""
+    info = dtype_info(torch.bfloat16)
+    flat = {k: (old[k].view(torch.int16).view(-1), new[k].view(torch.int16).view(-1)) for k in old}
+    lut = torch.zeros(256, dtype=torch.uint8, device="cuda")
+    lut[:120] = 1
+    inv = torch.zeros(2, dtype=torch.int8, device="cuda")
+    scan_ms = cuda_ms(lambda: [scan(o, n, info) for o, n in flat.values()])
+    count_ms = cuda_ms(lambda: [ranks.class_counts(o, n, lut, inv, info, 1 << 22) for o, n in flat.values()])
+    return scan_ms, count_ms
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="qwen3-8b")
+    ap.add_argument("--lr", type=float, default=2e-6)
+    ap.add_argument("--out", default=".")
+    args = ap.parse_args()
+    bw = copy_bandwidth()
+    old, new = make_delta(args.model, args.lr)
+    n = sum(t.numel() for t in old.values())
+    gb = 2 * n / 1e9
+    digest_ms = cuda_ms(lambda: [word_sum(t) for t in old.values()])
+    scan_ms, count_ms = gpu_passes(old, new)
+    enc_s, pack = wall_s(lambda: wt.encode_delta(old, new, base_version=0, version=1))
+    info = wt.inspect(pack)
+    changed = info["changed"]
+    state = {k: v.clone() for k, v in old.items()}
+    stage_s, staged = wall_s(lambda: wt.stage_delta(state, pack))
+    apply_ms = cuda_ms(lambda: wt.apply_staged(state, staged), 10)
+    ok = all(torch.equal(state[k].view(torch.int16), new[k].view(torch.int16)) for k in new)
+    subset = list(old)[:12]
+    cpu_pack = wt.encode_delta({k: old[k].cpu() for k in subset}, {k: new[k].cpu() for k in subset},
+                               base_version=0, version=1)
+    gpu_pack = wt.encode_delta({k: old[k] for k in subset}, {k: new[k] for k in subset}, base_version=0, version=1)
+    floor = lambda nbytes: nbytes / bw * 1e3
+    rows = [
+        ("copy bandwidth (read+write)", f"{bw / 1e12:.2f} TB/s", "", ""),
+        ("digest (GPU)", f"{gb / (digest_ms / 1e3):.0f} GB/s", f"{digest_ms:.2f} ms", f"{floor(2 * n):.2f} ms"),
+        ("encode GPU scan pass", f"{gb / (scan_ms / 1e3):.0f} GB/s", f"{scan_ms:.2f} ms", f"{floor(4 * n):.2f} ms"),
+        ("class-count pass (enc: x2, stage: x1)", f"{gb / (count_ms / 1e3):.0f} GB/s", f"{count_ms:.2f} ms",
+         f"{floor(4 * n):.2f} ms"),
+        ("encode_delta end to end", f"{gb / enc_s:.1f} GB/s", f"{enc_s * 1e3:.0f} ms", f"{floor(4 * n):.2f} ms"),
+        ("stage_delta end to end", f"{gb / stage_s:.1f} GB/s", f"{stage_s * 1e3:.0f} ms", f"{floor(2 * n):.2f} ms"),
+        ("apply (pause)", f"{apply_ms / gb:.3f} ms/GB", f"{apply_ms:.2f} ms", f"{floor(12 * changed):.2f} ms"),
+    ]
+    result = {"date": time.strftime("%Y-%m-%d"), "gpu": torch.cuda.get_device_name(), "model": args.model,
+              "lr": args.lr, "elements": n, "changed": changed, "density": changed / n,
+              "pack_bytes": len(pack), "bits_per_element": 8 * len(pack) / n, "bit_exact": ok,
+              "subset_pack_identical_to_cpu": cpu_pack == gpu_pack,
+              "subset_wire_gpu_over_cpu": len(gpu_pack) / len(cpu_pack), "rows": rows}
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    Path(args.out, "cuda_bench.json").write_text(json.dumps(result, indent=1))
+    print(json.dumps({k: v for k, v in result.items() if k != "rows"}))
+    print(f"{'stage':40s} {'rate':>14s} {'time':>12s} {'floor':>10s}")
+    for r in rows:
+        print(f"{r[0]:40s} {r[1]:>14s} {r[2]:>12s} {r[3]:>10s}")
+
+
+if __name__ == "__main__":
+    main()
