@@ -5,9 +5,9 @@ Element bit patterns travel as uint64 whatever the dtype's width, as in the CPU 
 import triton
 import triton.language as tl
 
-GOLDEN = 0x9E3779B97F4A7C15
-MIX1 = 0xBF58476D1CE4E5B9
-MIX2 = 0x94D049BB133111EB
+GOLDEN = tl.constexpr(0x9E3779B97F4A7C15)
+MIX1 = tl.constexpr(0xBF58476D1CE4E5B9)
+MIX2 = tl.constexpr(0x94D049BB133111EB)
 
 
 @triton.jit
