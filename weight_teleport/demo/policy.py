@@ -1,0 +1,91 @@
+"""The demo's RL problem: a small Qwen3-style policy learns to emit tokens of a target set.
+
+Plain torch + transformers, shared by the trainer, the sampler and the colocated reference
+run, so that all three compute exactly the same thing."""
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class DemoConfig:
+    """Everything that determines a demo run (two runs with equal configs are bit-identical)."""
+
+    steps: int = 50
+    """Optimizer steps (weight versions after the first)."""
+    lr: float = 3e-5
+    """AdamW learning rate on the fp32 master weights. Billion-parameter models use
+    1e-6..1e-5 in RL; a 15M-parameter toy needs a larger step to learn within a minute."""
+    batch: int = 64
+    """Rollouts per step."""
+    prompt_len: int = 4
+    """Random prompt tokens per rollout."""
+    new_tokens: int = 8
+    """Sampled tokens per rollout."""
+    vocab: int = 64
+    """Vocabulary size; the reward counts sampled tokens below vocab // 8."""
+    hidden: int = 512
+    """Model width."""
+    layers: int = 2
+    """Decoder layers."""
+    seed: int = 0
+    """Seed of the initial weights, prompts and sampling."""
+
+    @property
+    def target_tokens(self) -> int:
+        return self.vocab // 8
+
+
+def build_model(cfg: DemoConfig, dtype: torch.dtype):
+    """The policy, initialised from cfg.seed (no download)."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    config = Qwen3Config(vocab_size=cfg.vocab, hidden_size=cfg.hidden, intermediate_size=2 * cfg.hidden,
+                         num_hidden_layers=cfg.layers, num_attention_heads=4, num_key_value_heads=2,
+                         head_dim=cfg.hidden // 4, max_position_embeddings=64,
+                         tie_word_embeddings=False, pad_token_id=0, bos_token_id=0, eos_token_id=None)
+    torch.manual_seed(cfg.seed)
+    return Qwen3ForCausalLM(config).to(dtype).eval()
+
+
+def published(master: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The bf16 weights a trainer publishes from its fp32 master (round to nearest even)."""
+    return {k: v.detach().to(torch.bfloat16) for k, v in master.state_dict().items()}
+
+
+def rollout(sampler: torch.nn.Module, cfg: DemoConfig, version: int) -> torch.Tensor:
+    """Prompts and sampled continuations [batch, prompt_len + new_tokens] at `version`."""
+    gen = torch.Generator().manual_seed(cfg.seed * 100_003 + version)
+    prompts = torch.randint(0, cfg.vocab, (cfg.batch, cfg.prompt_len), generator=gen)
+    torch.manual_seed(cfg.seed * 100_003 + version)
+    with torch.no_grad():
+        out = sampler.generate(prompts, attention_mask=torch.ones_like(prompts), do_sample=True,
+                               top_k=0, top_p=1.0, temperature=1.0, max_new_tokens=cfg.new_tokens,
+                               min_new_tokens=cfg.new_tokens, pad_token_id=0)
+    return out[:, :cfg.prompt_len + cfg.new_tokens]
+
+
+def rewards(tokens: torch.Tensor, cfg: DemoConfig) -> torch.Tensor:
+    """Verifiable reward: the fraction of sampled tokens inside the target set."""
+    return (tokens[:, cfg.prompt_len:] < cfg.target_tokens).float().mean(dim=1)
+
+
+def train_step(master: torch.nn.Module, opt: torch.optim.Optimizer, tokens: torch.Tensor,
+               cfg: DemoConfig) -> float:
+    """One REINFORCE step with a mean baseline; returns the batch's mean reward."""
+    r = rewards(tokens, cfg)
+    advantage = r - r.mean()
+    master.train()
+    logits = master(tokens).logits[:, cfg.prompt_len - 1:-1].float()
+    logp = torch.log_softmax(logits, dim=-1).gather(-1, tokens[:, cfg.prompt_len:, None])[..., 0]
+    loss = -(advantage[:, None] * logp).mean()
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    opt.step()
+    master.eval()
+    return float(r.mean())
+
+
+def make_optimizer(master: torch.nn.Module, cfg: DemoConfig) -> torch.optim.Optimizer:
+    return torch.optim.AdamW(master.parameters(), lr=cfg.lr, betas=(0.9, 0.999), weight_decay=0.0)

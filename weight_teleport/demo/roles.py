@@ -1,0 +1,109 @@
+"""The two processes of the demo. They share nothing but the store at `url`: the trainer
+publishes weight versions there, the sampler follows them and writes its rollouts back.
+Each sends one row of measurements per version to the parent's queue for display."""
+
+import time
+
+import numpy as np
+import torch
+
+from weight_teleport.demo.policy import (DemoConfig, build_model, make_optimizer, published, rewards,
+                                         rollout, train_step)
+
+POLL_S = 0.005
+
+
+def _rollout_key(version: int) -> str:
+    return f"rollouts/v{version:08d}"
+
+
+def _wait_object(store, key: str, timeout: float) -> bytes:
+    from weight_teleport.store.errors import NotFound
+
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return store.get(key)
+        except NotFound:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"no {key} after {timeout:.0f} s: did the sampler stop?") from None
+            time.sleep(POLL_S)
+
+
+def _changed(old: dict, new: dict) -> int:
+    return sum(int((old[k].view(torch.int16) != new[k].view(torch.int16)).sum()) for k in old)
+
+
+def trainer(url: str, token: str, cfg: DemoConfig, rows, timeout: float = 120.0) -> None:
+    """Train on the sampler's rollouts; publish every new version."""
+    from weight_teleport.pipeline import Publisher, PublisherConfig
+    from weight_teleport.store import StoreConfig, open_store
+
+    torch.set_num_threads(1)
+    master = build_model(cfg, torch.float32)
+    opt = make_optimizer(master, cfg)
+    store = open_store(url, StoreConfig(token=token))
+    config = PublisherConfig(anchor_every=1000, resume=False, threads=1, store=StoreConfig(token=token))
+    with Publisher(url, config) as publisher:
+        weights = published(master)
+        for version in range(cfg.steps + 1):
+            result = publisher.publish(weights, version=version).wait()
+            rows.put(("trainer", version, {"wire": result.wire_bytes, "full": result.raw_bytes,
+                                           "encode_ms": result.encode_s * 1e3, "published_at": time.time()}))
+            if version == cfg.steps:
+                break
+            tokens = torch.from_numpy(np.frombuffer(_wait_object(store, _rollout_key(version), timeout),
+                                                    np.int64).reshape(cfg.batch, -1).copy())
+            train_step(master, opt, tokens, cfg)
+            new = published(master)
+            rows.put(("trainer", version + 1, {"changed": _changed(weights, new)}))
+            weights = new
+    store.close()
+
+
+def sampler(url: str, token: str, cfg: DemoConfig, rows, timeout: float = 120.0) -> None:
+    """Follow the published versions; generate rollouts with each one."""
+    from weight_teleport import tensor_digest
+    from weight_teleport.pipeline import Subscriber, SubscriberConfig
+    from weight_teleport.store import StoreConfig, open_store
+    from weight_teleport.targets.torch import TorchTarget
+
+    torch.set_num_threads(1)
+    model = build_model(cfg, torch.bfloat16)
+    store = open_store(url, StoreConfig(token=token))
+    with Subscriber(url, TorchTarget(model), SubscriberConfig(threads=1)) as sub:
+        for version in range(cfg.steps + 1):
+            stage_before = sub.stats.stage_s
+            if not sub.wait(timeout):
+                raise TimeoutError(f"version {version} never became ready")
+            ready_at = time.time()
+            report = sub.apply()
+            if report.version != version:
+                raise RuntimeError(f"expected version {version}, the subscriber applied {report.versions}")
+            row = {"pause_ms": report.pause_s * 1e3, "stage_ms": (sub.stats.stage_s - stage_before) * 1e3,
+                   "ready_at": ready_at, "resynced": report.resynced,
+                   "digests": {k: tensor_digest(v) for k, v in model.state_dict().items()}}
+            if version < cfg.steps:
+                tokens = rollout(model, cfg, version)
+                store.put(_rollout_key(version), tokens.numpy().astype(np.int64).tobytes())
+                row["reward"] = float(rewards(tokens, cfg).mean())
+            rows.put(("sampler", version, row))
+    store.close()
+
+
+def colocated(cfg: DemoConfig) -> list[dict[str, str]]:
+    """The same run in one process without any transport: the digests of the sampler's
+    weights at every version, for the bit-exactness check."""
+    from weight_teleport import tensor_digest
+
+    torch.set_num_threads(1)
+    master = build_model(cfg, torch.float32)
+    model = build_model(cfg, torch.bfloat16)
+    opt = make_optimizer(master, cfg)
+    digests = []
+    for version in range(cfg.steps + 1):
+        model.load_state_dict(published(master))
+        digests.append({k: tensor_digest(v) for k, v in model.state_dict().items()})
+        if version < cfg.steps:
+            train_step(master, opt, rollout(model, cfg, version), cfg)
+    return digests

@@ -1,0 +1,143 @@
+"""`weight-teleport demo`: a disaggregated RL run on one CPU.
+
+A trainer process and a sampler process share nothing but an HTTP origin: the trainer
+publishes every weight version as a pack, the sampler follows the packs while it keeps a
+real HF transformers model up to date, generates rollouts and sends them back through the
+same origin. Afterwards the same run is repeated in one process without any transport, and
+the sampler's weights must match it bit for bit at every version."""
+
+import argparse
+import multiprocessing as mp
+import queue
+import secrets
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from weight_teleport.demo import roles
+from weight_teleport.demo.policy import DemoConfig
+
+HEADER = (f"{'version':>7} {'changed':>8} {'wire':>9} {'of full':>8} {'encode':>7} {'to ready':>8} "
+          f"{'stage':>6} {'pause':>6} {'digest':>6} {'reward':>6}")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    d = DemoConfig()
+    parser.add_argument("--steps", type=int, default=d.steps, help="optimizer steps (versions after the first)")
+    parser.add_argument("--lr", type=float, default=d.lr, help="AdamW learning rate on the fp32 master weights")
+    parser.add_argument("--batch", type=int, default=d.batch, help="rollouts per step")
+    parser.add_argument("--hidden", type=int, default=d.hidden, help="model width (multiple of 4)")
+    parser.add_argument("--layers", type=int, default=d.layers, help="decoder layers")
+    parser.add_argument("--seed", type=int, default=d.seed, help="seed of weights, prompts and sampling")
+    parser.add_argument("--out-dir", default="out/demo", help="where reward.png goes")
+    parser.add_argument("--no-check", action="store_true",
+                        help="skip the colocated reference run (and the bit-exactness check)")
+
+
+def _config(args: argparse.Namespace) -> DemoConfig:
+    if args.steps < 1 or args.batch < 1 or args.layers < 1 or args.lr <= 0:
+        raise ValueError("--steps, --batch and --layers must be >= 1 and --lr > 0")
+    if args.hidden < 16 or args.hidden % 4:
+        raise ValueError("--hidden must be a multiple of 4, at least 16")
+    return DemoConfig(steps=args.steps, lr=args.lr, batch=args.batch, hidden=args.hidden,
+                      layers=args.layers, seed=args.seed)
+
+
+def _print_row(v: int, t: dict, s: dict) -> None:
+    changed = f"{t['changed'] / t['numel']:.2%}" if "changed" in t else "anchor"
+    print(f"{v:>7} {changed:>8} {t['wire'] / 1e3:>7.0f}kB {t['wire'] / t['full']:>8.2%} "
+          f"{t['encode_ms']:>5.0f}ms {(s['ready_at'] - t['published_at']) * 1e3:>6.0f}ms "
+          f"{s['stage_ms']:>4.0f}ms {s['pause_ms']:>4.1f}ms {'ok':>6} "
+          f"{s.get('reward', float('nan')):>6.3f}", flush=True)
+
+
+def _collect(cfg: DemoConfig, rows, procs, numel: int) -> list[dict]:
+    """Print each version's row as soon as both processes reported it."""
+    trainer: dict[int, dict] = {}
+    sampler: dict[int, dict] = {}
+    printed = 0
+    while printed <= cfg.steps:
+        try:
+            role, v, data = rows.get(timeout=1.0)
+        except queue.Empty:
+            dead = [p for p in procs if p.exitcode not in (None, 0)]
+            if dead:
+                raise RuntimeError(f"the {dead[0].name} process failed (exit code {dead[0].exitcode})")
+            continue
+        (trainer if role == "trainer" else sampler).setdefault(v, {}).update(data)
+        while printed in sampler and "published_at" in trainer.get(printed, {}) and \
+                (printed == 0 or "changed" in trainer[printed]):
+            _print_row(printed, {**trainer[printed], "numel": numel}, sampler[printed])
+            printed += 1
+    return [{**trainer[v], **sampler[v]} for v in range(cfg.steps + 1)]
+
+
+def _run(cfg: DemoConfig) -> list[dict]:
+    from weight_teleport.demo.policy import build_model
+    from weight_teleport.server import OriginServer, ServerConfig
+
+    token = secrets.token_hex(16)
+    numel = sum(p.numel() for p in build_model(cfg, torch.bfloat16).parameters())
+    with tempfile.TemporaryDirectory() as root, \
+            OriginServer(ServerConfig(root=Path(root), port=0, token=token)) as origin:
+        ctx = mp.get_context("spawn")
+        rows = ctx.Queue()
+        procs = [ctx.Process(target=fn, args=(origin.url, token, cfg, rows), name=fn.__name__, daemon=True)
+                 for fn in (roles.trainer, roles.sampler)]
+        for p in procs:
+            p.start()
+        print(f"origin {origin.url}; trainer pid {procs[0].pid}, sampler pid {procs[1].pid}")
+        print(HEADER)
+        try:
+            table = _collect(cfg, rows, procs, numel)
+        finally:
+            for p in procs:
+                p.join(timeout=30)
+                if p.is_alive():
+                    p.terminate()
+    return table
+
+
+def _plot(table: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    ax.plot([r["reward"] for r in table if "reward" in r], marker=".")
+    ax.set_xlabel("version (optimizer step)")
+    ax.set_ylabel("mean reward of the rollouts")
+    ax.set_title("weight-teleport demo: reward of the sampler's rollouts")
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(args: argparse.Namespace) -> int:
+    cfg = _config(args)
+    t0 = time.perf_counter()
+    table = _run(cfg)
+    wire = sum(r["wire"] for r in table[1:])
+    full = sum(r["full"] for r in table[1:])
+    rewards = [r["reward"] for r in table if "reward" in r]
+    print(f"\n{cfg.steps} updates in {time.perf_counter() - t0:.0f} s: {wire / 1e6:.1f} MB on the wire "
+          f"instead of {full / 1e6:.0f} MB of full bf16 weights ({full / wire:.0f}x less); "
+          f"mean pause {sum(r['pause_ms'] for r in table) / len(table):.1f} ms")
+    k = max(1, len(rewards) // 5)
+    print(f"reward: {sum(rewards[:k]) / k:.3f} over the first {k} versions -> "
+          f"{sum(rewards[-k:]) / k:.3f} over the last {k}")
+    plot = Path(args.out_dir) / "reward.png"
+    _plot(table, plot)
+    print(f"reward curve: {plot}")
+    if args.no_check:
+        return 0
+    reference = roles.colocated(cfg)
+    same = all(r["digests"] == ref for r, ref in zip(table, reference))
+    print("sampler weights equal a colocated run's at every version, bit for bit: "
+          f"{'yes' if same else 'NO'}")
+    return 0 if same else 1
