@@ -1,0 +1,21 @@
+"""The demo end to end: two processes over a real HTTP origin, checked against a
+colocated run bit for bit (a short run with a small model)."""
+
+import pytest
+
+from weight_teleport.cli import main
+
+
+@pytest.mark.slow
+def test_demo_runs_and_matches_colocated(tmp_path, capsys):
+    rc = main(["demo", "--steps", "3", "--hidden", "64", "--batch", "8", "--out-dir", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    assert "bit for bit: yes" in out
+    assert (tmp_path / "reward.png").stat().st_size > 0
+    assert out.count(" ok ") == 4
+
+
+def test_demo_rejects_bad_options(capsys):
+    assert main(["demo", "--hidden", "30"]) == 1
+    assert "--hidden" in capsys.readouterr().err
