@@ -54,13 +54,23 @@ def published(master: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {k: v.detach().to(torch.bfloat16) for k, v in master.state_dict().items()}
 
 
+def sampling_seed(cfg: DemoConfig, version: int) -> int:
+    return cfg.seed * 100_003 + version
+
+
+def prompts(cfg: DemoConfig, version: int) -> torch.Tensor:
+    """The random prompts [batch, prompt_len] of `version`."""
+    gen = torch.Generator().manual_seed(sampling_seed(cfg, version))
+    return torch.randint(0, cfg.vocab, (cfg.batch, cfg.prompt_len), generator=gen)
+
+
 def rollout(sampler: torch.nn.Module, cfg: DemoConfig, version: int) -> torch.Tensor:
-    """Prompts and sampled continuations [batch, prompt_len + new_tokens] at `version`."""
-    gen = torch.Generator().manual_seed(cfg.seed * 100_003 + version)
-    prompts = torch.randint(0, cfg.vocab, (cfg.batch, cfg.prompt_len), generator=gen)
-    torch.manual_seed(cfg.seed * 100_003 + version)
+    """Prompts and sampled continuations [batch, prompt_len + new_tokens] at `version`
+    (HF transformers `generate`)."""
+    ids = prompts(cfg, version)
+    torch.manual_seed(sampling_seed(cfg, version))
     with torch.no_grad():
-        out = sampler.generate(prompts, attention_mask=torch.ones_like(prompts), do_sample=True,
+        out = sampler.generate(ids, attention_mask=torch.ones_like(ids), do_sample=True,
                                top_k=0, top_p=1.0, temperature=1.0, max_new_tokens=cfg.new_tokens,
                                min_new_tokens=cfg.new_tokens, pad_token_id=0)
     return out[:, :cfg.prompt_len + cfg.new_tokens]

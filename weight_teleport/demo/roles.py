@@ -11,6 +11,8 @@ from weight_teleport.demo.policy import (DemoConfig, build_model, make_optimizer
                                          rollout, train_step)
 
 POLL_S = 0.005
+FINAL_KEY = "reference/final"
+"""The trainer's last published weights, uploaded once at the end for the sampler's check."""
 
 
 def _rollout_key(version: int) -> str:
@@ -58,20 +60,23 @@ def trainer(url: str, token: str, cfg: DemoConfig, rows, timeout: float = 120.0)
             new = published(master)
             rows.put(("trainer", version + 1, {"changed": _changed(weights, new)}))
             weights = new
+    from safetensors.torch import save
+
+    store.put(FINAL_KEY, save(weights))
     store.close()
 
 
-def sampler(url: str, token: str, cfg: DemoConfig, rows, timeout: float = 120.0) -> None:
-    """Follow the published versions; generate rollouts with each one."""
-    from weight_teleport import tensor_digest
+def sampler(url: str, token: str, cfg: DemoConfig, rows, engine: str = "hf", timeout: float = 300.0) -> None:
+    """Follow the published versions; generate rollouts with each one; at the end check the
+    live weights against the trainer's."""
+    from weight_teleport.demo.engines import ENGINES
     from weight_teleport.pipeline import Subscriber, SubscriberConfig
     from weight_teleport.store import StoreConfig, open_store
-    from weight_teleport.targets.torch import TorchTarget
 
     torch.set_num_threads(1)
-    model = build_model(cfg, torch.bfloat16)
+    eng = ENGINES[engine](cfg)
     store = open_store(url, StoreConfig(token=token))
-    with Subscriber(url, TorchTarget(model), SubscriberConfig(threads=1)) as sub:
+    with Subscriber(url, eng.target, SubscriberConfig(threads=1)) as sub:
         for version in range(cfg.steps + 1):
             stage_before = sub.stats.stage_s
             if not sub.wait(timeout):
@@ -81,14 +86,35 @@ def sampler(url: str, token: str, cfg: DemoConfig, rows, timeout: float = 120.0)
             if report.version != version:
                 raise RuntimeError(f"expected version {version}, the subscriber applied {report.versions}")
             row = {"pause_ms": report.pause_s * 1e3, "stage_ms": (sub.stats.stage_s - stage_before) * 1e3,
-                   "ready_at": ready_at, "resynced": report.resynced,
-                   "digests": {k: tensor_digest(v) for k, v in model.state_dict().items()}}
+                   "ready_at": ready_at, "resynced": report.resynced, "digests": _digests(eng)}
             if version < cfg.steps:
-                tokens = rollout(model, cfg, version)
+                tokens = eng.rollout(version)
                 store.put(_rollout_key(version), tokens.numpy().astype(np.int64).tobytes())
                 row["reward"] = float(rewards(tokens, cfg).mean())
             rows.put(("sampler", version, row))
+    from safetensors.torch import load
+
+    final = load(_wait_object(store, FINAL_KEY, timeout))
+    rows.put(("check", cfg.steps, {"matches_trainer": _matches(eng, final)}))
+    eng.close()
     store.close()
+
+
+def _digests(eng) -> dict[str, str]:
+    """Digests of the live weights in checkpoint layout (HF only: vLLM's layout differs)."""
+    from weight_teleport import tensor_digest
+
+    if not hasattr(eng, "weights"):
+        return {}
+    return {k: tensor_digest(v) for k, v in eng.weights().items()}
+
+
+def _matches(eng, final: dict[str, torch.Tensor]) -> bool:
+    if hasattr(eng, "matches_loader"):
+        return eng.matches_loader(final)
+    live = eng.weights()
+    return set(live) == set(final) and all(
+        torch.equal(live[k].view(torch.int16), final[k].view(torch.int16)) for k in final)
 
 
 def colocated(cfg: DemoConfig) -> list[dict[str, str]]:

