@@ -1,0 +1,165 @@
+"""Batched stream coding with nvCOMP's C API (the `nvidia-libnvcomp-cu13` wheel), over tables
+of device pointers: one call per size bucket for thousands of streams, no host copies.
+
+Streams are grouped by size in powers of four, because nvCOMP sizes every output slot and
+its scratch by the largest input of a call."""
+
+import ctypes
+import importlib.util
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from weight_teleport.codec.cuda.config import CudaCodecConfig
+
+_NAMES = {"zstd": "Zstd", "lz4": "LZ4", "ans": "ANS"}
+_BACKEND = {"default": 0, "hardware": 1, "cuda": 2}
+SLOT_ALIGN = 16
+"""Alignment of every stream slot the backend lays out (nvCOMP needs at most 8)."""
+P, S = ctypes.c_void_p, ctypes.c_size_t
+
+
+class _Opts(ctypes.Structure):
+    """Any nvCOMP batched options struct: two 32-bit fields, then reserved zero bytes."""
+    _fields_ = [("a", ctypes.c_int32), ("b", ctypes.c_int32), ("rest", ctypes.c_char * 56)]
+
+
+@lru_cache(None)
+def library() -> ctypes.CDLL | None:
+    """The nvCOMP shared library, or None when the wheel is not installed."""
+    try:
+        spec = importlib.util.find_spec("nvidia.libnvcomp")
+    except ModuleNotFoundError:
+        return None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    found = sorted(Path(spec.submodule_search_locations[0]).glob("lib64/libnvcomp.so*"))
+    return ctypes.CDLL(str(found[0])) if found else None
+
+
+def available() -> bool:
+    return library() is not None
+
+
+def _fn(cfg: CudaCodecConfig, suffix: str, argtypes):
+    f = getattr(library(), f"nvcompBatched{_NAMES[cfg.algorithm]}{suffix}")
+    f.argtypes, f.restype = argtypes, ctypes.c_int
+    return f
+
+
+def _call(f, *args) -> None:
+    status = f(*args)
+    if status != 0:
+        raise RuntimeError(f"{f.__name__} failed with nvcompStatus {status}")
+
+
+def _compress_opts(cfg: CudaCodecConfig) -> _Opts:
+    return _Opts()
+
+
+def _decompress_opts(cfg: CudaCodecConfig) -> _Opts:
+    return _Opts(_BACKEND[cfg.decompress_backend], 0xFF if cfg.algorithm == "ans" else 0)
+
+
+def _buckets(lengths: np.ndarray) -> tuple[np.ndarray, list[tuple[int, int]]]:
+    """(order of streams grouped by size bucket, [start, stop) ranges of the order)."""
+    key = (np.maximum(lengths, 1).astype(np.int64) - 1)
+    key = np.ceil(np.log2(key + 1) / 2).astype(np.int64)
+    order = np.argsort(key, kind="stable")
+    k = key[order]
+    cuts = np.flatnonzero(np.diff(k)) + 1
+    bounds = np.concatenate([[0], cuts, [k.size]])
+    return order, [(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:]) if b > a]
+
+
+def _stream() -> P:
+    return P(torch.cuda.current_stream().cuda_stream)
+
+
+def _ptr_table(*cols: np.ndarray, device) -> torch.Tensor:
+    return torch.from_numpy(np.stack([c.astype(np.int64) for c in cols])).to(device, non_blocking=False)
+
+
+def _aligned(n: int) -> int:
+    return -(-n // SLOT_ALIGN) * SLOT_ALIGN
+
+
+class Pending:
+    """Sizes and statuses of an nvCOMP batch in flight, read back by `sizes()`."""
+
+    def __init__(self, order: np.ndarray, sizes: torch.Tensor, statuses: torch.Tensor, keep):
+        self.order, self._sizes, self._statuses, self._keep = order, sizes, statuses, keep
+
+    def host(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Device tensors to fetch with the caller's single transfer: (sizes, statuses)."""
+        return self._sizes, self._statuses
+
+    def unpermute(self, values: np.ndarray) -> np.ndarray:
+        """Per-stream values fetched from `host()`, back in the caller's stream order."""
+        out = np.empty_like(values)
+        out[self.order] = values
+        return out
+
+
+def compress(cfg: CudaCodecConfig, src: torch.Tensor, offsets: np.ndarray, lengths: np.ndarray):
+    """Compress the streams src[offsets[i]:offsets[i] + lengths[i]] (offsets SLOT_ALIGN-aligned)
+    into one new device buffer. Returns (buffer, host slot offsets, Pending); nothing syncs."""
+    assert src.dtype == torch.uint8 and src.is_cuda and src.is_contiguous()
+    assert (offsets % SLOT_ALIGN == 0).all() and src.data_ptr() % SLOT_ALIGN == 0
+    order, ranges = _buckets(lengths)
+    opts = _compress_opts(cfg)
+    max_out = _fn(cfg, "CompressGetMaxOutputChunkSize", [S, _Opts, ctypes.POINTER(S)])
+    temp_size = _fn(cfg, "CompressGetTempSize", [S, S, _Opts, ctypes.POINTER(S), S, P])
+    slot = np.empty(lengths.size, np.int64)
+    temp = 0
+    for a, b in ranges:
+        biggest = int(lengths[order[a:b]].max())
+        out_n, t = S(), S()
+        _call(max_out, biggest, opts, ctypes.byref(out_n))
+        _call(temp_size, b - a, biggest, opts, ctypes.byref(t), int(lengths[order[a:b]].sum()), _stream())
+        slot[order[a:b]] = _aligned(out_n.value)
+        temp = max(temp, t.value)
+    out_off = np.concatenate([[0], np.cumsum(slot)[:-1]]).astype(np.int64)
+    out = torch.empty(int(slot.sum()), dtype=torch.uint8, device=src.device)
+    table = _ptr_table(src.data_ptr() + offsets[order], out.data_ptr() + out_off[order], lengths[order],
+                       device=src.device)
+    sizes = torch.empty(lengths.size, dtype=torch.int64, device=src.device)
+    statuses = torch.empty(lengths.size, dtype=torch.int32, device=src.device)
+    scratch = torch.empty(max(temp, 1), dtype=torch.uint8, device=src.device)
+    run = _fn(cfg, "CompressAsync", [P, P, S, S, P, S, P, P, _Opts, P, P])
+    for a, b in ranges:
+        biggest = int(lengths[order[a:b]].max())
+        _call(run, table[0, a:].data_ptr(), table[2, a:].data_ptr(), biggest, b - a, scratch.data_ptr(),
+              scratch.numel(), table[1, a:].data_ptr(), sizes[a:].data_ptr(), opts, statuses[a:].data_ptr(),
+              _stream())
+    return out, out_off, Pending(order, sizes, statuses, (table, scratch))
+
+
+def decompress(cfg: CudaCodecConfig, src: torch.Tensor, offsets: np.ndarray, stored: np.ndarray,
+               dst: torch.Tensor, dst_offsets: np.ndarray, raw: np.ndarray) -> Pending:
+    """Decompress streams of `src` (at SLOT_ALIGN-aligned `offsets`, `stored` bytes) into
+    `dst` at `dst_offsets` (aligned), `raw` bytes each. The Pending's sizes are the decoded
+    lengths; the caller checks them and the statuses (0) after its one sync."""
+    assert (offsets % SLOT_ALIGN == 0).all() and (dst_offsets % SLOT_ALIGN == 0).all()
+    order, ranges = _buckets(raw)
+    opts = _decompress_opts(cfg)
+    temp_size = _fn(cfg, "DecompressGetTempSize", [S, S, _Opts, ctypes.POINTER(S), S, P])
+    temp = 0
+    for a, b in ranges:
+        t = S()
+        _call(temp_size, b - a, int(raw[order[a:b]].max()), opts, ctypes.byref(t),
+              int(raw[order[a:b]].sum()), _stream())
+        temp = max(temp, t.value)
+    table = _ptr_table(src.data_ptr() + offsets[order], stored[order], raw[order],
+                       dst.data_ptr() + dst_offsets[order], device=src.device)
+    sizes = torch.empty(raw.size, dtype=torch.int64, device=src.device)
+    statuses = torch.empty(raw.size, dtype=torch.int32, device=src.device)
+    scratch = torch.empty(max(temp, 1), dtype=torch.uint8, device=src.device)
+    run = _fn(cfg, "DecompressAsync", [P, P, P, P, S, P, S, P, _Opts, P, P])
+    for a, b in ranges:
+        _call(run, table[0, a:].data_ptr(), table[1, a:].data_ptr(), table[2, a:].data_ptr(),
+              sizes[a:].data_ptr(), b - a, scratch.data_ptr(), scratch.numel(), table[3, a:].data_ptr(),
+              opts, statuses[a:].data_ptr(), _stream())
+    return Pending(order, sizes, statuses, (table, scratch))
