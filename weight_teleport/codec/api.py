@@ -51,24 +51,34 @@ def _items(new: Mapping[str, torch.Tensor], old: Mapping[str, torch.Tensor] | No
     return backend, items
 
 
-def _pack(kind, backend_items, version, base_version, chunk_elems, level, threads) -> bytes:
+def _pack(kind, backend_items, version, base_version, chunk_elems, level, threads, cuda=None) -> bytes:
     check_chunk_elems(chunk_elems)
     backend, items = backend_items
-    records, chunks = backend.encode(items, chunk_elems, level, threads)
+    codecs = ["raw", "zstd"]
+    if cuda is None:
+        records, chunks = backend.encode(items, chunk_elems, level, threads)
+    elif backend is _CPU:
+        raise ValueError("a CUDA codec configuration was given for CPU tensors; move the state to a "
+                         "CUDA device or leave `cuda` unset")
+    else:
+        records, chunks = backend.encode(items, chunk_elems, level, threads, config=cuda)
+        codecs += backend.extra_stream_codecs(cuda)
     header = PackHeader(kind=kind, version=version, base_version=base_version,
-                        chunk_elems=chunk_elems, tensors=records, stream_codecs=["raw", "zstd"])
+                        chunk_elems=chunk_elems, tensors=records, stream_codecs=codecs)
     return write_pack(header, chunks)
 
 
 def encode_delta(old: Mapping[str, torch.Tensor], new: Mapping[str, torch.Tensor], *,
                  base_version: int, version: int, chunk_elems: int = DEFAULT_CHUNK_ELEMS,
-                 level: int = DEFAULT_LEVEL, threads: int | None = None) -> bytes:
+                 level: int = DEFAULT_LEVEL, threads: int | None = None, cuda=None) -> bytes:
     """A pack that turns `old` (at `base_version`) into `new` (at `version`), bit for bit.
 
     Both states map the same names to tensors of the same shapes and dtypes. `level` is the
-    zstd level of the streams; `threads` defaults to all cores."""
+    zstd level of the streams (CPU stream coding); `threads` defaults to all cores. `cuda`, a
+    `weight_teleport.codec.cuda.config.CudaCodecConfig`, picks the CUDA backend's stream
+    codec (default: nvCOMP zstd, portable)."""
     items = _items(new, old)
-    return _pack("delta", items, int(version), int(base_version), chunk_elems, level, threads)
+    return _pack("delta", items, int(version), int(base_version), chunk_elems, level, threads, cuda)
 
 
 def encode_snapshot(state: Mapping[str, torch.Tensor], *, version: int,
@@ -83,7 +93,7 @@ def _check_readable(header: PackHeader) -> None:
     if unknown:
         raise UnsupportedFormatError(
             f"pack uses stream codecs {sorted(unknown)} that the CPU cannot decode; ask its writer "
-            "for portable packs (stream_codec='zstd')")
+            "for portable packs (CudaCodecConfig(algorithm='zstd'), the default)")
 
 
 def _lives(state: Mapping[str, torch.Tensor], header: PackHeader, strict: bool):

@@ -59,4 +59,4 @@ def decode_stream(codec: int, data: bytes | memoryview, raw_len: int) -> np.ndar
     name = NAMES.get(codec, f"unknown codec id {codec}")
     raise UnsupportedFormatError(
         f"stream codec {name!r} cannot be decoded on the CPU; ask the writer for portable packs "
-        "(stream codec 'zstd', the default of encode_delta(..., stream_codec='zstd'))")
+        "(stream codec 'zstd': the default CudaCodecConfig(algorithm='zstd'))")

@@ -1,4 +1,7 @@
-"""The CUDA backend of the codec: Triton kernels over the tensors' device, the same pack format.
+"""The CUDA backend of the codec: Triton kernels and torch ops over the tensors' device, the
+same pack format.
 
-Needs `triton` (the `cuda` extra). Symbol streams are coded with the CPU stream coder
-(zstd), so every pack this backend writes decodes on the CPU and the other way round."""
+Needs `triton`; stream coding uses nvCOMP (`nvidia-libnvcomp-cu13`, the `cuda` extra) when
+it is installed and the CPU's zstd otherwise. With the default `CudaCodecConfig` (nvCOMP
+zstd) every pack decodes on the CPU; 'lz4' and 'ans' write GPU-side stream codecs that the
+header names, so a CPU reader refuses them."""

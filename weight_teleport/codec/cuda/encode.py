@@ -1,23 +1,23 @@
-"""Encoding deltas of CUDA tensors: scans, class ranks and residuals on the GPU, the class
-plan and the symbol streams on the CPU (the same code as the CPU backend, so the packs are
-byte-identical to the CPU's). Snapshots and dense tensors go through the CPU backend."""
+"""Encoding deltas of CUDA tensors: scans, class ranks, residuals and symbol streams on the
+GPU, the class plan on the CPU (the CPU backend's code), stream coding with nvCOMP (or the
+CPU's zstd). Snapshots and dense tensors go through the CPU backend."""
 
 import os
 import zlib
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import torch
 
 from weight_teleport.codec import digest as D
 from weight_teleport.codec.cpu import backend as cpu
-from weight_teleport.codec.cpu import kernels as K
-from weight_teleport.codec.cuda import ranks, sparse_encode
+from weight_teleport.codec.cuda import chunk_bytes, ranks, sparse_encode, symbols
+from weight_teleport.codec.cuda.config import CudaCodecConfig
 from weight_teleport.codec.cuda.live import EncodeItem
 from weight_teleport.codec.cuda.scan import scan
 from weight_teleport.codec.plan import SPARSE_MAX_DENSITY, plan_classes
-from weight_teleport.codec.streams import encode_stream
-from weight_teleport.format import ChunkRef, Group, Stream, TensorRecord, write_groups
+from weight_teleport.format import ChunkRef, TensorRecord
+
+DEFAULT_CONFIG = CudaCodecConfig()
 
 
 def _host_item(it: EncodeItem) -> cpu.EncodeItem:
@@ -81,38 +81,31 @@ class _Sparse:
             torch.from_numpy(_offsets(ev)).to(dev), torch.from_numpy(_offsets(self.chg)).to(dev),
             int(ev.sum()), int(self.chg.sum()), self.it.info, self.ce)
 
-    def chunk_jobs(self, level: int):
-        """Per chunk, a function returning its bytes (ranks and residuals fetched to the host)."""
-        rk, res = self.ranks.cpu().numpy(), self.res.cpu().numpy().view(np.uint64)
-        e_off, r_off = _offsets(self.ev_cnt), _offsets(self.chg)
-        return [lambda k=k: _chunk_bytes(rk, res, e_off[k], r_off[k], self.ev_cnt[k], self.chg[k],
-                                         self.plan.inverted, self.it.info, level) for k in range(self.n_chunks)]
+    def segments(self) -> symbols.Segments:
+        """The (chunk, class) segments of this tensor, in the order of its ranks and residuals."""
+        ncp = self.ev_cnt.shape[1]
+        inv = np.zeros(ncp, bool)
+        inv[:self.plan.n_classes] = self.plan.inverted
+        return symbols.Segments(self.ev_cnt.ravel().astype(np.int64), self.chg.ravel().astype(np.int64),
+                                np.tile(inv, self.n_chunks), self.it.info.bits)
 
 
-def _chunk_bytes(rk, res, e_off, r_off, ev, chg, inverted, info, level: int) -> bytes:
-    """A sparse chunk from its classes' event ranks and residuals (as chunks.encode_sparse)."""
-    groups = []
-    wmask = np.uint64((1 << info.bits) - 1)
-    for c in range(inverted.size):
-        if ev[c] == 0 and chg[c] == 0:
-            groups.append(Group(0, []))
-            continue
-        g = np.diff(rk[e_off[c]:e_off[c] + ev[c]].astype(np.int64), prepend=-1) - 1
-        r = res[r_off[c]:r_off[c] + chg[c]]
-        syms = np.empty(g.size, np.uint8)
-        bits = np.empty(g.size * 4 + 8, np.uint8)
-        rsyms = np.empty(max(g.size, r.size), np.uint8)
-        esc = np.empty(rsyms.size, np.uint64)
-        nbits, n_r, n_esc = K.class_to_symbols(g, r, not inverted[c], np.uint64(1 << (info.bits - 1)),
-                                               wmask, syms, bits, rsyms, esc)
-        streams = [syms, bits[:nbits], rsyms[:n_r], esc[:n_esc].astype(info.uint_numpy)]
-        groups.append(Group(int(ev[c]), [Stream(*_coded(s, level)) for s in streams]))
-    return write_groups(groups)
-
-
-def _coded(data: np.ndarray, level: int):
-    codec, payload = encode_stream(data, level)
-    return codec, data.nbytes, payload
+def _sparse_chunks(sparse: list[_Sparse], cfg: CudaCodecConfig, level: int, threads) -> list[list[bytes]]:
+    """Chunk bytes of every sparse tensor: symbols per element width in one batch each."""
+    parts: list[list[bytes]] = [[] for _ in sparse]
+    for bits in sorted({s.it.info.bits for s in sparse}):
+        idx = [i for i, s in enumerate(sparse) if s.it.info.bits == bits]
+        segs = [sparse[i].segments() for i in idx]
+        seg = symbols.Segments(*(np.concatenate([getattr(g, f) for g in segs]) for f in
+                                 ("ev_cnt", "res_cnt", "inverted")), bits)
+        st = symbols.encode(torch.cat([sparse[i].ranks for i in idx]), torch.cat([sparse[i].res for i in idx]), seg)
+        coded = chunk_bytes.coded_streams(st, cfg, level, threads)
+        first = 0
+        for i, g in zip(idx, segs):
+            s = sparse[i]
+            parts[i] = chunk_bytes.chunks_of(coded, first, s.ev_cnt, s.chg, s.plan.n_classes, st.lengths)
+            first += g.ev_cnt.size
+    return parts
 
 
 def _host_tables(sparse: list[_Sparse]) -> list[tuple[np.ndarray, np.ndarray]]:
@@ -128,8 +121,10 @@ def _host_tables(sparse: list[_Sparse]) -> list[tuple[np.ndarray, np.ndarray]]:
     return out
 
 
-def encode(items: list[EncodeItem], chunk_elems: int, level: int, threads: int | None):
-    """Records (chunk offsets relative to the returned chunk list) and chunk bytes."""
+def encode(items: list[EncodeItem], chunk_elems: int, level: int, threads: int | None,
+           config: CudaCodecConfig = DEFAULT_CONFIG):
+    """Records (chunk offsets relative to the returned chunk list) and chunk bytes. Dense
+    and snapshot tensors are coded by the CPU backend (portable zstd streams)."""
     if any(it.old is None for it in items):
         records, parts = _on_cpu(items, chunk_elems, level, threads)
         return _lay_out(records, parts)
@@ -153,10 +148,8 @@ def encode(items: list[EncodeItem], chunk_elems: int, level: int, threads: int |
     sparse = [_Sparse(items[i], plans[i], chunk_elems) for i in todo]
     for s, (tot, ev) in zip(sparse, _host_tables(sparse)):
         s.run(tot, ev)
-    with ThreadPoolExecutor(max_workers=threads or os.cpu_count() or 1) as pool:
-        futures = [[pool.submit(job) for job in s.chunk_jobs(level)] for s in sparse]
-        for i, fs in zip(todo, futures):
-            parts[i] = [f.result() for f in fs]
+    for i, ps in zip(todo, _sparse_chunks(sparse, config, level, threads or os.cpu_count() or 1)):
+        parts[i] = ps
     return _lay_out(records, parts)
 
 
