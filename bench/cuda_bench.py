@@ -6,7 +6,7 @@ new = bf16(master - lr * u) with u standard normal per element (an Adam step mov
 weight by about lr). Times are CUDA-event medians of repeats; end-to-end calls (which
 include host work) are wall-clock with a device synchronisation.
 
-    python bench/cuda_bench.py [--model qwen3-8b] [--lr 2e-6] [--out DIR]
+    python bench/cuda_bench.py [--model qwen3-8b] [--lr 5e-7] [--out DIR]
 """
 
 import argparse
@@ -20,6 +20,7 @@ import torch
 import weight_teleport as wt
 from weight_teleport.bench.simulate import make_config, make_state
 from weight_teleport.codec.cuda import ranks
+from weight_teleport.codec.cuda.config import CudaCodecConfig
 from weight_teleport.codec.cuda.digest import word_sum
 from weight_teleport.codec.cuda.scan import scan
 from weight_teleport.codec.dtypes import dtype_info
@@ -86,7 +87,7 @@ def gpu_passes(old, new):
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="qwen3-8b")
-    ap.add_argument("--lr", type=float, default=2e-6)
+    ap.add_argument("--lr", type=float, default=5e-7)
     ap.add_argument("--out", default=".")
     args = ap.parse_args()
     bw = copy_bandwidth()
@@ -96,6 +97,8 @@ def main() -> None:
     digest_ms = cuda_ms(lambda: [word_sum(t) for t in old.values()])
     scan_ms, count_ms = gpu_passes(old, new)
     enc_s, pack = wall_s(lambda: wt.encode_delta(old, new, base_version=0, version=1))
+    ans_s, ans_pack = wall_s(lambda: wt.encode_delta(old, new, base_version=0, version=1,
+                                                     cuda=CudaCodecConfig(algorithm="ans")))
     info = wt.inspect(pack)
     changed = info["changed"]
     state = {k: v.clone() for k, v in old.items()}
@@ -106,6 +109,8 @@ def main() -> None:
     cpu_pack = wt.encode_delta({k: old[k].cpu() for k in subset}, {k: new[k].cpu() for k in subset},
                                base_version=0, version=1)
     gpu_pack = wt.encode_delta({k: old[k] for k in subset}, {k: new[k] for k in subset}, base_version=0, version=1)
+    cpu_zstd_gpu = wt.encode_delta({k: old[k] for k in subset}, {k: new[k] for k in subset}, base_version=0,
+                                   version=1, cuda=CudaCodecConfig(use_nvcomp=False))
     floor = lambda nbytes: nbytes / bw * 1e3
     rows = [
         ("copy bandwidth (read+write)", f"{bw / 1e12:.2f} TB/s", "", ""),
@@ -113,14 +118,15 @@ def main() -> None:
         ("encode GPU scan pass", f"{gb / (scan_ms / 1e3):.0f} GB/s", f"{scan_ms:.2f} ms", f"{floor(4 * n):.2f} ms"),
         ("class-count pass (enc: x2, stage: x1)", f"{gb / (count_ms / 1e3):.0f} GB/s", f"{count_ms:.2f} ms",
          f"{floor(4 * n):.2f} ms"),
-        ("encode_delta end to end", f"{gb / enc_s:.1f} GB/s", f"{enc_s * 1e3:.0f} ms", f"{floor(4 * n):.2f} ms"),
+        ("encode_delta end to end (nvCOMP zstd)", f"{gb / enc_s:.1f} GB/s", f"{enc_s * 1e3:.0f} ms", f"{floor(4 * n):.2f} ms"),
+        ("encode_delta end to end (nvCOMP ANS)", f"{gb / ans_s:.1f} GB/s", f"{ans_s * 1e3:.0f} ms", f"{floor(4 * n):.2f} ms"),
         ("stage_delta end to end", f"{gb / stage_s:.1f} GB/s", f"{stage_s * 1e3:.0f} ms", f"{floor(2 * n):.2f} ms"),
         ("apply (pause)", f"{apply_ms / gb:.3f} ms/GB", f"{apply_ms:.2f} ms", f"{floor(12 * changed):.2f} ms"),
     ]
     result = {"date": time.strftime("%Y-%m-%d"), "gpu": torch.cuda.get_device_name(), "model": args.model,
               "lr": args.lr, "elements": n, "changed": changed, "density": changed / n,
               "pack_bytes": len(pack), "bits_per_element": 8 * len(pack) / n, "bit_exact": ok,
-              "subset_pack_identical_to_cpu": cpu_pack == gpu_pack,
+              "ans_pack_bytes": len(ans_pack), "subset_cpu_zstd_pack_identical_to_cpu": cpu_pack == cpu_zstd_gpu,
               "subset_wire_gpu_over_cpu": len(gpu_pack) / len(cpu_pack), "rows": rows}
     Path(args.out).mkdir(parents=True, exist_ok=True)
     Path(args.out, "cuda_bench.json").write_text(json.dumps(result, indent=1))

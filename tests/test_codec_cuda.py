@@ -9,7 +9,9 @@ from test_codec_roundtrip import make_pair
 import weight_teleport as wt
 from weight_teleport.codec import digest as D
 from weight_teleport.codec.cpu import chunks as C
-from weight_teleport.errors import PackFormatError, WeightTeleportError
+from weight_teleport.codec.cuda.config import CudaCodecConfig
+from weight_teleport.errors import PackFormatError, UnsupportedFormatError, WeightTeleportError
+from weight_teleport.format import read_groups, read_header
 
 pytestmark = [pytest.mark.cuda,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU (torch.cuda)")]
@@ -36,12 +38,109 @@ def _pair(seed, dtype, mode, p, change="ulp", shape=(37, 29)):
 @pytest.mark.parametrize("change", ["ulp", "specials"])
 def test_gpu_round_trip_and_identical_packs(dtype, mode, p, change):
     old, new = _pair(7, dtype, mode, p, change)
+    cpu_pack = wt.encode_delta(old, new, base_version=1, version=2, chunk_elems=256)
+    gpu_zstd = wt.encode_delta(_cuda(old), _cuda(new), base_version=1, version=2, chunk_elems=256,
+                               cuda=CudaCodecConfig(use_nvcomp=False))
+    assert gpu_zstd == cpu_pack
     pack = wt.encode_delta(_cuda(old), _cuda(new), base_version=1, version=2, chunk_elems=256)
-    assert pack == wt.encode_delta(old, new, base_version=1, version=2, chunk_elems=256)
+    assert _raw_streams(pack) == _raw_streams(cpu_pack)
+    on_cpu = clone_state(old)
+    wt.apply_delta(on_cpu, pack, base_version=1)
+    assert_bits_equal(on_cpu, new)
     state = _cuda(old)
     report = wt.apply_delta(state, pack, base_version=1)
     assert_bits_equal(_cpu(state), new)
     assert report.digest_verified
+
+
+def _raw_streams(pack: bytes) -> list[bytes]:
+    """Every stream of every chunk, decoded (what the entropy coder was given)."""
+    header = read_header(pack)
+    out = []
+    for rec in header.tensors:
+        for ref in rec.chunks:
+            start = header.payload_offset + ref.offset
+            for g in read_groups(pack[start:start + ref.length]):
+                out += [C._decoded(s).tobytes() for s in g.streams]
+    return out
+
+
+def test_gpu_symbol_streams_match_cpu_kernel():
+    from weight_teleport.codec.cpu import kernels as K
+    from weight_teleport.codec.cuda import symbols
+    rng = np.random.default_rng(0)
+    for bits in (8, 16, 32, 64):
+        wm = (1 << bits) - 1
+        ranks, res, ev, rc, inv, ref = [], [], [], [], [], []
+        for s in range(40):
+            iv = bool(rng.random() < 0.3)
+            n = int(rng.integers(0, 300))
+            r = np.sort(rng.choice(5000 if s % 3 else 10**7, size=n, replace=False)).astype(np.int64)
+            nres = int(rng.integers(0, 50)) if iv else n
+            rv = rng.integers(1, 6, size=nres).astype(np.uint64)
+            big = rng.random(nres) < 0.1
+            rv[big] = rng.integers(1, min(wm, 2**62), size=int(big.sum())).astype(np.uint64)
+            neg = rng.random(nres) < 0.5
+            rv[neg] = (np.uint64(wm) - rv[neg] + np.uint64(1)) & np.uint64(wm)
+            rv[rv == 0] = 1
+            syms, bb = np.empty(n, np.uint8), np.empty(n * 4 + 8, np.uint8)
+            rsy, esc = np.empty(max(n, nres), np.uint8), np.empty(max(n, nres), np.uint64)
+            nb, nr, ne = K.class_to_symbols(np.diff(r, prepend=-1) - 1, rv, not iv, np.uint64(1 << (bits - 1)),
+                                            np.uint64(wm), syms, bb, rsy, esc)
+            ref.append([syms.tobytes(), bb[:nb].tobytes(), rsy[:nr].tobytes(),
+                        esc[:ne].astype(f"<u{bits // 8}").tobytes()])
+            ranks.append(r.astype(np.int32))
+            res.append(rv.view(np.int64))
+            ev, rc, inv = ev + [n], rc + [nres], inv + [iv]
+        seg = symbols.Segments(np.array(ev, np.int64), np.array(rc, np.int64), np.array(inv), bits)
+        out = symbols.encode(torch.from_numpy(np.concatenate(ranks)).cuda(),
+                             torch.from_numpy(np.concatenate(res)).cuda(), seg)
+        buf = out.buffer.cpu().numpy()
+        got = [[buf[o:o + n].tobytes() for o, n in zip(out.offsets[s], out.lengths[s])] for s in range(40)]
+        assert got == ref
+
+
+def test_nvcomp_streams_round_trip_and_cpu_decodes_zstd():
+    import zstandard
+
+    from weight_teleport.codec.cuda import entropy
+    if not entropy.available():
+        pytest.skip("nvCOMP (nvidia-libnvcomp-cu13) is not installed")
+    rng = np.random.default_rng(1)
+    raws = [np.minimum(rng.geometric(0.3, size=int(n)), 255).astype(np.uint8) for n in
+            rng.integers(16, 200000, size=60)]
+    lengths = np.array([r.size for r in raws], np.int64)
+    offs = np.concatenate([[0], np.cumsum(-(-lengths // 16) * 16)[:-1]]).astype(np.int64)
+    host = np.zeros(int(offs[-1] + lengths[-1] + 16), np.uint8)
+    for r, o in zip(raws, offs):
+        host[o:o + r.size] = r
+    src = torch.from_numpy(host).cuda()
+    for alg in ("zstd", "lz4", "ans"):
+        cfg = CudaCodecConfig(algorithm=alg)
+        out, out_off, pend = entropy.compress(cfg, src, offs, lengths)
+        sizes, st = (pend.unpermute(t.cpu().numpy()) for t in pend.host())
+        assert (st == 0).all()
+        comp = out.cpu().numpy()
+        if alg == "zstd":
+            for r, o, n in zip(raws, out_off, sizes):
+                assert zstandard.ZstdDecompressor().decompress(comp[o:o + n].tobytes(), max_output_size=r.size) == r.tobytes()
+        dst = torch.full_like(src, 7)
+        back = entropy.decompress(cfg, out, out_off, sizes, dst, offs, lengths)
+        got, st = (back.unpermute(t.cpu().numpy()) for t in back.host())
+        assert (st == 0).all() and np.array_equal(got, lengths)
+        d = dst.cpu().numpy()
+        assert all(np.array_equal(d[o:o + r.size], r) for r, o in zip(raws, offs))
+
+
+def test_gpu_only_stream_codec_is_refused_on_cpu():
+    from weight_teleport.codec.cuda import entropy
+    if not entropy.available():
+        pytest.skip("nvCOMP (nvidia-libnvcomp-cu13) is not installed")
+    old, new = _pair(2, torch.bfloat16, "density", 0.05, shape=(300, 64))
+    pack = wt.encode_delta(_cuda(old), _cuda(new), base_version=0, version=1, cuda=CudaCodecConfig(algorithm="ans"))
+    assert "nvcomp-ans" in read_header(pack).stream_codecs
+    with pytest.raises(UnsupportedFormatError, match="algorithm='zstd'"):
+        wt.apply_delta(clone_state(old), pack)
 
 
 @pytest.mark.parametrize("chunk", [8, 24, 4096, 1 << 22])
