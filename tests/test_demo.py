@@ -19,3 +19,18 @@ def test_demo_runs_and_matches_colocated(tmp_path, capsys):
 def test_demo_rejects_bad_options(capsys):
     assert main(["demo", "--hidden", "30"]) == 1
     assert "--hidden" in capsys.readouterr().err
+
+
+@pytest.mark.vllm
+def test_demo_with_a_real_vllm_engine(tmp_path):
+    pytest.importorskip("vllm", reason="needs vLLM (the vllm suite's own environment)")
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1")
+    run = subprocess.run([sys.executable, "-m", "weight_teleport.cli", "demo", "--engine", "vllm",
+                          "--steps", "3", "--hidden", "128", "--batch", "4", "--out-dir", str(tmp_path)],
+                         env=env, capture_output=True, text=True, timeout=900)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert "equal vLLM's own loader of the trainer's, bit for bit: yes" in run.stdout

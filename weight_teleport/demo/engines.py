@@ -81,6 +81,8 @@ class VllmEngine:
                    for p, q in zip(patched, loaded))
 
     def close(self) -> None:
+        """Stop the engine's processes (they outlive this one otherwise) and drop the checkpoint."""
+        self.llm.llm_engine.engine_core.shutdown()
         self._dir.cleanup()
 
 
