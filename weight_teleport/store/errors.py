@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from weight_teleport.errors import WeightTeleportError
 
-class StoreError(Exception):
+
+class StoreError(WeightTeleportError):
     """Base class of every error raised by a store."""
 
 
