@@ -2,7 +2,6 @@
 
 import time
 from collections.abc import Iterable, Mapping, MutableMapping
-from types import SimpleNamespace
 
 import torch
 
@@ -17,18 +16,11 @@ from weight_teleport.format import PackHeader, read_header, write_pack
 DEFAULT_LEVEL = 3
 
 
-def _cpu_item(name, info, new: torch.Tensor, old: torch.Tensor | None):
-    return cpu.EncodeItem(name, info, tuple(new.shape), as_uint(new), None if old is None else as_uint(old))
-
-
-_CPU = SimpleNamespace(item=_cpu_item, Live=cpu._Live, encode=cpu.encode, stage=cpu.stage, apply=cpu.apply)
-
-
 def _backend(tensors: Iterable[torch.Tensor]):
     """The backend of the tensors' device type: CPU, or CUDA (Triton kernels)."""
     types = {t.device.type for t in tensors}
     if types <= {"cpu"}:
-        return _CPU
+        return cpu
     if types == {"cuda"}:
         from weight_teleport.codec.cuda import backend
         return backend
@@ -57,7 +49,7 @@ def _pack(kind, backend_items, version, base_version, chunk_elems, level, thread
     codecs = ["raw", "zstd"]
     if cuda is None:
         records, chunks = backend.encode(items, chunk_elems, level, threads)
-    elif backend is _CPU:
+    elif backend is cpu:
         raise ValueError("a CUDA codec configuration was given for CPU tensors; move the state to a "
                          "CUDA device or leave `cuda` unset")
     else:
@@ -174,8 +166,7 @@ def decode_snapshot(pack: bytes, *, threads: int | None = None) -> dict[str, tor
 def tensor_digest(tensor: torch.Tensor) -> str:
     """The digest (16 hex digits, docs/FORMAT.md) of a tensor's bytes, as packs carry it:
     compare it with a pack's record to verify weights after applying (computed on the CPU)."""
-    u = as_uint(tensor.detach().cpu())
-    return digest.to_hex(digest.finish(cpu.C.digest_sum(u, 0), u.nbytes))
+    return cpu.digest(tensor.detach().cpu())
 
 
 def inspect(pack: bytes) -> dict:

@@ -30,6 +30,17 @@ class EncodeItem:
     """Base bit patterns; None for snapshots."""
 
 
+def item(name: str, info: DtypeInfo, new: torch.Tensor, old: torch.Tensor | None) -> EncodeItem:
+    """The bit patterns of one tensor (and of its base, for deltas) to encode."""
+    return EncodeItem(name, info, tuple(new.shape), as_uint(new), None if old is None else as_uint(old))
+
+
+def digest(tensor: torch.Tensor) -> str:
+    """The pack digest of a CPU tensor's bytes, in hex."""
+    u = as_uint(tensor)
+    return D.to_hex(D.finish(C.digest_sum(u, 0), u.nbytes))
+
+
 def _pool(threads: int | None) -> ThreadPoolExecutor:
     return ThreadPoolExecutor(max_workers=threads or os.cpu_count() or 1)
 
@@ -144,6 +155,10 @@ class _Live:
         if not self.tensor.is_contiguous():
             flat = torch.from_numpy(self.u).view(self.info.int_torch).view(self.tensor.shape)
             self.tensor.view(self.info.int_torch).copy_(flat)
+
+
+Live = _Live
+"""The backend interface's name for a live tensor."""
 
 
 def _stage_chunk(live: _Live, rec: TensorRecord, ref: ChunkRef, start: int, stop: int,
