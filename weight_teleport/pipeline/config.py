@@ -31,8 +31,9 @@ class PublisherConfig:
     """When the queue is full: "block" makes `publish` wait for a slot; "skip" drops the
     oldest waiting snapshot (that version is never published; the next delta spans it)."""
     baseline_device: str = "cpu"
-    """Where the baseline (the last published weights) lives: "cpu" (pinned when CUDA is
-    present). "cuda" needs the CUDA codec backend."""
+    """Where the baseline (the last published weights) and the snapshots live: "cpu"
+    (pinned when CUDA is present; the CPU codec encodes) or "cuda" (device copies on a
+    side stream; the CUDA codec encodes on a side stream while training goes on)."""
     memory_budget_bytes: int | None = None
     """Upper bound on the host memory of the baseline plus queued snapshots; `publish`
     raises ConfigError if the weights would not fit. None: no bound."""

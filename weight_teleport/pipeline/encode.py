@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from dataclasses import dataclass
@@ -33,6 +34,10 @@ def _layout(state: State) -> dict:
     return {k: (tuple(t.shape), t.dtype) for k, t in state.items()}
 
 
+def _side_stream(stream):
+    return torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()
+
+
 class Encoder:
     """Holds the manifest and the baseline; turns jobs into stored objects."""
 
@@ -42,6 +47,8 @@ class Encoder:
         self.manifest = from_json(raw) if raw is not None and config.resume else Manifest()
         self.baseline: State | None = None
         self.baseline_version: int | None = None
+        self.stream = torch.cuda.Stream() if config.baseline_device == "cuda" else None
+        """The CUDA stream the encoder's kernels run on, off the training stream."""
 
     def next_version(self) -> int:
         """The first version this publisher may use."""
@@ -58,6 +65,8 @@ class Encoder:
         if self.baseline is None and self.manifest.latest is not None:
             self.baseline, self.baseline_version = materialize(self.store, self.manifest,
                                                                threads=self.config.threads)
+            device = self.config.baseline_device
+            self.baseline = {k: t.to(device) for k, t in self.baseline.items()}
 
     def run(self, job: EncodeJob) -> PublishResult:
         """Encode, upload and announce `job`'s version; returns its measurements."""
@@ -69,7 +78,8 @@ class Encoder:
             log.warning("version %d changes tensor names, shapes or dtypes: publishing an anchor "
                         "only; followers restart from it", job.version)
             base = None
-        packs = self._encode(job, base)
+        with _side_stream(self.stream):
+            packs = self._encode(job, base)
         t1 = time.perf_counter()
         entries = [make_entry(job.version, kind, b, pack, state_nbytes(job.snapshot))
                    for kind, b, pack in packs]

@@ -55,7 +55,8 @@ class Publisher:
         self._own_store = store is None
         self._store = store or open_store(url, config.store)
         self._encoder = Encoder(self._store, config)
-        self._pool = SnapshotPool(config.memory_budget_bytes, config.max_pending + 2)
+        self._pool = SnapshotPool(config.memory_budget_bytes, config.max_pending + 2,
+                                  config.baseline_device)
         self._next_version = self._encoder.next_version()
         self._queue: deque[_Queued] = deque()
         self._cond = threading.Condition()

@@ -1,7 +1,9 @@
-"""Host copies of the weights: the publisher's baseline and its queued snapshots.
+"""Copies of the weights: the publisher's baseline and its queued snapshots.
 
-Buffers are allocated once per set (pinned when CUDA is present, so copies from the GPU
-are DMA transfers) and recycled, so memory stays at a fixed number of copies."""
+Buffers live on the CPU (pinned when CUDA is present, so copies from the GPU are DMA
+transfers) or on the GPU (`baseline_device="cuda"`: device-to-device copies on a side
+stream, and the CUDA codec backend encodes them there). They are allocated once per set
+and recycled, so memory stays at a fixed number of copies."""
 
 from __future__ import annotations
 
@@ -24,9 +26,12 @@ def state_nbytes(state: Mapping[str, torch.Tensor]) -> int:
 
 def check_config(config: PublisherConfig) -> None:
     """Raise ConfigError for a publisher setting this build cannot honour."""
-    if config.baseline_device != "cpu":
-        raise ConfigError(f"PublisherConfig.baseline_device={config.baseline_device!r}: only "
-                          "'cpu' is available (the CUDA codec backend is not part of this build)")
+    if config.baseline_device not in ("cpu", "cuda"):
+        raise ConfigError(f"PublisherConfig.baseline_device={config.baseline_device!r}: use 'cpu' "
+                          "or 'cuda'")
+    if config.baseline_device == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("PublisherConfig.baseline_device='cuda' needs a CUDA device; none is "
+                          "visible (use 'cpu')")
     if config.backpressure not in ("block", "skip"):
         raise ConfigError(f"PublisherConfig.backpressure={config.backpressure!r}: use 'block' "
                           "or 'skip'")
@@ -37,11 +42,13 @@ def check_config(config: PublisherConfig) -> None:
 class SnapshotPool:
     """Recycled host buffer sets shaped like the published state."""
 
-    def __init__(self, budget_bytes: int | None, max_sets: int):
+    def __init__(self, budget_bytes: int | None, max_sets: int, device: str = "cpu"):
         self._free: list[State] = []
         self._layout: dict[str, tuple[tuple[int, ...], torch.dtype]] | None = None
         self._budget, self._max_sets = budget_bytes, max_sets
-        self._pin = torch.cuda.is_available()
+        self._device = torch.device(device)
+        self._pin = device == "cpu" and torch.cuda.is_available()
+        self._stream = torch.cuda.Stream() if self._device.type == "cuda" else None
         self._lock = threading.Lock()
 
     def take(self, state: Mapping[str, torch.Tensor]) -> State:
@@ -54,13 +61,24 @@ class SnapshotPool:
                 self._layout = layout
             buffers = self._free.pop() if self._free else None
         if buffers is None:
-            buffers = {k: torch.empty(shape, dtype=dtype, pin_memory=self._pin)
+            buffers = {k: torch.empty(shape, dtype=dtype, device=self._device, pin_memory=self._pin)
                        for k, (shape, dtype) in layout.items()}
+        if self._stream is not None:
+            self._copy_on_side_stream(state, buffers)
+            return buffers
         for k, t in state.items():
             buffers[k].copy_(t.detach(), non_blocking=self._pin)
         if self._pin:
             torch.cuda.synchronize()
         return buffers
+
+    def _copy_on_side_stream(self, state: Mapping[str, torch.Tensor], buffers: State) -> None:
+        """Device copies that wait for the work producing `state`, off the training stream."""
+        self._stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(self._stream):
+            for k, t in state.items():
+                buffers[k].copy_(t.detach(), non_blocking=True)
+        self._stream.synchronize()
 
     def give(self, buffers: State | None) -> None:
         """Return a buffer set for reuse (ignored if the layout changed since)."""
@@ -74,7 +92,8 @@ class SnapshotPool:
     def _check_budget(self, state: Mapping[str, torch.Tensor]) -> None:
         need = state_nbytes(state) * self._max_sets
         if self._budget is not None and need > self._budget:
+            where = "GPU" if self._stream is not None else "host"
             raise ConfigError(
-                f"the baseline and queued snapshots need {need / 1e9:.2f} GB of host memory "
+                f"the baseline and queued snapshots need {need / 1e9:.2f} GB of {where} memory "
                 f"({self._max_sets} copies), over PublisherConfig.memory_budget_bytes="
                 f"{self._budget / 1e9:.2f} GB: raise the budget or lower max_pending")
