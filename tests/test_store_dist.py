@@ -14,13 +14,17 @@ WORLD = 3
 OBJECTS = {f"v/{i}": bytes([i]) * (1000 * i + 1) for i in range(1, 6)}
 
 
-def _rank_main(rank: int, port: int, errors: "mp.Queue") -> None:
+def _rank_main(rank: int, port: int, errors: "mp.Queue", backend: str = "gloo",
+               world: int = WORLD) -> None:
+    import torch
     import torch.distributed as dist
 
     try:
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}",
-                                rank=rank, world_size=WORLD)
-        store = open_store("dist://?src=0")
+        if backend == "nccl":
+            torch.cuda.set_device(rank)
+        dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}",
+                                rank=rank, world_size=world)
+        store = open_store(f"dist://?src=0&backend={backend}")
         if rank == 0:
             for key, data in OBJECTS.items():
                 store.put(key, data)
@@ -42,10 +46,19 @@ def _rank_main(rank: int, port: int, errors: "mp.Queue") -> None:
         raise
 
 
-def test_broadcast_to_every_rank() -> None:
+def _cuda_devices() -> int:
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+@pytest.mark.parametrize("backend", ["gloo", pytest.param("nccl", marks=[
+    pytest.mark.cuda, pytest.mark.skipif(_cuda_devices() < 2, reason="NCCL needs two CUDA devices")])])
+def test_broadcast_to_every_rank(backend: str) -> None:
     ctx = mp.get_context("spawn")
     errors, port = ctx.Queue(), free_port()
-    procs = [ctx.Process(target=_rank_main, args=(r, port, errors)) for r in range(WORLD)]
+    world = WORLD if backend == "gloo" else 2
+    procs = [ctx.Process(target=_rank_main, args=(r, port, errors, backend, world)) for r in range(world)]
     for p in procs:
         p.start()
     try:
@@ -55,7 +68,7 @@ def test_broadcast_to_every_rank() -> None:
         while not errors.empty():
             failures.append(errors.get())
         assert not failures, "\n".join(failures)
-        assert [p.exitcode for p in procs] == [0] * WORLD
+        assert [p.exitcode for p in procs] == [0] * world
     finally:
         for p in procs:
             if p.is_alive():

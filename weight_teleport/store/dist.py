@@ -1,7 +1,8 @@
-"""`dist://?src=RANK`: broadcast objects to every rank of a torch.distributed job.
+"""`dist://?src=RANK[&backend=nccl]`: broadcast objects to every rank of a torch.distributed job.
 
-Every rank opens the store together (it creates a gloo group, a collective call) and
-holds a full replica in memory. Only the source rank writes: each write is applied to
+Every rank opens the store together (it creates a process group, a collective call:
+gloo by default, NCCL with `backend=nccl`, where each rank's current CUDA device carries
+the bytes) and holds a full replica in memory. Only the source rank writes: each write is applied to
 its replica and broadcast; the other ranks apply broadcasts on a background thread, so
 their reads and `watch` are local. The caller initialises torch.distributed first.
 """
@@ -26,13 +27,19 @@ _PUT, _DELETE, _MANIFEST, _CLOSE = range(4)
 class DistStore(MemoryStore):
     """A replicated in-memory store fed by broadcasts from rank `src`."""
 
-    def __init__(self, src: int = 0, config: StoreConfig | None = None):
+    def __init__(self, src: int = 0, config: StoreConfig | None = None, backend: str = "gloo"):
         super().__init__(None, config)
         if not dist.is_initialized():
             raise StoreError("dist:// needs torch.distributed initialised first "
                              "(torch.distributed.init_process_group)")
+        if backend not in ("gloo", "nccl"):
+            raise StoreError(f"dist:// backend {backend!r} is not supported: use gloo or nccl")
+        if backend == "nccl" and not torch.cuda.is_available():
+            raise StoreError("dist://?backend=nccl needs a CUDA device on every rank")
         self.src = src
-        self._group = dist.new_group(backend="gloo")
+        self._device = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" \
+            else torch.device("cpu")
+        self._group = dist.new_group(backend=backend)
         self._send_lock = threading.Lock()
         self._receiver: threading.Thread | None = None
         if dist.get_rank() != src:
@@ -44,18 +51,18 @@ class DistStore(MemoryStore):
     def from_url(cls, url: str, config: StoreConfig | None = None) -> "DistStore":
         """Open `dist://?src=RANK` (source rank 0 by default)."""
         query = parse_qs(urlsplit(url).query)
-        return cls(int(query.get("src", ["0"])[0]), config)
+        return cls(int(query.get("src", ["0"])[0]), config, query.get("backend", ["gloo"])[0])
 
     def _broadcast(self, op: int, key: str = "", data: bytes = b"") -> None:
         if dist.get_rank() != self.src:
             raise StoreError(f"only rank {self.src} (the source) writes to this dist:// "
                              f"store; rank {dist.get_rank()} reads it")
         payload = key.encode() + data
-        header = torch.tensor([op, len(key.encode()), len(payload)], dtype=torch.int64)
+        header = torch.tensor([op, len(key.encode()), len(payload)], dtype=torch.int64, device=self._device)
         with self._send_lock:
             dist.broadcast(header, self.src, group=self._group)
             if payload:
-                body = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
+                body = torch.frombuffer(bytearray(payload), dtype=torch.uint8).to(self._device)
                 dist.broadcast(body, self.src, group=self._group)
 
     def _receive(self) -> None:
@@ -67,14 +74,14 @@ class DistStore(MemoryStore):
             log.exception("dist:// store stopped receiving from rank %d", self.src)
 
     def _apply_next(self) -> bool:
-        header = torch.empty(3, dtype=torch.int64)
+        header = torch.empty(3, dtype=torch.int64, device=self._device)
         dist.broadcast(header, self.src, group=self._group)
         op, key_len, size = header.tolist()
         payload = b""
         if size:
-            body = torch.empty(size, dtype=torch.uint8)
+            body = torch.empty(size, dtype=torch.uint8, device=self._device)
             dist.broadcast(body, self.src, group=self._group)
-            payload = body.numpy().tobytes()
+            payload = body.cpu().numpy().tobytes()
         key, data = payload[:key_len].decode(), payload[key_len:]
         if op == _PUT:
             super()._put(key, data)
