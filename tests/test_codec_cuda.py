@@ -221,3 +221,82 @@ def test_staged_patch_offloaded_to_pinned_host():
     staged.offload()
     wt.apply_staged(state, staged)
     assert_bits_equal(_cpu(state), new)
+
+
+def _recrc(pack: bytes, mutate) -> bytes:
+    """`pack` with its chunks passed through `mutate(chunk_index, bytearray)`, CRCs renewed."""
+    import zlib
+
+    from weight_teleport.format import write_pack
+    from weight_teleport.format.container import ChunkRef
+    header = read_header(pack)
+    i = 0
+    chunks = []
+    for t in header.tensors:
+        refs = []
+        for ref in t.chunks:
+            start = header.payload_offset + ref.offset
+            c = bytearray(pack[start:start + ref.length])
+            mutate(i, c)
+            i += 1
+            refs.append(ChunkRef(ref.offset, ref.length, zlib.crc32(c)))
+            chunks.append(bytes(c))
+        t.chunks = refs
+    return write_pack(header, chunks)
+
+
+@pytest.mark.parametrize("nvcomp", [True, False])
+def test_corrupt_streams_with_valid_crcs_are_refused_on_gpu(nvcomp, monkeypatch):
+    from weight_teleport.codec.cuda import entropy
+    if not nvcomp:
+        monkeypatch.setattr(entropy, "available", lambda: False)
+    old, new = _pair(4, torch.bfloat16, "density", 0.02, shape=(200, 64))
+    pack = wt.encode_delta(old, new, base_version=0, version=1, chunk_elems=1024, level=-5)
+    n_chunks = sum(len(t.chunks) for t in read_header(pack).tensors)
+    rng = np.random.default_rng(1)
+    refused = 0
+    for _ in range(40):
+        ci, flip = int(rng.integers(n_chunks)), int(rng.integers(1, 256))
+        at = rng.random()
+
+        def mutate(i, c, ci=ci, flip=flip, at=at):
+            if i == ci:
+                c[int(at * len(c))] ^= flip
+
+        state = _cuda(old)
+        try:
+            wt.apply_delta(state, _recrc(pack, mutate))
+        except WeightTeleportError:
+            refused += 1
+            assert_bits_equal(_cpu(state), old)
+        else:
+            assert_bits_equal(_cpu(state), new)
+    assert refused >= 30
+
+
+def test_stream_tables_match_the_format_reader():
+    from weight_teleport.codec.cuda import tables
+    old, new = _pair(11, torch.float32, "density", 0.05, shape=(300, 41))
+    pack = wt.encode_delta(old, new, base_version=0, version=1, chunk_elems=512)
+    header = read_header(pack)
+    refs = [(t, ref) for t in header.tensors if t.codec == "sparse" for ref in t.chunks]
+    k = np.array([max(c for _, c in t.classes) + 1 for t, _ in refs], np.int64)
+    starts = np.array([header.payload_offset + r.offset for _, r in refs], np.int64)
+    st = tables.read(np.frombuffer(pack, np.uint8), starts, np.array([r.length for _, r in refs], np.int64), k, 16)
+    for i, (t, ref) in enumerate(refs):
+        start = header.payload_offset + ref.offset
+        for c, g in enumerate(read_groups(pack[start:start + ref.length])):
+            row = i * 16 + c
+            assert st.events[row] == (g.count if g.streams else 0)
+            for j, s in enumerate(g.streams):
+                assert (st.codec[row, j], st.raw[row, j]) == (s.codec, s.raw_len)
+                assert pack[st.at[row, j]:st.at[row, j] + st.stored[row, j]] == bytes(s.data)
+
+
+def test_staged_changes_use_four_byte_offsets():
+    old, new = _pair(12, torch.bfloat16, "density", 0.05, shape=(300, 50))
+    state = _cuda(old)
+    staged = wt.stage_delta(state, wt.encode_delta(old, new, base_version=0, version=1, chunk_elems=4096))
+    assert all(g.offsets.dtype == torch.int32 for g in staged.groups) and staged.groups
+    wt.apply_staged(state, staged)
+    assert_bits_equal(_cpu(state), new)

@@ -4,13 +4,13 @@ import torch
 
 from weight_teleport.codec.cuda.live import Live
 from weight_teleport.codec.cuda.patch import DevicePatch
-from weight_teleport.codec.cuda.scatter import scatter
+from weight_teleport.codec.cuda.scatter import scatter, scatter_chunks
 
 
 def _check_addresses(lives: dict[str, Live], staged: DevicePatch) -> None:
     for g in staged.groups:
         for name, ptr in g.addresses.items():
-            if lives[name].u.data_ptr() != ptr:
+            if lives[name].tensor.data_ptr() != ptr:
                 raise ValueError(f"tensor {name!r} moved in memory since the patch was staged; "
                                  "stage the pack again against the state it is applied to")
 
@@ -25,8 +25,10 @@ def apply(lives: dict[str, Live], staged: DevicePatch, threads: int | None = Non
     _check_addresses(lives, staged)
     for g in staged.groups:
         base = lives[g.base].u
-        scatter(base, _device(g.offsets, base), _device(g.values, base))
+        scatter_chunks(base, _device(g.rows, base), _device(g.offsets, base), _device(g.values, base))
     for t in staged.tensors:
+        if t.fused:
+            continue
         live = lives[t.name]
         for start, values in t.dense:
             live.u[start:start + values.numel()].copy_(values, non_blocking=True)

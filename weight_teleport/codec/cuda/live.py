@@ -1,6 +1,7 @@
 """Live CUDA weights as the kernels read them, and the items the encoder takes."""
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import torch
 
@@ -13,11 +14,15 @@ def flat_bits(tensor: torch.Tensor, info: DtypeInfo) -> torch.Tensor:
 
 
 class Live:
-    """A live tensor and its flat bit patterns (a view when contiguous, else a copy)."""
+    """A live tensor and its flat bit patterns (a view when contiguous, else a copy), made
+    on first use: the pause touches only the tensors it writes."""
 
     def __init__(self, tensor: torch.Tensor, info: DtypeInfo):
         self.tensor, self.info = tensor, info
-        self.u = flat_bits(tensor, info)
+
+    @cached_property
+    def u(self) -> torch.Tensor:
+        return flat_bits(self.tensor, self.info)
 
     @property
     def in_place(self) -> bool:

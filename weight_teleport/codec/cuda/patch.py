@@ -16,13 +16,14 @@ class DeviceTensorPatch:
     """Digest of the tensor once patched."""
     changed: int = 0
     positions: torch.Tensor | None = None
-    """Flat element indices (int64) of changed elements, when not part of a fused group."""
+    """Flat element indices (int64) of changed elements, when not patched in place (then
+    its changes sit in the patch's fused group of its element type)."""
     values: torch.Tensor | None = None
     """Their new bit patterns (the dtype's integer type)."""
     dense: list[tuple[int, torch.Tensor]] = field(default_factory=list)
     """(first element, new bit patterns) of whole chunks (dense codecs and snapshots)."""
     fused: bool = False
-    """Its changes sit in the patch's fused group of its element type."""
+    """Its changes sit in the patch's fused group of its element type (patched in place)."""
 
     @property
     def chunks(self) -> bool:
@@ -32,12 +33,16 @@ class DeviceTensorPatch:
 
 @dataclass
 class FusedGroup:
-    """Changes of several contiguous tensors of one element type, addressed from one base."""
+    """Changes of several contiguous tensors of one element type, addressed from one base:
+    4-byte offsets in their chunks, and a row per scatter program naming its chunk."""
     base: str
-    """Name of the tensor offsets count from (the lowest address of the group)."""
+    """Name of the tensor chunk positions count from (the lowest address of the group)."""
     addresses: dict[str, int]
     """data_ptr of each member at staging; apply refuses a state whose tensors moved."""
+    rows: torch.Tensor
+    """[programs, 3] int64: chunk's first element from the base's, first change, stop."""
     offsets: torch.Tensor
+    """int32 offsets of the changes in their chunks."""
     values: torch.Tensor
 
 
@@ -57,7 +62,7 @@ class DevicePatch:
     @property
     def nbytes(self) -> int:
         """Memory held by the staged patch."""
-        arrays = [g.offsets for g in self.groups] + [g.values for g in self.groups]
+        arrays = [a for g in self.groups for a in (g.rows, g.offsets, g.values)]
         for t in self.tensors:
             arrays += [a for a in (t.positions, t.values) if a is not None] + [v for _, v in t.dense]
         return sum(a.numel() * a.element_size() for a in arrays)
@@ -65,8 +70,9 @@ class DevicePatch:
     def offload(self) -> "DevicePatch":
         """Move the patch to pinned host memory (when device memory is short); apply copies
         it back. Returns self."""
+        pin = lambda a: a.cpu().pin_memory()
         for g in self.groups:
-            g.offsets, g.values = g.offsets.cpu().pin_memory(), g.values.cpu().pin_memory()
+            g.rows, g.offsets, g.values = pin(g.rows), pin(g.offsets), pin(g.values)
         for t in self.tensors:
             if t.positions is not None:
                 t.positions, t.values = t.positions.cpu().pin_memory(), t.values.cpu().pin_memory()

@@ -1,14 +1,15 @@
 """Context classes of a chunk on the GPU: per-block class counts and in-block class ranks.
 
-Elements are split into blocks of BLOCK that never straddle a chunk: program p covers
-block p % BPC of chunk p // BPC. A class's rank of an element is its index among the
-chunk's elements of the same class (the order its gap stream counts in)."""
+Elements are split into blocks of BLOCK that never straddle a chunk: in one tensor,
+program p covers block p % BPC of chunk p // BPC; over a chunk table (codec/cuda/blocks.py)
+the table says which. A class's rank of an element is its index among the chunk's elements
+of the same class (the order its gap stream counts in)."""
 
 import torch
 import triton
 import triton.language as tl
 
-from weight_teleport.codec.cuda import layout
+from weight_teleport.codec.cuda import blocks, layout
 from weight_teleport.codec.cuda.bitops import to_bits
 
 BLOCK = 2048
@@ -35,6 +36,19 @@ def chunk_block(pid, numel, chunk_elems, bpc, BLOCK: tl.constexpr):
     stop = tl.minimum(k * chunk_elems + chunk_elems, numel)
     offs = first + tl.arange(0, BLOCK).to(tl.int64)
     return k, first, stop, offs, offs < stop
+
+
+@triton.jit
+def table_block(pid, rows_ptr, prog_ptr, BLOCK: tl.constexpr):
+    """(chunk, tensor, chunk offset from the base, chunk start in its tensor, chunk length,
+    first element of the block in the chunk, offsets in the chunk, valid) of program `pid`."""
+    k = tl.load(prog_ptr + pid).to(tl.int64)
+    row = rows_ptr + k * 5
+    off, length, start = tl.load(row + 0), tl.load(row + 1), tl.load(row + 2)
+    t, p0 = tl.load(row + 3), tl.load(row + 4)
+    first = (pid - p0) * BLOCK
+    offs = first + tl.arange(0, BLOCK).to(tl.int64)
+    return k, t, off, start, length, first, offs, offs < length
 
 
 @triton.jit
@@ -98,3 +112,37 @@ def block_bases(counts: torch.Tensor, n_chunks: int) -> tuple[torch.Tensor, torc
     per_chunk = counts.view(n_chunks, -1, counts.shape[1])
     incl = per_chunk.cumsum(1, dtype=torch.int32)
     return (incl - per_chunk).view_as(counts).contiguous(), incl[:, -1].to(torch.int64)
+
+
+@triton.jit
+def _table_counts_kernel(base_ptr, rows_ptr, prog_ptr, lut_ptr, counts_ptr, NK: tl.constexpr, MANT: tl.constexpr,
+                         KMASK: tl.constexpr, BITS: tl.constexpr, NCP: tl.constexpr, BLOCK: tl.constexpr):
+    pid = tl.program_id(0).to(tl.int64)
+    k, t, off, start, length, first, offs, valid = table_block(pid, rows_ptr, prog_ptr, BLOCK)
+    b = to_bits(tl.load(base_ptr + off + offs, mask=valid, other=0), BITS)
+    cls = classes(b, lut_ptr + t * NK, MANT, KMASK)
+    tl.store(counts_ptr + pid * NCP + tl.arange(0, NCP), tl.histogram(cls, NCP, mask=valid))
+
+
+def table_counts(table: blocks.ChunkTable, luts: torch.Tensor, info, ncp: int) -> torch.Tensor:
+    """[programs, ncp] int32 counts of each class's elements per block of a chunk table's
+    tensors; `luts` [tensors, keys] uint8 are their class maps."""
+    layout.require(table.base, info.int_torch)
+    nk = 1 << info.exponent_bits
+    assert luts.dtype == torch.uint8 and luts.is_contiguous() and luts.shape[1] == nk
+    counts = torch.empty((table.programs, ncp), dtype=torch.int32, device=table.base.device)
+    if table.programs:
+        _table_counts_kernel[(table.programs,)](
+            table.base, table.rows, table.program_chunk, luts, counts, NK=nk, MANT=info.mantissa_bits,
+            KMASK=nk - 1, BITS=info.bits, NCP=ncp, BLOCK=BLOCK)
+    return counts
+
+
+def table_bases(counts: torch.Tensor, table: blocks.ChunkTable) -> tuple[torch.Tensor, torch.Tensor]:
+    """(exclusive per-chunk prefix of each block's counts (int32), [chunks, NCP] int64 totals)."""
+    incl = counts.t().cumsum(1, dtype=torch.int64).t()  # a scan along rows: fast on the device
+    p0 = table.rows[:, blocks.PROG0]
+    last = torch.cat([p0[1:], p0.new_full((1,), table.programs)]) - 1
+    before = incl[p0] - counts[p0]
+    base = incl - counts - before[table.program_chunk.long()]
+    return base.to(torch.int32).contiguous(), incl[last] - before

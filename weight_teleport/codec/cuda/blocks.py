@@ -1,0 +1,62 @@
+"""Tables that let one kernel launch cover the chunks of many tensors of one element type.
+
+Tensors are addressed from one base tensor (the lowest address among them); a chunk's row
+gives its element offset from the base, its length, its first element in its tensor, its
+tensor's index (into per-tensor class tables) and its first program. A chunk is cut into
+blocks of BLOCK elements, one program each, so no block straddles a chunk."""
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+OFF, LEN, START, TENSOR, PROG0 = range(5)
+COLS = 5
+
+
+@dataclass
+class ChunkTable:
+    base: torch.Tensor
+    """Flat tensor at the lowest address; kernels add each row's OFF to its pointer."""
+    rows: torch.Tensor
+    """[chunks, COLS] int64 on the device."""
+    host: np.ndarray
+    """The same rows on the host."""
+    program_chunk: torch.Tensor
+    """Chunk of every program (int32, on the device)."""
+    program_tensor: torch.Tensor
+    """Tensor of every program (int64, on the device)."""
+
+    @property
+    def programs(self) -> int:
+        return self.program_chunk.numel()
+
+    @property
+    def chunks(self) -> int:
+        return self.host.shape[0]
+
+
+def chunk_rows(numels: np.ndarray, chunk_elems: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(tensor of each chunk, first element of each chunk in its tensor, its length)."""
+    n_chunks = -(-numels // chunk_elems)
+    tensor = np.repeat(np.arange(numels.size), n_chunks)
+    first = np.concatenate([[0], np.cumsum(n_chunks)[:-1]]).astype(np.int64)
+    start = (np.arange(tensor.size) - first[tensor]) * chunk_elems
+    return tensor, start, np.minimum(numels[tensor] - start, chunk_elems)
+
+
+def build(flats: list[torch.Tensor], chunk_elems: int, block: int) -> ChunkTable:
+    """The chunk table of the flat contiguous tensors `flats` (one element type, one device)."""
+    size = flats[0].element_size()
+    ptrs = np.array([t.data_ptr() for t in flats], np.int64)
+    base = int(np.argmin(ptrs))
+    assert ((ptrs - ptrs[base]) % size == 0).all()
+    tensor, start, length = chunk_rows(np.array([t.numel() for t in flats], np.int64), chunk_elems)
+    progs = -(-length // block)
+    rows = np.stack([(ptrs[tensor] - ptrs[base]) // size + start, length, start, tensor,
+                     np.cumsum(progs) - progs], axis=1).astype(np.int64)
+    dev = flats[0].device
+    prog_chunk = torch.repeat_interleave(torch.arange(rows.shape[0], dtype=torch.int32, device=dev),
+                                         torch.from_numpy(progs).to(dev), output_size=int(progs.sum()))
+    rows_d = torch.from_numpy(rows).to(dev)
+    return ChunkTable(flats[base], rows_d, rows, prog_chunk, rows_d[prog_chunk.long(), TENSOR])

@@ -1,0 +1,120 @@
+"""The symbol streams of a pack's sparse chunks, decoded into one device buffer.
+
+The stored bytes are uploaded once and gathered into SLOT_ALIGN-aligned slots on the GPU;
+zstd streams are decoded there by nvCOMP (one batched call per size bucket, no host
+synchronisation: its statuses and decoded sizes are checked with the caller's one sync).
+Without nvCOMP the CPU's zstd decodes them into a host buffer that is uploaded."""
+
+import os
+import warnings
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from weight_teleport.codec import streams as codecs
+from weight_teleport.codec.cuda import entropy
+from weight_teleport.codec.cuda.config import CudaCodecConfig
+from weight_teleport.codec.cuda.tables import StreamTable
+from weight_teleport.errors import PackFormatError
+
+A = entropy.SLOT_ALIGN
+PAD = 2 * A
+"""Zero bytes after the last slot: readers of a stream may load a few bytes past it."""
+
+
+@dataclass
+class Inflated:
+    buffer: torch.Tensor
+    """uint8 device buffer, every raw stream at its slot."""
+    offsets: np.ndarray
+    """[segments, 4] slot offsets of the raw streams."""
+    failed: torch.Tensor
+    """Device bool: some stream failed to decode or decoded to another length than its table's."""
+
+
+def _slots(lengths: np.ndarray) -> tuple[np.ndarray, int]:
+    slot = -(-lengths // A) * A
+    return np.cumsum(slot) - slot, int(slot.sum())
+
+
+def _excl(x: torch.Tensor) -> torch.Tensor:
+    out = torch.zeros(x.numel() + 1, dtype=torch.int64, device=x.device)
+    torch.cumsum(x, 0, out=out[1:])
+    return out
+
+
+def gather(dst: torch.Tensor, src: torch.Tensor, src_at: np.ndarray, dst_at: np.ndarray, n: np.ndarray) -> None:
+    """dst[dst_at[i]:dst_at[i] + n[i]] = src[src_at[i]:src_at[i] + n[i]] for every i, in one
+    indexed copy on the device."""
+    total = int(n.sum())
+    if total == 0:
+        return
+    dev = dst.device
+    n_d = torch.from_numpy(n).to(dev)
+    seg = torch.repeat_interleave(torch.arange(n.size, device=dev), n_d, output_size=total)
+    local = torch.arange(total, device=dev) - _excl(n_d)[seg]
+    dst[torch.from_numpy(dst_at).to(dev)[seg] + local] = src[torch.from_numpy(src_at).to(dev)[seg] + local]
+
+
+def _upload(pack, lo: int, hi: int, device) -> torch.Tensor:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        host = torch.frombuffer(pack, dtype=torch.uint8, offset=lo, count=hi - lo) if hi > lo else \
+            torch.zeros(1, dtype=torch.uint8)
+    return host.to(device)
+
+
+def _check(codec: np.ndarray, raw: np.ndarray, stored: np.ndarray) -> None:
+    if not np.isin(codec, (codecs.RAW, codecs.ZSTD)).all():
+        bad = int(codec[~np.isin(codec, (codecs.RAW, codecs.ZSTD))][0])
+        codecs.decode_stream(bad, b"", 0)
+    if ((codec == codecs.RAW) & (raw != stored)).any():
+        raise PackFormatError("raw stream holds another number of bytes than its table says")
+    if ((codec == codecs.ZSTD) & ((raw == 0) | (stored == 0))).any():
+        raise PackFormatError("empty zstd stream")
+
+
+def _on_gpu(pack, codec, raw, stored, at, device) -> tuple[torch.Tensor, np.ndarray, torch.Tensor]:
+    out_off, out_total = _slots(raw)
+    zs = codec == codecs.ZSTD
+    comp_off, comp_total = _slots(stored[zs])
+    comp_off = comp_off + out_total
+    buf = torch.zeros(out_total + comp_total + PAD, dtype=torch.uint8, device=device)
+    lo, hi = (int(at.min()), int((at + stored).max())) if at.size else (0, 0)
+    src = _upload(pack, lo, hi, device)
+    dst_at = out_off.copy()
+    dst_at[zs] = comp_off
+    gather(buf, src, at - lo, dst_at, stored)
+    if not zs.any():
+        return buf, out_off, torch.zeros((), dtype=torch.bool, device=device)
+    pend = entropy.decompress(CudaCodecConfig(), buf, comp_off, stored[zs], buf, out_off[zs], raw[zs])
+    sizes, statuses = pend.host()
+    expect = torch.from_numpy(raw[zs][pend.order]).to(device)
+    return buf, out_off, (statuses != 0).any() | (sizes != expect).any()
+
+
+def _on_cpu(pack, codec, raw, stored, at, device, threads) -> tuple[torch.Tensor, np.ndarray, torch.Tensor]:
+    out_off, out_total = _slots(raw)
+    host = np.zeros(out_total + PAD, np.uint8)
+    view = memoryview(pack)
+
+    def one(i: int) -> None:
+        data = view[at[i]:at[i] + stored[i]]
+        host[out_off[i]:out_off[i] + raw[i]] = codecs.decode_stream(int(codec[i]), data, int(raw[i]))
+
+    with ThreadPoolExecutor(max_workers=threads or os.cpu_count() or 1) as pool:
+        list(pool.map(one, np.flatnonzero(raw)))
+    return torch.from_numpy(host).to(device), out_off, torch.zeros((), dtype=torch.bool, device=device)
+
+
+def inflate(pack, table: StreamTable, device, threads: int | None = None) -> Inflated:
+    """Every stream of `table` decoded into one device buffer (nvCOMP when installed)."""
+    codec, raw, stored, at = (a.ravel() for a in (table.codec, table.raw, table.stored, table.at))
+    _check(codec, raw, stored)
+    if entropy.available():
+        buf, off, failed = _on_gpu(pack, codec, raw, stored, at, device)
+    else:
+        buf, off, failed = _on_cpu(pack, codec, raw, stored, at, device, threads)
+    return Inflated(buf, off.reshape(table.raw.shape), failed)

@@ -1,0 +1,89 @@
+"""Staging the sparse tensors of one element type on the GPU, with no host synchronisation.
+
+Stream tables are read on the host (codec/cuda/tables.py); the streams are decoded on the
+GPU (inflate.py: nvCOMP zstd), then turned into event ranks and residuals (unsymbols.py),
+checked against the class counts of the live weights and placed (sparse_decode.py), all
+batched over every chunk of every tensor. Every check leaves a device flag; the caller
+reads flags and digest sums of all batches in one transfer and raises before anything is
+written."""
+
+import numpy as np
+import torch
+
+from weight_teleport.codec.cpu import backend as cpu
+from weight_teleport.codec.cuda import bitmap, blocks, inflate, ranks, sparse_decode, tables, unsymbols
+from weight_teleport.codec.cuda.live import Live
+from weight_teleport.errors import PackFormatError
+
+FLAGS = ("a symbol stream failed to decode (corrupt stored stream)",
+         "sparse class streams are malformed",
+         "sparse chunk does not fit the receiver's weights (corrupt streams)")
+"""What each of a batch's device flags means, in the order they are raised."""
+
+
+def _excl(a: np.ndarray) -> np.ndarray:
+    return np.cumsum(a) - a
+
+
+class SparseBatch:
+    """The sparse tensors of one element type, staged; `flags` and `sums` are device tensors."""
+
+    def __init__(self, lives: list[Live], recs: list, header, pack, threads: int | None):
+        self.lives, self.recs, self.info = lives, recs, lives[0].info
+        self.table = blocks.build([lv.u for lv in lives], header.chunk_elems, ranks.BLOCK)
+        maps = [cpu._class_map(r, self.info) for r in recs]
+        self.n_classes = np.array([m[1].size for m in maps], np.int64)
+        self.ncp = ranks.pow2(int(self.n_classes.max()) + 1)
+        inv = np.zeros((len(recs), self.ncp), np.int8)
+        for i, (_, iv) in enumerate(maps):
+            inv[i, :iv.size] = iv
+        self.streams = self._read(pack, header)
+        self.inverted = inv[self.table.host[:, blocks.TENSOR]].reshape(-1).astype(bool)
+        self.res_cnt = np.where(self.inverted, self.streams.raw[:, 2], self.streams.events)
+        self._check_lengths()
+        dev = lives[0].u.device
+        self.luts = torch.from_numpy(np.stack([m[0] for m in maps])).to(dev)
+        self.inv = torch.from_numpy(inv).to(dev)
+        self._run(pack, dev, threads)
+
+    def _read(self, pack, header) -> tables.StreamTable:
+        refs = [ref for r in self.recs for ref in r.chunks]
+        if len(refs) != self.table.chunks:
+            raise PackFormatError("a sparse tensor has another number of chunks than its shape needs")
+        starts = header.payload_offset + np.array([ref.offset for ref in refs], np.int64)
+        lengths = np.array([ref.length for ref in refs], np.int64)
+        k = self.n_classes[self.table.host[:, blocks.TENSOR]]
+        return tables.read(np.frombuffer(pack, np.uint8), starts, lengths, k, self.ncp)
+
+    def _check_lengths(self) -> None:
+        raw = self.streams.raw
+        if (raw[:, 0] != self.streams.events).any():
+            raise PackFormatError("sparse class streams disagree with their event count")
+        if (raw[:, 3] % self.info.nbytes).any():
+            raise PackFormatError("stream length is not a whole number of elements")
+
+    def _run(self, pack, dev, threads) -> None:
+        st, n_ev, n_res = self.streams, int(self.streams.events.sum()), int(self.res_cnt.sum())
+        inf = inflate.inflate(pack, st, dev, threads)
+        d = lambda a: torch.from_numpy(np.ascontiguousarray(a)).to(dev)
+        ev, res_cnt, inv = d(st.events), d(self.res_cnt), d(self.inverted)
+        dec = unsymbols.decode(inf.buffer, d(inf.offsets), d(st.raw), ev, res_cnt, inv, n_ev, n_res,
+                               self.info.bits)
+        base, tot = ranks.table_bases(ranks.table_counts(self.table, self.luts, self.info, self.ncp), self.table)
+        tot = tot.view(-1)
+        last = dec.ranks[(ev.cumsum(0) - 1).clamp(0, max(n_ev - 1, 0))] if n_ev else torch.zeros_like(ev)
+        unfit = (ev > tot).any() | (inv & (res_cnt != tot - ev)).any() | ((ev > 0) & (last >= tot)).any()
+        seg_word = inflate._excl((tot + 31) // 32)[:-1]
+        n_words = int((-(-self.table.host[:, blocks.LEN] // 32)).sum()) + self.table.chunks * self.ncp
+        bits = (seg_word[dec.event_segment] * 32 + dec.ranks).clamp(0, n_words * 32 - 1)
+        bm, pref = bitmap.build(n_words, bits)
+        self.pos, self.val, sums = sparse_decode.decode(
+            self.table, self.luts, self.inv, int(self.n_classes.max()), base, seg_word, bm, pref,
+            d(_excl(self.res_cnt)), dec.residuals, self.info)
+        self.sums = torch.zeros((len(self.recs), 2), dtype=torch.int64, device=dev)
+        self.sums.index_add_(0, self.table.program_tensor, sums[:self.table.programs])
+        self.flags = torch.stack([inf.failed, dec.malformed, unfit])
+
+    def chunk_changes(self) -> np.ndarray:
+        """Changes per chunk (host), in the order of the staged outputs."""
+        return self.res_cnt.reshape(self.table.chunks, self.ncp).sum(1)
