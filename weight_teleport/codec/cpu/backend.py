@@ -137,7 +137,7 @@ def _lay_out(records: list[TensorRecord], outputs):
     return records, chunks
 
 
-class _Live:
+class Live:
     """The bit patterns of a live tensor (a view when it is contiguous, else a copy)."""
 
     def __init__(self, tensor: torch.Tensor, info: DtypeInfo):
@@ -157,11 +157,7 @@ class _Live:
             self.tensor.view(self.info.int_torch).copy_(flat)
 
 
-Live = _Live
-"""The backend interface's name for a live tensor."""
-
-
-def _stage_chunk(live: _Live, rec: TensorRecord, ref: ChunkRef, start: int, stop: int,
+def _stage_chunk(live: Live, rec: TensorRecord, ref: ChunkRef, start: int, stop: int,
                  pack, header: PackHeader, lut, inverted, check_base: bool):
     """(ChunkPatch, old digest sum or None, new digest sum or delta) of one chunk."""
     info = live.info
@@ -183,7 +179,7 @@ def _stage_chunk(live: _Live, rec: TensorRecord, ref: ChunkRef, start: int, stop
     return ChunkPatch(start, None, values), s_old, s_new - s_old
 
 
-def stage(lives: dict[str, _Live], header: PackHeader, pack, check_base: bool, threads: int | None):
+def stage(lives: dict[str, Live], header: PackHeader, pack, check_base: bool, threads: int | None):
     """Decode and verify every chunk against the live weights; nothing is written."""
     with _pool(threads) as pool:
         futures = []
@@ -217,7 +213,7 @@ def _class_map(rec: TensorRecord, info: DtypeInfo):
     return lut, inverted
 
 
-def _verify(rec: TensorRecord, live: _Live, results, header: PackHeader, check_base: bool) -> TensorPatch:
+def _verify(rec: TensorRecord, live: Live, results, header: PackHeader, check_base: bool) -> TensorPatch:
     kind = header.kind
     nbytes = rec.numel * live.info.nbytes
     digest = D.from_hex(rec.digest)
@@ -242,7 +238,7 @@ def _verify(rec: TensorRecord, live: _Live, results, header: PackHeader, check_b
     return TensorPatch(rec.name, BY_NAME[rec.dtype], rec.shape, digest, chunks)
 
 
-def apply(lives: dict[str, _Live], staged: StagedPatch, threads: int | None) -> None:
+def apply(lives: dict[str, Live], staged: StagedPatch, threads: int | None) -> None:
     """Write a staged patch into the live weights."""
     jobs = [(lives[t.name], c) for t in staged.tensors for c in t.chunks]
     with _pool(threads) as pool:
@@ -252,7 +248,7 @@ def apply(lives: dict[str, _Live], staged: StagedPatch, threads: int | None) -> 
             lives[t.name].commit()
 
 
-def _apply_chunk(live: _Live, chunk: ChunkPatch) -> None:
+def _apply_chunk(live: Live, chunk: ChunkPatch) -> None:
     if chunk.positions is None:
         live.u[chunk.start:chunk.start + chunk.values.size] = chunk.values
     else:

@@ -27,7 +27,7 @@ def _dense(lives: dict[str, Live], recs, header, pack, check_base: bool, threads
     """Dense and snapshot tensors through the CPU backend on host copies."""
     if not recs:
         return {}
-    host = {r.name: cpu._Live(lives[r.name].tensor.detach().cpu(), lives[r.name].info) for r in recs}
+    host = {r.name: cpu.Live(lives[r.name].tensor.detach().cpu(), lives[r.name].info) for r in recs}
     sub = dataclasses.replace(header, tensors=recs)
     staged = cpu.stage(host, sub, pack, check_base, threads)
     return {t.name: [(c.start, _upload(c.values, lives[t.name])) for c in t.chunks] for t in staged.tensors}
