@@ -51,11 +51,16 @@ def publish_main(args: argparse.Namespace) -> int:
     from weight_teleport.pipeline import Publisher, PublisherConfig, RetentionConfig
     from weight_teleport.pipeline.checkpoint import load_checkpoint
 
+    from tqdm import tqdm
+
     state = load_checkpoint(args.checkpoint)
-    config = PublisherConfig(anchor_every=args.anchor_every, store=_store_config(args),
-                             retention=RetentionConfig(keep_anchors=args.keep_anchors))
-    with Publisher(args.url, config) as publisher:
-        r = publisher.publish(state, args.version).wait()
+    with tqdm(unit="B", unit_scale=True, desc="upload") as bar:
+        store = _store_config(args)
+        store.upload_progress = bar.update
+        config = PublisherConfig(anchor_every=args.anchor_every, store=store,
+                                 retention=RetentionConfig(keep_anchors=args.keep_anchors))
+        with Publisher(args.url, config) as publisher:
+            r = publisher.publish(state, args.version).wait()
     kinds = "+".join(e.kind for e in r.objects)
     print(f"version {r.version} ({kinds}, base {r.base_version}): {r.wire_bytes / 1e6:.3f} MB "
           f"on the wire for {r.raw_bytes / 1e6:.1f} MB of weights ({r.ratio:.1f}x); "

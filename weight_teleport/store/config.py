@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 
 @dataclass
@@ -40,3 +40,6 @@ class StoreConfig:
     """S3 secret access key; None lets s3fs find credentials the usual way."""
     storage_options: dict[str, Any] = field(default_factory=dict)
     """Extra fsspec options for `s3://` and other fsspec stores (override the above)."""
+    upload_progress: Callable[[int], None] | None = None
+    """Called with the number of bytes sent as an HTTP upload streams out (a progress bar's
+    `update`); None: uploads go out in one piece, silently."""

@@ -58,7 +58,7 @@ class HttpStore(Store):
             conn.close()
             self._local.conn = None
 
-    def _request(self, method: str, path: str, body: bytes | None = None,
+    def _request(self, method: str, path: str, body=None,
                  headers: dict[str, str] | None = None, timeout: float | None = None
                  ) -> tuple[int, http.client.HTTPMessage, bytes]:
         """Send one request; reconnect at once if a kept-alive connection went stale."""
@@ -70,7 +70,7 @@ class HttpStore(Store):
                 raise
         return self._send(method, path, body, headers or {}, timeout)
 
-    def _send(self, method: str, path: str, body: bytes | None, headers: dict[str, str],
+    def _send(self, method: str, path: str, body, headers: dict[str, str],
               timeout: float | None) -> tuple[int, http.client.HTTPMessage, bytes]:
         conn = self._connection()
         conn.timeout = timeout or self.config.timeout_s
@@ -134,8 +134,9 @@ class HttpStore(Store):
     # Primitives.
     def _put(self, key: str, data: bytes) -> None:
         headers = {**self._auth(), "Content-Type": "application/octet-stream",
-                   "X-Content-SHA256": content_hash(data)}
-        status, _, body = self._request("PUT", "/o/" + quote(key), data, headers)
+                   "Content-Length": str(len(data)), "X-Content-SHA256": content_hash(data)}
+        body = data if self.config.upload_progress is None else _reporting(data, self.config.upload_progress)
+        status, _, body = self._request("PUT", "/o/" + quote(key), body, headers)
         self._check(status, body, f"put {key!r}")
 
     def _fetch(self, key: str, headers: dict[str, str]) -> tuple[int, bytes]:
@@ -187,3 +188,17 @@ class HttpStore(Store):
             if status == 200:
                 return body
         return None
+
+
+class _reporting:
+    """An upload body sent in 1 MiB pieces, reporting each piece to `progress`; iterable
+    again on a retry."""
+
+    def __init__(self, data: bytes, progress):
+        self.data, self.progress = memoryview(data), progress
+
+    def __iter__(self):
+        for start in range(0, len(self.data), 1 << 20):
+            piece = self.data[start:start + (1 << 20)]
+            yield piece
+            self.progress(len(piece))
