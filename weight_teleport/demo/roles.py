@@ -38,6 +38,7 @@ def _changed(old: dict, new: dict) -> int:
 
 def trainer(url: str, token: str, cfg: DemoConfig, rows, timeout: float = 120.0) -> None:
     """Train on the sampler's rollouts; publish every new version."""
+    from weight_teleport import tensor_digest
     from weight_teleport.pipeline import Publisher, PublisherConfig
     from weight_teleport.store import StoreConfig, open_store
 
@@ -51,7 +52,8 @@ def trainer(url: str, token: str, cfg: DemoConfig, rows, timeout: float = 120.0)
         for version in range(cfg.steps + 1):
             result = publisher.publish(weights, version=version).wait()
             rows.put(("trainer", version, {"wire": result.wire_bytes, "full": result.raw_bytes,
-                                           "encode_ms": result.encode_s * 1e3, "published_at": time.time()}))
+                                           "encode_ms": result.encode_s * 1e3, "published_at": time.time(),
+                                           "published": {k: tensor_digest(v) for k, v in weights.items()}}))
             if version == cfg.steps:
                 break
             tokens = torch.from_numpy(np.frombuffer(_wait_object(store, _rollout_key(version), timeout),
@@ -101,7 +103,8 @@ def sampler(url: str, token: str, cfg: DemoConfig, rows, engine: str = "hf", tim
 
 
 def _digests(eng) -> dict[str, str]:
-    """Digests of the live weights in checkpoint layout (HF only: vLLM's layout differs)."""
+    """Digests of the live weights in checkpoint layout (HF only: vLLM keeps its own layout,
+    checked against vLLM's loader at the end instead)."""
     from weight_teleport import tensor_digest
 
     if not hasattr(eng, "weights"):

@@ -48,12 +48,22 @@ def _config(args: argparse.Namespace) -> DemoConfig:
                       layers=args.layers, seed=args.seed)
 
 
+def _verdict(t: dict, s: dict) -> str:
+    """'ok' when the sampler's weights have the digests of what the trainer published (or,
+    for an engine with its own layout, when the subscriber verified without resyncing)."""
+    if s["resynced"]:
+        return "resync"
+    if not s["digests"]:
+        return "ok"
+    return "ok" if s["digests"] == t["published"] else "DIFF"
+
+
 def _print_row(v: int, t: dict, s: dict) -> None:
     changed = f"{t['changed'] / t['numel']:.2%}" if "changed" in t else "anchor"
     reward = f"{s['reward']:.3f}" if "reward" in s else "-"
     print(f"{v:>7} {changed:>8} {t['wire'] / 1e3:>7.0f}kB {t['wire'] / t['full']:>8.2%} "
           f"{t['encode_ms']:>5.0f}ms {(s['ready_at'] - t['published_at']) * 1e3:>6.0f}ms "
-          f"{s['stage_ms']:>4.0f}ms {s['pause_ms']:>4.1f}ms {'ok':>6} {reward:>6}", flush=True)
+          f"{s['stage_ms']:>4.0f}ms {s['pause_ms']:>4.1f}ms {_verdict(t, s):>6} {reward:>6}", flush=True)
 
 
 def _collect(cfg: DemoConfig, rows, procs, numel: int) -> tuple[list[dict], bool]:
@@ -139,6 +149,9 @@ def main(args: argparse.Namespace) -> int:
     plot = Path(args.out_dir) / "reward.png"
     _plot(table, plot)
     print(f"reward curve: {plot}")
+    verified = sum(_verdict(r, r) == "ok" for r in table)
+    print(f"digests verified at {verified} of {len(table)} versions")
+    matches = matches and verified == len(table)
     what = "vLLM's own loader of the trainer's" if args.engine == "vllm" else "the trainer's"
     print(f"sampler weights after the last version equal {what}, bit for bit: {'yes' if matches else 'NO'}")
     if args.no_check or args.engine != "hf" or not matches:
