@@ -80,7 +80,7 @@ def sampler(url: str, token: str, cfg: DemoConfig, rows, engine: str = "hf", tim
     store = open_store(url, StoreConfig(token=token))
     with Subscriber(url, eng.target, SubscriberConfig(threads=1)) as sub:
         for version in range(cfg.steps + 1):
-            stage_before = sub.stats.stage_s
+            stage_before, fetch_before = sub.stats.stage_s, sub.stats.fetch_s
             if not sub.wait(timeout):
                 raise TimeoutError(f"version {version} never became ready")
             ready_at = time.time()
@@ -88,6 +88,7 @@ def sampler(url: str, token: str, cfg: DemoConfig, rows, engine: str = "hf", tim
             if report.version != version:
                 raise RuntimeError(f"expected version {version}, the subscriber applied {report.versions}")
             row = {"pause_ms": report.pause_s * 1e3, "stage_ms": (sub.stats.stage_s - stage_before) * 1e3,
+                   "fetch_ms": (sub.stats.fetch_s - fetch_before) * 1e3,
                    "ready_at": ready_at, "resynced": report.resynced, "digests": _digests(eng)}
             if version < cfg.steps:
                 tokens = eng.rollout(version)

@@ -19,8 +19,8 @@ import torch
 from weight_teleport.demo import roles
 from weight_teleport.demo.policy import DemoConfig
 
-HEADER = (f"{'version':>7} {'changed':>8} {'wire':>9} {'of full':>8} {'encode':>7} {'to ready':>8} "
-          f"{'stage':>6} {'pause':>6} {'digest':>6} {'reward':>6}")
+HEADER = (f"{'version':>7} {'changed':>8} {'wire':>9} {'of full':>8} {'encode':>7} {'fetch':>6} "
+          f"{'stage':>6} {'to ready':>8} {'pause':>6} {'digest':>6} {'reward':>6}")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -62,8 +62,9 @@ def _print_row(v: int, t: dict, s: dict) -> None:
     changed = f"{t['changed'] / t['numel']:.2%}" if "changed" in t else "anchor"
     reward = f"{s['reward']:.3f}" if "reward" in s else "-"
     print(f"{v:>7} {changed:>8} {t['wire'] / 1e3:>7.0f}kB {t['wire'] / t['full']:>8.2%} "
-          f"{t['encode_ms']:>5.0f}ms {(s['ready_at'] - t['published_at']) * 1e3:>6.0f}ms "
-          f"{s['stage_ms']:>4.0f}ms {s['pause_ms']:>4.1f}ms {_verdict(t, s):>6} {reward:>6}", flush=True)
+          f"{t['encode_ms']:>5.0f}ms {s['fetch_ms']:>4.0f}ms {s['stage_ms']:>4.0f}ms "
+          f"{(s['ready_at'] - t['published_at']) * 1e3:>6.0f}ms {s['pause_ms']:>4.1f}ms "
+          f"{_verdict(t, s):>6} {reward:>6}", flush=True)
 
 
 def _collect(cfg: DemoConfig, rows, procs, numel: int) -> tuple[list[dict], bool]:

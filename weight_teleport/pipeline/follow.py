@@ -99,6 +99,7 @@ class Follower:
 
     def _fetch(self, entry: Entry) -> bytes | None:
         """The checked object, or None after a rejection (logged, retried later)."""
+        t0 = time.perf_counter()
         try:
             pack = fetch(self.sub._store, entry)
         except NotFound:
@@ -109,6 +110,7 @@ class Follower:
             self._reject(entry, str(exc))
             return None
         self.failures.pop(entry.key, None)
+        self.sub.stats.fetch_s += time.perf_counter() - t0
         self.sub.stats.bytes_fetched += len(pack)
         self.sub.stats.objects_fetched += 1
         return pack

@@ -68,6 +68,8 @@ class SubscriberStats:
     objects_fetched: int = 0
     objects_rejected: int = 0
     resyncs: int = 0
+    fetch_s: float = 0.0
+    """Time spent fetching and checking objects that were accepted."""
     stage_s: float = 0.0
     """Time spent decoding and verifying (outside the pause)."""
     pause_s: float = 0.0
