@@ -128,3 +128,61 @@ def test_encoder_user_errors(states):
         wt.encode_snapshot({"c": torch.zeros(2, dtype=torch.complex64)}, version=0)
     with pytest.raises(ValueError, match="chunk_elems"):
         wt.encode_delta(old, new, base_version=0, version=1, chunk_elems=12)
+
+
+def _with_fixed_crcs(pack: bytes, mutate) -> bytes:
+    """The pack with its chunks mutated by `mutate(bytearray)` and every CRC recomputed,
+    so the corruption reaches the stream decoders instead of stopping at the checksums."""
+    import zlib
+
+    from weight_teleport.format import ChunkRef, write_pack
+    from weight_teleport.format.container import chunk_payload
+
+    header = read_header(pack)
+    chunks, offset = [], 0
+    for t in header.tensors:
+        refs = []
+        for ref in t.chunks:
+            data = bytearray(chunk_payload(pack, header, ref))
+            mutate(data)
+            refs.append(ChunkRef(offset, len(data), zlib.crc32(data)))
+            chunks.append(bytes(data))
+            offset += len(data)
+        t.chunks = refs
+    return write_pack(header, chunks)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_corrupt_streams_behind_valid_checksums_are_refused(states, seed):
+    """Chunk bytes corrupted after the CRCs were made (a faulty writer): decoders must refuse
+    them with a typed error, never crash or write out of bounds, and leave the state as it was."""
+    rng = np.random.default_rng(seed)
+    old, new = states
+    pack = wt.encode_delta(old, new, base_version=1, version=2, chunk_elems=4096)
+
+    def mutate(data: bytearray) -> None:
+        for _ in range(int(rng.integers(1, 4))):
+            pos = int(rng.integers(len(data)))
+            data[pos] = int(rng.integers(256)) if rng.random() < 0.5 else data[pos] ^ (1 << int(rng.integers(8)))
+
+    bad = _with_fixed_crcs(pack, mutate)
+    state = clone_state(old)
+    try:
+        wt.apply_delta(state, bad)
+    except (PackFormatError, PackMismatchError, DigestMismatchError):
+        assert_bits_equal(state, old)
+    else:
+        assert_bits_equal(state, new)  # a mutation the format tolerates must still be exact
+
+
+@pytest.mark.parametrize("kind", ["truncate", "extend", "zero"])
+def test_resized_streams_behind_valid_checksums_are_refused(states, kind):
+    old, new = states
+    pack = wt.encode_delta(old, new, base_version=1, version=2, chunk_elems=4096)
+    mutate = {"truncate": lambda d: d.__delitem__(slice(len(d) // 2, None)),
+              "extend": lambda d: d.extend(b"\x07" * 9),
+              "zero": lambda d: d.__setitem__(slice(None), bytes(len(d)))}[kind]
+    state = clone_state(old)
+    with pytest.raises((PackFormatError, PackMismatchError, DigestMismatchError)):
+        wt.apply_delta(state, _with_fixed_crcs(pack, mutate))
+    assert_bits_equal(state, old)

@@ -8,7 +8,7 @@ import threading
 import numpy as np
 import zstandard
 
-from weight_teleport.errors import PackFormatError, UnsupportedFormatError
+from weight_teleport.errors import PackFormatError
 
 RAW, ZSTD, LZ4, NVCOMP_ANS = 0, 1, 2, 3
 NAMES = {RAW: "raw", ZSTD: "zstd", LZ4: "lz4", NVCOMP_ANS: "nvcomp-ans"}
@@ -56,7 +56,8 @@ def decode_stream(codec: int, data: bytes | memoryview, raw_len: int) -> np.ndar
         if len(out) != raw_len:
             raise PackFormatError(f"zstd stream decodes to {len(out)} bytes, the table says {raw_len}")
         return np.frombuffer(out, np.uint8)
+    # Packs that use other codecs are refused from their header (stream_codecs) before any
+    # chunk is read, so a chunk naming one disagrees with its own header.
     name = NAMES.get(codec, f"unknown codec id {codec}")
-    raise UnsupportedFormatError(
-        f"stream codec {name!r} cannot be decoded on the CPU; ask the writer for portable packs "
-        "(stream codec 'zstd': the default CudaCodecConfig(algorithm='zstd'))")
+    raise PackFormatError(f"a chunk uses stream codec {name!r}, which its pack header does not "
+                          "list: the chunk is corrupt")

@@ -105,9 +105,16 @@ def _class_streams(group: Group, inverted: bool, info: DtypeInfo):
     return gaps, res
 
 
+def _check_sizes(groups: list[Group], limit: int) -> None:
+    """Refuse streams that claim more raw bytes than a chunk can hold, before any is inflated."""
+    if any(s.raw_len > limit for g in groups for s in g.streams):
+        raise PackFormatError(f"a stream claims more than the {limit} bytes its chunk can hold")
+
+
 def decode_sparse(old, chunk, info: DtypeInfo, lut: np.ndarray, inverted: np.ndarray):
     """Positions (ascending) and new bit patterns of the changed elements of a chunk."""
     groups = read_groups(chunk)
+    _check_sizes(groups, old.size * 8 + 64)
     if len(groups) != inverted.size:
         raise PackFormatError(f"sparse chunk has {len(groups)} classes, its tensor {inverted.size}")
     parts = [_class_streams(g, bool(inv), info) for g, inv in zip(groups, inverted)]
@@ -135,6 +142,7 @@ def _unplanes(groups: list[Group], n: int, dtype: np.dtype) -> np.ndarray:
     wb = np.dtype(dtype).itemsize
     if len(groups) != 1 or groups[0].count != n or len(groups[0].streams) != wb:
         raise PackFormatError("dense chunk layout does not fit its tensor")
+    _check_sizes(groups, n)
     out = np.empty((n, wb), np.uint8)
     for b, s in enumerate(groups[0].streams):
         plane = _decoded(s)
