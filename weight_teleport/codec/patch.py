@@ -63,6 +63,8 @@ class ApplyReport:
     kind: str
     tensors_patched: int
     elements_changed: int
+    """Elements written: the changed ones of sparse chunks, every element of dense chunks
+    (those tensors changed too much for positions to pay)."""
     pack_bytes: int
     base_checked: bool
     digest_verified: bool
