@@ -109,25 +109,32 @@ def sparse_decode(old, shift, kmask, lut, inverted, signbit, wmask,
                   ev_off, ev_cnt, gaps, res_off, res_cnt, res, out_pos, out_val):
     """Inverse of sparse_encode against the receiver's old chunk: positions and new bit
     patterns of the changed elements, ascending. Returns their number, or -1 when the
-    streams do not fit the chunk (a corrupt pack)."""
+    streams do not fit the chunk (a corrupt pack).
+
+    left[c] counts the class-c elements still to pass before its next event (a gap);
+    NEVER once the class has no events left."""
     n_cls = ev_off.size
-    rank = np.zeros(n_cls, np.int64)
+    never = np.int64(1) << 62
+    left = np.full(n_cls, never, np.int64)
     ev_i = np.zeros(n_cls, np.int64)
     res_i = np.zeros(n_cls, np.int64)
-    nxt = np.full(n_cls, -1, np.int64)
     for c in range(n_cls):
         if ev_cnt[c] > 0:
-            nxt[c] = gaps[ev_off[c]]
+            left[c] = gaps[ev_off[c]]
     k = 0
     for i in range(old.size):
         o = U64(old[i])
         c = lut[(o >> shift) & kmask]
-        r = rank[c]
-        rank[c] = r + 1
-        ev = r == nxt[c]
+        n_left = left[c]
+        if n_left != 0 and not inverted[c]:
+            left[c] = n_left - 1  # the common case: an unchanged element of an ordinary class
+            continue
+        ev = n_left == 0
         if ev:
             ev_i[c] += 1
-            nxt[c] = r + 1 + gaps[ev_off[c] + ev_i[c]] if ev_i[c] < ev_cnt[c] else -1
+            left[c] = gaps[ev_off[c] + ev_i[c]] if ev_i[c] < ev_cnt[c] else never
+        else:
+            left[c] = n_left - 1
         if ev != inverted[c]:
             if res_i[c] >= res_cnt[c]:
                 return -1
