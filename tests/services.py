@@ -130,7 +130,7 @@ def nginx(origin: OriginServer, tmp_path: Path) -> Iterator[Nginx]:
     proc = subprocess.Popen([binary, "-p", str(d), "-c", str(conf)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
-        wait_until(lambda: proc.poll() is None and answers_http(port, "/healthz"), 15,
+        wait_until(lambda: proc.poll() is None and answers_http(port, "/healthz"), 60,
                    f"nginx ({(d / 'error.log')})")
         yield Nginx(f"http://127.0.0.1:{port}", port)
     finally:
@@ -180,7 +180,7 @@ def make_bucket(endpoint: str, bucket: str) -> None:
     import s3fs
 
     fs = s3fs.S3FileSystem(endpoint_url=endpoint, key="test", secret="test")
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + 60
     while True:
         try:
             fs.mkdir(bucket)

@@ -194,7 +194,7 @@ def test_serve_command(tmp_path: Path) -> None:
                              "--port", str(port), "--token-file", str(token_file)],
                             stderr=subprocess.PIPE)
     try:
-        wait_until(lambda: proc.poll() is None and answers_http(port, "/healthz"), 20,
+        wait_until(lambda: proc.poll() is None and answers_http(port, "/healthz"), 60,
                    "weight-teleport serve")
         store = open_store(f"http://127.0.0.1:{port}", StoreConfig(token="file-token"))
         store.put("k", b"v")
