@@ -16,7 +16,7 @@ class DemoConfig:
     """Optimizer steps (weight versions after the first)."""
     lr: float = 3e-5
     """AdamW learning rate on the fp32 master weights. Billion-parameter models use
-    1e-6..1e-5 in RL; a 15M-parameter toy needs a larger step to learn within a minute."""
+    1e-6..1e-5 in RL; a 4.8M-parameter toy needs a larger step to learn within a minute."""
     batch: int = 64
     """Rollouts per step."""
     prompt_len: int = 4
