@@ -130,18 +130,18 @@ def test_chain_of_versions():
 
 
 def test_dense_codecs_chosen_for_heavy_changes():
+    """A random rewrite and a small change of every element both leave the sparse path;
+    the small change is cheapest as residuals, and both round-trip."""
     rng = np.random.default_rng(1)
     old = from_bits(weight_like(rng, torch.float32, 4096), torch.float32, (4096,))
-    new = from_bits(random_bits(rng, torch.float32, 4096), torch.float32, (4096,))
-    small = old + 1e-3 * old
-    for target in (new, small):
+    rewrite = from_bits(random_bits(rng, torch.float32, 4096), torch.float32, (4096,))
+    nudge = old + 1e-3 * old
+    for target, codecs in ((rewrite, ("dense_values", "dense_residual")), (nudge, ("dense_residual",))):
         pack = wt.encode_delta({"w": old}, {"w": target}, base_version=0, version=1)
-        assert wt.inspect(pack)["tensors"][0]["codec"] in ("dense_values", "dense_residual", "sparse")
+        assert wt.inspect(pack)["tensors"][0]["codec"] in codecs
         state = {"w": old.clone()}
         wt.apply_delta(state, pack)
         assert_bits_equal(state, {"w": target})
-    codec = wt.inspect(wt.encode_delta({"w": old}, {"w": new}, base_version=0, version=1))["tensors"][0]["codec"]
-    assert codec in ("dense_values", "dense_residual")
 
 
 def test_unchanged_tensor_costs_almost_nothing():
