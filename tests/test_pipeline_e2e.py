@@ -77,6 +77,24 @@ def _subscriber_main(url: str, store: StoreConfig, name: str, errors, results, g
         raise
 
 
+def _finish(procs, errors, results, n_results: int) -> dict:
+    """Join the processes, fail with every error they reported, and collect n_results
+    (name, versions applied) pairs; kill whatever is still running."""
+    try:
+        for p in procs:
+            p.join(TIMEOUT_S)
+        failures = []
+        while not errors.empty():
+            failures.append(errors.get())
+        assert not failures, "\n".join(failures)
+        assert [p.exitcode for p in procs] == [0] * len(procs)
+        return dict(results.get(timeout=5) for _ in range(n_results))
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+
+
 def _run_fleet(pub_url: str, sub_url: str, pub_store: StoreConfig, sub_store: StoreConfig,
                tmp_path: Path, restart: bool = False) -> dict[str, list[int]]:
     ctx = mp.get_context("spawn")
@@ -100,19 +118,7 @@ def _run_fleet(pub_url: str, sub_url: str, pub_store: StoreConfig, sub_store: St
                                saved=saved, restarted=True)]
     assert halfway.wait(TIMEOUT_S), "the publisher did not get halfway"
     procs.append(start(_subscriber_main, sub_url, sub_store, "late", errors, results))
-    try:
-        for p in procs:
-            p.join(TIMEOUT_S)
-        failures = []
-        while not errors.empty():
-            failures.append(errors.get())
-        assert not failures, "\n".join(failures)
-        assert all(p.exitcode == 0 for p in procs)
-        applied = dict(results.get(timeout=5) for _ in range(len(procs) - 1))
-    finally:
-        for p in procs:
-            if p.is_alive():
-                p.kill()
+    applied = _finish(procs, errors, results, len(procs) - 1)
     assert all(v[-1] == LAST for k, v in applied.items() if k != "before-restart")
     assert applied["late"][0] >= 4, "a late subscriber starts from a later anchor"
     return applied
@@ -195,17 +201,5 @@ def test_dist_gloo() -> None:
              for r in range(world)]
     for p in procs:
         p.start()
-    try:
-        for p in procs:
-            p.join(TIMEOUT_S)
-        failures = []
-        while not errors.empty():
-            failures.append(errors.get())
-        assert not failures, "\n".join(failures)
-        assert [p.exitcode for p in procs] == [0] * world
-        applied = dict(results.get(timeout=5) for _ in range(world - 1))
-        assert all(v[-1] == LAST for v in applied.values())
-    finally:
-        for p in procs:
-            if p.is_alive():
-                p.kill()
+    applied = _finish(procs, errors, results, world - 1)
+    assert all(v[-1] == LAST for v in applied.values())
