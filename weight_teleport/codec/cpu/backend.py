@@ -192,11 +192,17 @@ def stage(lives: dict[str, Live], header: PackHeader, pack, check_base: bool, th
             futures.append([pool.submit(_stage_chunk, live, rec, ref, s, e, pack, header, lut,
                                         inverted, check_base) for ref, (s, e) in zip(rec.chunks, rs)])
             if check_base and rec.codec == "same":
-                futures[-1].append(pool.submit(C.digest_sum, live.u, 0))
+                futures[-1].append(pool.submit(_unchanged, live))
         results = [[f.result() for f in fs] for fs in futures]
     tensors = [_verify(rec, lives[rec.name], res, header, check_base)
                for rec, res in zip(header.tensors, results)]
     return StagedPatch(header.kind, header.version, header.base_version, tensors, check_base)
+
+
+def _unchanged(live: Live):
+    """The stage result of a tensor the pack leaves alone: no patch, its old digest sum,
+    no change to it."""
+    return None, C.digest_sum(live.u, 0), 0
 
 
 def _class_map(rec: TensorRecord, info: DtypeInfo):
@@ -217,8 +223,6 @@ def _verify(rec: TensorRecord, live: Live, results, header: PackHeader, check_ba
     kind = header.kind
     nbytes = rec.numel * live.info.nbytes
     digest = D.from_hex(rec.digest)
-    if rec.codec == "same" and check_base:
-        results = [(None, int(results[0]), 0)] if results else []
     if kind == "delta" and check_base:
         actual = D.to_hex(D.finish(sum(r[1] for r in results), nbytes))
         if actual != rec.base_digest:
