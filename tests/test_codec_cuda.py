@@ -300,3 +300,44 @@ def test_staged_changes_use_four_byte_offsets():
     assert all(g.offsets.dtype == torch.int32 for g in staged.groups) and staged.groups
     wt.apply_staged(state, staged)
     assert_bits_equal(_cpu(state), new)
+
+
+def test_mixed_batches_match_cpu_pack():
+    """Several dtypes, unchanged, empty and dense tensors in one pack: one batch per dtype."""
+    old, new = {}, {}
+    for i, (dt, mode, p) in enumerate([(torch.bfloat16, "density", 0.02), (torch.float32, "density", 0.05),
+                                       (torch.bfloat16, "none", 0.0), (torch.int8, "density", 0.5),
+                                       (torch.bfloat16, "density", 0.01), (torch.float16, "all", 0.0)]):
+        old[f"t{i}"], new[f"t{i}"] = make_pair(20 + i, dt, (70, 33), "weights", mode, "ulp", p)
+    old["empty"], new["empty"] = torch.zeros(0, 5, dtype=torch.bfloat16), torch.zeros(0, 5, dtype=torch.bfloat16)
+    cpu_pack = wt.encode_delta(old, new, base_version=0, version=1, chunk_elems=512)
+    gpu_pack = wt.encode_delta(_cuda(old), _cuda(new), base_version=0, version=1, chunk_elems=512,
+                               cuda=CudaCodecConfig(use_nvcomp=False))
+    assert gpu_pack == cpu_pack
+    state = clone_state(old)
+    wt.apply_delta(state, wt.encode_delta(_cuda(old), _cuda(new), base_version=0, version=1, chunk_elems=512))
+    assert_bits_equal(state, new)
+
+
+def test_chunk_tables_match_the_format_writer():
+    from weight_teleport.codec.cuda import tables
+    from weight_teleport.format import Group, Stream, write_groups
+    rng = np.random.default_rng(3)
+    n, ncp = 30, 16
+    n_groups = rng.integers(1, ncp + 1, size=n)
+    events = rng.integers(0, 1 << 40, size=(n, ncp)) >> rng.integers(0, 40, size=(n, ncp))
+    has = rng.random((n, ncp)) < 0.7
+    codec = rng.integers(0, 4, size=(n, ncp, 4))
+    raw = rng.integers(0, 1 << 30, size=(n, ncp, 4)) >> rng.integers(0, 30, size=(n, ncp, 4))
+    stored = rng.integers(0, 1 << 15, size=(n, ncp, 4)) >> rng.integers(0, 15, size=(n, ncp, 4))
+    data, lengths = tables.write(n_groups, events, has, codec, raw, stored)
+    at = 0
+    for k in range(n):
+        groups = [Group(int(events[k, c]), [Stream(int(codec[k, c, j]), int(raw[k, c, j]), bytes(int(stored[k, c, j])))
+                                            for j in range(4)]) if has[k, c] else Group(0, [])
+                  for c in range(n_groups[k])]
+        want = write_groups(groups)
+        body = sum(int(stored[k, c].sum()) for c in range(n_groups[k]) if has[k, c])
+        assert data[at:at + lengths[k]].tobytes() == want[:len(want) - body]
+        at += lengths[k]
+    assert at == data.size

@@ -26,6 +26,8 @@ class ChunkTable:
     """Chunk of every program (int32, on the device)."""
     program_tensor: torch.Tensor
     """Tensor of every program (int64, on the device)."""
+    block: int
+    """Elements of one program's block."""
 
     @property
     def programs(self) -> int:
@@ -59,4 +61,25 @@ def build(flats: list[torch.Tensor], chunk_elems: int, block: int) -> ChunkTable
     prog_chunk = torch.repeat_interleave(torch.arange(rows.shape[0], dtype=torch.int32, device=dev),
                                          torch.from_numpy(progs).to(dev), output_size=int(progs.sum()))
     rows_d = torch.from_numpy(rows).to(dev)
-    return ChunkTable(flats[base], rows_d, rows, prog_chunk, rows_d[prog_chunk.long(), TENSOR])
+    return ChunkTable(flats[base], rows_d, rows, prog_chunk, rows_d[prog_chunk.long(), TENSOR], block)
+
+
+@dataclass
+class Paired:
+    """Tensors of the same shapes as a chunk table's (the new weights beside the old), read
+    through the table's rows with their own chunk offsets."""
+    base: torch.Tensor
+    """Flat tensor at the lowest address among them."""
+    offsets: torch.Tensor
+    """[chunks] int64: each chunk's first element from `base` (device)."""
+
+
+def pair(flats: list[torch.Tensor], table: ChunkTable) -> Paired:
+    """The tensors `flats`, one per tensor of `table` and of the same sizes, as a Paired."""
+    size = flats[0].element_size()
+    ptrs = np.array([t.data_ptr() for t in flats], np.int64)
+    base = int(np.argmin(ptrs))
+    assert ((ptrs - ptrs[base]) % size == 0).all()
+    tensor = table.host[:, TENSOR]
+    off = (ptrs[tensor] - ptrs[base]) // size + table.host[:, START]
+    return Paired(flats[base], torch.from_numpy(off.astype(np.int64)).to(flats[0].device))

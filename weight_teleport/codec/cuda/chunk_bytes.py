@@ -1,78 +1,128 @@
 """Sparse chunks from the GPU's symbol streams: stream coding (nvCOMP on the GPU, or the
-CPU's zstd) and the chunk tables of docs/FORMAT.md, for all tensors of a pack at once."""
+CPU's zstd), then the payload of all chunks of a batch: chunk tables written vectorised,
+stored streams gathered on the GPU, one copy to the host, CRC-32 of every chunk in a
+thread pool (zlib releases the GIL)."""
 
+import zlib
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from weight_teleport.codec import streams as codecs
-from weight_teleport.codec.cuda import entropy, symbols
+from weight_teleport.codec.cuda import entropy, symbols, tables
 from weight_teleport.codec.cuda.config import CudaCodecConfig
-from weight_teleport.format import Group, Stream, write_groups
+from weight_teleport.codec.cuda.gather import gather
 
 MIN_CODED = 16
 """Streams shorter than this are stored raw (as the CPU backend does)."""
 CODEC_ID = {"zstd": codecs.ZSTD, "lz4": codecs.LZ4, "ans": codecs.NVCOMP_ANS}
 
 
-def _pinned_host(t: torch.Tensor) -> np.ndarray:
-    host = torch.empty(t.numel(), dtype=torch.uint8, pin_memory=True)
+@dataclass
+class Coded:
+    """Every stream's stored form, [segments, 4] like the symbol streams' lengths."""
+    src: torch.Tensor
+    """Device bytes holding every stored stream."""
+    src_off: np.ndarray
+    """Where each stored stream starts in `src`."""
+    codec: np.ndarray
+    """Stream codec ids."""
+    stored: np.ndarray
+    """Stored lengths."""
+
+
+def _raw(st: symbols.SymbolStreams) -> Coded:
+    return Coded(st.buffer, st.offsets.copy(), np.full(st.lengths.shape, codecs.RAW, np.int64), st.lengths.copy())
+
+
+def _use(c: Coded, which: np.ndarray, codec, stored: np.ndarray, src_off: np.ndarray, extra: torch.Tensor) -> Coded:
+    """`c` with the flat streams `which` stored as `codec` at `src_off` of `extra`."""
+    for arr, v in ((c.codec, codec), (c.stored, stored), (c.src_off, c.src.numel() + src_off)):
+        arr.reshape(-1)[which] = v
+    c.src = torch.cat([c.src, extra.to(c.src.device)])
+    return c
+
+
+def _code_nvcomp(cfg: CudaCodecConfig, st: symbols.SymbolStreams, todo: np.ndarray) -> Coded:
+    off, ln = st.offsets.ravel()[todo], st.lengths.ravel()[todo]
+    out, out_off, pending = entropy.compress(cfg, st.buffer, off, ln)
+    sizes, statuses = pending.host()
+    host = torch.cat([sizes, statuses.long()]).cpu().numpy()
+    sizes, statuses = pending.unpermute(host[:ln.size]), pending.unpermute(host[ln.size:])
+    if (statuses != 0).any():
+        raise RuntimeError(f"nvCOMP {cfg.algorithm} failed on {int((statuses != 0).sum())} streams")
+    smaller = sizes < ln
+    return _use(_raw(st), todo[smaller], CODEC_ID[cfg.algorithm], sizes[smaller], out_off[smaller], out)
+
+
+def _code_cpu(level: int, st: symbols.SymbolStreams, todo: np.ndarray, threads: int) -> Coded:
+    raw_host = st.buffer.cpu().numpy()
+    off, ln = st.offsets.ravel()[todo], st.lengths.ravel()[todo]
+    with ThreadPoolExecutor(max_workers=threads) as pool:
+        out = list(pool.map(lambda a: codecs.encode_stream(raw_host[a[0]:a[0] + a[1]], level), zip(off, ln)))
+    smaller = np.array([cid == codecs.ZSTD for cid, _ in out], bool)
+    data = [d for (cid, d), s in zip(out, smaller) if s]
+    sizes = np.array([len(d) for d in data], np.int64)
+    blob = torch.frombuffer(bytearray(b"".join(data)), dtype=torch.uint8) if data else torch.zeros(0, dtype=torch.uint8)
+    return _use(_raw(st), todo[smaller], codecs.ZSTD, sizes, np.cumsum(sizes) - sizes, blob)
+
+
+def code(st: symbols.SymbolStreams, cfg: CudaCodecConfig, level: int, threads: int) -> Coded:
+    """The stored form of every stream: nvCOMP (or the CPU's zstd) where it is smaller, raw
+    otherwise and for streams shorter than MIN_CODED."""
+    todo = np.flatnonzero(st.lengths.ravel() >= MIN_CODED)
+    if not cfg.portable and not entropy.available():
+        raise RuntimeError(f"stream codec {cfg.algorithm!r} needs nvCOMP: pip install 'weight-teleport[cuda]'")
+    if not todo.size:
+        return _raw(st)
+    if cfg.use_nvcomp and entropy.available():
+        return _code_nvcomp(cfg, st, todo)
+    return _code_cpu(level, st, todo, threads)
+
+
+def _to_host(t: torch.Tensor) -> np.ndarray:
+    host = torch.empty(t.numel(), dtype=torch.uint8, pin_memory=t.is_cuda)
     host.copy_(t)
     return host.numpy()
 
 
-def _code_nvcomp(cfg: CudaCodecConfig, st: symbols.SymbolStreams, todo: np.ndarray, raw_host: np.ndarray):
-    """Per stream of `todo` (flat indices): (codec id, stored bytes), with nvCOMP."""
-    off, ln = st.offsets.ravel()[todo], st.lengths.ravel()[todo]
-    out, out_off, pending = entropy.compress(cfg, st.buffer, off, ln)
-    sizes, statuses = (t.cpu().numpy() for t in pending.host())
-    sizes, statuses = pending.unpermute(sizes), pending.unpermute(statuses)
-    if (statuses != 0).any():
-        raise RuntimeError(f"nvCOMP {cfg.algorithm} failed on {int((statuses != 0).sum())} streams")
-    comp = _pinned_host(out)
-    cid = CODEC_ID[cfg.algorithm]
-    return [(cid, comp[o:o + s].tobytes()) if s < n else (codecs.RAW, raw_host[a:a + n].tobytes())
-            for o, s, a, n in zip(out_off, sizes, off, ln)]
+def _excl(a: np.ndarray) -> np.ndarray:
+    return np.cumsum(a) - a
 
 
-def _code_cpu(level: int, st: symbols.SymbolStreams, todo: np.ndarray, raw_host: np.ndarray, threads):
-    off, ln = st.offsets.ravel()[todo], st.lengths.ravel()[todo]
+@dataclass
+class Payload:
+    """The chunks of a batch back to back, on the host."""
+    data: np.ndarray
+    """uint8 bytes of every chunk."""
+    offsets: np.ndarray
+    """Each chunk's first byte in `data`."""
+    lengths: np.ndarray
+    crcs: np.ndarray
+
+
+def assemble(st: symbols.SymbolStreams, coded: Coded, n_groups: np.ndarray, threads: int) -> Payload:
+    """The sparse chunks whose segments are `st`'s rows ([chunks * NCP], NCP per chunk),
+    chunk k with n_groups[k] classes."""
+    n = n_groups.size
+    ncp = st.lengths.shape[0] // n
+    events = st.lengths[:, 0].reshape(n, ncp)
+    has = ((events > 0) | (st.changed.reshape(n, ncp) > 0)) & (np.arange(ncp) < n_groups[:, None])
+    stored = np.where(has[..., None], coded.stored.reshape(n, ncp, 4), 0)
+    head, head_len = tables.write(n_groups, events, has, coded.codec.reshape(n, ncp, 4),
+                                  st.lengths.reshape(n, ncp, 4), stored)
+    body = stored.reshape(n, -1)
+    lengths = head_len + body.sum(1)
+    offsets = _excl(lengths)
+    dst = (offsets + head_len)[:, None] + np.cumsum(body, 1) - body
+    out = torch.empty(int(lengths.sum()), dtype=torch.uint8, device=coded.src.device)
+    sel = body.ravel() > 0
+    gather(coded.src, out, coded.src_off.ravel()[sel], dst.ravel()[sel], body.ravel()[sel])
+    data = _to_host(out)
+    data[np.repeat(offsets - _excl(head_len), head_len) + np.arange(head.size)] = head
+    view = memoryview(data)
     with ThreadPoolExecutor(max_workers=threads) as pool:
-        return list(pool.map(lambda a: codecs.encode_stream(raw_host[a[0]:a[0] + a[1]], level), zip(off, ln)))
-
-
-def coded_streams(st: symbols.SymbolStreams, cfg: CudaCodecConfig, level: int, threads) -> list:
-    """(codec id, stored bytes) of every stream, in the order of `st.lengths.ravel()`."""
-    raw_host = _pinned_host(st.buffer)
-    lengths = st.lengths.ravel()
-    todo = np.flatnonzero(lengths >= MIN_CODED)
-    if not cfg.portable and not entropy.available():
-        raise RuntimeError(f"stream codec {cfg.algorithm!r} needs nvCOMP: pip install 'weight-teleport[cuda]'")
-    if cfg.use_nvcomp and entropy.available() and todo.size:
-        coded = _code_nvcomp(cfg, st, todo, raw_host)
-    else:
-        coded = _code_cpu(level, st, todo, raw_host, threads) if todo.size else []
-    offsets = st.offsets.ravel()
-    out = [(codecs.RAW, raw_host[o:o + n].tobytes()) for o, n in zip(offsets, lengths)]
-    for i, c in zip(todo, coded):
-        out[i] = c
-    return out
-
-
-def chunks_of(coded: list, first: int, ev: np.ndarray, chg: np.ndarray, n_classes: int,
-              lengths: np.ndarray) -> list[bytes]:
-    """The chunk bytes of one tensor whose segments start at `first` ([chunks, NCP] rows)."""
-    out = []
-    ncp = ev.shape[1]
-    for k in range(ev.shape[0]):
-        groups = []
-        for c in range(n_classes):
-            s = first + k * ncp + c
-            if ev[k, c] == 0 and chg[k, c] == 0:
-                groups.append(Group(0, []))
-                continue
-            groups.append(Group(int(ev[k, c]), [Stream(coded[4 * s + j][0], int(lengths[s, j]),
-                                                       coded[4 * s + j][1]) for j in range(4)]))
-        out.append(write_groups(groups))
-    return out
+        crcs = np.array(list(pool.map(lambda a: zlib.crc32(view[a[0]:a[0] + a[1]]), zip(offsets, lengths))), np.int64)
+    return Payload(data, offsets, lengths, crcs)

@@ -1,25 +1,26 @@
 """Sparse chunks on the trainer: per class, the ranks of its events and the residuals of
-its changed elements, written on the GPU in the order the CPU's gap streams use."""
+its changed elements, written on the GPU in the order the CPU's gap streams use, for every
+chunk of a batch of tensors of one element type in one launch."""
 
 import torch
 import triton
 import triton.language as tl
 
-from weight_teleport.codec.cuda import layout, ranks
+from weight_teleport.codec.cuda import blocks, layout, ranks
 from weight_teleport.codec.cuda.bitops import key, to_bits, wrap
 
 
 @triton.jit
-def _events_kernel(old_ptr, new_ptr, lut_ptr, inv_ptr, rbase_ptr, ebase_ptr, eoff_ptr, roff_ptr,
-                   ranks_ptr, res_ptr, numel, chunk_elems, bpc,
-                   MANT: tl.constexpr, KMASK: tl.constexpr, BITS: tl.constexpr, IS_FLOAT: tl.constexpr,
-                   NCP: tl.constexpr, N_LANES: tl.constexpr, BLOCK: tl.constexpr):
+def _events_kernel(old_ptr, rows_ptr, prog_ptr, new_ptr, new_off_ptr, lut_ptr, inv_ptr, rbase_ptr, ebase_ptr,
+                   eoff_ptr, roff_ptr, ranks_ptr, res_ptr, NK: tl.constexpr, MANT: tl.constexpr,
+                   KMASK: tl.constexpr, BITS: tl.constexpr, IS_FLOAT: tl.constexpr, NCP: tl.constexpr,
+                   N_LANES: tl.constexpr, BLOCK: tl.constexpr):
     pid = tl.program_id(0).to(tl.int64)
-    k, first, stop, offs, valid = ranks.chunk_block(pid, numel, chunk_elems, bpc, BLOCK)
-    o = to_bits(tl.load(old_ptr + offs, mask=valid, other=0), BITS)
-    n = to_bits(tl.load(new_ptr + offs, mask=valid, other=0), BITS)
-    cls = ranks.classes(o, lut_ptr, MANT, KMASK)
-    inv = tl.load(inv_ptr + cls) != 0
+    k, t, off, start, length, first, offs, valid = ranks.table_block(pid, rows_ptr, prog_ptr, BLOCK)
+    o = to_bits(tl.load(old_ptr + off + offs, mask=valid, other=0), BITS)
+    n = to_bits(tl.load(new_ptr + tl.load(new_off_ptr + k) + offs, mask=valid, other=0), BITS)
+    cls = ranks.classes(o, lut_ptr + t * NK, MANT, KMASK)
+    inv = tl.load(inv_ptr + t * NCP + cls) != 0
     changed = valid & (o != n)
     ev = valid & (changed != inv)
     r = tl.load(rbase_ptr + pid * NCP + cls) + ranks.class_ranks(cls, valid, N_LANES, BLOCK)
@@ -30,21 +31,25 @@ def _events_kernel(old_ptr, new_ptr, lut_ptr, inv_ptr, rbase_ptr, ebase_ptr, eof
     tl.store(res_ptr + slot, res.to(tl.int64, bitcast=True), mask=changed)
 
 
-def events(old, new, lut, inverted, rbase, ebase, ev_off, res_off, n_events: int, n_changed: int, info,
-           chunk_elems: int):
-    """(event ranks int32, residuals int64) of a sparse tensor, each grouped by chunk then
-    class at the [chunks, NCP] offsets `ev_off` / `res_off`."""
-    for t, dt in ((old, info.int_torch), (new, info.int_torch), (lut, torch.uint8), (inverted, torch.int8)):
-        layout.require(t, dt)
-    assert rbase.shape == ebase.shape and rbase.dtype == ebase.dtype == torch.int32
-    assert ev_off.dtype == res_off.dtype == torch.int64 and ev_off.shape[1] == rbase.shape[1]
-    out_ranks = torch.empty(n_events, dtype=torch.int32, device=old.device)
-    out_res = torch.empty(n_changed, dtype=torch.int64, device=old.device)
-    if rbase.shape[0]:
-        _events_kernel[(rbase.shape[0],)](
-            old, new, lut, inverted, rbase, ebase, ev_off, res_off, out_ranks, out_res,
-            old.numel(), chunk_elems, triton.cdiv(chunk_elems, ranks.BLOCK),
-            MANT=info.mantissa_bits, KMASK=(1 << info.exponent_bits) - 1, BITS=info.bits,
-            IS_FLOAT=info.is_float, NCP=rbase.shape[1], N_LANES=ranks.lanes(inverted.numel()),
-            BLOCK=ranks.BLOCK)
+def events(table: blocks.ChunkTable, new: blocks.Paired, luts, inverted, rbase, ebase, ev_off, res_off,
+           n_events: int, n_changed: int, n_classes: int, info):
+    """(event ranks int32, residuals int64) of every chunk of a chunk table, grouped by chunk
+    then class at the flat [chunks * NCP] offsets `ev_off` / `res_off`. `rbase` / `ebase`
+    are the blocks' class-rank and event-rank bases (ranks.table_bases); `luts` and the
+    int8 `inverted` flags are per tensor; `n_classes` the most classes of any tensor."""
+    layout.require(table.base, info.int_torch)
+    layout.require(new.base, info.int_torch)
+    ncp = rbase.shape[1]
+    assert table.block == ranks.BLOCK and new.offsets.shape == (table.chunks,)
+    assert luts.dtype == torch.uint8 and inverted.dtype == torch.int8 and inverted.shape[1] == ncp
+    assert rbase.shape == ebase.shape == (table.programs, ncp) and rbase.dtype == ebase.dtype == torch.int32
+    assert ev_off.dtype == res_off.dtype == torch.int64 and ev_off.numel() == res_off.numel() == table.chunks * ncp
+    out_ranks = torch.empty(n_events, dtype=torch.int32, device=table.base.device)
+    out_res = torch.empty(n_changed, dtype=torch.int64, device=table.base.device)
+    if table.programs:
+        _events_kernel[(table.programs,)](
+            table.base, table.rows, table.program_chunk, new.base, new.offsets, luts, inverted, rbase, ebase,
+            ev_off, res_off, out_ranks, out_res, NK=luts.shape[1], MANT=info.mantissa_bits,
+            KMASK=luts.shape[1] - 1, BITS=info.bits, IS_FLOAT=info.is_float, NCP=ncp,
+            N_LANES=ranks.lanes(n_classes), BLOCK=ranks.BLOCK)
     return out_ranks, out_res

@@ -21,12 +21,12 @@ ESCAPE = 255
 
 @dataclass
 class Segments:
-    """Host tables of the segments, in stream order."""
-    ev_cnt: np.ndarray
+    """Tables of the segments, in stream order (host arrays or device tensors)."""
+    ev_cnt: np.ndarray | torch.Tensor
     """Events of each segment (int64)."""
-    res_cnt: np.ndarray
+    res_cnt: np.ndarray | torch.Tensor
     """Changed elements of each segment (int64)."""
-    inverted: np.ndarray
+    inverted: np.ndarray | torch.Tensor
     """bool: the segment's class codes the unchanged elements."""
     bits: int
     """Element width of every segment's tensor."""
@@ -60,7 +60,7 @@ class _Events:
     """Per event: symbol byte, extra-bit count and value, segment, index in the segment."""
 
     def __init__(self, ranks: torch.Tensor, res: torch.Tensor, seg: Segments, dev):
-        cnt = torch.from_numpy(seg.ev_cnt).to(dev)
+        cnt = torch.as_tensor(seg.ev_cnt, device=dev)
         self.start = _excl(cnt)
         self.seg = _seg_ids(cnt, ranks.numel())
         self.local = torch.arange(ranks.numel(), device=dev) - self.start[self.seg]
@@ -72,8 +72,8 @@ class _Events:
         odd = (v >> self.ne) & 1
         bucket = torch.where(v == 1, 0, 2 * nb - 1 + odd)
         self.extra = v & ((1 << self.ne) - 1)
-        inv = torch.from_numpy(seg.inverted).to(dev)[self.seg]
-        rstart = _excl(torch.from_numpy(seg.res_cnt).to(dev))[self.seg]
+        inv = torch.as_tensor(seg.inverted, device=dev)[self.seg]
+        rstart = _excl(torch.as_tensor(seg.res_cnt, device=dev))[self.seg]
         ridx = (rstart + self.local).clamp(max=max(res.numel() - 1, 0))
         zz = zigzag(res[ridx], seg.bits) if res.numel() else torch.zeros_like(v)
         rc = torch.where(inv | ~_uge(zz, RC - 1), torch.where(inv, 0, zz), RC - 1)
@@ -85,10 +85,10 @@ class _Residuals:
     """Per changed element: residual symbol, whether it is written, whether it escapes."""
 
     def __init__(self, res: torch.Tensor, seg: Segments, dev):
-        cnt = torch.from_numpy(seg.res_cnt).to(dev)
+        cnt = torch.as_tensor(seg.res_cnt, device=dev)
         self.start = _excl(cnt)
         self.seg = _seg_ids(cnt, res.numel())
-        inv = torch.from_numpy(seg.inverted).to(dev)[self.seg]
+        inv = torch.as_tensor(seg.inverted, device=dev)[self.seg]
         zz = zigzag(res, seg.bits)
         self.flag = inv | _uge(zz, RC - 1)
         sym = torch.where(inv, zz, zz - (RC - 1))
@@ -113,14 +113,18 @@ class SymbolStreams:
     """[segments, 4] int64 slot offsets (SLOT_ALIGN-aligned)."""
     lengths: np.ndarray
     """[segments, 4] int64 stream lengths."""
+    changed: np.ndarray
+    """Changed elements of each segment (int64, host)."""
 
 
-def _lengths(ev: _Events, rs: _Residuals, seg: Segments) -> np.ndarray:
-    """[segments, 4] stream lengths, fetched in one transfer (the one sync of this step)."""
+def _lengths(ev: _Events, rs: _Residuals, seg: Segments) -> tuple[np.ndarray, np.ndarray]:
+    """([segments, 4] stream lengths, changes per segment), fetched in one transfer (the one
+    sync of this step)."""
     bits = _seg_total(ev.bit_at, ev.start)
-    cols = torch.stack([(bits + 7) // 8, _seg_total(rs.flag_at, rs.start), _seg_total(rs.esc_at, rs.start)])
+    cols = torch.stack([ev.start[1:] - ev.start[:-1], (bits + 7) // 8, _seg_total(rs.flag_at, rs.start),
+                        _seg_total(rs.esc_at, rs.start) * (seg.bits // 8), rs.start[1:] - rs.start[:-1]])
     host = cols.cpu().numpy()
-    return np.stack([seg.ev_cnt, host[0], host[1], host[2] * (seg.bits // 8)], axis=1).astype(np.int64)
+    return np.ascontiguousarray(host[:4].T), host[4]
 
 
 def _write_bits(words: torch.Tensor, ev: _Events, slot_bytes: torch.Tensor) -> None:
@@ -152,11 +156,11 @@ def encode(ranks: torch.Tensor, res: torch.Tensor, seg: Segments) -> SymbolStrea
     residuals (int64, the element's residual in its low `seg.bits` bits)."""
     dev = ranks.device
     assert ranks.dtype == torch.int32 and res.dtype == torch.int64
-    assert ranks.numel() == int(seg.ev_cnt.sum()) and res.numel() == int(seg.res_cnt.sum())
     ev, rs = _Events(ranks, res, seg, dev), _Residuals(res, seg, dev)
-    lengths = _lengths(ev, rs, seg)
+    lengths, changed = _lengths(ev, rs, seg)
+    assert ranks.numel() == int(lengths[:, 0].sum()) and res.numel() == int(changed.sum())
     slots = -(-lengths // SLOT_ALIGN) * SLOT_ALIGN
     offsets = np.concatenate([[0], np.cumsum(slots.ravel())[:-1]]).astype(np.int64).reshape(slots.shape)
     buf = torch.zeros(int(slots.sum()) + 2 * SLOT_ALIGN, dtype=torch.uint8, device=dev)
     _write(buf, ev, rs, torch.from_numpy(offsets).to(dev), seg.bits // 8)
-    return SymbolStreams(buf, offsets, lengths)
+    return SymbolStreams(buf, offsets, lengths, changed)

@@ -1,4 +1,4 @@
-"""The stream tables of sparse chunks, read for all chunks at once with numpy.
+"""The stream tables of sparse chunks, written and read for all chunks at once with numpy.
 
 A chunk's table (docs/FORMAT.md, "Chunk layout") is a run of LEB128 varints once its codec
 bytes (ids < 0x80) are read as one-byte varints: n_groups, then per group count, n_streams
@@ -86,3 +86,39 @@ def read(pack: np.ndarray, starts: np.ndarray, lengths: np.ndarray, classes: np.
     at = (starts + table_len)[:, None] + np.cumsum(flat, 1) - flat
     rows = lambda a: a.reshape(n * ncp, STREAMS)
     return StreamTable(events.reshape(-1), rows(codec), rows(raw), rows(stored), rows(at.reshape(shape)))
+
+
+def _varint_bytes(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(LEB128 bytes of all `values` back to back, bytes of each value)."""
+    v = values.astype(np.uint64)
+    width = np.ones(v.size, np.int64)
+    for k in range(1, VARINT_MAX):
+        width += v >= np.uint64(1) << np.uint64(7 * k)
+    first = _excl(width)
+    idx = np.arange(int(width.sum())) - np.repeat(first, width)
+    owner = np.repeat(np.arange(v.size), width)
+    b = (v[owner] >> (7 * idx).astype(np.uint64)) & np.uint64(0x7F)
+    more = idx < width[owner] - 1
+    return (b | np.where(more, np.uint64(0x80), np.uint64(0))).astype(np.uint8), width
+
+
+def write(n_groups: np.ndarray, events: np.ndarray, has_streams: np.ndarray, codec: np.ndarray,
+          raw: np.ndarray, stored: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(table bytes of all chunks back to back, table length of each chunk). Per chunk its
+    number of groups; per [chunk, class] its events and whether it has its 4 streams; per
+    [chunk, class, stream] their codec, raw and stored lengths. Classes at or past a chunk's
+    number of groups are left out."""
+    n, ncp = events.shape
+    fields = np.zeros((n, ncp, 2 + 3 * STREAMS), np.int64)
+    fields[:, :, 0] = np.where(has_streams, events, 0)
+    fields[:, :, 1] = np.where(has_streams, STREAMS, 0)
+    for col, arr in enumerate((codec, raw, stored)):
+        fields[:, :, 2 + col::3] = arr
+    keep = np.zeros(fields.shape, bool)
+    keep[:, :, :2] = (np.arange(ncp)[None, :] < n_groups[:, None])[..., None]
+    keep[:, :, 2:] = (keep[:, :, :1] & has_streams[..., None])
+    values = np.concatenate([n_groups[:, None], fields.reshape(n, -1)], axis=1)[
+        np.concatenate([np.ones((n, 1), bool), keep.reshape(n, -1)], axis=1)]
+    per_chunk = 1 + keep.reshape(n, -1).sum(1)
+    data, width = _varint_bytes(values)
+    return data, np.add.reduceat(width, _excl(per_chunk)) if n else np.zeros(0, np.int64)

@@ -1,0 +1,72 @@
+"""The sparse tensors of one element type encoded as one batch: a chunk table over all
+their chunks, one launch each of the class-count and events kernels, symbol coding of
+every (chunk, class) segment, stream coding and the payload (codec/cuda/chunk_bytes.py)."""
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from weight_teleport.codec.cuda import blocks, chunk_bytes, ranks, sparse_encode, symbols
+from weight_teleport.codec.cuda.config import CudaCodecConfig
+from weight_teleport.codec.cuda.live import EncodeItem
+from weight_teleport.codec.plan import ClassPlan
+
+
+@dataclass
+class Batch:
+    """The tensors of one batch, their class plans and their event and change totals."""
+    items: list[EncodeItem]
+    plans: list[ClassPlan]
+    n_events: int
+    n_changed: int
+
+
+@dataclass
+class Encoded:
+    """A batch's chunks on the host, tensor after tensor."""
+    payload: chunk_bytes.Payload
+    first_chunk: np.ndarray
+    """Index of each tensor's first chunk, then the number of chunks."""
+
+
+def _excl(x: torch.Tensor) -> torch.Tensor:
+    return torch.cumsum(x, 0) - x
+
+
+def _class_tables(plans: list[ClassPlan], dev) -> tuple[torch.Tensor, torch.Tensor, np.ndarray, int]:
+    """(class maps [tensors, keys] uint8, inverted flags [tensors, NCP] int8, classes, NCP)."""
+    k = np.array([p.n_classes for p in plans], np.int64)
+    ncp = ranks.pow2(int(k.max()) + 1)
+    inv = np.zeros((len(plans), ncp), np.int8)
+    for i, p in enumerate(plans):
+        inv[i, :p.n_classes] = p.inverted
+    luts = np.stack([p.lut for p in plans])
+    return torch.from_numpy(luts).to(dev), torch.from_numpy(inv).to(dev), k, ncp
+
+
+def _streams(b: Batch, chunk_elems: int) -> tuple[symbols.SymbolStreams, np.ndarray]:
+    """(symbol streams of every segment, classes of every chunk's tensor)."""
+    info, dev = b.items[0].info, b.items[0].old.device
+    table = blocks.build([it.old for it in b.items], chunk_elems, ranks.BLOCK)
+    new = blocks.pair([it.new for it in b.items], table)
+    luts, inv, k, ncp = _class_tables(b.plans, dev)
+    counts, evc = ranks.table_counts(table, luts, info, ncp, new, inv)
+    rbase, tot = ranks.table_bases(counts, table)
+    ebase, ev = ranks.table_bases(evc, table)
+    inv_rows = inv[table.rows[:, blocks.TENSOR]] != 0
+    chg = torch.where(inv_rows, tot - ev, ev).view(-1)
+    ev = ev.view(-1)
+    rk, res = sparse_encode.events(table, new, luts, inv, rbase, ebase, _excl(ev), _excl(chg), b.n_events,
+                                   b.n_changed, int(k.max()), info)
+    st = symbols.encode(rk, res, symbols.Segments(ev, chg, inv_rows.view(-1), info.bits))
+    return st, k[table.host[:, blocks.TENSOR]]
+
+
+def encode(b: Batch, chunk_elems: int, cfg: CudaCodecConfig, level: int, threads: int) -> Encoded:
+    """The chunks of every tensor of the batch (host syncs: stream lengths, coded sizes, the
+    payload's copy)."""
+    st, n_groups = _streams(b, chunk_elems)
+    payload = chunk_bytes.assemble(st, chunk_bytes.code(st, cfg, level, threads), n_groups, threads)
+    n_chunks = np.array([-(-it.new.numel() // chunk_elems) for it in b.items], np.int64)
+    return Encoded(payload, np.concatenate([[0], np.cumsum(n_chunks)]))
