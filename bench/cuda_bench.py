@@ -118,11 +118,26 @@ def encode_phases(old, new) -> dict[str, float]:
     return times
 
 
+def profile(calls: dict, out: Path) -> None:
+    """Per call, a table of its device kernels (time, launches) from torch.profiler, written
+    to out/profile_<name>.txt: where the device time goes and how many launches it takes."""
+    from torch.profiler import ProfilerActivity, profile as torch_profile
+    for name, fn in calls.items():
+        fn()
+        torch.cuda.synchronize()
+        with torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            fn()
+            torch.cuda.synchronize()
+        table = prof.key_averages().table(sort_by="device_time_total", row_limit=30, max_name_column_width=60)
+        (out / f"profile_{name}.txt").write_text(table)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="qwen3-8b")
     ap.add_argument("--lr", type=float, default=5e-7)
     ap.add_argument("--out", default=".")
+    ap.add_argument("--profile", action="store_true", help="also write per-kernel tables")
     args = ap.parse_args()
     bw = copy_bandwidth()
     old, new = make_delta(args.model, args.lr)
@@ -170,6 +185,13 @@ def main() -> None:
     print(f"{'stage':40s} {'rate':>14s} {'time':>12s} {'floor':>10s}")
     for r in rows:
         print(f"{r[0]:40s} {r[1]:>14s} {r[2]:>12s} {r[3]:>10s}")
+    if args.profile:
+        del state, staged
+        fresh = {k: v.clone() for k, v in old.items()}
+        staged = wt.stage_delta(fresh, pack)
+        profile({"encode": lambda: wt.encode_delta(old, new, base_version=0, version=1),
+                 "stage": lambda: wt.stage_delta(fresh, pack),
+                 "apply": lambda: wt.apply_staged(fresh, staged)}, Path(args.out))
 
 
 if __name__ == "__main__":

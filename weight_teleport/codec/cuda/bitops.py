@@ -20,6 +20,41 @@ def to_bits(x, BITS: tl.constexpr):
 
 
 @triton.jit
+def narrow_bits(x, BITS: tl.constexpr):
+    """Loaded integers of width BITS as their unsigned bit patterns: uint32 up to 32 bits
+    (half the registers and instructions of uint64), uint64 for 64-bit elements. `key`,
+    `unkey` and `wrap` work on either."""
+    if BITS == 64:
+        b = x.to(tl.uint64, bitcast=True)
+    else:
+        b = x.to(tl.int32).to(tl.uint32, bitcast=True)
+        if BITS < 32:
+            b = b & ((1 << BITS) - 1)
+    return b
+
+
+@triton.jit
+def stored_bits(v, BITS: tl.constexpr):
+    """int64 values read from memory (residuals) as `narrow_bits` patterns (mod 2^BITS
+    after `wrap`)."""
+    if BITS == 64:
+        b = v.to(tl.uint64, bitcast=True)
+    else:
+        b = v.to(tl.uint32)
+    return b
+
+
+@triton.jit
+def as_int64(b, BITS: tl.constexpr):
+    """`narrow_bits` patterns as int64 (zero-extended below 64 bits) for storing."""
+    if BITS == 64:
+        v = b.to(tl.int64, bitcast=True)
+    else:
+        v = b.to(tl.int64)
+    return v
+
+
+@triton.jit
 def term(word, j):
     """The digest term of word `word` (uint64) at word index `j` (codec/digest.py)."""
     z = word ^ (j.to(tl.uint64) * GOLDEN)

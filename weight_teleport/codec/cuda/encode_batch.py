@@ -51,7 +51,7 @@ def _streams(b: Batch, chunk_elems: int) -> tuple[symbols.SymbolStreams, np.ndar
     table = blocks.build([it.old for it in b.items], chunk_elems, ranks.BLOCK)
     new = blocks.pair([it.new for it in b.items], table)
     luts, inv, k, ncp = _class_tables(b.plans, dev)
-    counts, evc = ranks.table_counts(table, luts, info, ncp, new, inv)
+    counts, evc = ranks.table_counts(table, luts, info, ncp, int(k.max()), new, inv)
     rbase, tot = ranks.table_bases(counts, table)
     ebase, ev = ranks.table_bases(evc, table)
     inv_rows = inv[table.rows[:, blocks.TENSOR]] != 0

@@ -46,14 +46,9 @@ def _scan_kernel(old_ptr, rows_ptr, prog_ptr, new_ptr, new_off_ptr, hist_ptr, su
 
 
 def _per_tensor(rows: torch.Tensor, table: blocks.ChunkTable, n_tensors: int) -> torch.Tensor:
-    """Sums of the program rows of each tensor (a tensor's programs are contiguous; every
-    tensor has one), from one prefix sum: no atomics on a few hot rows."""
-    incl = rows.cumsum(0)
-    p0 = table.rows[:, blocks.PROG0]
-    first = p0[torch.searchsorted(table.rows[:, blocks.TENSOR].contiguous(),
-                                  torch.arange(n_tensors, device=rows.device))]
-    last = torch.cat([first[1:], first.new_full((1,), table.programs)]) - 1
-    return incl[last] - incl[first] + rows[first]
+    """Sums of the program rows of each tensor (integer atomics: exact in any order)."""
+    out = torch.zeros((n_tensors, rows.shape[1]), dtype=rows.dtype, device=rows.device)
+    return out.index_add_(0, table.program_tensor, rows)
 
 
 def scan(table: blocks.ChunkTable, new: blocks.Paired, n_tensors: int, info) -> torch.Tensor:

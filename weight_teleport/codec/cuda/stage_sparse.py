@@ -69,7 +69,8 @@ class SparseBatch:
         ev, res_cnt, inv = d(st.events), d(self.res_cnt), d(self.inverted)
         dec = unsymbols.decode(inf.buffer, d(inf.offsets), d(st.raw), ev, res_cnt, inv, n_ev, n_res,
                                self.info.bits)
-        base, tot = ranks.table_bases(ranks.table_counts(self.table, self.luts, self.info, self.ncp), self.table)
+        counts = ranks.table_counts(self.table, self.luts, self.info, self.ncp, int(self.n_classes.max()))
+        base, tot = ranks.table_bases(counts, self.table)
         tot = tot.view(-1)
         last = dec.ranks[(ev.cumsum(0) - 1).clamp(0, max(n_ev - 1, 0))] if n_ev else torch.zeros_like(ev)
         unfit = (ev > tot).any() | (inv & (res_cnt != tot - ev)).any() | ((ev > 0) & (last >= tot)).any()
