@@ -319,6 +319,22 @@ def test_mixed_batches_match_cpu_pack():
     assert_bits_equal(state, new)
 
 
+def test_unaligned_views_in_a_batch_match_cpu_pack():
+    """Tensors starting off 8-byte boundaries (views into a larger buffer) beside aligned
+    ones of the same and of another dtype: the scan reads words, so it copies those."""
+    old, new = {}, {}
+    for i, dt in enumerate([torch.float32, torch.bfloat16, torch.bfloat16, torch.float8_e4m3fn]):
+        o, n = make_pair(40 + i, dt, (1601,), "weights", "density", "ulp", 0.03)
+        old[f"t{i}"], new[f"t{i}"] = o.cuda()[i % 2:], n.cuda()[i % 2:]
+    cpu_pack = wt.encode_delta(_cpu(old), _cpu(new), base_version=0, version=1, chunk_elems=512)
+    for _ in range(2):  # the second call reuses the first one's staging buffers
+        assert wt.encode_delta(old, new, base_version=0, version=1, chunk_elems=512,
+                               cuda=CudaCodecConfig(use_nvcomp=False)) == cpu_pack
+    state = {k: v.clone() for k, v in old.items()}
+    wt.apply_delta(state, cpu_pack, base_version=0)
+    assert_bits_equal(_cpu(state), _cpu(new))
+
+
 def test_chunk_tables_match_the_format_writer():
     from weight_teleport.codec.cuda import tables
     from weight_teleport.format import Group, Stream, write_groups

@@ -3,6 +3,7 @@ CPU's zstd), then the payload of all chunks of a batch: chunk tables written vec
 stored streams gathered on the GPU, one copy to the host, CRC-32 of every chunk in a
 thread pool (zlib releases the GIL)."""
 
+import threading
 import zlib
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -82,8 +83,33 @@ def code(st: symbols.SymbolStreams, cfg: CudaCodecConfig, level: int, threads: i
     return _code_cpu(level, st, todo, threads)
 
 
+class _Staging(threading.local):
+    """This thread's pinned staging buffers, reused by every encode call (pinning memory costs
+    more than copying it): one per batch of the call, grown, never shrunk."""
+
+    def __init__(self):
+        self.buffers: list[torch.Tensor] = []
+        self.used = 0
+
+
+_staging = _Staging()
+
+
+def begin_encode() -> None:
+    """Start a new encode call: the buffers of the previous call (already joined into its
+    pack) may be reused."""
+    _staging.used = 0
+
+
 def _to_host(t: torch.Tensor) -> np.ndarray:
-    host = torch.empty(t.numel(), dtype=torch.uint8, pin_memory=t.is_cuda)
+    """A copy of device bytes in the next staging buffer of this encode call."""
+    i, n = _staging.used, t.numel()
+    if i == len(_staging.buffers):
+        _staging.buffers.append(torch.empty(0, dtype=torch.uint8))
+    if _staging.buffers[i].numel() < n:
+        _staging.buffers[i] = torch.empty(max(n, 1 << 20), dtype=torch.uint8, pin_memory=t.is_cuda)
+    _staging.used += 1
+    host = _staging.buffers[i][:n]
     host.copy_(t)
     return host.numpy()
 

@@ -12,10 +12,10 @@ import torch
 
 from weight_teleport.codec import digest as D
 from weight_teleport.codec.cpu import backend as cpu
-from weight_teleport.codec.cuda import blocks, encode_batch
+from weight_teleport.codec.cuda import blocks, chunk_bytes, encode_batch
 from weight_teleport.codec.cuda.config import CudaCodecConfig
 from weight_teleport.codec.cuda.live import EncodeItem
-from weight_teleport.codec.cuda.scan import SPAN, scan
+from weight_teleport.codec.cuda.scan import SPAN, aligned, scan
 from weight_teleport.codec.plan import SPARSE_MAX_DENSITY, plan_classes
 from weight_teleport.format import ChunkRef, TensorRecord
 
@@ -52,8 +52,9 @@ def _scan_rows(items: list[EncodeItem], chunk_elems: int) -> list[np.ndarray]:
     groups = _by_type(items, [i for i, it in enumerate(items) if it.new.numel()])
     outs = []
     for g in groups:
-        table = blocks.build([items[i].old for i in g], chunk_elems, SPAN)
-        outs.append(scan(table, blocks.pair([items[i].new for i in g], table), len(g), items[g[0]].info))
+        olds, news = [aligned(items[i].old) for i in g], [aligned(items[i].new) for i in g]  # alive until launched
+        table = blocks.build(olds, chunk_elems, SPAN)
+        outs.append(scan(table, blocks.pair(news, table), len(g), items[g[0]].info))
     flat = torch.cat([o.view(-1) for o in outs]).cpu().numpy() if outs else np.zeros(0, np.int64)
     rows = [np.zeros(2 * (1 << it.info.exponent_bits) + 2, np.int64) for it in items]
     at = 0
@@ -86,7 +87,9 @@ def _record(it: EncodeItem, row: np.ndarray):
 def encode(items: list[EncodeItem], chunk_elems: int, level: int, threads: int | None,
            config: CudaCodecConfig = DEFAULT_CONFIG):
     """Records (chunk offsets into the concatenation of the returned parts) and the payload
-    as bytes-like parts. Dense and snapshot tensors are coded by the CPU backend."""
+    as bytes-like parts (valid until this thread's next encode call). Dense and snapshot
+    tensors are coded by the CPU backend."""
+    chunk_bytes.begin_encode()
     if any(it.old is None for it in items):
         return _lay_out(*_on_cpu(items, chunk_elems, level, threads))
     planned = [_record(it, row) for it, row in zip(items, _scan_rows(items, chunk_elems))]

@@ -13,8 +13,9 @@ from weight_teleport.codec.cuda.bitops import narrow_bits
 
 BLOCK = 2048
 """Elements of one program."""
-TILE = 512
-"""Elements a program handles at once (few registers a thread: no spills)."""
+ROW = 16
+"""Consecutive elements of one row of a block's [BLOCK // ROW, ROW] tile."""
+NUM_WARPS = 4
 FIELD = tl.constexpr(12)
 """Bits of one class's running count in a packed cumsum lane (BLOCK < 2^FIELD)."""
 FIELD_MASK = tl.constexpr(4095)
@@ -43,9 +44,12 @@ def table_block(pid, rows_ptr, prog_ptr, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def tile(first, i, length, TILE: tl.constexpr):
-    """(int32 offsets in the chunk of tile i of a block starting at `first`, valid)."""
-    offs = (first + i * TILE).to(tl.int32) + tl.arange(0, TILE)
+def grid(first, length, BLOCK: tl.constexpr, ROW: tl.constexpr):
+    """(int32 offsets in the chunk of the block starting at `first`, valid), as a
+    [BLOCK // ROW, ROW] tile: a row is a run of consecutive elements that few threads hold,
+    so counting along it is sequential work and only row totals cross threads."""
+    r = tl.arange(0, BLOCK // ROW)
+    offs = first.to(tl.int32) + r[:, None] * ROW + tl.arange(0, ROW)[None, :]
     return offs, offs < length
 
 
@@ -56,67 +60,52 @@ def classes(b, lut_ptr, MANT: tl.constexpr, KMASK: tl.constexpr):
 
 
 @triton.jit
-def class_ranks(cls, flag, carry, N_LANES: tl.constexpr, TILE: tl.constexpr):
-    """(per element the number of flagged elements of its class before it in the block,
-    the packed counts carried past this tile). Classes share int64 lanes, PER_LANE FIELD-bit
-    counters to a lane; `carry` [NL] int64 holds each lane's counts of the earlier tiles."""
+def class_ranks(cls, flag, N_LANES: tl.constexpr):
+    """Per element of a `grid` tile, the number of flagged elements of its class before it
+    in the tile. Classes share int64 lanes, PER_LANE FIELD-bit counters to a lane: per lane
+    a prefix sum along the rows, then one over the row totals."""
     lane = cls // PER_LANE
     shift = ((cls % PER_LANE) * FIELD).to(tl.int64)
-    which = tl.arange(0, carry.shape[0])
-    rank = tl.zeros([TILE], tl.int32)
+    unit = tl.full(cls.shape, 1, tl.int64) << shift
+    rank = tl.zeros(cls.shape, tl.int32)
     for L in tl.static_range(N_LANES):
-        one = tl.where(flag & (lane == L), tl.full([TILE], 1, tl.int64) << shift, 0)
-        before = tl.cumsum(one, 0) - one + tl.sum(tl.where(which == L, carry, 0), 0)
+        one = tl.where(flag & (lane == L), unit, 0)
+        row_tot = tl.sum(one, 1)
+        before = tl.cumsum(one, 1) - one + (tl.cumsum(row_tot, 0) - row_tot)[:, None]
         rank = tl.where(lane == L, ((before >> shift) & FIELD_MASK).to(tl.int32), rank)
-        carry += tl.where(which == L, tl.sum(one, 0), 0)
-    return rank, carry
+    return rank
 
 
 @triton.jit
-def lane_counts(cls, flag, acc, N_LANES: tl.constexpr):
-    """`acc` plus the packed per-class counts of the flagged elements (class_ranks' carry
-    without the ranks)."""
+def class_counts(cls, flag, N_LANES: tl.constexpr, NCP: tl.constexpr):
+    """[NCP] int32 counts of the flagged elements of each class of a `grid` tile."""
     lane = cls // PER_LANE
-    shift = ((cls % PER_LANE) * FIELD).to(tl.int64)
-    which = tl.arange(0, acc.shape[0])
-    for L in tl.static_range(N_LANES):
-        one = tl.where(flag & (lane == L), tl.full(cls.shape, 1, tl.int64) << shift, 0)
-        acc += tl.where(which == L, tl.sum(one, 0), 0)
-    return acc
-
-
-@triton.jit
-def unpack_counts(acc, NCP: tl.constexpr):
-    """[NCP] int32 counts of packed lane counts."""
+    unit = tl.full(cls.shape, 1, tl.int64) << ((cls % PER_LANE) * FIELD).to(tl.int64)
     c = tl.arange(0, NCP)
-    which = tl.arange(0, acc.shape[0])
-    lane_of = tl.sum(tl.where(which[None, :] == (c // PER_LANE)[:, None], acc[None, :], 0), 1)
-    return ((lane_of >> ((c % PER_LANE) * FIELD).to(tl.int64)) & FIELD_MASK).to(tl.int32)
+    out = tl.zeros([NCP], tl.int32)
+    for L in tl.static_range(N_LANES):
+        packed = tl.sum(tl.sum(tl.where(flag & (lane == L), unit, 0), 1), 0)
+        out = tl.where(c // PER_LANE == L, ((packed >> ((c % PER_LANE) * FIELD).to(tl.int64)) & FIELD_MASK)
+                       .to(tl.int32), out)
+    return out
 
 
 @triton.jit
 def _table_counts_kernel(base_ptr, rows_ptr, prog_ptr, lut_ptr, counts_ptr, new_ptr, new_off_ptr, inv_ptr,
                          events_ptr, NK: tl.constexpr, MANT: tl.constexpr, KMASK: tl.constexpr,
-                         BITS: tl.constexpr, NCP: tl.constexpr, NL: tl.constexpr, N_LANES: tl.constexpr,
-                         HAS_NEW: tl.constexpr, BLOCK: tl.constexpr, TILE: tl.constexpr):
+                         BITS: tl.constexpr, NCP: tl.constexpr, N_LANES: tl.constexpr,
+                         HAS_NEW: tl.constexpr, BLOCK: tl.constexpr, ROW: tl.constexpr):
     pid = tl.program_id(0).to(tl.int64)
     k, t, off, start, length, first = table_block(pid, rows_ptr, prog_ptr, BLOCK)
-    noff = tl.load(new_off_ptr + k)
-    all_acc = tl.zeros([NL], tl.int64)
-    ev_acc = tl.zeros([NL], tl.int64)
-    for i in tl.static_range(BLOCK // TILE):
-        offs, valid = tile(first, i, length, TILE)
-        b = narrow_bits(tl.load(base_ptr + off + offs, mask=valid, other=0), BITS)
-        cls = classes(b, lut_ptr + t * NK, MANT, KMASK)
-        all_acc = lane_counts(cls, valid, all_acc, N_LANES)
-        if HAS_NEW:
-            n = narrow_bits(tl.load(new_ptr + noff + offs, mask=valid, other=0), BITS)
-            inv = tl.load(inv_ptr + t * NCP + cls) != 0
-            ev_acc = lane_counts(cls, valid & ((b != n) != inv), ev_acc, N_LANES)
+    offs, valid = grid(first, length, BLOCK, ROW)
+    b = narrow_bits(tl.load(base_ptr + off + offs, mask=valid, other=0), BITS)
+    cls = classes(b, lut_ptr + t * NK, MANT, KMASK)
     out = pid * NCP + tl.arange(0, NCP)
-    tl.store(counts_ptr + out, unpack_counts(all_acc, NCP))
+    tl.store(counts_ptr + out, class_counts(cls, valid, N_LANES, NCP))
     if HAS_NEW:
-        tl.store(events_ptr + out, unpack_counts(ev_acc, NCP))
+        n = narrow_bits(tl.load(new_ptr + tl.load(new_off_ptr + k) + offs, mask=valid, other=0), BITS)
+        inv = tl.load(inv_ptr + t * NCP + cls) != 0
+        tl.store(events_ptr + out, class_counts(cls, valid & ((b != n) != inv), N_LANES, NCP))
 
 
 def table_counts(table: blocks.ChunkTable, luts: torch.Tensor, info, ncp: int, n_classes: int,
@@ -141,8 +130,8 @@ def table_counts(table: blocks.ChunkTable, luts: torch.Tensor, info, ncp: int, n
             table.base, table.rows, table.program_chunk, luts, counts,
             table.base if new is None else new.base, table.rows if new is None else new.offsets,
             luts if inverted is None else inverted, events, NK=nk, MANT=info.mantissa_bits,
-            KMASK=nk - 1, BITS=info.bits, NCP=ncp, NL=pow2(lanes(ncp)), N_LANES=lanes(n_classes),
-            HAS_NEW=new is not None, BLOCK=BLOCK, TILE=TILE)
+            KMASK=nk - 1, BITS=info.bits, NCP=ncp, N_LANES=lanes(n_classes), HAS_NEW=new is not None,
+            BLOCK=BLOCK, ROW=ROW, num_warps=NUM_WARPS)
     return counts if new is None else (counts, events)
 
 

@@ -1,13 +1,14 @@
 """The trainer's first pass over every chunk of a batch of tensors (one element type, one
 launch): context-key histograms (all and changed elements) and the digest word sums of the
-old and new tensors, fused in one read of both."""
+old and new tensors, fused in one read of both. Every tensor must start at an 8-byte
+boundary (`aligned`): the kernel reads 8-byte words and cuts the elements out of them."""
 
 import torch
 import triton
 import triton.language as tl
 
 from weight_teleport.codec.cuda import blocks, layout
-from weight_teleport.codec.cuda.bitops import to_bits, word_terms
+from weight_teleport.codec.cuda.bitops import term
 from weight_teleport.codec.cuda.ranks import pow2
 
 BLOCK = 2048
@@ -20,29 +21,44 @@ SPAN = BLOCK * TILES
 def _scan_kernel(old_ptr, rows_ptr, prog_ptr, new_ptr, new_off_ptr, hist_ptr, sums_ptr, NK: tl.constexpr,
                  NB: tl.constexpr, MANT: tl.constexpr, KMASK: tl.constexpr, BITS: tl.constexpr,
                  BLOCK: tl.constexpr, TILES: tl.constexpr):
+    PW: tl.constexpr = 64 // BITS
+    WORDS: tl.constexpr = BLOCK // PW
     pid = tl.program_id(0).to(tl.int64)
     k = tl.load(prog_ptr + pid).to(tl.int64)
     row = rows_ptr + k * 5
     off, length, start, p0 = tl.load(row + 0), tl.load(row + 1), tl.load(row + 2), tl.load(row + 4)
     first = (pid - p0) * (BLOCK * TILES)
-    noff = tl.load(new_off_ptr + k)
+    # 8-byte words of the chunk (the caller checks the alignment): the digest's words as
+    # loaded, the elements cut out of them
+    old_w = (old_ptr + off).to(tl.pointer_type(tl.int64))
+    new_w = (new_ptr + tl.load(new_off_ptr + k)).to(tl.pointer_type(tl.int64))
+    lane = (tl.arange(0, PW) * BITS).to(tl.uint64)
     hist = tl.zeros([NB], tl.int32)
     s_old = tl.zeros((), tl.uint64)
     s_new = tl.zeros((), tl.uint64)
     for i in range(TILES):
-        at = first + i * BLOCK
-        offs = at + tl.arange(0, BLOCK).to(tl.int64)
-        valid = offs < length
-        o = to_bits(tl.load(old_ptr + off + offs, mask=valid, other=0), BITS)
-        n = to_bits(tl.load(new_ptr + noff + offs, mask=valid, other=0), BITS)
-        bins = ((o >> MANT) & KMASK).to(tl.int32) + (o != n).to(tl.int32) * NK
-        hist += tl.histogram(bins, NB, mask=valid)
-        word0 = (start + at) // (64 // BITS)
-        s_old += word_terms(o, at, length, word0, BLOCK, BITS)
-        s_new += word_terms(n, at, length, word0, BLOCK, BITS)
+        w = (first + i * BLOCK) // PW + tl.arange(0, WORDS)
+        inside = tl.minimum(tl.maximum(length - w * PW, 0), PW)
+        keep = tl.where(inside == PW, 0xFFFFFFFFFFFFFFFF,
+                        (tl.full([WORDS], 1, tl.uint64) << (tl.minimum(inside, PW - 1) * BITS).to(tl.uint64)) - 1)
+        wo = tl.load(old_w + w, mask=inside > 0, other=0).to(tl.uint64, bitcast=True) & keep
+        wn = tl.load(new_w + w, mask=inside > 0, other=0).to(tl.uint64, bitcast=True) & keep
+        key = ((wo[:, None] >> (lane[None, :] + MANT)) & KMASK).to(tl.int32)
+        changed = ((((wo ^ wn)[:, None] >> lane[None, :]) & ((1 << BITS) - 1)) != 0).to(tl.int32)
+        valid = tl.arange(0, PW)[None, :] < inside[:, None]
+        hist += tl.histogram(tl.reshape(key + changed * NK, (BLOCK,), can_reorder=True), NB,
+                             mask=tl.reshape(valid, (BLOCK,), can_reorder=True))
+        j = start // PW + w
+        s_old += tl.sum(tl.where(inside > 0, term(wo, j), 0), axis=0)
+        s_new += tl.sum(tl.where(inside > 0, term(wn, j), 0), axis=0)
     tl.store(hist_ptr + pid * NB + tl.arange(0, NB), hist)
     tl.store(sums_ptr + pid * 2, s_old.to(tl.int64, bitcast=True))
     tl.store(sums_ptr + pid * 2 + 1, s_new.to(tl.int64, bitcast=True))
+
+
+def aligned(flat: torch.Tensor) -> torch.Tensor:
+    """`flat`, or a copy of it where it does not start at an 8-byte boundary."""
+    return flat if flat.data_ptr() % 8 == 0 else flat.clone()
 
 
 def _per_tensor(rows: torch.Tensor, table: blocks.ChunkTable, n_tensors: int) -> torch.Tensor:
@@ -58,6 +74,7 @@ def scan(table: blocks.ChunkTable, new: blocks.Paired, n_tensors: int, info) -> 
     layout.require(table.base, info.int_torch)
     layout.require(new.base, info.int_torch)
     assert table.block == SPAN and new.offsets.shape == (table.chunks,)
+    assert table.base.data_ptr() % 8 == 0 and new.base.data_ptr() % 8 == 0, "scan reads 8-byte words"
     nk = 1 << info.exponent_bits
     nb = pow2(2 * nk)
     dev = table.base.device

@@ -22,39 +22,33 @@ from weight_teleport.codec.cuda.bitops import (as_int64, key, narrow_bits, popc3
 def _decode_kernel(old_ptr, rows_ptr, prog_ptr, lut_ptr, inv_ptr, base_ptr, seg_ptr, bitmap_ptr, pref_ptr,
                    roff_ptr, res_ptr, pos_ptr, val_ptr, sums_ptr, n_res,
                    NK: tl.constexpr, MANT: tl.constexpr, KMASK: tl.constexpr, BITS: tl.constexpr,
-                   IS_FLOAT: tl.constexpr, NCP: tl.constexpr, NL: tl.constexpr, N_LANES: tl.constexpr,
-                   BLOCK: tl.constexpr, TILE: tl.constexpr):
+                   IS_FLOAT: tl.constexpr, NCP: tl.constexpr, N_LANES: tl.constexpr, BLOCK: tl.constexpr,
+                   ROW: tl.constexpr):
     pid = tl.program_id(0).to(tl.int64)
     k, t, off, start, length, first = ranks.table_block(pid, rows_ptr, prog_ptr, BLOCK)
-    lut, inv_row, base = lut_ptr + t * NK, inv_ptr + t * NCP, base_ptr + pid * NCP
-    segs, roff = seg_ptr + k * NCP, roff_ptr + k * NCP
-    carry = tl.zeros([NL], tl.int64)
-    s_old = tl.zeros((), tl.uint64)
-    s_new = tl.zeros((), tl.uint64)
-    for i in tl.static_range(BLOCK // TILE):
-        offs, valid = ranks.tile(first, i, length, TILE)
-        b = narrow_bits(tl.load(old_ptr + off + offs, mask=valid, other=0), BITS)
-        cls = ranks.classes(b, lut, MANT, KMASK)
-        r, carry = ranks.class_ranks(cls, valid, carry, N_LANES, TILE)
-        r += tl.load(base + cls)
-        seg = tl.load(segs + cls)
-        wi = seg + (r >> 5)
-        word = tl.load(bitmap_ptr + wi, mask=valid, other=0).to(tl.uint32, bitcast=True)
-        bit = (r & 31).to(tl.uint32)
-        below = popc32(word & ((tl.full([TILE], 1, tl.uint32) << bit) - 1)).to(tl.int32)
-        before = tl.load(pref_ptr + wi, mask=valid, other=0) - tl.load(pref_ptr + seg, mask=valid, other=0) + below
-        inv = tl.load(inv_row + cls) != 0
-        changed = valid & ((((word >> bit) & 1) != 0) != inv)
-        slot = tl.load(roff + cls, mask=changed, other=0) + tl.where(inv, r - before, before)
-        put = changed & (slot >= 0) & (slot < n_res)
-        d = stored_bits(tl.load(res_ptr + slot, mask=put, other=0), BITS)
-        nb = unkey(wrap(key(b, IS_FLOAT, BITS) + d, BITS), IS_FLOAT, BITS)
-        tl.store(pos_ptr + slot, offs, mask=put)
-        tl.store(val_ptr + slot, as_int64(nb, BITS).to(val_ptr.dtype.element_ty), mask=put)
-        at = first + i * TILE
-        word0 = (start + at) // (64 // BITS)
-        s_old += word_terms(b.to(tl.uint64), at, length, word0, TILE, BITS)
-        s_new += word_terms(tl.where(changed, nb, b).to(tl.uint64), at, length, word0, TILE, BITS)
+    offs, valid = ranks.grid(first, length, BLOCK, ROW)
+    b = narrow_bits(tl.load(old_ptr + off + offs, mask=valid, other=0), BITS)
+    cls = ranks.classes(b, lut_ptr + t * NK, MANT, KMASK)
+    r = tl.load(base_ptr + pid * NCP + cls) + ranks.class_ranks(cls, valid, N_LANES)
+    seg = tl.load(seg_ptr + k * NCP + cls)
+    wi = seg + (r >> 5)
+    word = tl.load(bitmap_ptr + wi, mask=valid, other=0).to(tl.uint32, bitcast=True)
+    bit = (r & 31).to(tl.uint32)
+    below = popc32(word & ((tl.full(r.shape, 1, tl.uint32) << bit) - 1)).to(tl.int32)
+    before = tl.load(pref_ptr + wi, mask=valid, other=0) - tl.load(pref_ptr + seg, mask=valid, other=0) + below
+    inv = tl.load(inv_ptr + t * NCP + cls) != 0
+    changed = valid & ((((word >> bit) & 1) != 0) != inv)
+    slot = tl.load(roff_ptr + k * NCP + cls, mask=changed, other=0) + tl.where(inv, r - before, before)
+    put = changed & (slot >= 0) & (slot < n_res)
+    d = stored_bits(tl.load(res_ptr + slot, mask=put, other=0), BITS)
+    nb = unkey(wrap(key(b, IS_FLOAT, BITS) + d, BITS), IS_FLOAT, BITS)
+    tl.store(pos_ptr + slot, offs, mask=put)
+    tl.store(val_ptr + slot, as_int64(nb, BITS).to(val_ptr.dtype.element_ty), mask=put)
+    word0 = (start + first) // (64 // BITS)
+    flat_old = tl.reshape(b.to(tl.uint64), (BLOCK,))
+    flat_new = tl.reshape(tl.where(changed, nb, b).to(tl.uint64), (BLOCK,))
+    s_old = word_terms(flat_old, first, length, word0, BLOCK, BITS)
+    s_new = word_terms(flat_new, first, length, word0, BLOCK, BITS)
     tl.store(sums_ptr + pid * 2, s_old.to(tl.int64, bitcast=True))
     tl.store(sums_ptr + pid * 2 + 1, s_new.to(tl.int64, bitcast=True))
 
@@ -81,6 +75,6 @@ def decode(table: blocks.ChunkTable, luts, inverted, n_classes: int, base, seg_w
         _decode_kernel[(table.programs,)](
             old, table.rows, table.program_chunk, luts, inverted, base, seg_word, bitmap, pref, res_off, res,
             pos, val, sums, n, NK=luts.shape[1], MANT=info.mantissa_bits, KMASK=(1 << info.exponent_bits) - 1,
-            BITS=info.bits, IS_FLOAT=info.is_float, NCP=ncp, NL=ranks.pow2(ranks.lanes(n_classes)),
-            N_LANES=ranks.lanes(n_classes), BLOCK=ranks.BLOCK, TILE=ranks.TILE)
+            BITS=info.bits, IS_FLOAT=info.is_float, NCP=ncp, N_LANES=ranks.lanes(n_classes), BLOCK=ranks.BLOCK,
+            ROW=ranks.ROW, num_warps=ranks.NUM_WARPS)
     return pos, val, sums

@@ -14,31 +14,23 @@ from weight_teleport.codec.cuda.bitops import as_int64, key, narrow_bits, wrap
 def _events_kernel(old_ptr, rows_ptr, prog_ptr, new_ptr, new_off_ptr, lut_ptr, inv_ptr, rbase_ptr, ebase_ptr,
                    eoff_ptr, roff_ptr, ranks_ptr, res_ptr, NK: tl.constexpr, MANT: tl.constexpr,
                    KMASK: tl.constexpr, BITS: tl.constexpr, IS_FLOAT: tl.constexpr, NCP: tl.constexpr,
-                   NL: tl.constexpr, N_LANES: tl.constexpr, BLOCK: tl.constexpr, TILE: tl.constexpr):
+                   N_LANES: tl.constexpr, BLOCK: tl.constexpr,
+                   ROW: tl.constexpr):
     pid = tl.program_id(0).to(tl.int64)
     k, t, off, start, length, first = ranks.table_block(pid, rows_ptr, prog_ptr, BLOCK)
-    noff = tl.load(new_off_ptr + k)
-    lut, inv_row = lut_ptr + t * NK, inv_ptr + t * NCP
-    rbase, ebase = rbase_ptr + pid * NCP, ebase_ptr + pid * NCP
-    eoff, roff = eoff_ptr + k * NCP, roff_ptr + k * NCP
-    r_carry = tl.zeros([NL], tl.int64)
-    e_carry = tl.zeros([NL], tl.int64)
-    for i in tl.static_range(BLOCK // TILE):
-        offs, valid = ranks.tile(first, i, length, TILE)
-        o = narrow_bits(tl.load(old_ptr + off + offs, mask=valid, other=0), BITS)
-        n = narrow_bits(tl.load(new_ptr + noff + offs, mask=valid, other=0), BITS)
-        cls = ranks.classes(o, lut, MANT, KMASK)
-        inv = tl.load(inv_row + cls) != 0
-        changed = valid & (o != n)
-        ev = valid & (changed != inv)
-        r, r_carry = ranks.class_ranks(cls, valid, r_carry, N_LANES, TILE)
-        e, e_carry = ranks.class_ranks(cls, ev, e_carry, N_LANES, TILE)
-        r += tl.load(rbase + cls)
-        e += tl.load(ebase + cls)
-        tl.store(ranks_ptr + tl.load(eoff + cls, mask=ev, other=0) + e, r, mask=ev)
-        res = wrap(key(n, IS_FLOAT, BITS) - key(o, IS_FLOAT, BITS), BITS)
-        slot = tl.load(roff + cls, mask=changed, other=0) + tl.where(inv, r - e, e)
-        tl.store(res_ptr + slot, as_int64(res, BITS), mask=changed)
+    offs, valid = ranks.grid(first, length, BLOCK, ROW)
+    o = narrow_bits(tl.load(old_ptr + off + offs, mask=valid, other=0), BITS)
+    n = narrow_bits(tl.load(new_ptr + tl.load(new_off_ptr + k) + offs, mask=valid, other=0), BITS)
+    cls = ranks.classes(o, lut_ptr + t * NK, MANT, KMASK)
+    inv = tl.load(inv_ptr + t * NCP + cls) != 0
+    changed = valid & (o != n)
+    ev = valid & (changed != inv)
+    r = tl.load(rbase_ptr + pid * NCP + cls) + ranks.class_ranks(cls, valid, N_LANES)
+    e = tl.load(ebase_ptr + pid * NCP + cls) + ranks.class_ranks(cls, ev, N_LANES)
+    tl.store(ranks_ptr + tl.load(eoff_ptr + k * NCP + cls, mask=ev, other=0) + e, r, mask=ev)
+    res = wrap(key(n, IS_FLOAT, BITS) - key(o, IS_FLOAT, BITS), BITS)
+    slot = tl.load(roff_ptr + k * NCP + cls, mask=changed, other=0) + tl.where(inv, r - e, e)
+    tl.store(res_ptr + slot, as_int64(res, BITS), mask=changed)
 
 
 def events(table: blocks.ChunkTable, new: blocks.Paired, luts, inverted, rbase, ebase, ev_off, res_off,
@@ -61,6 +53,5 @@ def events(table: blocks.ChunkTable, new: blocks.Paired, luts, inverted, rbase, 
             table.base, table.rows, table.program_chunk, new.base, new.offsets, luts, inverted, rbase, ebase,
             ev_off, res_off, out_ranks, out_res, NK=luts.shape[1], MANT=info.mantissa_bits,
             KMASK=luts.shape[1] - 1, BITS=info.bits, IS_FLOAT=info.is_float, NCP=ncp,
-            NL=ranks.pow2(ranks.lanes(n_classes)), N_LANES=ranks.lanes(n_classes), BLOCK=ranks.BLOCK,
-            TILE=ranks.TILE)
+            N_LANES=ranks.lanes(n_classes), BLOCK=ranks.BLOCK, ROW=ranks.ROW, num_warps=ranks.NUM_WARPS)
     return out_ranks, out_res
