@@ -135,11 +135,32 @@ def table_counts(table: blocks.ChunkTable, luts: torch.Tensor, info, ncp: int, n
     return counts if new is None else (counts, events)
 
 
+@triton.jit
+def _bases_kernel(counts_ptr, bounds_ptr, base_ptr, tot_ptr, NCP: tl.constexpr, R: tl.constexpr):
+    k = tl.program_id(0).to(tl.int64)
+    first, stop = tl.load(bounds_ptr + k), tl.load(bounds_ptr + k + 1)
+    c = tl.arange(0, NCP)
+    carry = tl.zeros([NCP], tl.int64)
+    at = first
+    while at < stop:
+        rows = at + tl.arange(0, R).to(tl.int64)
+        cell = rows[:, None] * NCP + c[None, :]
+        keep = (rows < stop)[:, None]
+        n = tl.load(counts_ptr + cell, mask=keep, other=0).to(tl.int64)
+        tl.store(base_ptr + cell, (tl.cumsum(n, 0) - n + carry[None, :]).to(tl.int32), mask=keep)
+        carry += tl.sum(n, 0)
+        at += R
+    tl.store(tot_ptr + k * NCP + c, carry)
+
+
 def table_bases(counts: torch.Tensor, table: blocks.ChunkTable) -> tuple[torch.Tensor, torch.Tensor]:
-    """(exclusive per-chunk prefix of each block's counts (int32), [chunks, NCP] int64 totals)."""
-    incl = counts.t().cumsum(1, dtype=torch.int64).t()  # a scan along rows: fast on the device
-    p0 = table.rows[:, blocks.PROG0]
-    last = torch.cat([p0[1:], p0.new_full((1,), table.programs)]) - 1
-    before = incl[p0] - counts[p0]
-    base = incl - counts - before[table.program_chunk.long()]
-    return base.to(torch.int32).contiguous(), incl[last] - before
+    """(exclusive per-chunk prefix of each block's counts (int32), [chunks, NCP] int64
+    totals): one program per chunk walks its blocks."""
+    assert counts.dtype == torch.int32 and counts.is_contiguous() and counts.shape[0] == table.programs
+    ncp = counts.shape[1]
+    base = torch.empty_like(counts)
+    tot = torch.empty((table.chunks, ncp), dtype=torch.int64, device=counts.device)
+    if table.chunks:
+        bounds = torch.cat([table.rows[:, blocks.PROG0], table.rows.new_full((1,), table.programs)])
+        _bases_kernel[(table.chunks,)](counts, bounds, base, tot, NCP=ncp, R=64)
+    return base, tot

@@ -92,8 +92,16 @@ def stage(lives: dict[str, Live], header, pack, check_base: bool, threads: int |
     sparse_recs = [r for r in header.tensors if r.codec == "sparse"]
     dense = _dense(lives, [r for r in header.tensors if r.codec not in ("sparse", "same")], header, pack,
                    check, threads)
-    _check_crcs(pack, header, sparse_recs, threads)
-    batches = _batches(lives, sparse_recs, header, pack, threads)
+    # the CRC-32s are checked on host threads while the GPU decodes (nothing is written
+    # before they pass; a corrupt chunk is reported as such, whatever else it broke)
+    with ThreadPoolExecutor(max_workers=1) as one:
+        crcs = one.submit(_check_crcs, pack, header, sparse_recs, threads)
+        try:
+            batches = _batches(lives, sparse_recs, header, pack, threads)
+        except PackFormatError:
+            crcs.result()
+            raise
+        crcs.result()
     same = [r for r in header.tensors if r.codec == "same" and check]
     flags, sums = _read_back(batches, [torch.stack([word_sum(lives[r.name].u)] * 2) for r in same])
     pack_flags = flags.any(0)

@@ -25,6 +25,22 @@ def _excl(a: np.ndarray) -> np.ndarray:
     return np.cumsum(a) - a
 
 
+def _to_device(arrays: list[np.ndarray], dev) -> list[torch.Tensor]:
+    """Host integer arrays as device int64 tensors of their shapes, in one pinned copy that
+    does not wait for the device (a pageable copy would stall the host behind every kernel
+    launched before it)."""
+    flat = [np.ascontiguousarray(a, dtype=np.int64).ravel() for a in arrays]
+    host = torch.from_numpy(np.concatenate(flat) if flat else np.zeros(0, np.int64))
+    if torch.device(dev).type == "cuda":
+        host = host.pin_memory()
+    on_dev = host.to(dev, non_blocking=True)
+    out, at = [], 0
+    for a, f in zip(arrays, flat):
+        out.append(on_dev[at:at + f.size].view(np.shape(a)))
+        at += f.size
+    return out
+
+
 def _position_order(pos: torch.Tensor, val: torch.Tensor, per_chunk: torch.Tensor):
     """The changes of every chunk sorted by position (decoded in class order): the pause's
     scatter then writes each chunk front to back, and neighbouring writes share sectors
@@ -76,10 +92,11 @@ class SparseBatch:
 
     def _run(self, pack, dev, threads) -> None:
         st, n_ev, n_res = self.streams, int(self.streams.events.sum()), int(self.res_cnt.sum())
+        ev, res_cnt, inv, raw, res_off, per_chunk = _to_device(
+            [st.events, self.res_cnt, self.inverted, st.raw, _excl(self.res_cnt), self.chunk_changes()], dev)
+        inv = inv != 0
         inf = inflate.inflate(pack, st, dev, threads)
-        d = lambda a: torch.from_numpy(np.ascontiguousarray(a)).to(dev)
-        ev, res_cnt, inv = d(st.events), d(self.res_cnt), d(self.inverted)
-        dec = unsymbols.decode(inf.buffer, d(inf.offsets), d(st.raw), ev, res_cnt, inv, n_ev, n_res,
+        dec = unsymbols.decode(inf.buffer, _to_device([inf.offsets], dev)[0], raw, ev, res_cnt, inv, n_ev, n_res,
                                self.info.bits)
         counts = ranks.table_counts(self.table, self.luts, self.info, self.ncp, int(self.n_classes.max()))
         base, tot = ranks.table_bases(counts, self.table)
@@ -92,8 +109,8 @@ class SparseBatch:
         bm, pref = bitmap.build(n_words, bits)
         self.pos, self.val, sums = sparse_decode.decode(
             self.table, self.luts, self.inv, int(self.n_classes.max()), base, seg_word, bm, pref,
-            d(_excl(self.res_cnt)), dec.residuals, self.info)
-        self.pos, self.val = _position_order(self.pos, self.val, d(self.chunk_changes()))
+            res_off, dec.residuals, self.info)
+        self.pos, self.val = _position_order(self.pos, self.val, per_chunk)
         self.sums = torch.zeros((len(self.recs), 2), dtype=torch.int64, device=dev)
         self.sums.index_add_(0, self.table.program_tensor, sums[:self.table.programs])
         self.flags = torch.stack([inf.failed, dec.malformed, unfit])
