@@ -274,25 +274,6 @@ def test_corrupt_streams_with_valid_crcs_are_refused_on_gpu(nvcomp, monkeypatch)
     assert refused >= 30
 
 
-def test_stream_tables_match_the_format_reader():
-    from weight_teleport.codec.cuda import tables
-    old, new = _pair(11, torch.float32, "density", 0.05, shape=(300, 41))
-    pack = wt.encode_delta(old, new, base_version=0, version=1, chunk_elems=512)
-    header = read_header(pack)
-    refs = [(t, ref) for t in header.tensors if t.codec == "sparse" for ref in t.chunks]
-    k = np.array([max(c for _, c in t.classes) + 1 for t, _ in refs], np.int64)
-    starts = np.array([header.payload_offset + r.offset for _, r in refs], np.int64)
-    st = tables.read(np.frombuffer(pack, np.uint8), starts, np.array([r.length for _, r in refs], np.int64), k, 16)
-    for i, (t, ref) in enumerate(refs):
-        start = header.payload_offset + ref.offset
-        for c, g in enumerate(read_groups(pack[start:start + ref.length])):
-            row = i * 16 + c
-            assert st.events[row] == (g.count if g.streams else 0)
-            for j, s in enumerate(g.streams):
-                assert (st.codec[row, j], st.raw[row, j]) == (s.codec, s.raw_len)
-                assert pack[st.at[row, j]:st.at[row, j] + st.stored[row, j]] == bytes(s.data)
-
-
 def test_staged_changes_use_four_byte_offsets():
     old, new = _pair(12, torch.bfloat16, "density", 0.05, shape=(300, 50))
     state = _cuda(old)

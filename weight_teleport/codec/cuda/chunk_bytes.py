@@ -4,7 +4,6 @@ stored streams gathered on the GPU, one copy to the host, CRC-32 of every chunk 
 thread pool (zlib releases the GIL)."""
 
 import threading
-import zlib
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -15,6 +14,7 @@ from weight_teleport.codec import streams as codecs
 from weight_teleport.codec.cuda import entropy, symbols, tables
 from weight_teleport.codec.cuda.config import CudaCodecConfig
 from weight_teleport.codec.cuda.gather import gather
+from weight_teleport.format.container import crc32_ranges
 
 MIN_CODED = 16
 """Streams shorter than this are stored raw (as the CPU backend does)."""
@@ -148,7 +148,5 @@ def assemble(st: symbols.SymbolStreams, coded: Coded, n_groups: np.ndarray, thre
     gather(coded.src, out, coded.src_off.ravel()[sel], dst.ravel()[sel], body.ravel()[sel])
     data = _to_host(out)
     data[np.repeat(offsets - _excl(head_len), head_len) + np.arange(head.size)] = head
-    view = memoryview(data)
-    with ThreadPoolExecutor(max_workers=threads) as pool:
-        crcs = np.array(list(pool.map(lambda a: zlib.crc32(view[a[0]:a[0] + a[1]]), zip(offsets, lengths))), np.int64)
+    crcs = np.array(crc32_ranges(data, offsets, lengths, threads), np.int64)
     return Payload(data, offsets, lengths, crcs)

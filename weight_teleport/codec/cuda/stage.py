@@ -7,7 +7,6 @@ tensors."""
 
 import dataclasses
 import os
-import zlib
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -21,6 +20,7 @@ from weight_teleport.codec.cuda.live import Live
 from weight_teleport.codec.cuda.patch import DevicePatch, DeviceTensorPatch, FusedGroup
 from weight_teleport.codec.cuda.stage_sparse import FLAGS, SparseBatch
 from weight_teleport.errors import DigestMismatchError, PackFormatError, PackMismatchError
+from weight_teleport.format.container import crc32_ranges
 
 
 def _dense(lives: dict[str, Live], recs, header, pack, check_base: bool, threads) -> dict:
@@ -39,19 +39,13 @@ def _upload(values: np.ndarray, live: Live) -> torch.Tensor:
 
 
 def _check_crcs(pack, header, recs, threads) -> None:
-    """Every chunk's CRC-32, before any of its bytes is used (zlib releases the GIL)."""
-    view = memoryview(pack)
+    """Every chunk's CRC-32, before any of its bytes is used."""
     refs = [ref for r in recs for ref in r.chunks]
-
-    def ok(ref) -> bool:
-        start = header.payload_offset + ref.offset
-        data = view[start:start + ref.length]
-        return len(data) == ref.length and zlib.crc32(data) == ref.crc32
-
-    with ThreadPoolExecutor(max_workers=threads or os.cpu_count() or 1) as pool:
-        for ref, good in zip(refs, pool.map(ok, refs)):
-            if not good:
-                raise PackFormatError(f"pack chunk at payload offset {ref.offset} is corrupted (CRC-32 mismatch)")
+    starts = [header.payload_offset + ref.offset for ref in refs]
+    crcs = crc32_ranges(pack, starts, [ref.length for ref in refs], threads or os.cpu_count() or 1)
+    for ref, start, crc in zip(refs, starts, crcs):
+        if start + ref.length > len(pack) or crc != ref.crc32:
+            raise PackFormatError(f"pack chunk at payload offset {ref.offset} is corrupted (CRC-32 mismatch)")
 
 
 def _check_base(rec, nbytes: int, s_old: int, header) -> None:

@@ -13,6 +13,7 @@ import numpy as np
 from weight_teleport.errors import PackFormatError
 
 VARINT_MAX = 10
+TYPICAL_BYTES = 4
 STREAMS = 4
 
 
@@ -53,12 +54,9 @@ def _varints(pack: np.ndarray, starts: np.ndarray, widths: np.ndarray):
     return values, ends, vid[first], np.diff(np.concatenate([vid[first], [begin.size]]))
 
 
-def read(pack: np.ndarray, starts: np.ndarray, lengths: np.ndarray, classes: np.ndarray, ncp: int) -> StreamTable:
-    """The stream tables of the sparse chunks at `starts` (`lengths` bytes) whose tensors
-    have `classes` classes each; PackFormatError when one is malformed."""
-    widths = np.minimum(lengths, 1 + VARINT_MAX * (1 + classes * (2 + 3 * STREAMS)))
-    if (widths <= 0).any():
-        raise PackFormatError("sparse chunk is empty")
+def _parse(pack: np.ndarray, starts: np.ndarray, lengths: np.ndarray, classes: np.ndarray, ncp: int,
+           widths: np.ndarray) -> tuple[StreamTable, np.ndarray]:
+    """(stream tables, per chunk whether its table is malformed or not within `widths` bytes)."""
     v, ends, v0, nv = _varints(pack, starts, widths)
     n = starts.size
     last = v0 + nv - 1
@@ -80,12 +78,31 @@ def read(pack: np.ndarray, starts: np.ndarray, lengths: np.ndarray, classes: np.
     table_len = ends[np.minimum(pos - 1, last)] + 1
     bad |= (pos - 1 > last) | (table_len + stored.sum((1, 2)) != lengths)
     bad |= (raw < 0).any((1, 2)) | (stored < 0).any((1, 2)) | (events < 0).any(1)
-    if bad.any():
-        raise PackFormatError("chunk table is truncated or malformed (sparse chunk)")
     flat = stored.reshape(n, -1)
     at = (starts + table_len)[:, None] + np.cumsum(flat, 1) - flat
     rows = lambda a: a.reshape(n * ncp, STREAMS)
-    return StreamTable(events.reshape(-1), rows(codec), rows(raw), rows(stored), rows(at.reshape(shape)))
+    return StreamTable(events.reshape(-1), rows(codec), rows(raw), rows(stored), rows(at.reshape(shape))), bad
+
+
+def read(pack: np.ndarray, starts: np.ndarray, lengths: np.ndarray, classes: np.ndarray, ncp: int) -> StreamTable:
+    """The stream tables of the sparse chunks at `starts` (`lengths` bytes) whose tensors
+    have `classes` classes each; PackFormatError when one is malformed. Tables are first
+    read from windows that fit values below 2^28 (TYPICAL_BYTES a varint); chunks whose
+    table does not parse in its window are read again from one that fits any valid table."""
+    if (lengths <= 0).any():
+        raise PackFormatError("sparse chunk is empty")
+    full = np.minimum(lengths, 1 + VARINT_MAX * (1 + classes * (2 + 3 * STREAMS)))
+    table, bad = _parse(pack, starts, lengths, classes, ncp,
+                        np.minimum(full, 1 + TYPICAL_BYTES * (1 + classes * (2 + 3 * STREAMS))))
+    if bad.any():
+        redo = np.flatnonzero(bad)
+        again, still = _parse(pack, starts[redo], lengths[redo], classes[redo], ncp, full[redo])
+        if still.any():
+            raise PackFormatError("chunk table is truncated or malformed (sparse chunk)")
+        for name in ("events", "codec", "raw", "stored", "at"):
+            rows = getattr(table, name).reshape(starts.size, ncp, -1)
+            rows[redo] = getattr(again, name).reshape(redo.size, ncp, -1)
+    return table
 
 
 def _varint_bytes(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
