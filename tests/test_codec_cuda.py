@@ -212,13 +212,18 @@ def test_wrong_base_weights_are_refused():
     assert_bits_equal(_cpu(state), new)
 
 
-def test_staged_patch_offloaded_to_pinned_host():
+@pytest.mark.parametrize("budget", [None, 1 << 30, 0])
+def test_staged_patch_held_on_device_or_in_pinned_host_memory(budget):
+    """Over its device budget a staged patch moves to pinned host memory; apply is the same."""
     old, new = _pair(8, torch.bfloat16, "density", 0.05, shape=(100, 50))
     pack = wt.encode_delta(old, new, base_version=0, version=1)
     state = _cuda(old)
-    staged = wt.stage_delta(state, pack)
-    assert staged.nbytes > 0
-    staged.offload()
+    staged = wt.stage_delta(state, pack, device_budget=budget)
+    arrays = [a for g in staged.groups for a in (g.rows, g.offsets, g.values)]
+    assert staged.nbytes > 0 and arrays
+    on_host = budget == 0
+    assert all(a.is_cuda != on_host for a in arrays)
+    assert all(a.is_pinned() for a in arrays) or not on_host
     wt.apply_staged(state, staged)
     assert_bits_equal(_cpu(state), new)
 

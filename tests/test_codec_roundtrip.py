@@ -111,6 +111,16 @@ def test_non_contiguous_inputs_and_state():
     assert_bits_equal({"x": buf}, {"x": new})
 
 
+def test_device_budget_leaves_cpu_patches_as_they_are():
+    """`device_budget` bounds device memory; a CPU state's patch is already on the host."""
+    old, new = make_pair(6, torch.bfloat16, (64, 48), "weights", "density", "ulp", 0.05)
+    pack = wt.encode_delta({"x": old}, {"x": new}, base_version=0, version=1)
+    state = {"x": old.clone()}
+    staged = wt.stage_delta(state, pack, device_budget=0)
+    wt.apply_staged(state, staged)
+    assert_bits_equal(state, {"x": new})
+
+
 def test_chain_of_versions():
     rng = np.random.default_rng(0)
     versions = [from_bits(weight_like(rng, torch.bfloat16, 5000), torch.bfloat16, (5000,))]

@@ -29,14 +29,15 @@ def _same(a, b) -> bool:
     return all(torch.equal(a[k].cpu().view(torch.int16), b[k].cpu().view(torch.int16)) for k in a)
 
 
-@pytest.mark.parametrize("target_device", ["cpu", "cuda"])
-def test_gpu_baseline_publishes_bit_exact_versions(target_device):
-    url = f"memory://cuda-pipeline-{target_device}"
+@pytest.mark.parametrize("target_device,budget", [("cpu", None), ("cuda", None), ("cuda", 0)])
+def test_gpu_baseline_publishes_bit_exact_versions(target_device, budget):
+    """budget 0: every staged patch is held in pinned host memory until applied."""
+    url = f"memory://cuda-pipeline-{target_device}-{budget}"
     versions = _versions(4)
     live = {k: torch.zeros_like(v, device=target_device) for k, v in versions[0].items()}
     config = PublisherConfig(baseline_device="cuda", anchor_every=100)
-    with Publisher(url, config) as pub, \
-            Subscriber(url, TorchTarget(live), SubscriberConfig(watch_timeout_s=0.2)) as sub:
+    sub_config = SubscriberConfig(watch_timeout_s=0.2, device_staged_bytes=budget)
+    with Publisher(url, config) as pub, Subscriber(url, TorchTarget(live), sub_config) as sub:
         for v, state in enumerate(versions):
             result = pub.publish(state, version=v).wait(60)
             assert result.base_version == (None if v == 0 else v - 1)

@@ -108,20 +108,29 @@ def _lives(state: Mapping[str, torch.Tensor], header: PackHeader, strict: bool):
 
 
 def stage_delta(state: Mapping[str, torch.Tensor], pack: bytes, *, base_version: int | None = None,
-                check_base: bool = True, strict: bool = True, threads: int | None = None) -> StagedPatch:
+                check_base: bool = True, strict: bool = True, threads: int | None = None,
+                device_budget: int | None = None) -> StagedPatch:
     """Decode and verify a pack against `state` without writing anything.
 
     Checks the container (checksums), that the pack fits the state (names, shapes, dtypes,
     `base_version` if given), with `check_base` that the state holds the pack's base weights
     (one read of the state), and that the patched weights will have the promised digests.
-    Raises a typed error (weight_teleport.errors) otherwise."""
+    Raises a typed error (weight_teleport.errors) otherwise.
+
+    For a state on a CUDA device, a staged patch of more than `device_budget` bytes is moved
+    to pinned host memory (room for the sampler's KV cache; `apply_staged` then copies it
+    back, a longer pause); None keeps it in device memory. CPU patches live on the host."""
     header = read_header(pack)
     _check_readable(header)
     if header.kind == "delta" and base_version is not None and header.base_version != base_version:
         raise PackMismatchError(f"pack applies to version {header.base_version}, the state is at "
                                 f"version {base_version}")
     backend, lives = _lives(state, header, strict)
-    return backend.stage(lives, header, pack, check_base and header.kind == "delta", threads)
+    staged = backend.stage(lives, header, pack, check_base and header.kind == "delta", threads)
+    offload = getattr(staged, "offload", None)
+    if offload is not None and device_budget is not None and staged.nbytes > device_budget:
+        offload()
+    return staged
 
 
 def apply_staged(state: MutableMapping[str, torch.Tensor], staged: StagedPatch,

@@ -62,6 +62,9 @@ class SubscriberConfig:
     max_staged_bytes: int = 1 << 30
     """Staged patches are held up to this much memory; staging pauses above it until
     `apply` (one version is always staged, whatever its size)."""
+    device_staged_bytes: int | None = None
+    """CUDA targets: a staged patch larger than this is held in pinned host memory instead
+    of device memory (`stage_delta`'s `device_budget`); None keeps patches on the device."""
     watch_timeout_s: float = 5.0
     """Longest single wait for a new manifest before checking again."""
     fetch_attempts: int = 3

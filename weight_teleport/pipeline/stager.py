@@ -26,10 +26,12 @@ def _empty_like_pack(pack: bytes) -> dict[str, torch.Tensor]:
 class Stager:
     """Where staged patches are decoded: the target's view, or a shadow copy."""
 
-    def __init__(self, view: Mapping[str, torch.Tensor] | None, threads: int | None):
+    def __init__(self, view: Mapping[str, torch.Tensor] | None, threads: int | None,
+                 device_budget: int | None = None):
         self.view = view
         self.shadow: dict[str, torch.Tensor] | None = None
         self.threads = threads
+        self.device_budget = device_budget
 
     @property
     def uses_view(self) -> bool:
@@ -43,10 +45,11 @@ class Stager:
         if entry.kind == "delta":
             assert base is not None, "plans from no weights start with a snapshot"
             staged = stage_delta(base, pack, base_version=head, strict=False,
-                                 threads=self.threads)
+                                 threads=self.threads, device_budget=self.device_budget)
         else:
             target = base if self.uses_view else _empty_like_pack(pack)
-            staged = stage_delta(target, pack, strict=False, threads=self.threads)
+            staged = stage_delta(target, pack, strict=False, threads=self.threads,
+                                 device_budget=self.device_budget)
             if not self.uses_view:
                 self.shadow = target
         if not self.uses_view:
