@@ -11,15 +11,6 @@ MIX2 = tl.constexpr(0x94D049BB133111EB)
 
 
 @triton.jit
-def to_bits(x, BITS: tl.constexpr):
-    """Loaded integers of width BITS as their unsigned bit patterns in uint64."""
-    b = x.to(tl.int64).to(tl.uint64, bitcast=True)
-    if BITS < 64:
-        b = b & ((1 << BITS) - 1)
-    return b
-
-
-@triton.jit
 def narrow_bits(x, BITS: tl.constexpr):
     """Loaded integers of width BITS as their unsigned bit patterns: uint32 up to 32 bits
     (half the registers and instructions of uint64), uint64 for 64-bit elements. `key`,
