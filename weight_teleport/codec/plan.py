@@ -55,34 +55,40 @@ def plan_classes(total: np.ndarray, changed: np.ndarray) -> ClassPlan:
     moving = rate > 0
     band[moving] = np.floor(-np.log2(rate[moving]) * BANDS_PER_OCTAVE).astype(np.int64)
     groups = _merge_bands(band, changed[keys])
+    cls = np.zeros(keys.size, np.int64)
+    for c, members in enumerate(groups):
+        cls[members] = c
     lut = np.zeros(total.size, np.uint8)
-    inverted = []
-    for cls, members in enumerate(groups):
-        lut[keys[members]] = cls
-        inverted.append(changed[keys[members]].sum() * 2 > total[keys[members]].sum())
-    return ClassPlan(lut, lut_to_runs(lut), np.array(inverted, dtype=np.bool_))
+    lut[keys] = cls
+    n_changed = np.bincount(cls, weights=changed[keys], minlength=len(groups))
+    n_total = np.bincount(cls, weights=total[keys], minlength=len(groups))
+    return ClassPlan(lut, lut_to_runs(lut), n_changed * 2 > n_total)
 
 
 def _merge_bands(band: np.ndarray, events: np.ndarray) -> list[np.ndarray]:
-    """Index groups of keys: one per merged run of adjacent bands, the still keys first."""
+    """Index groups of keys: one per merged run of adjacent bands, the still keys first.
+    Moving keys are ordered by band (keys ascending within one), so every group is a slice
+    of that order and the walk over bands needs no array operation per band."""
     groups = []
     still = np.flatnonzero(band < 0)
     if still.size:
         groups.append(still)
-    current: list[int] = []
-    count = 0
-    for b in np.unique(band[band >= 0]):
-        members = np.flatnonzero(band == b)
-        current.extend(members.tolist())
-        count += int(events[members].sum())
+    moving = np.flatnonzero(band >= 0)
+    order = moving[np.argsort(band[moving], kind="stable")]
+    runs = np.flatnonzero(np.diff(band[order], prepend=-1)) if order.size else np.zeros(0, np.int64)
+    run_events = np.add.reduceat(events[order], runs).tolist() if order.size else []
+    ends = runs[1:].tolist() + [order.size]
+    first, count = 0, 0
+    for stop, n in zip(ends, run_events):
+        count += int(n)
         if count >= MIN_CLASS_EVENTS:
-            groups.append(np.array(current, np.int64))
-            current, count = [], 0
-    if current:
+            groups.append(order[first:stop])
+            first, count = stop, 0
+    if first < order.size:
         if len(groups) > (1 if still.size else 0):
-            groups[-1] = np.concatenate([groups[-1], np.array(current, np.int64)])
+            groups[-1] = np.concatenate([groups[-1], order[first:]])
         else:
-            groups.append(np.array(current, np.int64))
+            groups.append(order[first:])
     while len(groups) > MAX_CLASSES:
         groups[-2] = np.concatenate([groups[-2], groups.pop()])
     return groups or [np.zeros(0, np.int64)]
