@@ -10,11 +10,19 @@ malformed pack reads garbage, never out of bounds."""
 from dataclasses import dataclass
 
 import torch
+import triton
+import triton.language as tl
 
+from weight_teleport.codec.cuda import layout
 from weight_teleport.codec.cuda.inflate import _excl
-from weight_teleport.codec.cuda.symbols import ESCAPE, RC
+from weight_teleport.codec.cuda.symbols import ESCAPE as _ESCAPE
+from weight_teleport.codec.cuda.symbols import RC as _RC
 
-MAX_BUCKET = 44
+MAX_BUCKET = tl.constexpr(44)
+RC = tl.constexpr(_RC)
+ESCAPE = tl.constexpr(_ESCAPE)
+BLOCK = 1024
+"""Events (or residuals) a segment's program decodes at once."""
 
 
 @dataclass
@@ -29,72 +37,91 @@ class Decoded:
     """Device bool."""
 
 
-def _segments(counts: torch.Tensor, total: int):
-    """(segment of each item, exclusive prefix of the counts [S + 1], index in its segment)."""
-    dev = counts.device
-    seg = torch.repeat_interleave(torch.arange(counts.numel(), device=dev), counts, output_size=total)
-    start = _excl(counts)
-    return seg, start, torch.arange(total, device=dev) - start[seg]
-
-
-def _local_excl(flag: torch.Tensor, seg: torch.Tensor, start: torch.Tensor):
-    """(index of each item among the flagged items of its segment, flagged items per segment)."""
-    at = _excl(flag.long())
-    return at[:-1] - at[start[seg]], at[start[1:]] - at[start[:-1]]
-
-
-def _bytes(buf: torch.Tensor, at: torch.Tensor, n: int) -> torch.Tensor:
-    """Little-endian integers of n bytes at `at` (int64; clamped reads)."""
-    top = buf.numel() - 1
-    out = torch.zeros_like(at)
-    for b in range(n):
-        out |= buf[(at + b).clamp(0, top)].long() << (8 * b)
+@triton.jit
+def _le_bytes(buf_ptr, at, top, N: tl.constexpr):
+    """Little-endian integers of N bytes at `at` (int64; reads clamped into [0, top])."""
+    out = tl.zeros(at.shape, tl.int64)
+    for b in tl.static_range(N):
+        i = tl.minimum(tl.maximum(at + b, 0), top)
+        out |= tl.load(buf_ptr + i).to(tl.int64) << (8 * b)
     return out
 
 
-def _unzigzag(z: torch.Tensor, bits: int) -> torch.Tensor:
-    wmask = -1 if bits == 64 else (1 << bits) - 1
-    return torch.where((z & 1) != 0, (wmask - (z >> 1)) & wmask, (z >> 1) + 1)
-
-
-def _events(buf, off, raw, ev_cnt, n_events: int, inverted):
-    """(ranks, rc, segment of each event, event starts per segment, malformed) from streams 1, 2."""
-    seg, start, local = _segments(ev_cnt, n_events)
-    top = buf.numel() - 1
-    sym = buf[(off[seg, 0] + local).clamp(0, top)].long()
-    bucket, rc = sym // RC, sym % RC
-    bad = (bucket > MAX_BUCKET).any() | (inverted[seg] & (rc != 0)).any()
-    nb = (bucket + 1) >> 1
-    ne = torch.where(bucket > 0, nb - 1, 0)
-    bit_at = _excl(ne)
-    seg_bits = bit_at[start[1:]] - bit_at[start[:-1]]
-    bad = bad | ((seg_bits + 7) // 8 != raw[:, 1]).any()
-    bit = bit_at[:-1] - bit_at[start[:-1]][seg]
-    word = _bytes(buf, off[seg, 1] + (bit >> 3), 4)
-    extra = (word >> (bit & 7)) & ((torch.ones_like(ne) << ne) - 1)
-    v = torch.where(bucket > 0, ((2 + ((bucket + 1) & 1)) << ne) | extra, 1)
-    vsum = _excl(v)
-    return vsum[1:] - vsum[start[seg]] - 1, rc, seg, start, bad
+@triton.jit
+def _segment_kernel(buf_ptr, top, off_ptr, raw_ptr, ev_cnt_ptr, ev_start_ptr, res_cnt_ptr, res_start_ptr, inv_ptr,
+                    ranks_ptr, ev_seg_ptr, res_ptr, bad_ptr, BITS: tl.constexpr, T: tl.constexpr):
+    s = tl.program_id(0).to(tl.int64)
+    n_ev, ev0 = tl.load(ev_cnt_ptr + s), tl.load(ev_start_ptr + s)
+    n_res, res0 = tl.load(res_cnt_ptr + s), tl.load(res_start_ptr + s)
+    inv = tl.load(inv_ptr + s) != 0
+    sym_at, bit_at = tl.load(off_ptr + s * 4), tl.load(off_ptr + s * 4 + 1)
+    rsym_at, esc_at = tl.load(off_ptr + s * 4 + 2), tl.load(off_ptr + s * 4 + 3)
+    bad = tl.zeros((), tl.int32)
+    # stream 1 (symbols) and 2 (extra bits) -> class ranks
+    bits = tl.zeros((), tl.int64)
+    rank = tl.full((), -1, tl.int64)
+    t = tl.zeros((), tl.int64)
+    while t < n_ev:
+        j = t + tl.arange(0, T).to(tl.int64)
+        m = j < n_ev
+        sym = tl.load(buf_ptr + tl.minimum(sym_at + j, top), mask=m, other=0).to(tl.int64)
+        bucket, rc = sym // RC, sym % RC
+        bad |= tl.max((m & ((bucket > MAX_BUCKET) | (inv & (rc != 0)))).to(tl.int32), 0)
+        ne = tl.where(bucket > 0, ((bucket + 1) >> 1) - 1, 0)
+        bit = bits + tl.cumsum(ne, 0) - ne
+        word = _le_bytes(buf_ptr, bit_at + (bit >> 3), top, 4)
+        extra = (word >> (bit & 7)) & ((tl.full(ne.shape, 1, tl.int64) << ne) - 1)
+        v = tl.where(bucket > 0, ((2 + ((bucket + 1) & 1)) << ne) | extra, 1)
+        v = tl.where(m, v, 0)
+        tl.store(ranks_ptr + ev0 + j, rank + tl.cumsum(v, 0), mask=m)
+        tl.store(ev_seg_ptr + ev0 + j, tl.zeros(j.shape, tl.int64) + s, mask=m)
+        bits += tl.sum(tl.where(m, ne, 0), 0)
+        rank += tl.sum(v, 0)
+        t += T
+    bad |= ((bits + 7) // 8 != tl.load(raw_ptr + s * 4 + 1)).to(tl.int32)
+    # streams 3 (residual symbols) and 4 (escapes) -> residuals
+    NB: tl.constexpr = BITS // 8
+    n_sym = tl.zeros((), tl.int64)
+    n_esc = tl.zeros((), tl.int64)
+    t = tl.zeros((), tl.int64)
+    while t < n_res:
+        j = t + tl.arange(0, T).to(tl.int64)
+        m = j < n_res
+        rc = tl.load(buf_ptr + tl.minimum(sym_at + j, top), mask=m & ~inv, other=0).to(tl.int64) % RC
+        rrc = tl.where(inv, RC - 1, rc)
+        need = m & (rrc == RC - 1)
+        k = n_sym + tl.cumsum(need.to(tl.int64), 0) - need.to(tl.int64)
+        sym = tl.load(buf_ptr + tl.minimum(tl.maximum(rsym_at + k, 0), top), mask=need, other=0).to(tl.int64)
+        esc = need & (sym == ESCAPE)
+        e = n_esc + tl.cumsum(esc.to(tl.int64), 0) - esc.to(tl.int64)
+        z = tl.where(need, sym + tl.where(inv, 0, RC - 1), rrc)
+        if BITS == 64:
+            plain = tl.where((z & 1) != 0, -1 - (z >> 1), (z >> 1) + 1)
+        else:
+            plain = tl.where((z & 1) != 0, ((1 << BITS) - 1 - (z >> 1)) & ((1 << BITS) - 1), (z >> 1) + 1)
+        res = tl.where(esc, _le_bytes(buf_ptr, esc_at + e * NB, top, NB), plain)
+        tl.store(res_ptr + res0 + j, res, mask=m)
+        n_sym += tl.sum(need.to(tl.int64), 0)
+        n_esc += tl.sum(esc.to(tl.int64), 0)
+        t += T
+    bad |= ((n_sym != tl.load(raw_ptr + s * 4 + 2)) | (n_esc * NB != tl.load(raw_ptr + s * 4 + 3))).to(tl.int32)
+    tl.store(bad_ptr + s, bad.to(tl.int8))
 
 
 def decode(buf: torch.Tensor, off: torch.Tensor, raw: torch.Tensor, ev_cnt: torch.Tensor, res_cnt: torch.Tensor,
            inverted: torch.Tensor, n_events: int, n_res: int, bits: int) -> Decoded:
-    """Ranks and residuals of every segment. Per segment (device tensors): `off`/`raw` [S, 4]
-    slot offsets and raw lengths of its streams in `buf`, its events, its changed elements
-    (events, or residual symbols in an inverted class) and whether it is inverted."""
-    ranks, rc, ev_seg, ev_start, bad = _events(buf, off, raw, ev_cnt, n_events, inverted)
-    seg, start, local = _segments(res_cnt, n_res)
-    inv = inverted[seg]
-    ev_idx = (ev_start[:-1][seg] + local).clamp(0, max(n_events - 1, 0))
-    rrc = torch.where(inv, RC - 1, rc[ev_idx] if n_events else torch.zeros_like(local))
-    need = rrc == RC - 1
-    k, n_sym = _local_excl(need, seg, start)
-    top = buf.numel() - 1
-    sym = buf[(off[seg, 2] + k).clamp(0, top)].long()
-    esc = need & (sym == ESCAPE)
-    e, n_esc = _local_excl(esc, seg, start)
-    nbytes = bits // 8
-    zz = torch.where(need, sym + torch.where(inv, 0, RC - 1), rrc)
-    res = torch.where(esc, _bytes(buf, off[seg, 3] + e * nbytes, nbytes), _unzigzag(zz, bits))
-    bad = bad | (n_sym != raw[:, 2]).any() | (n_esc * nbytes != raw[:, 3]).any()
-    return Decoded(ranks, ev_seg, res, bad)
+    """Ranks and residuals of every segment, one program per segment walking its streams.
+    Per segment (device tensors): `off`/`raw` [S, 4] slot offsets and raw lengths of its
+    streams in `buf`, its events, its changed elements (events, or residual symbols in an
+    inverted class) and whether it is inverted."""
+    layout.require(buf, torch.uint8)
+    dev, n_seg = buf.device, ev_cnt.numel()
+    ranks = torch.empty(n_events, dtype=torch.int64, device=dev)
+    ev_seg = torch.empty(n_events, dtype=torch.int64, device=dev)
+    res = torch.empty(n_res, dtype=torch.int64, device=dev)
+    bad = torch.zeros(max(n_seg, 1), dtype=torch.int8, device=dev)
+    if n_seg:
+        _segment_kernel[(n_seg,)](buf, buf.numel() - 1, off.contiguous(), raw.contiguous(), ev_cnt,
+                                  _excl(ev_cnt), res_cnt, _excl(res_cnt), inverted.to(torch.int8), ranks,
+                                  ev_seg, res, bad, BITS=bits, T=BLOCK)
+    return Decoded(ranks, ev_seg, res, (bad != 0).any())
