@@ -1,0 +1,134 @@
+"""The CUDA backend's Triton kernels run by Triton's interpreter on CPU tensors, no GPU
+needed: GPU-path packs are byte-identical to the CPU backend's, GPU-path stage + apply is
+bit-exact, and corrupt chunks behind valid CRCs are refused with the state untouched.
+
+Run by tests/test_codec_cuda_interpreter.py in a subprocess (TRITON_INTERPRET=1 must be set
+before triton is imported). Exits 1 and prints the failing cases on a mismatch."""
+
+import os
+import sys
+import zlib
+
+os.environ["TRITON_INTERPRET"] = "1"
+
+import torch  # noqa: E402
+
+import weight_teleport as wt  # noqa: E402
+from weight_teleport.codec import api  # noqa: E402
+from weight_teleport.codec.cpu import backend as cpu  # noqa: E402
+from weight_teleport.codec.cuda import backend as gpu  # noqa: E402
+from weight_teleport.codec.cuda import layout  # noqa: E402
+from weight_teleport.codec.cuda.config import CudaCodecConfig  # noqa: E402
+from weight_teleport.errors import WeightTeleportError  # noqa: E402
+from weight_teleport.format import ChunkRef, read_header, write_pack  # noqa: E402
+
+layout.on_device = lambda t: True  # the interpreter runs the kernels on CPU tensors
+PORTABLE = CudaCodecConfig(use_nvcomp=False)
+
+
+def pair(dtype, n, density, seed):
+    g = torch.Generator().manual_seed(seed)
+    if dtype.is_floating_point:
+        old = (torch.randn(n, generator=g) * 0.02).to(dtype)
+        changed = torch.rand(n, generator=g) < density
+        new = torch.where(changed, (old.float() * (1 + 0.05 * torch.randn(n, generator=g))).to(dtype), old)
+    else:
+        old = torch.randint(-100, 100, (n,), generator=g).to(dtype)
+        new = torch.where(torch.rand(n, generator=g) < density, old + 1, old)
+    return old, new
+
+
+def inverted_pair(n, seed):
+    """Tiny elements (exponents of their own) nearly all change, the rest rarely: an
+    inverted class."""
+    g = torch.Generator().manual_seed(seed)
+    old = torch.randn(n, generator=g) * 0.02
+    tiny = torch.rand(n, generator=g) < 0.2
+    old = torch.where(tiny, old * 1e-6, old).bfloat16()
+    moved = torch.where(tiny, torch.rand(n, generator=g) < 0.95, torch.rand(n, generator=g) < 0.05)
+    return old, torch.where(moved, (old.float() * 1.5).bfloat16(), old)
+
+
+def on(backend, fn):
+    api._backend = lambda tensors: backend
+    return fn()
+
+
+def bits(t: torch.Tensor) -> bytes:
+    return t.contiguous().view(torch.uint8).numpy().tobytes()
+
+
+def same_state(a, b) -> bool:
+    return all(bits(a[k]) == bits(b[k]) for k in b)
+
+
+def states():
+    cases = [(torch.bfloat16, 5000, 0.03), (torch.bfloat16, 70000, 0.02), (torch.bfloat16, 9000, 0.8),
+             (torch.float32, 6000, 0.05), (torch.float16, 3000, 0.1), (torch.float64, 3000, 0.05),
+             (torch.float8_e4m3fn, 4000, 0.05), (torch.int32, 4000, 0.05), (torch.bfloat16, 30000, None)]
+    for i, (dtype, n, density) in enumerate(cases):
+        old, new = {}, {}
+        for j in range(3):
+            o, m = inverted_pair(n + 97 * j, j) if density is None else pair(dtype, n + 97 * j, density, 10 * i + j)
+            old[f"t{j}"], new[f"t{j}"] = o, m
+        if dtype == torch.float32:  # a second element type (two batches), and a view off 8-byte alignment
+            old["h"], new["h"] = pair(torch.bfloat16, 7000, 0.03, 99)
+            old["v"], new["v"] = (x[1:] for x in pair(torch.bfloat16, 7001, 0.03, 98))
+        yield f"{dtype} n={n} density={density}", old, new
+
+
+def corrupt(pack: bytes, index: int, at: int, value: int) -> bytes:
+    """`pack` with byte `at` of its chunk `index` set to `value`, the chunk's CRC renewed."""
+    header = read_header(pack)
+    chunks, i = [], 0
+    for t in header.tensors:
+        refs = []
+        for ref in t.chunks:
+            data = bytearray(pack[header.payload_offset + ref.offset:][:ref.length])
+            if i == index:
+                data[at % len(data)] = value
+            refs.append(ChunkRef(ref.offset, ref.length, zlib.crc32(data)))
+            chunks.append(bytes(data))
+            i += 1
+        t.chunks = refs
+    return write_pack(header, chunks)
+
+
+def main() -> int:
+    failures = []
+    for name, old, new in states():
+        cpu_pack = on(cpu, lambda: wt.encode_delta(old, new, base_version=0, version=1, chunk_elems=4096))
+        gpu_pack = on(gpu, lambda: wt.encode_delta(old, new, base_version=0, version=1, chunk_elems=4096,
+                                                   cuda=PORTABLE))
+        if gpu_pack != cpu_pack:
+            failures.append(f"{name}: GPU-path pack differs from the CPU's")
+        state = {k: v.clone() for k, v in old.items()}
+        on(gpu, lambda: wt.apply_staged(state, wt.stage_delta(state, cpu_pack)))
+        if not same_state(state, new):
+            failures.append(f"{name}: GPU-path stage + apply is not bit-exact")
+        print(name, "ok" if not failures else "", flush=True)
+    old, new = pair(torch.bfloat16, 20000, 0.05, 7)
+    pack = on(cpu, lambda: wt.encode_delta({"w": old}, {"w": new}, base_version=0, version=1, chunk_elems=4096))
+    refused = 0
+    for k in range(12):
+        bad = corrupt(pack, k % 5, 37 * k + 11, (59 * k + 1) % 256)
+        state = {"w": old.clone()}
+        try:
+            on(gpu, lambda: wt.apply_staged(state, wt.stage_delta(state, bad)))
+        except WeightTeleportError:
+            refused += 1
+            if bits(state["w"]) != bits(old):
+                failures.append(f"corruption {k}: refused but the state changed")
+            continue
+        if bits(state["w"]) != bits(new):
+            failures.append(f"corruption {k}: accepted and the result is not the new weights")
+    print(f"corruptions refused: {refused} of 12", flush=True)
+    if refused < 6:
+        failures.append(f"only {refused} of 12 corrupt chunks refused")
+    for f in failures:
+        print("FAIL", f)
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
