@@ -92,8 +92,8 @@ def stage(lives: dict[str, Live], header, pack, check_base: bool, threads: int |
         crcs = one.submit(_check_crcs, pack, header, sparse_recs, threads)
         try:
             batches = _batches(lives, sparse_recs, header, pack, threads)
-        except PackFormatError:
-            crcs.result()
+        except Exception:
+            crcs.result()  # bytes that fail their CRC explain any error reading them
             raise
         crcs.result()
     same = [r for r in header.tensors if r.codec == "same" and check]
