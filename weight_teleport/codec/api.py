@@ -68,7 +68,12 @@ def encode_delta(old: Mapping[str, torch.Tensor], new: Mapping[str, torch.Tensor
     Both states map the same names to tensors of the same shapes and dtypes. `level` is the
     zstd level of the streams (CPU stream coding); `threads` defaults to all cores. `cuda`, a
     `weight_teleport.codec.cuda.config.CudaCodecConfig`, picks the CUDA backend's stream
-    codec (default: nvCOMP zstd, portable)."""
+    codec (default: nvCOMP zstd, portable).
+
+    CUDA states are encoded on the current CUDA stream (call it inside
+    `torch.cuda.stream(s)` to keep it off the training stream); the host waits for the
+    device only to learn sizes (the key histograms the class plans are made from, stream
+    lengths, coded sizes) and to copy the finished payload."""
     items = _items(new, old)
     return _pack("delta", items, int(version), int(base_version), chunk_elems, level, threads, cuda)
 
