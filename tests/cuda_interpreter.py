@@ -1,6 +1,7 @@
 """The CUDA backend's Triton kernels run by Triton's interpreter on CPU tensors, no GPU
 needed: GPU-path packs are byte-identical to the CPU backend's, GPU-path stage + apply is
-bit-exact, and corrupt chunks behind valid CRCs are refused with the state untouched.
+bit-exact, digests match the CPU's, and corrupt chunks behind valid CRCs are refused with
+the state untouched.
 
 Run by tests/test_codec_cuda_interpreter.py in a subprocess (TRITON_INTERPRET=1 must be set
 before triton is imported). Exits 1 and prints the failing cases on a mismatch."""
@@ -107,6 +108,12 @@ def main() -> int:
         if not same_state(state, new):
             failures.append(f"{name}: GPU-path stage + apply is not bit-exact")
         print(name, "ok" if not failures else "", flush=True)
+    for dtype in (torch.bfloat16, torch.float32, torch.float8_e4m3fn, torch.float64):
+        for n in (0, 1, 3, 1001, 70001):
+            t = pair(dtype, n, 0.0, n)[0]
+            for view in (t, t[1:], t[::2]):
+                if gpu.digest(view) != cpu.digest(view):
+                    failures.append(f"GPU digest of {dtype} n={n} differs from the CPU's")
     old, new = pair(torch.bfloat16, 20000, 0.05, 7)
     pack = on(cpu, lambda: wt.encode_delta({"w": old}, {"w": new}, base_version=0, version=1, chunk_elems=4096))
     refused = 0

@@ -182,6 +182,8 @@ def test_gpu_digest_matches_cpu(dtype, n):
     assert digest(old.cuda()) == D.finish(C.digest_sum(u8, 0), u8.size)
     assert digest(old.cuda()[1:]) == D.finish(C.digest_sum(u8[old.element_size():], 0),
                                               max(u8.size - old.element_size(), 0))
+    assert wt.tensor_digest(old.cuda()) == wt.tensor_digest(old)  # computed on the GPU
+    assert wt.tensor_digest(old.cuda()[::2]) == wt.tensor_digest(old[::2])  # incl. one strided element
 
 
 def _corrupt(pack: bytes, at: int) -> bytes:

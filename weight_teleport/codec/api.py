@@ -179,7 +179,11 @@ def decode_snapshot(pack: bytes, *, threads: int | None = None) -> dict[str, tor
 
 def tensor_digest(tensor: torch.Tensor) -> str:
     """The digest (16 hex digits, docs/FORMAT.md) of a tensor's bytes, as packs carry it:
-    compare it with a pack's record to verify weights after applying (computed on the CPU)."""
+    compare it with a pack's record to verify weights after applying. A CUDA tensor's is one
+    reduction on its GPU (the same digest); other devices' tensors are read on the CPU."""
+    if tensor.device.type == "cuda":
+        from weight_teleport.codec.cuda import backend
+        return backend.digest(tensor)
     return cpu.digest(tensor.detach().cpu())
 
 

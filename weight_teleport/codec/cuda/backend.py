@@ -1,9 +1,11 @@
 """The CUDA backend's interface, the same few functions as the CPU backend's."""
 
+from weight_teleport.codec import digest as D
 from weight_teleport.codec import streams
 from weight_teleport.codec.cuda.apply import apply
 from weight_teleport.codec.cuda.chunk_bytes import CODEC_ID
 from weight_teleport.codec.cuda.config import CudaCodecConfig
+from weight_teleport.codec.cuda.digest import digest as _digest
 from weight_teleport.codec.cuda.encode import encode
 from weight_teleport.codec.cuda.live import EncodeItem, Live
 from weight_teleport.codec.cuda.stage import stage
@@ -11,9 +13,14 @@ from weight_teleport.codec.cuda.stage import stage
 item = EncodeItem.of
 
 
+def digest(tensor) -> str:
+    """The pack digest of a CUDA tensor's bytes, in hex (one reduction on its device)."""
+    return D.to_hex(_digest(tensor))
+
+
 def extra_stream_codecs(config: CudaCodecConfig) -> list[str]:
     """Stream codec names a pack written with `config` may use beyond raw and zstd."""
     return [] if config.portable else [streams.NAMES[CODEC_ID[config.algorithm]]]
 
 
-__all__ = ["EncodeItem", "Live", "apply", "encode", "extra_stream_codecs", "item", "stage"]
+__all__ = ["EncodeItem", "Live", "apply", "digest", "encode", "extra_stream_codecs", "item", "stage"]

@@ -40,7 +40,10 @@ def word_sum(tensor: torch.Tensor) -> torch.Tensor:
     in its logical (row-major) order. No host synchronisation."""
     if tensor.numel() == 0:
         return torch.zeros((), dtype=torch.int64, device=tensor.device)
-    u8 = tensor.detach().contiguous().view(-1).view(torch.uint8)
+    flat = tensor.detach().contiguous().view(-1)
+    if flat.stride(0) != 1:  # a one-element view counts as contiguous whatever its stride
+        flat = flat.clone(memory_format=torch.contiguous_format)
+    u8 = flat.view(torch.uint8)
     n_full = u8.numel() // 8
     if u8.data_ptr() % 8:
         u8 = u8.clone()
