@@ -123,6 +123,13 @@ def encode_phases(old, new) -> dict[str, float]:
     return times
 
 
+def pinned_patch_apply_ms(old, pack: bytes) -> float:
+    """Median ms of the pause when the staged patch waits in pinned host memory."""
+    state = {k: v.clone() for k, v in old.items()}
+    staged = wt.stage_delta(state, pack, device_budget=0)
+    return cuda_ms(lambda: wt.apply_staged(state, staged), 5)
+
+
 def profile(calls: dict, out: Path) -> None:
     """Per call, a table of its device kernels (time, launches) from torch.profiler, written
     to out/profile_<name>.txt (where the device time goes and how many launches it takes),
@@ -167,10 +174,7 @@ def main() -> None:
     stage_s, staged = wall_s(lambda: wt.stage_delta(state, pack), 3)
     apply_ms = cuda_ms(lambda: wt.apply_staged(state, staged), 10)
     ok = all(torch.equal(state[k].view(torch.int16), new[k].view(torch.int16)) for k in new)
-    other = {k: v.clone() for k, v in old.items()}
-    host_staged = wt.stage_delta(other, pack, device_budget=0)  # the patch in pinned host memory
-    host_apply_ms = cuda_ms(lambda: wt.apply_staged(other, host_staged), 5)
-    del other, host_staged
+    host_apply_ms = pinned_patch_apply_ms(old, pack)
     subset = list(old)[:12]
     cpu_pack = wt.encode_delta({k: old[k].cpu() for k in subset}, {k: new[k].cpu() for k in subset},
                                base_version=0, version=1)
