@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from weight_teleport.codec import streams as codecs
-from weight_teleport.codec.cuda import entropy, symbols, tables
+from weight_teleport.codec.cuda import entropy, layout, symbols, tables
 from weight_teleport.codec.cuda.config import CudaCodecConfig
 from weight_teleport.codec.cuda.gather import gather
 from weight_teleport.format.container import crc32_ranges
@@ -114,10 +114,6 @@ def _to_host(t: torch.Tensor) -> np.ndarray:
     return host.numpy()
 
 
-def _excl(a: np.ndarray) -> np.ndarray:
-    return np.cumsum(a) - a
-
-
 @dataclass
 class Payload:
     """The chunks of a batch back to back, on the host."""
@@ -141,12 +137,12 @@ def assemble(st: symbols.SymbolStreams, coded: Coded, n_groups: np.ndarray, thre
                                   st.lengths.reshape(n, ncp, 4), stored)
     body = stored.reshape(n, -1)
     lengths = head_len + body.sum(1)
-    offsets = _excl(lengths)
+    offsets = layout.starts(lengths)
     dst = (offsets + head_len)[:, None] + np.cumsum(body, 1) - body
     out = torch.empty(int(lengths.sum()), dtype=torch.uint8, device=coded.src.device)
     sel = body.ravel() > 0
     gather(coded.src, out, coded.src_off.ravel()[sel], dst.ravel()[sel], body.ravel()[sel])
     data = _to_host(out)
-    data[np.repeat(offsets - _excl(head_len), head_len) + np.arange(head.size)] = head
+    data[np.repeat(offsets - layout.starts(head_len), head_len) + np.arange(head.size)] = head
     crcs = np.array(crc32_ranges(data, offsets, lengths, threads), np.int64)
     return Payload(data, offsets, lengths, crcs)

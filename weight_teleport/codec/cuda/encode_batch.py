@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from weight_teleport.codec.cuda import blocks, chunk_bytes, ranks, sparse_encode, symbols
+from weight_teleport.codec.cuda import blocks, chunk_bytes, layout, ranks, sparse_encode, symbols
 from weight_teleport.codec.cuda.config import CudaCodecConfig
 from weight_teleport.codec.cuda.live import EncodeItem
 from weight_teleport.codec.plan import ClassPlan
@@ -28,10 +28,6 @@ class Encoded:
     payload: chunk_bytes.Payload
     first_chunk: np.ndarray
     """Index of each tensor's first chunk, then the number of chunks."""
-
-
-def _excl(x: torch.Tensor) -> torch.Tensor:
-    return torch.cumsum(x, 0) - x
 
 
 def _class_tables(plans: list[ClassPlan], dev) -> tuple[torch.Tensor, torch.Tensor, np.ndarray, int]:
@@ -57,7 +53,7 @@ def _streams(b: Batch, chunk_elems: int) -> tuple[symbols.SymbolStreams, np.ndar
     inv_rows = inv[table.rows[:, blocks.TENSOR]] != 0
     chg = torch.where(inv_rows, tot - ev, ev).view(-1)
     ev = ev.view(-1)
-    rk, res = sparse_encode.events(table, new, luts, inv, rbase, ebase, _excl(ev), _excl(chg), b.n_events,
+    rk, res = sparse_encode.events(table, new, luts, inv, rbase, ebase, layout.starts(ev), layout.starts(chg), b.n_events,
                                    b.n_changed, int(k.max()), info)
     st = symbols.encode(rk, res, symbols.Segments(ev, chg, inv_rows.view(-1), info.bits))
     return st, k[table.host[:, blocks.TENSOR]]

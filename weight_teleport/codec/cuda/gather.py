@@ -37,4 +37,4 @@ def gather(src: torch.Tensor, dst: torch.Tensor, src_off: np.ndarray, dst_off: n
     assert ((src_off + length <= src.numel()) & (dst_off + length <= dst.numel())).all()
     rows = pieces(src_off, dst_off, length)
     if rows.size:
-        _gather_kernel[(rows.shape[0],)](src, dst, torch.from_numpy(rows).to(src.device), PIECE=PIECE)
+        _gather_kernel[(rows.shape[0],)](src, dst, layout.to_device([rows], src.device)[0], PIECE=PIECE)

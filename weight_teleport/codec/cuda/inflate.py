@@ -16,6 +16,7 @@ import torch
 from weight_teleport.codec import streams as codecs
 from weight_teleport.codec.cuda import entropy
 from weight_teleport.codec.cuda.config import CudaCodecConfig
+from weight_teleport.codec.cuda.gather import gather
 from weight_teleport.codec.cuda.tables import StreamTable
 from weight_teleport.errors import PackFormatError
 
@@ -37,25 +38,6 @@ class Inflated:
 def _slots(lengths: np.ndarray) -> tuple[np.ndarray, int]:
     slot = -(-lengths // A) * A
     return np.cumsum(slot) - slot, int(slot.sum())
-
-
-def _excl(x: torch.Tensor) -> torch.Tensor:
-    out = torch.zeros(x.numel() + 1, dtype=torch.int64, device=x.device)
-    torch.cumsum(x, 0, out=out[1:])
-    return out
-
-
-def gather(dst: torch.Tensor, src: torch.Tensor, src_at: np.ndarray, dst_at: np.ndarray, n: np.ndarray) -> None:
-    """dst[dst_at[i]:dst_at[i] + n[i]] = src[src_at[i]:src_at[i] + n[i]] for every i, in one
-    indexed copy on the device."""
-    total = int(n.sum())
-    if total == 0:
-        return
-    dev = dst.device
-    n_d = torch.from_numpy(n).to(dev)
-    seg = torch.repeat_interleave(torch.arange(n.size, device=dev), n_d, output_size=total)
-    local = torch.arange(total, device=dev) - _excl(n_d)[seg]
-    dst[torch.from_numpy(dst_at).to(dev)[seg] + local] = src[torch.from_numpy(src_at).to(dev)[seg] + local]
 
 
 def _upload(pack, lo: int, hi: int, device) -> torch.Tensor:
@@ -86,7 +68,7 @@ def _on_gpu(pack, codec, raw, stored, at, device) -> tuple[torch.Tensor, np.ndar
     src = _upload(pack, lo, hi, device)
     dst_at = out_off.copy()
     dst_at[zs] = comp_off
-    gather(buf, src, at - lo, dst_at, stored)
+    gather(src, buf, at - lo, dst_at, stored)
     if not zs.any():
         return buf, out_off, torch.zeros((), dtype=torch.bool, device=device)
     pend = entropy.decompress(CudaCodecConfig(), buf, comp_off, stored[zs], buf, out_off[zs], raw[zs])

@@ -1,5 +1,7 @@
-"""Layout checks every kernel wrapper runs before a launch."""
+"""Layout checks every kernel wrapper runs before a launch, where runs of items start, and
+the upload of host tables."""
 
+import numpy as np
 import torch
 
 
@@ -14,3 +16,25 @@ def require(tensor: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Ten
     assert tensor.dim() == 1 and tensor.is_contiguous(), "kernel input must be flat and contiguous"
     assert dtype is None or tensor.dtype == dtype, f"kernel input is {tensor.dtype}, expected {dtype}"
     return tensor
+
+
+def starts(counts):
+    """Where each of consecutive runs of `counts` items starts: the exclusive prefix sum
+    (a numpy array or a torch tensor, as given)."""
+    return counts.cumsum(0) - counts
+
+
+def to_device(arrays: list[np.ndarray], dev) -> list[torch.Tensor]:
+    """Host integer arrays as device int64 tensors of their shapes, in one pinned copy that
+    does not wait for the device (a pageable copy would stall the host behind every kernel
+    launched before it)."""
+    flat = [np.ascontiguousarray(a, dtype=np.int64).ravel() for a in arrays]
+    host = torch.from_numpy(np.concatenate(flat) if flat else np.zeros(0, np.int64))
+    if torch.device(dev).type == "cuda":
+        host = host.pin_memory()
+    on_dev = host.to(dev, non_blocking=True)
+    out, at = [], 0
+    for a, f in zip(arrays, flat):
+        out.append(on_dev[at:at + f.size].view(np.shape(a)))
+        at += f.size
+    return out

@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from weight_teleport.codec.cpu import backend as cpu
-from weight_teleport.codec.cuda import bitmap, blocks, inflate, ranks, sparse_decode, tables, unsymbols
+from weight_teleport.codec.cuda import bitmap, blocks, inflate, layout, ranks, sparse_decode, tables, unsymbols
 from weight_teleport.codec.cuda.live import Live
 from weight_teleport.errors import PackFormatError
 
@@ -19,26 +19,6 @@ FLAGS = ("a symbol stream failed to decode (corrupt stored stream)",
          "sparse class streams are malformed",
          "sparse chunk does not fit the receiver's weights (corrupt streams)")
 """What each of a batch's device flags means, in the order they are raised."""
-
-
-def _excl(a: np.ndarray) -> np.ndarray:
-    return np.cumsum(a) - a
-
-
-def _to_device(arrays: list[np.ndarray], dev) -> list[torch.Tensor]:
-    """Host integer arrays as device int64 tensors of their shapes, in one pinned copy that
-    does not wait for the device (a pageable copy would stall the host behind every kernel
-    launched before it)."""
-    flat = [np.ascontiguousarray(a, dtype=np.int64).ravel() for a in arrays]
-    host = torch.from_numpy(np.concatenate(flat) if flat else np.zeros(0, np.int64))
-    if torch.device(dev).type == "cuda":
-        host = host.pin_memory()
-    on_dev = host.to(dev, non_blocking=True)
-    out, at = [], 0
-    for a, f in zip(arrays, flat):
-        out.append(on_dev[at:at + f.size].view(np.shape(a)))
-        at += f.size
-    return out
 
 
 def _position_order(pos: torch.Tensor, val: torch.Tensor, per_chunk: torch.Tensor):
@@ -92,18 +72,18 @@ class SparseBatch:
 
     def _run(self, pack, dev, threads) -> None:
         st, n_ev, n_res = self.streams, int(self.streams.events.sum()), int(self.res_cnt.sum())
-        ev, res_cnt, inv, raw, res_off, per_chunk = _to_device(
-            [st.events, self.res_cnt, self.inverted, st.raw, _excl(self.res_cnt), self.chunk_changes()], dev)
+        ev, res_cnt, inv, raw, res_off, per_chunk = layout.to_device(
+            [st.events, self.res_cnt, self.inverted, st.raw, layout.starts(self.res_cnt), self.chunk_changes()], dev)
         inv = inv != 0
         inf = inflate.inflate(pack, st, dev, threads)
-        dec = unsymbols.decode(inf.buffer, _to_device([inf.offsets], dev)[0], raw, ev, res_cnt, inv, n_ev, n_res,
+        dec = unsymbols.decode(inf.buffer, layout.to_device([inf.offsets], dev)[0], raw, ev, res_cnt, inv, n_ev, n_res,
                                self.info.bits)
         counts = ranks.table_counts(self.table, self.luts, self.info, self.ncp, int(self.n_classes.max()))
         base, tot = ranks.table_bases(counts, self.table)
         tot = tot.view(-1)
         last = dec.ranks[(ev.cumsum(0) - 1).clamp(0, max(n_ev - 1, 0))] if n_ev else torch.zeros_like(ev)
         unfit = (ev > tot).any() | (inv & (res_cnt != tot - ev)).any() | ((ev > 0) & (last >= tot)).any()
-        seg_word = inflate._excl((tot + 31) // 32)[:-1]
+        seg_word = layout.starts((tot + 31) // 32)
         n_words = int((-(-self.table.host[:, blocks.LEN] // 32)).sum()) + self.table.chunks * self.ncp
         bits = (seg_word[dec.event_segment] * 32 + dec.ranks).clamp(0, n_words * 32 - 1)
         bm, pref = bitmap.build(n_words, bits)

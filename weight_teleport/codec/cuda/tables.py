@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from weight_teleport.codec.cuda import layout
 from weight_teleport.errors import PackFormatError
 
 VARINT_MAX = 10
@@ -32,13 +33,9 @@ class StreamTable:
     """[segments, 4] offsets of the stored bytes in the pack."""
 
 
-def _excl(a: np.ndarray) -> np.ndarray:
-    return np.concatenate([[0], np.cumsum(a)[:-1]]).astype(np.int64)
-
-
 def _varints(pack: np.ndarray, starts: np.ndarray, widths: np.ndarray):
     """(values, end byte of each varint, first varint of each window, varints per window)."""
-    first = _excl(widths)
+    first = layout.starts(widths)
     idx = np.repeat(starts - first, widths) + np.arange(int(widths.sum()))
     b = pack[idx]
     term = b < 0x80
@@ -111,7 +108,7 @@ def _varint_bytes(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     width = np.ones(v.size, np.int64)
     for k in range(1, VARINT_MAX):
         width += v >= np.uint64(1) << np.uint64(7 * k)
-    first = _excl(width)
+    first = layout.starts(width)
     idx = np.arange(int(width.sum())) - np.repeat(first, width)
     owner = np.repeat(np.arange(v.size), width)
     b = (v[owner] >> (7 * idx).astype(np.uint64)) & np.uint64(0x7F)
@@ -138,4 +135,4 @@ def write(n_groups: np.ndarray, events: np.ndarray, has_streams: np.ndarray, cod
         np.concatenate([np.ones((n, 1), bool), keep.reshape(n, -1)], axis=1)]
     per_chunk = 1 + keep.reshape(n, -1).sum(1)
     data, width = _varint_bytes(values)
-    return data, np.add.reduceat(width, _excl(per_chunk)) if n else np.zeros(0, np.int64)
+    return data, np.add.reduceat(width, layout.starts(per_chunk)) if n else np.zeros(0, np.int64)

@@ -14,7 +14,6 @@ import triton
 import triton.language as tl
 
 from weight_teleport.codec.cuda import layout
-from weight_teleport.codec.cuda.inflate import _excl
 from weight_teleport.codec.cuda.symbols import ESCAPE as _ESCAPE
 from weight_teleport.codec.cuda.symbols import RC as _RC
 
@@ -122,6 +121,6 @@ def decode(buf: torch.Tensor, off: torch.Tensor, raw: torch.Tensor, ev_cnt: torc
     bad = torch.zeros(max(n_seg, 1), dtype=torch.int8, device=dev)
     if n_seg:
         _segment_kernel[(n_seg,)](buf, buf.numel() - 1, off.contiguous(), raw.contiguous(), ev_cnt,
-                                  _excl(ev_cnt), res_cnt, _excl(res_cnt), inverted.to(torch.int8), ranks,
+                                  layout.starts(ev_cnt), res_cnt, layout.starts(res_cnt), inverted.to(torch.int8), ranks,
                                   ev_seg, res, bad, BITS=bits, T=BLOCK)
     return Decoded(ranks, ev_seg, res, (bad != 0).any())
