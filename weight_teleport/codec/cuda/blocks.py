@@ -28,6 +28,8 @@ class ChunkTable:
     """Tensor of every program (int64, on the device)."""
     block: int
     """Elements of one program's block."""
+    tensors: int
+    """Tensors the table was built from (empty ones have no chunks)."""
 
     @property
     def programs(self) -> int:
@@ -36,6 +38,11 @@ class ChunkTable:
     @property
     def chunks(self) -> int:
         return self.host.shape[0]
+
+    def per_tensor(self, rows: torch.Tensor) -> torch.Tensor:
+        """[tensors, ...] sums of per-program rows (integer atomics: exact in any order)."""
+        out = torch.zeros((self.tensors, *rows.shape[1:]), dtype=rows.dtype, device=rows.device)
+        return out.index_add_(0, self.program_tensor, rows[:self.programs])
 
 
 def chunk_rows(numels: np.ndarray, chunk_elems: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -61,7 +68,7 @@ def build(flats: list[torch.Tensor], chunk_elems: int, block: int) -> ChunkTable
     prog_chunk = torch.repeat_interleave(torch.arange(rows.shape[0], dtype=torch.int32, device=dev),
                                          torch.from_numpy(progs).to(dev), output_size=int(progs.sum()))
     rows_d = torch.from_numpy(rows).to(dev)
-    return ChunkTable(flats[base], rows_d, rows, prog_chunk, rows_d[prog_chunk.long(), TENSOR], block)
+    return ChunkTable(flats[base], rows_d, rows, prog_chunk, rows_d[prog_chunk.long(), TENSOR], block, len(flats))
 
 
 @dataclass

@@ -54,7 +54,7 @@ def _scan_rows(items: list[EncodeItem], chunk_elems: int) -> list[np.ndarray]:
     for g in groups:
         olds, news = [aligned(items[i].old) for i in g], [aligned(items[i].new) for i in g]  # alive until launched
         table = blocks.build(olds, chunk_elems, SPAN)
-        outs.append(scan(table, blocks.pair(news, table), len(g), items[g[0]].info))
+        outs.append(scan(table, blocks.pair(news, table), items[g[0]].info))
     flat = torch.cat([o.view(-1) for o in outs]).cpu().numpy() if outs else np.zeros(0, np.int64)
     rows = [np.zeros(2 * (1 << it.info.exponent_bits) + 2, np.int64) for it in items]
     at = 0

@@ -61,13 +61,7 @@ def aligned(flat: torch.Tensor) -> torch.Tensor:
     return flat if flat.data_ptr() % 8 == 0 else flat.clone()
 
 
-def _per_tensor(rows: torch.Tensor, table: blocks.ChunkTable, n_tensors: int) -> torch.Tensor:
-    """Sums of the program rows of each tensor (integer atomics: exact in any order)."""
-    out = torch.zeros((n_tensors, rows.shape[1]), dtype=rows.dtype, device=rows.device)
-    return out.index_add_(0, table.program_tensor, rows)
-
-
-def scan(table: blocks.ChunkTable, new: blocks.Paired, n_tensors: int, info) -> torch.Tensor:
+def scan(table: blocks.ChunkTable, new: blocks.Paired, info) -> torch.Tensor:
     """[tensors, 2 * n_keys + 2] device int64: per context key the element count, then per
     key the changed count, then the old and the new digest word sums, of every tensor of a
     chunk table built with block SPAN (`new` the new tensors of the same shapes). No sync."""
@@ -84,6 +78,6 @@ def scan(table: blocks.ChunkTable, new: blocks.Paired, n_tensors: int, info) -> 
         _scan_kernel[(table.programs,)](table.base, table.rows, table.program_chunk, new.base, new.offsets,
                                         hist, sums, NK=nk, NB=nb, MANT=info.mantissa_bits, KMASK=nk - 1,
                                         BITS=info.bits, BLOCK=BLOCK, TILES=TILES)
-    out = _per_tensor(torch.cat([hist.long(), sums], 1), table, n_tensors)
+    out = table.per_tensor(torch.cat([hist.long(), sums], 1))
     changed = out[:, nk:2 * nk]
     return torch.cat([out[:, :nk] + changed, changed, out[:, nb:]], 1)

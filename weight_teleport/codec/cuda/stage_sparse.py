@@ -91,8 +91,7 @@ class SparseBatch:
             self.table, self.luts, self.inv, int(self.n_classes.max()), base, seg_word, bm, pref,
             res_off, dec.residuals, self.info)
         self.pos, self.val = _position_order(self.pos, self.val, per_chunk)
-        self.sums = torch.zeros((len(self.recs), 2), dtype=torch.int64, device=dev)
-        self.sums.index_add_(0, self.table.program_tensor, sums[:self.table.programs])
+        self.sums = self.table.per_tensor(sums)
         self.flags = torch.stack([inf.failed, dec.malformed, unfit])
 
     def chunk_changes(self) -> np.ndarray:
