@@ -5,9 +5,9 @@ from collections.abc import Iterable, Mapping, MutableMapping
 
 import torch
 
-from weight_teleport.codec import digest, streams
+from weight_teleport.codec import streams
 from weight_teleport.codec.cpu import backend as cpu
-from weight_teleport.codec.dtypes import BY_NAME, as_uint, dtype_info
+from weight_teleport.codec.dtypes import BY_NAME, dtype_info
 from weight_teleport.codec.patch import ApplyReport, StagedPatch
 from weight_teleport.codec.plan import DEFAULT_CHUNK_ELEMS, check_chunk_elems
 from weight_teleport.errors import PackMismatchError, UnsupportedFormatError
@@ -179,12 +179,9 @@ def decode_snapshot(pack: bytes, *, threads: int | None = None) -> dict[str, tor
 
 def tensor_digest(tensor: torch.Tensor) -> str:
     """The digest (16 hex digits, docs/FORMAT.md) of a tensor's bytes, as packs carry it:
-    compare it with a pack's record to verify weights after applying. A CUDA tensor's is one
-    reduction on its GPU (the same digest); other devices' tensors are read on the CPU."""
-    if tensor.device.type == "cuda":
-        from weight_teleport.codec.cuda import backend
-        return backend.digest(tensor)
-    return cpu.digest(tensor.detach().cpu())
+    compare it with a pack's record to verify weights after applying. Computed where the
+    tensor is (for a CUDA tensor, one reduction on its GPU; the same digest)."""
+    return _backend([tensor]).digest(tensor)
 
 
 def inspect(pack: bytes) -> dict:

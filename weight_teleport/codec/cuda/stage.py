@@ -116,7 +116,7 @@ def stage(lives: dict[str, Live], header, pack, check_base: bool, threads: int |
 
 def _fused_rows(b: SparseBatch, chunks: np.ndarray, base_ptr: int) -> np.ndarray:
     """[programs, 3] (chunk's first element from the base, first change, stop) of `chunks`."""
-    n = b.chunk_changes()
+    n = b.chunk_changes
     first = np.cumsum(n) - n
     ptrs = np.array([lv.u.data_ptr() for lv in b.lives], np.int64)
     rows = b.table.host[chunks]
@@ -131,7 +131,7 @@ def _fused_rows(b: SparseBatch, chunks: np.ndarray, base_ptr: int) -> np.ndarray
 
 def _tensor_patches(b: SparseBatch) -> list[DeviceTensorPatch]:
     """Patches of a batch's tensors; those not patched in place get int64 positions."""
-    n = b.chunk_changes()
+    n = b.chunk_changes
     first = np.cumsum(n) - n
     tensor = b.table.host[:, blocks.TENSOR]
     out = []

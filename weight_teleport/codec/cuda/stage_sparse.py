@@ -7,6 +7,8 @@ batched over every chunk of every tensor. Every check leaves a device flag; the 
 reads flags and digest sums of all batches in one transfer and raises before anything is
 written."""
 
+from functools import cached_property
+
 import numpy as np
 import torch
 
@@ -73,7 +75,7 @@ class SparseBatch:
     def _run(self, pack, dev, threads) -> None:
         st, n_ev, n_res = self.streams, int(self.streams.events.sum()), int(self.res_cnt.sum())
         ev, res_cnt, inv, raw, res_off, per_chunk = layout.to_device(
-            [st.events, self.res_cnt, self.inverted, st.raw, layout.starts(self.res_cnt), self.chunk_changes()], dev)
+            [st.events, self.res_cnt, self.inverted, st.raw, layout.starts(self.res_cnt), self.chunk_changes], dev)
         inv = inv != 0
         inf = inflate.inflate(pack, st, dev, threads)
         dec = unsymbols.decode(inf.buffer, layout.to_device([inf.offsets], dev)[0], raw, ev, res_cnt, inv, n_ev, n_res,
@@ -94,6 +96,7 @@ class SparseBatch:
         self.sums = self.table.per_tensor(sums)
         self.flags = torch.stack([inf.failed, dec.malformed, unfit])
 
+    @cached_property
     def chunk_changes(self) -> np.ndarray:
         """Changes per chunk (host), in the order of the staged outputs."""
         return self.res_cnt.reshape(self.table.chunks, self.ncp).sum(1)
