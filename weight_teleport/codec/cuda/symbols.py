@@ -4,19 +4,28 @@ sparse"), byte-identical to the CPU's `class_to_symbols`, written into one buffe
 SLOT_ALIGN-aligned slots.
 
 Inputs are per segment: its events' class ranks (ascending) and the residuals of its
-changed elements (in a non-inverted class, one per event). Integer arithmetic is int64,
-which wraps like the format's unsigned arithmetic; comparisons of values that may reach
-2^63 go through `_uge`."""
+changed elements (in a non-inverted class, one per event). Two launches of one program per
+segment, each walking the segment's events and residuals in tiles: the first counts the
+bytes of each stream (read back in the step's one transfer, to lay out the slots), the
+second writes them. Integer arithmetic is int64, which wraps like the format's unsigned
+arithmetic; comparisons of values that may reach 2^63 go through `_uge`."""
 
 from dataclasses import dataclass
 
 import numpy as np
 import torch
+import triton
+import triton.language as tl
 
+from weight_teleport.codec.cuda import layout
 from weight_teleport.codec.cuda.entropy import SLOT_ALIGN
 
 RC = 5
 ESCAPE = 255
+_RC = tl.constexpr(RC)
+_ESCAPE = tl.constexpr(ESCAPE)
+TILE = 1024
+"""Events (or residuals) a segment's program codes at once."""
 
 
 @dataclass
@@ -32,78 +41,6 @@ class Segments:
     """Element width of every segment's tensor."""
 
 
-def _uge(x: torch.Tensor, k: int) -> torch.Tensor:
-    """x >= k for x read as an unsigned 64-bit integer."""
-    return (x >= k) | (x < 0)
-
-
-def zigzag(r: torch.Tensor, bits: int) -> torch.Tensor:
-    """+1 -> 0, -1 -> 1, +2 -> 2, ... of residuals r != 0 of width `bits`."""
-    wmask = -1 if bits == 64 else (1 << bits) - 1
-    neg = ((r >> (bits - 1)) & 1) != 0
-    return torch.where(neg, (wmask - r) * 2 + 1, (r - 1) * 2)
-
-
-def _excl(x: torch.Tensor) -> torch.Tensor:
-    """Exclusive prefix sum with one extra trailing total (int64, length n + 1)."""
-    out = torch.zeros(x.numel() + 1, dtype=torch.int64, device=x.device)
-    torch.cumsum(x, 0, out=out[1:])
-    return out
-
-
-def _seg_ids(counts: torch.Tensor, total: int) -> torch.Tensor:
-    return torch.repeat_interleave(torch.arange(counts.numel(), device=counts.device), counts,
-                                   output_size=total)
-
-
-class _Events:
-    """Per event: symbol byte, extra-bit count and value, segment, index in the segment."""
-
-    def __init__(self, ranks: torch.Tensor, res: torch.Tensor, seg: Segments, dev):
-        cnt = torch.as_tensor(seg.ev_cnt, device=dev)
-        self.start = _excl(cnt)
-        self.seg = _seg_ids(cnt, ranks.numel())
-        self.local = torch.arange(ranks.numel(), device=dev) - self.start[self.seg]
-        rk = ranks.long()
-        prev = torch.cat([rk.new_full((1,), -1), rk[:-1]])
-        v = rk - torch.where(self.local == 0, -1, prev)
-        nb = (torch.frexp(v.double()).exponent - 1).long()
-        self.ne = (nb - 1).clamp_min(0)
-        odd = (v >> self.ne) & 1
-        bucket = torch.where(v == 1, 0, 2 * nb - 1 + odd)
-        self.extra = v & ((1 << self.ne) - 1)
-        inv = torch.as_tensor(seg.inverted, device=dev)[self.seg]
-        rstart = _excl(torch.as_tensor(seg.res_cnt, device=dev))[self.seg]
-        ridx = (rstart + self.local).clamp(max=max(res.numel() - 1, 0))
-        zz = zigzag(res[ridx], seg.bits) if res.numel() else torch.zeros_like(v)
-        rc = torch.where(inv | ~_uge(zz, RC - 1), torch.where(inv, 0, zz), RC - 1)
-        self.sym = (bucket * RC + rc).to(torch.uint8)
-        self.bit_at = _excl(self.ne)
-
-
-class _Residuals:
-    """Per changed element: residual symbol, whether it is written, whether it escapes."""
-
-    def __init__(self, res: torch.Tensor, seg: Segments, dev):
-        cnt = torch.as_tensor(seg.res_cnt, device=dev)
-        self.start = _excl(cnt)
-        self.seg = _seg_ids(cnt, res.numel())
-        inv = torch.as_tensor(seg.inverted, device=dev)[self.seg]
-        zz = zigzag(res, seg.bits)
-        self.flag = inv | _uge(zz, RC - 1)
-        sym = torch.where(inv, zz, zz - (RC - 1))
-        self.esc = self.flag & _uge(sym, ESCAPE)
-        self.sym = torch.where(self.esc, ESCAPE, sym).to(torch.uint8)
-        self.res = res
-        self.flag_at = _excl(self.flag.long())
-        self.esc_at = _excl(self.esc.long())
-
-
-def _seg_total(at: torch.Tensor, start: torch.Tensor) -> torch.Tensor:
-    """Per segment, the sum of a counter whose exclusive prefix is `at`, over [start[s], start[s+1])."""
-    return at[start[1:]] - at[start[:-1]]
-
-
 @dataclass
 class SymbolStreams:
     """The four streams of every segment in one device buffer."""
@@ -117,38 +54,124 @@ class SymbolStreams:
     """Changed elements of each segment (int64, host)."""
 
 
-def _lengths(ev: _Events, rs: _Residuals, seg: Segments) -> tuple[np.ndarray, np.ndarray]:
-    """([segments, 4] stream lengths, changes per segment), fetched in one transfer (the one
-    sync of this step)."""
-    bits = _seg_total(ev.bit_at, ev.start)
-    cols = torch.stack([ev.start[1:] - ev.start[:-1], (bits + 7) // 8, _seg_total(rs.flag_at, rs.start),
-                        _seg_total(rs.esc_at, rs.start) * (seg.bits // 8), rs.start[1:] - rs.start[:-1]])
-    host = cols.cpu().numpy()
-    return np.ascontiguousarray(host[:4].T), host[4]
+@triton.jit
+def _uge(x, k):
+    """x >= k for int64 x read as unsigned."""
+    return (x >= k) | (x < 0)
 
 
-def _write_bits(words: torch.Tensor, ev: _Events, slot_bytes: torch.Tensor) -> None:
-    """OR every event's extra bits into little-endian 64-bit words (the bit ranges are
-    disjoint, so an integer add is the OR)."""
-    at = slot_bytes[ev.seg] * 8 + ev.bit_at[:-1] - ev.bit_at[ev.start[ev.seg]]
-    w, sh = at >> 6, at & 63
-    words.index_add_(0, w, ev.extra << sh)
-    words.index_add_(0, w + 1, (ev.extra >> 1) >> (63 - sh))
+@triton.jit
+def _gaps(ranks_ptr, at, j, m):
+    """(extra-bit count, bucket, extra bits) of the events j of a segment whose ranks start at
+    `at`: the gap v = rank - previous rank (the first counts from -1) as bucket and bits."""
+    r = tl.load(ranks_ptr + at + j, mask=m, other=0).to(tl.int64)
+    prev = tl.load(ranks_ptr + at + j - 1, mask=m & (j > 0), other=-1).to(tl.int64)
+    v = tl.where(m, r - prev, 1)
+    top = (v.to(tl.float32).to(tl.int32, bitcast=True) >> 23) - 127  # floor(log2 v): gaps < 2^22 are exact
+    ne = tl.maximum(top - 1, 0).to(tl.int64)
+    bucket = tl.where(v == 1, 0, 2 * top.to(tl.int64) - 1 + ((v >> ne) & 1))
+    return tl.where(m, ne, 0), bucket, v & ((tl.full(v.shape, 1, tl.int64) << ne) - 1)
 
 
-def _write(buf: torch.Tensor, ev: _Events, rs: _Residuals, off: torch.Tensor, nbytes: int) -> None:
-    buf[off[ev.seg, 0] + ev.local] = ev.sym
-    _write_bits(buf.view(torch.int64), ev, off[:, 1])
-    f = rs.flag
-    seg = rs.seg[f]
-    local = rs.flag_at[:-1][f] - rs.flag_at[rs.start[seg]]
-    buf[off[seg, 2] + local] = rs.sym[f]
-    e = rs.esc
-    seg = rs.seg[e]
-    first = off[seg, 3] + (rs.esc_at[:-1][e] - rs.esc_at[rs.start[seg]]) * nbytes
-    raw = rs.res[e]
-    for b in range(nbytes):
-        buf[first + b] = ((raw >> (8 * b)) & 0xFF).to(torch.uint8)
+@triton.jit
+def _zigzag(r, BITS: tl.constexpr):
+    """+1 -> 0, -1 -> 1, +2 -> 2, ... of residuals r != 0 of width BITS (int64)."""
+    neg = ((r >> (BITS - 1)) & 1) != 0
+    if BITS == 64:
+        wm = tl.full(r.shape, -1, tl.int64)
+    else:
+        wm = tl.full(r.shape, (1 << BITS) - 1, tl.int64)
+    return tl.where(neg, (wm - r) * 2 + 1, (r - 1) * 2)
+
+
+@triton.jit
+def _residual_symbols(res_ptr, at, j, m, inv, BITS: tl.constexpr):
+    """(residual, whether it has a residual symbol, whether that escapes, the symbol)."""
+    res = tl.load(res_ptr + at + j, mask=m, other=0)
+    zz = _zigzag(res, BITS)
+    flag = m & (inv | _uge(zz, _RC - 1))
+    sym = tl.where(inv, zz, zz - (_RC - 1))
+    esc = flag & _uge(sym, _ESCAPE)
+    return res, flag, esc, tl.where(esc, _ESCAPE, sym)
+
+
+@triton.jit
+def _segment(s, ev_cnt_ptr, ev_start_ptr, res_cnt_ptr, res_start_ptr, inv_ptr):
+    return (tl.load(ev_cnt_ptr + s), tl.load(ev_start_ptr + s), tl.load(res_cnt_ptr + s),
+            tl.load(res_start_ptr + s), tl.load(inv_ptr + s) != 0)
+
+
+@triton.jit
+def _count_kernel(ranks_ptr, res_ptr, ev_cnt_ptr, ev_start_ptr, res_cnt_ptr, res_start_ptr, inv_ptr, out_ptr,
+                  BITS: tl.constexpr, T: tl.constexpr):
+    s = tl.program_id(0).to(tl.int64)
+    n_ev, ev0, n_res, res0, inv = _segment(s, ev_cnt_ptr, ev_start_ptr, res_cnt_ptr, res_start_ptr, inv_ptr)
+    bits = tl.zeros((), tl.int64)
+    t = tl.zeros((), tl.int64)
+    while t < n_ev:
+        j = t + tl.arange(0, T).to(tl.int64)
+        ne, bucket, extra = _gaps(ranks_ptr, ev0, j, j < n_ev)
+        bits += tl.sum(ne, 0)
+        t += T
+    n_sym = tl.zeros((), tl.int64)
+    n_esc = tl.zeros((), tl.int64)
+    t = tl.zeros((), tl.int64)
+    while t < n_res:
+        j = t + tl.arange(0, T).to(tl.int64)
+        res, flag, esc, sym = _residual_symbols(res_ptr, res0, j, j < n_res, inv, BITS)
+        n_sym += tl.sum(flag.to(tl.int64), 0)
+        n_esc += tl.sum(esc.to(tl.int64), 0)
+        t += T
+    tl.store(out_ptr + s * 3, bits)
+    tl.store(out_ptr + s * 3 + 1, n_sym)
+    tl.store(out_ptr + s * 3 + 2, n_esc)
+
+
+@triton.jit
+def _write_kernel(ranks_ptr, res_ptr, ev_cnt_ptr, ev_start_ptr, res_cnt_ptr, res_start_ptr, inv_ptr, off_ptr,
+                  buf_ptr, words_ptr, BITS: tl.constexpr, T: tl.constexpr):
+    s = tl.program_id(0).to(tl.int64)
+    n_ev, ev0, n_res, res0, inv = _segment(s, ev_cnt_ptr, ev_start_ptr, res_cnt_ptr, res_start_ptr, inv_ptr)
+    sym_at, bit_word = tl.load(off_ptr + s * 4), tl.load(off_ptr + s * 4 + 1) // 4
+    rsym_at, esc_at = tl.load(off_ptr + s * 4 + 2), tl.load(off_ptr + s * 4 + 3)
+    # streams 1 and 2: event symbols (gap bucket and the residual's code) and extra bits
+    bits = tl.zeros((), tl.int64)
+    t = tl.zeros((), tl.int64)
+    while t < n_ev:
+        j = t + tl.arange(0, T).to(tl.int64)
+        m = j < n_ev
+        ne, bucket, extra = _gaps(ranks_ptr, ev0, j, m)
+        zz = _zigzag(tl.load(res_ptr + res0 + j, mask=m & ~inv, other=1), BITS)
+        rc = tl.where(inv, 0, tl.where(_uge(zz, _RC - 1), _RC - 1, zz))
+        tl.store(buf_ptr + sym_at + j, (bucket * _RC + rc).to(tl.uint8), mask=m)
+        at = bits + tl.cumsum(ne, 0) - ne
+        sh = at & 31
+        lo = ((extra << sh) & 0xFFFFFFFF).to(tl.uint32).to(tl.int32, bitcast=True)
+        hi = (extra >> (32 - sh)).to(tl.uint32).to(tl.int32, bitcast=True)
+        tl.atomic_or(words_ptr + bit_word + (at >> 5), lo, mask=m & (ne > 0))
+        tl.atomic_or(words_ptr + bit_word + (at >> 5) + 1, hi, mask=m & (ne > 0) & (sh + ne > 32))
+        bits += tl.sum(ne, 0)
+        t += T
+    # streams 3 and 4: residual symbols and the escaped residuals' bytes
+    NB: tl.constexpr = BITS // 8
+    n_sym = tl.zeros((), tl.int64)
+    n_esc = tl.zeros((), tl.int64)
+    t = tl.zeros((), tl.int64)
+    while t < n_res:
+        j = t + tl.arange(0, T).to(tl.int64)
+        res, flag, esc, sym = _residual_symbols(res_ptr, res0, j, j < n_res, inv, BITS)
+        k = n_sym + tl.cumsum(flag.to(tl.int64), 0) - flag.to(tl.int64)
+        tl.store(buf_ptr + rsym_at + k, sym.to(tl.uint8), mask=flag)
+        e = n_esc + tl.cumsum(esc.to(tl.int64), 0) - esc.to(tl.int64)
+        for b in tl.static_range(NB):
+            tl.store(buf_ptr + esc_at + e * NB + b, ((res >> (8 * b)) & 0xFF).to(tl.uint8), mask=esc)
+        n_sym += tl.sum(flag.to(tl.int64), 0)
+        n_esc += tl.sum(esc.to(tl.int64), 0)
+        t += T
+
+
+def _excl(x: torch.Tensor) -> torch.Tensor:
+    return torch.cumsum(x, 0) - x
 
 
 def encode(ranks: torch.Tensor, res: torch.Tensor, seg: Segments) -> SymbolStreams:
@@ -156,11 +179,23 @@ def encode(ranks: torch.Tensor, res: torch.Tensor, seg: Segments) -> SymbolStrea
     residuals (int64, the element's residual in its low `seg.bits` bits)."""
     dev = ranks.device
     assert ranks.dtype == torch.int32 and res.dtype == torch.int64
-    ev, rs = _Events(ranks, res, seg, dev), _Residuals(res, seg, dev)
-    lengths, changed = _lengths(ev, rs, seg)
-    assert ranks.numel() == int(lengths[:, 0].sum()) and res.numel() == int(changed.sum())
+    assert layout.on_device(ranks) and ranks.is_contiguous() and res.is_contiguous()
+    ev_cnt = torch.as_tensor(seg.ev_cnt, device=dev).long().contiguous()
+    res_cnt = torch.as_tensor(seg.res_cnt, device=dev).long().contiguous()
+    inv = torch.as_tensor(seg.inverted, device=dev).to(torch.int8).contiguous()
+    n_seg = ev_cnt.numel()
+    args = (ranks, res, ev_cnt, _excl(ev_cnt), res_cnt, _excl(res_cnt), inv)
+    counts = torch.zeros((max(n_seg, 1), 3), dtype=torch.int64, device=dev)
+    if n_seg:
+        _count_kernel[(n_seg,)](*args, counts, BITS=seg.bits, T=TILE)
+    host = torch.cat([ev_cnt, res_cnt, counts[:n_seg].view(-1)]).cpu().numpy()
+    ev_h, changed, c = host[:n_seg], host[n_seg:2 * n_seg], host[2 * n_seg:].reshape(n_seg, 3)
+    lengths = np.stack([ev_h, (c[:, 0] + 7) // 8, c[:, 1], c[:, 2] * (seg.bits // 8)], axis=1).astype(np.int64)
+    assert ranks.numel() == int(ev_h.sum()) and res.numel() == int(changed.sum())
     slots = -(-lengths // SLOT_ALIGN) * SLOT_ALIGN
     offsets = np.concatenate([[0], np.cumsum(slots.ravel())[:-1]]).astype(np.int64).reshape(slots.shape)
     buf = torch.zeros(int(slots.sum()) + 2 * SLOT_ALIGN, dtype=torch.uint8, device=dev)
-    _write(buf, ev, rs, torch.from_numpy(offsets).to(dev), seg.bits // 8)
+    if n_seg:
+        _write_kernel[(n_seg,)](*args, torch.from_numpy(offsets).to(dev), buf, buf.view(torch.int32),
+                                BITS=seg.bits, T=TILE)
     return SymbolStreams(buf, offsets, lengths, changed)
