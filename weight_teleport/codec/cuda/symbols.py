@@ -170,10 +170,6 @@ def _write_kernel(ranks_ptr, res_ptr, ev_cnt_ptr, ev_start_ptr, res_cnt_ptr, res
         t += T
 
 
-def _excl(x: torch.Tensor) -> torch.Tensor:
-    return torch.cumsum(x, 0) - x
-
-
 def encode(ranks: torch.Tensor, res: torch.Tensor, seg: Segments) -> SymbolStreams:
     """The streams of all segments from their concatenated event ranks (int32) and
     residuals (int64, the element's residual in its low `seg.bits` bits)."""
@@ -184,7 +180,7 @@ def encode(ranks: torch.Tensor, res: torch.Tensor, seg: Segments) -> SymbolStrea
     res_cnt = torch.as_tensor(seg.res_cnt, device=dev).long().contiguous()
     inv = torch.as_tensor(seg.inverted, device=dev).to(torch.int8).contiguous()
     n_seg = ev_cnt.numel()
-    args = (ranks, res, ev_cnt, _excl(ev_cnt), res_cnt, _excl(res_cnt), inv)
+    args = (ranks, res, ev_cnt, layout.starts(ev_cnt), res_cnt, layout.starts(res_cnt), inv)
     counts = torch.zeros((max(n_seg, 1), 3), dtype=torch.int64, device=dev)
     if n_seg:
         _count_kernel[(n_seg,)](*args, counts, BITS=seg.bits, T=TILE)
