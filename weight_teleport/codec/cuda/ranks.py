@@ -16,19 +16,13 @@ from weight_teleport.codec.cuda.bitops import narrow_bits
 
 BLOCK = 2048
 """Elements of one program."""
-ROW = 16
-"""Consecutive elements of one row of a block's [BLOCK // ROW, ROW] tile."""
+ROW = 8
+"""Consecutive elements of one row of a block's [BLOCK // ROW, ROW] tile: a class's count
+within a row fits a 4-bit field, so the counts of all CLASSES classes share one int64."""
+CLASSES = tl.constexpr(16)
+"""Classes a tensor may have (the class plan's limit)."""
 NUM_WARPS = 4
 """Warps of the counting kernels."""
-FIELD = tl.constexpr(12)
-"""Bits of one class's running count in a packed cumsum lane (BLOCK < 2^FIELD)."""
-FIELD_MASK = tl.constexpr(4095)
-PER_LANE = tl.constexpr(5)
-
-
-def lanes(n_classes: int) -> int:
-    """int64 cumsum lanes needed for `n_classes` classes."""
-    return -(-n_classes // PER_LANE.value)
 
 
 def pow2(n: int) -> int:
@@ -64,40 +58,45 @@ def classes(b, lut_ptr, MANT: tl.constexpr, KMASK: tl.constexpr):
 
 
 @triton.jit
-def class_ranks(cls, flag, N_LANES: tl.constexpr):
+def _row_counts(cls, flag):
     """Per element of a `grid` tile, the number of flagged elements of its class before it
-    in the tile. Classes share int64 lanes, PER_LANE FIELD-bit counters to a lane: per lane
-    a prefix sum along the rows, then one over the row totals."""
-    lane = cls // PER_LANE
-    shift = ((cls % PER_LANE) * FIELD).to(tl.int64)
-    unit = tl.full(cls.shape, 1, tl.int64) << shift
-    rank = tl.zeros(cls.shape, tl.int32)
-    for L in tl.static_range(N_LANES):
-        one = tl.where(flag & (lane == L), unit, 0)
-        row_tot = tl.sum(one, 1)
-        before = tl.cumsum(one, 1) - one + (tl.cumsum(row_tot, 0) - row_tot)[:, None]
-        rank = tl.where(lane == L, ((before >> shift) & FIELD_MASK).to(tl.int32), rank)
-    return rank
+    in its row; per row, its flagged elements' counts packed as 4-bit fields (class c at bit 4c)."""
+    shift = (cls * 4).to(tl.int64)
+    one = tl.where(flag, tl.full(cls.shape, 1, tl.int64) << shift, 0)
+    in_row = ((tl.cumsum(one, 1) - one) >> shift) & 15
+    return in_row.to(tl.int32), tl.sum(one, 1)
 
 
 @triton.jit
-def class_counts(cls, flag, N_LANES: tl.constexpr, NCP: tl.constexpr):
-    """[NCP] int32 counts of the flagged elements of each class of a `grid` tile."""
-    lane = cls // PER_LANE
-    unit = tl.full(cls.shape, 1, tl.int64) << ((cls % PER_LANE) * FIELD).to(tl.int64)
+def _unpack(packed, NCP: tl.constexpr):
+    """[rows, NCP] int32 counts of each class from per-row packed 4-bit fields."""
     c = tl.arange(0, NCP)
-    out = tl.zeros([NCP], tl.int32)
-    for L in tl.static_range(N_LANES):
-        packed = tl.sum(tl.sum(tl.where(flag & (lane == L), unit, 0), 1), 0)
-        out = tl.where(c // PER_LANE == L, ((packed >> ((c % PER_LANE) * FIELD).to(tl.int64)) & FIELD_MASK)
-                       .to(tl.int32), out)
-    return out
+    field = (packed[:, None] >> (tl.minimum(c, CLASSES - 1) * 4).to(tl.int64)[None, :]) & 15
+    return tl.where(c[None, :] < CLASSES, field, 0).to(tl.int32)
+
+
+@triton.jit
+def class_ranks(cls, flag, base, NCP: tl.constexpr):
+    """Per element of a `grid` tile, `base` [NCP] of its class plus the number of flagged
+    elements of its class before it in the tile: counts within a row from one packed int64
+    prefix, counts of the rows before from a [rows, NCP] prefix looked up by class."""
+    in_row, packed = _row_counts(cls, flag)
+    per_row = _unpack(packed, NCP)
+    before = tl.cumsum(per_row, 0) - per_row + base[None, :]
+    return tl.gather(before, cls, axis=1) + in_row
+
+
+@triton.jit
+def class_counts(cls, flag, NCP: tl.constexpr):
+    """[NCP] int32 counts of the flagged elements of each class of a `grid` tile."""
+    _, packed = _row_counts(cls, flag)
+    return tl.sum(_unpack(packed, NCP), 0)
 
 
 @triton.jit
 def _table_counts_kernel(base_ptr, rows_ptr, prog_ptr, lut_ptr, counts_ptr, new_ptr, new_off_ptr, inv_ptr,
                          events_ptr, NK: tl.constexpr, MANT: tl.constexpr, KMASK: tl.constexpr,
-                         BITS: tl.constexpr, NCP: tl.constexpr, N_LANES: tl.constexpr,
+                         BITS: tl.constexpr, NCP: tl.constexpr,
                          HAS_NEW: tl.constexpr, BLOCK: tl.constexpr, ROW: tl.constexpr):
     pid = tl.program_id(0).to(tl.int64)
     k, t, off, start, length, first = table_block(pid, rows_ptr, prog_ptr, BLOCK)
@@ -105,11 +104,11 @@ def _table_counts_kernel(base_ptr, rows_ptr, prog_ptr, lut_ptr, counts_ptr, new_
     b = narrow_bits(tl.load(base_ptr + off + offs, mask=valid, other=0), BITS)
     cls = classes(b, lut_ptr + t * NK, MANT, KMASK)
     out = pid * NCP + tl.arange(0, NCP)
-    tl.store(counts_ptr + out, class_counts(cls, valid, N_LANES, NCP))
+    tl.store(counts_ptr + out, class_counts(cls, valid, NCP))
     if HAS_NEW:
         n = narrow_bits(tl.load(new_ptr + tl.load(new_off_ptr + k) + offs, mask=valid, other=0), BITS)
         inv = tl.load(inv_ptr + t * NCP + cls) != 0
-        tl.store(events_ptr + out, class_counts(cls, valid & ((b != n) != inv), N_LANES, NCP))
+        tl.store(events_ptr + out, class_counts(cls, valid & ((b != n) != inv), NCP))
 
 
 def table_counts(table: blocks.ChunkTable, luts: torch.Tensor, info, ncp: int, n_classes: int,
@@ -120,7 +119,7 @@ def table_counts(table: blocks.ChunkTable, luts: torch.Tensor, info, ncp: int, n
     each block's event counts."""
     layout.require(table.base, info.int_torch)
     nk = 1 << info.exponent_bits
-    assert table.block == BLOCK and n_classes <= ncp
+    assert table.block == BLOCK and n_classes <= min(ncp, CLASSES.value)
     assert luts.dtype == torch.uint8 and luts.is_contiguous() and luts.shape[1] == nk
     counts = torch.empty((table.programs, ncp), dtype=torch.int32, device=table.base.device)
     events = counts
@@ -134,7 +133,7 @@ def table_counts(table: blocks.ChunkTable, luts: torch.Tensor, info, ncp: int, n
             table.base, table.rows, table.program_chunk, luts, counts,
             table.base if new is None else new.base, table.rows if new is None else new.offsets,
             luts if inverted is None else inverted, events, NK=nk, MANT=info.mantissa_bits,
-            KMASK=nk - 1, BITS=info.bits, NCP=ncp, N_LANES=lanes(n_classes), HAS_NEW=new is not None,
+            KMASK=nk - 1, BITS=info.bits, NCP=ncp, HAS_NEW=new is not None,
             BLOCK=BLOCK, ROW=ROW, num_warps=NUM_WARPS)
     return counts if new is None else (counts, events)
 
