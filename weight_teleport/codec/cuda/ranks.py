@@ -21,6 +21,8 @@ ROW = 8
 within a row fits a 4-bit field, so the counts of all CLASSES classes share one int64."""
 CLASSES = tl.constexpr(16)
 """Classes a tensor may have (the class plan's limit)."""
+PER_LANE = tl.constexpr(5)
+"""12-bit fields (counts within a block, BLOCK < 4096) of one int64 lane."""
 NUM_WARPS = 4
 """Warps of the counting kernels."""
 
@@ -76,14 +78,27 @@ def _unpack(packed, NCP: tl.constexpr):
 
 
 @triton.jit
-def class_ranks(cls, flag, base, NCP: tl.constexpr):
-    """Per element of a `grid` tile, `base` [NCP] of its class plus the number of flagged
-    elements of its class before it in the tile: counts within a row from one packed int64
-    prefix, counts of the rows before from a [rows, NCP] prefix looked up by class."""
+def _rows_before(packed, cls):
+    """Per element of a `grid` tile, the flagged elements of its class in the rows before its
+    own, from the rows' packed counts: classes regrouped PER_LANE to an int64 lane of
+    12-bit fields, a prefix over the rows per lane, the element's lane and field picked."""
+    lane = cls // PER_LANE
+    pick = tl.zeros(cls.shape, tl.int64)
+    for L in tl.static_range(-(-CLASSES // PER_LANE)):
+        totals = tl.zeros(packed.shape, tl.int64)
+        for j in tl.static_range(PER_LANE):
+            if L * PER_LANE + j < CLASSES:
+                totals += ((packed >> (4 * (L * PER_LANE + j))) & 15) << (12 * j)
+        pick = tl.where(lane == L, (tl.cumsum(totals, 0) - totals)[:, None], pick)
+    return ((pick >> ((cls % PER_LANE) * 12).to(tl.int64)) & 4095).to(tl.int32)
+
+
+@triton.jit
+def class_ranks(cls, flag, base_ptr):
+    """Per element of a `grid` tile, its class's base (`base_ptr`, [classes] int32) plus the
+    number of flagged elements of its class before it in the tile."""
     in_row, packed = _row_counts(cls, flag)
-    per_row = _unpack(packed, NCP)
-    before = tl.cumsum(per_row, 0) - per_row + base[None, :]
-    return tl.gather(before, cls, axis=1) + in_row
+    return tl.load(base_ptr + cls) + in_row + _rows_before(packed, cls)
 
 
 @triton.jit

@@ -29,7 +29,7 @@ def _decode_kernel(old_ptr, rows_ptr, prog_ptr, lut_ptr, inv_ptr, base_ptr, seg_
     offs, valid = ranks.grid(first, length, BLOCK, ROW)
     b = narrow_bits(tl.load(old_ptr + off + offs, mask=valid, other=0), BITS)
     cls = ranks.classes(b, lut_ptr + t * NK, MANT, KMASK)
-    r = ranks.class_ranks(cls, valid, tl.load(base_ptr + pid * NCP + tl.arange(0, NCP)), NCP)
+    r = ranks.class_ranks(cls, valid, base_ptr + pid * NCP)
     seg = tl.load(seg_ptr + k * NCP + cls)
     wi = seg + (r >> 5)
     word = tl.load(bitmap_ptr + wi, mask=valid, other=0).to(tl.uint32, bitcast=True)

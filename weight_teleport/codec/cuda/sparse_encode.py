@@ -24,9 +24,8 @@ def _events_kernel(old_ptr, rows_ptr, prog_ptr, new_ptr, new_off_ptr, lut_ptr, i
     inv = tl.load(inv_ptr + t * NCP + cls) != 0
     changed = valid & (o != n)
     ev = valid & (changed != inv)
-    c = pid * NCP + tl.arange(0, NCP)
-    r = ranks.class_ranks(cls, valid, tl.load(rbase_ptr + c), NCP)
-    e = ranks.class_ranks(cls, ev, tl.load(ebase_ptr + c), NCP)
+    r = ranks.class_ranks(cls, valid, rbase_ptr + pid * NCP)
+    e = ranks.class_ranks(cls, ev, ebase_ptr + pid * NCP)
     tl.store(ranks_ptr + tl.load(eoff_ptr + k * NCP + cls, mask=ev, other=0) + e, r, mask=ev)
     res = wrap(key(n, IS_FLOAT, BITS) - key(o, IS_FLOAT, BITS), BITS)
     slot = tl.load(roff_ptr + k * NCP + cls, mask=changed, other=0) + tl.where(inv, r - e, e)
