@@ -5,7 +5,14 @@ Elements are split into blocks of BLOCK that never straddle a chunk; a chunk tab
 is its index among the chunk's elements of the same class (the order its gap stream counts
 in). Counting runs over a [BLOCK // ROW, ROW] tile of a block with NUM_WARPS warps, the
 fastest shape measured on the H200 (8 warps ran 1.75-1.9x slower; 512-element tiles with
-counts carried between them 2.0-3.2x slower; rows of 8 elements as fast, of 32 or 64 slower)."""
+counts carried between them 2.0-3.2x slower; rows of 8 elements as fast, of 32 or 64 slower).
+
+Ranks keep PER_LANE classes' running counts as FIELD-bit fields of an int64 lane. Counts
+alone need less: with rows of COUNT_ROW elements a row's counts of all 16 classes fit one
+int64 as 4-bit fields, unpacked once per row (the class-count pass: 68 -> 36 ms on the H200).
+Ranks built the same way were slower: the rows before an element looked up with tl.gather
+(events kernel 122 -> 158 ms, placement 141 -> 193 ms) or regrouped into 12-bit lanes
+(131 ms, 154 ms)."""
 
 import torch
 import triton
@@ -16,15 +23,24 @@ from weight_teleport.codec.cuda.bitops import narrow_bits
 
 BLOCK = 2048
 """Elements of one program."""
-ROW = 8
-"""Consecutive elements of one row of a block's [BLOCK // ROW, ROW] tile: a class's count
-within a row fits a 4-bit field, so the counts of all CLASSES classes share one int64."""
+ROW = 16
+"""Consecutive elements of one row of a block's [BLOCK // ROW, ROW] tile in the rank kernels."""
+COUNT_ROW = 8
+"""The same in the counting kernel: a class's count within a row fits a 4-bit field, so
+the counts of all CLASSES classes share one int64."""
 CLASSES = tl.constexpr(16)
 """Classes a tensor may have (the class plan's limit)."""
-PER_LANE = tl.constexpr(5)
-"""12-bit fields (counts within a block, BLOCK < 4096) of one int64 lane."""
 NUM_WARPS = 4
 """Warps of the counting kernels."""
+FIELD = tl.constexpr(12)
+"""Bits of one class's running count in a packed cumsum lane (BLOCK < 2^FIELD)."""
+FIELD_MASK = tl.constexpr(4095)
+PER_LANE = tl.constexpr(5)
+
+
+def lanes(n_classes: int) -> int:
+    """int64 cumsum lanes needed for `n_classes` classes."""
+    return -(-n_classes // PER_LANE.value)
 
 
 def pow2(n: int) -> int:
@@ -60,52 +76,31 @@ def classes(b, lut_ptr, MANT: tl.constexpr, KMASK: tl.constexpr):
 
 
 @triton.jit
-def _row_counts(cls, flag):
+def class_ranks(cls, flag, N_LANES: tl.constexpr):
     """Per element of a `grid` tile, the number of flagged elements of its class before it
-    in its row; per row, its flagged elements' counts packed as 4-bit fields (class c at bit 4c)."""
-    shift = (cls * 4).to(tl.int64)
-    one = tl.where(flag, tl.full(cls.shape, 1, tl.int64) << shift, 0)
-    in_row = ((tl.cumsum(one, 1) - one) >> shift) & 15
-    return in_row.to(tl.int32), tl.sum(one, 1)
-
-
-@triton.jit
-def _unpack(packed, NCP: tl.constexpr):
-    """[rows, NCP] int32 counts of each class from per-row packed 4-bit fields."""
-    c = tl.arange(0, NCP)
-    field = (packed[:, None] >> (tl.minimum(c, CLASSES - 1) * 4).to(tl.int64)[None, :]) & 15
-    return tl.where(c[None, :] < CLASSES, field, 0).to(tl.int32)
-
-
-@triton.jit
-def _rows_before(packed, cls):
-    """Per element of a `grid` tile, the flagged elements of its class in the rows before its
-    own, from the rows' packed counts: classes regrouped PER_LANE to an int64 lane of
-    12-bit fields, a prefix over the rows per lane, the element's lane and field picked."""
+    in the tile. Classes share int64 lanes, PER_LANE FIELD-bit counters to a lane: per lane
+    a prefix sum along the rows, then one over the row totals."""
     lane = cls // PER_LANE
-    pick = tl.zeros(cls.shape, tl.int64)
-    for L in tl.static_range(-(-CLASSES // PER_LANE)):
-        totals = tl.zeros(packed.shape, tl.int64)
-        for j in tl.static_range(PER_LANE):
-            if L * PER_LANE + j < CLASSES:
-                totals += ((packed >> (4 * (L * PER_LANE + j))) & 15) << (12 * j)
-        pick = tl.where(lane == L, (tl.cumsum(totals, 0) - totals)[:, None], pick)
-    return ((pick >> ((cls % PER_LANE) * 12).to(tl.int64)) & 4095).to(tl.int32)
-
-
-@triton.jit
-def class_ranks(cls, flag, base_ptr):
-    """Per element of a `grid` tile, its class's base (`base_ptr`, [classes] int32) plus the
-    number of flagged elements of its class before it in the tile."""
-    in_row, packed = _row_counts(cls, flag)
-    return tl.load(base_ptr + cls) + in_row + _rows_before(packed, cls)
+    shift = ((cls % PER_LANE) * FIELD).to(tl.int64)
+    unit = tl.full(cls.shape, 1, tl.int64) << shift
+    rank = tl.zeros(cls.shape, tl.int32)
+    for L in tl.static_range(N_LANES):
+        one = tl.where(flag & (lane == L), unit, 0)
+        row_tot = tl.sum(one, 1)
+        before = tl.cumsum(one, 1) - one + (tl.cumsum(row_tot, 0) - row_tot)[:, None]
+        rank = tl.where(lane == L, ((before >> shift) & FIELD_MASK).to(tl.int32), rank)
+    return rank
 
 
 @triton.jit
 def class_counts(cls, flag, NCP: tl.constexpr):
-    """[NCP] int32 counts of the flagged elements of each class of a `grid` tile."""
-    _, packed = _row_counts(cls, flag)
-    return tl.sum(_unpack(packed, NCP), 0)
+    """[NCP] int32 counts of the flagged elements of each class of a `grid` tile whose rows
+    hold at most 15 elements: per row the counts of all classes as 4-bit fields of one int64
+    (class c at bit 4c), unpacked once per row."""
+    packed = tl.sum(tl.where(flag, tl.full(cls.shape, 1, tl.int64) << (cls * 4).to(tl.int64), 0), 1)
+    c = tl.arange(0, NCP)
+    field = (packed[:, None] >> (tl.minimum(c, CLASSES - 1) * 4).to(tl.int64)[None, :]) & 15
+    return tl.sum(tl.where(c[None, :] < CLASSES, field, 0).to(tl.int32), 0)
 
 
 @triton.jit
@@ -149,7 +144,7 @@ def table_counts(table: blocks.ChunkTable, luts: torch.Tensor, info, ncp: int, n
             table.base if new is None else new.base, table.rows if new is None else new.offsets,
             luts if inverted is None else inverted, events, NK=nk, MANT=info.mantissa_bits,
             KMASK=nk - 1, BITS=info.bits, NCP=ncp, HAS_NEW=new is not None,
-            BLOCK=BLOCK, ROW=ROW, num_warps=NUM_WARPS)
+            BLOCK=BLOCK, ROW=COUNT_ROW, num_warps=NUM_WARPS)
     return counts if new is None else (counts, events)
 
 

@@ -22,14 +22,14 @@ from weight_teleport.codec.cuda.bitops import (as_int64, key, narrow_bits, popc3
 def _decode_kernel(old_ptr, rows_ptr, prog_ptr, lut_ptr, inv_ptr, base_ptr, seg_ptr, bitmap_ptr, pref_ptr,
                    roff_ptr, res_ptr, pos_ptr, val_ptr, sums_ptr, n_res,
                    NK: tl.constexpr, MANT: tl.constexpr, KMASK: tl.constexpr, BITS: tl.constexpr,
-                   IS_FLOAT: tl.constexpr, NCP: tl.constexpr, BLOCK: tl.constexpr,
+                   IS_FLOAT: tl.constexpr, NCP: tl.constexpr, N_LANES: tl.constexpr, BLOCK: tl.constexpr,
                    ROW: tl.constexpr):
     pid = tl.program_id(0).to(tl.int64)
     k, t, off, start, length, first = ranks.table_block(pid, rows_ptr, prog_ptr, BLOCK)
     offs, valid = ranks.grid(first, length, BLOCK, ROW)
     b = narrow_bits(tl.load(old_ptr + off + offs, mask=valid, other=0), BITS)
     cls = ranks.classes(b, lut_ptr + t * NK, MANT, KMASK)
-    r = ranks.class_ranks(cls, valid, base_ptr + pid * NCP)
+    r = tl.load(base_ptr + pid * NCP + cls) + ranks.class_ranks(cls, valid, N_LANES)
     seg = tl.load(seg_ptr + k * NCP + cls)
     wi = seg + (r >> 5)
     word = tl.load(bitmap_ptr + wi, mask=valid, other=0).to(tl.uint32, bitcast=True)
@@ -65,7 +65,6 @@ def decode(table: blocks.ChunkTable, luts, inverted, n_classes: int, base, seg_w
         layout.require(t, dt)
     ncp = base.shape[1]
     assert base.dtype == torch.int32 and base.is_contiguous() and base.shape[0] == table.programs
-    assert n_classes <= ranks.CLASSES.value
     assert inverted.dtype == torch.int8 and inverted.is_contiguous() and inverted.shape[1] == ncp
     assert luts.dtype == torch.uint8 and luts.is_contiguous() and seg_word.numel() == table.chunks * ncp
     n = res.numel()
@@ -76,6 +75,6 @@ def decode(table: blocks.ChunkTable, luts, inverted, n_classes: int, base, seg_w
         _decode_kernel[(table.programs,)](
             old, table.rows, table.program_chunk, luts, inverted, base, seg_word, bitmap, pref, res_off, res,
             pos, val, sums, n, NK=luts.shape[1], MANT=info.mantissa_bits, KMASK=(1 << info.exponent_bits) - 1,
-            BITS=info.bits, IS_FLOAT=info.is_float, NCP=ncp, BLOCK=ranks.BLOCK,
+            BITS=info.bits, IS_FLOAT=info.is_float, NCP=ncp, N_LANES=ranks.lanes(n_classes), BLOCK=ranks.BLOCK,
             ROW=ranks.ROW, num_warps=ranks.NUM_WARPS)
     return pos, val, sums

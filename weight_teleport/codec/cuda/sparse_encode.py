@@ -14,7 +14,8 @@ from weight_teleport.codec.cuda.bitops import as_int64, key, narrow_bits, wrap
 def _events_kernel(old_ptr, rows_ptr, prog_ptr, new_ptr, new_off_ptr, lut_ptr, inv_ptr, rbase_ptr, ebase_ptr,
                    eoff_ptr, roff_ptr, ranks_ptr, res_ptr, NK: tl.constexpr, MANT: tl.constexpr,
                    KMASK: tl.constexpr, BITS: tl.constexpr, IS_FLOAT: tl.constexpr, NCP: tl.constexpr,
-                   BLOCK: tl.constexpr, ROW: tl.constexpr):
+                   N_LANES: tl.constexpr, BLOCK: tl.constexpr,
+                   ROW: tl.constexpr):
     pid = tl.program_id(0).to(tl.int64)
     k, t, off, start, length, first = ranks.table_block(pid, rows_ptr, prog_ptr, BLOCK)
     offs, valid = ranks.grid(first, length, BLOCK, ROW)
@@ -24,8 +25,8 @@ def _events_kernel(old_ptr, rows_ptr, prog_ptr, new_ptr, new_off_ptr, lut_ptr, i
     inv = tl.load(inv_ptr + t * NCP + cls) != 0
     changed = valid & (o != n)
     ev = valid & (changed != inv)
-    r = ranks.class_ranks(cls, valid, rbase_ptr + pid * NCP)
-    e = ranks.class_ranks(cls, ev, ebase_ptr + pid * NCP)
+    r = tl.load(rbase_ptr + pid * NCP + cls) + ranks.class_ranks(cls, valid, N_LANES)
+    e = tl.load(ebase_ptr + pid * NCP + cls) + ranks.class_ranks(cls, ev, N_LANES)
     tl.store(ranks_ptr + tl.load(eoff_ptr + k * NCP + cls, mask=ev, other=0) + e, r, mask=ev)
     res = wrap(key(n, IS_FLOAT, BITS) - key(o, IS_FLOAT, BITS), BITS)
     slot = tl.load(roff_ptr + k * NCP + cls, mask=changed, other=0) + tl.where(inv, r - e, e)
@@ -41,7 +42,7 @@ def events(table: blocks.ChunkTable, new: blocks.Paired, luts, inverted, rbase, 
     layout.require(table.base, info.int_torch)
     layout.require(new.base, info.int_torch)
     ncp = rbase.shape[1]
-    assert table.block == ranks.BLOCK and new.offsets.shape == (table.chunks,) and n_classes <= ranks.CLASSES.value
+    assert table.block == ranks.BLOCK and new.offsets.shape == (table.chunks,)
     assert luts.dtype == torch.uint8 and inverted.dtype == torch.int8 and inverted.shape[1] == ncp
     assert rbase.shape == ebase.shape == (table.programs, ncp) and rbase.dtype == ebase.dtype == torch.int32
     assert ev_off.dtype == res_off.dtype == torch.int64 and ev_off.numel() == res_off.numel() == table.chunks * ncp
@@ -52,5 +53,5 @@ def events(table: blocks.ChunkTable, new: blocks.Paired, luts, inverted, rbase, 
             table.base, table.rows, table.program_chunk, new.base, new.offsets, luts, inverted, rbase, ebase,
             ev_off, res_off, out_ranks, out_res, NK=luts.shape[1], MANT=info.mantissa_bits,
             KMASK=luts.shape[1] - 1, BITS=info.bits, IS_FLOAT=info.is_float, NCP=ncp,
-            BLOCK=ranks.BLOCK, ROW=ranks.ROW, num_warps=ranks.NUM_WARPS)
+            N_LANES=ranks.lanes(n_classes), BLOCK=ranks.BLOCK, ROW=ranks.ROW, num_warps=ranks.NUM_WARPS)
     return out_ranks, out_res
