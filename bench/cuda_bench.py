@@ -89,9 +89,9 @@ def gpu_passes(old, new, chunk_elems: int = 1 << 22):
     p_count = blocks.pair(news, t_count)
     lut = torch.clamp((torch.arange(256) - 100) // 2, 0, 15).to(torch.uint8)  # 16 classes
     luts = lut.repeat(len(olds), 1).cuda().contiguous()
-    inv = torch.zeros((len(olds), 32), dtype=torch.int8, device="cuda")
+    inv = torch.zeros((len(olds), 16), dtype=torch.int8, device="cuda")
     scan_ms = cuda_ms(lambda: scan(t_scan, p_scan, info))
-    count_ms = cuda_ms(lambda: ranks.table_counts(t_count, luts, info, 32, 16, p_count, inv))
+    count_ms = cuda_ms(lambda: ranks.table_counts(t_count, luts, info, 16, 16, p_count, inv))
     return scan_ms, count_ms
 
 

@@ -15,7 +15,7 @@ os.environ["TRITON_INTERPRET"] = "1"
 import torch  # noqa: E402
 
 import weight_teleport as wt  # noqa: E402
-from weight_teleport.codec import api  # noqa: E402
+from weight_teleport.codec import api, plan  # noqa: E402
 from weight_teleport.codec.cpu import backend as cpu  # noqa: E402
 from weight_teleport.codec.cuda import backend as gpu  # noqa: E402
 from weight_teleport.codec.cuda import layout  # noqa: E402
@@ -50,6 +50,17 @@ def inverted_pair(n, seed):
     return old, torch.where(moved, (old.float() * 1.5).bfloat16(), old)
 
 
+def many_classes_pair(n, seed):
+    """Elements over 28 exponents, 24 of them changing each at its own rate (2^-i/3), 4 never:
+    the class plan's limit of 16 classes is reached (with fewer events needed per class,
+    set in main)."""
+    g = torch.Generator().manual_seed(seed)
+    e = torch.randint(0, 28, (n,), generator=g)
+    old = (torch.ldexp(1 + torch.rand(n, generator=g), -e - 3)).bfloat16()
+    moved = (torch.rand(n, generator=g) < torch.pow(2.0, -e / 3)) & (e < 24)
+    return old, torch.where(moved, (old.float() * 1.01).bfloat16(), old)
+
+
 def on(backend, fn):
     api._backend = lambda tensors: backend
     return fn()
@@ -66,11 +77,17 @@ def same_state(a, b) -> bool:
 def states():
     cases = [(torch.bfloat16, 5000, 0.03), (torch.bfloat16, 70000, 0.02), (torch.bfloat16, 9000, 0.8),
              (torch.float32, 6000, 0.05), (torch.float16, 3000, 0.1), (torch.float64, 3000, 0.05),
-             (torch.float8_e4m3fn, 4000, 0.05), (torch.int32, 4000, 0.05), (torch.bfloat16, 30000, None)]
+             (torch.float8_e4m3fn, 4000, 0.05), (torch.int32, 4000, 0.05), (torch.bfloat16, 30000, None),
+             (torch.bfloat16, 40000, "classes")]
     for i, (dtype, n, density) in enumerate(cases):
         old, new = {}, {}
         for j in range(3):
-            o, m = inverted_pair(n + 97 * j, j) if density is None else pair(dtype, n + 97 * j, density, 10 * i + j)
+            if density is None:
+                o, m = inverted_pair(n + 97 * j, j)
+            elif density == "classes":
+                o, m = many_classes_pair(n + 97 * j, j)
+            else:
+                o, m = pair(dtype, n + 97 * j, density, 10 * i + j)
             old[f"t{j}"], new[f"t{j}"] = o, m
         if dtype == torch.float32:  # a second element type (two batches), and a view off 8-byte alignment
             old["h"], new["h"] = pair(torch.bfloat16, 7000, 0.03, 99)
@@ -96,6 +113,7 @@ def corrupt(pack: bytes, index: int, at: int, value: int) -> bytes:
 
 
 def main() -> int:
+    plan.MIN_CLASS_EVENTS = 4  # many classes from small tensors
     failures = []
     for name, old, new in states():
         cpu_pack = on(cpu, lambda: wt.encode_delta(old, new, base_version=0, version=1, chunk_elems=4096))
@@ -103,6 +121,8 @@ def main() -> int:
                                                    cuda=PORTABLE))
         if gpu_pack != cpu_pack:
             failures.append(f"{name}: GPU-path pack differs from the CPU's")
+        if "classes" in name and max(c for t in read_header(cpu_pack).tensors for _, c in t.classes) != 15:
+            failures.append(f"{name}: the plans do not reach 16 classes")
         state = {k: v.clone() for k, v in old.items()}
         on(gpu, lambda: wt.apply_staged(state, wt.stage_delta(state, cpu_pack)))
         if not same_state(state, new):

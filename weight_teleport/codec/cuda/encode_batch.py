@@ -33,7 +33,7 @@ class Encoded:
 def _class_tables(plans: list[ClassPlan], dev) -> tuple[torch.Tensor, torch.Tensor, np.ndarray, int]:
     """(class maps [tensors, keys] uint8, inverted flags [tensors, NCP] int8, classes, NCP)."""
     k = np.array([p.n_classes for p in plans], np.int64)
-    ncp = ranks.pow2(int(k.max()) + 1)
+    ncp = ranks.pow2(int(k.max()))
     inv = np.zeros((len(plans), ncp), np.int8)
     for i, p in enumerate(plans):
         inv[i, :p.n_classes] = p.inverted

@@ -43,7 +43,7 @@ class SparseBatch:
         self.table = blocks.build([lv.u for lv in lives], header.chunk_elems, ranks.BLOCK)
         maps = [cpu._class_map(r, self.info) for r in recs]
         self.n_classes = np.array([m[1].size for m in maps], np.int64)
-        self.ncp = ranks.pow2(int(self.n_classes.max()) + 1)
+        self.ncp = ranks.pow2(int(self.n_classes.max()))
         inv = np.zeros((len(recs), self.ncp), np.int8)
         for i, (_, iv) in enumerate(maps):
             inv[i, :iv.size] = iv
