@@ -3,9 +3,13 @@
 Elements are split into blocks of BLOCK that never straddle a chunk; a chunk table
 (codec/cuda/blocks.py) says which block each program covers. A class's rank of an element
 is its index among the chunk's elements of the same class (the order its gap stream counts
-in). Counting runs over a [BLOCK // ROW, ROW] tile of a block with NUM_WARPS warps, the
-fastest shape measured on the H200 (8 warps ran 1.75-1.9x slower; 512-element tiles with
-counts carried between them 2.0-3.2x slower; rows of 8 elements as fast, of 32 or 64 slower).
+in). Kernels work on a [BLOCK // ROW, ROW] tile of a block. Shapes measured on the H200
+(Qwen3-8B-shaped delta, packs byte-identical in every shape), events / placement kernel:
+2048 x rows of 16, 4 warps: 121 / 139 ms; 2048 x 8, 4: 135 / 157; 1024 x 16, 4: 200 / 202;
+1024 x 8, 4: 139 / 113; 1024 x 16, 2: 114 / 140; 512 x 16, 4: 232 / 238. Both kernels
+spend 240-255 registers a thread (ncu: 12.5% occupancy, spills in the events kernel). Earlier:
+8 warps ran 1.75-1.9x slower; 512-element tiles with counts carried between them 2.0-3.2x
+slower.
 
 Ranks keep PER_LANE classes' running counts as FIELD-bit fields of an int64 lane. Counts
 alone need less: with rows of COUNT_ROW elements a row's counts of all 16 classes fit one
@@ -21,17 +25,16 @@ import triton.language as tl
 from weight_teleport.codec.cuda import blocks, layout
 from weight_teleport.codec.cuda.bitops import narrow_bits
 
-BLOCK = 2048
+BLOCK = 1024
 """Elements of one program."""
-ROW = 16
-"""Consecutive elements of one row of a block's [BLOCK // ROW, ROW] tile in the rank kernels."""
 COUNT_ROW = 8
-"""The same in the counting kernel: a class's count within a row fits a 4-bit field, so
-the counts of all CLASSES classes share one int64."""
+"""Consecutive elements of one row of a block's [BLOCK // ROW, ROW] tile in the counting
+kernel: a class's count within a row fits a 4-bit field, so the counts of all CLASSES
+classes share one int64. The rank kernels choose their own rows and warps."""
 CLASSES = tl.constexpr(16)
 """Classes a tensor may have (the class plan's limit)."""
 NUM_WARPS = 4
-"""Warps of the counting kernels."""
+"""Warps of the counting kernel."""
 FIELD = tl.constexpr(12)
 """Bits of one class's running count in a packed cumsum lane (BLOCK < 2^FIELD)."""
 FIELD_MASK = tl.constexpr(4095)

@@ -17,6 +17,9 @@ from weight_teleport.codec.cuda import blocks, layout, ranks
 from weight_teleport.codec.cuda.bitops import (as_int64, key, narrow_bits, popc32, stored_bits, unkey,
                                                word_terms, wrap)
 
+ROW, NUM_WARPS = 8, 4
+"""Tile rows and warps of the placement kernel (the fastest measured: codec/cuda/ranks.py)."""
+
 
 @triton.jit
 def _decode_kernel(old_ptr, rows_ptr, prog_ptr, lut_ptr, inv_ptr, base_ptr, seg_ptr, bitmap_ptr, pref_ptr,
@@ -76,5 +79,5 @@ def decode(table: blocks.ChunkTable, luts, inverted, n_classes: int, base, seg_w
             old, table.rows, table.program_chunk, luts, inverted, base, seg_word, bitmap, pref, res_off, res,
             pos, val, sums, n, NK=luts.shape[1], MANT=info.mantissa_bits, KMASK=(1 << info.exponent_bits) - 1,
             BITS=info.bits, IS_FLOAT=info.is_float, NCP=ncp, N_LANES=ranks.lanes(n_classes), BLOCK=ranks.BLOCK,
-            ROW=ranks.ROW, num_warps=ranks.NUM_WARPS)
+            ROW=ROW, num_warps=NUM_WARPS)
     return pos, val, sums

@@ -9,6 +9,9 @@ import triton.language as tl
 from weight_teleport.codec.cuda import blocks, layout, ranks
 from weight_teleport.codec.cuda.bitops import as_int64, key, narrow_bits, wrap
 
+ROW, NUM_WARPS = 16, 2
+"""Tile rows and warps of the events kernel (the fastest measured: codec/cuda/ranks.py)."""
+
 
 @triton.jit
 def _events_kernel(old_ptr, rows_ptr, prog_ptr, new_ptr, new_off_ptr, lut_ptr, inv_ptr, rbase_ptr, ebase_ptr,
@@ -53,5 +56,5 @@ def events(table: blocks.ChunkTable, new: blocks.Paired, luts, inverted, rbase, 
             table.base, table.rows, table.program_chunk, new.base, new.offsets, luts, inverted, rbase, ebase,
             ev_off, res_off, out_ranks, out_res, NK=luts.shape[1], MANT=info.mantissa_bits,
             KMASK=luts.shape[1] - 1, BITS=info.bits, IS_FLOAT=info.is_float, NCP=ncp,
-            N_LANES=ranks.lanes(n_classes), BLOCK=ranks.BLOCK, ROW=ranks.ROW, num_warps=ranks.NUM_WARPS)
+            N_LANES=ranks.lanes(n_classes), BLOCK=ranks.BLOCK, ROW=ROW, num_warps=NUM_WARPS)
     return out_ranks, out_res
