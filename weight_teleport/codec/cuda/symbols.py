@@ -4,10 +4,10 @@ sparse"), byte-identical to the CPU's `class_to_symbols`, written into one buffe
 SLOT_ALIGN-aligned slots.
 
 Inputs are per segment: its events' class ranks (ascending) and the residuals of its
-changed elements (in a non-inverted class, one per event). Two launches of one program per
-segment, each walking the segment's events and residuals in tiles: the first counts the
-bytes of each stream (read back in the step's one transfer, to lay out the slots), the
-second writes them. Integer arithmetic is int64, which wraps like the format's unsigned
+changed elements (in a non-inverted class, one per event). One kernel, a program per
+segment walking its events and residuals in tiles, launched twice: first to count the
+bytes of each stream (read back in the step's one transfer, to lay out the slots), then to
+write them. Integer arithmetic is int64, which wraps like the format's unsigned
 arithmetic; comparisons of values that may reach 2^63 go through `_uge`."""
 
 from dataclasses import dataclass
@@ -85,6 +85,16 @@ def _zigzag(r, BITS: tl.constexpr):
 
 
 @triton.jit
+def unzigzag(z, BITS: tl.constexpr):
+    """The residual (int64, low BITS bits) of zigzag code `z`: the inverse of `_zigzag`."""
+    if BITS == 64:
+        r = tl.where((z & 1) != 0, -1 - (z >> 1), (z >> 1) + 1)
+    else:
+        r = tl.where((z & 1) != 0, ((1 << BITS) - 1 - (z >> 1)) & ((1 << BITS) - 1), (z >> 1) + 1)
+    return r
+
+
+@triton.jit
 def _residual_symbols(res_ptr, at, j, m, inv, BITS: tl.constexpr):
     """(residual, whether it has a residual symbol, whether that escapes, the symbol)."""
     res = tl.load(res_ptr + at + j, mask=m, other=0)
@@ -96,44 +106,23 @@ def _residual_symbols(res_ptr, at, j, m, inv, BITS: tl.constexpr):
 
 
 @triton.jit
-def _segment(s, ev_cnt_ptr, ev_start_ptr, res_cnt_ptr, res_start_ptr, inv_ptr):
+def segment(s, ev_cnt_ptr, ev_start_ptr, res_cnt_ptr, res_start_ptr, inv_ptr):
+    """(events, first event, changed elements, first residual, inverted) of segment `s`."""
     return (tl.load(ev_cnt_ptr + s), tl.load(ev_start_ptr + s), tl.load(res_cnt_ptr + s),
             tl.load(res_start_ptr + s), tl.load(inv_ptr + s) != 0)
 
 
 @triton.jit
-def _count_kernel(ranks_ptr, res_ptr, ev_cnt_ptr, ev_start_ptr, res_cnt_ptr, res_start_ptr, inv_ptr, out_ptr,
-                  BITS: tl.constexpr, T: tl.constexpr):
+def _symbols_kernel(ranks_ptr, res_ptr, ev_cnt_ptr, ev_start_ptr, res_cnt_ptr, res_start_ptr, inv_ptr, off_ptr,
+                    buf_ptr, words_ptr, counts_ptr, BITS: tl.constexpr, T: tl.constexpr, WRITE: tl.constexpr):
+    """One segment's streams: without WRITE, its extra bits, residual symbols and escapes
+    counted into `counts_ptr` (the slots are laid out from them); with WRITE, its four
+    streams written at its slots `off_ptr`."""
     s = tl.program_id(0).to(tl.int64)
-    n_ev, ev0, n_res, res0, inv = _segment(s, ev_cnt_ptr, ev_start_ptr, res_cnt_ptr, res_start_ptr, inv_ptr)
-    bits = tl.zeros((), tl.int64)
-    t = tl.zeros((), tl.int64)
-    while t < n_ev:
-        j = t + tl.arange(0, T).to(tl.int64)
-        ne, bucket, extra = _gaps(ranks_ptr, ev0, j, j < n_ev)
-        bits += tl.sum(ne, 0)
-        t += T
-    n_sym = tl.zeros((), tl.int64)
-    n_esc = tl.zeros((), tl.int64)
-    t = tl.zeros((), tl.int64)
-    while t < n_res:
-        j = t + tl.arange(0, T).to(tl.int64)
-        res, flag, esc, sym = _residual_symbols(res_ptr, res0, j, j < n_res, inv, BITS)
-        n_sym += tl.sum(flag.to(tl.int64), 0)
-        n_esc += tl.sum(esc.to(tl.int64), 0)
-        t += T
-    tl.store(out_ptr + s * 3, bits)
-    tl.store(out_ptr + s * 3 + 1, n_sym)
-    tl.store(out_ptr + s * 3 + 2, n_esc)
-
-
-@triton.jit
-def _write_kernel(ranks_ptr, res_ptr, ev_cnt_ptr, ev_start_ptr, res_cnt_ptr, res_start_ptr, inv_ptr, off_ptr,
-                  buf_ptr, words_ptr, BITS: tl.constexpr, T: tl.constexpr):
-    s = tl.program_id(0).to(tl.int64)
-    n_ev, ev0, n_res, res0, inv = _segment(s, ev_cnt_ptr, ev_start_ptr, res_cnt_ptr, res_start_ptr, inv_ptr)
-    sym_at, bit_word = tl.load(off_ptr + s * 4), tl.load(off_ptr + s * 4 + 1) // 4
-    rsym_at, esc_at = tl.load(off_ptr + s * 4 + 2), tl.load(off_ptr + s * 4 + 3)
+    n_ev, ev0, n_res, res0, inv = segment(s, ev_cnt_ptr, ev_start_ptr, res_cnt_ptr, res_start_ptr, inv_ptr)
+    if WRITE:
+        sym_at, bit_word = tl.load(off_ptr + s * 4), tl.load(off_ptr + s * 4 + 1) // 4
+        rsym_at, esc_at = tl.load(off_ptr + s * 4 + 2), tl.load(off_ptr + s * 4 + 3)
     # streams 1 and 2: event symbols (gap bucket and the residual's code) and extra bits
     bits = tl.zeros((), tl.int64)
     t = tl.zeros((), tl.int64)
@@ -141,15 +130,16 @@ def _write_kernel(ranks_ptr, res_ptr, ev_cnt_ptr, ev_start_ptr, res_cnt_ptr, res
         j = t + tl.arange(0, T).to(tl.int64)
         m = j < n_ev
         ne, bucket, extra = _gaps(ranks_ptr, ev0, j, m)
-        zz = _zigzag(tl.load(res_ptr + res0 + j, mask=m & ~inv, other=1), BITS)
-        rc = tl.where(inv, 0, tl.where(_uge(zz, _RC - 1), _RC - 1, zz))
-        tl.store(buf_ptr + sym_at + j, (bucket * _RC + rc).to(tl.uint8), mask=m)
-        at = bits + tl.cumsum(ne, 0) - ne
-        sh = at & 31
-        lo = ((extra << sh) & 0xFFFFFFFF).to(tl.uint32).to(tl.int32, bitcast=True)
-        hi = (extra >> (32 - sh)).to(tl.uint32).to(tl.int32, bitcast=True)
-        tl.atomic_or(words_ptr + bit_word + (at >> 5), lo, mask=m & (ne > 0))
-        tl.atomic_or(words_ptr + bit_word + (at >> 5) + 1, hi, mask=m & (ne > 0) & (sh + ne > 32))
+        if WRITE:
+            zz = _zigzag(tl.load(res_ptr + res0 + j, mask=m & ~inv, other=1), BITS)
+            rc = tl.where(inv, 0, tl.where(_uge(zz, _RC - 1), _RC - 1, zz))
+            tl.store(buf_ptr + sym_at + j, (bucket * _RC + rc).to(tl.uint8), mask=m)
+            at = bits + tl.cumsum(ne, 0) - ne
+            sh = at & 31
+            lo = ((extra << sh) & 0xFFFFFFFF).to(tl.uint32).to(tl.int32, bitcast=True)
+            hi = (extra >> (32 - sh)).to(tl.uint32).to(tl.int32, bitcast=True)
+            tl.atomic_or(words_ptr + bit_word + (at >> 5), lo, mask=m & (ne > 0))
+            tl.atomic_or(words_ptr + bit_word + (at >> 5) + 1, hi, mask=m & (ne > 0) & (sh + ne > 32))
         bits += tl.sum(ne, 0)
         t += T
     # streams 3 and 4: residual symbols and the escaped residuals' bytes
@@ -160,14 +150,19 @@ def _write_kernel(ranks_ptr, res_ptr, ev_cnt_ptr, ev_start_ptr, res_cnt_ptr, res
     while t < n_res:
         j = t + tl.arange(0, T).to(tl.int64)
         res, flag, esc, sym = _residual_symbols(res_ptr, res0, j, j < n_res, inv, BITS)
-        k = n_sym + tl.cumsum(flag.to(tl.int64), 0) - flag.to(tl.int64)
-        tl.store(buf_ptr + rsym_at + k, sym.to(tl.uint8), mask=flag)
-        e = n_esc + tl.cumsum(esc.to(tl.int64), 0) - esc.to(tl.int64)
-        for b in tl.static_range(NB):
-            tl.store(buf_ptr + esc_at + e * NB + b, ((res >> (8 * b)) & 0xFF).to(tl.uint8), mask=esc)
+        if WRITE:
+            k = n_sym + tl.cumsum(flag.to(tl.int64), 0) - flag.to(tl.int64)
+            tl.store(buf_ptr + rsym_at + k, sym.to(tl.uint8), mask=flag)
+            e = n_esc + tl.cumsum(esc.to(tl.int64), 0) - esc.to(tl.int64)
+            for b in tl.static_range(NB):
+                tl.store(buf_ptr + esc_at + e * NB + b, ((res >> (8 * b)) & 0xFF).to(tl.uint8), mask=esc)
         n_sym += tl.sum(flag.to(tl.int64), 0)
         n_esc += tl.sum(esc.to(tl.int64), 0)
         t += T
+    if not WRITE:
+        tl.store(counts_ptr + s * 3, bits)
+        tl.store(counts_ptr + s * 3 + 1, n_sym)
+        tl.store(counts_ptr + s * 3 + 2, n_esc)
 
 
 def encode(ranks: torch.Tensor, res: torch.Tensor, seg: Segments) -> SymbolStreams:
@@ -183,15 +178,16 @@ def encode(ranks: torch.Tensor, res: torch.Tensor, seg: Segments) -> SymbolStrea
     args = (ranks, res, ev_cnt, layout.starts(ev_cnt), res_cnt, layout.starts(res_cnt), inv)
     counts = torch.zeros((max(n_seg, 1), 3), dtype=torch.int64, device=dev)
     if n_seg:
-        _count_kernel[(n_seg,)](*args, counts, BITS=seg.bits, T=TILE)
+        unused = ranks  # the slot and buffer pointers, not read when counting
+        _symbols_kernel[(n_seg,)](*args, unused, unused, unused, counts, BITS=seg.bits, T=TILE, WRITE=False)
     host = torch.cat([ev_cnt, res_cnt, counts[:n_seg].view(-1)]).cpu().numpy()
     ev_h, changed, c = host[:n_seg], host[n_seg:2 * n_seg], host[2 * n_seg:].reshape(n_seg, 3)
     lengths = np.stack([ev_h, (c[:, 0] + 7) // 8, c[:, 1], c[:, 2] * (seg.bits // 8)], axis=1).astype(np.int64)
     assert ranks.numel() == int(ev_h.sum()) and res.numel() == int(changed.sum())
     slots = -(-lengths // SLOT_ALIGN) * SLOT_ALIGN
-    offsets = np.concatenate([[0], np.cumsum(slots.ravel())[:-1]]).astype(np.int64).reshape(slots.shape)
+    offsets = layout.starts(slots.ravel()).reshape(slots.shape)
     buf = torch.zeros(int(slots.sum()) + 2 * SLOT_ALIGN, dtype=torch.uint8, device=dev)
     if n_seg:
-        _write_kernel[(n_seg,)](*args, torch.from_numpy(offsets).to(dev), buf, buf.view(torch.int32),
-                                BITS=seg.bits, T=TILE)
+        _symbols_kernel[(n_seg,)](*args, layout.to_device([offsets], dev)[0], buf, buf.view(torch.int32), counts,
+                                  BITS=seg.bits, T=TILE, WRITE=True)
     return SymbolStreams(buf, offsets, lengths, changed)

@@ -16,6 +16,7 @@ import triton.language as tl
 from weight_teleport.codec.cuda import layout
 from weight_teleport.codec.cuda.symbols import ESCAPE as _ESCAPE
 from weight_teleport.codec.cuda.symbols import RC as _RC
+from weight_teleport.codec.cuda.symbols import segment, unzigzag
 
 MAX_BUCKET = tl.constexpr(44)
 RC = tl.constexpr(_RC)
@@ -50,9 +51,7 @@ def _le_bytes(buf_ptr, at, top, N: tl.constexpr):
 def _segment_kernel(buf_ptr, top, off_ptr, raw_ptr, ev_cnt_ptr, ev_start_ptr, res_cnt_ptr, res_start_ptr, inv_ptr,
                     ranks_ptr, ev_seg_ptr, res_ptr, bad_ptr, BITS: tl.constexpr, T: tl.constexpr):
     s = tl.program_id(0).to(tl.int64)
-    n_ev, ev0 = tl.load(ev_cnt_ptr + s), tl.load(ev_start_ptr + s)
-    n_res, res0 = tl.load(res_cnt_ptr + s), tl.load(res_start_ptr + s)
-    inv = tl.load(inv_ptr + s) != 0
+    n_ev, ev0, n_res, res0, inv = segment(s, ev_cnt_ptr, ev_start_ptr, res_cnt_ptr, res_start_ptr, inv_ptr)
     sym_at, bit_at = tl.load(off_ptr + s * 4), tl.load(off_ptr + s * 4 + 1)
     rsym_at, esc_at = tl.load(off_ptr + s * 4 + 2), tl.load(off_ptr + s * 4 + 3)
     bad = tl.zeros((), tl.int32)
@@ -94,11 +93,7 @@ def _segment_kernel(buf_ptr, top, off_ptr, raw_ptr, ev_cnt_ptr, ev_start_ptr, re
         esc = need & (sym == ESCAPE)
         e = n_esc + tl.cumsum(esc.to(tl.int64), 0) - esc.to(tl.int64)
         z = tl.where(need, sym + tl.where(inv, 0, RC - 1), rrc)
-        if BITS == 64:
-            plain = tl.where((z & 1) != 0, -1 - (z >> 1), (z >> 1) + 1)
-        else:
-            plain = tl.where((z & 1) != 0, ((1 << BITS) - 1 - (z >> 1)) & ((1 << BITS) - 1), (z >> 1) + 1)
-        res = tl.where(esc, _le_bytes(buf_ptr, esc_at + e * NB, top, NB), plain)
+        res = tl.where(esc, _le_bytes(buf_ptr, esc_at + e * NB, top, NB), unzigzag(z, BITS))
         tl.store(res_ptr + res0 + j, res, mask=m)
         n_sym += tl.sum(need.to(tl.int64), 0)
         n_esc += tl.sum(esc.to(tl.int64), 0)
