@@ -10,6 +10,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from weight_teleport.codec.cuda import layout
+
 OFF, LEN, START, TENSOR, PROG0 = range(5)
 COLS = 5
 
@@ -49,25 +51,30 @@ def chunk_rows(numels: np.ndarray, chunk_elems: int) -> tuple[np.ndarray, np.nda
     """(tensor of each chunk, first element of each chunk in its tensor, its length)."""
     n_chunks = -(-numels // chunk_elems)
     tensor = np.repeat(np.arange(numels.size), n_chunks)
-    first = np.concatenate([[0], np.cumsum(n_chunks)[:-1]]).astype(np.int64)
-    start = (np.arange(tensor.size) - first[tensor]) * chunk_elems
+    start = (np.arange(tensor.size) - layout.starts(n_chunks)[tensor]) * chunk_elems
     return tensor, start, np.minimum(numels[tensor] - start, chunk_elems)
 
 
-def build(flats: list[torch.Tensor], chunk_elems: int, block: int) -> ChunkTable:
-    """The chunk table of the flat contiguous tensors `flats` (one element type, one device)."""
+def _elements_from_base(flats: list[torch.Tensor]) -> tuple[np.ndarray, int]:
+    """(each tensor's first element counted from the lowest-addressed tensor's, the index of
+    that tensor) of flat tensors of one element type."""
     size = flats[0].element_size()
     ptrs = np.array([t.data_ptr() for t in flats], np.int64)
     base = int(np.argmin(ptrs))
     assert ((ptrs - ptrs[base]) % size == 0).all()
+    return (ptrs - ptrs[base]) // size, base
+
+
+def build(flats: list[torch.Tensor], chunk_elems: int, block: int) -> ChunkTable:
+    """The chunk table of the flat contiguous tensors `flats` (one element type, one device)."""
+    elem, base = _elements_from_base(flats)
     tensor, start, length = chunk_rows(np.array([t.numel() for t in flats], np.int64), chunk_elems)
     progs = -(-length // block)
-    rows = np.stack([(ptrs[tensor] - ptrs[base]) // size + start, length, start, tensor,
-                     np.cumsum(progs) - progs], axis=1).astype(np.int64)
+    rows = np.stack([elem[tensor] + start, length, start, tensor, layout.starts(progs)], axis=1).astype(np.int64)
     dev = flats[0].device
-    prog_chunk = torch.repeat_interleave(torch.arange(rows.shape[0], dtype=torch.int32, device=dev),
-                                         torch.from_numpy(progs).to(dev), output_size=int(progs.sum()))
-    rows_d = torch.from_numpy(rows).to(dev)
+    rows_d, progs_d = layout.to_device([rows, progs], dev)
+    prog_chunk = torch.repeat_interleave(torch.arange(rows.shape[0], dtype=torch.int32, device=dev), progs_d,
+                                         output_size=int(progs.sum()))
     return ChunkTable(flats[base], rows_d, rows, prog_chunk, rows_d[prog_chunk.long(), TENSOR], block, len(flats))
 
 
@@ -83,10 +90,6 @@ class Paired:
 
 def pair(flats: list[torch.Tensor], table: ChunkTable) -> Paired:
     """The tensors `flats`, one per tensor of `table` and of the same sizes, as a Paired."""
-    size = flats[0].element_size()
-    ptrs = np.array([t.data_ptr() for t in flats], np.int64)
-    base = int(np.argmin(ptrs))
-    assert ((ptrs - ptrs[base]) % size == 0).all()
-    tensor = table.host[:, TENSOR]
-    off = (ptrs[tensor] - ptrs[base]) // size + table.host[:, START]
-    return Paired(flats[base], torch.from_numpy(off.astype(np.int64)).to(flats[0].device))
+    elem, base = _elements_from_base(flats)
+    off = elem[table.host[:, TENSOR]] + table.host[:, START]
+    return Paired(flats[base], layout.to_device([off], flats[0].device)[0])
