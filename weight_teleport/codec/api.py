@@ -132,9 +132,8 @@ def stage_delta(state: Mapping[str, torch.Tensor], pack: bytes, *, base_version:
                                 f"version {base_version}")
     backend, lives = _lives(state, header, strict)
     staged = backend.stage(lives, header, pack, check_base and header.kind == "delta", threads)
-    offload = getattr(staged, "offload", None)
-    if offload is not None and device_budget is not None and staged.nbytes > device_budget:
-        offload()
+    if device_budget is not None and staged.nbytes > device_budget:
+        staged.offload()
     return staged
 
 

@@ -55,6 +55,10 @@ class StagedPatch:
         """Memory held by the staged patch."""
         return sum(t.nbytes for t in self.tensors)
 
+    def offload(self) -> "StagedPatch":
+        """Move the patch to host memory: it is there already. Returns self."""
+        return self
+
 
 @dataclass
 class ApplyReport:

@@ -75,6 +75,6 @@ class DevicePatch:
             g.rows, g.offsets, g.values = pin(g.rows), pin(g.offsets), pin(g.values)
         for t in self.tensors:
             if t.positions is not None:
-                t.positions, t.values = t.positions.cpu().pin_memory(), t.values.cpu().pin_memory()
-            t.dense = [(s, v.cpu().pin_memory()) for s, v in t.dense]
+                t.positions, t.values = pin(t.positions), pin(t.values)
+            t.dense = [(s, pin(v)) for s, v in t.dense]
         return self
