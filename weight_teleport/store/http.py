@@ -135,7 +135,7 @@ class HttpStore(Store):
     def _put(self, key: str, data: bytes) -> None:
         headers = {**self._auth(), "Content-Type": "application/octet-stream",
                    "Content-Length": str(len(data)), "X-Content-SHA256": content_hash(data)}
-        body = data if self.config.upload_progress is None else _reporting(data, self.config.upload_progress)
+        body = data if self.config.upload_progress is None else _Reporting(data, self.config.upload_progress)
         status, _, body = self._request("PUT", "/o/" + quote(key), body, headers)
         self._check(status, body, f"put {key!r}")
 
@@ -190,7 +190,7 @@ class HttpStore(Store):
         return None
 
 
-class _reporting:
+class _Reporting:
     """An upload body sent in 1 MiB pieces, reporting each piece to `progress`; iterable
     again on a retry."""
 

@@ -99,7 +99,8 @@ def encode(items: list[EncodeItem], chunk_elems: int, level: int, threads: int |
     if dense:
         for i, rec, ch in zip(dense, *_on_cpu([items[i] for i in dense], chunk_elems, level, threads)):
             records[i], parts[i] = rec, ch
-    sparse = [i for i, r in enumerate(records) if r.codec == "sparse" and i not in set(dense)]
+    on_cpu = set(dense)
+    sparse = [i for i, r in enumerate(records) if r.codec == "sparse" and i not in on_cpu]
     for g in _by_type(items, sparse):
         b = encode_batch.Batch([items[i] for i in g], [planned[i][1] for i in g],
                                sum(planned[i][2] for i in g), sum(records[i].changed for i in g))
