@@ -8,11 +8,11 @@ before triton is imported). Exits 1 and prints the failing cases on a mismatch."
 
 import os
 import sys
-import zlib
 
 os.environ["TRITON_INTERPRET"] = "1"
 
 import torch  # noqa: E402
+from helpers import with_renewed_crcs  # noqa: E402
 
 import weight_teleport as wt  # noqa: E402
 from weight_teleport.codec import api, plan  # noqa: E402
@@ -21,7 +21,7 @@ from weight_teleport.codec.cuda import backend as gpu  # noqa: E402
 from weight_teleport.codec.cuda import layout  # noqa: E402
 from weight_teleport.codec.cuda.config import CudaCodecConfig  # noqa: E402
 from weight_teleport.errors import WeightTeleportError  # noqa: E402
-from weight_teleport.format import ChunkRef, read_header, write_pack  # noqa: E402
+from weight_teleport.format import read_header  # noqa: E402
 
 layout.on_device = lambda t: True  # the interpreter runs the kernels on CPU tensors
 PORTABLE = CudaCodecConfig(use_nvcomp=False)
@@ -97,19 +97,10 @@ def states():
 
 def corrupt(pack: bytes, index: int, at: int, value: int) -> bytes:
     """`pack` with byte `at` of its chunk `index` set to `value`, the chunk's CRC renewed."""
-    header = read_header(pack)
-    chunks, i = [], 0
-    for t in header.tensors:
-        refs = []
-        for ref in t.chunks:
-            data = bytearray(pack[header.payload_offset + ref.offset:][:ref.length])
-            if i == index:
-                data[at % len(data)] = value
-            refs.append(ChunkRef(ref.offset, ref.length, zlib.crc32(data)))
-            chunks.append(bytes(data))
-            i += 1
-        t.chunks = refs
-    return write_pack(header, chunks)
+    def mutate(i: int, data: bytearray) -> None:
+        if i == index:
+            data[at % len(data)] = value
+    return with_renewed_crcs(pack, mutate)
 
 
 def main() -> int:

@@ -1,9 +1,13 @@
-"""Shared test helpers: bit-pattern comparison and state generators."""
+"""Shared test helpers: bit-pattern comparison, state generators, corrupted packs."""
+
+import zlib
 
 import numpy as np
 import torch
 
 from weight_teleport.codec.dtypes import BY_NAME, dtype_info
+from weight_teleport.format import ChunkRef, read_header, write_pack
+from weight_teleport.format.container import chunk_payload
 
 DTYPES = [d.torch_dtype for d in BY_NAME.values()]
 FLOAT_DTYPES = [d.torch_dtype for d in BY_NAME.values() if d.is_float]
@@ -70,3 +74,22 @@ def specials(dtype: torch.dtype) -> list[int]:
         return [0, 1]
     top = (1 << info.bits) - 1
     return [0, 1, top, top >> 1, (top >> 1) + 1]
+
+
+def with_renewed_crcs(pack: bytes, mutate) -> bytes:
+    """`pack` with each chunk passed through `mutate(chunk_index, bytearray)` (which may
+    resize it) and every chunk's offset and CRC-32 renewed: a faulty writer's pack, whose
+    corruption reaches the stream decoders instead of stopping at the checksums."""
+    header = read_header(pack)
+    chunks, offset, i = [], 0, 0
+    for t in header.tensors:
+        refs = []
+        for ref in t.chunks:
+            data = bytearray(chunk_payload(pack, header, ref))
+            mutate(i, data)
+            i += 1
+            refs.append(ChunkRef(offset, len(data), zlib.crc32(data)))
+            chunks.append(bytes(data))
+            offset += len(data)
+        t.chunks = refs
+    return write_pack(header, chunks)

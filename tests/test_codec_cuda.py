@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 import torch
-from helpers import DTYPES, assert_bits_equal, bits, clone_state
+from helpers import DTYPES, assert_bits_equal, bits, clone_state, with_renewed_crcs
 from test_codec_roundtrip import make_pair
 
 import weight_teleport as wt
@@ -69,8 +69,8 @@ def test_gpu_symbol_streams_match_cpu_kernel():
     from weight_teleport.codec.cpu import kernels as K
     from weight_teleport.codec.cuda import symbols
     rng = np.random.default_rng(0)
-    for bits in (8, 16, 32, 64):
-        wm = (1 << bits) - 1
+    for width in (8, 16, 32, 64):
+        wm = (1 << width) - 1
         ranks, res, ev, rc, inv, ref = [], [], [], [], [], []
         for s in range(40):
             iv = bool(rng.random() < 0.3)
@@ -85,14 +85,14 @@ def test_gpu_symbol_streams_match_cpu_kernel():
             rv[rv == 0] = 1
             syms, bb = np.empty(n, np.uint8), np.empty(n * 4 + 8, np.uint8)
             rsy, esc = np.empty(max(n, nres), np.uint8), np.empty(max(n, nres), np.uint64)
-            nb, nr, ne = K.class_to_symbols(np.diff(r, prepend=-1) - 1, rv, not iv, np.uint64(1 << (bits - 1)),
+            nb, nr, ne = K.class_to_symbols(np.diff(r, prepend=-1) - 1, rv, not iv, np.uint64(1 << (width - 1)),
                                             np.uint64(wm), syms, bb, rsy, esc)
             ref.append([syms.tobytes(), bb[:nb].tobytes(), rsy[:nr].tobytes(),
-                        esc[:ne].astype(f"<u{bits // 8}").tobytes()])
+                        esc[:ne].astype(f"<u{width // 8}").tobytes()])
             ranks.append(r.astype(np.int32))
             res.append(rv.view(np.int64))
             ev, rc, inv = ev + [n], rc + [nres], inv + [iv]
-        seg = symbols.Segments(np.array(ev, np.int64), np.array(rc, np.int64), np.array(inv), bits)
+        seg = symbols.Segments(np.array(ev, np.int64), np.array(rc, np.int64), np.array(inv), width)
         out = symbols.encode(torch.from_numpy(np.concatenate(ranks)).cuda(),
                              torch.from_numpy(np.concatenate(res)).cuda(), seg)
         buf = out.buffer.cpu().numpy()
@@ -230,28 +230,6 @@ def test_staged_patch_held_on_device_or_in_pinned_host_memory(budget):
     assert_bits_equal(_cpu(state), new)
 
 
-def _recrc(pack: bytes, mutate) -> bytes:
-    """`pack` with its chunks passed through `mutate(chunk_index, bytearray)`, CRCs renewed."""
-    import zlib
-
-    from weight_teleport.format import write_pack
-    from weight_teleport.format.container import ChunkRef
-    header = read_header(pack)
-    i = 0
-    chunks = []
-    for t in header.tensors:
-        refs = []
-        for ref in t.chunks:
-            start = header.payload_offset + ref.offset
-            c = bytearray(pack[start:start + ref.length])
-            mutate(i, c)
-            i += 1
-            refs.append(ChunkRef(ref.offset, ref.length, zlib.crc32(c)))
-            chunks.append(bytes(c))
-        t.chunks = refs
-    return write_pack(header, chunks)
-
-
 @pytest.mark.parametrize("nvcomp", [True, False])
 def test_corrupt_streams_with_valid_crcs_are_refused_on_gpu(nvcomp, monkeypatch):
     from weight_teleport.codec.cuda import entropy
@@ -272,7 +250,7 @@ def test_corrupt_streams_with_valid_crcs_are_refused_on_gpu(nvcomp, monkeypatch)
 
         state = _cuda(old)
         try:
-            wt.apply_delta(state, _recrc(pack, mutate))
+            wt.apply_delta(state, with_renewed_crcs(pack, mutate))
         except WeightTeleportError:
             refused += 1
             assert_bits_equal(_cpu(state), old)

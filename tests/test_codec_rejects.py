@@ -5,7 +5,7 @@ import struct
 import numpy as np
 import pytest
 import torch
-from helpers import assert_bits_equal, clone_state
+from helpers import assert_bits_equal, clone_state, with_renewed_crcs
 
 import weight_teleport as wt
 from weight_teleport.errors import (DigestMismatchError, PackFormatError, PackMismatchError,
@@ -130,28 +130,6 @@ def test_encoder_user_errors(states):
         wt.encode_delta(old, new, base_version=0, version=1, chunk_elems=12)
 
 
-def _with_fixed_crcs(pack: bytes, mutate) -> bytes:
-    """The pack with its chunks mutated by `mutate(bytearray)` and every CRC recomputed,
-    so the corruption reaches the stream decoders instead of stopping at the checksums."""
-    import zlib
-
-    from weight_teleport.format import ChunkRef, write_pack
-    from weight_teleport.format.container import chunk_payload
-
-    header = read_header(pack)
-    chunks, offset = [], 0
-    for t in header.tensors:
-        refs = []
-        for ref in t.chunks:
-            data = bytearray(chunk_payload(pack, header, ref))
-            mutate(data)
-            refs.append(ChunkRef(offset, len(data), zlib.crc32(data)))
-            chunks.append(bytes(data))
-            offset += len(data)
-        t.chunks = refs
-    return write_pack(header, chunks)
-
-
 @pytest.mark.parametrize("seed", range(40))
 def test_corrupt_streams_behind_valid_checksums_are_refused(states, seed):
     """Chunk bytes corrupted after the CRCs were made (a faulty writer): decoders must refuse
@@ -165,7 +143,7 @@ def test_corrupt_streams_behind_valid_checksums_are_refused(states, seed):
             pos = int(rng.integers(len(data)))
             data[pos] = int(rng.integers(256)) if rng.random() < 0.5 else data[pos] ^ (1 << int(rng.integers(8)))
 
-    bad = _with_fixed_crcs(pack, mutate)
+    bad = with_renewed_crcs(pack, lambda i, data: mutate(data))
     state = clone_state(old)
     try:
         wt.apply_delta(state, bad)
@@ -184,5 +162,5 @@ def test_resized_streams_behind_valid_checksums_are_refused(states, kind):
               "zero": lambda d: d.__setitem__(slice(None), bytes(len(d)))}[kind]
     state = clone_state(old)
     with pytest.raises((PackFormatError, PackMismatchError, DigestMismatchError)):
-        wt.apply_delta(state, _with_fixed_crcs(pack, mutate))
+        wt.apply_delta(state, with_renewed_crcs(pack, lambda i, data: mutate(data)))
     assert_bits_equal(state, old)

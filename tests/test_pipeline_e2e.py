@@ -12,8 +12,6 @@ import traceback
 import uuid
 from pathlib import Path
 
-import pytest
-
 from services import S3_BUCKET, TOKEN, free_port, nginx, origin, s3_config, seaweed_s3  # noqa: F401
 from weight_teleport.store import StoreConfig
 
