@@ -1,22 +1,28 @@
-"""Block / row / warp shapes of the CUDA rank kernels on the Qwen3-8B-shaped delta (one
-device run): per-kernel device times (torch.profiler) of one encode and one stage per shape,
-packs compared byte for byte with the first shape's, stage + apply compared bit for bit with
-the new weights. Each shape (block; rows of both rank kernels; warps of them and of the
+"""The CUDA rank kernels on the Qwen3-8B-shaped delta (one device run): the CUDA C warp
+kernels (codec/cuda/warp.cu) against the Triton kernels in block / row / warp shapes, as
+per-kernel device times (torch.profiler) of one encode and one stage each, packs compared
+byte for byte with the warp kernels', stage + apply compared bit for bit with the new
+weights. Each Triton shape (block; rows of both rank kernels; warps of them and of the
 class-count kernel) is set on the modules before its calls.
 
-    python bench/cuda_shapes.py
+    python bench/cuda_shapes.py [--all-shapes]
 """
+
+import argparse
+
 
 import torch
 from torch.profiler import ProfilerActivity, profile
 
 import weight_teleport as wt
 from cuda_bench import make_delta
-from weight_teleport.codec.cuda import ranks, sparse_decode, sparse_encode
+from weight_teleport.codec.cuda import ranks, sparse_decode, sparse_encode, warp
 
-KERNELS = ("_events_kernel", "_table_counts_kernel", "_decode_kernel", "_bases_kernel")
+KERNELS = {"counts": ("class_counts", "_table_counts_kernel"), "events": ("class_events", "_events_kernel"),
+           "placement": ("place_changes", "_decode_kernel"), "bases": ("_bases_kernel",)}
+"""Columns: the kernels (warp or Triton) that do each step."""
 SHAPES = ((2048, 16, 4), (1024, 16, 4), (1024, 8, 4), (2048, 8, 4), (512, 16, 4), (1024, 16, 2))
-"""(block, rows, warps) tried, the first the reference for the packs."""
+"""(block, rows, warps) of the Triton kernels tried with --all-shapes."""
 
 
 def set_shape(block: int, row: int, warps: int) -> None:
@@ -37,22 +43,33 @@ def run_shape(old, new):
         again = wt.encode_delta(old, new, base_version=0, version=1)
         wt.stage_delta(state, again)
         torch.cuda.synchronize()
-    times = {e.key: e.device_time_total / 1e3 for e in prof.key_averages() if e.key in KERNELS}
+    ms = {e.key: e.device_time_total / 1e3 for e in prof.key_averages()}
+    times = {col: sum(ms.get(k, 0.0) for k in names) for col, names in KERNELS.items()}
     return pack if again == pack else None, exact, times
 
 
 def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--all-shapes", action="store_true", help="every Triton shape, not only the configured one")
+    args = ap.parse_args()
     old, new = make_delta("qwen3-8b", 5e-7)
+    configured = (ranks.BLOCK, sparse_encode.ROW, sparse_encode.NUM_WARPS)
+    variants = [("warp", None), ("triton", None)] + [("triton", s) for s in SHAPES if args.all_shapes]
     ref, rows = None, []
-    for shape in SHAPES:
-        set_shape(*shape)
+    for kind, shape in variants:
+        warp.enabled = kind == "warp"
+        if shape:
+            set_shape(*shape)
         pack, exact, times = run_shape(old, new)
         ref = ref or pack
-        rows.append((*shape, pack is not None and pack == ref, exact, times))
+        name = kind if shape is None else f"{kind} {shape[0]} x {shape[1]}, {shape[2]} warps"
+        rows.append((name, pack is not None and pack == ref, exact, times))
         print(rows[-1], flush=True)
-    print(f"{'block':>6} {'row':>4} {'warps':>5} {'same pack':>9} {'exact':>5} " + " ".join(f"{k:>22}" for k in KERNELS))
-    for b, r, w, same, ok, t in rows:
-        print(f"{b:>6} {r:>4} {w:>5} {str(same):>9} {str(ok):>5} " + " ".join(f"{t.get(k, 0):>19.2f} ms" for k in KERNELS))
+    print(f"configured Triton shapes: block {configured[0]}, events rows {configured[1]} / {configured[2]} warps, "
+          f"placement rows {sparse_decode.ROW} / {sparse_decode.NUM_WARPS} warps")
+    print(f"{'kernels':>28} {'same pack':>9} {'exact':>5} " + " ".join(f"{k:>12}" for k in KERNELS))
+    for name, same, ok, t in rows:
+        print(f"{name:>28} {str(same):>9} {str(ok):>5} " + " ".join(f"{t[k]:>9.2f} ms" for k in KERNELS))
 
 
 if __name__ == "__main__":

@@ -22,7 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
-from weight_teleport.codec.cuda import blocks, layout
+from weight_teleport.codec.cuda import blocks, layout, warp
 from weight_teleport.codec.cuda.bitops import narrow_bits
 
 BLOCK = 1024
@@ -141,7 +141,12 @@ def table_counts(table: blocks.ChunkTable, luts: torch.Tensor, info, ncp: int, n
         assert new.offsets.shape == (table.chunks,) and new.offsets.dtype == torch.int64
         assert inverted.dtype == torch.int8 and inverted.is_contiguous() and inverted.shape[1] == ncp
         events = torch.empty_like(counts)
-    if table.programs:
+    if table.programs and warp.available(table.base):
+        has = new is not None
+        warp.launch("class_counts", table, info, ncp, [
+            table.base, table.rows, table.program_chunk, luts, counts, new.base if has else table.base,
+            new.offsets if has else table.rows, inverted if has else luts, events, int(has)])
+    elif table.programs:
         _table_counts_kernel[(table.programs,)](
             table.base, table.rows, table.program_chunk, luts, counts,
             table.base if new is None else new.base, table.rows if new is None else new.offsets,

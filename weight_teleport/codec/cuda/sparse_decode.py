@@ -13,7 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
-from weight_teleport.codec.cuda import blocks, layout, ranks
+from weight_teleport.codec.cuda import blocks, layout, ranks, warp
 from weight_teleport.codec.cuda.bitops import (as_int64, key, narrow_bits, popc32, stored_bits, unkey,
                                                word_terms, wrap)
 
@@ -74,7 +74,11 @@ def decode(table: blocks.ChunkTable, luts, inverted, n_classes: int, base, seg_w
     pos = torch.empty(n, dtype=torch.int32, device=old.device)
     val = torch.empty(n, dtype=info.int_torch, device=old.device)
     sums = torch.zeros((max(table.programs, 1), 2), dtype=torch.int64, device=old.device)
-    if table.programs:
+    if table.programs and warp.available(old):
+        warp.launch("place_changes", table, info, ncp, [
+            old, table.rows, table.program_chunk, luts, inverted, base, seg_word, bitmap, pref, res_off, res,
+            pos, val, sums, n])
+    elif table.programs:
         _decode_kernel[(table.programs,)](
             old, table.rows, table.program_chunk, luts, inverted, base, seg_word, bitmap, pref, res_off, res,
             pos, val, sums, n, NK=luts.shape[1], MANT=info.mantissa_bits, KMASK=(1 << info.exponent_bits) - 1,

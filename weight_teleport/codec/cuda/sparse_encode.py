@@ -6,7 +6,7 @@ import torch
 import triton
 import triton.language as tl
 
-from weight_teleport.codec.cuda import blocks, layout, ranks
+from weight_teleport.codec.cuda import blocks, layout, ranks, warp
 from weight_teleport.codec.cuda.bitops import as_int64, key, narrow_bits, wrap
 
 ROW, NUM_WARPS = 16, 2
@@ -51,7 +51,11 @@ def events(table: blocks.ChunkTable, new: blocks.Paired, luts, inverted, rbase, 
     assert ev_off.dtype == res_off.dtype == torch.int64 and ev_off.numel() == res_off.numel() == table.chunks * ncp
     out_ranks = torch.empty(n_events, dtype=torch.int32, device=table.base.device)
     out_res = torch.empty(n_changed, dtype=torch.int64, device=table.base.device)
-    if table.programs:
+    if table.programs and warp.available(table.base):
+        warp.launch("class_events", table, info, ncp, [
+            table.base, table.rows, table.program_chunk, new.base, new.offsets, luts, inverted, rbase, ebase,
+            ev_off, res_off, out_ranks, out_res])
+    elif table.programs:
         _events_kernel[(table.programs,)](
             table.base, table.rows, table.program_chunk, new.base, new.offsets, luts, inverted, rbase, ebase,
             ev_off, res_off, out_ranks, out_res, NK=luts.shape[1], MANT=info.mantissa_bits,
