@@ -18,7 +18,8 @@ import weight_teleport as wt
 from cuda_bench import make_delta
 from weight_teleport.codec.cuda import ranks, sparse_decode, sparse_encode, warp
 
-KERNELS = {"counts": ("class_counts", "_table_counts_kernel"), "events": ("class_events", "_events_kernel"),
+KERNELS = {"scan": ("scan_words", "_scan_kernel"), "counts": ("class_counts", "_table_counts_kernel"),
+           "events": ("class_events", "_events_kernel"),
            "placement": ("place_changes", "_decode_kernel"), "bases": ("_bases_kernel",)}
 """Columns: the kernels (warp or Triton) that do each step."""
 SHAPES = ((2048, 16, 4), (1024, 16, 4), (1024, 8, 4), (2048, 8, 4), (512, 16, 4), (1024, 16, 2))

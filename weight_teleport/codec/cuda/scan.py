@@ -7,7 +7,7 @@ import torch
 import triton
 import triton.language as tl
 
-from weight_teleport.codec.cuda import blocks, layout
+from weight_teleport.codec.cuda import blocks, layout, warp
 from weight_teleport.codec.cuda.bitops import term
 from weight_teleport.codec.cuda.ranks import pow2
 
@@ -74,7 +74,9 @@ def scan(table: blocks.ChunkTable, new: blocks.Paired, info) -> torch.Tensor:
     dev = table.base.device
     hist = torch.empty((table.programs, nb), dtype=torch.int32, device=dev)
     sums = torch.empty((table.programs, 2), dtype=torch.int64, device=dev)
-    if table.programs:
+    if table.programs and warp.available(table.base):
+        warp.scan(table, info, nb, [table.base, table.rows, table.program_chunk, new.base, new.offsets, hist, sums])
+    elif table.programs:
         _scan_kernel[(table.programs,)](table.base, table.rows, table.program_chunk, new.base, new.offsets,
                                         hist, sums, NK=nk, NB=nb, MANT=info.mantissa_bits, KMASK=nk - 1,
                                         BITS=info.bits, BLOCK=BLOCK, TILES=TILES)

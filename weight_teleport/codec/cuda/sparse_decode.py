@@ -77,7 +77,7 @@ def decode(table: blocks.ChunkTable, luts, inverted, n_classes: int, base, seg_w
     if table.programs and warp.available(old):
         warp.launch("place_changes", table, info, ncp, [
             old, table.rows, table.program_chunk, luts, inverted, base, seg_word, bitmap, pref, res_off, res,
-            pos, val, sums, n])
+            pos, val, sums, bitmap.numel(), n])
     elif table.programs:
         _decode_kernel[(table.programs,)](
             old, table.rows, table.program_chunk, luts, inverted, base, seg_word, bitmap, pref, res_off, res,

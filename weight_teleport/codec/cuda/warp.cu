@@ -8,9 +8,19 @@
 // class c's running count in a register and hands it out with one shuffle.
 //
 // Compiled per element type by codec/cuda/warp.py with these defines: BITS (element
-// width), IS_FLOAT, MANT (mantissa bits), KMASK (exponent-field mask), NCP (class slots of a
-// chunk, a power of two <= 32), KBITS (log2 NCP), BLOCK, WARPS (warps of a CTA), UNROLL
-// (slices loaded before any is used).
+// width), IS_FLOAT, MANT (mantissa bits), KMASK (exponent-field mask), BLOCK (elements of a
+// program), WARPS (warps of a CTA), UNROLL (slices loaded before any is used); for the rank
+// kernels NCP (class slots of a chunk, a power of two <= 32) and KBITS (log2 NCP); for the
+// scan NB (histogram bins, a power of two >= 2 * (KMASK + 1)) and HBITS (log2 NB).
+
+#ifndef NCP
+#define NCP 16
+#define KBITS 4
+#endif
+#ifndef NB
+#define NB 512
+#define HBITS 9
+#endif
 
 typedef long long i64;
 typedef unsigned long long u64;
@@ -213,18 +223,27 @@ class_events(const U* old, const i64* rows, const int* prog, const U* nw, const 
     }
 }
 
-// Sum over a slice of the digest terms of the words its lanes' bit patterns form: the lanes
-// of a word gather it with shuffles and its first lane adds the term. i is the lane's
-// element in the block, word0 the word index of the block's first element.
-__device__ __forceinline__ u64 slice_terms(W b, int lane, int i, int n, i64 word0) {
+// The digest term of word `lane` of the 32 words that the PW slices vals[0 .. PW) hold
+// (elements i0 .. i0 + 32 * PW - 1 of the block; 0 for a word at or past n): each lane
+// gathers its word's elements with shuffles, so every lane hashes one word. word0 is the
+// word index of the block's first element.
+__device__ __forceinline__ u64 word_term(const W* vals, int lane, int i0, int n, i64 word0) {
 #if BITS == 64
-    return i < n ? term(b, (u64)(word0 + i)) : 0ull;
+    const int i = i0 + lane;
+    return i < n ? term(vals[0], (u64)(word0 + i)) : 0ull;
 #else
-    const int PW = 64 / BITS;
-    u64 word = (u64)b << ((lane % PW) * BITS);
+    const int PW = 64 / BITS, PER = 32 / PW;  // elements of a word, words of a slice
+    u64 word = 0;
 #pragma unroll
-    for (int d = 1; d < PW; d <<= 1) word |= __shfl_xor_sync(FULL, word, d);
-    return (lane % PW == 0 && i < n) ? term(word, (u64)(word0 + i / PW)) : 0ull;
+    for (int s = 0; s < PW; s++) {
+#pragma unroll
+        for (int j = 0; j < PW; j++) {
+            const W x = __shfl_sync(FULL, vals[s], (lane % PER) * PW + j);
+            if (lane / PER == s) word |= (u64)x << (j * BITS);
+        }
+    }
+    const int i = i0 + lane * PW;
+    return i < n ? term(word, (u64)(word0 + i / PW)) : 0ull;
 #endif
 }
 
@@ -234,11 +253,13 @@ __device__ __forceinline__ u64 slice_terms(W b, int lane, int i, int n, i64 word
 // inverted class), writing its offset in the chunk and new bit pattern there. Slots outside
 // [0, n_res) (corrupt streams, refused by the caller) are not written. Also sums, per block,
 // the digest terms of the old and of the patched words into sums[pid * 2 + {0, 1}].
+// n_words is the bitmap's length.
 extern "C" __global__ void __launch_bounds__(WARPS * 32)
 place_changes(const U* old, const i64* rows, const int* prog, const unsigned char* lut, const signed char* inv_tab,
               const int* base, const i64* seg_word, const int* bitmap, const int* pref, const i64* roff,
-              const i64* res, int* pos, U* val, i64* sums, i64 n_res, i64 programs) {
+              const i64* res, int* pos, U* val, i64* sums, i64 n_words, i64 n_res, i64 programs) {
     __shared__ i64 sg[WARPS][NCP], ro[WARPS][NCP];
+    __shared__ int sp[WARPS][NCP];  // set bits before each segment's first word
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
     const i64 pid = (i64)blockIdx.x * WARPS + w;
     if (pid >= programs) return;
@@ -248,7 +269,9 @@ place_changes(const U* old, const i64* rows, const int* prog, const unsigned cha
     const unsigned inv = __ballot_sync(FULL, lane < NCP && inv_tab[bk.tensor * NCP + lane]);
     int rc = 0;  // lane c: class c's elements so far
     if (lane < NCP) {
-        sg[w][lane] = seg_word[bk.chunk * NCP + lane];
+        const i64 seg = seg_word[bk.chunk * NCP + lane];
+        sg[w][lane] = seg;
+        sp[w][lane] = seg < n_words ? pref[seg] : 0;  // an empty last segment may start at the end
         ro[w][lane] = roff[bk.chunk * NCP + lane];
         rc = base[pid * NCP + lane];
     }
@@ -257,7 +280,7 @@ place_changes(const U* old, const i64* rows, const int* prog, const unsigned cha
     const i64 word0 = (bk.start + bk.first) / (64 / BITS);
     u64 sum_old = 0, sum_new = 0;
     for (int s0 = 0; s0 < bk.n; s0 += 32 * UNROLL) {
-        W o[UNROLL];
+        W o[UNROLL], nb[UNROLL];
         int r[UNROLL];
         load_slices(o, po, s0, lane, bk.n);
 #pragma unroll
@@ -271,26 +294,28 @@ place_changes(const U* old, const i64* rows, const int* prog, const unsigned cha
         }
 #pragma unroll
         for (int u = 0; u < UNROLL; u++) {
-            const int i = s0 + u * 32 + lane;
-            W nb = o[u];
+            nb[u] = o[u];
             if (r[u] >= 0) {
                 const int c = r[u] & 31, rank = r[u] >> 5;
-                const i64 seg = sg[w][c], wi = seg + (rank >> 5);
+                const i64 wi = sg[w][c] + (rank >> 5);
                 const unsigned word = (unsigned)bitmap[wi];
                 const int bit = rank & 31;
-                const int before = pref[wi] - pref[seg] + __popc(word & ((1u << bit) - 1u));
+                const int before = pref[wi] - sp[w][c] + __popc(word & ((1u << bit) - 1u));
                 const bool flip = (inv >> c) & 1;
                 if ((bool)((word >> bit) & 1) != flip) {
                     const i64 slot = ro[w][c] + (flip ? rank - before : before);
                     if (slot >= 0 && slot < n_res) {
-                        nb = unkey(wrap(key(o[u]) + (W)res[slot]));
-                        pos[slot] = (int)(bk.first + i);
-                        val[slot] = (U)nb;
+                        nb[u] = unkey(wrap(key(o[u]) + (W)res[slot]));
+                        pos[slot] = (int)(bk.first + s0 + u * 32 + lane);
+                        val[slot] = (U)nb[u];
                     }
                 }
             }
-            sum_old += slice_terms(o[u], lane, i, bk.n, word0);
-            sum_new += slice_terms(nb, lane, i, bk.n, word0);
+        }
+#pragma unroll
+        for (int g = 0; g < UNROLL; g += 64 / BITS) {
+            sum_old += word_term(o + g, lane, s0 + g * 32, bk.n, word0);
+            sum_new += word_term(nb + g, lane, s0 + g * 32, bk.n, word0);
         }
     }
 #pragma unroll
@@ -301,5 +326,77 @@ place_changes(const U* old, const i64* rows, const int* prog, const unsigned cha
     if (lane == 0) {
         sums[pid * 2] = (i64)sum_old;
         sums[pid * 2 + 1] = (i64)sum_new;
+    }
+}
+
+// The trainer's first pass over a chunk table of blocks of BLOCK elements, one CTA of
+// WARPS warps each, reading both tensors as 8-byte words (every chunk starts at an 8-byte
+// boundary): per block, the histogram of context key + NK * changed over its elements
+// ([programs, NB] int32) and the digest word sums of the old and new words ([programs, 2]).
+// Lanes of one bin are found by voting the bin's HBITS bits; the lowest adds their count.
+extern "C" __global__ void __launch_bounds__(WARPS * 32)
+scan_words(const U* old, const i64* rows, const int* prog, const U* nw, const i64* new_off, int* hist, i64* sums,
+           i64 programs) {
+    const int PW = 64 / BITS;
+    __shared__ int bins[NB];
+    __shared__ u64 part[2][WARPS];
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    const i64 pid = blockIdx.x;
+    const Block bk = table_block(pid, rows, prog);
+    for (int b = threadIdx.x; b < NB; b += WARPS * 32) bins[b] = 0;
+    __syncthreads();
+    const u64* wo = (const u64*)(old + bk.off + bk.first);
+    const u64* wn = (const u64*)(nw + new_off[bk.chunk] + bk.first);
+    const int words = (bk.n + PW - 1) / PW;
+    const i64 j0 = (bk.start + bk.first) / PW;
+    const unsigned below = lanes_below();
+    u64 s_old = 0, s_new = 0;
+    for (int q0 = 0; q0 < words; q0 += WARPS * 32 * UNROLL) {
+        u64 a[UNROLL], b[UNROLL];
+#pragma unroll
+        for (int u = 0; u < UNROLL; u++) {
+            const int q = q0 + (u * WARPS + w) * 32 + lane;
+            a[u] = q < words ? __ldcs(wo + q) : 0ull;
+            b[u] = q < words ? __ldcs(wn + q) : 0ull;
+        }
+#pragma unroll
+        for (int u = 0; u < UNROLL; u++) {
+            const int q = q0 + (u * WARPS + w) * 32 + lane;
+            const int inside = q < words ? min(bk.n - q * PW, PW) : 0;
+            const u64 keep = inside == PW ? ~0ull : (1ull << (inside * BITS)) - 1ull;
+            const u64 o = a[u] & keep, d = (a[u] ^ b[u]) & keep;
+            if (inside > 0) {
+                s_old += term(o, (u64)(j0 + q));
+                s_new += term(o ^ d, (u64)(j0 + q));
+            }
+#pragma unroll
+            for (int e = 0; e < PW; e++) {
+                const bool v = e < inside;
+                const int bin = (int)((o >> (e * BITS + MANT)) & KMASK) + (((d >> (e * BITS)) & WMASK) ? NK : 0);
+                unsigned peers = __ballot_sync(FULL, v);
+#pragma unroll
+                for (int h = 0; h < HBITS; h++) {
+                    const unsigned m = __ballot_sync(FULL, (bin >> h) & 1);
+                    peers &= ((bin >> h) & 1) ? m : ~m;
+                }
+                if (v && (peers & below) == 0) atomicAdd(&bins[bin], __popc(peers));
+            }
+        }
+    }
+#pragma unroll
+    for (int d = 16; d > 0; d >>= 1) {
+        s_old += __shfl_xor_sync(FULL, s_old, d);
+        s_new += __shfl_xor_sync(FULL, s_new, d);
+    }
+    if (lane == 0) {
+        part[0][w] = s_old;
+        part[1][w] = s_new;
+    }
+    __syncthreads();
+    for (int b = threadIdx.x; b < NB; b += WARPS * 32) hist[pid * NB + b] = bins[b];
+    if (threadIdx.x < 2) {
+        u64 t = 0;
+        for (int k = 0; k < WARPS; k++) t += part[threadIdx.x][k];
+        sums[pid * 2 + threadIdx.x] = (i64)t;
     }
 }

@@ -28,17 +28,29 @@ def available(tensor: torch.Tensor) -> bool:
 
 
 @functools.cache
-def _module(bits: int, is_float: bool, mant: int, kmask: int, ncp: int, block: int) -> nvrtc.Module:
-    assert ncp <= 32 and ncp & (ncp - 1) == 0 and block % (32 * UNROLL) == 0
-    defines = dict(BITS=bits, IS_FLOAT=is_float, MANT=mant, KMASK=kmask, NCP=ncp, KBITS=int(math.log2(ncp)),
-                   BLOCK=block, WARPS=WARPS, UNROLL=UNROLL)
-    return nvrtc.Module(Path(__file__).with_name("warp.cu").read_text(), "warp.cu", defines)
+def _module(defines: tuple) -> nvrtc.Module:
+    return nvrtc.Module(Path(__file__).with_name("warp.cu").read_text(), "warp.cu", dict(defines))
+
+
+def _defines(info, block: int, **extra) -> tuple:
+    assert block % (32 * UNROLL) == 0 and UNROLL % max(1, 64 // info.bits) == 0
+    mant = info.mantissa_bits if info.is_float else 0
+    base = dict(BITS=info.bits, IS_FLOAT=info.is_float, MANT=mant, KMASK=(1 << info.exponent_bits) - 1,
+                BLOCK=block, WARPS=WARPS, UNROLL=UNROLL)
+    return tuple(sorted({**base, **extra}.items()))
 
 
 def launch(kernel: str, table, info, ncp: int, args: list) -> None:
-    """Run `kernel` over every program of the chunk table `table` (elements of `info`'s
-    type, `ncp` class slots); `args` precede the program count."""
-    mant = info.mantissa_bits if info.is_float else 0
-    kmask = (1 << info.exponent_bits) - 1
-    module = _module(info.bits, info.is_float, mant, kmask, ncp, table.block)
+    """Run a rank kernel over every program of the chunk table `table` (elements of
+    `info`'s type, `ncp` class slots), a warp per program; `args` precede the program count."""
+    assert ncp <= 32 and ncp & (ncp - 1) == 0
+    module = _module(_defines(info, table.block, NCP=ncp, KBITS=int(math.log2(ncp))))
     module.launch(kernel, -(-table.programs // WARPS), WARPS * 32, [*args, table.programs], table.base.device)
+
+
+def scan(table, info, nb: int, args: list) -> None:
+    """Run the scan kernel over every program of `table`, a CTA per program, with `nb`
+    histogram bins; `args` precede the program count."""
+    assert nb & (nb - 1) == 0
+    module = _module(_defines(info, table.block, NB=nb, HBITS=int(math.log2(nb))))
+    module.launch("scan_words", table.programs, WARPS * 32, [*args, table.programs], table.base.device)
