@@ -3,23 +3,22 @@
 //
 // A warp owns one block of BLOCK elements of a chunk (a program of the chunk table,
 // codec/cuda/blocks.py) and walks it 32 elements at a time, element s * 32 + lane in lane
-// `lane`. The lanes vote their class bit by bit (KBITS ballots), so every lane knows the
-// mask of the lanes of its class and its rank among them is one popcount; lane c keeps
-// class c's running count in a register and hands it out with one shuffle.
+// `lane`. `__match_any_sync` gives every lane the mask of the lanes of its class, so its
+// rank among them is one popcount; each group's lowest lane claims the group's count from
+// the class's running counter in shared memory (an atomic add that returns the counter
+// before) and shuffles it to the group. (Voting the key bit by bit with ballots instead
+// measured 2.1-2.3x slower in the scan on the H200: BENCHMARKS.md.)
 //
 // Compiled per element type by codec/cuda/warp.py with these defines: BITS (element
 // width), IS_FLOAT, MANT (mantissa bits), KMASK (exponent-field mask), BLOCK (elements of a
 // program), WARPS (warps of a CTA), UNROLL (slices loaded before any is used); for the rank
-// kernels NCP (class slots of a chunk, a power of two <= 32) and KBITS (log2 NCP); for the
-// scan NB (histogram bins, a power of two >= 2 * (KMASK + 1)) and HBITS (log2 NB).
+// kernels NCP (class slots of a chunk); for the scan NB (histogram bins, >= 2 * (KMASK + 1)).
 
 #ifndef NCP
 #define NCP 16
-#define KBITS 4
 #endif
 #ifndef NB
 #define NB 512
-#define HBITS 9
 #endif
 
 typedef long long i64;
@@ -109,25 +108,19 @@ __device__ __forceinline__ int class_of(W b, const unsigned char* lut) {
     return __ldg(lut + (int)((b >> MANT) & KMASK));
 }
 
-// The lanes' classes, voted bit by bit, and which lanes hold an element at all.
-struct Votes {
-    unsigned valid, bit[KBITS];
-};
-
-__device__ __forceinline__ Votes vote(int c, bool valid) {
-    Votes x;
-    x.valid = __ballot_sync(FULL, valid);
-#pragma unroll
-    for (int j = 0; j < KBITS; j++) x.bit[j] = __ballot_sync(FULL, (c >> j) & 1);
-    return x;
+// Mask of the lanes whose key is the same as this lane's; lanes without an element form a
+// group of their own.
+__device__ __forceinline__ unsigned peers_of(int key, bool valid) {
+    return __match_any_sync(FULL, valid ? key : -1);
 }
 
-// Mask of the valid lanes whose class is c.
-__device__ __forceinline__ unsigned members(const Votes& x, int c) {
-    unsigned m = x.valid;
-#pragma unroll
-    for (int j = 0; j < KBITS; j++) m &= ((c >> j) & 1) ? x.bit[j] : ~x.bit[j];
-    return m;
+// Adds n (the same in every lane of the group `peers`) to *counter once for the group, by
+// its lowest lane, and returns the counter's value before in every lane of the group.
+__device__ __forceinline__ int claim(int* counter, unsigned peers, int n, bool valid, int lane) {
+    const int first = __ffs(peers) - 1;
+    int before = 0;
+    if (valid && lane == first) before = atomicAdd(counter, n);
+    return __shfl_sync(FULL, before, first);
 }
 
 __device__ __forceinline__ unsigned lanes_below() {
@@ -141,15 +134,18 @@ __device__ __forceinline__ unsigned lanes_below() {
 extern "C" __global__ void __launch_bounds__(WARPS * 32)
 class_counts(const U* old, const i64* rows, const int* prog, const unsigned char* lut, int* counts,
              const U* nw, const i64* new_off, const signed char* inv_tab, int* events, i64 has_new, i64 programs) {
-    const int lane = threadIdx.x & 31;
-    const i64 pid = (i64)blockIdx.x * WARPS + (threadIdx.x >> 5);
+    __shared__ int cnt[WARPS][NCP], evc[WARPS][NCP];
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    const i64 pid = (i64)blockIdx.x * WARPS + w;
     if (pid >= programs) return;
     const Block bk = table_block(pid, rows, prog);
     const U* po = old + bk.off + bk.first;
     const U* pn = has_new ? nw + new_off[bk.chunk] + bk.first : po;
     const unsigned char* lt = lut + bk.tensor * NK;
     const unsigned inv = has_new ? __ballot_sync(FULL, lane < NCP && inv_tab[bk.tensor * NCP + lane]) : 0u;
-    int cnt = 0, evc = 0;
+    const unsigned below = lanes_below();
+    if (lane < NCP) cnt[w][lane] = evc[w][lane] = 0;
+    __syncwarp();
     for (int s0 = 0; s0 < bk.n; s0 += 32 * UNROLL) {
         W o[UNROLL], nv[UNROLL];
         load_slices(o, po, s0, lane, bk.n);
@@ -158,17 +154,20 @@ class_counts(const U* old, const i64* rows, const int* prog, const unsigned char
         for (int u = 0; u < UNROLL; u++) {
             const bool v = s0 + u * 32 + lane < bk.n;
             const int c = v ? class_of(o[u], lt) : 0;
-            const unsigned mine = members(vote(c, v), lane);
-            cnt += __popc(mine);
+            const unsigned peers = peers_of(c, v);
+            const bool first = v && (peers & below) == 0;
+            if (first) atomicAdd(&cnt[w][c], __popc(peers));
             if (has_new) {
                 const bool ev = v && ((o[u] != nv[u]) != (bool)((inv >> c) & 1));
-                evc += __popc(mine & __ballot_sync(FULL, ev));
+                const unsigned evm = __ballot_sync(FULL, ev);
+                if (first) atomicAdd(&evc[w][c], __popc(peers & evm));
             }
         }
     }
+    __syncwarp();
     if (lane < NCP) {
-        counts[pid * NCP + lane] = cnt;
-        if (has_new) events[pid * NCP + lane] = evc;
+        counts[pid * NCP + lane] = cnt[w][lane];
+        if (has_new) events[pid * NCP + lane] = evc[w][lane];
     }
 }
 
@@ -181,6 +180,7 @@ class_events(const U* old, const i64* rows, const int* prog, const U* nw, const 
              const unsigned char* lut, const signed char* inv_tab, const int* rbase, const int* ebase,
              const i64* eoff, const i64* roff, int* ranks_out, i64* res_out, i64 programs) {
     __shared__ i64 eo[WARPS][NCP], ro[WARPS][NCP];
+    __shared__ int rc[WARPS][NCP], ec[WARPS][NCP];  // class c's elements and events so far
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
     const i64 pid = (i64)blockIdx.x * WARPS + w;
     if (pid >= programs) return;
@@ -189,12 +189,11 @@ class_events(const U* old, const i64* rows, const int* prog, const U* nw, const 
     const U* pn = nw + new_off[bk.chunk] + bk.first;
     const unsigned char* lt = lut + bk.tensor * NK;
     const unsigned inv = __ballot_sync(FULL, lane < NCP && inv_tab[bk.tensor * NCP + lane]);
-    int rc = 0, ec = 0;  // lane c: class c's elements and events so far
     if (lane < NCP) {
         eo[w][lane] = eoff[bk.chunk * NCP + lane];
         ro[w][lane] = roff[bk.chunk * NCP + lane];
-        rc = rbase[pid * NCP + lane];
-        ec = ebase[pid * NCP + lane];
+        rc[w][lane] = rbase[pid * NCP + lane];
+        ec[w][lane] = ebase[pid * NCP + lane];
     }
     __syncwarp();
     const unsigned below = lanes_below();
@@ -206,17 +205,13 @@ class_events(const U* old, const i64* rows, const int* prog, const U* nw, const 
         for (int u = 0; u < UNROLL; u++) {
             const bool v = s0 + u * 32 + lane < bk.n;
             const int c = v ? class_of(o[u], lt) : 0;
-            const Votes x = vote(c, v);
+            const unsigned peers = peers_of(c, v);
             const bool changed = v && o[u] != nv[u];
             const bool flip = v && ((inv >> c) & 1);
             const bool ev = changed != flip;
-            const unsigned evm = __ballot_sync(FULL, ev);
-            const unsigned peers = members(x, c);
-            const int r = __shfl_sync(FULL, rc, c) + __popc(peers & below);
-            const int e = __shfl_sync(FULL, ec, c) + __popc(peers & evm & below);
-            const unsigned mine = members(x, lane);
-            rc += __popc(mine);
-            ec += __popc(mine & evm);
+            const unsigned evs = peers & __ballot_sync(FULL, ev);
+            const int r = claim(&rc[w][c], peers, __popc(peers), v, lane) + __popc(peers & below);
+            const int e = claim(&ec[w][c], peers, __popc(evs), v, lane) + __popc(evs & below);
             if (ev) ranks_out[eo[w][c] + e] = r;
             if (changed) res_out[ro[w][c] + (flip ? r - e : e)] = (i64)wrap(key(nv[u]) - key(o[u]));
         }
@@ -260,6 +255,7 @@ place_changes(const U* old, const i64* rows, const int* prog, const unsigned cha
               const i64* res, int* pos, U* val, i64* sums, i64 n_words, i64 n_res, i64 programs) {
     __shared__ i64 sg[WARPS][NCP], ro[WARPS][NCP];
     __shared__ int sp[WARPS][NCP];  // set bits before each segment's first word
+    __shared__ int rc[WARPS][NCP];  // class c's elements so far
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
     const i64 pid = (i64)blockIdx.x * WARPS + w;
     if (pid >= programs) return;
@@ -267,13 +263,12 @@ place_changes(const U* old, const i64* rows, const int* prog, const unsigned cha
     const U* po = old + bk.off + bk.first;
     const unsigned char* lt = lut + bk.tensor * NK;
     const unsigned inv = __ballot_sync(FULL, lane < NCP && inv_tab[bk.tensor * NCP + lane]);
-    int rc = 0;  // lane c: class c's elements so far
     if (lane < NCP) {
         const i64 seg = seg_word[bk.chunk * NCP + lane];
         sg[w][lane] = seg;
         sp[w][lane] = seg < n_words ? pref[seg] : 0;  // an empty last segment may start at the end
         ro[w][lane] = roff[bk.chunk * NCP + lane];
-        rc = base[pid * NCP + lane];
+        rc[w][lane] = base[pid * NCP + lane];
     }
     __syncwarp();
     const unsigned below = lanes_below();
@@ -287,10 +282,9 @@ place_changes(const U* old, const i64* rows, const int* prog, const unsigned cha
         for (int u = 0; u < UNROLL; u++) {
             const bool v = s0 + u * 32 + lane < bk.n;
             const int c = v ? class_of(o[u], lt) : 0;
-            const Votes x = vote(c, v);
-            const int rank = __shfl_sync(FULL, rc, c) + __popc(members(x, c) & below);  // every lane shuffles
+            const unsigned peers = peers_of(c, v);
+            const int rank = claim(&rc[w][c], peers, __popc(peers), v, lane) + __popc(peers & below);
             r[u] = v ? c | (rank << 5) : -1;
-            rc += __popc(members(x, lane));
         }
 #pragma unroll
         for (int u = 0; u < UNROLL; u++) {
@@ -333,7 +327,7 @@ place_changes(const U* old, const i64* rows, const int* prog, const unsigned cha
 // WARPS warps each, reading both tensors as 8-byte words (every chunk starts at an 8-byte
 // boundary): per block, the histogram of context key + NK * changed over its elements
 // ([programs, NB] int32) and the digest word sums of the old and new words ([programs, 2]).
-// Lanes of one bin are found by voting the bin's HBITS bits; the lowest adds their count.
+// The lowest lane of each bin's lanes adds their count.
 extern "C" __global__ void __launch_bounds__(WARPS * 32)
 scan_words(const U* old, const i64* rows, const int* prog, const U* nw, const i64* new_off, int* hist, i64* sums,
            i64 programs) {
@@ -373,12 +367,7 @@ scan_words(const U* old, const i64* rows, const int* prog, const U* nw, const i6
             for (int e = 0; e < PW; e++) {
                 const bool v = e < inside;
                 const int bin = (int)((o >> (e * BITS + MANT)) & KMASK) + (((d >> (e * BITS)) & WMASK) ? NK : 0);
-                unsigned peers = __ballot_sync(FULL, v);
-#pragma unroll
-                for (int h = 0; h < HBITS; h++) {
-                    const unsigned m = __ballot_sync(FULL, (bin >> h) & 1);
-                    peers &= ((bin >> h) & 1) ? m : ~m;
-                }
+                const unsigned peers = peers_of(bin, v);
                 if (v && (peers & below) == 0) atomicAdd(&bins[bin], __popc(peers));
             }
         }
