@@ -1,8 +1,12 @@
 """The container and chunk-table layers on their own: pure bytes."""
 
+import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from weight_teleport.errors import PackFormatError
+from weight_teleport.format import container
 from weight_teleport.format import (ChunkRef, Group, PackHeader, Stream, TensorRecord, chunk_payload,
                                     read_groups, read_header, write_groups, write_pack)
 
@@ -64,3 +68,31 @@ def test_groups_round_trip():
 def test_malformed_groups_refused(bad):
     with pytest.raises(PackFormatError):
         read_groups(bad)
+
+
+parts = st.lists(st.binary(max_size=300).map(lambda b: [b, bytearray(b), memoryview(b)]), max_size=12)
+
+
+@settings(max_examples=100, deadline=None)
+@given(parts, st.integers(0, 2))
+def test_threaded_join_writes_the_same_bytes(parts, kind):
+    """A large pack is filled by threads into a new bytes object: the same bytes as a plain
+    join, whatever the parts' sizes, types and the threads' spans across them."""
+    chunks = [p[kind] for p in parts]
+    threshold = container.PARALLEL_JOIN_FROM
+    try:
+        container.PARALLEL_JOIN_FROM = 0
+        out = container._join(chunks)
+    finally:
+        container.PARALLEL_JOIN_FROM = threshold
+    assert type(out) is bytes and out == b"".join(chunks)
+
+
+def test_threaded_join_of_a_large_pack():
+    payload = np.random.default_rng(0).integers(0, 256, container.PARALLEL_JOIN_FROM + 12345, np.uint8)
+    chunks = [memoryview(payload)[i:i + (1 << 20)] for i in range(0, payload.size, 1 << 20)]
+    header = _header()
+    header.tensors[0].chunks = [ChunkRef(0, 3, 0)]
+    pack = write_pack(header, chunks)
+    h = read_header(pack)
+    assert type(pack) is bytes and pack[h.payload_offset:] == payload.tobytes()
