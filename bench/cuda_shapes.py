@@ -18,7 +18,7 @@ import weight_teleport as wt
 from cuda_bench import make_delta
 from weight_teleport.codec.cuda import ranks, sparse_decode, sparse_encode, warp
 
-KERNELS = {"scan": ("scan_words", "_scan_kernel"), "counts": ("class_counts", "_table_counts_kernel"),
+KERNELS = {"scan": ("scan_words", "_scan_kernel"), "counts": ("class_counts", "hist_counts", "_table_counts_kernel"),
            "events": ("class_events", "_events_kernel"),
            "placement": ("place_changes", "_decode_kernel"), "bases": ("_bases_kernel",)}
 """Columns: the kernels (warp or Triton) that do each step."""

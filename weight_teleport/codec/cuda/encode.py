@@ -12,7 +12,7 @@ import torch
 
 from weight_teleport.codec import digest as D
 from weight_teleport.codec.cpu import backend as cpu
-from weight_teleport.codec.cuda import blocks, chunk_bytes, encode_batch
+from weight_teleport.codec.cuda import blocks, chunk_bytes, encode_batch, layout
 from weight_teleport.codec.cuda.config import CudaCodecConfig
 from weight_teleport.codec.cuda.live import EncodeItem
 from weight_teleport.codec.cuda.scan import SPAN, aligned, scan
@@ -46,15 +46,20 @@ def _by_type(items: list[EncodeItem], which) -> list[list[int]]:
     return list(groups.values())
 
 
-def _scan_rows(items: list[EncodeItem], chunk_elems: int) -> list[np.ndarray]:
-    """Per item its scan row (key counts, changed key counts, old and new word sums), all
-    dtypes launched before the one transfer."""
+def _scan_rows(items: list[EncodeItem], chunk_elems: int) -> tuple[list[np.ndarray], list]:
+    """Per item its scan row (key counts, changed key counts, old and new word sums) and the
+    per-block histograms of its programs (device), all dtypes launched before the one
+    transfer."""
     groups = _by_type(items, [i for i, it in enumerate(items) if it.new.numel()])
-    outs = []
+    outs, hists = [], [None] * len(items)
     for g in groups:
         olds, news = [aligned(items[i].old) for i in g], [aligned(items[i].new) for i in g]  # alive until launched
         table = blocks.build(olds, chunk_elems, SPAN)
-        outs.append(scan(table, blocks.pair(news, table), items[g[0]].info))
+        done = scan(table, blocks.pair(news, table), items[g[0]].info)
+        outs.append(done.rows)
+        per = np.bincount(table.host[:, blocks.TENSOR], -(-table.host[:, blocks.LEN] // SPAN), len(g)).astype(np.int64)
+        for i, p0, n in zip(g, layout.starts(per), per):
+            hists[i] = done.hist[p0:p0 + n]
     flat = torch.cat([o.view(-1) for o in outs]).cpu().numpy() if outs else np.zeros(0, np.int64)
     rows = [np.zeros(2 * (1 << it.info.exponent_bits) + 2, np.int64) for it in items]
     at = 0
@@ -62,7 +67,7 @@ def _scan_rows(items: list[EncodeItem], chunk_elems: int) -> list[np.ndarray]:
         for j, i in enumerate(g):
             rows[i] = flat[at + j * o.shape[1]:at + (j + 1) * o.shape[1]]
         at += o.numel()
-    return rows
+    return rows, hists
 
 
 def _record(it: EncodeItem, row: np.ndarray):
@@ -92,7 +97,8 @@ def encode(items: list[EncodeItem], chunk_elems: int, level: int, threads: int |
     chunk_bytes.begin_encode()
     if any(it.old is None for it in items):
         return _lay_out(*_on_cpu(items, chunk_elems, level, threads))
-    planned = [_record(it, row) for it, row in zip(items, _scan_rows(items, chunk_elems))]
+    rows, hists = _scan_rows(items, chunk_elems)
+    planned = [_record(it, row) for it, row in zip(items, rows)]
     records = [r for r, _, _ in planned]
     parts: list = [[] for _ in items]
     dense = [i for i, it in enumerate(items) if records[i].changed > SPARSE_MAX_DENSITY * it.new.numel()]
@@ -103,7 +109,8 @@ def encode(items: list[EncodeItem], chunk_elems: int, level: int, threads: int |
     sparse = [i for i, r in enumerate(records) if r.codec == "sparse" and i not in on_cpu]
     for g in _by_type(items, sparse):
         b = encode_batch.Batch([items[i] for i in g], [planned[i][1] for i in g],
-                               sum(planned[i][2] for i in g), sum(records[i].changed for i in g))
+                               sum(planned[i][2] for i in g), sum(records[i].changed for i in g),
+                               torch.cat([hists[i] for i in g]))
         done = encode_batch.encode(b, chunk_elems, config, level, threads or os.cpu_count() or 1)
         for j, i in enumerate(g):
             parts[i] = _tensor_part(done, j)

@@ -1,5 +1,6 @@
 """The sparse tensors of one element type encoded as one batch: a chunk table over all
-their chunks, one launch each of the class-count and events kernels, symbol coding of
+their chunks, their class counts per block (from the scan's histograms with the warp
+kernels, else one class-count launch), one launch of the events kernel, symbol coding of
 every (chunk, class) segment, stream coding and the payload (codec/cuda/chunk_bytes.py)."""
 
 from dataclasses import dataclass
@@ -7,7 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from weight_teleport.codec.cuda import blocks, chunk_bytes, layout, ranks, sparse_encode, symbols
+from weight_teleport.codec.cuda import blocks, chunk_bytes, layout, ranks, scan, sparse_encode, symbols, warp
 from weight_teleport.codec.cuda.config import CudaCodecConfig
 from weight_teleport.codec.cuda.live import EncodeItem
 from weight_teleport.codec.plan import ClassPlan
@@ -20,6 +21,8 @@ class Batch:
     plans: list[ClassPlan]
     n_events: int
     n_changed: int
+    hist: torch.Tensor
+    """The scan's per-block histograms of the batch's tensors, one after the other."""
 
 
 @dataclass
@@ -44,10 +47,15 @@ def _class_tables(plans: list[ClassPlan], dev) -> tuple[torch.Tensor, torch.Tens
 def _streams(b: Batch, chunk_elems: int) -> tuple[symbols.SymbolStreams, np.ndarray]:
     """(symbol streams of every segment, classes of every chunk's tensor)."""
     info, dev = b.items[0].info, b.items[0].old.device
-    table = blocks.build([it.old for it in b.items], chunk_elems, ranks.BLOCK)
-    new = blocks.pair([it.new for it in b.items], table)
     luts, inv, k, ncp = _class_tables(b.plans, dev)
-    counts, evc = ranks.table_counts(table, luts, info, ncp, int(k.max()), new, inv)
+    olds = [it.old for it in b.items]
+    fast = warp.available(olds[0])  # the scan's blocks, their class counts from its histograms
+    table = blocks.build(olds, chunk_elems, scan.SPAN if fast else ranks.BLOCK)
+    new = blocks.pair([it.new for it in b.items], table)
+    if fast:
+        counts, evc = warp.hist_counts(b.hist, table, luts, inv, info, ncp)
+    else:
+        counts, evc = ranks.table_counts(table, luts, info, ncp, int(k.max()), new, inv)
     rbase, tot = ranks.table_bases(counts, table)
     ebase, ev = ranks.table_bases(evc, table)
     inv_rows = inv[table.rows[:, blocks.TENSOR]] != 0

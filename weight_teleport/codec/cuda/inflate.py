@@ -48,6 +48,34 @@ def _upload(pack, lo: int, hi: int, device) -> torch.Tensor:
     return host.to(device)
 
 
+class Upload:
+    """Bytes [lo, hi) of a pack copied to the device on a host thread, while the caller reads
+    the stream tables (a copy from pageable memory holds its thread until the bytes are
+    sent), on the caller's current stream, which the kernels that read them run on."""
+
+    def __init__(self, pack, lo: int, hi: int, device, pool: ThreadPoolExecutor):
+        self.lo = lo
+        stream = torch.cuda.current_stream(device)
+        self._bytes = pool.submit(self._copy, pack, lo, hi, device, stream)
+
+    @classmethod
+    def of_chunks(cls, pack, header, recs, device, pool: ThreadPoolExecutor) -> "Upload":
+        """The bytes of every chunk of the records `recs`."""
+        refs = [ref for r in recs for ref in r.chunks]
+        lo = min((ref.offset for ref in refs), default=0)
+        hi = max((ref.offset + ref.length for ref in refs), default=0)
+        at = header.payload_offset
+        return cls(pack, at + lo, at + hi, device, pool)  # past the pack: raises, as the CRC check does
+
+    @staticmethod
+    def _copy(pack, lo: int, hi: int, device, stream) -> torch.Tensor:
+        with torch.cuda.stream(stream):
+            return _upload(pack, lo, hi, device)
+
+    def bytes(self) -> torch.Tensor:
+        return self._bytes.result()
+
+
 def _check(codec: np.ndarray, raw: np.ndarray, stored: np.ndarray) -> None:
     if not np.isin(codec, (codecs.RAW, codecs.ZSTD)).all():
         bad = int(codec[~np.isin(codec, (codecs.RAW, codecs.ZSTD))][0])
@@ -58,14 +86,14 @@ def _check(codec: np.ndarray, raw: np.ndarray, stored: np.ndarray) -> None:
         raise PackFormatError("empty zstd stream")
 
 
-def _on_gpu(pack, codec, raw, stored, at, device) -> tuple[torch.Tensor, np.ndarray, torch.Tensor]:
+def _on_gpu(pack, codec, raw, stored, at, device, upload) -> tuple[torch.Tensor, np.ndarray, torch.Tensor]:
     out_off, out_total = _slots(raw)
     zs = codec == codecs.ZSTD
     comp_off, comp_total = _slots(stored[zs])
     comp_off = comp_off + out_total
     buf = torch.zeros(out_total + comp_total + PAD, dtype=torch.uint8, device=device)
     lo, hi = (int(at.min()), int((at + stored).max())) if at.size else (0, 0)
-    src = _upload(pack, lo, hi, device)
+    src, lo = (upload.bytes(), upload.lo) if upload else (_upload(pack, lo, hi, device), lo)
     dst_at = out_off.copy()
     dst_at[zs] = comp_off
     gather(src, buf, at - lo, dst_at, stored)
@@ -91,12 +119,14 @@ def _on_cpu(pack, codec, raw, stored, at, device, threads) -> tuple[torch.Tensor
     return torch.from_numpy(host).to(device), out_off, torch.zeros((), dtype=torch.bool, device=device)
 
 
-def inflate(pack, table: StreamTable, device, threads: int | None = None) -> Inflated:
-    """Every stream of `table` decoded into one device buffer (nvCOMP when installed)."""
+def inflate(pack, table: StreamTable, device, threads: int | None = None, upload: Upload | None = None) -> Inflated:
+    """Every stream of `table` decoded into one device buffer (nvCOMP when installed).
+    `upload`, started earlier, holds the streams' bytes on the device; without it they are
+    uploaded here."""
     codec, raw, stored, at = (a.ravel() for a in (table.codec, table.raw, table.stored, table.at))
     _check(codec, raw, stored)
     if entropy.available():
-        buf, off, failed = _on_gpu(pack, codec, raw, stored, at, device)
+        buf, off, failed = _on_gpu(pack, codec, raw, stored, at, device, upload)
     else:
         buf, off, failed = _on_cpu(pack, codec, raw, stored, at, device, threads)
     return Inflated(buf, off.reshape(table.raw.shape), failed)

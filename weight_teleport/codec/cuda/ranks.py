@@ -143,9 +143,9 @@ def table_counts(table: blocks.ChunkTable, luts: torch.Tensor, info, ncp: int, n
         events = torch.empty_like(counts)
     if table.programs and warp.available(table.base):
         has = new is not None
-        warp.launch("class_counts", table, info, ncp, [
+        warp.launch("class_counts", table, info, [
             table.base, table.rows, table.program_chunk, luts, counts, new.base if has else table.base,
-            new.offsets if has else table.rows, inverted if has else luts, events, int(has)])
+            new.offsets if has else table.rows, inverted if has else luts, events, int(has)], NCP=ncp)
     elif table.programs:
         _table_counts_kernel[(table.programs,)](
             table.base, table.rows, table.program_chunk, luts, counts,

@@ -3,6 +3,8 @@ launch): context-key histograms (all and changed elements) and the digest word s
 old and new tensors, fused in one read of both. Every tensor must start at an 8-byte
 boundary (`aligned`): the kernel reads 8-byte words and cuts the elements out of them."""
 
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
@@ -61,10 +63,19 @@ def aligned(flat: torch.Tensor) -> torch.Tensor:
     return flat if flat.data_ptr() % 8 == 0 else flat.clone()
 
 
-def scan(table: blocks.ChunkTable, new: blocks.Paired, info) -> torch.Tensor:
-    """[tensors, 2 * n_keys + 2] device int64: per context key the element count, then per
-    key the changed count, then the old and the new digest word sums, of every tensor of a
-    chunk table built with block SPAN (`new` the new tensors of the same shapes). No sync."""
+@dataclass
+class Scanned:
+    rows: torch.Tensor
+    """[tensors, 2 * n_keys + 2] int64: per context key the element count, then per key the
+    changed count, then the old and the new digest word sums."""
+    hist: torch.Tensor
+    """[programs, NB] int32: per program of the chunk table, the counts of key + n_keys *
+    changed (the trainer counts its classes from them: warp.hist_counts)."""
+
+
+def scan(table: blocks.ChunkTable, new: blocks.Paired, info) -> Scanned:
+    """The first pass over every tensor of a chunk table built with block SPAN (`new` the
+    new tensors of the same shapes). No sync."""
     layout.require(table.base, info.int_torch)
     layout.require(new.base, info.int_torch)
     assert table.block == SPAN and new.offsets.shape == (table.chunks,)
@@ -82,4 +93,4 @@ def scan(table: blocks.ChunkTable, new: blocks.Paired, info) -> torch.Tensor:
                                         BITS=info.bits, BLOCK=BLOCK, TILES=TILES)
     out = table.per_tensor(torch.cat([hist.long(), sums], 1))
     changed = out[:, nk:2 * nk]
-    return torch.cat([out[:, :nk] + changed, changed, out[:, nb:]], 1)
+    return Scanned(torch.cat([out[:, :nk] + changed, changed, out[:, nb:]], 1), hist)

@@ -75,9 +75,9 @@ def decode(table: blocks.ChunkTable, luts, inverted, n_classes: int, base, seg_w
     val = torch.empty(n, dtype=info.int_torch, device=old.device)
     sums = torch.zeros((max(table.programs, 1), 2), dtype=torch.int64, device=old.device)
     if table.programs and warp.available(old):
-        warp.launch("place_changes", table, info, ncp, [
+        warp.launch("place_changes", table, info, [
             old, table.rows, table.program_chunk, luts, inverted, base, seg_word, bitmap, pref, res_off, res,
-            pos, val, sums, bitmap.numel(), n])
+            pos, val, sums, bitmap.numel(), n], NCP=ncp)
     elif table.programs:
         _decode_kernel[(table.programs,)](
             old, table.rows, table.program_chunk, luts, inverted, base, seg_word, bitmap, pref, res_off, res,

@@ -45,17 +45,18 @@ def events(table: blocks.ChunkTable, new: blocks.Paired, luts, inverted, rbase, 
     layout.require(table.base, info.int_torch)
     layout.require(new.base, info.int_torch)
     ncp = rbase.shape[1]
-    assert table.block == ranks.BLOCK and new.offsets.shape == (table.chunks,)
+    assert new.offsets.shape == (table.chunks,)
     assert luts.dtype == torch.uint8 and inverted.dtype == torch.int8 and inverted.shape[1] == ncp
     assert rbase.shape == ebase.shape == (table.programs, ncp) and rbase.dtype == ebase.dtype == torch.int32
     assert ev_off.dtype == res_off.dtype == torch.int64 and ev_off.numel() == res_off.numel() == table.chunks * ncp
     out_ranks = torch.empty(n_events, dtype=torch.int32, device=table.base.device)
     out_res = torch.empty(n_changed, dtype=torch.int64, device=table.base.device)
     if table.programs and warp.available(table.base):
-        warp.launch("class_events", table, info, ncp, [
+        warp.launch("class_events", table, info, [
             table.base, table.rows, table.program_chunk, new.base, new.offsets, luts, inverted, rbase, ebase,
-            ev_off, res_off, out_ranks, out_res])
+            ev_off, res_off, out_ranks, out_res], NCP=ncp)
     elif table.programs:
+        assert table.block == ranks.BLOCK, "the Triton events kernel takes blocks of ranks.BLOCK"
         _events_kernel[(table.programs,)](
             table.base, table.rows, table.program_chunk, new.base, new.offsets, luts, inverted, rbase, ebase,
             ev_off, res_off, out_ranks, out_res, NK=luts.shape[1], MANT=info.mantissa_bits,

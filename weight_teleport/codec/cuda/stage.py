@@ -14,7 +14,7 @@ import torch
 
 from weight_teleport.codec import digest as D
 from weight_teleport.codec.cpu import backend as cpu
-from weight_teleport.codec.cuda import blocks, scatter
+from weight_teleport.codec.cuda import blocks, entropy, inflate, scatter
 from weight_teleport.codec.cuda.digest import word_sum
 from weight_teleport.codec.cuda.live import Live
 from weight_teleport.codec.cuda.patch import DevicePatch, DeviceTensorPatch, FusedGroup
@@ -64,11 +64,11 @@ def _check_result(rec, nbytes: int, s_old: int, s_new: int) -> None:
             f"the pack promises {rec.digest}; the pack is corrupt or was encoded from other weights")
 
 
-def _batches(lives: dict[str, Live], recs, header, pack, threads) -> list[SparseBatch]:
+def _batches(lives: dict[str, Live], recs, header, pack, threads, upload) -> list[SparseBatch]:
     by_type: dict[torch.dtype, list] = {}
     for r in recs:
         by_type.setdefault(lives[r.name].info.int_torch, []).append(r)
-    return [SparseBatch([lives[r.name] for r in rs], rs, header, pack, threads) for rs in by_type.values()]
+    return [SparseBatch([lives[r.name] for r in rs], rs, header, pack, threads, upload) for rs in by_type.values()]
 
 
 def _read_back(batches: list[SparseBatch], same_sums: list[torch.Tensor]):
@@ -86,12 +86,17 @@ def stage(lives: dict[str, Live], header, pack, check_base: bool, threads: int |
     sparse_recs = [r for r in header.tensors if r.codec == "sparse"]
     dense = _dense(lives, [r for r in header.tensors if r.codec not in ("sparse", "same")], header, pack,
                    check, threads)
-    # the CRC-32s are checked on host threads while the GPU decodes (nothing is written
-    # before they pass; a corrupt chunk is reported as such, whatever else it broke)
-    with ThreadPoolExecutor(max_workers=1) as one:
-        crcs = one.submit(_check_crcs, pack, header, sparse_recs, threads)
+    # the sparse chunks' bytes go to the device and their CRC-32s are checked on host threads
+    # while this thread reads the stream tables and the GPU decodes (nothing is written
+    # before the CRCs pass; a corrupt chunk is reported as such, whatever else it broke)
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        upload = None
+        if sparse_recs and entropy.available():
+            device = lives[sparse_recs[0].name].tensor.device
+            upload = inflate.Upload.of_chunks(pack, header, sparse_recs, device, pool)
+        crcs = pool.submit(_check_crcs, pack, header, sparse_recs, threads)
         try:
-            batches = _batches(lives, sparse_recs, header, pack, threads)
+            batches = _batches(lives, sparse_recs, header, pack, threads, upload)
         except Exception:
             crcs.result()  # bytes that fail their CRC explain any error reading them
             raise

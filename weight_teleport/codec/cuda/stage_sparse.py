@@ -38,7 +38,8 @@ def _position_order(pos: torch.Tensor, val: torch.Tensor, per_chunk: torch.Tenso
 class SparseBatch:
     """The sparse tensors of one element type, staged; `flags` and `sums` are device tensors."""
 
-    def __init__(self, lives: list[Live], recs: list, header, pack, threads: int | None):
+    def __init__(self, lives: list[Live], recs: list, header, pack, threads: int | None,
+                 upload: inflate.Upload | None = None):
         self.lives, self.recs, self.info = lives, recs, lives[0].info
         self.table = blocks.build([lv.u for lv in lives], header.chunk_elems, ranks.BLOCK)
         maps = [cpu._class_map(r, self.info) for r in recs]
@@ -54,7 +55,7 @@ class SparseBatch:
         dev = lives[0].u.device
         self.luts = torch.from_numpy(np.stack([m[0] for m in maps])).to(dev)
         self.inv = torch.from_numpy(inv).to(dev)
-        self._run(pack, dev, threads)
+        self._run(pack, dev, threads, upload)
 
     def _read(self, pack, header) -> tables.StreamTable:
         refs = [ref for r in self.recs for ref in r.chunks]
@@ -72,12 +73,12 @@ class SparseBatch:
         if (raw[:, 3] % self.info.nbytes).any():
             raise PackFormatError("stream length is not a whole number of elements")
 
-    def _run(self, pack, dev, threads) -> None:
+    def _run(self, pack, dev, threads, upload) -> None:
         st, n_ev, n_res = self.streams, int(self.streams.events.sum()), int(self.res_cnt.sum())
         ev, res_cnt, inv, raw, res_off, per_chunk = layout.to_device(
             [st.events, self.res_cnt, self.inverted, st.raw, layout.starts(self.res_cnt), self.chunk_changes], dev)
         inv = inv != 0
-        inf = inflate.inflate(pack, st, dev, threads)
+        inf = inflate.inflate(pack, st, dev, threads, upload)
         dec = unsymbols.decode(inf.buffer, layout.to_device([inf.offsets], dev)[0], raw, ev, res_cnt, inv, n_ev, n_res,
                                self.info.bits)
         counts = ranks.table_counts(self.table, self.luts, self.info, self.ncp, int(self.n_classes.max()))

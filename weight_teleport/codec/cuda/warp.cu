@@ -171,6 +171,36 @@ class_counts(const U* old, const i64* rows, const int* prog, const unsigned char
     }
 }
 
+// Per program of a chunk table whose blocks are the scan's (BLOCK = the scan's span), each
+// class's elements and events from the scan's histogram of key + NK * changed (hist,
+// [programs, NB]): the trainer needs no pass of its own to count them.
+extern "C" __global__ void __launch_bounds__(WARPS * 32)
+hist_counts(const int* hist, const i64* prog_tensor, const unsigned char* lut, const signed char* inv_tab,
+            int* counts, int* events, i64 programs) {
+    __shared__ int cnt[WARPS][NCP], chg[WARPS][NCP];
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    const i64 pid = (i64)blockIdx.x * WARPS + w;
+    if (pid >= programs) return;
+    const i64 t = prog_tensor[pid];
+    if (lane < NCP) cnt[w][lane] = chg[w][lane] = 0;
+    __syncwarp();
+    const int* h = hist + pid * NB;
+    for (int k = lane; k < NK; k += 32) {
+        const int same = h[k], moved = h[NK + k];
+        if (same | moved) {
+            const int c = lut[t * NK + k];
+            atomicAdd(&cnt[w][c], same + moved);
+            atomicAdd(&chg[w][c], moved);
+        }
+    }
+    __syncwarp();
+    if (lane < NCP) {
+        const int n = cnt[w][lane], m = chg[w][lane];
+        counts[pid * NCP + lane] = n;
+        events[pid * NCP + lane] = inv_tab[t * NCP + lane] ? n - m : m;
+    }
+}
+
 // The trainer's events: each event's class rank (its index among the chunk's elements of its
 // class) at its event rank, and each changed element's residual at its slot, both grouped by
 // chunk then class at the offsets eoff / roff ([chunks * NCP]). rbase / ebase are the

@@ -34,18 +34,17 @@ def _module(defines: tuple) -> nvrtc.Module:
 
 def _defines(info, block: int, **extra) -> tuple:
     unroll = max(UNROLL, 64 // info.bits)  # the placement's digest takes a word's slices at once
-    assert block % (32 * unroll) == 0
+    assert block % (32 * unroll) == 0 and extra.get("NCP", 0) <= 32
     mant = info.mantissa_bits if info.is_float else 0
     base = dict(BITS=info.bits, IS_FLOAT=info.is_float, MANT=mant, KMASK=(1 << info.exponent_bits) - 1,
                 BLOCK=block, WARPS=WARPS, UNROLL=unroll)
     return tuple(sorted({**base, **extra}.items()))
 
 
-def launch(kernel: str, table, info, ncp: int, args: list) -> None:
-    """Run a rank kernel over every program of the chunk table `table` (elements of
-    `info`'s type, `ncp` class slots), a warp per program; `args` precede the program count."""
-    assert ncp <= 32
-    module = _module(_defines(info, table.block, NCP=ncp))
+def launch(kernel: str, table, info, args: list, **defines) -> None:
+    """Run `kernel` with a warp per program of the chunk table `table` (elements of `info`'s
+    type; `defines` such as NCP, the class slots); `args` precede the program count."""
+    module = _module(_defines(info, table.block, **defines))
     module.launch(kernel, -(-table.programs // WARPS), WARPS * 32, [*args, table.programs], table.base.device)
 
 
@@ -54,3 +53,18 @@ def scan(table, info, nb: int, args: list) -> None:
     histogram bins; `args` precede the program count."""
     module = _module(_defines(info, table.block, NB=nb))
     module.launch("scan_words", table.programs, WARPS * 32, [*args, table.programs], table.base.device)
+
+
+def hist_counts(hist: torch.Tensor, table, luts: torch.Tensor, inverted: torch.Tensor, info, ncp: int):
+    """([programs, ncp] int32 elements, events) of each class per program of `table`, a
+    chunk table with the scan's blocks, from the scan's histograms `hist` ([programs, NB]
+    int32, key + n_keys * changed); `luts` / `inverted` are the tensors' class maps and
+    inverted flags."""
+    assert hist.dtype == torch.int32 and hist.is_contiguous() and hist.shape[0] == table.programs
+    assert luts.dtype == torch.uint8 and inverted.dtype == torch.int8 and inverted.shape[1] == ncp
+    counts = torch.empty((table.programs, ncp), dtype=torch.int32, device=hist.device)
+    events = torch.empty_like(counts)
+    if table.programs:
+        launch("hist_counts", table, info, [hist, table.program_tensor, luts, inverted, counts, events],
+               NCP=ncp, NB=hist.shape[1])
+    return counts, events
