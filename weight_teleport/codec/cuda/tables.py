@@ -1,20 +1,21 @@
-"""The stream tables of sparse chunks, written and read for all chunks at once with numpy.
+"""The stream tables of sparse chunks, written for all chunks at once with numpy and read
+by one compiled walk over every chunk.
 
-A chunk's table (docs/FORMAT.md, "Chunk layout") is a run of LEB128 varints once its codec
-bytes (ids < 0x80) are read as one-byte varints: n_groups, then per group count, n_streams
-and (codec, raw length, stored length) per stream. Every table is decoded from a window of
-its chunk that is long enough for any valid table, then walked group by group, vectorised
-over chunks. Sparse groups hold 0 or 4 streams."""
+A chunk's table (docs/FORMAT.md, "Chunk layout") is LEB128 varints and codec bytes:
+n_groups, then per group count, n_streams and (codec, raw length, stored length) per
+stream. Sparse groups hold 0 or 4 streams."""
 
 from dataclasses import dataclass
 
 import numpy as np
+from numba import njit
 
 from weight_teleport.codec.cuda import layout
 from weight_teleport.errors import PackFormatError
 
 VARINT_MAX = 10
-TYPICAL_BYTES = 4
+MAX_VALUE = 1 << 48
+"""Larger lengths and counts are refused (no pack holds them; int64 arithmetic stays exact)."""
 STREAMS = 4
 
 
@@ -33,73 +34,71 @@ class StreamTable:
     """[segments, 4] offsets of the stored bytes in the pack."""
 
 
-def _varints(pack: np.ndarray, starts: np.ndarray, widths: np.ndarray):
-    """(values, end byte of each varint, first varint of each window, varints per window)."""
-    first = layout.starts(widths)
-    idx = np.repeat(starts - first, widths) + np.arange(int(widths.sum()))
-    b = pack[idx]
-    term = b < 0x80
-    term[first + widths - 1] = True
-    begin = np.flatnonzero(np.concatenate([[True], term[:-1]]))
-    vid = np.cumsum(term) - term
-    shift = np.minimum(7 * (np.arange(b.size) - begin[vid]), 63).astype(np.uint64)
-    values = np.add.reduceat((b & 0x7F).astype(np.uint64) << shift, begin)
-    too_long = np.diff(np.concatenate([begin, [b.size]])) > VARINT_MAX
-    values = np.where(too_long | (values > (1 << 48)), -1, values.astype(np.int64))
-    ends = np.flatnonzero(term)
-    ends = ends - first[np.repeat(np.arange(widths.size), widths)[ends]]
-    return values, ends, vid[first], np.diff(np.concatenate([vid[first], [begin.size]]))
+@njit(nogil=True, cache=True)
+def _varint(pack: np.ndarray, p: int, end: int) -> tuple[int, int]:
+    """(value, next position) of the LEB128 varint at p that ends before `end`; value -1
+    when it runs past `end`, takes more than VARINT_MAX bytes or exceeds MAX_VALUE."""
+    value, shift = 0, 0
+    for k in range(VARINT_MAX):
+        if p + k >= end:
+            return -1, end
+        b = int(pack[p + k])
+        value |= (b & 0x7F) << shift
+        shift += 7
+        if b < 0x80:
+            return (value if value <= MAX_VALUE else -1), p + k + 1
+    return -1, end
 
 
-def _parse(pack: np.ndarray, starts: np.ndarray, lengths: np.ndarray, classes: np.ndarray, ncp: int,
-           widths: np.ndarray) -> tuple[StreamTable, np.ndarray]:
-    """(stream tables, per chunk whether its table is malformed or not within `widths` bytes)."""
-    v, ends, v0, nv = _varints(pack, starts, widths)
-    n = starts.size
-    last = v0 + nv - 1
-    bad = v[v0] != classes
-    pos = v0 + 1
-    shape = (n, ncp, STREAMS)
-    events = np.zeros((n, ncp), np.int64)
-    codec, raw, stored = (np.zeros(shape, np.int64) for _ in range(3))
-    for g in range(int(classes.max())):
-        on = g < classes
-        cnt, ns = v[np.minimum(pos, last)], v[np.minimum(pos + 1, last)]
-        bad |= on & ((ns != 0) & (ns != STREAMS) | (pos + 1 + 3 * ns > last))
-        four = on & (ns == STREAMS)
-        events[:, g] = np.where(four, cnt, 0)
-        for j in range(STREAMS):
-            for col, arr in zip(range(3), (codec, raw, stored)):
-                arr[:, g, j] = np.where(four, v[np.minimum(pos + 2 + 3 * j + col, last)], 0)
-        pos = np.where(on, pos + 2 + 3 * np.where(four, ns, 0), pos)
-    table_len = ends[np.minimum(pos - 1, last)] + 1
-    bad |= (pos - 1 > last) | (table_len + stored.sum((1, 2)) != lengths)
-    bad |= (raw < 0).any((1, 2)) | (stored < 0).any((1, 2)) | (events < 0).any(1)
-    flat = stored.reshape(n, -1)
-    at = (starts + table_len)[:, None] + np.cumsum(flat, 1) - flat
-    rows = lambda a: a.reshape(n * ncp, STREAMS)
-    return StreamTable(events.reshape(-1), rows(codec), rows(raw), rows(stored), rows(at.reshape(shape))), bad
+@njit(nogil=True, cache=True)
+def _read(pack, starts, lengths, classes, ncp, events, codec, raw, stored, at) -> int:
+    """Fills the [chunks * ncp(, 4)] tables of every chunk; the first malformed chunk, or -1."""
+    for i in range(starts.size):
+        p, end = starts[i], starts[i] + lengths[i]
+        n_groups, p = _varint(pack, p, end)
+        if n_groups != classes[i]:
+            return i
+        for g in range(n_groups):
+            row = i * ncp + g
+            count, p = _varint(pack, p, end)
+            n_streams, p = _varint(pack, p, end)
+            if count < 0 or (n_streams != 0 and n_streams != STREAMS):
+                return i
+            if n_streams == 0:
+                continue
+            events[row] = count
+            for j in range(STREAMS):
+                if p >= end:
+                    return i
+                codec[row, j] = pack[p]
+                raw[row, j], p = _varint(pack, p + 1, end)
+                stored[row, j], p = _varint(pack, p, end)
+                if raw[row, j] < 0 or stored[row, j] < 0:
+                    return i
+        for g in range(ncp):  # the streams' bytes follow the table, in order
+            for j in range(STREAMS):
+                at[i * ncp + g, j] = p
+                p += stored[i * ncp + g, j]
+        if p != end:
+            return i
+    return -1
 
 
 def read(pack: np.ndarray, starts: np.ndarray, lengths: np.ndarray, classes: np.ndarray, ncp: int) -> StreamTable:
     """The stream tables of the sparse chunks at `starts` (`lengths` bytes) whose tensors
-    have `classes` classes each; PackFormatError when one is malformed. Tables are first
-    read from windows that fit values below 2^28 (TYPICAL_BYTES a varint); chunks whose
-    table does not parse in its window are read again from one that fits any valid table."""
+    have `classes` classes each; PackFormatError when one is malformed: a varint past its
+    chunk or too long, another number of groups than classes, a group of other than 0 or 4
+    streams, or streams that do not end the chunk exactly."""
     if (lengths <= 0).any():
         raise PackFormatError("sparse chunk is empty")
-    full = np.minimum(lengths, 1 + VARINT_MAX * (1 + classes * (2 + 3 * STREAMS)))
-    table, bad = _parse(pack, starts, lengths, classes, ncp,
-                        np.minimum(full, 1 + TYPICAL_BYTES * (1 + classes * (2 + 3 * STREAMS))))
-    if bad.any():
-        redo = np.flatnonzero(bad)
-        again, still = _parse(pack, starts[redo], lengths[redo], classes[redo], ncp, full[redo])
-        if still.any():
-            raise PackFormatError("chunk table is truncated or malformed (sparse chunk)")
-        for name in ("events", "codec", "raw", "stored", "at"):
-            rows = getattr(table, name).reshape(starts.size, ncp, -1)
-            rows[redo] = getattr(again, name).reshape(redo.size, ncp, -1)
-    return table
+    n = starts.size
+    events = np.zeros(n * ncp, np.int64)
+    codec, raw, stored, at = (np.zeros((n * ncp, STREAMS), np.int64) for _ in range(4))
+    bad = _read(pack, starts.astype(np.int64), lengths.astype(np.int64), classes.astype(np.int64), ncp,
+                events, codec, raw, stored, at)
+    if bad >= 0:
+        raise PackFormatError("chunk table is truncated or malformed (sparse chunk)")
+    return StreamTable(events, codec, raw, stored, at)
 
 
 def _varint_bytes(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
