@@ -301,30 +301,6 @@ def test_unaligned_views_in_a_batch_match_cpu_pack():
     assert_bits_equal(_cpu(state), _cpu(new))
 
 
-def test_chunk_tables_match_the_format_writer():
-    from weight_teleport.codec.cuda import tables
-    from weight_teleport.format import Group, Stream, write_groups
-    rng = np.random.default_rng(3)
-    n, ncp = 30, 16
-    n_groups = rng.integers(1, ncp + 1, size=n)
-    events = rng.integers(0, 1 << 40, size=(n, ncp)) >> rng.integers(0, 40, size=(n, ncp))
-    has = rng.random((n, ncp)) < 0.7
-    codec = rng.integers(0, 4, size=(n, ncp, 4))
-    raw = rng.integers(0, 1 << 30, size=(n, ncp, 4)) >> rng.integers(0, 30, size=(n, ncp, 4))
-    stored = rng.integers(0, 1 << 15, size=(n, ncp, 4)) >> rng.integers(0, 15, size=(n, ncp, 4))
-    data, lengths = tables.write(n_groups, events, has, codec, raw, stored)
-    at = 0
-    for k in range(n):
-        groups = [Group(int(events[k, c]), [Stream(int(codec[k, c, j]), int(raw[k, c, j]), bytes(int(stored[k, c, j])))
-                                            for j in range(4)]) if has[k, c] else Group(0, [])
-                  for c in range(n_groups[k])]
-        want = write_groups(groups)
-        body = sum(int(stored[k, c].sum()) for c in range(n_groups[k]) if has[k, c])
-        assert data[at:at + lengths[k]].tobytes() == want[:len(want) - body]
-        at += lengths[k]
-    assert at == data.size
-
-
 def _inverted_pair(n, seed):
     """Tiny elements (exponents of their own) nearly all change, the rest rarely: inverted
     classes beside plain ones."""

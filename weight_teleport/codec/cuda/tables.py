@@ -1,5 +1,5 @@
-"""The stream tables of sparse chunks, written for all chunks at once with numpy and read
-by one compiled walk over every chunk.
+"""The stream tables of sparse chunks, written and read by compiled walks over every chunk
+(numba, the GIL released).
 
 A chunk's table (docs/FORMAT.md, "Chunk layout") is LEB128 varints and codec bytes:
 n_groups, then per group count, n_streams and (codec, raw length, stored length) per
@@ -10,7 +10,6 @@ from dataclasses import dataclass
 import numpy as np
 from numba import njit
 
-from weight_teleport.codec.cuda import layout
 from weight_teleport.errors import PackFormatError
 
 VARINT_MAX = 10
@@ -101,18 +100,34 @@ def read(pack: np.ndarray, starts: np.ndarray, lengths: np.ndarray, classes: np.
     return StreamTable(events, codec, raw, stored, at)
 
 
-def _varint_bytes(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(LEB128 bytes of all `values` back to back, bytes of each value)."""
-    v = values.astype(np.uint64)
-    width = np.ones(v.size, np.int64)
-    for k in range(1, VARINT_MAX):
-        width += v >= np.uint64(1) << np.uint64(7 * k)
-    first = layout.starts(width)
-    idx = np.arange(int(width.sum())) - np.repeat(first, width)
-    owner = np.repeat(np.arange(v.size), width)
-    b = (v[owner] >> (7 * idx).astype(np.uint64)) & np.uint64(0x7F)
-    more = idx < width[owner] - 1
-    return (b | np.where(more, np.uint64(0x80), np.uint64(0))).astype(np.uint8), width
+@njit(nogil=True, cache=True)
+def _put(out: np.ndarray, p: int, v: int) -> int:
+    """Writes v (>= 0) as a LEB128 varint at p; the next position."""
+    while v >= 0x80:
+        out[p] = (v & 0x7F) | 0x80
+        v >>= 7
+        p += 1
+    out[p] = v
+    return p + 1
+
+
+@njit(nogil=True, cache=True)
+def _write(n_groups, events, has_streams, codec, raw, stored, out, lengths) -> int:
+    """Writes every chunk's table into `out` and its length into `lengths`; the bytes written."""
+    p = 0
+    for i in range(n_groups.size):
+        start = p
+        p = _put(out, p, n_groups[i])
+        for g in range(n_groups[i]):
+            if not has_streams[i, g]:
+                p = _put(out, _put(out, p, 0), 0)
+                continue
+            p = _put(out, _put(out, p, events[i, g]), STREAMS)
+            for j in range(STREAMS):
+                out[p] = codec[i, g, j]
+                p = _put(out, _put(out, p + 1, raw[i, g, j]), stored[i, g, j])
+        lengths[i] = p - start
+    return p
 
 
 def write(n_groups: np.ndarray, events: np.ndarray, has_streams: np.ndarray, codec: np.ndarray,
@@ -122,16 +137,9 @@ def write(n_groups: np.ndarray, events: np.ndarray, has_streams: np.ndarray, cod
     [chunk, class, stream] their codec, raw and stored lengths. Classes at or past a chunk's
     number of groups are left out."""
     n, ncp = events.shape
-    fields = np.zeros((n, ncp, 2 + 3 * STREAMS), np.int64)
-    fields[:, :, 0] = np.where(has_streams, events, 0)
-    fields[:, :, 1] = np.where(has_streams, STREAMS, 0)
-    for col, arr in enumerate((codec, raw, stored)):
-        fields[:, :, 2 + col::3] = arr
-    keep = np.zeros(fields.shape, bool)
-    keep[:, :, :2] = (np.arange(ncp)[None, :] < n_groups[:, None])[..., None]
-    keep[:, :, 2:] = (keep[:, :, :1] & has_streams[..., None])
-    values = np.concatenate([n_groups[:, None], fields.reshape(n, -1)], axis=1)[
-        np.concatenate([np.ones((n, 1), bool), keep.reshape(n, -1)], axis=1)]
-    per_chunk = 1 + keep.reshape(n, -1).sum(1)
-    data, width = _varint_bytes(values)
-    return data, np.add.reduceat(width, layout.starts(per_chunk)) if n else np.zeros(0, np.int64)
+    out = np.empty(n * VARINT_MAX * (1 + ncp * (2 + 3 * STREAMS)), np.uint8)
+    lengths = np.zeros(n, np.int64)
+    i64 = lambda a: np.ascontiguousarray(a, np.int64)
+    used = _write(i64(n_groups), i64(events), np.ascontiguousarray(has_streams, np.bool_), i64(codec), i64(raw),
+                  i64(stored), out, lengths)
+    return out[:used], lengths
