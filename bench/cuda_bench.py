@@ -95,11 +95,9 @@ def gpu_passes(old, new, chunk_elems: int = 1 << 22):
     return scan_ms, count_ms
 
 
-def encode_phases(old, new) -> dict[str, float]:
-    """Milliseconds of each phase of one encode_delta call, the device synchronised around
-    each phase (phases wrapped for this call only)."""
-    from weight_teleport.codec.cuda import chunk_bytes, encode, encode_batch
-    spots = [(encode, "_scan_rows"), (encode_batch, "_streams"), (chunk_bytes, "code"), (chunk_bytes, "assemble")]
+def phases(call, spots, repeats: int = 3) -> dict[str, float]:
+    """Median milliseconds of each phase (function `spots` names) of `call`, the device
+    synchronised around each phase (phases wrapped for these calls only), and of the call."""
     times, saved = {}, [(m, f, getattr(m, f)) for m, f in spots]
 
     def timed(name, fn):
@@ -108,19 +106,40 @@ def encode_phases(old, new) -> dict[str, float]:
             t0 = time.perf_counter()
             out = fn(*a, **kw)
             torch.cuda.synchronize()
-            times[name] = times.get(name, 0.0) + (time.perf_counter() - t0) * 1e3
+            times[name][-1] += (time.perf_counter() - t0) * 1e3
             return out
         return run
 
     for m, f, fn in saved:
         setattr(m, f, timed(f, fn))
     try:
-        total, _ = wall_s(lambda: wt.encode_delta(old, new, base_version=0, version=1), 1)
+        for _ in range(repeats):
+            for m, f, _ in saved:
+                times.setdefault(f, []).append(0.0)
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            call()
+            torch.cuda.synchronize()
+            times.setdefault("total", []).append((time.perf_counter() - t0) * 1e3)
     finally:
         for m, f, fn in saved:
             setattr(m, f, fn)
-    times["total"] = total * 1e3
-    return times
+    return {k: round(statistics.median(v), 2) for k, v in times.items()}
+
+
+def encode_phases(old, new) -> dict[str, float]:
+    from weight_teleport.codec import api
+    from weight_teleport.codec.cuda import chunk_bytes, encode, encode_batch
+    spots = [(encode, "_scan_rows"), (encode_batch, "_streams"), (chunk_bytes, "code"), (chunk_bytes, "assemble"),
+             (api, "write_pack")]
+    return phases(lambda: wt.encode_delta(old, new, base_version=0, version=1), spots)
+
+
+def stage_phases(state, pack) -> dict[str, float]:
+    from weight_teleport.codec.cuda import inflate, stage, stage_sparse
+    spots = [(stage_sparse.SparseBatch, "_read"), (inflate, "inflate"), (stage_sparse, "_position_order"),
+             (stage, "_read_back")]
+    return phases(lambda: wt.stage_delta(state, pack), spots)
 
 
 def pinned_patch_apply_ms(old, pack: bytes) -> float:
@@ -164,14 +183,15 @@ def main() -> None:
     gb = 2 * n / 1e9
     digest_ms = cuda_ms(lambda: [word_sum(t) for t in old.values()])
     scan_ms, count_ms = gpu_passes(old, new)
-    enc_s, pack = wall_s(lambda: wt.encode_delta(old, new, base_version=0, version=1))
+    enc_s, pack = wall_s(lambda: wt.encode_delta(old, new, base_version=0, version=1), 5)
     ans_s, ans_pack = wall_s(lambda: wt.encode_delta(old, new, base_version=0, version=1,
-                                                     cuda=CudaCodecConfig(algorithm="ans")))
-    phases = encode_phases(old, new)
+                                                     cuda=CudaCodecConfig(algorithm="ans")), 5)
+    enc_phases = encode_phases(old, new)
     info = wt.inspect(pack)
     changed = info["changed"]
     state = {k: v.clone() for k, v in old.items()}
-    stage_s, staged = wall_s(lambda: wt.stage_delta(state, pack), 3)
+    stage_s, staged = wall_s(lambda: wt.stage_delta(state, pack), 5)
+    st_phases = stage_phases(state, pack)
     apply_ms = cuda_ms(lambda: wt.apply_staged(state, staged), 10)
     ok = all(torch.equal(state[k].view(torch.int16), new[k].view(torch.int16)) for k in new)
     host_apply_ms = pinned_patch_apply_ms(old, pack)
@@ -199,7 +219,7 @@ def main() -> None:
               "pack_bytes": len(pack), "bits_per_element": 8 * len(pack) / n, "bit_exact": ok,
               "ans_pack_bytes": len(ans_pack), "subset_cpu_zstd_pack_identical_to_cpu": cpu_pack == cpu_zstd_gpu,
               "subset_wire_gpu_over_cpu": len(gpu_pack) / len(cpu_pack),
-              "encode_phases_ms": phases, "rows": rows}
+              "encode_phases_ms": enc_phases, "stage_phases_ms": st_phases, "rows": rows}
     Path(args.out).mkdir(parents=True, exist_ok=True)
     Path(args.out, "cuda_bench.json").write_text(json.dumps(result, indent=1))
     print(json.dumps({k: v for k, v in result.items() if k != "rows"}))

@@ -49,14 +49,14 @@ def _upload(pack, lo: int, hi: int, device) -> torch.Tensor:
 
 
 class Upload:
-    """Bytes [lo, hi) of a pack copied to the device on a host thread, while the caller reads
-    the stream tables (a copy from pageable memory holds its thread until the bytes are
-    sent), on the caller's current stream, which the kernels that read them run on."""
+    """Bytes [lo, hi) of a pack copied to the device on a host thread and a stream of their
+    own: the caller reads the stream tables meanwhile (a copy from pageable memory holds its
+    thread until the bytes are sent) and its kernels that need no byte of the pack run beside
+    the copy."""
 
     def __init__(self, pack, lo: int, hi: int, device, pool: ThreadPoolExecutor):
         self.lo = lo
-        stream = torch.cuda.current_stream(device)
-        self._bytes = pool.submit(self._copy, pack, lo, hi, device, stream)
+        self._bytes = pool.submit(self._copy, pack, lo, hi, device, torch.cuda.Stream(device))
 
     @classmethod
     def of_chunks(cls, pack, header, recs, device, pool: ThreadPoolExecutor) -> "Upload":
@@ -68,12 +68,20 @@ class Upload:
         return cls(pack, at + lo, at + hi, device, pool)  # past the pack: raises, as the CRC check does
 
     @staticmethod
-    def _copy(pack, lo: int, hi: int, device, stream) -> torch.Tensor:
+    def _copy(pack, lo: int, hi: int, device, stream) -> tuple[torch.Tensor, torch.cuda.Event]:
         with torch.cuda.stream(stream):
-            return _upload(pack, lo, hi, device)
+            out = _upload(pack, lo, hi, device)
+            done = torch.cuda.Event()
+            done.record(stream)
+        return out, done
 
     def bytes(self) -> torch.Tensor:
-        return self._bytes.result()
+        """The bytes on the device; the caller's current stream waits for their copy."""
+        out, done = self._bytes.result()
+        current = torch.cuda.current_stream(out.device)
+        current.wait_event(done)
+        out.record_stream(current)
+        return out
 
 
 def _check(codec: np.ndarray, raw: np.ndarray, stored: np.ndarray) -> None:

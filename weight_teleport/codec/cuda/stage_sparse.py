@@ -48,13 +48,17 @@ class SparseBatch:
         inv = np.zeros((len(recs), self.ncp), np.int8)
         for i, (_, iv) in enumerate(maps):
             inv[i, :iv.size] = iv
+        dev = lives[0].u.device
+        self.luts = torch.from_numpy(np.stack([m[0] for m in maps])).to(dev)
+        self.inv = torch.from_numpy(inv).to(dev)
+        # the live weights' class counts need no byte of the pack: the GPU counts while the
+        # host reads the stream tables
+        counts = ranks.table_counts(self.table, self.luts, self.info, self.ncp, int(self.n_classes.max()))
+        self.base, self.tot = ranks.table_bases(counts, self.table)
         self.streams = self._read(pack, header)
         self.inverted = inv[self.table.host[:, blocks.TENSOR]].reshape(-1).astype(bool)
         self.res_cnt = np.where(self.inverted, self.streams.raw[:, 2], self.streams.events)
         self._check_lengths()
-        dev = lives[0].u.device
-        self.luts = torch.from_numpy(np.stack([m[0] for m in maps])).to(dev)
-        self.inv = torch.from_numpy(inv).to(dev)
         self._run(pack, dev, threads, upload)
 
     def _read(self, pack, header) -> tables.StreamTable:
@@ -81,9 +85,7 @@ class SparseBatch:
         inf = inflate.inflate(pack, st, dev, threads, upload)
         dec = unsymbols.decode(inf.buffer, layout.to_device([inf.offsets], dev)[0], raw, ev, res_cnt, inv, n_ev, n_res,
                                self.info.bits)
-        counts = ranks.table_counts(self.table, self.luts, self.info, self.ncp, int(self.n_classes.max()))
-        base, tot = ranks.table_bases(counts, self.table)
-        tot = tot.view(-1)
+        tot = self.tot.view(-1)
         last = dec.ranks[(ev.cumsum(0) - 1).clamp(0, max(n_ev - 1, 0))] if n_ev else torch.zeros_like(ev)
         unfit = (ev > tot).any() | (inv & (res_cnt != tot - ev)).any() | ((ev > 0) & (last >= tot)).any()
         seg_word = layout.starts((tot + 31) // 32)
@@ -91,7 +93,7 @@ class SparseBatch:
         bits = (seg_word[dec.event_segment] * 32 + dec.ranks).clamp(0, n_words * 32 - 1)
         bm, pref = bitmap.build(n_words, bits)
         self.pos, self.val, sums = sparse_decode.decode(
-            self.table, self.luts, self.inv, int(self.n_classes.max()), base, seg_word, bm, pref,
+            self.table, self.luts, self.inv, int(self.n_classes.max()), self.base, seg_word, bm, pref,
             res_off, dec.residuals, self.info)
         self.pos, self.val = _position_order(self.pos, self.val, per_chunk)
         self.sums = self.table.per_tensor(sums)
