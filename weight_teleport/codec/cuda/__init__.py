@@ -1,5 +1,5 @@
-"""The CUDA backend of the codec: Triton kernels and torch ops over the tensors' device, the
-same pack format.
+"""The CUDA backend of the codec: CUDA C warp kernels (compiled at first use with NVRTC),
+Triton kernels and torch ops over the tensors' device, the same pack format.
 
 Needs `triton`; stream coding uses nvCOMP (`nvidia-libnvcomp-cu13`, the `cuda` extra) when
 it is installed and the CPU's zstd otherwise. With the default `CudaCodecConfig` (nvCOMP

@@ -1,5 +1,6 @@
 """Sparse chunks on the sampler: place decoded events on the live weights, on the GPU, in
-one launch over the chunks of every sparse tensor of one element type (a chunk table).
+one launch over the chunks of every sparse tensor of one element type (a chunk table): the
+warp kernel `place_changes` of warp.cu where it runs, else the Triton kernel here.
 
 Each element finds its class (old value's exponent) and class rank, looks its rank up in
 its segment's event bitmap, and, when changed, takes residual number (events before it, or

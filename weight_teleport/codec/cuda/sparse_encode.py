@@ -1,6 +1,7 @@
 """Sparse chunks on the trainer: per class, the ranks of its events and the residuals of
 its changed elements, written on the GPU in the order the CPU's gap streams use, for every
-chunk of a batch of tensors of one element type in one launch."""
+chunk of a batch of tensors of one element type in one launch (the warp kernel
+`class_events` of warp.cu where it runs, else the Triton kernel here)."""
 
 import torch
 import triton

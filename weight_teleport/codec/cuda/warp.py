@@ -6,7 +6,7 @@ class, so an element's rank among its class is a popcount over them, and one lan
 claims the class's count from a running counter (see warp.cu). The Triton kernels (scan.py,
 ranks.py, sparse_encode.py, sparse_decode.py) compute the same outputs and run where these
 cannot: under Triton's CPU interpreter, or where NVRTC cannot be loaded. On the H200 the
-warp kernels are 1.4-3.3x faster (BENCHMARKS.md)."""
+warp kernels are 2.2-3.9x faster (BENCHMARKS.md)."""
 
 import functools
 from pathlib import Path
