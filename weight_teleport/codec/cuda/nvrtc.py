@@ -25,10 +25,12 @@ def _open(names: list[str]) -> ctypes.CDLL:
 @functools.cache
 def _nvrtc() -> ctypes.CDLL:
     major = (torch.version.cuda or "0").split(".")[0]
-    names = [f"libnvrtc.so.{major}", "libnvrtc.so"]
-    for root in sys.path:  # pip's nvidia-cuda-nvrtc wheel, when torch has not loaded it
-        names += sorted(glob.glob(os.path.join(root, "nvidia", "**", f"libnvrtc.so.{major}*"), recursive=True))
-    return _open(names)
+    try:
+        return _open([f"libnvrtc.so.{major}", "libnvrtc.so"])
+    except OSError:  # pip's nvidia-cuda-nvrtc wheel, where torch has not loaded it
+        found = [f for root in sys.path
+                 for f in sorted(glob.glob(os.path.join(root, "nvidia", "**", f"libnvrtc.so.{major}*"), recursive=True))]
+        return _open(found)
 
 
 @functools.cache
@@ -55,8 +57,30 @@ def _check_driver(code: int, what: str) -> None:
         raise RuntimeError(f"{what} failed: CUDA error {code} ({(msg.value or b'?').decode()})")
 
 
-def compile_cubin(source: str, name: str, arch: str, options: list[str]) -> bytes:
-    """The CUBIN of CUDA C `source` for `arch` (such as 'sm_90'); raises with NVRTC's log."""
+def _supported_archs() -> list[int]:
+    """The compute capabilities (such as 90) this NVRTC compiles for."""
+    lib, n = _nvrtc(), ctypes.c_int()
+    lib.nvrtcGetNumSupportedArchs(ctypes.byref(n))
+    archs = (ctypes.c_int * n.value)()
+    lib.nvrtcGetSupportedArchs(archs)
+    return list(archs)
+
+
+def supports(capability: int) -> bool:
+    """Whether this NVRTC compiles for a GPU of compute capability `capability` (itself, or
+    as PTX of an older one)."""
+    return any(a <= capability for a in _supported_archs())
+
+
+def compile_image(source: str, name: str, capability: int, options: list[str]) -> bytes:
+    """CUDA C `source` compiled for a GPU of compute capability `capability` (such as 90):
+    its CUBIN where this NVRTC knows the GPU, else PTX for the newest it knows, which the
+    driver compiles for the GPU. Raises with NVRTC's log."""
+    known = [a for a in _supported_archs() if a <= capability]
+    if not known:
+        raise RuntimeError(f"NVRTC compiles for none of the compute capabilities up to {capability}")
+    cubin = capability in known
+    arch = f"sm_{capability}" if cubin else f"compute_{max(known)}"
     lib = _nvrtc()
     prog = ctypes.c_void_p()
     if lib.nvrtcCreateProgram(ctypes.byref(prog), source.encode(), name.encode(), 0, None, None):
@@ -70,11 +94,12 @@ def compile_cubin(source: str, name: str, arch: str, options: list[str]) -> byte
             log = ctypes.create_string_buffer(size.value)
             lib.nvrtcGetProgramLog(prog, log)
             raise RuntimeError(f"NVRTC could not compile {name}:\n{log.value.decode(errors='replace')}")
+        get_size, get = (lib.nvrtcGetCUBINSize, lib.nvrtcGetCUBIN) if cubin else (lib.nvrtcGetPTXSize, lib.nvrtcGetPTX)
         size = ctypes.c_size_t()
-        lib.nvrtcGetCUBINSize(prog, ctypes.byref(size))
-        cubin = ctypes.create_string_buffer(size.value)
-        lib.nvrtcGetCUBIN(prog, cubin)
-        return cubin.raw
+        get_size(prog, ctypes.byref(size))
+        image = ctypes.create_string_buffer(size.value)
+        get(prog, image)
+        return image.raw
     finally:
         lib.nvrtcDestroyProgram(ctypes.byref(prog))
 
@@ -101,9 +126,9 @@ class Module:
         """The compiled `kernel` on device `index` (compiling the source on first use)."""
         if index not in self._modules:
             major, minor = torch.cuda.get_device_capability(index)
-            cubin = compile_cubin(self.source, self.name, f"sm_{major}{minor}", self.options)
+            image = compile_image(self.source, self.name, 10 * major + minor, self.options)
             module = ctypes.c_void_p()
-            _check_driver(_driver().cuModuleLoadData(ctypes.byref(module), cubin), "cuModuleLoadData")
+            _check_driver(_driver().cuModuleLoadData(ctypes.byref(module), image), "cuModuleLoadData")
             self._modules[index] = module
         if (index, kernel) not in self._functions:
             func = ctypes.c_void_p()

@@ -2,7 +2,9 @@
 
 On NVIDIA GPUs the CUDA C warp kernels (warp.cu) do this work, 2.2-3.9x faster; the Triton
 kernels here run under Triton's CPU interpreter (CI) and where NVRTC cannot be loaded, and
-their wrappers choose between the two. Elements are split into blocks of BLOCK that never straddle a chunk; a chunk table
+their wrappers choose between the two.
+
+Elements are split into blocks of BLOCK that never straddle a chunk; a chunk table
 (codec/cuda/blocks.py) says which block each program covers. A class's rank of an element
 is its index among the chunk's elements of the same class (the order its gap stream counts
 in). Kernels work on a [BLOCK // ROW, ROW] tile of a block. Shapes measured on the H200

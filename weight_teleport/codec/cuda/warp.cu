@@ -1,9 +1,11 @@
-// Context classes of sparse chunks as warp code: class counts per block, the events of the
-// trainer's delta in class-rank order, and the placement of decoded changes on the sampler.
+// The CUDA backend's per-element passes as warp code: the trainer's scan (key histograms and
+// digests), class counts per block (from the live weights, or from the scan's histograms),
+// the events of the trainer's delta in class-rank order, and the placement of decoded
+// changes on the sampler.
 //
-// A warp owns one block of BLOCK elements of a chunk (a program of the chunk table,
-// codec/cuda/blocks.py) and walks it 32 elements at a time, element s * 32 + lane in lane
-// `lane`. `__match_any_sync` gives every lane the mask of the lanes of its class, so its
+// In the rank kernels a warp owns one block of BLOCK elements of a chunk (a program of the
+// chunk table, codec/cuda/blocks.py) and walks it 32 elements at a time, element s * 32 +
+// lane in lane `lane`; the scan gives a block to a CTA and reads 8-byte words. `__match_any_sync` gives every lane the mask of the lanes of its class, so its
 // rank among them is one popcount; each group's lowest lane claims the group's count from
 // the class's running counter in shared memory (an atomic add that returns the counter
 // before) and shuffles it to the group. (Voting the key bit by bit with ballots instead
@@ -367,7 +369,7 @@ scan_words(const U* old, const i64* rows, const int* prog, const U* nw, const i6
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
     const i64 pid = blockIdx.x;
     const Block bk = table_block(pid, rows, prog);
-    for (int b = threadIdx.x; b < NB; b += WARPS * 32) bins[b] = 0;
+    for (int i = threadIdx.x; i < NB; i += WARPS * 32) bins[i] = 0;
     __syncthreads();
     const u64* wo = (const u64*)(old + bk.off + bk.first);
     const u64* wn = (const u64*)(nw + new_off[bk.chunk] + bk.first);
@@ -412,7 +414,7 @@ scan_words(const U* old, const i64* rows, const int* prog, const U* nw, const i6
         part[1][w] = s_new;
     }
     __syncthreads();
-    for (int b = threadIdx.x; b < NB; b += WARPS * 32) hist[pid * NB + b] = bins[b];
+    for (int i = threadIdx.x; i < NB; i += WARPS * 32) hist[pid * NB + i] = bins[i];
     if (threadIdx.x < 2) {
         u64 t = 0;
         for (int k = 0; k < WARPS; k++) t += part[threadIdx.x][k];
