@@ -336,3 +336,25 @@ def test_warp_kernels_match_triton_kernels(case, monkeypatch):
     assert runs[0] == wt.encode_delta(_cpu(old), _cpu(new), base_version=1, version=2, chunk_elems=4104)
     if case == "inverted":
         assert any(rec.inverted for rec in read_header(runs[0]).tensors)
+
+
+def test_warp_kernels_from_ptx_of_an_older_architecture(monkeypatch):
+    """A GPU newer than its NVRTC gets PTX of the newest architecture NVRTC knows, which the
+    driver compiles for it: pretend this GPU is unknown to NVRTC and compare the packs."""
+    from weight_teleport.codec.cuda import nvrtc, warp
+    major, minor = torch.cuda.get_device_capability()
+    older = [a for a in nvrtc._supported_archs() if a < 10 * major + minor]
+    if not older:
+        pytest.skip("NVRTC knows no architecture older than this GPU's")
+    monkeypatch.setattr(nvrtc, "_supported_archs", lambda: older)
+    warp._module.cache_clear()
+    try:
+        old, new = _pair(5, torch.bfloat16, "density", 0.05, shape=(301, 70))
+        pack = wt.encode_delta(_cuda(old), _cuda(new), base_version=1, version=2, chunk_elems=4104,
+                               cuda=CudaCodecConfig(use_nvcomp=False))
+        assert pack == wt.encode_delta(old, new, base_version=1, version=2, chunk_elems=4104)
+        state = _cuda(old)
+        assert wt.apply_delta(state, pack, base_version=1).digest_verified
+        assert_bits_equal(_cpu(state), new)
+    finally:
+        warp._module.cache_clear()
