@@ -1,6 +1,6 @@
-"""The CUDA rank kernels on the Qwen3-8B-shaped delta (one device run): the CUDA C warp
-kernels (codec/cuda/warp.cu) against the Triton kernels in block / row / warp shapes, as
-per-kernel device times (torch.profiler) of one encode and one stage each, packs compared
+"""The CUDA backend's per-element kernels on the Qwen3-8B-shaped delta (one device run):
+the CUDA C warp kernels (codec/cuda/warp.cu) against the Triton kernels in block / row /
+warp shapes, as per-kernel device times (torch.profiler) of one encode and one stage each, packs compared
 byte for byte with the warp kernels', stage + apply compared bit for bit with the new
 weights. Each Triton shape (block; rows of both rank kernels; warps of them and of the
 class-count kernel) is set on the modules before its calls.
@@ -9,7 +9,6 @@ class-count kernel) is set on the modules before its calls.
 """
 
 import argparse
-
 
 import torch
 from torch.profiler import ProfilerActivity, profile

@@ -28,8 +28,8 @@ def _nvrtc() -> ctypes.CDLL:
     try:
         return _open([f"libnvrtc.so.{major}", "libnvrtc.so"])
     except OSError:  # pip's nvidia-cuda-nvrtc wheel, where torch has not loaded it
-        found = [f for root in sys.path
-                 for f in sorted(glob.glob(os.path.join(root, "nvidia", "**", f"libnvrtc.so.{major}*"), recursive=True))]
+        pattern = os.path.join("nvidia", "**", f"libnvrtc.so.{major}*")
+        found = [f for root in sys.path for f in sorted(glob.glob(os.path.join(root, pattern), recursive=True))]
         return _open(found)
 
 
