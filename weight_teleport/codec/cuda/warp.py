@@ -15,6 +15,8 @@ import torch
 
 from weight_teleport.codec.cuda import nvrtc
 
+SOURCE = Path(__file__).with_name("warp.cu")
+"""The kernels' CUDA C source (tests/test_codec_warp_compile.py compiles it without a GPU)."""
 WARPS, UNROLL = 4, 4
 """Warps of a CTA (one block of the chunk table each, or one block per CTA in the scan) and
 32-element slices loaded at once (at least the elements of an 8-byte word)."""
@@ -36,7 +38,7 @@ def _compiles_for(device: torch.device) -> bool:
 
 @functools.cache
 def _module(defines: tuple) -> nvrtc.Module:
-    return nvrtc.Module(Path(__file__).with_name("warp.cu").read_text(), "warp.cu", dict(defines))
+    return nvrtc.Module(SOURCE.read_text(), SOURCE.name, dict(defines))
 
 
 def _defines(info, block: int, **extra) -> tuple:

@@ -1,0 +1,51 @@
+"""The CUDA C warp kernels (codec/cuda/warp.cu) compile with NVRTC for every element type,
+no GPU needed (NVRTC comes with the test extra's `nvidia-cuda-nvrtc` wheel): a slip in the
+CUDA source fails here, not only on a GPU."""
+
+import pytest
+import torch
+from helpers import DTYPES
+
+from weight_teleport.codec.cuda import nvrtc, warp
+from weight_teleport.codec.cuda.ranks import pow2
+from weight_teleport.codec.cuda.scan import SPAN
+from weight_teleport.codec.dtypes import dtype_info
+
+
+@pytest.fixture
+def nvrtc_found(monkeypatch):
+    """NVRTC of CUDA 13, found in the wheel when torch is a CPU build."""
+    monkeypatch.setattr(torch.version, "cuda", torch.version.cuda or "13.0")
+    nvrtc._nvrtc.cache_clear()
+    try:
+        nvrtc._nvrtc()
+    except OSError:
+        pytest.skip("no NVRTC library (install the test extra)")
+    yield
+    nvrtc._nvrtc.cache_clear()
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_every_kernel_compiles_for_every_element_type(dtype, nvrtc_found):
+    info = dtype_info(dtype)
+    source = warp.SOURCE.read_text()
+    nb = pow2(2 * (1 << info.exponent_bits))
+    for block in (1024, SPAN):
+        options = [f"-D{k}={int(v)}" for k, v in warp._defines(info, block, NCP=16, NB=nb)]
+        image = nvrtc.compile_image(source, "warp.cu", 90, options)
+        assert image[:4] == b"\x7fELF"
+        for kernel in (b"class_counts", b"hist_counts", b"class_events", b"place_changes", b"scan_words"):
+            assert kernel in image
+
+
+def test_a_gpu_newer_than_nvrtc_gets_ptx(nvrtc_found):
+    newest = max(nvrtc._supported_archs())
+    image = nvrtc.compile_image("extern \"C\" __global__ void f(int* x) { x[0] = 1; }", "f.cu", newest + 1000, [])
+    assert f".target sm_{newest}".encode() in image and image.endswith(b"\0")
+
+
+def test_compile_errors_name_the_line(nvrtc_found):
+    with pytest.raises(RuntimeError, match="identifier \"oops\" is undefined"):
+        nvrtc.compile_image("extern \"C\" __global__ void f() { oops; }", "bad.cu", 90, [])
+    with pytest.raises(RuntimeError, match="none of the compute capabilities"):
+        nvrtc.compile_image("", "old.cu", 10, [])
