@@ -12,7 +12,7 @@ import sys
 os.environ["TRITON_INTERPRET"] = "1"
 
 import torch  # noqa: E402
-from helpers import with_renewed_crcs  # noqa: E402
+from helpers import inverted_pair, with_renewed_crcs  # noqa: E402
 
 import weight_teleport as wt  # noqa: E402
 from weight_teleport.codec import api, plan  # noqa: E402
@@ -37,17 +37,6 @@ def pair(dtype, n, density, seed):
         old = torch.randint(-100, 100, (n,), generator=g).to(dtype)
         new = torch.where(torch.rand(n, generator=g) < density, old + 1, old)
     return old, new
-
-
-def inverted_pair(n, seed):
-    """Tiny elements (exponents of their own) nearly all change, the rest rarely: an
-    inverted class."""
-    g = torch.Generator().manual_seed(seed)
-    old = torch.randn(n, generator=g) * 0.02
-    tiny = torch.rand(n, generator=g) < 0.2
-    old = torch.where(tiny, old * 1e-6, old).bfloat16()
-    moved = torch.where(tiny, torch.rand(n, generator=g) < 0.95, torch.rand(n, generator=g) < 0.05)
-    return old, torch.where(moved, (old.float() * 1.5).bfloat16(), old)
 
 
 def many_classes_pair(n, seed):

@@ -93,3 +93,14 @@ def with_renewed_crcs(pack: bytes, mutate) -> bytes:
             offset += len(data)
         t.chunks = refs
     return write_pack(header, chunks)
+
+
+def inverted_pair(n, seed):
+    """Tiny elements (exponents of their own) nearly all change, the rest rarely: an
+    inverted class."""
+    g = torch.Generator().manual_seed(seed)
+    old = torch.randn(n, generator=g) * 0.02
+    tiny = torch.rand(n, generator=g) < 0.2
+    old = torch.where(tiny, old * 1e-6, old).bfloat16()
+    moved = torch.where(tiny, torch.rand(n, generator=g) < 0.95, torch.rand(n, generator=g) < 0.05)
+    return old, torch.where(moved, (old.float() * 1.5).bfloat16(), old)

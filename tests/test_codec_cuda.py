@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 import torch
-from helpers import DTYPES, assert_bits_equal, bits, clone_state, with_renewed_crcs
+from helpers import DTYPES, assert_bits_equal, bits, clone_state, inverted_pair, with_renewed_crcs
 from test_codec_roundtrip import make_pair
 
 import weight_teleport as wt
@@ -301,24 +301,14 @@ def test_unaligned_views_in_a_batch_match_cpu_pack():
     assert_bits_equal(_cpu(state), _cpu(new))
 
 
-def _inverted_pair(n, seed):
-    """Tiny elements (exponents of their own) nearly all change, the rest rarely: inverted
-    classes beside plain ones."""
-    g = torch.Generator().manual_seed(seed)
-    old = torch.randn(n, generator=g) * 0.02
-    tiny = torch.rand(n, generator=g) < 0.2
-    old = torch.where(tiny, old * 1e-6, old).bfloat16()
-    moved = torch.where(tiny, torch.rand(n, generator=g) < 0.95, torch.rand(n, generator=g) < 0.05)
-    return {"w": old}, {"w": torch.where(moved, (old.float() * 1.5).bfloat16(), old)}
-
-
 @pytest.mark.parametrize("case", [*DTYPES, "inverted"])
 def test_warp_kernels_match_triton_kernels(case, monkeypatch):
     """The CUDA C warp kernels and the Triton kernels write the same packs and stage patches
     that apply to the same bits, over several chunks of several blocks with ragged ends."""
     from weight_teleport.codec.cuda import warp
     if case == "inverted":
-        old, new = _inverted_pair(50_001, 4)
+        o, m = inverted_pair(50_001, 4)
+        old, new = {"w": o}, {"w": m}
     else:
         old, new = _pair(3, case, "density", 0.05, shape=(301, 70))
     old, new = _cuda(old), _cuda(new)
