@@ -49,9 +49,8 @@ class ChunkTable:
 
 def chunk_rows(numels: np.ndarray, chunk_elems: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(tensor of each chunk, first element of each chunk in its tensor, its length)."""
-    n_chunks = -(-numels // chunk_elems)
-    tensor = np.repeat(np.arange(numels.size), n_chunks)
-    start = (np.arange(tensor.size) - layout.starts(n_chunks)[tensor]) * chunk_elems
+    tensor, chunk = layout.items(-(-numels // chunk_elems))
+    start = chunk * chunk_elems
     return tensor, start, np.minimum(numels[tensor] - start, chunk_elems)
 
 

@@ -67,7 +67,7 @@ def _code_cpu(level: int, st: symbols.SymbolStreams, todo: np.ndarray, threads: 
     data = [d for (cid, d), s in zip(out, smaller) if s]
     sizes = np.array([len(d) for d in data], np.int64)
     blob = torch.frombuffer(bytearray(b"".join(data)), dtype=torch.uint8) if data else torch.zeros(0, dtype=torch.uint8)
-    return _use(_raw(st), todo[smaller], codecs.ZSTD, sizes, np.cumsum(sizes) - sizes, blob)
+    return _use(_raw(st), todo[smaller], codecs.ZSTD, sizes, layout.starts(sizes), blob)
 
 
 def code(st: symbols.SymbolStreams, cfg: CudaCodecConfig, level: int, threads: int) -> Coded:
@@ -138,7 +138,7 @@ def assemble(st: symbols.SymbolStreams, coded: Coded, n_groups: np.ndarray, thre
     body = stored.reshape(n, -1)
     lengths = head_len + body.sum(1)
     offsets = layout.starts(lengths)
-    dst = (offsets + head_len)[:, None] + np.cumsum(body, 1) - body
+    dst = (offsets + head_len)[:, None] + layout.starts(body, 1)
     out = torch.empty(int(lengths.sum()), dtype=torch.uint8, device=coded.src.device)
     sel = body.ravel() > 0
     gather(coded.src, out, coded.src_off.ravel()[sel], dst.ravel()[sel], body.ravel()[sel])

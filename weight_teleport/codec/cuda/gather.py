@@ -23,9 +23,8 @@ def _gather_kernel(src_ptr, dst_ptr, pieces_ptr, PIECE: tl.constexpr):
 
 def pieces(src: np.ndarray, dst: np.ndarray, length: np.ndarray) -> np.ndarray:
     """[pieces, 3] int64 (source offset, destination offset, bytes) of the ranges, cut at PIECE."""
-    count = -(-length // PIECE)
-    owner = np.repeat(np.arange(length.size), count)
-    at = (np.arange(owner.size) - np.repeat(np.cumsum(count) - count, count)) * PIECE
+    owner, piece = layout.items(-(-length // PIECE))
+    at = piece * PIECE
     return np.stack([src[owner] + at, dst[owner] + at, np.minimum(length[owner] - at, PIECE)], 1).astype(np.int64)
 
 

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from weight_teleport.codec import streams as codecs
-from weight_teleport.codec.cuda import entropy
+from weight_teleport.codec.cuda import entropy, layout
 from weight_teleport.codec.cuda.config import CudaCodecConfig
 from weight_teleport.codec.cuda.gather import gather
 from weight_teleport.codec.cuda.tables import StreamTable
@@ -37,7 +37,7 @@ class Inflated:
 
 def _slots(lengths: np.ndarray) -> tuple[np.ndarray, int]:
     slot = -(-lengths // A) * A
-    return np.cumsum(slot) - slot, int(slot.sum())
+    return layout.starts(slot), int(slot.sum())
 
 
 def _upload(pack, lo: int, hi: int, device) -> torch.Tensor:

@@ -18,10 +18,16 @@ def require(tensor: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Ten
     return tensor
 
 
-def starts(counts):
+def starts(counts, axis: int = 0):
     """Where each of consecutive runs of `counts` items starts: the exclusive prefix sum
-    (a numpy array or a torch tensor, as given)."""
-    return counts.cumsum(0) - counts
+    along `axis` (a numpy array or a torch tensor, as given)."""
+    return counts.cumsum(axis) - counts
+
+
+def items(counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(run, index within its run) of every item of consecutive runs of `counts` items."""
+    run = np.repeat(np.arange(counts.size), counts)
+    return run, np.arange(run.size) - starts(counts)[run]
 
 
 def to_device(arrays: list[np.ndarray], dev) -> list[torch.Tensor]:

@@ -14,7 +14,7 @@ import torch
 
 from weight_teleport.codec import digest as D
 from weight_teleport.codec.cpu import backend as cpu
-from weight_teleport.codec.cuda import blocks, entropy, inflate, scatter
+from weight_teleport.codec.cuda import blocks, entropy, inflate, layout, scatter
 from weight_teleport.codec.cuda.digest import word_sum
 from weight_teleport.codec.cuda.live import Live
 from weight_teleport.codec.cuda.patch import DevicePatch, DeviceTensorPatch, FusedGroup
@@ -121,14 +121,11 @@ def stage(lives: dict[str, Live], header, pack, check_base: bool, threads: int |
 
 def _fused_rows(b: SparseBatch, chunks: np.ndarray, base_ptr: int) -> np.ndarray:
     """[programs, 3] (chunk's first element from the base, first change, stop) of `chunks`."""
-    n = b.chunk_changes
-    first = np.cumsum(n) - n
+    n, first = b.chunk_changes, b.chunk_first_change
     ptrs = np.array([lv.u.data_ptr() for lv in b.lives], np.int64)
     rows = b.table.host[chunks]
     elem = (ptrs[rows[:, blocks.TENSOR]] - base_ptr) // b.info.nbytes + rows[:, blocks.START]
-    progs = -(-n[chunks] // scatter.BLOCK)
-    k = np.repeat(np.arange(chunks.size), progs)
-    j = np.arange(k.size) - np.repeat(np.cumsum(progs) - progs, progs)
+    k, j = layout.items(-(-n[chunks] // scatter.BLOCK))
     lo = first[chunks][k] + j * scatter.BLOCK
     hi = np.minimum(lo + scatter.BLOCK, first[chunks][k] + n[chunks][k])
     return np.stack([elem[k], lo, hi], axis=1).astype(np.int64)
@@ -136,8 +133,7 @@ def _fused_rows(b: SparseBatch, chunks: np.ndarray, base_ptr: int) -> np.ndarray
 
 def _tensor_patches(b: SparseBatch) -> list[DeviceTensorPatch]:
     """Patches of a batch's tensors; those not patched in place get int64 positions."""
-    n = b.chunk_changes
-    first = np.cumsum(n) - n
+    n, first = b.chunk_changes, b.chunk_first_change
     tensor = b.table.host[:, blocks.TENSOR]
     out = []
     for i, (rec, live) in enumerate(zip(b.recs, b.lives)):

@@ -103,3 +103,8 @@ class SparseBatch:
     def chunk_changes(self) -> np.ndarray:
         """Changes per chunk (host), in the order of the staged outputs."""
         return self.res_cnt.reshape(self.table.chunks, self.ncp).sum(1)
+
+    @cached_property
+    def chunk_first_change(self) -> np.ndarray:
+        """Where each chunk's changes start in the staged outputs."""
+        return layout.starts(self.chunk_changes)
