@@ -2,9 +2,11 @@
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from weight_teleport.codec.plan import (MIN_CLASS_EVENTS, chunk_ranges, lut_to_runs, plan_classes,
-                                        runs_to_lut)
+from weight_teleport.codec.plan import (MAX_CLASSES, MIN_CLASS_EVENTS, band, chunk_ranges, lut_to_runs, plan_classes,
+                                        plan_many, runs_to_lut)
 
 
 def test_chunk_ranges_cover_the_tensor():
@@ -41,3 +43,86 @@ def test_runs_round_trip_and_validation():
     for bad in ([], [(1, 0)], [(0, 0), (0, 1)], [(0, 99)], [(0, 0), (9, 1)]):
         with pytest.raises(ValueError):
             runs_to_lut(bad, 6)
+
+
+def _reference_plan(total: np.ndarray, changed: np.ndarray):
+    """The planner as numpy first wrote it (float log2 bands), to hold the compiled one to."""
+    keys = np.flatnonzero(total)
+    rate = changed[keys] / total[keys]
+    band_ = np.full(keys.size, -1, np.int64)
+    moving = rate > 0
+    band_[moving] = np.floor(-np.log2(rate[moving]) * 2).astype(np.int64)
+    groups = []
+    still = np.flatnonzero(band_ < 0)
+    if still.size:
+        groups.append(still)
+    mv = np.flatnonzero(band_ >= 0)
+    order = mv[np.argsort(band_[mv], kind="stable")]
+    runs = np.flatnonzero(np.diff(band_[order], prepend=-1)) if order.size else np.zeros(0, np.int64)
+    run_events = np.add.reduceat(changed[keys][order], runs).tolist() if order.size else []
+    first, count = 0, 0
+    for stop, n in zip(runs[1:].tolist() + [order.size], run_events):
+        count += int(n)
+        if count >= MIN_CLASS_EVENTS:
+            groups.append(order[first:stop])
+            first, count = stop, 0
+    if first < order.size:
+        if len(groups) > (1 if still.size else 0):
+            groups[-1] = np.concatenate([groups[-1], order[first:]])
+        else:
+            groups.append(order[first:])
+    while len(groups) > MAX_CLASSES:
+        groups[-2] = np.concatenate([groups[-2], groups.pop()])
+    groups = groups or [np.zeros(0, np.int64)]
+    cls = np.zeros(keys.size, np.int64)
+    for c, members in enumerate(groups):
+        cls[members] = c
+    lut = np.zeros(total.size, np.uint8)
+    lut[keys] = cls
+    n_changed = np.bincount(cls, weights=changed[keys], minlength=len(groups))
+    n_total = np.bincount(cls, weights=total[keys], minlength=len(groups))
+    inverted = n_changed * 2 > n_total
+    events = int(np.where(inverted, n_total - n_changed, n_changed).sum())
+    return lut, inverted, events
+
+
+@st.composite
+def _counts(draw):
+    keys = draw(st.sampled_from([2, 16, 256]))
+    scale = draw(st.sampled_from([10, 1000, 10 ** 6, 10 ** 9]))
+    total = np.array(draw(st.lists(st.integers(0, scale), min_size=keys, max_size=keys)), np.int64)
+    total[np.array(draw(st.lists(st.booleans(), min_size=keys, max_size=keys)))] = 0
+    frac = np.array(draw(st.lists(st.sampled_from([0.0, 1.0, 0.5, 1e-3, 1e-6, 0.3, 0.7071]), min_size=keys,
+                                  max_size=keys)))
+    return total, np.minimum(total, np.round(total * frac).astype(np.int64))
+
+
+@settings(max_examples=400, deadline=None)
+@given(_counts())
+def test_compiled_plans_match_the_reference(counts):
+    total, changed = counts
+    lut, inverted, events = _reference_plan(total, changed)
+    plan = plan_classes(total, changed)
+    assert (plan.lut == lut).all() and (plan.inverted == inverted).all() and plan.events == events
+    assert plan.runs == lut_to_runs(lut)
+
+
+def test_many_plans_are_the_single_plans():
+    rng = np.random.default_rng(3)
+    total = rng.integers(0, 10 ** 7, (50, 256))
+    changed = (total * rng.random((50, 256)) ** 4).astype(np.int64)
+    for one, row_t, row_c in zip(plan_many(total, changed), total, changed):
+        ref = plan_classes(row_t, row_c)
+        assert (one.lut == ref.lut).all() and (one.inverted == ref.inverted).all() and one.events == ref.events
+
+
+def test_bands_are_exact_where_floats_round():
+    # (t / c)**2 just above and just below powers of two: 99**2 - 2 * 70**2 = 1, and Pell
+    # pairs far past float precision; the band is floor(2 log2(t / c)) in exact arithmetic
+    pairs = [(99, 70), (665857, 470832), (4478554083, 3166815962), (3, 3), (1, 1), (2, 1), (7, 5),
+             (2 ** 62, 1), (2 ** 62 - 1, 3), (10 ** 18, 10 ** 18 - 1)]
+    for t, c in pairs:
+        exact = max(b for b in range(130) if c * c * 2 ** b <= t * t)
+        assert band(t, c) == exact, (t, c)
+    with pytest.raises(ValueError):
+        plan_many(np.array([[5]]), np.array([[6]]))

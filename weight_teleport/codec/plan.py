@@ -5,6 +5,7 @@ Takes counts and metadata, returns decisions; no torch, no kernels."""
 from dataclasses import dataclass
 
 import numpy as np
+from numba import njit
 
 DEFAULT_CHUNK_ELEMS = 1 << 22
 MAX_CHUNK_ELEMS = 1 << 22
@@ -37,6 +38,8 @@ class ClassPlan:
     """The same map as (first key, class) runs, as stored in the pack."""
     inverted: np.ndarray
     """bool per class: code the unchanged elements of this class instead of the changed ones."""
+    events: int = 0
+    """Elements the classes code: the changed ones, the unchanged ones of inverted classes."""
 
     @property
     def n_classes(self) -> int:
@@ -49,54 +52,120 @@ def plan_classes(total: np.ndarray, changed: np.ndarray) -> ClassPlan:
     Keys are banded by log2 of their change rate (half-octave bands); keys that never
     changed form a class of their own (it costs nothing to code); adjacent bands are merged
     until each class holds MIN_CLASS_EVENTS changes, at most MAX_CLASSES classes."""
-    keys = np.flatnonzero(total)
-    rate = changed[keys] / total[keys]
-    band = np.full(keys.size, -1, np.int64)
-    moving = rate > 0
-    band[moving] = np.floor(-np.log2(rate[moving]) * BANDS_PER_OCTAVE).astype(np.int64)
-    groups = _merge_bands(band, changed[keys])
-    cls = np.zeros(keys.size, np.int64)
-    for c, members in enumerate(groups):
-        cls[members] = c
-    lut = np.zeros(total.size, np.uint8)
-    lut[keys] = cls
-    n_changed = np.bincount(cls, weights=changed[keys], minlength=len(groups))
-    n_total = np.bincount(cls, weights=total[keys], minlength=len(groups))
-    return ClassPlan(lut, lut_to_runs(lut), n_changed * 2 > n_total)
+    return plan_many(total[None], changed[None])[0]
 
 
-def _merge_bands(band: np.ndarray, events: np.ndarray) -> list[np.ndarray]:
-    """Index groups of keys: one per merged run of adjacent bands, the still keys first.
-    Moving keys are ordered by band (keys ascending within one), so every group is a slice
-    of that order and the walk over bands needs no array operation per band."""
-    groups = []
-    still = np.flatnonzero(band < 0)
-    if still.size:
-        groups.append(still)
-    moving = np.flatnonzero(band >= 0)
-    order = moving[np.argsort(band[moving], kind="stable")]
-    runs = np.flatnonzero(np.diff(band[order], prepend=-1)) if order.size else np.zeros(0, np.int64)
-    run_events = np.add.reduceat(events[order], runs).tolist() if order.size else []
-    ends = runs[1:].tolist() + [order.size]
-    first, count = 0, 0
-    for stop, n in zip(ends, run_events):
-        count += int(n)
-        if count >= MIN_CLASS_EVENTS:
-            groups.append(order[first:stop])
-            first, count = stop, 0
-    if first < order.size:
-        if len(groups) > (1 if still.size else 0):
-            groups[-1] = np.concatenate([groups[-1], order[first:]])
-        else:
-            groups.append(order[first:])
-    while len(groups) > MAX_CLASSES:
-        groups[-2] = np.concatenate([groups[-2], groups.pop()])
-    return groups or [np.zeros(0, np.int64)]
+def plan_many(total: np.ndarray, changed: np.ndarray) -> list[ClassPlan]:
+    """`plan_classes` of every row of [tensors, keys] count tables, in one compiled walk."""
+    total, changed = np.ascontiguousarray(total, np.int64), np.ascontiguousarray(changed, np.int64)
+    if (changed < 0).any() or (changed > total).any():
+        raise ValueError("changed counts must lie between 0 and the element counts")
+    lut = np.zeros(total.shape, np.uint8)
+    inverted = np.zeros((total.shape[0], MAX_CLASSES), np.bool_)
+    n = np.zeros(total.shape[0], np.int64)
+    events = np.zeros(total.shape[0], np.int64)
+    _plan_rows(total, changed, MIN_CLASS_EVENTS, lut, inverted, n, events)
+    return [ClassPlan(lut[i], runs, inverted[i, :n[i]].copy(), int(events[i]))
+            for i, runs in enumerate(_runs(lut))]
+
+
+_LOW = np.uint64(0xFFFFFFFF)
+_32 = np.uint64(32)
+
+
+@njit(nogil=True, cache=True)
+def _square(a):
+    """(high, low) 64-bit halves of a * a for an unsigned 64-bit a."""
+    lo, hi = a & _LOW, a >> _32
+    p0, p1, p3 = lo * lo, lo * hi, hi * hi
+    mid = (p0 >> _32) + (p1 & _LOW) + (p1 & _LOW)
+    return p3 + (p1 >> _32) + (p1 >> _32) + (mid >> _32), (p0 & _LOW) | (mid << _32)
+
+
+@njit(nogil=True, cache=True)
+def band(total: int, changed: int) -> int:
+    """floor(BANDS_PER_OCTAVE * log2(total / changed)) for 0 < changed <= total, in exact
+    integers: the largest b with changed**2 * 2**b <= total**2."""
+    t, c = np.uint64(total), np.uint64(changed)
+    b = 0
+    while (c << np.uint64(b + 1)) <= t:
+        b += 1
+    th, tl = _square(t)
+    mh, ml = _square(c << np.uint64(b))
+    mh, ml = (mh << np.uint64(1)) | (ml >> np.uint64(63)), ml << np.uint64(1)
+    return 2 * b + (1 if th > mh or (th == mh and tl >= ml) else 0)
+
+
+@njit(nogil=True, cache=True)
+def _plan_rows(total, changed, min_events, lut, inverted, n_classes, events) -> None:
+    """Fills lut, inverted, n_classes and events of every row (see plan_classes)."""
+    rows, keys = total.shape
+    band_of = np.empty(keys, np.int64)
+    group = np.zeros(keys, np.int64)
+    for r in range(rows):
+        top, still = 0, 0
+        for k in range(keys):
+            band_of[k] = -1
+            if total[r, k] > 0 and changed[r, k] > 0:
+                band_of[k] = band(total[r, k], changed[r, k])
+                top = max(top, band_of[k] + 1)
+            elif total[r, k] > 0:
+                still = 1
+        # moving keys in (band, key) order, bands merged until a group holds enough events
+        g, count, open_keys = still, 0, 0
+        for b in range(top):
+            in_band = 0
+            for k in range(keys):
+                if band_of[k] == b:
+                    group[k] = g
+                    count += changed[r, k]
+                    in_band += 1
+            open_keys += in_band
+            if in_band and count >= min_events:
+                g, count, open_keys = g + 1, 0, 0
+        if open_keys and g > still:  # the last keys join the last group
+            for k in range(keys):
+                if band_of[k] >= 0 and group[k] == g:
+                    group[k] = g - 1
+        elif open_keys:
+            g += 1
+        n = min(max(g, 1), MAX_CLASSES)
+        t_sum = np.zeros(MAX_CLASSES, np.int64)
+        c_sum = np.zeros(MAX_CLASSES, np.int64)
+        for k in range(keys):
+            if total[r, k] > 0:
+                c = 0 if band_of[k] < 0 else min(group[k], MAX_CLASSES - 1)
+                lut[r, k] = c
+                t_sum[c] += total[r, k]
+                c_sum[c] += changed[r, k]
+        ev = 0
+        for c in range(n):
+            inverted[r, c] = 2 * c_sum[c] > t_sum[c]
+            ev += t_sum[c] - c_sum[c] if inverted[r, c] else c_sum[c]
+        n_classes[r], events[r] = n, ev
 
 
 def lut_to_runs(lut: np.ndarray) -> list[tuple[int, int]]:
-    starts = np.flatnonzero(np.diff(lut.astype(np.int64), prepend=-1))
-    return [(int(k), int(lut[k])) for k in starts]
+    return _runs(lut[None])[0]
+
+
+def _runs(luts: np.ndarray) -> list[list[tuple[int, int]]]:
+    """(first key, class) runs of every row of [rows, keys] class maps."""
+    starts, n = _run_starts(np.ascontiguousarray(luts, np.uint8))
+    return [list(zip(s[:k].tolist(), lut[s[:k]].tolist())) for s, k, lut in zip(starts, n, luts)]
+
+
+@njit(nogil=True, cache=True)
+def _run_starts(luts):
+    """(first keys of the runs of every row, padded; runs per row)."""
+    starts = np.zeros(luts.shape, np.int64)
+    n = np.zeros(luts.shape[0], np.int64)
+    for r in range(luts.shape[0]):
+        for k in range(luts.shape[1]):
+            if k == 0 or luts[r, k] != luts[r, k - 1]:
+                starts[r, n[r]] = k
+                n[r] += 1
+    return starts, n
 
 
 def runs_to_lut(runs: list[tuple[int, int]], n_keys: int) -> np.ndarray:

@@ -16,7 +16,7 @@ from weight_teleport.codec.cuda import blocks, chunk_bytes, encode_batch, layout
 from weight_teleport.codec.cuda.config import CudaCodecConfig
 from weight_teleport.codec.cuda.live import EncodeItem
 from weight_teleport.codec.cuda.scan import SPAN, aligned, scan
-from weight_teleport.codec.plan import SPARSE_MAX_DENSITY, plan_classes
+from weight_teleport.codec.plan import SPARSE_MAX_DENSITY, plan_many
 from weight_teleport.format import ChunkRef, TensorRecord
 
 DEFAULT_CONFIG = CudaCodecConfig()
@@ -38,12 +38,17 @@ def _on_cpu(items: list[EncodeItem], chunk_elems: int, level: int, threads):
     return records, parts
 
 
+def _grouped(which, key) -> list[list[int]]:
+    """The indices `which` grouped by key(index), in their order within a group."""
+    groups: dict = {}
+    for i in which:
+        groups.setdefault(key(i), []).append(i)
+    return list(groups.values())
+
+
 def _by_type(items: list[EncodeItem], which) -> list[list[int]]:
     """Indices of `which` items grouped by dtype, in item order within a group."""
-    groups: dict[str, list[int]] = {}
-    for i in which:
-        groups.setdefault(items[i].info.name, []).append(i)
-    return list(groups.values())
+    return _grouped(which, lambda i: items[i].info.name)
 
 
 def _scan_rows(items: list[EncodeItem], chunk_elems: int) -> tuple[list[np.ndarray], list]:
@@ -70,23 +75,27 @@ def _scan_rows(items: list[EncodeItem], chunk_elems: int) -> tuple[list[np.ndarr
     return rows, hists
 
 
-def _record(it: EncodeItem, row: np.ndarray):
-    """(record, class plan or None, events) from a scan row, as the CPU backend makes them."""
-    nk = 1 << it.info.exponent_bits
-    total, changed = row[:nk], row[nk:2 * nk]
-    s_old, s_new = int(row[-2]) & D.MASK64, int(row[-1]) & D.MASK64
-    nbytes = it.new.numel() * it.info.nbytes
-    rec = TensorRecord(name=it.name, dtype=it.info.name, shape=it.shape, codec="same",
-                       digest=D.to_hex(D.finish(s_new, nbytes)), base_digest=D.to_hex(D.finish(s_old, nbytes)),
-                       changed=int(changed.sum()))
-    if rec.changed == 0:
-        return rec, None, 0
-    plan = plan_classes(total, changed)
-    rec.codec, rec.classes = "sparse", plan.runs
-    rec.inverted = [int(c) for c in np.flatnonzero(plan.inverted)]
-    t = np.bincount(plan.lut, weights=total, minlength=plan.n_classes).astype(np.int64)
-    c = np.bincount(plan.lut, weights=changed, minlength=plan.n_classes).astype(np.int64)
-    return rec, plan, int(np.where(plan.inverted, t - c, c).sum())
+def _records(items: list[EncodeItem], rows: list[np.ndarray]) -> tuple[list[TensorRecord], list]:
+    """(records, class plans or None) from the scan rows, as the CPU backend makes them; the
+    plans of all changed tensors with one key count in one compiled walk."""
+    records, plans = [], [None] * len(items)
+    for it, row in zip(items, rows):
+        nk = 1 << it.info.exponent_bits
+        nbytes = it.new.numel() * it.info.nbytes
+        s_old, s_new = int(row[-2]) & D.MASK64, int(row[-1]) & D.MASK64
+        records.append(TensorRecord(name=it.name, dtype=it.info.name, shape=it.shape, codec="same",
+                                    digest=D.to_hex(D.finish(s_new, nbytes)),
+                                    base_digest=D.to_hex(D.finish(s_old, nbytes)),
+                                    changed=int(row[nk:2 * nk].sum())))
+    moving = [i for i, r in enumerate(records) if r.changed]
+    for same_keys in _grouped(moving, lambda i: items[i].info.exponent_bits):
+        nk = 1 << items[same_keys[0]].info.exponent_bits
+        table = np.stack([rows[i] for i in same_keys])
+        for i, plan in zip(same_keys, plan_many(table[:, :nk], table[:, nk:2 * nk])):
+            rec, plans[i] = records[i], plan
+            rec.codec, rec.classes = "sparse", plan.runs
+            rec.inverted = [int(c) for c in np.flatnonzero(plan.inverted)]
+    return records, plans
 
 
 def encode(items: list[EncodeItem], chunk_elems: int, level: int, threads: int | None,
@@ -98,8 +107,7 @@ def encode(items: list[EncodeItem], chunk_elems: int, level: int, threads: int |
     if any(it.old is None for it in items):
         return _lay_out(*_on_cpu(items, chunk_elems, level, threads))
     rows, hists = _scan_rows(items, chunk_elems)
-    planned = [_record(it, row) for it, row in zip(items, rows)]
-    records = [r for r, _, _ in planned]
+    records, plans = _records(items, rows)
     parts: list = [[] for _ in items]
     dense = [i for i, it in enumerate(items) if records[i].changed > SPARSE_MAX_DENSITY * it.new.numel()]
     if dense:
@@ -108,8 +116,8 @@ def encode(items: list[EncodeItem], chunk_elems: int, level: int, threads: int |
     on_cpu = set(dense)
     sparse = [i for i, r in enumerate(records) if r.codec == "sparse" and i not in on_cpu]
     for g in _by_type(items, sparse):
-        b = encode_batch.Batch([items[i] for i in g], [planned[i][1] for i in g],
-                               sum(planned[i][2] for i in g), sum(records[i].changed for i in g),
+        b = encode_batch.Batch([items[i] for i in g], [plans[i] for i in g],
+                               sum(plans[i].events for i in g), sum(records[i].changed for i in g),
                                torch.cat([hists[i] for i in g]))
         done = encode_batch.encode(b, chunk_elems, config, level, threads or os.cpu_count() or 1)
         for j, i in enumerate(g):
