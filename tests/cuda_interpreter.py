@@ -12,13 +12,15 @@ import sys
 os.environ["TRITON_INTERPRET"] = "1"
 
 import torch  # noqa: E402
-from helpers import inverted_pair, with_renewed_crcs  # noqa: E402
+import zlib  # noqa: E402
+
+from helpers import crc_ranges, inverted_pair, with_renewed_crcs  # noqa: E402
 
 import weight_teleport as wt  # noqa: E402
 from weight_teleport.codec import api, plan  # noqa: E402
 from weight_teleport.codec.cpu import backend as cpu  # noqa: E402
 from weight_teleport.codec.cuda import backend as gpu  # noqa: E402
-from weight_teleport.codec.cuda import layout  # noqa: E402
+from weight_teleport.codec.cuda import crc, layout  # noqa: E402
 from weight_teleport.codec.cuda.config import CudaCodecConfig  # noqa: E402
 from weight_teleport.errors import WeightTeleportError  # noqa: E402
 from weight_teleport.format import read_header  # noqa: E402
@@ -114,6 +116,10 @@ def main() -> int:
             for view in (t, t[1:], t[::2]):
                 if gpu.digest(view) != cpu.digest(view):
                     failures.append(f"GPU digest of {dtype} n={n} differs from the CPU's")
+    data, offsets, lengths = crc_ranges()
+    got = crc.crc32(torch.from_numpy(data), offsets, lengths).numpy().view("uint32").tolist()
+    if got != [zlib.crc32(data[o:o + n]) for o, n in zip(offsets, lengths)]:
+        failures.append("GPU-path CRC-32 of byte ranges differs from zlib's")
     old, new = pair(torch.bfloat16, 20000, 0.05, 7)
     pack = on(cpu, lambda: wt.encode_delta({"w": old}, {"w": new}, base_version=0, version=1, chunk_elems=4096))
     refused = 0

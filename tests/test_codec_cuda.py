@@ -1,9 +1,11 @@
 """The codec on CUDA tensors: round trips, CPU<->GPU cross decoding, digests, corrupt packs."""
 
+import zlib
+
 import numpy as np
 import pytest
 import torch
-from helpers import DTYPES, assert_bits_equal, bits, clone_state, inverted_pair, with_renewed_crcs
+from helpers import DTYPES, assert_bits_equal, bits, clone_state, crc_ranges, inverted_pair, with_renewed_crcs
 from test_codec_roundtrip import make_pair
 
 import weight_teleport as wt
@@ -184,6 +186,17 @@ def test_gpu_digest_matches_cpu(dtype, n):
                                               max(u8.size - old.element_size(), 0))
     assert wt.tensor_digest(old.cuda()) == wt.tensor_digest(old)  # computed on the GPU
     assert wt.tensor_digest(old.cuda()[::2]) == wt.tensor_digest(old[::2])  # incl. one strided element
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_gpu_crc32_of_byte_ranges_is_zlibs(seed):
+    from weight_teleport.codec.cuda.crc import crc32
+    data, offsets, lengths = crc_ranges(seed)
+    big = np.random.default_rng(seed).integers(0, 256, 9_000_000, dtype=np.uint8)  # ranges of many programs
+    data, offsets, lengths = (np.concatenate([data, big]), np.append(offsets, [data.size, data.size + 1]),
+                              np.append(lengths, [big.size, big.size - 7]))
+    got = crc32(torch.from_numpy(data).cuda(), offsets, lengths).cpu().numpy().view(np.uint32)
+    assert got.tolist() == [zlib.crc32(data[o:o + n]) for o, n in zip(offsets, lengths)]
 
 
 def _corrupt(pack: bytes, at: int) -> bytes:

@@ -122,7 +122,7 @@ def write_pack(header: PackHeader, chunks: list[bytes]) -> bytes:
     head = _header_json(header)
     flags = 0
     if len(head) >= COMPRESS_HEADER_FROM:
-        packed = zstandard.ZstdCompressor(level=9, write_checksum=False).compress(head)
+        packed = zstandard.ZstdCompressor(level=1, write_checksum=False).compress(head)
         if len(packed) < len(head):
             head, flags = packed, FLAG_HEADER_ZSTD
     payload_len = sum(len(c) for c in chunks)
@@ -134,17 +134,25 @@ def _join(parts: list) -> bytes:
     """b"".join(parts). A large result is a new bytes object (CPython's
     PyBytes_FromStringAndSize(NULL, n)) that threads fill, each a span of it, before it is
     returned: nothing else holds it while it is written."""
-    sizes = np.array([memoryview(p).nbytes for p in parts], np.int64)
-    n, threads = int(sizes.sum()), min(8, os.cpu_count() or 1)
-    if n == 0 or n < PARALLEL_JOIN_FROM or threads < 2:
+    n = sum(memoryview(p).nbytes for p in parts)
+    if n == 0 or n < PARALLEL_JOIN_FROM or min(8, os.cpu_count() or 1) < 2:
         return b"".join(parts)
     out = _new_bytes(None, n)
     addr = ctypes.cast(ctypes.c_char_p(out), ctypes.c_void_p).value
-    dst = np.ctypeslib.as_array((ctypes.c_uint8 * n).from_address(addr))
+    fill(np.ctypeslib.as_array((ctypes.c_uint8 * n).from_address(addr)), parts)
+    return out
+
+
+def fill(dst: np.ndarray, parts: list, threads: int = 8) -> None:
+    """dst[:] = the bytes of `parts` end to end, copied by up to `threads` threads, each a
+    span of `dst` (numpy copies release the GIL; fresh pages fault in parallel)."""
+    sizes = np.array([memoryview(p).nbytes for p in parts], np.int64)
+    n, threads = int(sizes.sum()), max(1, min(threads, os.cpu_count() or 1))
+    assert dst.dtype == np.uint8 and dst.size == n
     starts = np.cumsum(sizes) - sizes
     bounds = np.linspace(0, n, threads + 1).astype(np.int64)
 
-    def fill(k: int) -> None:
+    def span(k: int) -> None:
         lo, hi = bounds[k], bounds[k + 1]
         for i in range(np.searchsorted(starts, lo, "right") - 1, len(parts)):
             if starts[i] >= hi:
@@ -153,9 +161,12 @@ def _join(parts: list) -> bytes:
             if b > a:
                 dst[a:b] = np.frombuffer(parts[i], np.uint8)[a - starts[i]:b - starts[i]]
 
+    if threads == 1 or n < (1 << 20):
+        for k in range(threads):
+            span(k)
+        return
     with ThreadPoolExecutor(max_workers=threads) as pool:
-        list(pool.map(fill, range(threads)))
-    return out
+        list(pool.map(span, range(threads)))
 
 
 def _record(d: dict) -> TensorRecord:

@@ -1,7 +1,7 @@
 """Sparse chunks from the GPU's symbol streams: stream coding (nvCOMP on the GPU, or the
 CPU's zstd), then the payload of all chunks of a batch: chunk tables written vectorised,
-stored streams gathered on the GPU, one copy to the host, CRC-32 of every chunk in a
-thread pool (zlib releases the GIL)."""
+stored streams and tables gathered on the GPU, the CRC-32 of every chunk there too, one
+copy to the host."""
 
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -13,8 +13,8 @@ import torch
 from weight_teleport.codec import streams as codecs
 from weight_teleport.codec.cuda import entropy, layout, symbols, tables
 from weight_teleport.codec.cuda.config import CudaCodecConfig
+from weight_teleport.codec.cuda.crc import crc32
 from weight_teleport.codec.cuda.gather import gather
-from weight_teleport.format.container import crc32_ranges
 
 MIN_CODED = 16
 """Streams shorter than this are stored raw (as the CPU backend does)."""
@@ -125,7 +125,7 @@ class Payload:
     crcs: np.ndarray
 
 
-def assemble(st: symbols.SymbolStreams, coded: Coded, n_groups: np.ndarray, threads: int) -> Payload:
+def assemble(st: symbols.SymbolStreams, coded: Coded, n_groups: np.ndarray) -> Payload:
     """The sparse chunks whose segments are `st`'s rows ([chunks * NCP], NCP per chunk),
     chunk k with n_groups[k] classes."""
     n = n_groups.size
@@ -139,10 +139,12 @@ def assemble(st: symbols.SymbolStreams, coded: Coded, n_groups: np.ndarray, thre
     lengths = head_len + body.sum(1)
     offsets = layout.starts(lengths)
     dst = (offsets + head_len)[:, None] + layout.starts(body, 1)
-    out = torch.empty(int(lengths.sum()), dtype=torch.uint8, device=coded.src.device)
+    size = int(lengths.sum())
+    crc_at = -(-size // 4) * 4  # the CRCs ride behind the payload in its copy to the host
+    out = torch.empty(crc_at + 4 * n, dtype=torch.uint8, device=coded.src.device)
     sel = body.ravel() > 0
     gather(coded.src, out, coded.src_off.ravel()[sel], dst.ravel()[sel], body.ravel()[sel])
-    data = _to_host(out)
-    data[np.repeat(offsets - layout.starts(head_len), head_len) + np.arange(head.size)] = head
-    crcs = np.array(crc32_ranges(data, offsets, lengths, threads), np.int64)
-    return Payload(data, offsets, lengths, crcs)
+    gather(layout.upload(head, out.device), out, layout.starts(head_len), offsets, head_len)
+    out[crc_at:].view(torch.int32).copy_(crc32(out[:size], offsets, lengths))
+    host = _to_host(out)
+    return Payload(host[:size], offsets, lengths, host[crc_at:].view(np.uint32).astype(np.int64))

@@ -41,7 +41,7 @@ def _class_tables(plans: list[ClassPlan], dev) -> tuple[torch.Tensor, torch.Tens
     for i, p in enumerate(plans):
         inv[i, :p.n_classes] = p.inverted
     luts = np.stack([p.lut for p in plans])
-    return torch.from_numpy(luts).to(dev), torch.from_numpy(inv).to(dev), k, ncp
+    return layout.upload(luts, dev), layout.upload(inv, dev), k, ncp
 
 
 def _streams(b: Batch, chunk_elems: int) -> tuple[symbols.SymbolStreams, np.ndarray]:
@@ -71,6 +71,6 @@ def encode(b: Batch, chunk_elems: int, cfg: CudaCodecConfig, level: int, threads
     """The chunks of every tensor of the batch (host syncs: stream lengths, coded sizes, the
     payload's copy)."""
     st, n_groups = _streams(b, chunk_elems)
-    payload = chunk_bytes.assemble(st, chunk_bytes.code(st, cfg, level, threads), n_groups, threads)
+    payload = chunk_bytes.assemble(st, chunk_bytes.code(st, cfg, level, threads), n_groups)
     n_chunks = np.array([-(-it.new.numel() // chunk_elems) for it in b.items], np.int64)
     return Encoded(payload, np.concatenate([[0], np.cumsum(n_chunks)]))

@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from weight_teleport.codec.cuda import layout
 from weight_teleport.codec.cuda.config import CudaCodecConfig
 
 _NAMES = {"zstd": "Zstd", "lz4": "LZ4", "ans": "ANS"}
@@ -79,7 +80,7 @@ def _stream() -> P:
 
 
 def _ptr_table(*cols: np.ndarray, device) -> torch.Tensor:
-    return torch.from_numpy(np.stack([c.astype(np.int64) for c in cols])).to(device, non_blocking=False)
+    return layout.upload(np.stack([c.astype(np.int64) for c in cols]), device)
 
 
 def _aligned(n: int) -> int:

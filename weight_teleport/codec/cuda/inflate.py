@@ -6,7 +6,7 @@ synchronisation: its statuses and decoded sizes are checked with the caller's on
 Without nvCOMP the CPU's zstd decodes them into a host buffer that is uploaded."""
 
 import os
-import warnings
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -19,6 +19,7 @@ from weight_teleport.codec.cuda.config import CudaCodecConfig
 from weight_teleport.codec.cuda.gather import gather
 from weight_teleport.codec.cuda.tables import StreamTable
 from weight_teleport.errors import PackFormatError
+from weight_teleport.format.container import fill
 
 A = entropy.SLOT_ALIGN
 PAD = 2 * A
@@ -40,19 +41,44 @@ def _slots(lengths: np.ndarray) -> tuple[np.ndarray, int]:
     return layout.starts(slot), int(slot.sum())
 
 
+class _Pinned:
+    """One pinned host buffer that every upload of pack bytes passes through (pinning memory
+    costs more than copying into it; a copy from pageable memory holds the driver's staging
+    path, and with it the small uploads of other threads, for its whole length). Grown,
+    never shrunk; one upload at a time."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.buffer = torch.empty(0, dtype=torch.uint8)
+
+    def upload(self, pack, lo: int, hi: int, device) -> torch.Tensor:
+        """Bytes [lo, hi) of `pack` on `device`, copied on the current stream, which is
+        synchronised before the buffer is released."""
+        n = max(hi - lo, 1)
+        with self.lock:
+            if self.buffer.numel() < n:
+                self.buffer = torch.empty(0, dtype=torch.uint8)
+                self.buffer = torch.empty(max(n, 1 << 20), dtype=torch.uint8, pin_memory=True)
+            host = self.buffer[:n]
+            fill(host.numpy(), [memoryview(pack)[lo:hi]] if hi > lo else [b"\0"])
+            out = host.to(device, non_blocking=True)
+            torch.cuda.current_stream(device).synchronize()
+        return out
+
+
+_pinned = _Pinned()
+
+
 def _upload(pack, lo: int, hi: int, device) -> torch.Tensor:
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        host = torch.frombuffer(pack, dtype=torch.uint8, offset=lo, count=hi - lo) if hi > lo else \
-            torch.zeros(1, dtype=torch.uint8)
-    return host.to(device)
+    if torch.device(device).type != "cuda":
+        return torch.frombuffer(bytearray(memoryview(pack)[lo:hi]) or bytearray(1), dtype=torch.uint8).to(device)
+    return _pinned.upload(pack, lo, hi, device)
 
 
 class Upload:
     """Bytes [lo, hi) of a pack copied to the device on a host thread and a stream of their
-    own: the caller reads the stream tables meanwhile (a copy from pageable memory holds its
-    thread until the bytes are sent) and its kernels that need no byte of the pack run beside
-    the copy."""
+    own (through the pinned buffer, filled by threads): the caller reads the stream tables
+    meanwhile and its kernels that need no byte of the pack run beside the copy."""
 
     def __init__(self, pack, lo: int, hi: int, device, pool: ThreadPoolExecutor):
         self.lo = lo
@@ -109,7 +135,7 @@ def _on_gpu(pack, codec, raw, stored, at, device, upload) -> tuple[torch.Tensor,
         return buf, out_off, torch.zeros((), dtype=torch.bool, device=device)
     pend = entropy.decompress(CudaCodecConfig(), buf, comp_off, stored[zs], buf, out_off[zs], raw[zs])
     sizes, statuses = pend.host()
-    expect = torch.from_numpy(raw[zs][pend.order]).to(device)
+    expect = layout.upload(raw[zs][pend.order], device)
     return buf, out_off, (statuses != 0).any() | (sizes != expect).any()
 
 

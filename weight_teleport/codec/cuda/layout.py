@@ -30,15 +30,20 @@ def items(counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return run, np.arange(run.size) - starts(counts)[run]
 
 
-def to_device(arrays: list[np.ndarray], dev) -> list[torch.Tensor]:
-    """Host integer arrays as device int64 tensors of their shapes, in one pinned copy that
-    does not wait for the device (a pageable copy would stall the host behind every kernel
-    launched before it)."""
-    flat = [np.ascontiguousarray(a, dtype=np.int64).ravel() for a in arrays]
-    host = torch.from_numpy(np.concatenate(flat) if flat else np.zeros(0, np.int64))
+def upload(array: np.ndarray, dev) -> torch.Tensor:
+    """A host array on device `dev`, in its dtype and shape, through pinned memory and a copy
+    that does not wait for the device (a pageable copy would stall the host behind every
+    kernel launched before it)."""
+    host = torch.from_numpy(np.ascontiguousarray(array))
     if torch.device(dev).type == "cuda":
         host = host.pin_memory()
-    on_dev = host.to(dev, non_blocking=True)
+    return host.to(dev, non_blocking=True)
+
+
+def to_device(arrays: list[np.ndarray], dev) -> list[torch.Tensor]:
+    """Host integer arrays as device int64 tensors of their shapes, in one upload."""
+    flat = [np.ascontiguousarray(a, dtype=np.int64).ravel() for a in arrays]
+    on_dev = upload(np.concatenate(flat) if flat else np.zeros(0, np.int64), dev)
     out, at = [], 0
     for a, f in zip(arrays, flat):
         out.append(on_dev[at:at + f.size].view(np.shape(a)))

@@ -101,6 +101,7 @@ def stage(lives: dict[str, Live], header, pack, check_base: bool, threads: int |
             crcs.result()  # bytes that fail their CRC explain any error reading them
             raise
         crcs.result()
+    patch = _patch(lives, header, batches, dense, check)  # host work while the device decodes
     same = [r for r in header.tensors if r.codec == "same" and check]
     flags, sums = _read_back(batches, [torch.stack([word_sum(lives[r.name].u)] * 2) for r in same])
     pack_flags = flags.any(0)
@@ -116,7 +117,7 @@ def stage(lives: dict[str, Live], header, pack, check_base: bool, threads: int |
         raise PackFormatError(FLAGS[2])
     for rec, n, (s_old, s_new) in zip(recs, nbytes, sums):
         _check_result(rec, n, s_old, s_new)
-    return _patch(lives, header, batches, dense, check)
+    return patch
 
 
 def _fused_rows(b: SparseBatch, chunks: np.ndarray, base_ptr: int) -> np.ndarray:
@@ -142,8 +143,8 @@ def _tensor_patches(b: SparseBatch) -> list[DeviceTensorPatch]:
                               fused=live.in_place)
         if not live.in_place and t.changed:
             r0, dev = int(first[ks[0]]), live.u.device
-            starts = torch.from_numpy(b.table.host[ks, blocks.START]).to(dev)
-            rep = torch.repeat_interleave(starts, torch.from_numpy(n[ks]).to(dev), output_size=t.changed)
+            starts, counts = layout.to_device([b.table.host[ks, blocks.START], n[ks]], dev)
+            rep = torch.repeat_interleave(starts, counts, output_size=t.changed)
             t.positions = b.pos[r0:r0 + t.changed].long() + rep
             t.values = b.val[r0:r0 + t.changed]
         out.append(t)
@@ -159,7 +160,7 @@ def _fused_group(b: SparseBatch) -> FusedGroup | None:
     base = min(ptrs, key=ptrs.get)
     chunks = np.flatnonzero(np.isin(b.table.host[:, blocks.TENSOR], members))
     rows = _fused_rows(b, chunks, ptrs[base])
-    return FusedGroup(base, ptrs, torch.from_numpy(rows).to(b.pos.device), b.pos, b.val)
+    return FusedGroup(base, ptrs, layout.upload(rows, b.pos.device), b.pos, b.val)
 
 
 def _patch(lives: dict[str, Live], header, batches: list[SparseBatch], dense: dict, check: bool) -> DevicePatch:

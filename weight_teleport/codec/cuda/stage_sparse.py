@@ -49,8 +49,8 @@ class SparseBatch:
         for i, (_, iv) in enumerate(maps):
             inv[i, :iv.size] = iv
         dev = lives[0].u.device
-        self.luts = torch.from_numpy(np.stack([m[0] for m in maps])).to(dev)
-        self.inv = torch.from_numpy(inv).to(dev)
+        self.luts = layout.upload(np.stack([m[0] for m in maps]), dev)
+        self.inv = layout.upload(inv, dev)
         # the live weights' class counts need no byte of the pack: the GPU counts while the
         # host reads the stream tables
         counts = ranks.table_counts(self.table, self.luts, self.info, self.ncp, int(self.n_classes.max()))
