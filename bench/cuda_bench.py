@@ -136,8 +136,8 @@ def encode_phases(old, new) -> dict[str, float]:
 
 
 def stage_phases(state, pack) -> dict[str, float]:
-    from weight_teleport.codec.cuda import inflate, stage, stage_sparse
-    spots = [(stage_sparse.SparseBatch, "_read"), (inflate, "inflate"), (stage_sparse, "_position_order"),
+    from weight_teleport.codec.cuda import inflate, sparse_decode, stage, stage_sparse
+    spots = [(stage_sparse.SparseBatch, "_read"), (inflate, "inflate"), (sparse_decode, "decode"),
              (stage, "_read_back")]
     return phases(lambda: wt.stage_delta(state, pack), spots)
 

@@ -23,18 +23,6 @@ FLAGS = ("a symbol stream failed to decode (corrupt stored stream)",
 """What each of a batch's device flags means, in the order they are raised."""
 
 
-def _position_order(pos: torch.Tensor, val: torch.Tensor, per_chunk: torch.Tensor):
-    """The changes of every chunk sorted by position (decoded in class order): the pause's
-    scatter then writes each chunk front to back, and neighbouring writes share sectors
-    (measured on the H200: 0.35 against 0.73 ms per GB of weights at 2.7% changed)."""
-    if not pos.numel():
-        return pos, val
-    chunk = torch.repeat_interleave(torch.arange(per_chunk.numel(), device=pos.device), per_chunk,
-                                    output_size=pos.numel())
-    keys, order = torch.sort((chunk << 32) | pos.long())
-    return (keys & 0xFFFFFFFF).to(torch.int32), val[order]
-
-
 class SparseBatch:
     """The sparse tensors of one element type, staged; `flags` and `sums` are device tensors."""
 
@@ -53,8 +41,8 @@ class SparseBatch:
         self.inv = layout.upload(inv, dev)
         # the live weights' class counts need no byte of the pack: the GPU counts while the
         # host reads the stream tables
-        counts = ranks.table_counts(self.table, self.luts, self.info, self.ncp, int(self.n_classes.max()))
-        self.base, self.tot = ranks.table_bases(counts, self.table)
+        self.counts = ranks.table_counts(self.table, self.luts, self.info, self.ncp, int(self.n_classes.max()))
+        self.base, self.tot = ranks.table_bases(self.counts, self.table)
         self.streams = self._read(pack, header)
         self.inverted = inv[self.table.host[:, blocks.TENSOR]].reshape(-1).astype(bool)
         self.res_cnt = np.where(self.inverted, self.streams.raw[:, 2], self.streams.events)
@@ -79,8 +67,8 @@ class SparseBatch:
 
     def _run(self, pack, dev, threads, upload) -> None:
         st, n_ev, n_res = self.streams, int(self.streams.events.sum()), int(self.res_cnt.sum())
-        ev, res_cnt, inv, raw, res_off, per_chunk = layout.to_device(
-            [st.events, self.res_cnt, self.inverted, st.raw, layout.starts(self.res_cnt), self.chunk_changes], dev)
+        ev, res_cnt, inv, raw, res_off = layout.to_device(
+            [st.events, self.res_cnt, self.inverted, st.raw, layout.starts(self.res_cnt)], dev)
         inv = inv != 0
         inf = inflate.inflate(pack, st, dev, threads, upload)
         dec = unsymbols.decode(inf.buffer, layout.to_device([inf.offsets], dev)[0], raw, ev, res_cnt, inv, n_ev, n_res,
@@ -93,9 +81,8 @@ class SparseBatch:
         bits = (seg_word[dec.event_segment] * 32 + dec.ranks).clamp(0, n_words * 32 - 1)
         bm, pref = bitmap.build(n_words, bits)
         self.pos, self.val, sums = sparse_decode.decode(
-            self.table, self.luts, self.inv, int(self.n_classes.max()), self.base, seg_word, bm, pref,
-            res_off, dec.residuals, self.info)
-        self.pos, self.val = _position_order(self.pos, self.val, per_chunk)
+            self.table, self.luts, self.inv, int(self.n_classes.max()), self.counts, self.base, seg_word, bm,
+            pref, res_off, dec.residuals, self.info)
         self.sums = self.table.per_tensor(sums)
         self.flags = torch.stack([inf.failed, dec.malformed, unfit])
 

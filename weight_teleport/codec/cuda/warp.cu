@@ -284,7 +284,8 @@ __device__ __forceinline__ u64 word_term(const W* vals, int lane, int i0, int n,
 extern "C" __global__ void __launch_bounds__(WARPS * 32)
 place_changes(const U* old, const i64* rows, const int* prog, const unsigned char* lut, const signed char* inv_tab,
               const int* base, const i64* seg_word, const int* bitmap, const int* pref, const i64* roff,
-              const i64* res, int* pos, U* val, i64* sums, i64 n_words, i64 n_res, i64 programs) {
+              const i64* res, const i64* starts, int* pos, U* val, i64* sums, i64 n_words, i64 n_res,
+              i64 programs) {
     __shared__ i64 sg[WARPS][NCP], ro[WARPS][NCP];
     __shared__ int sp[WARPS][NCP];  // set bits before each segment's first word
     __shared__ int rc[WARPS][NCP];  // class c's elements so far
@@ -305,6 +306,7 @@ place_changes(const U* old, const i64* rows, const int* prog, const unsigned cha
     __syncwarp();
     const unsigned below = lanes_below();
     const i64 word0 = (bk.start + bk.first) / (64 / BITS);
+    i64 out = starts[pid];  // the block's next output: changes are written in position order
     u64 sum_old = 0, sum_new = 0;
     for (int s0 = 0; s0 < bk.n; s0 += 32 * UNROLL) {
         W o[UNROLL], nb[UNROLL];
@@ -321,6 +323,8 @@ place_changes(const U* old, const i64* rows, const int* prog, const unsigned cha
 #pragma unroll
         for (int u = 0; u < UNROLL; u++) {
             nb[u] = o[u];
+            bool changed = false;
+            i64 slot = -1;
             if (r[u] >= 0) {
                 const int c = r[u] & 31, rank = r[u] >> 5;
                 const i64 wi = sg[w][c] + (rank >> 5);
@@ -328,14 +332,16 @@ place_changes(const U* old, const i64* rows, const int* prog, const unsigned cha
                 const int bit = rank & 31;
                 const int before = pref[wi] - sp[w][c] + __popc(word & ((1u << bit) - 1u));
                 const bool flip = (inv >> c) & 1;
-                if ((bool)((word >> bit) & 1) != flip) {
-                    const i64 slot = ro[w][c] + (flip ? rank - before : before);
-                    if (slot >= 0 && slot < n_res) {
-                        nb[u] = unkey(wrap(key(o[u]) + (W)res[slot]));
-                        pos[slot] = (int)(bk.first + s0 + u * 32 + lane);
-                        val[slot] = (U)nb[u];
-                    }
-                }
+                changed = (bool)((word >> bit) & 1) != flip;
+                slot = ro[w][c] + (flip ? rank - before : before);
+            }
+            const unsigned moved = __ballot_sync(FULL, changed);  // every lane: outside the branch
+            const i64 at = out + __popc(moved & below);
+            out += __popc(moved);
+            if (changed && slot >= 0 && slot < n_res && at < n_res) {
+                nb[u] = unkey(wrap(key(o[u]) + (W)res[slot]));
+                pos[at] = (int)(bk.first + s0 + u * 32 + lane);
+                val[at] = (U)nb[u];
             }
         }
 #pragma unroll
