@@ -86,10 +86,10 @@ def _decode_kernel(old_ptr, rows_ptr, prog_ptr, lut_ptr, inv_ptr, base_ptr, seg_
     wi = seg + (r >> 5)
     word = tl.load(bitmap_ptr + wi, mask=valid, other=0).to(tl.uint32, bitcast=True)
     bit = (r & 31).to(tl.uint32)
-    below = popc32(word & ((tl.full(r.shape, 1, tl.uint32) << bit) - 1)).to(tl.int32)
-    before = tl.load(pref_ptr + wi, mask=valid, other=0) - tl.load(pref_ptr + seg, mask=valid, other=0) + below
     inv = tl.load(inv_ptr + t * NCP + cls) != 0
     changed = valid & ((((word >> bit) & 1) != 0) != inv)
+    below = popc32(word & ((tl.full(r.shape, 1, tl.uint32) << bit) - 1)).to(tl.int32)
+    before = tl.load(pref_ptr + wi, mask=changed, other=0) - tl.load(pref_ptr + seg, mask=changed, other=0) + below
     slot = tl.load(roff_ptr + k * NCP + cls, mask=changed, other=0) + tl.where(inv, r - before, before)
     ch = changed.to(tl.int32)
     row_tot = tl.sum(ch, 1)

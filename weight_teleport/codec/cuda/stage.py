@@ -15,6 +15,7 @@ import torch
 from weight_teleport.codec import digest as D
 from weight_teleport.codec.cpu import backend as cpu
 from weight_teleport.codec.cuda import blocks, entropy, inflate, layout, scatter
+from weight_teleport.codec.cuda.crc import crc32
 from weight_teleport.codec.cuda.digest import word_sum
 from weight_teleport.codec.cuda.live import Live
 from weight_teleport.codec.cuda.patch import DevicePatch, DeviceTensorPatch, FusedGroup
@@ -39,13 +40,24 @@ def _upload(values: np.ndarray, live: Live) -> torch.Tensor:
 
 
 def _check_crcs(pack, header, recs, threads) -> None:
-    """Every chunk's CRC-32, before any of its bytes is used."""
+    """Every chunk's CRC-32 on host threads."""
     refs = [ref for r in recs for ref in r.chunks]
     starts = [header.payload_offset + ref.offset for ref in refs]
     crcs = crc32_ranges(pack, starts, [ref.length for ref in refs], threads or os.cpu_count() or 1)
-    for ref, start, crc in zip(refs, starts, crcs):
-        if start + ref.length > len(pack) or crc != ref.crc32:
+    _compare_crcs(refs, crcs, [s + ref.length <= len(pack) for s, ref in zip(starts, refs)])
+
+
+def _compare_crcs(refs, crcs, inside=None) -> None:
+    for i, (ref, crc) in enumerate(zip(refs, crcs)):
+        if crc != ref.crc32 or (inside is not None and not inside[i]):
             raise PackFormatError(f"pack chunk at payload offset {ref.offset} is corrupted (CRC-32 mismatch)")
+
+
+def _device_crcs(upload: inflate.Upload, header, recs) -> torch.Tensor:
+    """The chunks' CRC-32s computed on the device from their uploaded bytes (int32)."""
+    refs = [ref for r in recs for ref in r.chunks]
+    at = np.array([header.payload_offset + ref.offset for ref in refs], np.int64) - upload.lo
+    return crc32(upload.bytes(), at, np.array([ref.length for ref in refs], np.int64))
 
 
 def _check_base(rec, nbytes: int, s_old: int, header) -> None:
@@ -71,13 +83,16 @@ def _batches(lives: dict[str, Live], recs, header, pack, threads, upload) -> lis
     return [SparseBatch([lives[r.name] for r in rs], rs, header, pack, threads, upload) for rs in by_type.values()]
 
 
-def _read_back(batches: list[SparseBatch], same_sums: list[torch.Tensor]):
-    """(flags [batches, 3], digest sums per sparse tensor then per `same` tensor): one transfer."""
+def _read_back(batches: list[SparseBatch], same_sums: list[torch.Tensor], crcs: torch.Tensor | None):
+    """(flags [batches, 3], digest sums per sparse tensor then per `same` tensor, chunk
+    CRC-32s or None): one transfer."""
+    n_crcs = 0 if crcs is None else crcs.numel()
     parts = [b.flags.long() for b in batches] + [b.sums.view(-1) for b in batches] + \
-        [s.view(-1) for s in same_sums]
+        [s.view(-1) for s in same_sums] + ([] if crcs is None else [crcs.long() & 0xFFFFFFFF])
     host = torch.cat(parts).cpu().numpy() if parts else np.zeros(0, np.int64)
     n = 3 * len(batches)
-    return host[:n].reshape(-1, 3), host[n:].reshape(-1, 2).tolist()
+    sums = host[n:host.size - n_crcs].reshape(-1, 2).tolist()
+    return host[:n].reshape(-1, 3), sums, None if crcs is None else host[host.size - n_crcs:].tolist()
 
 
 def stage(lives: dict[str, Live], header, pack, check_base: bool, threads: int | None) -> DevicePatch:
@@ -86,24 +101,31 @@ def stage(lives: dict[str, Live], header, pack, check_base: bool, threads: int |
     sparse_recs = [r for r in header.tensors if r.codec == "sparse"]
     dense = _dense(lives, [r for r in header.tensors if r.codec not in ("sparse", "same")], header, pack,
                    check, threads)
-    # the sparse chunks' bytes go to the device and their CRC-32s are checked on host threads
-    # while this thread reads the stream tables and the GPU decodes (nothing is written
-    # before the CRCs pass; a corrupt chunk is reported as such, whatever else it broke)
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        upload = None
+    # the sparse chunks' bytes go to the device on a host thread while this thread reads the
+    # stream tables and the GPU decodes; their CRC-32s are computed there from the uploaded
+    # bytes (on host threads where nvCOMP is missing and the GPU gets decoded streams instead)
+    # and checked first after the one read-back: nothing is written before they pass, and a
+    # corrupt chunk is reported as such, whatever else it broke
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        upload, on_host = None, None
         if sparse_recs and entropy.available():
             device = lives[sparse_recs[0].name].tensor.device
             upload = inflate.Upload.of_chunks(pack, header, sparse_recs, device, pool)
-        crcs = pool.submit(_check_crcs, pack, header, sparse_recs, threads)
+        else:
+            on_host = pool.submit(_check_crcs, pack, header, sparse_recs, threads)
         try:
             batches = _batches(lives, sparse_recs, header, pack, threads, upload)
         except Exception:
-            crcs.result()  # bytes that fail their CRC explain any error reading them
+            _check_crcs(pack, header, sparse_recs, threads)  # bytes that fail their CRC explain any error
             raise
-        crcs.result()
+        if on_host:
+            on_host.result()
+    crcs = _device_crcs(upload, header, sparse_recs) if upload else None
     patch = _patch(lives, header, batches, dense, check)  # host work while the device decodes
     same = [r for r in header.tensors if r.codec == "same" and check]
-    flags, sums = _read_back(batches, [torch.stack([word_sum(lives[r.name].u)] * 2) for r in same])
+    flags, sums, crcs = _read_back(batches, [torch.stack([word_sum(lives[r.name].u)] * 2) for r in same], crcs)
+    if crcs is not None:
+        _compare_crcs([ref for r in sparse_recs for ref in r.chunks], crcs)
     pack_flags = flags.any(0)
     for i in (0, 1):
         if pack_flags[i]:

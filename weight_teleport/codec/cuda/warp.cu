@@ -330,10 +330,12 @@ place_changes(const U* old, const i64* rows, const int* prog, const unsigned cha
                 const i64 wi = sg[w][c] + (rank >> 5);
                 const unsigned word = (unsigned)bitmap[wi];
                 const int bit = rank & 31;
-                const int before = pref[wi] - sp[w][c] + __popc(word & ((1u << bit) - 1u));
                 const bool flip = (inv >> c) & 1;
                 changed = (bool)((word >> bit) & 1) != flip;
-                slot = ro[w][c] + (flip ? rank - before : before);
+                if (changed) {  // the prefix only where a residual is taken
+                    const int before = pref[wi] - sp[w][c] + __popc(word & ((1u << bit) - 1u));
+                    slot = ro[w][c] + (flip ? rank - before : before);
+                }
             }
             const unsigned moved = __ballot_sync(FULL, changed);  // every lane: outside the branch
             const i64 at = out + __popc(moved & below);
