@@ -1,6 +1,8 @@
 """Layout checks every kernel wrapper runs before a launch, where runs of items start, and
 the upload of host tables."""
 
+import threading
+
 import numpy as np
 import torch
 
@@ -30,14 +32,48 @@ def items(counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return run, np.arange(run.size) - starts(counts)[run]
 
 
+class _Staging(threading.local):
+    """This thread's pinned buffer that small host tables pass through on their way to the
+    device (pinning memory for each of them costs more than copying it), filled from the
+    front; it starts over once the copies out of it are done."""
+
+    def __init__(self):
+        self.buffer = torch.empty(0, dtype=torch.uint8)
+        self.used = 0
+        self.copies: list[torch.cuda.Event] = []
+
+    def take(self, n: int) -> torch.Tensor:
+        at = -(-self.used // 64) * 64
+        if at + n > self.buffer.numel():
+            for done in self.copies:
+                done.synchronize()
+            self.copies.clear()
+            if n > self.buffer.numel():
+                self.buffer = torch.empty(max(2 * n, 4 << 20), dtype=torch.uint8, pin_memory=True)
+            at = 0
+        self.used = at + n
+        return self.buffer[at:at + n]
+
+
+_staging = _Staging()
+
+
 def upload(array: np.ndarray, dev) -> torch.Tensor:
     """A host array on device `dev`, in its dtype and shape, through pinned memory and a copy
     that does not wait for the device (a pageable copy would stall the host behind every
     kernel launched before it)."""
-    host = torch.from_numpy(np.ascontiguousarray(array))
-    if torch.device(dev).type == "cuda":
-        host = host.pin_memory()
-    return host.to(dev, non_blocking=True)
+    a = np.ascontiguousarray(array)
+    if torch.device(dev).type != "cuda":
+        return torch.from_numpy(a).to(dev)
+    host = _staging.take(a.nbytes)
+    host.numpy()[:] = a.reshape(-1).view(np.uint8)
+    dtype = torch.from_numpy(a[:0].reshape(-1)).dtype
+    out = torch.empty(a.shape, dtype=dtype, device=dev)
+    out.view(-1).view(torch.uint8).copy_(host, non_blocking=True)
+    done = torch.cuda.Event()
+    done.record(torch.cuda.current_stream(out.device))
+    _staging.copies.append(done)
+    return out
 
 
 def to_device(arrays: list[np.ndarray], dev) -> list[torch.Tensor]:
