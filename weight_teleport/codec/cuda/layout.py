@@ -35,7 +35,8 @@ def items(counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 class _Staging(threading.local):
     """This thread's pinned buffer that small host tables pass through on their way to the
     device (pinning memory for each of them costs more than copying it), filled from the
-    front; it starts over once the copies out of it are done."""
+    front. Full, it starts over if every copy out of it is done, else it is replaced by one
+    twice its size (the old one is kept by torch's pinned allocator until its copies end)."""
 
     def __init__(self):
         self.buffer = torch.empty(0, dtype=torch.uint8)
@@ -45,11 +46,10 @@ class _Staging(threading.local):
     def take(self, n: int) -> torch.Tensor:
         at = -(-self.used // 64) * 64
         if at + n > self.buffer.numel():
-            for done in self.copies:
-                done.synchronize()
+            if n > self.buffer.numel() or not all(done.query() for done in self.copies):
+                self.buffer = torch.empty(max(2 * n, 2 * self.buffer.numel(), 4 << 20), dtype=torch.uint8,
+                                          pin_memory=True)
             self.copies.clear()
-            if n > self.buffer.numel():
-                self.buffer = torch.empty(max(2 * n, 4 << 20), dtype=torch.uint8, pin_memory=True)
             at = 0
         self.used = at + n
         return self.buffer[at:at + n]
