@@ -131,8 +131,8 @@ def decode(table: blocks.ChunkTable, luts, inverted, n_classes: int, counts, bas
     starts = block_starts(table, counts, base, seg_word, inverted, bitmap, pref)
     if table.programs and warp.available(old):
         warp.launch("place_changes", table, info, [
-            old, table.rows, table.program_chunk, luts, inverted, counts, base, seg_word, bitmap, pref, res_off,
-            res, starts, pos, val, sums, bitmap.numel(), n], NCP=ncp)
+            old, table.rows, table.program_chunk, luts, inverted, base, seg_word, bitmap, pref, res_off, res,
+            starts, pos, val, sums, bitmap.numel(), n], NCP=ncp)
     elif table.programs:
         _decode_kernel[(table.programs,)](
             old, table.rows, table.program_chunk, luts, inverted, base, seg_word, bitmap, pref, res_off, res,

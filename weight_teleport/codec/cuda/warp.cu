@@ -274,31 +274,21 @@ __device__ __forceinline__ u64 word_term(const W* vals, int lane, int i0, int n,
 #endif
 }
 
-#define SW (BLOCK / 32 + 2 * NCP)
-// (at most: a class with n of the block's elements spans n / 32 + 2 words of its segment)
-
 // The sampler's placement: each element finds its class rank, looks it up in its segment's
 // event bitmap (seg_word: first word of each chunk-class segment; pref: set bits before each
 // word) and, when changed, takes its residual slot (events before it, or non-events in an
-// inverted class), writing its offset in the chunk and new bit pattern in position order
-// (at starts[pid], the block's first output, plus the changes before it in the block).
-// Slots outside [0, n_res) (corrupt streams, refused by the caller) are neither read nor
-// written. Also sums, per block, the digest terms of the old and of the patched words into
-// sums[pid * 2 + {0, 1}]. The block's class counts (counts) and rank bases (base) come from
-// the live weights, so the bitmap words its ranks fall in are known before its elements are
-// read: the warp loads them, with their prefixes, into shared memory first. n_words is the
-// bitmap's length.
+// inverted class), writing its offset in the chunk and new bit pattern there. Slots outside
+// [0, n_res) (corrupt streams, refused by the caller) are not written. Also sums, per block,
+// the digest terms of the old and of the patched words into sums[pid * 2 + {0, 1}].
+// n_words is the bitmap's length.
 extern "C" __global__ void __launch_bounds__(WARPS * 32)
 place_changes(const U* old, const i64* rows, const int* prog, const unsigned char* lut, const signed char* inv_tab,
-              const int* counts, const int* base, const i64* seg_word, const int* bitmap, const int* pref,
-              const i64* roff, const i64* res, const i64* starts, int* pos, U* val, i64* sums, i64 n_words,
-              i64 n_res, i64 programs) {
-    __shared__ i64 ro[WARPS][NCP], from[WARPS][NCP];
-    __shared__ int rc[WARPS][NCP];   // class c's elements so far
-    __shared__ int at[WARPS][NCP];   // class c's first word in sw, less the word of its first rank
-    __shared__ int sp[WARPS][NCP];   // set bits before each segment's first word
-    __shared__ unsigned sw[WARPS][SW];  // the bitmap words the block's ranks fall in, class by class
-    __shared__ int sb[WARPS][SW];       // set bits of their segment before each of them
+              const int* base, const i64* seg_word, const int* bitmap, const int* pref, const i64* roff,
+              const i64* res, const i64* starts, int* pos, U* val, i64* sums, i64 n_words, i64 n_res,
+              i64 programs) {
+    __shared__ i64 sg[WARPS][NCP], ro[WARPS][NCP];
+    __shared__ int sp[WARPS][NCP];  // set bits before each segment's first word
+    __shared__ int rc[WARPS][NCP];  // class c's elements so far
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
     const i64 pid = (i64)blockIdx.x * WARPS + w;
     if (pid >= programs) return;
@@ -306,33 +296,12 @@ place_changes(const U* old, const i64* rows, const int* prog, const unsigned cha
     const U* po = old + bk.off + bk.first;
     const unsigned char* lt = lut + bk.tensor * NK;
     const unsigned inv = __ballot_sync(FULL, lane < NCP && inv_tab[bk.tensor * NCP + lane]);
-    int n = 0, b0 = 0;
     if (lane < NCP) {
         const i64 seg = seg_word[bk.chunk * NCP + lane];
-        const int cnt = counts[pid * NCP + lane];
-        b0 = base[pid * NCP + lane];
-        n = cnt > 0 ? ((b0 + cnt - 1) >> 5) - (b0 >> 5) + 1 : 0;
-        from[w][lane] = seg + (b0 >> 5);
+        sg[w][lane] = seg;
         sp[w][lane] = seg < n_words ? pref[seg] : 0;  // an empty last segment may start at the end
         ro[w][lane] = roff[bk.chunk * NCP + lane];
-        rc[w][lane] = b0;
-    }
-    int first = n;  // exclusive prefix of the classes' word counts
-#pragma unroll
-    for (int d = 1; d < 32; d <<= 1) {
-        const int v = __shfl_up_sync(FULL, first, d);
-        if (lane >= d) first += v;
-    }
-    first -= n;
-    const int total = __shfl_sync(FULL, first + n, NCP - 1);
-    if (lane < NCP) at[w][lane] = first - (b0 >> 5);
-    __syncwarp();
-    for (int j = lane; j < min(total, SW); j += 32) {
-        int c = 0;  // the class whose words hold slot j
-        while (c + 1 < NCP && at[w][c + 1] + (rc[w][c + 1] >> 5) <= j) c++;
-        const i64 wi = min(from[w][c] + (j - at[w][c] - (rc[w][c] >> 5)), n_words - 1);
-        sw[w][j] = (unsigned)bitmap[wi];
-        sb[w][j] = pref[wi] - sp[w][c];
+        rc[w][lane] = base[pid * NCP + lane];
     }
     __syncwarp();
     const unsigned below = lanes_below();
@@ -358,13 +327,15 @@ place_changes(const U* old, const i64* rows, const int* prog, const unsigned cha
             i64 slot = -1;
             if (r[u] >= 0) {
                 const int c = r[u] & 31, rank = r[u] >> 5;
-                const int j = min(max(at[w][c] + (rank >> 5), 0), SW - 1);
-                const unsigned word = sw[w][j];
+                const i64 wi = sg[w][c] + (rank >> 5);
+                const unsigned word = (unsigned)bitmap[wi];
                 const int bit = rank & 31;
                 const bool flip = (inv >> c) & 1;
                 changed = (bool)((word >> bit) & 1) != flip;
-                const int before = sb[w][j] + __popc(word & ((1u << bit) - 1u));
-                slot = ro[w][c] + (flip ? rank - before : before);
+                if (changed) {  // the prefix only where a residual is taken
+                    const int before = pref[wi] - sp[w][c] + __popc(word & ((1u << bit) - 1u));
+                    slot = ro[w][c] + (flip ? rank - before : before);
+                }
             }
             const unsigned moved = __ballot_sync(FULL, changed);  // every lane: outside the branch
             const i64 at = out + __popc(moved & below);
