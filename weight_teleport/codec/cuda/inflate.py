@@ -70,6 +70,8 @@ _pinned = _Pinned()
 
 
 def _upload(pack, lo: int, hi: int, device) -> torch.Tensor:
+    if hi > memoryview(pack).nbytes:
+        raise PackFormatError(f"pack truncated: its chunks end at byte {hi}, the pack has {memoryview(pack).nbytes}")
     if torch.device(device).type != "cuda":
         return torch.frombuffer(bytearray(memoryview(pack)[lo:hi]) or bytearray(1), dtype=torch.uint8).to(device)
     return _pinned.upload(pack, lo, hi, device)
