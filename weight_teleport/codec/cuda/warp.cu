@@ -277,8 +277,10 @@ __device__ __forceinline__ u64 word_term(const W* vals, int lane, int i0, int n,
 // The sampler's placement: each element finds its class rank, looks it up in its segment's
 // event bitmap (seg_word: first word of each chunk-class segment; pref: set bits before each
 // word) and, when changed, takes its residual slot (events before it, or non-events in an
-// inverted class), writing its offset in the chunk and new bit pattern there. Slots outside
-// [0, n_res) (corrupt streams, refused by the caller) are not written. Also sums, per block,
+// inverted class). It writes its offset in the chunk and its new bit
+// pattern in position order: at starts[pid], the block's first output, plus the changes
+// before it in the block (a ballot per 32 elements). Slots outside [0, n_res) (corrupt
+// streams, refused by the caller) are neither read nor written. Also sums, per block,
 // the digest terms of the old and of the patched words into sums[pid * 2 + {0, 1}].
 // n_words is the bitmap's length.
 extern "C" __global__ void __launch_bounds__(WARPS * 32)
