@@ -1,6 +1,6 @@
 """Byte ranges of one device buffer copied into another in one launch: the streams of a
-pack gathered into its payload on the GPU. Ranges are cut into pieces of at most PIECE
-bytes, one program each."""
+pack gathered into its payload on the GPU. One program per range copies it PIECE bytes at a
+time (the ranges' table is all the host builds)."""
 
 import numpy as np
 import torch
@@ -13,19 +13,16 @@ PIECE = 4096
 
 
 @triton.jit
-def _gather_kernel(src_ptr, dst_ptr, pieces_ptr, PIECE: tl.constexpr):
+def _gather_kernel(src_ptr, dst_ptr, ranges_ptr, PIECE: tl.constexpr):
     pid = tl.program_id(0).to(tl.int64)
-    src, dst, n = tl.load(pieces_ptr + pid * 3), tl.load(pieces_ptr + pid * 3 + 1), tl.load(pieces_ptr + pid * 3 + 2)
+    src, dst, n = tl.load(ranges_ptr + pid * 3), tl.load(ranges_ptr + pid * 3 + 1), tl.load(ranges_ptr + pid * 3 + 2)
     offs = tl.arange(0, PIECE).to(tl.int64)
-    keep = offs < n
-    tl.store(dst_ptr + dst + offs, tl.load(src_ptr + src + offs, mask=keep), mask=keep)
-
-
-def pieces(src: np.ndarray, dst: np.ndarray, length: np.ndarray) -> np.ndarray:
-    """[pieces, 3] int64 (source offset, destination offset, bytes) of the ranges, cut at PIECE."""
-    owner, piece = layout.items(-(-length // PIECE))
-    at = piece * PIECE
-    return np.stack([src[owner] + at, dst[owner] + at, np.minimum(length[owner] - at, PIECE)], 1).astype(np.int64)
+    t = n * 0  # int64, as the lengths
+    while t < n:
+        at = t + offs
+        keep = at < n
+        tl.store(dst_ptr + dst + at, tl.load(src_ptr + src + at, mask=keep), mask=keep)
+        t += PIECE
 
 
 def gather(src: torch.Tensor, dst: torch.Tensor, src_off: np.ndarray, dst_off: np.ndarray,
@@ -34,6 +31,7 @@ def gather(src: torch.Tensor, dst: torch.Tensor, src_off: np.ndarray, dst_off: n
     layout.require(src, torch.uint8)
     layout.require(dst, torch.uint8)
     assert ((src_off + length <= src.numel()) & (dst_off + length <= dst.numel())).all()
-    rows = pieces(src_off, dst_off, length)
+    keep = length > 0
+    rows = np.stack([src_off[keep], dst_off[keep], length[keep]], 1)
     if rows.size:
         _gather_kernel[(rows.shape[0],)](src, dst, layout.to_device([rows], src.device)[0], PIECE=PIECE)
