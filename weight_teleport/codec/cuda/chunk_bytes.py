@@ -1,5 +1,5 @@
 """Sparse chunks from the GPU's symbol streams: stream coding (nvCOMP on the GPU, or the
-CPU's zstd), then the payload of all chunks of a batch: chunk tables written vectorised,
+CPU's zstd), then the payload of all chunks of a batch: chunk tables written by a compiled walk,
 stored streams and tables gathered on the GPU, the CRC-32 of every chunk there too, one
 copy to the host."""
 
@@ -24,10 +24,12 @@ CODEC_ID = {"zstd": codecs.ZSTD, "lz4": codecs.LZ4, "ans": codecs.NVCOMP_ANS}
 @dataclass
 class Coded:
     """Every stream's stored form, [segments, 4] like the symbol streams' lengths."""
-    src: torch.Tensor
-    """Device bytes holding every stored stream."""
+    raw: torch.Tensor
+    """The symbol streams' device buffer: the bytes of the streams stored raw."""
+    coded: torch.Tensor
+    """Device bytes of the coded streams."""
     src_off: np.ndarray
-    """Where each stored stream starts in `src`."""
+    """Where each stored stream starts: in `raw` for a raw stream, else in `coded`."""
     codec: np.ndarray
     """Stream codec ids."""
     stored: np.ndarray
@@ -35,14 +37,15 @@ class Coded:
 
 
 def _raw(st: symbols.SymbolStreams) -> Coded:
-    return Coded(st.buffer, st.offsets.copy(), np.full(st.lengths.shape, codecs.RAW, np.int64), st.lengths.copy())
+    return Coded(st.buffer, st.buffer[:0], st.offsets.copy(), np.full(st.lengths.shape, codecs.RAW, np.int64),
+                 st.lengths.copy())
 
 
-def _use(c: Coded, which: np.ndarray, codec, stored: np.ndarray, src_off: np.ndarray, extra: torch.Tensor) -> Coded:
-    """`c` with the flat streams `which` stored as `codec` at `src_off` of `extra`."""
-    for arr, v in ((c.codec, codec), (c.stored, stored), (c.src_off, c.src.numel() + src_off)):
+def _use(c: Coded, which: np.ndarray, codec, stored: np.ndarray, src_off: np.ndarray, coded: torch.Tensor) -> Coded:
+    """`c` with the flat streams `which` stored as `codec` at `src_off` of `coded`."""
+    for arr, v in ((c.codec, codec), (c.stored, stored), (c.src_off, src_off)):
         arr.reshape(-1)[which] = v
-    c.src = torch.cat([c.src, extra.to(c.src.device)])
+    c.coded = coded.to(c.raw.device)
     return c
 
 
@@ -141,9 +144,10 @@ def assemble(st: symbols.SymbolStreams, coded: Coded, n_groups: np.ndarray) -> P
     dst = (offsets + head_len)[:, None] + layout.starts(body, 1)
     size = int(lengths.sum())
     crc_at = -(-size // 4) * 4  # the CRCs ride behind the payload in its copy to the host
-    out = torch.empty(crc_at + 4 * n, dtype=torch.uint8, device=coded.src.device)
-    sel = body.ravel() > 0
-    gather(coded.src, out, coded.src_off.ravel()[sel], dst.ravel()[sel], body.ravel()[sel])
+    out = torch.empty(crc_at + 4 * n, dtype=torch.uint8, device=coded.raw.device)
+    raw = coded.codec.ravel() == codecs.RAW
+    for src, take in ((coded.raw, raw), (coded.coded, ~raw)):
+        gather(src, out, coded.src_off.ravel()[take], dst.ravel()[take], body.ravel()[take])
     gather(layout.upload(head, out.device), out, layout.starts(head_len), offsets, head_len)
     out[crc_at:].view(torch.int32).copy_(crc32(out[:size], offsets, lengths))
     host = _to_host(out)

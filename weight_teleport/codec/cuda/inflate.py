@@ -19,7 +19,6 @@ from weight_teleport.codec.cuda.config import CudaCodecConfig
 from weight_teleport.codec.cuda.gather import gather
 from weight_teleport.codec.cuda.tables import StreamTable
 from weight_teleport.errors import PackFormatError
-from weight_teleport.format.container import fill
 
 A = entropy.SLOT_ALIGN
 PAD = 2 * A
@@ -41,40 +40,22 @@ def _slots(lengths: np.ndarray) -> tuple[np.ndarray, int]:
     return layout.starts(slot), int(slot.sum())
 
 
-class _Pinned:
-    """One pinned host buffer that every upload of pack bytes passes through (pinning memory
-    costs more than copying into it; a copy from pageable memory holds the driver's staging
-    path, and with it the small uploads of other threads, for its whole length). Grown,
-    never shrunk; one upload at a time."""
-
-    def __init__(self):
-        self.lock = threading.Lock()
-        self.buffer = torch.empty(0, dtype=torch.uint8)
-
-    def upload(self, pack, lo: int, hi: int, device) -> torch.Tensor:
-        """Bytes [lo, hi) of `pack` on `device`, copied on the current stream, which is
-        synchronised before the buffer is released."""
-        n = max(hi - lo, 1)
-        with self.lock:
-            if self.buffer.numel() < n:
-                self.buffer = torch.empty(0, dtype=torch.uint8)
-                self.buffer = torch.empty(max(n, 1 << 20), dtype=torch.uint8, pin_memory=True)
-            host = self.buffer[:n]
-            fill(host.numpy(), [memoryview(pack)[lo:hi]] if hi > lo else [b"\0"])
-            out = host.to(device, non_blocking=True)
-            torch.cuda.current_stream(device).synchronize()
-        return out
-
-
-_pinned = _Pinned()
+_pack_ring, _pack_lock = layout.PinnedRing(), threading.Lock()
+"""The pinned buffer every upload of pack bytes passes through (grown, never shrunk), filled
+by threads."""
 
 
 def _upload(pack, lo: int, hi: int, device) -> torch.Tensor:
-    if hi > memoryview(pack).nbytes:
-        raise PackFormatError(f"pack truncated: its chunks end at byte {hi}, the pack has {memoryview(pack).nbytes}")
+    size = memoryview(pack).nbytes
+    if hi > size:
+        raise PackFormatError(f"pack truncated: its chunks end at byte {hi}, the pack has {size}")
+    parts = [memoryview(pack)[lo:hi]] if hi > lo else [b"\0"]
     if torch.device(device).type != "cuda":
-        return torch.frombuffer(bytearray(memoryview(pack)[lo:hi]) or bytearray(1), dtype=torch.uint8).to(device)
-    return _pinned.upload(pack, lo, hi, device)
+        return torch.frombuffer(bytearray(b"".join(parts)), dtype=torch.uint8).to(device)
+    out = torch.empty(max(hi - lo, 1), dtype=torch.uint8, device=device)
+    with _pack_lock:
+        _pack_ring.send(parts, out)
+    return out
 
 
 class Upload:

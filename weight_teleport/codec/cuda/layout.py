@@ -6,6 +6,8 @@ import threading
 import numpy as np
 import torch
 
+from weight_teleport.format.container import fill
+
 
 def on_device(tensor: torch.Tensor) -> bool:
     """Whether the kernels can read `tensor` where it is."""
@@ -32,47 +34,58 @@ def items(counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return run, np.arange(run.size) - starts(counts)[run]
 
 
-class _Staging(threading.local):
-    """This thread's pinned buffer that small host tables pass through on their way to the
-    device (pinning memory for each of them costs more than copying it), filled from the
-    front. Full, it starts over if every copy out of it is done, else it is replaced by one
-    twice its size (the old one is kept by torch's pinned allocator until its copies end)."""
+class PinnedRing:
+    """A pinned host buffer that host bytes pass through on their way to the device (pinning
+    memory for each transfer costs more than copying into it; a copy from pageable memory
+    would stall the host behind every kernel launched before it), filled from the front.
+    Full, it starts over once every copy out of it is done, else it is replaced by a larger
+    one (torch's pinned allocator keeps the old one until its copies end). One user at a
+    time."""
 
     def __init__(self):
         self.buffer = torch.empty(0, dtype=torch.uint8)
         self.used = 0
         self.copies: list[torch.cuda.Event] = []
 
-    def take(self, n: int) -> torch.Tensor:
+    def _take(self, n: int) -> torch.Tensor:
         at = -(-self.used // 64) * 64
         if at + n > self.buffer.numel():
             if n > self.buffer.numel() or not all(done.query() for done in self.copies):
-                self.buffer = torch.empty(max(2 * n, 2 * self.buffer.numel(), 4 << 20), dtype=torch.uint8,
+                self.buffer = torch.empty(max(n, 2 * self.buffer.numel(), 4 << 20), dtype=torch.uint8,
                                           pin_memory=True)
             self.copies.clear()
             at = 0
         self.used = at + n
         return self.buffer[at:at + n]
 
+    def send(self, parts: list, out: torch.Tensor) -> None:
+        """The bytes of `parts`, end to end, into the device tensor `out` (as many bytes), on
+        its device's current stream; the host does not wait."""
+        host = self._take(out.numel() * out.element_size())
+        fill(host.numpy(), parts)
+        out.view(-1).view(torch.uint8).copy_(host, non_blocking=True)
+        done = torch.cuda.Event()
+        done.record(torch.cuda.current_stream(out.device))
+        self.copies.append(done)
 
-_staging = _Staging()
+
+class _PerThread(threading.local):
+    def __init__(self):
+        self.ring = PinnedRing()
+
+
+_tables = _PerThread()
+"""Each thread's ring for small host tables."""
 
 
 def upload(array: np.ndarray, dev) -> torch.Tensor:
-    """A host array on device `dev`, in its dtype and shape, through pinned memory and a copy
-    that does not wait for the device (a pageable copy would stall the host behind every
-    kernel launched before it)."""
+    """A host array on device `dev`, in its dtype and shape, through this thread's pinned
+    ring; the host does not wait for the copy."""
     a = np.ascontiguousarray(array)
     if torch.device(dev).type != "cuda":
         return torch.from_numpy(a).to(dev)
-    host = _staging.take(a.nbytes)
-    host.numpy()[:] = a.reshape(-1).view(np.uint8)
-    dtype = torch.from_numpy(a[:0].reshape(-1)).dtype
-    out = torch.empty(a.shape, dtype=dtype, device=dev)
-    out.view(-1).view(torch.uint8).copy_(host, non_blocking=True)
-    done = torch.cuda.Event()
-    done.record(torch.cuda.current_stream(out.device))
-    _staging.copies.append(done)
+    out = torch.empty(a.shape, dtype=torch.from_numpy(a[:0].reshape(-1)).dtype, device=dev)
+    _tables.ring.send([a.reshape(-1).view(np.uint8)], out)
     return out
 
 

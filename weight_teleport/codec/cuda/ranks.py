@@ -133,7 +133,8 @@ def table_counts(table: blocks.ChunkTable, luts: torch.Tensor, info, ncp: int, n
     """[programs, ncp] int32 counts of each class's elements per block of a chunk table's
     tensors; `luts` [tensors, keys] uint8 are their class maps (at most `n_classes` classes).
     With the new tensors `new` and the [tensors, ncp] int8 `inverted` flags, also returns
-    each block's event counts."""
+    each block's event counts (the Triton kernel: where the warp kernels run, the trainer
+    takes its counts from the scan's histograms, warp.hist_counts)."""
     layout.require(table.base, info.int_torch)
     nk = 1 << info.exponent_bits
     assert table.block == BLOCK and n_classes <= min(ncp, CLASSES.value)
@@ -145,11 +146,8 @@ def table_counts(table: blocks.ChunkTable, luts: torch.Tensor, info, ncp: int, n
         assert new.offsets.shape == (table.chunks,) and new.offsets.dtype == torch.int64
         assert inverted.dtype == torch.int8 and inverted.is_contiguous() and inverted.shape[1] == ncp
         events = torch.empty_like(counts)
-    if table.programs and warp.available(table.base):
-        has = new is not None
-        warp.launch("class_counts", table, info, [
-            table.base, table.rows, table.program_chunk, luts, counts, new.base if has else table.base,
-            new.offsets if has else table.rows, inverted if has else luts, events, int(has)], NCP=ncp)
+    if table.programs and new is None and warp.available(table.base):
+        warp.launch("class_counts", table, info, [table.base, table.rows, table.program_chunk, luts, counts], NCP=ncp)
     elif table.programs:
         _table_counts_kernel[(table.programs,)](
             table.base, table.rows, table.program_chunk, luts, counts,

@@ -44,12 +44,12 @@ def _check_crcs(pack, header, recs, threads) -> None:
     refs = [ref for r in recs for ref in r.chunks]
     starts = [header.payload_offset + ref.offset for ref in refs]
     crcs = crc32_ranges(pack, starts, [ref.length for ref in refs], threads or os.cpu_count() or 1)
-    _compare_crcs(refs, crcs, [s + ref.length <= len(pack) for s, ref in zip(starts, refs)])
+    _compare_crcs(refs, crcs)  # read_header has checked that every chunk lies inside the pack
 
 
-def _compare_crcs(refs, crcs, inside=None) -> None:
-    for i, (ref, crc) in enumerate(zip(refs, crcs)):
-        if crc != ref.crc32 or (inside is not None and not inside[i]):
+def _compare_crcs(refs, crcs) -> None:
+    for ref, crc in zip(refs, crcs):
+        if crc != ref.crc32:
             raise PackFormatError(f"pack chunk at payload offset {ref.offset} is corrupted (CRC-32 mismatch)")
 
 

@@ -131,46 +131,33 @@ __device__ __forceinline__ unsigned lanes_below() {
     return m;
 }
 
-// Per block, the number of elements of each class and, with the new weights, of each class's
-// events (changes, or non-changes in an inverted class): [programs, NCP] int32 each.
+// Per block, the number of elements of each class of the live weights ([programs, NCP]
+// int32): the sampler's counts (the trainer's come from the scan's histograms).
 extern "C" __global__ void __launch_bounds__(WARPS * 32)
-class_counts(const U* old, const i64* rows, const int* prog, const unsigned char* lut, int* counts,
-             const U* nw, const i64* new_off, const signed char* inv_tab, int* events, i64 has_new, i64 programs) {
-    __shared__ int cnt[WARPS][NCP], evc[WARPS][NCP];
+class_counts(const U* old, const i64* rows, const int* prog, const unsigned char* lut, int* counts, i64 programs) {
+    __shared__ int cnt[WARPS][NCP];
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
     const i64 pid = (i64)blockIdx.x * WARPS + w;
     if (pid >= programs) return;
     const Block bk = table_block(pid, rows, prog);
     const U* po = old + bk.off + bk.first;
-    const U* pn = has_new ? nw + new_off[bk.chunk] + bk.first : po;
     const unsigned char* lt = lut + bk.tensor * NK;
-    const unsigned inv = has_new ? __ballot_sync(FULL, lane < NCP && inv_tab[bk.tensor * NCP + lane]) : 0u;
     const unsigned below = lanes_below();
-    if (lane < NCP) cnt[w][lane] = evc[w][lane] = 0;
+    if (lane < NCP) cnt[w][lane] = 0;
     __syncwarp();
     for (int s0 = 0; s0 < bk.n; s0 += 32 * UNROLL) {
-        W o[UNROLL], nv[UNROLL];
+        W o[UNROLL];
         load_slices(o, po, s0, lane, bk.n);
-        if (has_new) load_slices(nv, pn, s0, lane, bk.n);
 #pragma unroll
         for (int u = 0; u < UNROLL; u++) {
             const bool v = s0 + u * 32 + lane < bk.n;
             const int c = v ? class_of(o[u], lt) : 0;
             const unsigned peers = peers_of(c, v);
-            const bool first = v && (peers & below) == 0;
-            if (first) atomicAdd(&cnt[w][c], __popc(peers));
-            if (has_new) {
-                const bool ev = v && ((o[u] != nv[u]) != (bool)((inv >> c) & 1));
-                const unsigned evm = __ballot_sync(FULL, ev);
-                if (first) atomicAdd(&evc[w][c], __popc(peers & evm));
-            }
+            if (v && (peers & below) == 0) atomicAdd(&cnt[w][c], __popc(peers));
         }
     }
     __syncwarp();
-    if (lane < NCP) {
-        counts[pid * NCP + lane] = cnt[w][lane];
-        if (has_new) events[pid * NCP + lane] = evc[w][lane];
-    }
+    if (lane < NCP) counts[pid * NCP + lane] = cnt[w][lane];
 }
 
 // Per program of a chunk table whose blocks are the scan's (BLOCK = the scan's span), each

@@ -1,5 +1,5 @@
-"""The class-count, events and placement kernels as CUDA C warp code (warp.cu beside this),
-compiled with NVRTC for each element type at first use.
+"""The scan, class-count, events and placement kernels as CUDA C warp code (warp.cu beside
+this), compiled with NVRTC for each element type at first use.
 
 A warp takes a block's elements 32 at a time; `__match_any_sync` finds the lanes of each
 class, so an element's rank among its class is a popcount over them, and one lane per class
