@@ -137,8 +137,9 @@ class Module:
             self._functions[index, kernel] = func
         return self._functions[index, kernel]
 
-    def launch(self, kernel: str, grid: int, block: int, args: list, device: torch.device) -> None:
-        """Launch `kernel` on `grid` x `block` threads on `device`'s current torch stream."""
+    def launch(self, kernel: str, grid: int, block: int, args: list, device: torch.device, shared: int = 0) -> None:
+        """Launch `kernel` on `grid` x `block` threads on `device`'s current torch stream, with
+        `shared` bytes of dynamic shared memory (at most 48 KB)."""
         index = torch.device(device).index
         index = torch.cuda.current_device() if index is None else index
         keep = [ctypes.c_void_p(a.data_ptr()) if isinstance(a, torch.Tensor) else ctypes.c_longlong(int(a))
@@ -148,5 +149,5 @@ class Module:
             _make_current(index)
             func = self.function(kernel, index)
             stream = torch.cuda.current_stream(index).cuda_stream
-            _check_driver(_driver().cuLaunchKernel(func, grid, 1, 1, block, 1, 1, 0, ctypes.c_void_p(stream),
+            _check_driver(_driver().cuLaunchKernel(func, grid, 1, 1, block, 1, 1, shared, ctypes.c_void_p(stream),
                                                    params, None), f"launch of {kernel}")

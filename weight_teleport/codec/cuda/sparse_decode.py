@@ -132,7 +132,7 @@ def decode(table: blocks.ChunkTable, luts, inverted, n_classes: int, counts, bas
     if table.programs and warp.available(old):
         warp.launch("place_changes", table, info, [
             old, table.rows, table.program_chunk, luts, inverted, base, seg_word, bitmap, pref, res_off, res,
-            starts, pos, val, sums, bitmap.numel(), n], NCP=ncp)
+            starts, pos, val, sums, bitmap.numel(), n], shared=warp.place_shared(info, table.block), NCP=ncp)
     elif table.programs:
         _decode_kernel[(table.programs,)](
             old, table.rows, table.program_chunk, luts, inverted, base, seg_word, bitmap, pref, res_off, res,

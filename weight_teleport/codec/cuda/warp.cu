@@ -237,39 +237,38 @@ class_events(const U* old, const i64* rows, const int* prog, const U* nw, const 
     }
 }
 
-// The digest term of word `lane` of the 32 words that the PW slices vals[0 .. PW) hold
-// (elements i0 .. i0 + 32 * PW - 1 of the block; 0 for a word at or past n): each lane
-// gathers its word's elements with shuffles, so every lane hashes one word. word0 is the
-// word index of the block's first element.
-__device__ __forceinline__ u64 word_term(const W* vals, int lane, int i0, int n, i64 word0) {
-#if BITS == 64
-    const int i = i0 + lane;
-    return i < n ? term(vals[0], (u64)(word0 + i)) : 0ull;
-#else
-    const int PW = 64 / BITS, PER = 32 / PW;  // elements of a word, words of a slice
-    u64 word = 0;
-#pragma unroll
-    for (int s = 0; s < PW; s++) {
-#pragma unroll
-        for (int j = 0; j < PW; j++) {
-            const W x = __shfl_sync(FULL, vals[s], (lane % PER) * PW + j);
-            if (lane / PER == s) word |= (u64)x << (j * BITS);
-        }
-    }
-    const int i = i0 + lane * PW;
-    return i < n ? term(word, (u64)(word0 + i / PW)) : 0ull;
-#endif
+// The sampler's placement, in two phases per block (one warp's; its shared memory holds the
+// block's old elements and a queue of its changes: warp.py's `place_shared` bytes):
+// - every element finds its class rank and looks it up in its segment's event bitmap
+//   (seg_word: first word of each chunk-class segment); a changed element (an event, or a
+//   non-event in an inverted class) joins the queue in position order with its class, rank
+//   and the set bits before it in its bitmap word. The old words' digest terms are summed
+//   from the block's copy in shared memory.
+// - the queue is taken 32 changes at a time, every lane busy: each change's residual slot
+//   (pref: set bits before each bitmap word), its new bits, written with its offset in the
+//   chunk at starts[pid], the block's first output, plus the changes before it; and for
+//   each word holding changes, the digest term of the patched word less the old one.
+// A batch of the queue ends at a word's boundary, so a word's changes are patched together.
+// Slots outside [0, n_res) (corrupt streams, refused by the caller) are neither read nor
+// written. Writes per block the digest word sums of the old and of the patched words into
+// sums[pid * 2 + {0, 1}]. n_words is the bitmap's length.
+#define PW (64 / BITS)          // elements of a digest word
+#define QN (64 * UNROLL)        // queue slots: a batch's leftovers (< 32) plus a round's changes
+static_assert((QN & (QN - 1)) == 0, "the queue's length is a power of two");
+
+struct Queue {
+    unsigned* meta;  // element in the block | class << 16 | set bits before it in its word << 21
+    int* rank;       // class rank
+    int head, tail;  // taken / added so far (warp-uniform)
+};
+
+__device__ __forceinline__ i64 slot_of(int c, int rank, int before_in_word, const i64* sg, const int* sp,
+                                       const i64* ro, const int* pref, unsigned inv) {
+    const i64 wi = sg[c] + (rank >> 5);
+    const int before = pref[wi] - sp[c] + before_in_word;
+    return ro[c] + (((inv >> c) & 1) ? rank - before : before);
 }
 
-// The sampler's placement: each element finds its class rank, looks it up in its segment's
-// event bitmap (seg_word: first word of each chunk-class segment; pref: set bits before each
-// word) and, when changed, takes its residual slot (events before it, or non-events in an
-// inverted class). It writes its offset in the chunk and its new bit
-// pattern in position order: at starts[pid], the block's first output, plus the changes
-// before it in the block (a ballot per 32 elements). Slots outside [0, n_res) (corrupt
-// streams, refused by the caller) are neither read nor written. Also sums, per block,
-// the digest terms of the old and of the patched words into sums[pid * 2 + {0, 1}].
-// n_words is the bitmap's length.
 extern "C" __global__ void __launch_bounds__(WARPS * 32)
 place_changes(const U* old, const i64* rows, const int* prog, const unsigned char* lut, const signed char* inv_tab,
               const int* base, const i64* seg_word, const int* bitmap, const int* pref, const i64* roff,
@@ -278,9 +277,13 @@ place_changes(const U* old, const i64* rows, const int* prog, const unsigned cha
     __shared__ i64 sg[WARPS][NCP], ro[WARPS][NCP];
     __shared__ int sp[WARPS][NCP];  // set bits before each segment's first word
     __shared__ int rc[WARPS][NCP];  // class c's elements so far
+    extern __shared__ u64 dyn[];    // per warp: the block's old words, then the queue
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
     const i64 pid = (i64)blockIdx.x * WARPS + w;
     if (pid >= programs) return;
+    u64* words = dyn + (i64)w * (BLOCK / PW + QN);
+    U* blk = (U*)words;
+    Queue q{(unsigned*)(words + BLOCK / PW), (int*)(words + BLOCK / PW) + QN, 0, 0};
     const Block bk = table_block(pid, rows, prog);
     const U* po = old + bk.off + bk.first;
     const unsigned char* lt = lut + bk.tensor * NK;
@@ -294,61 +297,85 @@ place_changes(const U* old, const i64* rows, const int* prog, const unsigned cha
     }
     __syncwarp();
     const unsigned below = lanes_below();
-    const i64 word0 = (bk.start + bk.first) / (64 / BITS);
+    const i64 word0 = (bk.start + bk.first) / PW;
     i64 out = starts[pid];  // the block's next output: changes are written in position order
-    u64 sum_old = 0, sum_new = 0;
+    u64 sum_old = 0, delta = 0;
     for (int s0 = 0; s0 < bk.n; s0 += 32 * UNROLL) {
-        W o[UNROLL], nb[UNROLL];
-        int r[UNROLL];
+        W o[UNROLL];
         load_slices(o, po, s0, lane, bk.n);
 #pragma unroll
         for (int u = 0; u < UNROLL; u++) {
-            const bool v = s0 + u * 32 + lane < bk.n;
+            const int i = s0 + u * 32 + lane;
+            const bool v = i < bk.n;
+            blk[i] = (U)o[u];  // 0 past the end: the last word is zero-padded
             const int c = v ? class_of(o[u], lt) : 0;
             const unsigned peers = peers_of(c, v);
             const int rank = claim(&rc[w][c], peers, __popc(peers), v, lane) + __popc(peers & below);
-            r[u] = v ? c | (rank << 5) : -1;
-        }
-#pragma unroll
-        for (int u = 0; u < UNROLL; u++) {
-            nb[u] = o[u];
             bool changed = false;
-            i64 slot = -1;
-            if (r[u] >= 0) {
-                const int c = r[u] & 31, rank = r[u] >> 5;
-                const i64 wi = sg[w][c] + (rank >> 5);
-                const unsigned word = (unsigned)bitmap[wi];
+            unsigned before = 0;
+            if (v) {
+                const unsigned word = (unsigned)bitmap[sg[w][c] + (rank >> 5)];
                 const int bit = rank & 31;
-                const bool flip = (inv >> c) & 1;
-                changed = (bool)((word >> bit) & 1) != flip;
-                if (changed) {  // the prefix only where a residual is taken
-                    const int before = pref[wi] - sp[w][c] + __popc(word & ((1u << bit) - 1u));
-                    slot = ro[w][c] + (flip ? rank - before : before);
+                changed = (bool)((word >> bit) & 1) != (bool)((inv >> c) & 1);
+                before = __popc(word & ((1u << bit) - 1u));
+            }
+            const unsigned moved = __ballot_sync(FULL, changed);
+            if (changed) {
+                const int e = (q.tail + __popc(moved & below)) & (QN - 1);
+                q.meta[e] = (unsigned)i | (unsigned)c << 16 | before << 21;
+                q.rank[e] = rank;
+            }
+            q.tail += __popc(moved);
+        }
+        __syncwarp();
+        for (int k = lane; k < 32 * UNROLL / PW; k += 32) {
+            const int wd = s0 / PW + k;
+            if (wd * PW < bk.n) sum_old += term(words[wd], (u64)(word0 + wd));
+        }
+        const bool last_round = s0 + 32 * UNROLL >= bk.n;
+        while (q.tail - q.head >= (last_round ? 1 : 32)) {
+            const int avail = q.tail - q.head;
+            const int e = (q.head + lane) & (QN - 1);
+            const unsigned meta = lane < avail ? q.meta[e] : 0u;
+            const int idx = (int)(meta & 0xffffu);
+            int m = avail < 32 ? avail : 32;
+            if (avail > 32) {  // leave a word that goes on past lane 31 to the next batch
+                const int next = (int)(q.meta[(q.head + 32) & (QN - 1)] & 0xffffu) / PW;
+                m -= __popc(__ballot_sync(FULL, idx / PW == next));
+            }
+            const bool mine = lane < m;
+            W nb = 0;
+            if (mine) {
+                const int c = (meta >> 16) & 31;
+                const i64 slot = slot_of(c, q.rank[e], (int)(meta >> 21), sg[w], sp[w], ro[w], pref, inv);
+                const i64 at = out + lane;
+                nb = blk[idx];
+                if (slot >= 0 && slot < n_res && at < n_res) {
+                    nb = unkey(wrap(key(nb) + (W)res[slot]));
+                    pos[at] = (int)(bk.first + idx);
+                    val[at] = (U)nb;
                 }
             }
-            const unsigned moved = __ballot_sync(FULL, changed);  // every lane: outside the branch
-            const i64 at = out + __popc(moved & below);
-            out += __popc(moved);
-            if (changed && slot >= 0 && slot < n_res && at < n_res) {
-                nb[u] = unkey(wrap(key(o[u]) + (W)res[slot]));
-                pos[at] = (int)(bk.first + s0 + u * 32 + lane);
-                val[at] = (U)nb[u];
-            }
-        }
-#pragma unroll
-        for (int g = 0; g < UNROLL; g += 64 / BITS) {
-            sum_old += word_term(o + g, lane, s0 + g * 32, bk.n, word0);
-            sum_new += word_term(nb + g, lane, s0 + g * 32, bk.n, word0);
+            out += m;
+            const int wd = mine ? idx / PW : -1;
+            const int after = __shfl_down_sync(FULL, wd, 1);
+            const bool ends_word = mine && (lane == m - 1 || after != wd);
+            const u64 was = ends_word ? words[wd] : 0ull;
+            __syncwarp();
+            if (mine) blk[idx] = (U)nb;
+            __syncwarp();
+            if (ends_word) delta += term(words[wd], (u64)(word0 + wd)) - term(was, (u64)(word0 + wd));
+            q.head += m;
         }
     }
 #pragma unroll
     for (int d = 16; d > 0; d >>= 1) {
         sum_old += __shfl_xor_sync(FULL, sum_old, d);
-        sum_new += __shfl_xor_sync(FULL, sum_new, d);
+        delta += __shfl_xor_sync(FULL, delta, d);
     }
     if (lane == 0) {
         sums[pid * 2] = (i64)sum_old;
-        sums[pid * 2 + 1] = (i64)sum_new;
+        sums[pid * 2 + 1] = (i64)(sum_old + delta);
     }
 }
 
@@ -360,7 +387,6 @@ place_changes(const U* old, const i64* rows, const int* prog, const unsigned cha
 extern "C" __global__ void __launch_bounds__(WARPS * 32)
 scan_words(const U* old, const i64* rows, const int* prog, const U* nw, const i64* new_off, int* hist, i64* sums,
            i64 programs) {
-    const int PW = 64 / BITS;
     __shared__ int bins[NB];
     __shared__ u64 part[2][WARPS];
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
