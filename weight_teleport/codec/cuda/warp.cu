@@ -5,11 +5,12 @@
 //
 // In the rank kernels a warp owns one block of BLOCK elements of a chunk (a program of the
 // chunk table, codec/cuda/blocks.py) and walks it 32 elements at a time, element s * 32 +
-// lane in lane `lane`; the scan gives a block to a CTA and reads 8-byte words. `__match_any_sync` gives every lane the mask of the lanes of its class, so its
-// rank among them is one popcount; each group's lowest lane claims the group's count from
-// the class's running counter in shared memory (an atomic add that returns the counter
-// before) and shuffles it to the group. (Voting the key bit by bit with ballots instead
-// measured 2.1-2.3x slower in the scan on the H200: BENCHMARKS.md.)
+// lane in lane `lane`; the scan gives a block to a CTA and reads 8-byte words.
+// `__match_any_sync` gives every lane the mask of the lanes of its class, so its rank among
+// them is one popcount past the class's running count in shared memory, which the group's
+// lowest lane then advances (counts alone are added with an atomic). (Voting the key bit by
+// bit with ballots instead measured 2.1-2.3x slower in the scan on the H200: BENCHMARKS.md.)
+// A round of UNROLL slices whose elements are all inside the block runs without bounds checks.
 //
 // Compiled per element type by codec/cuda/warp.py with these defines: BITS (element
 // width), IS_FLOAT, MANT (mantissa bits), KMASK (exponent-field mask), BLOCK (elements of a
@@ -116,15 +117,6 @@ __device__ __forceinline__ unsigned peers_of(int key, bool valid) {
     return __match_any_sync(FULL, valid ? key : -1);
 }
 
-// Adds n (the same in every lane of the group `peers`) to *counter once for the group, by
-// its lowest lane, and returns the counter's value before in every lane of the group.
-__device__ __forceinline__ int claim(int* counter, unsigned peers, int n, bool valid, int lane) {
-    const int first = __ffs(peers) - 1;
-    int before = 0;
-    if (valid && lane == first) before = atomicAdd(counter, n);
-    return __shfl_sync(FULL, before, first);
-}
-
 __device__ __forceinline__ unsigned lanes_below() {
     unsigned m;
     asm("mov.u32 %0, %%lanemask_lt;" : "=r"(m));
@@ -194,46 +186,57 @@ hist_counts(const int* hist, const i64* prog_tensor, const unsigned char* lut, c
 // class) at its event rank, and each changed element's residual at its slot, both grouped by
 // chunk then class at the offsets eoff / roff ([chunks * NCP]). rbase / ebase are the
 // blocks' class-rank and event-rank bases.
+struct __align__(16) Tally {  // a class of the block's chunk
+    i64 events_at;            // where the chunk's events of the class go
+    int seen, events;         // its elements and events in the chunk before the current slice
+};
+
 extern "C" __global__ void __launch_bounds__(WARPS * 32)
 class_events(const U* old, const i64* rows, const int* prog, const U* nw, const i64* new_off,
              const unsigned char* lut, const signed char* inv_tab, const int* rbase, const int* ebase,
              const i64* eoff, const i64* roff, int* ranks_out, i64* res_out, i64 programs) {
-    __shared__ i64 eo[WARPS][NCP], ro[WARPS][NCP];
-    __shared__ int rc[WARPS][NCP], ec[WARPS][NCP];  // class c's elements and events so far
+    __shared__ Tally tallies[WARPS][NCP];
+    __shared__ i64 ro[WARPS][NCP];
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
     const i64 pid = (i64)blockIdx.x * WARPS + w;
     if (pid >= programs) return;
+    Tally* tl = tallies[w];
     const Block bk = table_block(pid, rows, prog);
     const U* po = old + bk.off + bk.first;
     const U* pn = nw + new_off[bk.chunk] + bk.first;
     const unsigned char* lt = lut + bk.tensor * NK;
     const unsigned inv = __ballot_sync(FULL, lane < NCP && inv_tab[bk.tensor * NCP + lane]);
     if (lane < NCP) {
-        eo[w][lane] = eoff[bk.chunk * NCP + lane];
+        tl[lane] = Tally{eoff[bk.chunk * NCP + lane], rbase[pid * NCP + lane], ebase[pid * NCP + lane]};
         ro[w][lane] = roff[bk.chunk * NCP + lane];
-        rc[w][lane] = rbase[pid * NCP + lane];
-        ec[w][lane] = ebase[pid * NCP + lane];
     }
     __syncwarp();
     const unsigned below = lanes_below();
-    for (int s0 = 0; s0 < bk.n; s0 += 32 * UNROLL) {
+    auto round = [&](int s0, bool all) {  // `all`: every element of the round inside the block
         W o[UNROLL], nv[UNROLL];
-        load_slices(o, po, s0, lane, bk.n);
-        load_slices(nv, pn, s0, lane, bk.n);
+        load_slices(o, po, s0, lane, all ? BLOCK : bk.n);
+        load_slices(nv, pn, s0, lane, all ? BLOCK : bk.n);
 #pragma unroll
         for (int u = 0; u < UNROLL; u++) {
-            const bool v = s0 + u * 32 + lane < bk.n;
+            const bool v = all || s0 + u * 32 + lane < bk.n;
             const int c = v ? class_of(o[u], lt) : 0;
-            const unsigned peers = peers_of(c, v);
+            const unsigned peers = peers_of(c, v), ahead = peers & below;
             const bool changed = v && o[u] != nv[u];
             const bool flip = v && ((inv >> c) & 1);
             const bool ev = changed != flip;
             const unsigned evs = peers & __ballot_sync(FULL, ev);
-            const int r = claim(&rc[w][c], peers, __popc(peers), v, lane) + __popc(peers & below);
-            const int e = claim(&ec[w][c], peers, __popc(evs), v, lane) + __popc(evs & below);
-            if (ev) ranks_out[eo[w][c] + e] = r;
+            const Tally t = tl[c];
+            const int r = t.seen + __popc(ahead), e = t.events + __popc(evs & below);
+            __syncwarp();
+            if (v && ahead == 0) *(int2*)&tl[c].seen = make_int2(t.seen + __popc(peers), t.events + __popc(evs));
+            __syncwarp();
+            if (ev) ranks_out[t.events_at + e] = r;
             if (changed) res_out[ro[w][c] + (flip ? r - e : e)] = (i64)wrap(key(nv[u]) - key(o[u]));
         }
+    };
+    for (int s0 = 0; s0 < bk.n; s0 += 32 * UNROLL) {
+        if (s0 + 32 * UNROLL <= bk.n) round(s0, true);
+        else round(s0, false);
     }
 }
 
@@ -262,71 +265,73 @@ struct Queue {
     int head, tail;  // taken / added so far (warp-uniform)
 };
 
-__device__ __forceinline__ i64 slot_of(int c, int rank, int before_in_word, const i64* sg, const int* sp,
-                                       const i64* ro, const int* pref, unsigned inv) {
-    const i64 wi = sg[c] + (rank >> 5);
-    const int before = pref[wi] - sp[c] + before_in_word;
-    return ro[c] + (((inv >> c) & 1) ? rank - before : before);
-}
+struct __align__(16) Seg {  // a class's segment of the block's chunk
+    i64 word;     // its first bitmap word
+    int seen;     // the class's elements in the chunk before the current slice
+    int before;   // set bits before its first word
+};
 
 extern "C" __global__ void __launch_bounds__(WARPS * 32)
 place_changes(const U* old, const i64* rows, const int* prog, const unsigned char* lut, const signed char* inv_tab,
               const int* base, const i64* seg_word, const int* bitmap, const int* pref, const i64* roff,
               const i64* res, const i64* starts, int* pos, U* val, i64* sums, i64 n_words, i64 n_res,
               i64 programs) {
-    __shared__ i64 sg[WARPS][NCP], ro[WARPS][NCP];
-    __shared__ int sp[WARPS][NCP];  // set bits before each segment's first word
-    __shared__ int rc[WARPS][NCP];  // class c's elements so far
-    extern __shared__ u64 dyn[];    // per warp: the block's old words, then the queue
+    __shared__ Seg segs[WARPS][NCP];
+    __shared__ i64 ro[WARPS][NCP];
+    extern __shared__ u64 dyn[];  // per warp: the block's old words, then the queue
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
     const i64 pid = (i64)blockIdx.x * WARPS + w;
     if (pid >= programs) return;
     u64* words = dyn + (i64)w * (BLOCK / PW + QN);
     U* blk = (U*)words;
+    Seg* sg = segs[w];
     Queue q{(unsigned*)(words + BLOCK / PW), (int*)(words + BLOCK / PW) + QN, 0, 0};
     const Block bk = table_block(pid, rows, prog);
     const U* po = old + bk.off + bk.first;
     const unsigned char* lt = lut + bk.tensor * NK;
     const unsigned inv = __ballot_sync(FULL, lane < NCP && inv_tab[bk.tensor * NCP + lane]);
     if (lane < NCP) {
-        const i64 seg = seg_word[bk.chunk * NCP + lane];
-        sg[w][lane] = seg;
-        sp[w][lane] = seg < n_words ? pref[seg] : 0;  // an empty last segment may start at the end
-        ro[w][lane] = roff[bk.chunk * NCP + lane];
-        rc[w][lane] = base[pid * NCP + lane];
+        const i64 first = seg_word[bk.chunk * NCP + lane];
+        sg[lane] = Seg{first, base[pid * NCP + lane], first < n_words ? pref[first] : 0};  // an empty last
+        ro[w][lane] = roff[bk.chunk * NCP + lane];                                         // segment may start at the end
     }
     __syncwarp();
     const unsigned below = lanes_below();
     const i64 word0 = (bk.start + bk.first) / PW;
     i64 out = starts[pid];  // the block's next output: changes are written in position order
     u64 sum_old = 0, delta = 0;
-    for (int s0 = 0; s0 < bk.n; s0 += 32 * UNROLL) {
+    // One round: UNROLL slices of 32 elements (`all`: every one inside the block) find their
+    // class ranks and bitmap bits, and the changed ones join the queue.
+    auto round = [&](int s0, bool all) {
         W o[UNROLL];
-        load_slices(o, po, s0, lane, bk.n);
+        load_slices(o, po, s0, lane, all ? BLOCK : bk.n);
 #pragma unroll
         for (int u = 0; u < UNROLL; u++) {
             const int i = s0 + u * 32 + lane;
-            const bool v = i < bk.n;
+            const bool v = all || i < bk.n;
             blk[i] = (U)o[u];  // 0 past the end: the last word is zero-padded
             const int c = v ? class_of(o[u], lt) : 0;
-            const unsigned peers = peers_of(c, v);
-            const int rank = claim(&rc[w][c], peers, __popc(peers), v, lane) + __popc(peers & below);
-            bool changed = false;
-            unsigned before = 0;
-            if (v) {
-                const unsigned word = (unsigned)bitmap[sg[w][c] + (rank >> 5)];
-                const int bit = rank & 31;
-                changed = (bool)((word >> bit) & 1) != (bool)((inv >> c) & 1);
-                before = __popc(word & ((1u << bit) - 1u));
-            }
+            const unsigned peers = peers_of(c, v), ahead = peers & below;
+            const Seg at = sg[c];
+            const int rank = at.seen + __popc(ahead);
+            __syncwarp();
+            if (v && ahead == 0) sg[c].seen = at.seen + __popc(peers);  // once per class: its lowest lane
+            __syncwarp();
+            const unsigned word = v ? (unsigned)bitmap[at.word + (rank >> 5)] : 0u;
+            const int bit = rank & 31;
+            const bool changed = v && (bool)((word >> bit) & 1) != (bool)((inv >> c) & 1);
             const unsigned moved = __ballot_sync(FULL, changed);
             if (changed) {
                 const int e = (q.tail + __popc(moved & below)) & (QN - 1);
-                q.meta[e] = (unsigned)i | (unsigned)c << 16 | before << 21;
+                q.meta[e] = (unsigned)i | (unsigned)c << 16 | (unsigned)__popc(word & ((1u << bit) - 1u)) << 21;
                 q.rank[e] = rank;
             }
             q.tail += __popc(moved);
         }
+    };
+    for (int s0 = 0; s0 < bk.n; s0 += 32 * UNROLL) {
+        if (s0 + 32 * UNROLL <= bk.n) round(s0, true);
+        else round(s0, false);
         __syncwarp();
         for (int k = lane; k < 32 * UNROLL / PW; k += 32) {
             const int wd = s0 / PW + k;
@@ -346,8 +351,10 @@ place_changes(const U* old, const i64* rows, const int* prog, const unsigned cha
             const bool mine = lane < m;
             W nb = 0;
             if (mine) {
-                const int c = (meta >> 16) & 31;
-                const i64 slot = slot_of(c, q.rank[e], (int)(meta >> 21), sg[w], sp[w], ro[w], pref, inv);
+                const int c = (meta >> 16) & 31, rank = q.rank[e];
+                const i64 wi = sg[c].word + (rank >> 5);
+                const int before = pref[wi] - sg[c].before + (int)(meta >> 21);
+                const i64 slot = ro[w][c] + (((inv >> c) & 1) ? rank - before : before);
                 const i64 at = out + lane;
                 nb = blk[idx];
                 if (slot >= 0 && slot < n_res && at < n_res) {
