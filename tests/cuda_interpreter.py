@@ -18,9 +18,10 @@ from helpers import crc_ranges, inverted_pair, with_renewed_crcs  # noqa: E402
 
 import weight_teleport as wt  # noqa: E402
 from weight_teleport.codec import api, plan  # noqa: E402
+from weight_teleport.codec import digest as D  # noqa: E402
 from weight_teleport.codec.cpu import backend as cpu  # noqa: E402
 from weight_teleport.codec.cuda import backend as gpu  # noqa: E402
-from weight_teleport.codec.cuda import crc, layout  # noqa: E402
+from weight_teleport.codec.cuda import crc, digest, layout  # noqa: E402
 from weight_teleport.codec.cuda.config import CudaCodecConfig  # noqa: E402
 from weight_teleport.errors import WeightTeleportError  # noqa: E402
 from weight_teleport.format import read_header  # noqa: E402
@@ -116,6 +117,10 @@ def main() -> int:
             for view in (t, t[1:], t[::2]):
                 if gpu.digest(view) != cpu.digest(view):
                     failures.append(f"GPU digest of {dtype} n={n} differs from the CPU's")
+    views = [v for n in (0, 1001, 70001) for t in [pair(torch.bfloat16, n, 0.0, n)[0]] for v in (t, t[4:], t[1:])]
+    for t, s in zip(views, digest.word_sums(views).tolist()):
+        if D.to_hex(D.finish(s & D.MASK64, t.numel() * t.element_size())) != cpu.digest(t):
+            failures.append(f"GPU-path word sum of {t.numel()} elements differs from the CPU's digest")
     data, offsets, lengths = crc_ranges()
     got = crc.crc32(torch.from_numpy(data), offsets, lengths).numpy().view("uint32").tolist()
     if got != [zlib.crc32(data[o:o + n]) for o, n in zip(offsets, lengths)]:

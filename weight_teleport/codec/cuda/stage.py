@@ -16,7 +16,7 @@ from weight_teleport.codec import digest as D
 from weight_teleport.codec.cpu import backend as cpu
 from weight_teleport.codec.cuda import blocks, entropy, inflate, layout, scatter
 from weight_teleport.codec.cuda.crc import crc32
-from weight_teleport.codec.cuda.digest import word_sum
+from weight_teleport.codec.cuda.digest import word_sums
 from weight_teleport.codec.cuda.live import Live
 from weight_teleport.codec.cuda.patch import DevicePatch, DeviceTensorPatch, FusedGroup
 from weight_teleport.codec.cuda.stage_sparse import FLAGS, SparseBatch
@@ -83,12 +83,13 @@ def _batches(lives: dict[str, Live], recs, header, pack, threads, upload) -> lis
     return [SparseBatch([lives[r.name] for r in rs], rs, header, pack, threads, upload) for rs in by_type.values()]
 
 
-def _read_back(batches: list[SparseBatch], same_sums: list[torch.Tensor], crcs: torch.Tensor | None):
-    """(flags [batches, 3], digest sums per sparse tensor then per `same` tensor, chunk
-    CRC-32s or None): one transfer."""
+def _read_back(batches: list[SparseBatch], same_sums: torch.Tensor | None, crcs: torch.Tensor | None):
+    """(flags [batches, 3], digest sums (old, new) per sparse tensor then per `same` tensor
+    (its word sum twice), chunk CRC-32s or None): one transfer."""
     n_crcs = 0 if crcs is None else crcs.numel()
     parts = [b.flags.long() for b in batches] + [b.sums.view(-1) for b in batches] + \
-        [s.view(-1) for s in same_sums] + ([] if crcs is None else [crcs.long() & 0xFFFFFFFF])
+        ([] if same_sums is None else [same_sums.repeat_interleave(2)]) + \
+        ([] if crcs is None else [crcs.long() & 0xFFFFFFFF])
     host = torch.cat(parts).cpu().numpy() if parts else np.zeros(0, np.int64)
     n = 3 * len(batches)
     sums = host[n:host.size - n_crcs].reshape(-1, 2).tolist()
@@ -123,7 +124,8 @@ def stage(lives: dict[str, Live], header, pack, check_base: bool, threads: int |
     crcs = _device_crcs(upload, header, sparse_recs) if upload else None
     patch = _patch(lives, header, batches, dense, check)  # host work while the device decodes
     same = [r for r in header.tensors if r.codec == "same" and check]
-    flags, sums, crcs = _read_back(batches, [torch.stack([word_sum(lives[r.name].u)] * 2) for r in same], crcs)
+    same_sums = word_sums([lives[r.name].u for r in same]) if same else None
+    flags, sums, crcs = _read_back(batches, same_sums, crcs)
     if crcs is not None:
         _compare_crcs([ref for r in sparse_recs for ref in r.chunks], crcs)
     pack_flags = flags.any(0)
