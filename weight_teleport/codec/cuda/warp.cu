@@ -8,7 +8,7 @@
 // lane in lane `lane`; the scan gives a block to a CTA and reads 8-byte words.
 // `__match_any_sync` gives every lane the mask of the lanes of its class, so its rank among
 // them is one popcount past the class's running count in shared memory, which the group's
-// lowest lane then advances (counts alone are added with an atomic). (Voting the key bit by
+// lowest lane then advances (the scan's histogram bins take an atomic add). (Voting the key bit by
 // bit with ballots instead measured 2.1-2.3x slower in the scan on the H200: BENCHMARKS.md.)
 // A round of UNROLL slices whose elements are all inside the block runs without bounds checks.
 //
@@ -124,32 +124,61 @@ __device__ __forceinline__ unsigned lanes_below() {
 }
 
 // Per block, the number of elements of each class of the live weights ([programs, NCP]
-// int32): the sampler's counts (the trainer's come from the scan's histograms).
+// int32): the sampler's counts (the trainer's come from the scan's histograms). Order does
+// not matter here, so each lane counts its own elements in registers, a byte per class,
+// moved into 16-bit fields every 16 rounds, and the warp adds the lanes' fields at the end:
+// no votes or shared memory per element.
+static_assert(BLOCK <= 65535, "a block's count of a class fits 16 bits");
+
 extern "C" __global__ void __launch_bounds__(WARPS * 32)
 class_counts(const U* old, const i64* rows, const int* prog, const unsigned char* lut, int* counts, i64 programs) {
-    __shared__ int cnt[WARPS][NCP];
+    static_assert(NCP <= 16 && 16 * UNROLL <= 255, "two 8-byte words of byte counters");
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
     const i64 pid = (i64)blockIdx.x * WARPS + w;
     if (pid >= programs) return;
     const Block bk = table_block(pid, rows, prog);
     const U* po = old + bk.off + bk.first;
     const unsigned char* lt = lut + bk.tensor * NK;
-    const unsigned below = lanes_below();
-    if (lane < NCP) cnt[w][lane] = 0;
-    __syncwarp();
-    for (int s0 = 0; s0 < bk.n; s0 += 32 * UNROLL) {
+    const u64 even = 0x00ff00ff00ff00ffull;
+    u64 lo = 0, hi = 0;                          // classes 0-7 and 8-15, a byte each
+    u64 e_lo = 0, o_lo = 0, e_hi = 0, o_hi = 0;  // the same bytes, even and odd apart, in 16 bits
+    auto spread = [&]() {
+        e_lo += lo & even;
+        o_lo += (lo >> 8) & even;
+        e_hi += hi & even;
+        o_hi += (hi >> 8) & even;
+        lo = hi = 0;
+    };
+    auto round = [&](int s0, bool all) {  // `all`: every element of the round inside the block
         W o[UNROLL];
-        load_slices(o, po, s0, lane, bk.n);
+        load_slices(o, po, s0, lane, all ? BLOCK : bk.n);
 #pragma unroll
         for (int u = 0; u < UNROLL; u++) {
-            const bool v = s0 + u * 32 + lane < bk.n;
-            const int c = v ? class_of(o[u], lt) : 0;
-            const unsigned peers = peers_of(c, v);
-            if (v && (peers & below) == 0) atomicAdd(&cnt[w][c], __popc(peers));
+            if (all || s0 + u * 32 + lane < bk.n) {
+                const int c = class_of(o[u], lt);
+                const u64 one = 1ull << ((c & 7) * 8);
+                lo += c < 8 ? one : 0ull;
+                hi += c < 8 ? 0ull : one;
+            }
         }
+    };
+    for (int s0 = 0, r = 1; s0 < bk.n; s0 += 32 * UNROLL, r++) {
+        if (s0 + 32 * UNROLL <= bk.n) round(s0, true);
+        else round(s0, false);
+        if (r % 16 == 0) spread();
     }
-    __syncwarp();
-    if (lane < NCP) counts[pid * NCP + lane] = cnt[w][lane];
+    spread();
+#pragma unroll
+    for (int d = 16; d > 0; d >>= 1) {
+        e_lo += __shfl_xor_sync(FULL, e_lo, d);
+        o_lo += __shfl_xor_sync(FULL, o_lo, d);
+        e_hi += __shfl_xor_sync(FULL, e_hi, d);
+        o_hi += __shfl_xor_sync(FULL, o_hi, d);
+    }
+    if (lane < NCP) {
+        const u64 f = lane < 8 ? ((lane & 1) ? o_lo : e_lo) : ((lane & 1) ? o_hi : e_hi);
+        counts[pid * NCP + lane] = (int)((f >> (16 * ((lane & 7) >> 1))) & 0xffff);
+    }
 }
 
 // Per program of a chunk table whose blocks are the scan's (BLOCK = the scan's span), each
