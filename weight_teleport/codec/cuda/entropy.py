@@ -67,7 +67,7 @@ def _decompress_opts(cfg: CudaCodecConfig) -> _Opts:
 def _buckets(lengths: np.ndarray) -> tuple[np.ndarray, list[tuple[int, int]]]:
     """(order of streams grouped by size bucket, [start, stop) ranges of the order)."""
     key = (np.maximum(lengths, 1).astype(np.int64) - 1)
-    key = np.ceil(np.log2(key + 1) / 2).astype(np.int64)
+    key = np.ceil(np.log2(key + 1) / 2).astype(np.int8)  # < 32: a stable sort of bytes is a radix sort
     order = np.argsort(key, kind="stable")
     k = key[order]
     cuts = np.flatnonzero(np.diff(k)) + 1
