@@ -8,8 +8,9 @@
 // lane in lane `lane`; the scan gives a block to a CTA and reads 8-byte words.
 // `__match_any_sync` gives every lane the mask of the lanes of its class, so its rank among
 // them is one popcount past the class's running count in shared memory, which the group's
-// lowest lane then advances (the scan's histogram bins take an atomic add). (Voting the key bit by
-// bit with ballots instead measured 2.1-2.3x slower in the scan on the H200: BENCHMARKS.md.)
+// lowest lane then advances (the scan's histogram bins take an atomic add). (Voting the key
+// bit by bit with ballots instead measured 2.1-2.3x slower in the scan on the H200:
+// BENCHMARKS.md.)
 // A round of UNROLL slices whose elements are all inside the block runs without bounds checks.
 //
 // Compiled per element type by codec/cuda/warp.py with these defines: BITS (element
@@ -211,15 +212,15 @@ hist_counts(const int* hist, const i64* prog_tensor, const unsigned char* lut, c
     }
 }
 
-// The trainer's events: each event's class rank (its index among the chunk's elements of its
-// class) at its event rank, and each changed element's residual at its slot, both grouped by
-// chunk then class at the offsets eoff / roff ([chunks * NCP]). rbase / ebase are the
-// blocks' class-rank and event-rank bases.
 struct __align__(16) Tally {  // a class of the block's chunk
     i64 events_at;            // where the chunk's events of the class go
     int seen, events;         // its elements and events in the chunk before the current slice
 };
 
+// The trainer's events: each event's class rank (its index among the chunk's elements of its
+// class) at its event rank, and each changed element's residual at its slot, both grouped by
+// chunk then class at the offsets eoff / roff ([chunks * NCP]). rbase / ebase are the
+// blocks' class-rank and event-rank bases.
 extern "C" __global__ void __launch_bounds__(WARPS * 32)
 class_events(const U* old, const i64* rows, const int* prog, const U* nw, const i64* new_off,
              const unsigned char* lut, const signed char* inv_tab, const int* rbase, const int* ebase,
@@ -320,9 +321,9 @@ place_changes(const U* old, const i64* rows, const int* prog, const unsigned cha
     const unsigned char* lt = lut + bk.tensor * NK;
     const unsigned inv = __ballot_sync(FULL, lane < NCP && inv_tab[bk.tensor * NCP + lane]);
     if (lane < NCP) {
-        const i64 first = seg_word[bk.chunk * NCP + lane];
-        sg[lane] = Seg{first, base[pid * NCP + lane], first < n_words ? pref[first] : 0};  // an empty last
-        ro[w][lane] = roff[bk.chunk * NCP + lane];                                         // segment may start at the end
+        const i64 first = seg_word[bk.chunk * NCP + lane];  // an empty last segment may start at the end
+        sg[lane] = Seg{first, base[pid * NCP + lane], first < n_words ? pref[first] : 0};
+        ro[w][lane] = roff[bk.chunk * NCP + lane];
     }
     __syncwarp();
     const unsigned below = lanes_below();
