@@ -30,8 +30,8 @@ def test_every_kernel_compiles_for_every_element_type(dtype, nvrtc_found):
     info = dtype_info(dtype)
     source = warp.SOURCE.read_text()
     nb = pow2(2 * (1 << info.exponent_bits))
-    for block, extra in ((1024, {}), (SPAN, {}), (SPAN, {"UNROLL": 8})):  # the events kernel's unroll
-        options = [f"-D{k}={int(v)}" for k, v in warp._defines(info, block, NCP=16, NB=nb, **extra)]
+    for block, unroll in ((1024, None), (SPAN, None), (SPAN, 8)):  # 8: the events kernel's
+        options = [f"-D{k}={int(v)}" for k, v in warp._defines(info, block, unroll, NCP=16, NB=nb)]
         image = nvrtc.compile_image(source, "warp.cu", 90, options)
         assert image[:4] == b"\x7fELF"
         for kernel in (b"class_counts", b"hist_counts", b"class_events", b"place_changes", b"scan_words"):

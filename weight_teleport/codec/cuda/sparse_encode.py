@@ -12,11 +12,10 @@ from weight_teleport.codec.cuda.bitops import as_int64, key, narrow_bits, wrap
 
 ROW, NUM_WARPS = 16, 2
 """Tile rows and warps of the events kernel (the fastest measured: codec/cuda/ranks.py)."""
-
-
 EVENTS_UNROLL = 8
-"""Slices the warp events kernel loads before using any: 21.07 ms against 23.78 with 4 on the
-H200 (bench/cuda_shapes.py), where the scan, at 8, slowed from 17.64 to 21.32 ms."""
+"""Slices a round of the warp events kernel: 21.07 ms against 23.78 with 4 on the H200
+(bench/cuda_shapes.py), where the scan, at 8, slowed from 17.64 to 21.32 ms."""
+
 
 @triton.jit
 def _events_kernel(old_ptr, rows_ptr, prog_ptr, new_ptr, new_off_ptr, lut_ptr, inv_ptr, rbase_ptr, ebase_ptr,
@@ -59,7 +58,7 @@ def events(table: blocks.ChunkTable, new: blocks.Paired, luts, inverted, rbase, 
     if table.programs and warp.available(table.base):
         warp.launch("class_events", table, info, [
             table.base, table.rows, table.program_chunk, new.base, new.offsets, luts, inverted, rbase, ebase,
-            ev_off, res_off, out_ranks, out_res], NCP=ncp, UNROLL=max(warp.UNROLL, EVENTS_UNROLL))
+            ev_off, res_off, out_ranks, out_res], unroll=EVENTS_UNROLL, NCP=ncp)
     elif table.programs:
         assert table.block == ranks.BLOCK, "the Triton events kernel takes blocks of ranks.BLOCK"
         _events_kernel[(table.programs,)](

@@ -41,29 +41,35 @@ def _module(defines: tuple) -> nvrtc.Module:
     return nvrtc.Module(SOURCE.read_text(), SOURCE.name, dict(defines))
 
 
-def _defines(info, block: int, **extra) -> tuple:
-    unroll = max(UNROLL, 64 // info.bits)  # the placement's digest takes a word's slices at once
-    assert block % (32 * unroll) == 0 and extra.get("NCP", 0) <= 32 and unroll & (unroll - 1) == 0
+def _unroll(info, unroll: int | None = None) -> int:
+    """Slices of a round: `unroll` (UNROLL when None), at least 8 for 8-bit elements (the
+    count the kernels were written and measured with for them)."""
+    return max(UNROLL if unroll is None else unroll, 64 // info.bits)
+
+
+def _defines(info, block: int, unroll: int | None = None, **extra) -> tuple:
+    u = _unroll(info, unroll)
+    assert block % (32 * u) == 0 and extra.get("NCP", 0) <= 32 and u & (u - 1) == 0
     mant = info.mantissa_bits if info.is_float else 0
-    base = dict(BITS=info.bits, IS_FLOAT=info.is_float, MANT=mant, KMASK=(1 << info.exponent_bits) - 1,
-                BLOCK=block, WARPS=WARPS, UNROLL=unroll)
-    return tuple(sorted({**base, **extra}.items()))
+    return tuple(sorted(dict(BITS=info.bits, IS_FLOAT=info.is_float, MANT=mant, KMASK=(1 << info.exponent_bits) - 1,
+                             BLOCK=block, WARPS=WARPS, UNROLL=u, **extra).items()))
 
 
-def launch(kernel: str, table, info, args: list, shared: int = 0, **defines) -> None:
+def launch(kernel: str, table, info, args: list, shared: int = 0, unroll: int | None = None, **defines) -> None:
     """Run `kernel` with a warp per program of the chunk table `table` (elements of `info`'s
-    type; `defines` such as NCP, the class slots) and `shared` bytes of dynamic shared memory
-    a warp; `args` precede the program count."""
-    module = _module(_defines(info, table.block, **defines))
+    type; `defines` such as NCP, the class slots), `unroll` slices a round (UNROLL when
+    None) and `shared` bytes of dynamic shared memory a warp; `args` precede the program
+    count."""
+    module = _module(_defines(info, table.block, unroll, **defines))
     module.launch(kernel, -(-table.programs // WARPS), WARPS * 32, [*args, table.programs], table.base.device,
                   shared * WARPS)
 
 
 def place_shared(info, block: int) -> int:
     """Dynamic shared memory a warp of the placement kernel needs: its block's old elements
-    as 8-byte words and its queue of changes (two 4-byte fields a slot, 64 * UNROLL slots)."""
-    unroll = dict(_defines(info, block))["UNROLL"]
-    return 8 * (block * info.bits // 64 + 64 * unroll)
+    as 8-byte words and its queue of changes (two 4-byte fields a slot, 64 slots a slice of
+    a round)."""
+    return 8 * (block * info.bits // 64 + 64 * _unroll(info))
 
 
 def scan(table, info, nb: int, args: list) -> None:
