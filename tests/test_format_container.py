@@ -79,17 +79,17 @@ def test_threaded_join_writes_the_same_bytes(parts, kind):
     """A large pack is filled by threads into a new bytes object: the same bytes as a plain
     join, whatever the parts' sizes, types and the threads' spans across them."""
     chunks = [p[kind] for p in parts]
-    threshold = container.PARALLEL_JOIN_FROM
+    threshold = container.THREADED_FILL_FROM
     try:
-        container.PARALLEL_JOIN_FROM = 0
+        container.THREADED_FILL_FROM = 0  # the threads' spans, however small the parts
         out = container._join(chunks)
     finally:
-        container.PARALLEL_JOIN_FROM = threshold
+        container.THREADED_FILL_FROM = threshold
     assert type(out) is bytes and out == b"".join(chunks)
 
 
 def test_threaded_join_of_a_large_pack():
-    payload = np.random.default_rng(0).integers(0, 256, container.PARALLEL_JOIN_FROM + 12345, np.uint8)
+    payload = np.random.default_rng(0).integers(0, 256, container.THREADED_FILL_FROM + 12345, np.uint8)
     chunks = [memoryview(payload)[i:i + (1 << 20)] for i in range(0, payload.size, 1 << 20)]
     header = _header()
     header.tensors[0].chunks = [ChunkRef(0, 3, 0)]

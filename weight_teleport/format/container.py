@@ -37,14 +37,12 @@ FLAG_HEADER_ZSTD = 1
 COMPRESS_HEADER_FROM = 4096
 """Headers of at least this many bytes are stored zstd-compressed when that is smaller."""
 MAX_HEADER_BYTES = 1 << 28
-PARALLEL_JOIN_FROM = 32 << 20
-"""Packs of at least this many bytes are written by several threads: filling hundreds of MB
-of fresh memory is bound by its first-touch page faults, which threads take in parallel."""
-
 THREADED_FILL_FROM = 16 << 20
-"""`fill` copies at least this many bytes with threads: below it, starting them costs more
-than they save (on the H200's host one thread copied 177 MB in 14.9 ms, 8 threads in 7.2 ms;
-starting 8 threads took 0.4-0.7 ms on the development machine)."""
+"""`fill` copies at least this many bytes with threads, and packs this large are joined by it:
+below it, starting threads costs more than they save (on the H200's host one thread copied
+177 MB in 14.9 ms, 8 threads in 7.2 ms; starting 8 threads took 0.4-0.7 ms on the
+development machine). Filling fresh memory is bound by its first-touch page faults, which
+threads take in parallel."""
 
 _new_bytes = ctypes.pythonapi.PyBytes_FromStringAndSize
 _new_bytes.restype = ctypes.py_object
@@ -141,7 +139,7 @@ def _join(parts: list) -> bytes:
     PyBytes_FromStringAndSize(NULL, n)) that threads fill, each a span of it, before it is
     returned: nothing else holds it while it is written."""
     n = sum(memoryview(p).nbytes for p in parts)
-    if n == 0 or n < PARALLEL_JOIN_FROM or min(8, os.cpu_count() or 1) < 2:
+    if n == 0 or n < THREADED_FILL_FROM:
         return b"".join(parts)
     out = _new_bytes(None, n)
     addr = ctypes.cast(ctypes.c_char_p(out), ctypes.c_void_p).value
