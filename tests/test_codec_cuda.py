@@ -375,3 +375,22 @@ def test_warp_kernels_from_ptx_of_an_older_architecture(monkeypatch):
         assert_bits_equal(_cpu(state), new)
     finally:
         warp._module.cache_clear()
+
+
+def test_pinned_ring_rewinds_at_a_call_instead_of_growing():
+    """Tables of calls whose copies are still queued behind kernels when the buffer fills:
+    rewound at each call's start, the ring keeps its first buffer and delivers every byte."""
+    from weight_teleport.codec.cuda import layout
+    ring, n = layout.PinnedRing(), 1 << 20
+    first = None
+    for call in range(6):
+        ring.rewind()
+        torch.cuda._sleep(20_000_000)  # the call's copies wait behind this
+        outs = [torch.empty(n, dtype=torch.uint8, device="cuda") for _ in range(3)]
+        for k, out in enumerate(outs):
+            ring.send([np.full(n, 16 * call + k, np.uint8)], out)
+        first = ring.buffer.data_ptr() if first is None else first
+        torch.cuda.synchronize()
+        for k, out in enumerate(outs):
+            assert bool((out == 16 * call + k).all())
+    assert ring.buffer.data_ptr() == first and ring.buffer.numel() == 4 * n

@@ -104,6 +104,7 @@ def encode(items: list[EncodeItem], chunk_elems: int, level: int, threads: int |
     as bytes-like parts (valid until this thread's next encode call). Dense and snapshot
     tensors are coded by the CPU backend."""
     chunk_bytes.begin_encode()
+    layout.begin_call()
     if any(it.old is None for it in items):
         return _lay_out(*_on_cpu(items, chunk_elems, level, threads))
     rows, hists = _scan_rows(items, chunk_elems)

@@ -98,6 +98,7 @@ def _read_back(batches: list[SparseBatch], same_sums: torch.Tensor | None, crcs:
 
 def stage(lives: dict[str, Live], header, pack, check_base: bool, threads: int | None) -> DevicePatch:
     """Decode and verify every chunk against the live weights; nothing is written."""
+    layout.begin_call()
     check = check_base and header.kind == "delta"
     sparse_recs = [r for r in header.tensors if r.codec == "sparse"]
     dense = _dense(lives, [r for r in header.tensors if r.codec not in ("sparse", "same")], header, pack,
