@@ -21,9 +21,16 @@ def _sparse_refs(pack: bytes):
     return refs, k, starts, lengths
 
 
+@pytest.fixture(params=[False, True], ids=["calling thread", "threads"])
+def threads(request, monkeypatch):
+    """Tables read on the calling thread, or by threads of a few chunks each."""
+    if request.param:
+        monkeypatch.setattr(tables, "CHUNKS_A_THREAD", 3)
+
+
 @pytest.mark.parametrize("dtype,shape,chunk,p", [(torch.float32, (300, 41), 512, 0.05),
                                                  (torch.bfloat16, (300, 1000), 1 << 16, 0.2)])
-def test_stream_tables_match_the_format_reader(dtype, shape, chunk, p):
+def test_stream_tables_match_the_format_reader(dtype, shape, chunk, p, threads):
     old, new = make_pair(11, dtype, shape, "weights", "density", "ulp", p)
     pack = wt.encode_delta({"w": old}, {"w": new}, base_version=0, version=1, chunk_elems=chunk)
     refs, k, starts, lengths = _sparse_refs(pack)
@@ -39,7 +46,7 @@ def test_stream_tables_match_the_format_reader(dtype, shape, chunk, p):
                 assert pack[st.at[row, j]:st.at[row, j] + st.stored[row, j]] == bytes(s.data)
 
 
-def test_truncated_table_is_refused():
+def test_truncated_table_is_refused(threads):
     old, new = make_pair(12, torch.float32, (300, 41), "weights", "density", "ulp", 0.05)
     pack = wt.encode_delta({"w": old}, {"w": new}, base_version=0, version=1, chunk_elems=512)
     refs, k, starts, lengths = _sparse_refs(pack)
@@ -62,7 +69,7 @@ def _table_rows(pack: bytes, start: int, length: int, k: int):
                else None) for s in g.streams]) for g in groups]
 
 
-def test_corrupt_tables_are_refused_or_read_as_the_format_reader_reads_them():
+def test_corrupt_tables_are_refused_or_read_as_the_format_reader_reads_them(threads):
     """A byte of a chunk's table replaced at random: the reader refuses the chunks exactly
     where the format's reader (or the sparse layout) does, and reads the rest the same."""
     old, new = make_pair(13, torch.float32, (300, 41), "weights", "density", "ulp", 0.3)

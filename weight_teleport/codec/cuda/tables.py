@@ -5,6 +5,8 @@ A chunk's table (docs/FORMAT.md, "Chunk layout") is LEB128 varints and codec byt
 n_groups, then per group count, n_streams and (codec, raw length, stored length) per
 stream. Sparse groups hold 0 or 4 streams."""
 
+import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -16,6 +18,9 @@ VARINT_MAX = 10
 MAX_VALUE = 1 << 48
 """Larger lengths and counts are refused (no pack holds them; int64 arithmetic stays exact)."""
 STREAMS = 4
+THREADS = min(8, os.cpu_count() or 1)
+CHUNKS_A_THREAD = 1024
+"""Tables of fewer chunks are read on the calling thread (a thread costs more than they take)."""
 
 
 @dataclass
@@ -50,35 +55,42 @@ def _varint(pack: np.ndarray, p: int, end: int) -> tuple[int, int]:
 
 
 @njit(nogil=True, cache=True)
-def _read(pack, starts, lengths, classes, ncp, events, codec, raw, stored, at) -> int:
-    """Fills the [chunks * ncp(, 4)] tables of every chunk; the first malformed chunk, or -1."""
-    for i in range(starts.size):
-        p, end = starts[i], starts[i] + lengths[i]
-        n_groups, p = _varint(pack, p, end)
-        if n_groups != classes[i]:
-            return i
-        for g in range(n_groups):
-            row = i * ncp + g
-            count, p = _varint(pack, p, end)
-            n_streams, p = _varint(pack, p, end)
-            if count < 0 or (n_streams != 0 and n_streams != STREAMS):
-                return i
-            if n_streams == 0:
-                continue
-            events[row] = count
-            for j in range(STREAMS):
-                if p >= end:
-                    return i
-                codec[row, j] = pack[p]
-                raw[row, j], p = _varint(pack, p + 1, end)
-                stored[row, j], p = _varint(pack, p, end)
-                if raw[row, j] < 0 or stored[row, j] < 0:
-                    return i
-        for g in range(ncp):  # the streams' bytes follow the table, in order
-            for j in range(STREAMS):
-                at[i * ncp + g, j] = p
-                p += stored[i * ncp + g, j]
-        if p != end:
+def _read_chunk(pack, i, start, end, n_groups_expected, ncp, events, codec, raw, stored, at) -> bool:
+    """Fills chunk i's rows of the [chunks * ncp(, 4)] tables; whether it is well formed."""
+    p = start
+    n_groups, p = _varint(pack, p, end)
+    if n_groups != n_groups_expected:
+        return False
+    for g in range(n_groups):
+        row = i * ncp + g
+        count, p = _varint(pack, p, end)
+        n_streams, p = _varint(pack, p, end)
+        if count < 0 or (n_streams != 0 and n_streams != STREAMS):
+            return False
+        if n_streams == 0:
+            continue
+        events[row] = count
+        for j in range(STREAMS):
+            if p >= end:
+                return False
+            codec[row, j] = pack[p]
+            raw[row, j], p = _varint(pack, p + 1, end)
+            stored[row, j], p = _varint(pack, p, end)
+            if raw[row, j] < 0 or stored[row, j] < 0:
+                return False
+    for g in range(ncp):  # the streams' bytes follow the table, in order
+        for j in range(STREAMS):
+            at[i * ncp + g, j] = p
+            p += stored[i * ncp + g, j]
+    return p == end
+
+
+@njit(nogil=True, cache=True)
+def _read(pack, starts, lengths, classes, ncp, lo, hi, events, codec, raw, stored, at) -> int:
+    """Fills the [chunks * ncp(, 4)] tables of chunks lo..hi-1; the first malformed one, or -1."""
+    for i in range(lo, hi):
+        if not _read_chunk(pack, i, starts[i], starts[i] + lengths[i], classes[i], ncp, events, codec, raw, stored,
+                           at):
             return i
     return -1
 
@@ -93,9 +105,15 @@ def read(pack: np.ndarray, starts: np.ndarray, lengths: np.ndarray, classes: np.
     n = starts.size
     events = np.zeros(n * ncp, np.int64)
     codec, raw, stored, at = (np.zeros((n * ncp, STREAMS), np.int64) for _ in range(4))
-    bad = _read(pack, starts.astype(np.int64), lengths.astype(np.int64), classes.astype(np.int64), ncp,
-                events, codec, raw, stored, at)
-    if bad >= 0:
+    args = (pack, starts.astype(np.int64), lengths.astype(np.int64), classes.astype(np.int64), ncp)
+    cuts = np.linspace(0, n, min(THREADS, -(-n // CHUNKS_A_THREAD)) + 1).astype(np.int64)
+    part = lambda k: _read(*args, cuts[k], cuts[k + 1], events, codec, raw, stored, at)
+    if cuts.size <= 2:
+        bad = [part(0)] if n else []
+    else:
+        with ThreadPoolExecutor(max_workers=cuts.size - 1) as pool:
+            bad = list(pool.map(part, range(cuts.size - 1)))
+    if any(b >= 0 for b in bad):
         raise PackFormatError("chunk table is truncated or malformed (sparse chunk)")
     return StreamTable(events, codec, raw, stored, at)
 
