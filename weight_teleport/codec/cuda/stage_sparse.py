@@ -1,7 +1,7 @@
 """Staging the sparse tensors of one element type on the GPU, with no host synchronisation.
 
 Stream tables are read on the host (codec/cuda/tables.py); the streams are decoded on the
-GPU (inflate.py: nvCOMP zstd), then turned into event ranks and residuals (unsymbols.py),
+GPU (inflate.py: nvCOMP zstd), then turned into event bitmaps and residuals (unsymbols.py),
 checked against the class counts of the live weights and placed (sparse_decode.py), all
 batched over every chunk of every tensor. Every check leaves a device flag; the caller
 reads flags and digest sums of all batches in one transfer and raises before anything is
@@ -66,23 +66,20 @@ class SparseBatch:
             raise PackFormatError("stream length is not a whole number of elements")
 
     def _run(self, pack, dev, threads, upload) -> None:
-        st, n_ev, n_res = self.streams, int(self.streams.events.sum()), int(self.res_cnt.sum())
+        st, n_res = self.streams, int(self.res_cnt.sum())
         ev, res_cnt, inv, raw, res_off = layout.to_device(
             [st.events, self.res_cnt, self.inverted, st.raw, layout.starts(self.res_cnt)], dev)
         inv = inv != 0
         inf = inflate.inflate(pack, st, dev, threads, upload)
-        dec = unsymbols.decode(inf.buffer, layout.to_device([inf.offsets], dev)[0], raw, ev, res_cnt, inv, n_ev, n_res,
-                               self.info.bits)
         tot = self.tot.view(-1)
-        last = dec.ranks[(ev.cumsum(0) - 1).clamp(0, max(n_ev - 1, 0))] if n_ev else torch.zeros_like(ev)
-        unfit = (ev > tot).any() | (inv & (res_cnt != tot - ev)).any() | ((ev > 0) & (last >= tot)).any()
         seg_word = layout.starts((tot + 31) // 32)
         n_words = int((-(-self.table.host[:, blocks.LEN] // 32)).sum()) + self.table.chunks * self.ncp
-        bits = (seg_word[dec.event_segment] * 32 + dec.ranks).clamp(0, n_words * 32 - 1)
-        bm, pref = bitmap.build(n_words, bits)
+        dec = unsymbols.decode(inf.buffer, layout.to_device([inf.offsets], dev)[0], raw, ev, res_cnt, inv, seg_word,
+                               n_words, n_res, self.info.bits)
+        unfit = (ev > tot).any() | (inv & (res_cnt != tot - ev)).any() | ((ev > 0) & (dec.last_rank >= tot)).any()
         self.pos, self.val, sums = sparse_decode.decode(
-            self.table, self.luts, self.inv, int(self.n_classes.max()), self.counts, self.base, seg_word, bm,
-            pref, res_off, dec.residuals, self.info)
+            self.table, self.luts, self.inv, int(self.n_classes.max()), self.counts, self.base, seg_word, dec.bitmap,
+            bitmap.prefix(dec.bitmap), res_off, dec.residuals, self.info)
         self.sums = self.table.per_tensor(sums)
         self.flags = torch.stack([inf.failed, dec.malformed, unfit])
 

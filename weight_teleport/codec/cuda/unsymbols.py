@@ -1,6 +1,8 @@
 """The inverse symbol step on the GPU, batched over every (chunk, class) segment of a set of
 tensors of one element width: event ranks and residuals from the four decoded streams of
-docs/FORMAT.md ("Codec sparse"), as the CPU's `symbols_to_class` makes them.
+docs/FORMAT.md ("Codec sparse"), as the CPU's `symbols_to_class` makes them. The ranks go
+straight into the segments' event bitmaps (a bit per class rank); only each segment's last
+rank is kept, for the caller's checks.
 
 Nothing synchronises: stream disagreements (a bucket past 44, an rc in an inverted class,
 extra bits, residual symbols or escapes left over or missing) raise a device flag that the
@@ -27,10 +29,10 @@ BLOCK = 1024
 
 @dataclass
 class Decoded:
-    ranks: torch.Tensor
-    """Class rank of every event (int64), segments in order."""
-    event_segment: torch.Tensor
-    """Segment of every event (int64)."""
+    bitmap: torch.Tensor
+    """int32 words, the bit of each event's class rank set in its segment's words."""
+    last_rank: torch.Tensor
+    """Class rank of each segment's last event (int64; -1 without events)."""
     residuals: torch.Tensor
     """Residual of every changed element (int64, low `bits` bits), segments in order."""
     malformed: torch.Tensor
@@ -49,9 +51,10 @@ def _le_bytes(buf_ptr, at, top, N: tl.constexpr):
 
 @triton.jit
 def _segment_kernel(buf_ptr, top, off_ptr, raw_ptr, ev_cnt_ptr, ev_start_ptr, res_cnt_ptr, res_start_ptr, inv_ptr,
-                    ranks_ptr, ev_seg_ptr, res_ptr, bad_ptr, BITS: tl.constexpr, T: tl.constexpr):
+                    seg_word_ptr, top_bit, bitmap_ptr, last_ptr, res_ptr, bad_ptr, BITS: tl.constexpr, T: tl.constexpr):
     s = tl.program_id(0).to(tl.int64)
     n_ev, ev0, n_res, res0, inv = segment(s, ev_cnt_ptr, ev_start_ptr, res_cnt_ptr, res_start_ptr, inv_ptr)
+    bit0 = tl.load(seg_word_ptr + s) * 32
     sym_at, bit_at = tl.load(off_ptr + s * 4), tl.load(off_ptr + s * 4 + 1)
     rsym_at, esc_at = tl.load(off_ptr + s * 4 + 2), tl.load(off_ptr + s * 4 + 3)
     bad = tl.zeros((), tl.int32)
@@ -71,11 +74,13 @@ def _segment_kernel(buf_ptr, top, off_ptr, raw_ptr, ev_cnt_ptr, ev_start_ptr, re
         extra = (word >> (bit & 7)) & ((tl.full(ne.shape, 1, tl.int64) << ne) - 1)
         v = tl.where(bucket > 0, ((2 + ((bucket + 1) & 1)) << ne) | extra, 1)
         v = tl.where(m, v, 0)
-        tl.store(ranks_ptr + ev0 + j, rank + tl.cumsum(v, 0), mask=m)
-        tl.store(ev_seg_ptr + ev0 + j, tl.zeros(j.shape, tl.int64) + s, mask=m)
+        at = tl.minimum(tl.maximum(bit0 + rank + tl.cumsum(v, 0), 0), top_bit)
+        tl.atomic_or(bitmap_ptr + (at >> 5), (tl.full(at.shape, 1, tl.uint32) << (at & 31).to(tl.uint32)).to(
+            tl.int32, bitcast=True), mask=m)
         bits += tl.sum(tl.where(m, ne, 0), 0)
         rank += tl.sum(v, 0)
         t += T
+    tl.store(last_ptr + s, rank)
     bad |= ((bits + 7) // 8 != tl.load(raw_ptr + s * 4 + 1)).to(tl.int32)
     # streams 3 (residual symbols) and 4 (escapes) -> residuals
     NB: tl.constexpr = BITS // 8
@@ -103,19 +108,22 @@ def _segment_kernel(buf_ptr, top, off_ptr, raw_ptr, ev_cnt_ptr, ev_start_ptr, re
 
 
 def decode(buf: torch.Tensor, off: torch.Tensor, raw: torch.Tensor, ev_cnt: torch.Tensor, res_cnt: torch.Tensor,
-           inverted: torch.Tensor, n_events: int, n_res: int, bits: int) -> Decoded:
-    """Ranks and residuals of every segment, one program per segment walking its streams.
-    Per segment (device tensors): `off`/`raw` [S, 4] slot offsets and raw lengths of its
-    streams in `buf`, its events, its changed elements (events, or residual symbols in an
-    inverted class) and whether it is inverted."""
+           inverted: torch.Tensor, seg_word: torch.Tensor, n_words: int, n_res: int, bits: int) -> Decoded:
+    """Event bitmaps and residuals of every segment, one program per segment walking its
+    streams. Per segment (device tensors): `off`/`raw` [S, 4] slot offsets and raw lengths
+    of its streams in `buf`, its events, its changed elements (events, or residual symbols
+    in an inverted class), whether it is inverted and its first bitmap word (`seg_word`, of
+    `n_words`). A rank past its segment (a malformed stream, or weights other than the
+    encoder's: the caller compares `last_rank` with the class counts) sets a bit of a later
+    segment, or the last bit; distinct ranks of a segment set distinct bits."""
     layout.require(buf, torch.uint8)
     dev, n_seg = buf.device, ev_cnt.numel()
-    ranks = torch.empty(n_events, dtype=torch.int64, device=dev)
-    ev_seg = torch.empty(n_events, dtype=torch.int64, device=dev)
+    bitmap = torch.zeros(max(n_words, 1), dtype=torch.int32, device=dev)
+    last = torch.full((max(n_seg, 1),), -1, dtype=torch.int64, device=dev)
     res = torch.empty(n_res, dtype=torch.int64, device=dev)
     bad = torch.zeros(max(n_seg, 1), dtype=torch.int8, device=dev)
     if n_seg:
         _segment_kernel[(n_seg,)](buf, buf.numel() - 1, off.contiguous(), raw.contiguous(), ev_cnt,
-                                  layout.starts(ev_cnt), res_cnt, layout.starts(res_cnt), inverted.to(torch.int8), ranks,
-                                  ev_seg, res, bad, BITS=bits, T=BLOCK)
-    return Decoded(ranks, ev_seg, res, (bad != 0).any())
+                                  layout.starts(ev_cnt), res_cnt, layout.starts(res_cnt), inverted.to(torch.int8),
+                                  seg_word, bitmap.numel() * 32 - 1, bitmap, last, res, bad, BITS=bits, T=BLOCK)
+    return Decoded(bitmap, last[:n_seg], res, (bad != 0).any())
