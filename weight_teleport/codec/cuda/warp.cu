@@ -112,6 +112,19 @@ __device__ __forceinline__ int class_of(W b, const unsigned char* lut) {
     return __ldg(lut + (int)((b >> MANT) & KMASK));
 }
 
+// The placement copies a class map of at most 256 keys into shared memory and reads it
+// there; larger ones (64-bit floats: 2048 keys a warp) stay in global memory, so the
+// static shared memory stays small beside the block's copy.
+#define LUT_SHARED (NK <= 256)
+
+__device__ __forceinline__ int class_in(W b, const unsigned char* lut) {
+#if LUT_SHARED
+    return lut[(int)((b >> MANT) & KMASK)];
+#else
+    return class_of(b, lut);
+#endif
+}
+
 // Mask of the lanes whose key is the same as this lane's; lanes without an element form a
 // group of their own.
 __device__ __forceinline__ unsigned peers_of(int key, bool valid) {
@@ -296,9 +309,9 @@ struct Queue {
 };
 
 struct __align__(16) Seg {  // a class's segment of the block's chunk
-    i64 word;     // its first bitmap word
-    int seen;     // the class's elements in the chunk before the current slice
-    int before;   // set bits before its first word
+    const int* bits;  // its first bitmap word
+    int seen;         // the class's elements in the chunk before the current slice
+    unsigned flip;    // ~0 for an inverted class (its unset bits are the changes), else 0
 };
 
 extern "C" __global__ void __launch_bounds__(WARPS * 32)
@@ -308,6 +321,10 @@ place_changes(const U* old, const i64* rows, const int* prog, const unsigned cha
               i64 programs) {
     __shared__ Seg segs[WARPS][NCP];
     __shared__ i64 ro[WARPS][NCP];
+    __shared__ int seg_before[WARPS][NCP];  // set bits before each segment's first word
+#if LUT_SHARED
+    __shared__ unsigned char luts[WARPS][NK];
+#endif
     extern __shared__ u64 dyn[];  // per warp: the block's old words, then the queue
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
     const i64 pid = (i64)blockIdx.x * WARPS + w;
@@ -318,11 +335,17 @@ place_changes(const U* old, const i64* rows, const int* prog, const unsigned cha
     Queue q{(unsigned*)(words + BLOCK / PW), (int*)(words + BLOCK / PW) + QN, 0, 0};
     const Block bk = table_block(pid, rows, prog);
     const U* po = old + bk.off + bk.first;
+#if LUT_SHARED
+    unsigned char* lt = luts[w];
+    for (int k = lane; k < NK; k += 32) lt[k] = lut[bk.tensor * NK + k];
+#else
     const unsigned char* lt = lut + bk.tensor * NK;
+#endif
     const unsigned inv = __ballot_sync(FULL, lane < NCP && inv_tab[bk.tensor * NCP + lane]);
     if (lane < NCP) {
         const i64 first = seg_word[bk.chunk * NCP + lane];  // an empty last segment may start at the end
-        sg[lane] = Seg{first, base[pid * NCP + lane], first < n_words ? pref[first] : 0};
+        sg[lane] = Seg{bitmap + first, base[pid * NCP + lane], ((inv >> lane) & 1) ? ~0u : 0u};
+        seg_before[w][lane] = first < n_words ? pref[first] : 0;
         ro[w][lane] = roff[bk.chunk * NCP + lane];
     }
     __syncwarp();
@@ -340,16 +363,16 @@ place_changes(const U* old, const i64* rows, const int* prog, const unsigned cha
             const int i = s0 + u * 32 + lane;
             const bool v = all || i < bk.n;
             blk[i] = (U)o[u];  // 0 past the end: the last word is zero-padded
-            const int c = v ? class_of(o[u], lt) : 0;
+            const int c = v ? class_in(o[u], lt) : 0;
             const unsigned peers = peers_of(c, v), ahead = peers & below;
             const Seg at = sg[c];
             const int rank = at.seen + __popc(ahead);
             __syncwarp();
             if (v && ahead == 0) sg[c].seen = at.seen + __popc(peers);  // once per class: its lowest lane
             __syncwarp();
-            const unsigned word = v ? (unsigned)bitmap[at.word + (rank >> 5)] : 0u;
+            const unsigned word = v ? (unsigned)__ldg(at.bits + (rank >> 5)) : 0u;
             const int bit = rank & 31;
-            const bool changed = v && (bool)((word >> bit) & 1) != (bool)((inv >> c) & 1);
+            const bool changed = v && (((word ^ at.flip) >> bit) & 1);
             const unsigned moved = __ballot_sync(FULL, changed);
             if (changed) {
                 const int e = (q.tail + __popc(moved & below)) & (QN - 1);
@@ -382,8 +405,8 @@ place_changes(const U* old, const i64* rows, const int* prog, const unsigned cha
             W nb = 0;
             if (mine) {
                 const int c = (meta >> 16) & 31, rank = q.rank[e];
-                const i64 wi = sg[c].word + (rank >> 5);
-                const int before = pref[wi] - sg[c].before + (int)(meta >> 21);
+                const i64 wi = (sg[c].bits - bitmap) + (rank >> 5);
+                const int before = pref[wi] - seg_before[w][c] + (int)(meta >> 21);
                 const i64 slot = ro[w][c] + (((inv >> c) & 1) ? rank - before : before);
                 const i64 at = out + lane;
                 nb = blk[idx];
