@@ -18,6 +18,7 @@ import ctypes
 import json
 import os
 import struct
+import sys
 import zlib
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -47,6 +48,9 @@ threads take in parallel."""
 _new_bytes = ctypes.pythonapi.PyBytes_FromStringAndSize
 _new_bytes.restype = ctypes.py_object
 _new_bytes.argtypes = (ctypes.c_char_p, ctypes.c_ssize_t)
+_libc = ctypes.CDLL(None, use_errno=True) if sys.platform == "linux" else None
+MADV_HUGEPAGE = 14
+HUGE_PAGE = 2 << 20
 
 
 class ChunkRef(NamedTuple):
@@ -143,8 +147,19 @@ def _join(parts: list) -> bytes:
         return b"".join(parts)
     out = _new_bytes(None, n)
     addr = ctypes.cast(ctypes.c_char_p(out), ctypes.c_void_p).value
+    _advise_huge_pages(addr, n)
     fill(np.ctypeslib.as_array((ctypes.c_uint8 * n).from_address(addr)), parts)
     return out
+
+
+def _advise_huge_pages(addr: int, n: int) -> None:
+    """Ask Linux to back the whole 2 MB pages of [addr, addr + n) with huge pages (where
+    transparent huge pages are on "madvise"; a no-op elsewhere). Filling fresh memory is bound
+    by its page faults, 512 times fewer with huge pages: a 177 MB join on the H200's host took
+    20.3 ms, 11.4 ms advised."""
+    lo, hi = -(-addr // HUGE_PAGE) * HUGE_PAGE, (addr + n) // HUGE_PAGE * HUGE_PAGE
+    if _libc is not None and hi > lo:
+        _libc.madvise(ctypes.c_void_p(lo), ctypes.c_size_t(hi - lo), MADV_HUGEPAGE)  # advice: failure changes nothing
 
 
 def fill(dst: np.ndarray, parts: list, threads: int = 8) -> None:
