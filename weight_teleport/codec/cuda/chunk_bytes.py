@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from weight_teleport.codec import streams as codecs
-from weight_teleport.codec.cuda import entropy, layout, symbols, tables
+from weight_teleport.codec.cuda import entropy, huffman, layout, symbols, tables
 from weight_teleport.codec.cuda.config import CudaCodecConfig
 from weight_teleport.codec.cuda.crc import crc32
 from weight_teleport.codec.cuda.gather import gather
@@ -73,14 +73,37 @@ def _code_cpu(level: int, st: symbols.SymbolStreams, todo: np.ndarray, threads: 
     return _use(_raw(st), todo[smaller], codecs.ZSTD, sizes, layout.starts(sizes), blob)
 
 
+def _code_huffman(cfg: CudaCodecConfig, st: symbols.SymbolStreams, todo: np.ndarray, level: int,
+                  threads: int) -> Coded:
+    """Huffman-literal zstd frames written on the GPU (codec/cuda/huffman.py); streams with a
+    symbol past 128 through nvCOMP's zstd, or the CPU's without nvCOMP."""
+    off, ln = st.offsets.ravel()[todo], st.lengths.ravel()[todo]
+    p = huffman.plan(st.buffer, off, ln)
+    info = p.info.cpu().numpy()
+    sizes, fits = huffman.frame_sizes(p, info)
+    take = fits & (sizes < ln)
+    out, out_off = huffman.write(st.buffer, p, info, take, sizes)
+    c = _use(_raw(st), todo[take], codecs.ZSTD, sizes[take], out_off, out)
+    rest = todo[~fits]
+    if not rest.size:
+        return c
+    other = _code_nvcomp(cfg, st, rest) if entropy.available() else _code_cpu(level, st, rest, threads)
+    coded = (other.codec.ravel()[rest] != codecs.RAW)
+    which = rest[coded]
+    return _use(c, which, other.codec.ravel()[which], other.stored.ravel()[which],
+                other.src_off.ravel()[which] + out.numel(), torch.cat([out, other.coded.to(out.device)]))
+
+
 def code(st: symbols.SymbolStreams, cfg: CudaCodecConfig, level: int, threads: int) -> Coded:
-    """The stored form of every stream: nvCOMP (or the CPU's zstd) where it is smaller, raw
-    otherwise and for streams shorter than MIN_CODED."""
+    """The stored form of every stream: Huffman-literal frames (GPU), nvCOMP or the CPU's
+    zstd where that is smaller, raw otherwise and for streams shorter than MIN_CODED."""
     todo = np.flatnonzero(st.lengths.ravel() >= MIN_CODED)
     if not cfg.portable and not entropy.available():
         raise RuntimeError(f"stream codec {cfg.algorithm!r} needs nvCOMP: pip install 'weight-teleport[cuda]'")
     if not todo.size:
         return _raw(st)
+    if cfg.algorithm == "zstd" and cfg.huffman and cfg.use_nvcomp and huffman.available(st.buffer):
+        return _code_huffman(cfg, st, todo, level, threads)
     if cfg.use_nvcomp and entropy.available():
         return _code_nvcomp(cfg, st, todo)
     return _code_cpu(level, st, todo, threads)

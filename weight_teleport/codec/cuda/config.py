@@ -17,8 +17,12 @@ class CudaCodecConfig:
     """nvCOMP decompression backend: 'default', 'cuda', or 'hardware' (the decompression
     engine of Blackwell GPUs, for LZ4; it raises on Hopper)."""
     use_nvcomp: bool = True
-    """Code streams with nvCOMP on the GPU when it is installed; False (or no nvCOMP) codes
-    them with the CPU's zstd, which writes packs byte-identical to the CPU backend's."""
+    """Code streams on the GPU (nvCOMP where it is installed); False codes them with the
+    CPU's zstd, which writes packs byte-identical to the CPU backend's."""
+    huffman: bool = True
+    """With 'zstd': write each stream as zstd frames of Huffman-coded literals on the GPU
+    (codec/huffman_frames.py; no nvCOMP needed), streams with a symbol past 128 through
+    nvCOMP's zstd (the CPU's without nvCOMP). False: every stream through nvCOMP's zstd."""
 
     def __post_init__(self):
         if self.algorithm not in ALGORITHMS:

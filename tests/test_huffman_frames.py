@@ -1,0 +1,95 @@
+"""Zstandard frames of Huffman-coded literals (codec/huffman_frames.py): every frame decodes
+with the zstd library to its stream, on random and adversarial streams; the GPU writes the
+same bytes (codec/cuda/huffman.py)."""
+
+import numpy as np
+import pytest
+import torch
+import zstandard
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from weight_teleport.codec import huffman_frames as H
+
+SIZES = [16, 17, 255, 256, 1023, 1024, 1025, 16383, 16384, 65791, 65792, H.BLOCK_BYTES, H.BLOCK_BYTES + 1,
+         3 * H.BLOCK_BYTES + 7]
+
+
+def _fibonacci(n: int, rng) -> np.ndarray:
+    """Symbol i with the i-th Fibonacci count: a Huffman tree deeper than 11 bits."""
+    counts, a, b = [], 1, 1
+    for _ in range(25):
+        counts.append(a)
+        a, b = b, a + b
+    sym = np.repeat(np.arange(25), counts)
+    return rng.permutation(sym)[:n] if sym.size >= n else rng.choice(sym, n)
+
+
+def _streams(rng):
+    for n in SIZES:
+        yield f"geometric {n}", np.minimum(rng.geometric(0.3, n) - 1, 128)
+        yield f"two symbols {n}", rng.integers(0, 2, n) * 128
+        yield f"one symbol {n}", np.full(n, 5)
+        yield f"uniform 0-128 {n}", rng.integers(0, 129, n)
+        yield f"rare symbols {n}", np.where(rng.random(n) < 0.999, 3, rng.integers(0, 129, n))
+        yield f"fibonacci {n}", _fibonacci(n, rng)
+        yield f"blocks alike and not {n}", np.where(np.arange(n) < H.BLOCK_BYTES, 7, rng.integers(0, 4, n))
+
+
+def _check(data: np.ndarray) -> bytes | None:
+    f = H.frame(data.astype(np.uint8).tobytes())
+    if f is not None:
+        assert zstandard.ZstdDecompressor().decompress(f) == data.astype(np.uint8).tobytes()
+    return f
+
+
+@pytest.mark.parametrize("name,data", list(_streams(np.random.default_rng(0))), ids=lambda x: x if isinstance(x, str) else "")
+def test_frames_decode_with_zstd(name, data):
+    assert _check(data) is not None
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.binary(min_size=1, max_size=5000), st.integers(0, 128))
+def test_random_streams_decode_or_are_refused(raw, cap):
+    data = np.frombuffer(raw, np.uint8)
+    capped = np.minimum(data, cap)
+    assert _check(capped) is not None
+    assert (_check(data) is None) == bool(data.max() > H.MAX_SYMBOL)
+
+
+def test_code_lengths_are_limited_and_complete():
+    hist = np.zeros(256, np.int64)
+    hist[:25] = [int(x) for x in np.bincount(_fibonacci(200000, np.random.default_rng(1)), minlength=25)]
+    lengths = H.code_lengths(hist)
+    present = lengths[hist > 0]
+    assert present.max() == H.MAX_BITS and (lengths[hist == 0] == 0).all()
+    assert sum(2.0 ** -int(x) for x in present) == 1.0
+
+
+def test_a_symbol_past_128_is_refused_and_one_of_128_is_not():
+    assert H.frame(bytes([129] * 40)) is None
+    assert _check(np.array([128] * 40 + [0] * 3)) is not None
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU (torch.cuda)")
+def test_gpu_frames_equal_the_reference():
+    from weight_teleport.codec.cuda import huffman
+    streams = [d.astype(np.uint8) for _, d in _streams(np.random.default_rng(2))]
+    streams += [np.frombuffer(bytes([200] * 50), np.uint8), np.r_[np.zeros(300, np.uint8), 255]]
+    lengths = np.array([s.size for s in streams], np.int64)
+    offsets = np.cumsum(-(-lengths // 64) * 64) - -(-lengths // 64) * 64
+    host = np.zeros(int(offsets[-1] + lengths[-1]), np.uint8)
+    for o, s in zip(offsets, streams):
+        host[o:o + s.size] = s
+    buffer = torch.from_numpy(host).cuda()
+    p = huffman.plan(buffer, offsets, lengths)
+    info = p.info.cpu().numpy()
+    sizes, fits = huffman.frame_sizes(p, info)
+    take = fits.copy()
+    out, out_off = huffman.write(buffer, p, info, take, sizes)
+    got = out.cpu().numpy().tobytes()
+    refs = [H.frame(s.tobytes()) for s in streams]
+    assert [r is not None for r in refs] == fits.tolist()
+    for k, (o, r) in enumerate(zip(out_off, [r for r in refs if r is not None])):
+        assert got[o:o + len(r)] == r, f"stream {k}"

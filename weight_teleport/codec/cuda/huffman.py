@@ -1,0 +1,105 @@
+"""Symbol streams as zstd frames of Huffman-coded literals, written on the GPU (huffman.cu;
+codec/huffman_frames.py is the reference, byte for byte, and says why): one launch plans
+every block of every stream, the host reads the blocks' sizes (the caller's one sync) and
+lays the frames out, a second launch writes them. Streams with a symbol past 128 are
+"unfit" (the direct weight form stops there) and are left to the caller."""
+
+import functools
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from weight_teleport.codec.cuda import layout, nvrtc
+from weight_teleport.codec.huffman_frames import BLOCK_BYTES
+
+SOURCE = Path(__file__).with_name("huffman.cu")
+THREADS = 256
+RAW, RLE, COMPRESSED, UNFIT = range(4)
+INFO = 8
+"""Ints per block in the plan: kind, content bytes, four stream bytes, last symbol, longest code."""
+
+
+def available(tensor: torch.Tensor) -> bool:
+    return tensor.is_cuda and nvrtc.available() and nvrtc.supports(_capability(tensor.device))
+
+
+@functools.cache
+def _capability(device: torch.device) -> int:
+    major, minor = torch.cuda.get_device_capability(device)
+    return 10 * major + minor
+
+
+@functools.cache
+def _module() -> nvrtc.Module:
+    return nvrtc.Module(SOURCE.read_text(), SOURCE.name, {})
+
+
+@dataclass
+class Plan:
+    """Every block of the streams, planned on the device."""
+    lengths: np.ndarray
+    """Each stream's length."""
+    stream: np.ndarray
+    """Each block's stream."""
+    src: torch.Tensor
+    size: torch.Tensor
+    info: torch.Tensor
+    """[blocks, INFO] int32 (device; the caller fetches it)."""
+    codes: torch.Tensor
+    code_lengths: torch.Tensor
+
+
+def plan(buffer: torch.Tensor, offsets: np.ndarray, lengths: np.ndarray) -> Plan:
+    """Launch the planning of the streams buffer[offsets[i]:offsets[i] + lengths[i]] (each at
+    least one byte); nothing syncs."""
+    layout.require(buffer, torch.uint8)
+    stream, k = layout.items(-(-lengths // BLOCK_BYTES))
+    src = offsets[stream] + k * BLOCK_BYTES
+    size = np.minimum(lengths[stream] - k * BLOCK_BYTES, BLOCK_BYTES)
+    dev = buffer.device
+    src_d, size_d = layout.to_device([src, size], dev)
+    size_d = size_d.int()
+    n = stream.size
+    info = torch.empty((max(n, 1), INFO), dtype=torch.int32, device=dev)
+    codes = torch.empty(max(n, 1) * 256, dtype=torch.int16, device=dev)
+    code_lengths = torch.empty(max(n, 1) * 256, dtype=torch.uint8, device=dev)
+    if n:
+        _module().launch("huf_plan", n, THREADS, [buffer, src_d, size_d, info, codes, code_lengths, n], dev)
+    return Plan(lengths, stream, src_d, size_d, info, codes, code_lengths)
+
+
+def _frame_header_bytes(lengths: np.ndarray) -> np.ndarray:
+    return np.where(lengths < 256, 6, np.where(lengths < 65536 + 256, 7, 9))
+
+
+def frame_sizes(p: Plan, info: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(each stream's frame bytes, whether it fits: no symbol past 128) from the fetched info."""
+    n = p.lengths.size
+    block_bytes = 3 + info[:p.stream.size, 1].astype(np.int64)
+    sizes = _frame_header_bytes(p.lengths) + np.bincount(p.stream, block_bytes, n).astype(np.int64)
+    unfit = np.bincount(p.stream, info[:p.stream.size, 0] == UNFIT, n) > 0
+    return sizes, ~unfit
+
+
+def write(buffer: torch.Tensor, p: Plan, info: np.ndarray, take: np.ndarray, sizes: np.ndarray):
+    """(device bytes of the frames of the streams `take`, end to end; each one's offset)."""
+    dev = buffer.device
+    out_off = layout.starts(sizes[take])
+    total = int(sizes[take].sum())
+    out = torch.zeros(-(-max(total, 1) // 4), dtype=torch.int32, device=dev)
+    n = p.stream.size
+    if n and total:
+        block_bytes = 3 + info[:n, 1].astype(np.int64)
+        first = np.r_[True, p.stream[1:] != p.stream[:-1]]
+        is_last = np.r_[p.stream[1:] != p.stream[:-1], True]
+        stream_at = np.full(p.lengths.size, -1, np.int64)
+        stream_at[take] = out_off + _frame_header_bytes(p.lengths[take])
+        within = layout.starts(block_bytes) - layout.starts(block_bytes)[first][np.cumsum(first) - 1]
+        at = np.where(take[p.stream], stream_at[p.stream] + within, -1)
+        frame = np.where(first & take[p.stream], p.lengths[p.stream], 0)
+        at_d, frame_d, last_d = layout.to_device([at, frame, is_last], dev)
+        _module().launch("huf_write", n, THREADS, [buffer, p.src, p.size, p.info, p.codes, p.code_lengths, at_d,
+                                                   frame_d, last_d.int(), out, n], dev)
+    return out.view(torch.uint8)[:total], out_off
