@@ -73,25 +73,15 @@ def _code_cpu(level: int, st: symbols.SymbolStreams, todo: np.ndarray, threads: 
     return _use(_raw(st), todo[smaller], codecs.ZSTD, sizes, layout.starts(sizes), blob)
 
 
-def _code_huffman(cfg: CudaCodecConfig, st: symbols.SymbolStreams, todo: np.ndarray, level: int,
-                  threads: int) -> Coded:
-    """Huffman-literal zstd frames written on the GPU (codec/cuda/huffman.py); streams with a
-    symbol past 128 through nvCOMP's zstd, or the CPU's without nvCOMP."""
+def _code_huffman(st: symbols.SymbolStreams, todo: np.ndarray) -> Coded:
+    """Huffman-literal zstd frames written on the GPU (codec/cuda/huffman.py)."""
     off, ln = st.offsets.ravel()[todo], st.lengths.ravel()[todo]
     p = huffman.plan(st.buffer, off, ln)
     info = p.info.cpu().numpy()
-    sizes, fits = huffman.frame_sizes(p, info)
-    take = fits & (sizes < ln)
+    sizes = huffman.frame_sizes(p, info)
+    take = sizes < ln
     out, out_off = huffman.write(st.buffer, p, info, take, sizes)
-    c = _use(_raw(st), todo[take], codecs.ZSTD, sizes[take], out_off, out)
-    rest = todo[~fits]
-    if not rest.size:
-        return c
-    other = _code_nvcomp(cfg, st, rest) if entropy.available() else _code_cpu(level, st, rest, threads)
-    coded = (other.codec.ravel()[rest] != codecs.RAW)
-    which = rest[coded]
-    return _use(c, which, other.codec.ravel()[which], other.stored.ravel()[which],
-                other.src_off.ravel()[which] + out.numel(), torch.cat([out, other.coded.to(out.device)]))
+    return _use(_raw(st), todo[take], codecs.ZSTD, sizes[take], out_off, out)
 
 
 def code(st: symbols.SymbolStreams, cfg: CudaCodecConfig, level: int, threads: int) -> Coded:
@@ -103,7 +93,7 @@ def code(st: symbols.SymbolStreams, cfg: CudaCodecConfig, level: int, threads: i
     if not todo.size:
         return _raw(st)
     if cfg.algorithm == "zstd" and cfg.huffman and cfg.use_nvcomp and huffman.available(st.buffer):
-        return _code_huffman(cfg, st, todo, level, threads)
+        return _code_huffman(st, todo)
     if cfg.use_nvcomp and entropy.available():
         return _code_nvcomp(cfg, st, todo)
     return _code_cpu(level, st, todo, threads)

@@ -21,8 +21,7 @@ class CudaCodecConfig:
     CPU's zstd, which writes packs byte-identical to the CPU backend's."""
     huffman: bool = True
     """With 'zstd': write each stream as zstd frames of Huffman-coded literals on the GPU
-    (codec/huffman_frames.py; no nvCOMP needed), streams with a symbol past 128 through
-    nvCOMP's zstd (the CPU's without nvCOMP). False: every stream through nvCOMP's zstd."""
+    (codec/huffman_frames.py; no nvCOMP needed). False: nvCOMP's zstd compressor."""
 
     def __post_init__(self):
         if self.algorithm not in ALGORITHMS:

@@ -1,14 +1,17 @@
-// Zstandard frames of Huffman-coded literals (codec/huffman_frames.py is the reference and
-// says why), written on the GPU in two launches over blocks of at most 128 KiB of streams:
-// - huf_plan, a CTA per block: the histograms of the block's four quarters, its code
-//   lengths (the reference's construction, run by one thread), canonical codes, and what
-//   the block will be (raw, RLE, compressed, or "unfit": a symbol past 128) with the sizes
-//   of its parts ([blocks, 8] int32: kind, content bytes, four stream bytes, last symbol,
-//   longest code). The host reads the sizes and lays the frames out.
+// Zstandard frames of Huffman-coded literals (codec/huffman_frames.py is the reference, byte
+// for byte, and says why), written on the GPU in two launches over blocks of at most 128 KiB
+// of streams:
+// - huf_plan, a CTA per block: the histograms of the block's four quarters, its code lengths
+//   (the reference's construction, run by one thread), canonical codes, its tree description
+//   (direct or FSE-compressed weights, one thread) and what the block will be (raw, RLE or
+//   compressed) with the sizes of its parts ([blocks, 8] int32: kind, content bytes, four
+//   stream bytes, tree description bytes, longest code). The host reads the sizes and lays
+//   the frames out.
 // - huf_write, a CTA per block: its frame header (first block of a stream), block header and
-//   content at its offset (none: the block's stream is coded otherwise). Threads of a quarter take runs of its literals; a run's first bit
-//   is the sum of the code lengths of the runs after it (a backward stream), and its bits go
-//   out a 32-bit word at a time with atomicOr, like every other byte, into a zeroed buffer.
+//   content at its offset (none: the block's stream is stored raw). Threads of a quarter take
+//   runs of its literals; a run's first bit is the sum of the code lengths of the runs after
+//   it (a backward stream), and its bits go out a 32-bit word at a time with atomicOr, like
+//   every other byte, into a zeroed buffer.
 
 typedef long long i64;
 typedef unsigned long long u64;
@@ -20,7 +23,9 @@ typedef unsigned long long u64;
 #define RAW 0
 #define RLE 1
 #define COMPRESSED 2
-#define UNFIT 3
+#define TREE_MAX 128     // a tree description's bytes: the FSE form is used below 128
+#define NODES 511        // nodes of a Huffman tree of up to 256 symbols
+#define WEIGHT_LOG 6     // accuracy log of the FSE table of compressed weights
 
 __device__ __forceinline__ void put_byte(unsigned* out, i64 at, unsigned v) {
     atomicOr(out + (at >> 2), (v & 0xffu) << ((at & 3) * 8));
@@ -32,14 +37,166 @@ __device__ __forceinline__ void put_le(unsigned* out, i64 at, u64 v, int n) {
 
 __device__ __forceinline__ int quarter_of(int n) { return n < ONE_STREAM_BELOW ? n : (n + 3) / 4; }
 
+// Little-endian bits into bytes, as zstd's bit streams take them.
+struct Bits {
+    unsigned char* out;
+    int n, cap;
+    u64 acc;
+    int nacc;
+    __device__ void add(u64 v, int k) {
+        acc |= (v & ((1ull << k) - 1)) << nacc;
+        nacc += k;
+        while (nacc >= 8) {
+            if (n < cap) out[n] = (unsigned char)acc;
+            n++;
+            acc >>= 8;
+            nacc -= 8;
+        }
+    }
+    __device__ void close() {  // to a whole byte
+        if (nacc > 0) add(0, 8 - nacc);
+    }
+};
+
+// The Huffman tree description of code lengths L (symbols below `last`; longest code `top`)
+// into tree[]: the direct 4-bit weights up to 128 symbols, else the FSE-compressed weights
+// (codec/huffman_frames.py `_fse_weights`, step for step). Its bytes, or 0 where it cannot
+// be written (one weight value only, or TREE_MAX bytes or more).
+__device__ int describe(const unsigned char* L, int last, int top, unsigned char* tree) {
+    if (last <= MAX_SYMBOL) {
+        tree[0] = (unsigned char)(127 + last);
+        for (int k = 0; k < last; k += 2) {
+            const int w0 = L[k] ? top + 1 - L[k] : 0, w1 = k + 1 < last && L[k + 1] ? top + 1 - L[k + 1] : 0;
+            tree[1 + k / 2] = (unsigned char)(w0 << 4 | w1);
+        }
+        return 1 + (last + 1) / 2;
+    }
+    const int size = 1 << WEIGHT_LOG;
+    int count[MAX_BITS + 1] = {0}, norm[MAX_BITS + 1], share[MAX_BITS + 1];
+    for (int k = 0; k < last; k++) count[L[k] ? top + 1 - L[k] : 0]++;
+    int present = 0;
+    for (int v = 0; v <= MAX_BITS; v++) present += count[v] > 0;
+    if (present < 2) return 0;
+    const int rest = size - present;
+    int left = rest;
+    for (int v = 0; v <= MAX_BITS; v++) {
+        share[v] = count[v] * rest;
+        norm[v] = (count[v] > 0) + share[v] / last;
+        left -= share[v] / last;
+        share[v] = count[v] ? share[v] % last : -1;
+    }
+    for (; left > 0; left--) {  // largest remainders first, ties to the smaller value
+        int best = 0;
+        for (int v = 1; v <= MAX_BITS; v++)
+            if (share[v] > share[best]) best = v;
+        norm[best]++;
+        share[best] = -1;
+    }
+    Bits head{tree + 1, 0, TREE_MAX - 1, 0, 0};
+    head.add(WEIGHT_LOG - 5, 4);
+    int remaining = size + 1, threshold = size, nb = WEIGHT_LOG + 1, v = 0;
+    bool after_zero = false;
+    while (remaining > 1) {
+        if (after_zero) {
+            int start = v;
+            while (norm[v] == 0) v++;
+            while (v >= start + 24) {
+                start += 24;
+                head.add(0xFFFF, 16);
+            }
+            while (v >= start + 3) {
+                start += 3;
+                head.add(3, 2);
+            }
+            head.add(v - start, 2);
+        }
+        int c = norm[v++];
+        const int limit = 2 * threshold - 1 - remaining;
+        remaining -= c;
+        c++;
+        if (c >= threshold) c += limit;
+        head.add(c, nb - (c < limit));
+        after_zero = c == 1;
+        while (remaining < threshold) {
+            nb--;
+            threshold >>= 1;
+        }
+    }
+    head.close();
+    unsigned char spread[1 << WEIGHT_LOG];
+    unsigned short table[1 << WEIGHT_LOG];
+    int next[MAX_BITS + 1], delta_bits[MAX_BITS + 1], delta_state[MAX_BITS + 1];
+    const int step = (size >> 1) + (size >> 3) + 3, mask = size - 1;
+    int pos = 0, cumul = 0;
+    for (int w = 0; w <= MAX_BITS; w++) {
+        for (int k = 0; k < norm[w]; k++) {
+            spread[pos] = (unsigned char)w;
+            pos = (pos + step) & mask;
+        }
+        next[w] = cumul;
+        if (norm[w] > 1) {
+            const int out_bits = WEIGHT_LOG - (32 - __clz(norm[w] - 1)) + 1;
+            delta_bits[w] = (out_bits << 16) - (norm[w] << out_bits);
+            delta_state[w] = cumul - norm[w];
+        } else {
+            delta_bits[w] = (WEIGHT_LOG << 16) - size;
+            delta_state[w] = cumul - 1;
+        }
+        cumul += norm[w];
+    }
+    for (int u = 0; u < size; u++) table[next[spread[u]]++] = (unsigned short)(size + u);
+    Bits body{tree + 1 + head.n, 0, TREE_MAX - 1 - head.n, 0, 0};
+    auto weight = [&](int k) { return L[k] ? top + 1 - L[k] : 0; };
+    auto first = [&](int w) {
+        const int k = (delta_bits[w] + (1 << 15)) >> 16;
+        return (int)table[(((k << 16) - delta_bits[w]) >> k) + delta_state[w]];
+    };
+    auto encode = [&](int state, int w) {
+        const int k = (state + delta_bits[w]) >> 16;
+        body.add((u64)state, k);
+        return (int)table[(state >> k) + delta_state[w]];
+    };
+    int i = last, s1, s2;
+    if (i & 1) {
+        s1 = first(weight(i - 1));
+        s2 = first(weight(i - 2));
+        s1 = encode(s1, weight(i - 3));
+        i -= 3;
+    } else {
+        s2 = first(weight(i - 1));
+        s1 = first(weight(i - 2));
+        i -= 2;
+    }
+    if (i & 2) {
+        s2 = encode(s2, weight(i - 1));
+        s1 = encode(s1, weight(i - 2));
+        i -= 2;
+    }
+    for (; i > 0; i -= 4) {
+        s2 = encode(s2, weight(i - 1));
+        s1 = encode(s1, weight(i - 2));
+        s2 = encode(s2, weight(i - 3));
+        s1 = encode(s1, weight(i - 4));
+    }
+    body.add((u64)s2, WEIGHT_LOG);
+    body.add((u64)s1, WEIGHT_LOG);
+    body.add(1, 1);
+    body.close();
+    const int total = head.n + body.n;
+    if (total >= TREE_MAX || head.n > head.cap || body.n > body.cap) return 0;
+    tree[0] = (unsigned char)total;
+    return 1 + total;
+}
+
 extern "C" __global__ void __launch_bounds__(T)
 huf_plan(const unsigned char* buf, const i64* src, const int* len, int* info, unsigned short* codes,
-         unsigned char* lengths, i64 blocks) {
+         unsigned char* lengths, unsigned char* trees, i64 blocks) {
     __shared__ int hist[4][256];
-    __shared__ int total[256], order[256], cnt[2 * MAX_SYMBOL + 1], bits[4];
-    __shared__ short parent[2 * MAX_SYMBOL + 1];
-    __shared__ unsigned char depth[2 * MAX_SYMBOL + 1], L[256];
-    __shared__ int n_sym, last, top;
+    __shared__ int total[256], order[256], cnt[NODES], bits[4];
+    __shared__ short parent[NODES];
+    __shared__ unsigned char depth[NODES], L[256];
+    __shared__ int n_sym, last, top, tree_len;
+    __shared__ unsigned char tree[TREE_MAX];
     const int t = threadIdx.x;
     const i64 b = blockIdx.x;
     const int n = len[b];
@@ -60,10 +217,10 @@ huf_plan(const unsigned char* buf, const i64* src, const int* len, int* info, un
     }
     __syncthreads();
     int* out = info + b * 8;
-    if (last > MAX_SYMBOL || n_sym == 1) {
+    if (n_sym == 1) {
         if (t == 0) {
-            out[0] = last > MAX_SYMBOL ? UNFIT : RLE;
-            out[1] = last > MAX_SYMBOL ? n : 1;
+            out[0] = RLE;
+            out[1] = 1;
         }
         return;
     }
@@ -130,6 +287,7 @@ huf_plan(const unsigned char* buf, const i64* src, const int* len, int* info, un
     lengths[b * 256 + t] = L[t];
     __syncthreads();
     if (t == 0) {
+        tree_len = describe(L, last, top, tree);
         const int streams = n < ONE_STREAM_BELOW ? 1 : 4;
         int body = streams == 4 ? 6 : 0;
         for (int q = 0; q < streams; q++) {
@@ -137,18 +295,21 @@ huf_plan(const unsigned char* buf, const i64* src, const int* len, int* info, un
             body += out[2 + q];
         }
         const int head = n < ONE_STREAM_BELOW ? 3 : n < (1 << 14) ? 4 : 5;
-        const int content = head + 1 + (last + 1) / 2 + body + 1;
-        out[0] = content < n ? COMPRESSED : RAW;
-        out[1] = content < n ? content : n;
-        out[6] = last;
+        const int content = head + tree_len + body + 1;
+        const bool smaller = tree_len > 0 && content < n;
+        out[0] = smaller ? COMPRESSED : RAW;
+        out[1] = smaller ? content : n;
+        out[6] = tree_len;
         out[7] = top;
     }
+    __syncthreads();
+    if (t < tree_len) trees[b * TREE_MAX + t] = tree[t];
 }
 
 extern "C" __global__ void __launch_bounds__(T)
 huf_write(const unsigned char* buf, const i64* src, const int* len, const int* info, const unsigned short* codes,
-          const unsigned char* lengths, const i64* at, const i64* frame, const int* is_last, unsigned* out,
-          i64 blocks) {
+          const unsigned char* lengths, const unsigned char* trees, const i64* at, const i64* frame,
+          const int* is_last, unsigned* out, i64 blocks) {
     __shared__ unsigned short code[256];
     __shared__ unsigned char L[256];
     __shared__ int warp_sum[T / 32];
@@ -180,19 +341,15 @@ huf_write(const unsigned char* buf, const i64* src, const int* len, const int* i
     if (kind != COMPRESSED) return;
     code[t] = codes[b * 256 + t];
     L[t] = lengths[b * 256 + t];
-    const int last = in[6], top = in[7], streams = n < ONE_STREAM_BELOW ? 1 : 4;
-    const int head = n < ONE_STREAM_BELOW ? 3 : n < (1 << 14) ? 4 : 5, tree = 1 + (last + 1) / 2;
+    const int tree = in[6], streams = n < ONE_STREAM_BELOW ? 1 : 4;
+    const int head = n < ONE_STREAM_BELOW ? 3 : n < (1 << 14) ? 4 : 5;
+    if (t < tree) put_byte(out, pos + head + t, trees[b * TREE_MAX + t]);
     __syncthreads();
     if (t == 0) {
         const u64 size = (u64)(in[1] - head - 1);  // tree, jump table and streams
         const u64 h = head == 3 ? 2 | (u64)n << 4 | size << 14
                     : head == 4 ? 2 | 2 << 2 | (u64)n << 4 | size << 18 : 2 | 3 << 2 | (u64)n << 4 | size << 22;
         put_le(out, pos, h, head);
-        put_byte(out, pos + head, 127 + last);
-        for (int k = 0; k < last; k += 2) {
-            const unsigned w0 = L[k] ? top + 1 - L[k] : 0, w1 = k + 1 < last && L[k + 1] ? top + 1 - L[k + 1] : 0;
-            put_byte(out, pos + head + 1 + k / 2, w0 << 4 | w1);
-        }
         if (streams == 4)
             for (int q = 0; q < 3; q++) put_le(out, pos + head + tree + 2 * q, (u64)in[2 + q], 2);
     }

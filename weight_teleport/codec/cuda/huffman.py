@@ -1,8 +1,7 @@
 """Symbol streams as zstd frames of Huffman-coded literals, written on the GPU (huffman.cu;
 codec/huffman_frames.py is the reference, byte for byte, and says why): one launch plans
 every block of every stream, the host reads the blocks' sizes (the caller's one sync) and
-lays the frames out, a second launch writes them. Streams with a symbol past 128 are
-"unfit" (the direct weight form stops there) and are left to the caller."""
+lays the frames out, a second launch writes them."""
 
 import functools
 from dataclasses import dataclass
@@ -16,9 +15,11 @@ from weight_teleport.codec.huffman_frames import BLOCK_BYTES
 
 SOURCE = Path(__file__).with_name("huffman.cu")
 THREADS = 256
-RAW, RLE, COMPRESSED, UNFIT = range(4)
 INFO = 8
-"""Ints per block in the plan: kind, content bytes, four stream bytes, last symbol, longest code."""
+"""Ints per block in the plan: kind (raw, RLE, compressed), content bytes, four stream bytes,
+tree description bytes, longest code."""
+TREE_MAX = 128
+"""Bytes of a block's tree description at most (huffman.cu)."""
 
 
 def available(tensor: torch.Tensor) -> bool:
@@ -49,6 +50,7 @@ class Plan:
     """[blocks, INFO] int32 (device; the caller fetches it)."""
     codes: torch.Tensor
     code_lengths: torch.Tensor
+    trees: torch.Tensor
 
 
 def plan(buffer: torch.Tensor, offsets: np.ndarray, lengths: np.ndarray) -> Plan:
@@ -65,22 +67,20 @@ def plan(buffer: torch.Tensor, offsets: np.ndarray, lengths: np.ndarray) -> Plan
     info = torch.empty((max(n, 1), INFO), dtype=torch.int32, device=dev)
     codes = torch.empty(max(n, 1) * 256, dtype=torch.int16, device=dev)
     code_lengths = torch.empty(max(n, 1) * 256, dtype=torch.uint8, device=dev)
+    trees = torch.empty(max(n, 1) * TREE_MAX, dtype=torch.uint8, device=dev)
     if n:
-        _module().launch("huf_plan", n, THREADS, [buffer, src_d, size_d, info, codes, code_lengths, n], dev)
-    return Plan(lengths, stream, src_d, size_d, info, codes, code_lengths)
+        _module().launch("huf_plan", n, THREADS, [buffer, src_d, size_d, info, codes, code_lengths, trees, n], dev)
+    return Plan(lengths, stream, src_d, size_d, info, codes, code_lengths, trees)
 
 
 def _frame_header_bytes(lengths: np.ndarray) -> np.ndarray:
     return np.where(lengths < 256, 6, np.where(lengths < 65536 + 256, 7, 9))
 
 
-def frame_sizes(p: Plan, info: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(each stream's frame bytes, whether it fits: no symbol past 128) from the fetched info."""
-    n = p.lengths.size
+def frame_sizes(p: Plan, info: np.ndarray) -> np.ndarray:
+    """Each stream's frame bytes, from the fetched plan."""
     block_bytes = 3 + info[:p.stream.size, 1].astype(np.int64)
-    sizes = _frame_header_bytes(p.lengths) + np.bincount(p.stream, block_bytes, n).astype(np.int64)
-    unfit = np.bincount(p.stream, info[:p.stream.size, 0] == UNFIT, n) > 0
-    return sizes, ~unfit
+    return _frame_header_bytes(p.lengths) + np.bincount(p.stream, block_bytes, p.lengths.size).astype(np.int64)
 
 
 def write(buffer: torch.Tensor, p: Plan, info: np.ndarray, take: np.ndarray, sizes: np.ndarray):
@@ -100,6 +100,6 @@ def write(buffer: torch.Tensor, p: Plan, info: np.ndarray, take: np.ndarray, siz
         at = np.where(take[p.stream], stream_at[p.stream] + within, -1)
         frame = np.where(first & take[p.stream], p.lengths[p.stream], 0)
         at_d, frame_d, last_d = layout.to_device([at, frame, is_last], dev)
-        _module().launch("huf_write", n, THREADS, [buffer, p.src, p.size, p.info, p.codes, p.code_lengths, at_d,
-                                                   frame_d, last_d.int(), out, n], dev)
+        _module().launch("huf_write", n, THREADS, [buffer, p.src, p.size, p.info, p.codes, p.code_lengths, p.trees,
+                                                   at_d, frame_d, last_d.int(), out, n], dev)
     return out.view(torch.uint8)[:total], out_off
