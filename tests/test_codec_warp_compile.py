@@ -1,12 +1,12 @@
 """The CUDA C warp kernels (codec/cuda/warp.cu) compile with NVRTC for every element type,
-no GPU needed (NVRTC comes with the test extra's `nvidia-cuda-nvrtc` wheel): a slip in the
+and the Huffman frame writer (codec/cuda/huffman.cu) compiles, no GPU needed (NVRTC comes with the test extra's `nvidia-cuda-nvrtc` wheel): a slip in the
 CUDA source fails here, not only on a GPU."""
 
 import pytest
 import torch
 from helpers import DTYPES
 
-from weight_teleport.codec.cuda import nvrtc, warp
+from weight_teleport.codec.cuda import huffman, nvrtc, warp
 from weight_teleport.codec.cuda.ranks import pow2
 from weight_teleport.codec.cuda.scan import SPAN
 from weight_teleport.codec.dtypes import dtype_info
@@ -36,6 +36,11 @@ def test_every_kernel_compiles_for_every_element_type(dtype, nvrtc_found):
         assert image[:4] == b"\x7fELF"
         for kernel in (b"class_counts", b"hist_counts", b"class_events", b"place_changes", b"scan_words"):
             assert kernel in image
+
+
+def test_the_huffman_writer_compiles(nvrtc_found):
+    image = nvrtc.compile_image(huffman.SOURCE.read_text(), "huffman.cu", 90, [])
+    assert image[:4] == b"\x7fELF" and b"huf_plan" in image and b"huf_write" in image
 
 
 def test_a_gpu_newer_than_nvrtc_gets_ptx(nvrtc_found):

@@ -2,6 +2,10 @@
 with the zstd library to its stream, on random and adversarial streams; the GPU writes the
 same bytes (codec/cuda/huffman.py)."""
 
+import ctypes
+import shutil
+import subprocess
+
 import numpy as np
 import pytest
 import torch
@@ -79,6 +83,39 @@ def test_weights_past_symbol_128_are_fse_compressed():
         assert H._fse_weights(weights) is not None
     assert len(_check(np.arange(1 << 16) % 256)) > 1 << 16
     assert H._fse_weights(np.full(200, 3)) is None
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="needs a host C++ compiler")
+def test_cuda_tree_descriptions_equal_the_reference(tmp_path):
+    """The CUDA tree writer (huffman.cu's describe(), compiled for the host) against the
+    reference's `_tree` on the code lengths of random histograms, direct and FSE forms."""
+    from weight_teleport.codec.cuda import huffman
+    src = huffman.SOURCE.read_text()
+    part = src[src.index("// HOST-TESTED BEGIN"):src.index("// HOST-TESTED END")]
+    head = src[src.index("typedef long long i64;"):src.index("__device__ __forceinline__ void put_byte")]
+    (tmp_path / "tree.cpp").write_text(
+        "#define __device__\n#define __forceinline__ inline\n#define __clz(x) __builtin_clz(x)\n" + head + part +
+        'extern "C" int describe_c(const unsigned char* L, int last, int top, unsigned char* t) '
+        "{ return describe(L, last, top, t); }\n")
+    lib = tmp_path / "tree.so"
+    subprocess.run(["g++", "-O1", "-std=c++17", "-shared", "-fPIC", "-o", str(lib), str(tmp_path / "tree.cpp")],
+                   check=True)
+    describe = ctypes.CDLL(str(lib)).describe_c
+    rng = np.random.default_rng(5)
+    fse = 0
+    for trial in range(400):
+        n = int(rng.integers(200, 20000))
+        data = [np.minimum(rng.geometric(0.02, n) - 1, 255), rng.integers(0, 256, n),
+                np.where(rng.random(n) < 0.99, rng.integers(0, 8, n), rng.integers(129, 256, n)),
+                np.minimum(rng.geometric(0.3, n) - 1, 40) * 5 + rng.integers(0, 5, n)][trial % 4]
+        hist = np.bincount(data.astype(np.uint8), minlength=256)
+        lengths = H.code_lengths(hist)
+        last = int(np.flatnonzero(hist).max())
+        out = (ctypes.c_ubyte * huffman.TREE_MAX)()
+        k = describe((ctypes.c_ubyte * 256)(*[int(x) for x in lengths]), last, int(lengths.max()), out)
+        assert (bytes(out[:k]) if k else None) == H._tree(lengths, last)
+        fse += last > H.MAX_SYMBOL and k > 0
+    assert fse > 100
 
 
 @pytest.mark.cuda

@@ -37,6 +37,9 @@ __device__ __forceinline__ void put_le(unsigned* out, i64 at, u64 v, int n) {
 
 __device__ __forceinline__ int quarter_of(int n) { return n < ONE_STREAM_BELOW ? n : (n + 3) / 4; }
 
+// HOST-TESTED BEGIN: Bits and describe() compile for the host too (tests/test_huffman_frames.py
+// holds them to the reference without a GPU).
+
 // Little-endian bits into bytes, as zstd's bit streams take them.
 struct Bits {
     unsigned char* out;
@@ -187,6 +190,7 @@ __device__ int describe(const unsigned char* L, int last, int top, unsigned char
     tree[0] = (unsigned char)total;
     return 1 + total;
 }
+// HOST-TESTED END
 
 extern "C" __global__ void __launch_bounds__(T)
 huf_plan(const unsigned char* buf, const i64* src, const int* len, int* info, unsigned short* codes,
