@@ -1,5 +1,8 @@
 """The container and chunk-table layers on their own: pure bytes."""
 
+import gc
+import json
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -29,6 +32,30 @@ def test_large_header_is_compressed_and_read_back():
     pack = write_pack(_header(200), [b"abc"])
     assert pack[6] == 1
     assert len(read_header(pack).tensors) == 200
+
+
+def test_headers_are_built_and_parsed_with_the_collector_paused(monkeypatch):
+    """The header's JSON is made and read with the garbage collector paused (its lists never
+    reach an older generation) and the collector's state is restored after, also when the
+    caller had paused it, and when the header is malformed."""
+    seen = []
+    loads, dumps = json.loads, json.dumps
+    monkeypatch.setattr(json, "loads", lambda *a, **k: seen.append(gc.isenabled()) or loads(*a, **k))
+    monkeypatch.setattr(json, "dumps", lambda *a, **k: seen.append(gc.isenabled()) or dumps(*a, **k))
+    assert gc.isenabled()
+    pack = write_pack(_header(200), [b"abc"])
+    assert len(read_header(pack).tensors) == 200
+    assert seen == [False, False] and gc.isenabled()
+    gc.disable()
+    try:
+        read_header(pack)
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+    monkeypatch.setattr(json, "loads", lambda *a, **k: {"kind": "delta"})
+    with pytest.raises(PackFormatError, match="malformed"):
+        read_header(pack)
+    assert gc.isenabled()
 
 
 def test_header_needs_only_its_prefix():
