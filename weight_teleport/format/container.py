@@ -131,10 +131,11 @@ def _header_json(h: PackHeader) -> bytes:
 def collections_paused():
     """The garbage collector paused, if it runs, around a burst of short-lived containers.
     A header of 9330 chunks is tens of thousands of JSON lists; a collection that lands while
-    they live promotes them all, and every few headers that set off a full collection of the
-    whole process: 7 of 60 header builds and 15 of 60 header reads took 90-150 ms more on the
-    development machine (torch, numba and triton loaded), none with the collector paused.
-    Dead by the end, they are freed by reference counting and never promoted."""
+    they live promotes them all, and every few headers that sets off a full collection of the
+    whole process: on the development machine (torch, numba and triton loaded), 8 of 60
+    header builds and 15 of 60 header reads held one (up to 110 and 223 ms a call), none with
+    the collector paused (bench/header_gc.py). Dead by the end, they are freed by reference
+    counting and never promoted."""
     was = gc.isenabled()
     gc.disable()
     try:
