@@ -17,8 +17,9 @@ class CudaCodecConfig:
     """nvCOMP decompression backend: 'default', 'cuda', or 'hardware' (the decompression
     engine of Blackwell GPUs, for LZ4; it raises on Hopper)."""
     use_nvcomp: bool = True
-    """Code streams on the GPU (nvCOMP where it is installed); False codes them with the
-    CPU's zstd, which writes packs byte-identical to the CPU backend's."""
+    """Code streams on the GPU (zstd: our frame writer, or nvCOMP with huffman=False; lz4 and
+    ans: nvCOMP); False codes them with the CPU's zstd, which writes packs byte-identical to
+    the CPU backend's."""
     huffman: bool = True
     """With 'zstd': write each stream as zstd frames of Huffman-coded literals on the GPU
     (codec/huffman_frames.py; no nvCOMP needed). False: nvCOMP's zstd compressor."""

@@ -23,6 +23,7 @@ TREE_MAX = 128
 
 
 def available(tensor: torch.Tensor) -> bool:
+    """Whether the writer can run on `tensor`'s device (NVRTC compiles for it)."""
     return tensor.is_cuda and nvrtc.available() and nvrtc.supports(_capability(tensor.device))
 
 
@@ -45,12 +46,17 @@ class Plan:
     stream: np.ndarray
     """Each block's stream."""
     src: torch.Tensor
+    """Each block's first byte in the streams' buffer (device, int64)."""
     size: torch.Tensor
+    """Each block's bytes (device, int32)."""
     info: torch.Tensor
     """[blocks, INFO] int32 (device; the caller fetches it)."""
     codes: torch.Tensor
+    """[blocks * 256] code of each symbol (device scratch for the write)."""
     code_lengths: torch.Tensor
+    """[blocks * 256] code length of each symbol (0: absent)."""
     trees: torch.Tensor
+    """[blocks * TREE_MAX] each block's tree description."""
 
 
 def plan(buffer: torch.Tensor, offsets: np.ndarray, lengths: np.ndarray) -> Plan:
@@ -74,6 +80,7 @@ def plan(buffer: torch.Tensor, offsets: np.ndarray, lengths: np.ndarray) -> Plan
 
 
 def _frame_header_bytes(lengths: np.ndarray) -> np.ndarray:
+    """Bytes of each frame's header, as huffman_frames.frame_header writes it."""
     return np.where(lengths < 256, 6, np.where(lengths < 65536 + 256, 7, 9))
 
 
