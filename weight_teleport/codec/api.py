@@ -68,7 +68,7 @@ def encode_delta(old: Mapping[str, torch.Tensor], new: Mapping[str, torch.Tensor
     Both states map the same names to tensors of the same shapes and dtypes. `level` is the
     zstd level of the streams (CPU stream coding); `threads` defaults to all cores. `cuda`, a
     `weight_teleport.codec.cuda.config.CudaCodecConfig`, picks the CUDA backend's stream
-    codec (default: nvCOMP zstd, portable).
+    codec (default: zstd frames of Huffman-coded literals written on the GPU, portable).
 
     CUDA states are encoded on the current CUDA stream (call it inside
     `torch.cuda.stream(s)` to keep it off the training stream); the host waits for the
