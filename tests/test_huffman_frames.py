@@ -85,35 +85,59 @@ def test_weights_past_symbol_128_are_fse_compressed():
     assert H._fse_weights(np.full(200, 3)) is None
 
 
-@pytest.mark.skipif(shutil.which("g++") is None, reason="needs a host C++ compiler")
-def test_cuda_tree_descriptions_equal_the_reference(tmp_path):
-    """The CUDA tree writer (huffman.cu's describe(), compiled for the host) against the
-    reference's `_tree` on the code lengths of random histograms, direct and FSE forms."""
+@pytest.fixture(scope="module")
+def host_writer(tmp_path_factory):
+    """huffman.cu's code_lengths() and describe(), compiled for the host."""
+    if shutil.which("g++") is None:
+        pytest.skip("needs a host C++ compiler")
     from weight_teleport.codec.cuda import huffman
     src = huffman.SOURCE.read_text()
     part = src[src.index("// HOST-TESTED BEGIN"):src.index("// HOST-TESTED END")]
     head = src[src.index("typedef long long i64;"):src.index("__device__ __forceinline__ void put_byte")]
-    (tmp_path / "tree.cpp").write_text(
+    d = tmp_path_factory.mktemp("huffman")
+    (d / "writer.cpp").write_text(
         "#define __device__\n#define __forceinline__ inline\n#define __clz(x) __builtin_clz(x)\n" + head + part +
         'extern "C" int describe_c(const unsigned char* L, int last, int top, unsigned char* t) '
-        "{ return describe(L, last, top, t); }\n")
-    lib = tmp_path / "tree.so"
-    subprocess.run(["g++", "-O1", "-std=c++17", "-shared", "-fPIC", "-o", str(lib), str(tmp_path / "tree.cpp")],
-                   check=True)
-    describe = ctypes.CDLL(str(lib)).describe_c
-    rng = np.random.default_rng(5)
+        "{ return describe(L, last, top, t); }\n"
+        'extern "C" void lengths_c(const int* total, const int* order, int m, unsigned char* L) '
+        "{ int cnt[511]; short parent[511]; unsigned char depth[511]; "
+        "code_lengths(total, order, m, cnt, parent, depth, L); }\n")
+    lib = d / "writer.so"
+    subprocess.run(["g++", "-O1", "-std=c++17", "-shared", "-fPIC", "-o", str(lib), str(d / "writer.cpp")], check=True)
+    return ctypes.CDLL(str(lib))
+
+
+def _histograms(rng, n: int):
+    """Histograms of random streams, and edge cases: two symbols, all 256 alike, Fibonacci
+    counts (deeper than 11 bits), one huge count beside many ones."""
+    yield np.bincount([0, 1, 1], minlength=256)
+    yield np.full(256, 7)
+    yield np.bincount(_fibonacci(100000, rng), minlength=256)
+    yield np.r_[[1 << 20], np.ones(255, np.int64)]
+    for trial in range(n):
+        size = int(rng.integers(20, 20000))
+        yield np.bincount([np.minimum(rng.geometric(0.02, size) - 1, 255), rng.integers(0, 256, size),
+                           np.where(rng.random(size) < 0.99, rng.integers(0, 8, size), rng.integers(129, 256, size)),
+                           np.minimum(rng.geometric(0.3, size) - 1, 40) * 5 + rng.integers(0, 5, size)][trial % 4]
+                          .astype(np.uint8), minlength=256)
+
+
+def test_cuda_code_lengths_and_trees_equal_the_reference(host_writer):
+    """The CUDA plan's code lengths and tree descriptions (huffman.cu's code_lengths() and
+    describe(), compiled for the host) against the reference's `code_lengths` and `_tree`."""
+    from weight_teleport.codec.cuda import huffman
     fse = 0
-    for trial in range(400):
-        n = int(rng.integers(200, 20000))
-        data = [np.minimum(rng.geometric(0.02, n) - 1, 255), rng.integers(0, 256, n),
-                np.where(rng.random(n) < 0.99, rng.integers(0, 8, n), rng.integers(129, 256, n)),
-                np.minimum(rng.geometric(0.3, n) - 1, 40) * 5 + rng.integers(0, 5, n)][trial % 4]
-        hist = np.bincount(data.astype(np.uint8), minlength=256)
-        lengths = H.code_lengths(hist)
+    for hist in _histograms(np.random.default_rng(5), 400):
+        order = np.array(sorted(np.flatnonzero(hist), key=lambda s: (hist[s], s)), np.int32)
+        lengths = (ctypes.c_ubyte * 256)()
+        host_writer.lengths_c(np.ascontiguousarray(hist, np.int32).ctypes.data_as(ctypes.c_void_p),
+                              order.ctypes.data_as(ctypes.c_void_p), order.size, lengths)
+        expect = H.code_lengths(hist)
+        assert list(lengths) == expect.tolist()
         last = int(np.flatnonzero(hist).max())
         out = (ctypes.c_ubyte * huffman.TREE_MAX)()
-        k = describe((ctypes.c_ubyte * 256)(*[int(x) for x in lengths]), last, int(lengths.max()), out)
-        assert (bytes(out[:k]) if k else None) == H._tree(lengths, last)
+        k = host_writer.describe_c(lengths, last, int(expect.max()), out)
+        assert (bytes(out[:k]) if k else None) == H._tree(expect, last)
         fse += last > H.MAX_SYMBOL and k > 0
     assert fse > 100
 

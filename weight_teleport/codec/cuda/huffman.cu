@@ -37,8 +37,8 @@ __device__ __forceinline__ void put_le(unsigned* out, i64 at, u64 v, int n) {
 
 __device__ __forceinline__ int quarter_of(int n) { return n < ONE_STREAM_BELOW ? n : (n + 3) / 4; }
 
-// HOST-TESTED BEGIN: Bits and describe() compile for the host too (tests/test_huffman_frames.py
-// holds them to the reference without a GPU).
+// HOST-TESTED BEGIN: Bits, describe() and code_lengths() compile for the host too
+// (tests/test_huffman_frames.py holds them to the reference without a GPU).
 
 // Little-endian bits into bytes, as zstd's bit streams take them.
 struct Bits {
@@ -190,6 +190,48 @@ __device__ int describe(const unsigned char* L, int last, int top, unsigned char
     tree[0] = (unsigned char)total;
     return 1 + total;
 }
+
+// Code lengths L[256] of the m >= 2 symbols `order` (by count, then symbol) with counts
+// total[]: codec/huffman_frames.py `code_lengths`, step for step (cnt, parent, depth: 2m - 1
+// entries of scratch).
+__device__ __forceinline__ void code_lengths(const int* total, const int* order, int m, int* cnt, short* parent,
+                                             unsigned char* depth, unsigned char* L) {
+    for (int i = 0; i < m; i++) cnt[i] = total[order[i]];
+    int leaf = 0, inner = m;
+    for (int node = m; node < 2 * m - 1; node++) {
+        int pick[2];
+        for (int k = 0; k < 2; k++) {
+            if (leaf < m && (inner >= node || cnt[leaf] <= cnt[inner])) pick[k] = leaf++;
+            else pick[k] = inner++;
+        }
+        cnt[node] = cnt[pick[0]] + cnt[pick[1]];
+        parent[pick[0]] = parent[pick[1]] = (short)node;
+    }
+    depth[2 * m - 2] = 0;
+    for (int i = 2 * m - 3; i >= 0; i--) depth[i] = depth[parent[i]] + 1;
+    int kraft = 0;
+    for (int i = 0; i < m; i++) {
+        depth[i] = depth[i] < MAX_BITS ? depth[i] : MAX_BITS;
+        kraft += 1 << (MAX_BITS - depth[i]);
+    }
+    while (kraft > 1 << MAX_BITS) {
+        int best = -1;
+        for (int i = 0; i < m; i++)
+            if (depth[i] < MAX_BITS && (best < 0 || depth[i] > depth[best])) best = i;
+        depth[best]++;
+        kraft -= 1 << (MAX_BITS - depth[best]);
+    }
+    while (kraft < 1 << MAX_BITS) {
+        for (int i = m - 1; i >= 0; i--) {
+            if (depth[i] > 1 && (1 << (MAX_BITS - depth[i])) <= (1 << MAX_BITS) - kraft) {
+                kraft += 1 << (MAX_BITS - depth[i]);
+                depth[i]--;
+                break;
+            }
+        }
+    }
+    for (int i = 0; i < m; i++) L[order[i]] = depth[i];
+}
 // HOST-TESTED END
 
 extern "C" __global__ void __launch_bounds__(T)
@@ -234,44 +276,7 @@ huf_plan(const unsigned char* buf, const i64* src, const int* len, int* info, un
         order[r] = t;
     }
     __syncthreads();
-    if (t == 0) {
-        const int m = n_sym;
-        for (int i = 0; i < m; i++) cnt[i] = total[order[i]];
-        int leaf = 0, inner = m;
-        for (int node = m; node < 2 * m - 1; node++) {
-            int pick[2];
-            for (int k = 0; k < 2; k++) {
-                if (leaf < m && (inner >= node || cnt[leaf] <= cnt[inner])) pick[k] = leaf++;
-                else pick[k] = inner++;
-            }
-            cnt[node] = cnt[pick[0]] + cnt[pick[1]];
-            parent[pick[0]] = parent[pick[1]] = (short)node;
-        }
-        depth[2 * m - 2] = 0;
-        for (int i = 2 * m - 3; i >= 0; i--) depth[i] = depth[parent[i]] + 1;
-        int kraft = 0;
-        for (int i = 0; i < m; i++) {
-            depth[i] = depth[i] < MAX_BITS ? depth[i] : MAX_BITS;
-            kraft += 1 << (MAX_BITS - depth[i]);
-        }
-        while (kraft > 1 << MAX_BITS) {
-            int best = -1;
-            for (int i = 0; i < m; i++)
-                if (depth[i] < MAX_BITS && (best < 0 || depth[i] > depth[best])) best = i;
-            depth[best]++;
-            kraft -= 1 << (MAX_BITS - depth[best]);
-        }
-        while (kraft < 1 << MAX_BITS) {
-            for (int i = m - 1; i >= 0; i--) {
-                if (depth[i] > 1 && (1 << (MAX_BITS - depth[i])) <= (1 << MAX_BITS) - kraft) {
-                    kraft += 1 << (MAX_BITS - depth[i]);
-                    depth[i]--;
-                    break;
-                }
-            }
-        }
-        for (int i = 0; i < m; i++) L[order[i]] = depth[i];
-    }
+    if (t == 0) code_lengths(total, order, n_sym, cnt, parent, depth, L);
     __syncthreads();
     if (L[t]) atomicMax(&top, L[t]);
     __syncthreads();
