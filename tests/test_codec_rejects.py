@@ -164,3 +164,24 @@ def test_resized_streams_behind_valid_checksums_are_refused(states, kind):
     with pytest.raises((PackFormatError, PackMismatchError, DigestMismatchError)):
         wt.apply_delta(state, with_renewed_crcs(pack, lambda i, data: mutate(data)))
     assert_bits_equal(state, old)
+
+
+@pytest.mark.parametrize("classes,inverted,message", [
+    ([(1, 0)], [], "class map must start at key 0"),
+    ([(0, 0), (5, 99)], [], "malformed class map run"),
+    (None, [7], "inverted class 7 does not exist"),
+])
+def test_malformed_class_map_is_refused_naming_its_tensor(states, pack, classes, inverted, message):
+    """A header whose class map (or inverted list) of a sparse tensor is malformed, behind a
+    valid header CRC: refused with the tensor's name, the state untouched."""
+    from weight_teleport.format import write_pack
+    h = read_header(pack)
+    rec = next(r for r in h.tensors if r.codec == "sparse")
+    rec.classes = classes if classes is not None else rec.classes
+    rec.inverted = inverted
+    bad = write_pack(h, [pack[h.payload_offset:]])
+    old, _ = states
+    state = clone_state(old)
+    with pytest.raises(PackFormatError, match=f"tensor '{rec.name}': {message}"):
+        wt.apply_delta(state, bad, base_version=1)
+    assert_bits_equal(state, old)

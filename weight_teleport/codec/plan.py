@@ -168,6 +168,48 @@ def _run_starts(luts):
     return starts, n
 
 
+class ClassMapError(ValueError):
+    """A malformed class map among several: `index` is the first bad one."""
+
+    def __init__(self, index: int, message: str):
+        super().__init__(message)
+        self.index = index
+
+
+def runs_to_luts(runs: list[list[tuple[int, int]]], n_keys: int) -> np.ndarray:
+    """[len(runs), n_keys] uint8: the class of every key of each (first key, class) run list,
+    filled by one compiled walk with runs_to_lut's checks; ClassMapError (with runs_to_lut's
+    message) for the first malformed list."""
+    first = np.zeros(len(runs) + 1, np.int64)
+    first[1:] = np.cumsum([len(r) for r in runs])
+    flat = np.array([x for r in runs for x in r], np.int64).reshape(-1, 2)
+    luts = np.empty((len(runs), n_keys), np.uint8)
+    bad = _fill_luts(flat[:, 0].copy(), flat[:, 1].copy(), first, n_keys, MAX_CLASSES, luts)
+    if bad >= 0:
+        try:
+            runs_to_lut(runs[bad], n_keys)
+        except ValueError as e:
+            raise ClassMapError(bad, str(e)) from None
+        raise AssertionError("the compiled walk refused a class map that runs_to_lut accepts")
+    return luts
+
+
+@njit(nogil=True, cache=True)
+def _fill_luts(starts, classes, first, n_keys, max_classes, luts) -> int:
+    """Fills row r of luts from runs first[r]..first[r + 1] - 1; the first malformed row, or -1
+    (the checks of runs_to_lut)."""
+    for r in range(first.size - 1):
+        a, b = first[r], first[r + 1]
+        if b == a or starts[a] != 0:
+            return r
+        for i in range(a, b):
+            stop = starts[i + 1] if i + 1 < b else n_keys
+            if not (0 <= starts[i] < stop <= n_keys) or not (0 <= classes[i] < max_classes):
+                return r
+            luts[r, starts[i]:stop] = classes[i]
+    return -1
+
+
 def runs_to_lut(runs: list[tuple[int, int]], n_keys: int) -> np.ndarray:
     """The class of every key from (first key, class) runs; ValueError if malformed."""
     if not runs or runs[0][0] != 0:

@@ -13,7 +13,8 @@ from weight_teleport.codec.cpu import chunks as C
 from weight_teleport.codec.cpu import kernels as K
 from weight_teleport.codec.dtypes import BY_NAME, DtypeInfo, as_uint
 from weight_teleport.codec.patch import ChunkPatch, StagedPatch, TensorPatch
-from weight_teleport.codec.plan import SPARSE_MAX_DENSITY, chunk_ranges, plan_classes, runs_to_lut
+from weight_teleport.codec.plan import (MAX_CLASSES, SPARSE_MAX_DENSITY, ClassMapError, chunk_ranges, plan_classes,
+                                        runs_to_luts)
 from weight_teleport.errors import DigestMismatchError, PackFormatError, PackMismatchError
 from weight_teleport.format import ChunkRef, PackHeader, TensorRecord, chunk_payload
 
@@ -206,17 +207,27 @@ def _unchanged(live: Live):
 
 
 def _class_map(rec: TensorRecord, info: DtypeInfo):
+    """(class of every key, inverted flag of every class) of a sparse record."""
+    luts, inverted, n_classes = class_maps([rec], info)
+    return luts[0], inverted[0, :n_classes[0]]
+
+
+def class_maps(recs: list[TensorRecord], info: DtypeInfo):
+    """([records, keys] uint8 class maps, [records, MAX_CLASSES] inverted flags, classes per
+    record) of sparse records of one element type, in one compiled walk; PackFormatError
+    naming the first bad record."""
     try:
-        lut = runs_to_lut(rec.classes, C.n_keys(info))
-    except ValueError as e:
-        raise PackFormatError(f"tensor {rec.name!r}: {e}") from None
-    n_classes = int(lut.max()) + 1
-    inverted = np.zeros(n_classes, np.bool_)
-    for c in rec.inverted:
-        if not 0 <= c < n_classes:
-            raise PackFormatError(f"tensor {rec.name!r}: inverted class {c} does not exist")
-        inverted[c] = True
-    return lut, inverted
+        luts = runs_to_luts([rec.classes for rec in recs], C.n_keys(info))
+    except ClassMapError as e:
+        raise PackFormatError(f"tensor {recs[e.index].name!r}: {e}") from None
+    n_classes = luts.max(1).astype(np.int64) + 1 if len(recs) else np.zeros(0, np.int64)
+    inverted = np.zeros((len(recs), MAX_CLASSES), np.bool_)
+    for i, rec in enumerate(recs):
+        for c in rec.inverted:
+            if not 0 <= c < n_classes[i]:
+                raise PackFormatError(f"tensor {rec.name!r}: inverted class {c} does not exist")
+            inverted[i, c] = True
+    return luts, inverted, n_classes
 
 
 def _verify(rec: TensorRecord, live: Live, results, header: PackHeader, check_base: bool) -> TensorPatch:

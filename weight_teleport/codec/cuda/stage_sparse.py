@@ -30,14 +30,11 @@ class SparseBatch:
                  upload: inflate.Upload | None = None):
         self.lives, self.recs, self.info = lives, recs, lives[0].info
         self.table = blocks.build([lv.u for lv in lives], header.chunk_elems, ranks.BLOCK)
-        maps = [cpu._class_map(r, self.info) for r in recs]
-        self.n_classes = np.array([m[1].size for m in maps], np.int64)
+        luts, inverted, self.n_classes = cpu.class_maps(recs, self.info)
         self.ncp = ranks.pow2(int(self.n_classes.max()))
-        inv = np.zeros((len(recs), self.ncp), np.int8)
-        for i, (_, iv) in enumerate(maps):
-            inv[i, :iv.size] = iv
+        inv = inverted[:, :self.ncp].astype(np.int8)
         dev = lives[0].u.device
-        self.luts = layout.upload(np.stack([m[0] for m in maps]), dev)
+        self.luts = layout.upload(luts, dev)
         self.inv = layout.upload(inv, dev)
         # the live weights' class counts need no byte of the pack: the GPU counts while the
         # host reads the stream tables
