@@ -169,6 +169,7 @@ def test_resized_streams_behind_valid_checksums_are_refused(states, kind):
 @pytest.mark.parametrize("classes,inverted,message", [
     ([(1, 0)], [], "class map must start at key 0"),
     ([(0, 0), (5, 99)], [], "malformed class map run"),
+    ([(0, 0), (5, 10 ** 30)], [], "malformed class map run"),  # past int64
     (None, [7], "inverted class 7 does not exist"),
 ])
 def test_malformed_class_map_is_refused_naming_its_tensor(states, pack, classes, inverted, message):

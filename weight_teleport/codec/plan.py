@@ -178,47 +178,38 @@ class ClassMapError(ValueError):
 
 def runs_to_luts(runs: list[list[tuple[int, int]]], n_keys: int) -> np.ndarray:
     """[len(runs), n_keys] uint8: the class of every key of each (first key, class) run list,
-    filled by one compiled walk with runs_to_lut's checks; ClassMapError (with runs_to_lut's
-    message) for the first malformed list."""
+    filled by one compiled walk; ClassMapError for the first malformed list (one that does
+    not start at key 0, a run that does not start after the previous one or ends past the
+    keys, or a class outside [0, MAX_CLASSES))."""
     first = np.zeros(len(runs) + 1, np.int64)
     first[1:] = np.cumsum([len(r) for r in runs])
-    flat = np.array([x for r in runs for x in r], np.int64).reshape(-1, 2)
+    values = [x for r in runs for run in r for x in run]
+    try:
+        flat = np.array(values, np.int64).reshape(-1, 2)
+    except OverflowError:  # a header's number past int64 is malformed anyway: -1 fails every check
+        flat = np.array([x if -(1 << 62) < x < 1 << 62 else -1 for x in values], np.int64).reshape(-1, 2)
     luts = np.empty((len(runs), n_keys), np.uint8)
-    bad = _fill_luts(flat[:, 0].copy(), flat[:, 1].copy(), first, n_keys, MAX_CLASSES, luts)
-    if bad >= 0:
-        try:
-            runs_to_lut(runs[bad], n_keys)
-        except ValueError as e:
-            raise ClassMapError(bad, str(e)) from None
-        raise AssertionError("the compiled walk refused a class map that runs_to_lut accepts")
+    row, run = _fill_luts(flat[:, 0].copy(), flat[:, 1].copy(), first, n_keys, MAX_CLASSES, luts)
+    if row >= 0:
+        if run < 0:
+            raise ClassMapError(row, "class map must start at key 0")
+        start, cls = runs[row][run]
+        raise ClassMapError(row, f"malformed class map run ({start}, {cls})")
     return luts
 
 
 @njit(nogil=True, cache=True)
-def _fill_luts(starts, classes, first, n_keys, max_classes, luts) -> int:
-    """Fills row r of luts from runs first[r]..first[r + 1] - 1; the first malformed row, or -1
-    (the checks of runs_to_lut)."""
+def _fill_luts(starts, classes, first, n_keys, max_classes, luts) -> tuple[int, int]:
+    """Fills row r of luts from runs first[r]..first[r + 1] - 1; (the first malformed row, its
+    bad run or -1 when it does not start at key 0), or (-1, -1)."""
     for r in range(first.size - 1):
         a, b = first[r], first[r + 1]
         if b == a or starts[a] != 0:
-            return r
+            return r, -1
         for i in range(a, b):
             stop = starts[i + 1] if i + 1 < b else n_keys
             if not (0 <= starts[i] < stop <= n_keys) or not (0 <= classes[i] < max_classes):
-                return r
+                return r, i - a
             luts[r, starts[i]:stop] = classes[i]
-    return -1
-
-
-def runs_to_lut(runs: list[tuple[int, int]], n_keys: int) -> np.ndarray:
-    """The class of every key from (first key, class) runs; ValueError if malformed."""
-    if not runs or runs[0][0] != 0:
-        raise ValueError("class map must start at key 0")
-    lut = np.empty(n_keys, np.uint8)
-    bounds = [k for k, _ in runs] + [n_keys]
-    for (start, cls), stop in zip(runs, bounds[1:]):
-        if not (0 <= start < stop <= n_keys) or not (0 <= cls < MAX_CLASSES):
-            raise ValueError(f"malformed class map run ({start}, {cls})")
-        lut[start:stop] = cls
-    return lut
+    return -1, -1
 
