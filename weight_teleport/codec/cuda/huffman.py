@@ -24,13 +24,7 @@ TREE_MAX = 128
 
 def available(tensor: torch.Tensor) -> bool:
     """Whether the writer can run on `tensor`'s device (NVRTC compiles for it)."""
-    return tensor.is_cuda and nvrtc.available() and nvrtc.supports(_capability(tensor.device))
-
-
-@functools.cache
-def _capability(device: torch.device) -> int:
-    major, minor = torch.cuda.get_device_capability(device)
-    return 10 * major + minor
+    return nvrtc.compiles_for(tensor)
 
 
 @functools.cache

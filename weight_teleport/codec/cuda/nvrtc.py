@@ -57,6 +57,7 @@ def _check_driver(code: int, what: str) -> None:
         raise RuntimeError(f"{what} failed: CUDA error {code} ({(msg.value or b'?').decode()})")
 
 
+@functools.cache
 def _supported_archs() -> list[int]:
     """The compute capabilities (such as 90) this NVRTC compiles for."""
     lib, n = _nvrtc(), ctypes.c_int()
@@ -64,6 +65,19 @@ def _supported_archs() -> list[int]:
     archs = (ctypes.c_int * n.value)()
     lib.nvrtcGetSupportedArchs(archs)
     return list(archs)
+
+
+@functools.cache
+def capability(device) -> int:
+    """A CUDA device's compute capability as 10 * major + minor (such as 90)."""
+    major, minor = torch.cuda.get_device_capability(device)
+    return 10 * major + minor
+
+
+def compiles_for(tensor: torch.Tensor) -> bool:
+    """Whether kernels compiled here run on `tensor`'s device (a CUDA tensor, NVRTC and the
+    driver loaded, NVRTC compiling for its GPU)."""
+    return tensor.is_cuda and available() and supports(capability(tensor.device))
 
 
 def supports(capability: int) -> bool:
@@ -125,8 +139,7 @@ class Module:
     def function(self, kernel: str, index: int) -> ctypes.c_void_p:
         """The compiled `kernel` on device `index` (compiling the source on first use)."""
         if index not in self._modules:
-            major, minor = torch.cuda.get_device_capability(index)
-            image = compile_image(self.source, self.name, 10 * major + minor, self.options)
+            image = compile_image(self.source, self.name, capability(index), self.options)
             module = ctypes.c_void_p()
             _check_driver(_driver().cuModuleLoadData(ctypes.byref(module), image), "cuModuleLoadData")
             self._modules[index] = module

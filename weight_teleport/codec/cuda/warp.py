@@ -25,15 +25,9 @@ enabled = True
 
 
 def available(tensor: torch.Tensor) -> bool:
-    """Whether the warp kernels can run on `tensor`'s device."""
-    return enabled and tensor.is_cuda and nvrtc.available() and _compiles_for(tensor.device)
-
-
-@functools.cache
-def _compiles_for(device: torch.device) -> bool:
-    """A GPU with __match_any_sync (compute capability 7.0 on) that NVRTC compiles for."""
-    major, minor = torch.cuda.get_device_capability(device)
-    return major >= 7 and nvrtc.supports(10 * major + minor)
+    """Whether the warp kernels can run on `tensor`'s device: one that NVRTC compiles for,
+    with __match_any_sync (compute capability 7.0 on)."""
+    return enabled and nvrtc.compiles_for(tensor) and nvrtc.capability(tensor.device) >= 70
 
 
 @functools.cache
