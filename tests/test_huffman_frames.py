@@ -62,6 +62,11 @@ def test_random_streams_decode(raw, cap):
     _check(np.minimum(data, cap))
 
 
+def test_frame_header_sizes():
+    sizes = np.array(SIZES + [1, 255, 65791, 65792, 1 << 24])
+    assert H.frame_header_size(sizes).tolist() == [len(H.frame_header(int(n))) for n in sizes]
+
+
 def test_code_lengths_are_limited_and_complete():
     hist = np.zeros(256, np.int64)
     hist[:25] = [int(x) for x in np.bincount(_fibonacci(200000, np.random.default_rng(1)), minlength=25)]

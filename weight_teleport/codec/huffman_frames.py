@@ -30,6 +30,8 @@ WEIGHT_LOG = 6
 MAGIC = b"\x28\xb5\x2f\xfd"
 RAW_BLOCK, RLE_BLOCK, COMPRESSED_BLOCK = 0, 1, 2
 ONE_STREAM_BELOW = 1024
+SIZE_IN_1_BELOW, SIZE_IN_2_BELOW = 256, 65536 + 256
+"""Frames of fewer bytes than these hold their size in 1 or 2 bytes, others in 4."""
 
 
 def code_lengths(hist: np.ndarray) -> np.ndarray:
@@ -255,12 +257,18 @@ def _huffman_block(data: np.ndarray, hist: np.ndarray) -> bytes | None:
 
 
 def frame_header(n: int) -> bytes:
-    """Magic and a single-segment frame header holding the content size `n`."""
-    if n < 256:
+    """Magic and a single-segment frame header holding the content size `n` in 1, 2 (n - 256)
+    or 4 bytes."""
+    if n < SIZE_IN_1_BELOW:
         return MAGIC + bytes([0x20, n])
-    if n < 65536 + 256:
+    if n < SIZE_IN_2_BELOW:
         return MAGIC + bytes([0x60]) + (n - 256).to_bytes(2, "little")
     return MAGIC + bytes([0xA0]) + n.to_bytes(4, "little")
+
+
+def frame_header_size(n):
+    """Bytes of `frame_header(n)`, of an int or each of an array."""
+    return np.where(n < SIZE_IN_1_BELOW, 6, np.where(n < SIZE_IN_2_BELOW, 7, 9))
 
 
 def frame(data) -> bytes:

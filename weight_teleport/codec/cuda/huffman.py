@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from weight_teleport.codec.cuda import layout, nvrtc
-from weight_teleport.codec.huffman_frames import BLOCK_BYTES
+from weight_teleport.codec.huffman_frames import BLOCK_BYTES, frame_header_size
 
 SOURCE = Path(__file__).with_name("huffman.cu")
 THREADS = 256
@@ -73,15 +73,10 @@ def plan(buffer: torch.Tensor, offsets: np.ndarray, lengths: np.ndarray) -> Plan
     return Plan(lengths, stream, src_d, size_d, info, codes, code_lengths, trees)
 
 
-def _frame_header_bytes(lengths: np.ndarray) -> np.ndarray:
-    """Bytes of each frame's header, as huffman_frames.frame_header writes it."""
-    return np.where(lengths < 256, 6, np.where(lengths < 65536 + 256, 7, 9))
-
-
 def frame_sizes(p: Plan, info: np.ndarray) -> np.ndarray:
     """Each stream's frame bytes, from the fetched plan."""
     block_bytes = 3 + info[:p.stream.size, 1].astype(np.int64)
-    return _frame_header_bytes(p.lengths) + np.bincount(p.stream, block_bytes, p.lengths.size).astype(np.int64)
+    return frame_header_size(p.lengths) + np.bincount(p.stream, block_bytes, p.lengths.size).astype(np.int64)
 
 
 def write(buffer: torch.Tensor, p: Plan, info: np.ndarray, take: np.ndarray, sizes: np.ndarray):
@@ -96,7 +91,7 @@ def write(buffer: torch.Tensor, p: Plan, info: np.ndarray, take: np.ndarray, siz
         first = np.r_[True, p.stream[1:] != p.stream[:-1]]
         is_last = np.r_[p.stream[1:] != p.stream[:-1], True]
         stream_at = np.full(p.lengths.size, -1, np.int64)
-        stream_at[take] = out_off + _frame_header_bytes(p.lengths[take])
+        stream_at[take] = out_off + frame_header_size(p.lengths[take])
         within = layout.starts(block_bytes) - layout.starts(block_bytes)[first][np.cumsum(first) - 1]
         at = np.where(take[p.stream], stream_at[p.stream] + within, -1)
         frame = np.where(first & take[p.stream], p.lengths[p.stream], 0)
