@@ -183,17 +183,27 @@ def _advise_huge_pages(addr: int, n: int) -> None:
         _libc.madvise(ctypes.c_void_p(lo), ctypes.c_size_t(hi - lo), MADV_HUGEPAGE)  # advice: failure changes nothing
 
 
+def in_runs(n: int, work, threads: int) -> list:
+    """[work(lo, hi)] for up to `threads` even runs [lo, hi) that cut range(n), on threads
+    when there are several (for work that releases the GIL: numpy copies, zlib, compiled
+    walks), else on the calling thread."""
+    cuts = np.linspace(0, n, max(1, min(threads, n)) + 1).astype(np.int64)
+    runs = [(int(a), int(b)) for a, b in zip(cuts[:-1], cuts[1:])]
+    if len(runs) == 1:
+        return [work(*runs[0])]
+    with ThreadPoolExecutor(max_workers=len(runs)) as pool:
+        return list(pool.map(lambda r: work(*r), runs))
+
+
 def fill(dst: np.ndarray, parts: list, threads: int = 8) -> None:
-    """dst[:] = the bytes of `parts` end to end, copied by up to `threads` threads, each a
-    span of `dst` (numpy copies release the GIL; fresh pages fault in parallel)."""
+    """dst[:] = the bytes of `parts` end to end, copied by up to `threads` threads from
+    THREADED_FILL_FROM bytes, each a span of `dst` (fresh pages fault in parallel)."""
     sizes = np.array([memoryview(p).nbytes for p in parts], np.int64)
-    n, threads = int(sizes.sum()), max(1, min(threads, os.cpu_count() or 1))
+    n = int(sizes.sum())
     assert dst.dtype == np.uint8 and dst.size == n
     starts = np.cumsum(sizes) - sizes
-    bounds = np.linspace(0, n, threads + 1).astype(np.int64)
 
-    def span(k: int) -> None:
-        lo, hi = bounds[k], bounds[k + 1]
+    def span(lo: int, hi: int) -> None:
         for i in range(np.searchsorted(starts, lo, "right") - 1, len(parts)):
             if starts[i] >= hi:
                 break
@@ -201,12 +211,7 @@ def fill(dst: np.ndarray, parts: list, threads: int = 8) -> None:
             if b > a:
                 dst[a:b] = np.frombuffer(parts[i], np.uint8)[a - starts[i]:b - starts[i]]
 
-    if threads == 1 or n < THREADED_FILL_FROM:
-        for k in range(threads):
-            span(k)
-        return
-    with ThreadPoolExecutor(max_workers=threads) as pool:
-        list(pool.map(span, range(threads)))
+    in_runs(n, span, min(threads, os.cpu_count() or 1) if n >= THREADED_FILL_FROM else 1)
 
 
 def _record(d: dict) -> TensorRecord:
@@ -285,12 +290,8 @@ def crc32_ranges(data, offsets, lengths, threads: int) -> list[int]:
     whole ranges (zlib releases the GIL; one task per range would cost more than the CRCs)."""
     view = memoryview(data)
     spans = list(zip((int(o) for o in offsets), (int(n) for n in lengths)))
-    if not spans:
-        return []
-    runs = np.array_split(np.arange(len(spans)), max(1, min(threads, len(spans))))
-    crc = lambda run: [zlib.crc32(view[spans[i][0]:spans[i][0] + spans[i][1]]) for i in run]
-    with ThreadPoolExecutor(max_workers=len(runs)) as pool:
-        return [c for part in pool.map(crc, runs) for c in part]
+    crc = lambda lo, hi: [zlib.crc32(view[o:o + n]) for o, n in spans[lo:hi]]
+    return [c for part in in_runs(len(spans), crc, threads) for c in part]
 
 
 def chunk_payload(pack: bytes | memoryview, header: PackHeader, ref: ChunkRef) -> memoryview:

@@ -6,13 +6,13 @@ n_groups, then per group count, n_streams and (codec, raw length, stored length)
 stream. Sparse groups hold 0 or 4 streams."""
 
 import os
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
 from numba import njit
 
 from weight_teleport.errors import PackFormatError
+from weight_teleport.format.container import in_runs
 
 VARINT_MAX = 10
 MAX_VALUE = 1 << 48
@@ -106,13 +106,8 @@ def read(pack: np.ndarray, starts: np.ndarray, lengths: np.ndarray, classes: np.
     events = np.zeros(n * ncp, np.int64)
     codec, raw, stored, at = (np.zeros((n * ncp, STREAMS), np.int64) for _ in range(4))
     args = (pack, starts.astype(np.int64), lengths.astype(np.int64), classes.astype(np.int64), ncp)
-    cuts = np.linspace(0, n, min(THREADS, -(-n // CHUNKS_A_THREAD)) + 1).astype(np.int64)
-    part = lambda k: _read(*args, cuts[k], cuts[k + 1], events, codec, raw, stored, at)
-    if cuts.size <= 2:
-        bad = [part(0)] if n else []
-    else:
-        with ThreadPoolExecutor(max_workers=cuts.size - 1) as pool:
-            bad = list(pool.map(part, range(cuts.size - 1)))
+    bad = in_runs(n, lambda lo, hi: _read(*args, lo, hi, events, codec, raw, stored, at),
+                  min(THREADS, -(-n // CHUNKS_A_THREAD)))
     if any(b >= 0 for b in bad):
         raise PackFormatError("chunk table is truncated or malformed (sparse chunk)")
     return StreamTable(events, codec, raw, stored, at)
