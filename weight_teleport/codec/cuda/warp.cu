@@ -11,7 +11,8 @@
 // lowest lane then advances (the scan's histogram bins take an atomic add). (Voting the key
 // bit by bit with ballots instead measured 2.1-2.3x slower in the scan on the H200:
 // BENCHMARKS.md.)
-// A round of UNROLL slices whose elements are all inside the block runs without bounds checks.
+// A round of UNROLL slices whose elements are all inside the block runs without bounds checks,
+// and its loads are issued while the round before is worked on (each_round).
 //
 // Compiled per element type by codec/cuda/warp.py with these defines: BITS (element
 // width), IS_FLOAT, MANT (mantissa bits), KMASK (exponent-field mask), BLOCK (elements of a
@@ -108,6 +109,28 @@ __device__ __forceinline__ void load_slices(W* out, const U* p, int s0, int lane
     }
 }
 
+// A block of n elements of the N tensors at p[], a round of UNROLL slices at a time:
+// body(x, s0, all) gets the round's elements x[k][u] of tensor k (0 past the end; `all`:
+// every one inside the block). The next round's loads are issued before the body runs, so
+// the body's work hides them (placement 28.8 -> 26.3 ms on the H200; the class-count and
+// events kernels took the same time either way).
+template <int N, class F>
+__device__ __forceinline__ void each_round(const U* const (&p)[N], int n, int lane, F body) {
+    W x[N][UNROLL], next[N][UNROLL];
+#pragma unroll
+    for (int k = 0; k < N; k++) load_slices(x[k], p[k], 0, lane, n);
+    for (int s0 = 0; s0 < n; s0 += 32 * UNROLL) {
+#pragma unroll
+        for (int k = 0; k < N; k++) load_slices(next[k], p[k], s0 + 32 * UNROLL, lane, n);
+        if (s0 + 32 * UNROLL <= n) body(x, s0, true);
+        else body(x, s0, false);
+#pragma unroll
+        for (int k = 0; k < N; k++)
+#pragma unroll
+            for (int u = 0; u < UNROLL; u++) x[k][u] = next[k][u];
+    }
+}
+
 __device__ __forceinline__ int class_of(W b, const unsigned char* lut) {
     return __ldg(lut + (int)((b >> MANT) & KMASK));
 }
@@ -163,24 +186,20 @@ class_counts(const U* old, const i64* rows, const int* prog, const unsigned char
         o_hi += (hi >> 8) & even;
         lo = hi = 0;
     };
-    auto round = [&](int s0, bool all) {  // `all`: every element of the round inside the block
-        W o[UNROLL];
-        load_slices(o, po, s0, lane, all ? BLOCK : bk.n);
+    const U* const p[1] = {po};
+    int r = 0;
+    each_round(p, bk.n, lane, [&](const W (&x)[1][UNROLL], int s0, bool all) {
 #pragma unroll
         for (int u = 0; u < UNROLL; u++) {
             if (all || s0 + u * 32 + lane < bk.n) {
-                const int c = class_of(o[u], lt);
+                const int c = class_of(x[0][u], lt);
                 const u64 one = 1ull << ((c & 7) * 8);
                 lo += c < 8 ? one : 0ull;
                 hi += c < 8 ? 0ull : one;
             }
         }
-    };
-    for (int s0 = 0, r = 1; s0 < bk.n; s0 += 32 * UNROLL, r++) {
-        if (s0 + 32 * UNROLL <= bk.n) round(s0, true);
-        else round(s0, false);
-        if (r % 16 == 0) spread();
-    }
+        if (++r % 16 == 0) spread();
+    });
     spread();
 #pragma unroll
     for (int d = 16; d > 0; d >>= 1) {
@@ -255,10 +274,10 @@ class_events(const U* old, const i64* rows, const int* prog, const U* nw, const 
     }
     __syncwarp();
     const unsigned below = lanes_below();
-    auto round = [&](int s0, bool all) {  // `all`: every element of the round inside the block
-        W o[UNROLL], nv[UNROLL];
-        load_slices(o, po, s0, lane, all ? BLOCK : bk.n);
-        load_slices(nv, pn, s0, lane, all ? BLOCK : bk.n);
+    const U* const p[2] = {po, pn};
+    each_round(p, bk.n, lane, [&](const W (&x)[2][UNROLL], int s0, bool all) {
+        const W* o = x[0];
+        const W* nv = x[1];
 #pragma unroll
         for (int u = 0; u < UNROLL; u++) {
             const bool v = all || s0 + u * 32 + lane < bk.n;
@@ -276,11 +295,7 @@ class_events(const U* old, const i64* rows, const int* prog, const U* nw, const 
             if (ev) ranks_out[t.events_at + e] = r;
             if (changed) res_out[ro[w][c] + (flip ? r - e : e)] = (i64)wrap(key(nv[u]) - key(o[u]));
         }
-    };
-    for (int s0 = 0; s0 < bk.n; s0 += 32 * UNROLL) {
-        if (s0 + 32 * UNROLL <= bk.n) round(s0, true);
-        else round(s0, false);
-    }
+    });
 }
 
 // The sampler's placement, in two phases per block (one warp's; its shared memory holds the
@@ -354,10 +369,11 @@ place_changes(const U* old, const i64* rows, const int* prog, const unsigned cha
     i64 out = starts[pid];  // the block's next output: changes are written in position order
     u64 sum_old = 0, delta = 0;
     // One round: UNROLL slices of 32 elements (`all`: every one inside the block) find their
-    // class ranks and bitmap bits, and the changed ones join the queue.
-    auto round = [&](int s0, bool all) {
-        W o[UNROLL];
-        load_slices(o, po, s0, lane, all ? BLOCK : bk.n);
+    // class ranks and bitmap bits, and the changed ones join the queue; then the queue is
+    // taken while it holds 32 changes (all of it after the last round).
+    const U* const p[1] = {po};
+    each_round(p, bk.n, lane, [&](const W (&x)[1][UNROLL], int s0, bool all) {
+        const W* o = x[0];
 #pragma unroll
         for (int u = 0; u < UNROLL; u++) {
             const int i = s0 + u * 32 + lane;
@@ -381,10 +397,6 @@ place_changes(const U* old, const i64* rows, const int* prog, const unsigned cha
             }
             q.tail += __popc(moved);
         }
-    };
-    for (int s0 = 0; s0 < bk.n; s0 += 32 * UNROLL) {
-        if (s0 + 32 * UNROLL <= bk.n) round(s0, true);
-        else round(s0, false);
         __syncwarp();
         for (int k = lane; k < 32 * UNROLL / PW; k += 32) {
             const int wd = s0 / PW + k;
@@ -427,7 +439,7 @@ place_changes(const U* old, const i64* rows, const int* prog, const unsigned cha
             if (ends_word) delta += term(words[wd], (u64)(word0 + wd)) - term(was, (u64)(word0 + wd));
             q.head += m;
         }
-    }
+    });
 #pragma unroll
     for (int d = 16; d > 0; d >>= 1) {
         sum_old += __shfl_xor_sync(FULL, sum_old, d);
