@@ -16,6 +16,7 @@ its own CRC-32, so a reader can fetch the preamble and header, then any chunk al
 
 import ctypes
 import gc
+import itertools
 import json
 import os
 import struct
@@ -292,6 +293,35 @@ def crc32_ranges(data, offsets, lengths, threads: int) -> list[int]:
     spans = list(zip((int(o) for o in offsets), (int(n) for n in lengths)))
     crc = lambda lo, hi: [zlib.crc32(view[o:o + n]) for o, n in spans[lo:hi]]
     return [c for part in in_runs(len(spans), crc, threads) for c in part]
+
+
+@dataclass
+class ChunkSpans:
+    """The chunks of some records as arrays, in record order (int64 each)."""
+    starts: np.ndarray
+    """Byte offsets in the pack (the payload's offset added)."""
+    lengths: np.ndarray
+    crcs: np.ndarray
+    payload_offset: int
+
+    @classmethod
+    def of(cls, header: PackHeader, recs: list[TensorRecord]) -> "ChunkSpans":
+        refs = [ref for r in recs for ref in r.chunks]
+        flat = np.fromiter(itertools.chain.from_iterable(refs), np.int64, 3 * len(refs)).reshape(-1, 3)
+        return cls(flat[:, 0] + header.payload_offset, flat[:, 1], flat[:, 2], header.payload_offset)
+
+    def bounds(self) -> tuple[int, int]:
+        """[lo, hi): the bytes of the pack the chunks lie in ((0, 0) for none)."""
+        if not self.starts.size:
+            return 0, 0
+        return int(self.starts.min()), int((self.starts + self.lengths).max())
+
+    def compare(self, crcs) -> None:
+        """PackFormatError naming the first chunk whose CRC-32 is not `crcs`' one."""
+        bad = np.flatnonzero(np.asarray(crcs, np.int64) != self.crcs)
+        if bad.size:
+            at = int(self.starts[bad[0]]) - self.payload_offset
+            raise PackFormatError(f"pack chunk at payload offset {at} is corrupted (CRC-32 mismatch)")
 
 
 def chunk_payload(pack: bytes | memoryview, header: PackHeader, ref: ChunkRef) -> memoryview:

@@ -67,15 +67,6 @@ class Upload:
         self.lo = lo
         self._bytes = pool.submit(self._copy, pack, lo, hi, device, torch.cuda.Stream(device))
 
-    @classmethod
-    def of_chunks(cls, pack, header, recs, device, pool: ThreadPoolExecutor) -> "Upload":
-        """The bytes of every chunk of the records `recs`."""
-        refs = [ref for r in recs for ref in r.chunks]
-        lo = min((ref.offset for ref in refs), default=0)
-        hi = max((ref.offset + ref.length for ref in refs), default=0)
-        at = header.payload_offset
-        return cls(pack, at + lo, at + hi, device, pool)  # past the pack: raises, as the CRC check does
-
     @staticmethod
     def _copy(pack, lo: int, hi: int, device, stream) -> tuple[torch.Tensor, torch.cuda.Event]:
         with torch.cuda.stream(stream):

@@ -21,7 +21,7 @@ from weight_teleport.codec.cuda.live import Live
 from weight_teleport.codec.cuda.patch import DevicePatch, DeviceTensorPatch, FusedGroup
 from weight_teleport.codec.cuda.stage_sparse import FLAGS, SparseBatch
 from weight_teleport.errors import DigestMismatchError, PackFormatError, PackMismatchError
-from weight_teleport.format.container import crc32_ranges
+from weight_teleport.format.container import ChunkSpans, crc32_ranges
 
 
 def _dense(lives: dict[str, Live], recs, header, pack, check_base: bool, threads) -> dict:
@@ -39,25 +39,15 @@ def _upload(values: np.ndarray, live: Live) -> torch.Tensor:
     return torch.from_numpy(np.ascontiguousarray(values).view(signed)).to(live.u.device)
 
 
-def _check_crcs(pack, header, recs, threads) -> None:
+def _check_crcs(pack, spans: ChunkSpans, threads) -> None:
     """Every chunk's CRC-32 on host threads."""
-    refs = [ref for r in recs for ref in r.chunks]
-    starts = [header.payload_offset + ref.offset for ref in refs]
-    crcs = crc32_ranges(pack, starts, [ref.length for ref in refs], threads or os.cpu_count() or 1)
-    _compare_crcs(refs, crcs)  # read_header has checked that every chunk lies inside the pack
+    # read_header has checked that every chunk lies inside the pack
+    spans.compare(crc32_ranges(pack, spans.starts, spans.lengths, threads or os.cpu_count() or 1))
 
 
-def _compare_crcs(refs, crcs) -> None:
-    for ref, crc in zip(refs, crcs):
-        if crc != ref.crc32:
-            raise PackFormatError(f"pack chunk at payload offset {ref.offset} is corrupted (CRC-32 mismatch)")
-
-
-def _device_crcs(upload: inflate.Upload, header, recs) -> torch.Tensor:
+def _device_crcs(upload: inflate.Upload, spans: ChunkSpans) -> torch.Tensor:
     """The chunks' CRC-32s computed on the device from their uploaded bytes (int32)."""
-    refs = [ref for r in recs for ref in r.chunks]
-    at = np.array([header.payload_offset + ref.offset for ref in refs], np.int64) - upload.lo
-    return crc32(upload.bytes(), at, np.array([ref.length for ref in refs], np.int64))
+    return crc32(upload.bytes(), spans.starts - upload.lo, spans.lengths)
 
 
 def _check_base(rec, nbytes: int, s_old: int, header) -> None:
@@ -108,27 +98,28 @@ def stage(lives: dict[str, Live], header, pack, check_base: bool, threads: int |
     # bytes (on host threads where nvCOMP is missing and the GPU gets decoded streams instead)
     # and checked first after the one read-back: nothing is written before they pass, and a
     # corrupt chunk is reported as such, whatever else it broke
+    spans = ChunkSpans.of(header, sparse_recs)
     with ThreadPoolExecutor(max_workers=1) as pool:
         upload, on_host = None, None
         if sparse_recs and entropy.available():
             device = lives[sparse_recs[0].name].tensor.device
-            upload = inflate.Upload.of_chunks(pack, header, sparse_recs, device, pool)
+            upload = inflate.Upload(pack, *spans.bounds(), device, pool)  # past the pack: raises, as the CRCs do
         else:
-            on_host = pool.submit(_check_crcs, pack, header, sparse_recs, threads)
+            on_host = pool.submit(_check_crcs, pack, spans, threads)
         try:
             batches = _batches(lives, sparse_recs, header, pack, threads, upload)
         except Exception:
-            _check_crcs(pack, header, sparse_recs, threads)  # bytes that fail their CRC explain any error
+            _check_crcs(pack, spans, threads)  # bytes that fail their CRC explain any error
             raise
         if on_host:
             on_host.result()
-    crcs = _device_crcs(upload, header, sparse_recs) if upload else None
+    crcs = _device_crcs(upload, spans) if upload else None
     patch = _patch(lives, header, batches, dense, check)  # host work while the device decodes
     same = [r for r in header.tensors if r.codec == "same" and check]
     same_sums = word_sums([lives[r.name].u for r in same]) if same else None
     flags, sums, crcs = _read_back(batches, same_sums, crcs)
     if crcs is not None:
-        _compare_crcs([ref for r in sparse_recs for ref in r.chunks], crcs)
+        spans.compare(crcs)
     pack_flags = flags.any(0)
     for i in (0, 1):
         if pack_flags[i]:
