@@ -120,3 +120,58 @@ def test_chunk_tables_match_the_format_writer():
         assert data[at:at + lengths[k]].tobytes() == want[:len(want) - body]
         at += lengths[k]
     assert at == data.size
+
+
+def _plan_reference(codec, raw, stored, at, lo):
+    """The device buffer's layout as vectorised numpy (what the GPU stage computed before
+    its compiled walk)."""
+    from weight_teleport.codec import streams as codecs
+    from weight_teleport.codec.cuda.inflate import A
+    slots = lambda n: (np.cumsum(-(-n // A) * A) - -(-n // A) * A, int((-(-n // A) * A).sum()))
+    out_off, out_total = slots(raw)
+    zs = codec == codecs.ZSTD
+    comp_off, comp_total = slots(stored[zs])
+    dst = out_off.copy()
+    dst[zs] = comp_off + out_total
+    keep = stored > 0
+    copies = np.stack([at[keep] - lo, dst[keep], stored[keep]], 1)
+    return out_off, out_total, comp_total, copies, np.flatnonzero(zs), comp_off + out_total
+
+
+def test_inflate_plan_matches_the_vectorised_layout():
+    """The GPU stage's buffer layout (slots, copies, zstd streams) from one compiled walk,
+    against the numpy computation it replaced, on real stream tables and random ones; streams
+    that the checks refuse give a total of -1 and inflate's error."""
+    from weight_teleport.codec import streams as codecs
+    from weight_teleport.codec.cuda import inflate
+    old, new = make_pair(14, torch.float32, (300, 41), "weights", "density", "ulp", 0.3)
+    pack = wt.encode_delta({"w": old}, {"w": new}, base_version=0, version=1, chunk_elems=512)
+    _, k, starts, lengths = _sparse_refs(pack)
+    st = tables.read(np.frombuffer(pack, np.uint8), starts, lengths, k, 16)
+    rng = np.random.default_rng(5)
+    cases = [(st.codec.ravel(), st.raw.ravel(), st.stored.ravel(), st.at.ravel())]
+    for n in (0, 1, 7, 1000):
+        codec = rng.integers(0, 2, n)
+        stored = rng.integers(0, 300, n) * (rng.random(n) < 0.7)
+        raw = np.where(codec == codecs.ZSTD, rng.integers(1, 5000, n), stored)
+        stored = np.where(codec == codecs.ZSTD, np.maximum(stored, 1), stored)
+        cases.append((codec, raw, stored, rng.integers(0, 1 << 40, n)))
+    for codec, raw, stored, at in cases:
+        lo = int(at.min()) if at.size else 0
+        got, want = inflate._plan(codec, raw, stored, at, lo), _plan_reference(codec, raw, stored, at, lo)
+        assert got[1:3] == want[1:3]
+        for g, w in zip(got[:1] + got[3:], want[:1] + want[3:]):
+            np.testing.assert_array_equal(g, w)
+    codec, raw, stored, at = cases[-1]
+    for bad in ("unknown codec", "raw length", "empty zstd"):
+        c, r, s = codec.copy(), raw.copy(), stored.copy()
+        i = int(np.flatnonzero(c == (codecs.RAW if bad == "raw length" else codecs.ZSTD))[3])
+        if bad == "unknown codec":
+            c[i] = 9
+        elif bad == "raw length":
+            r[i] = s[i] + 1
+        else:
+            s[i] = 0
+        assert inflate._plan(c, r, s, at, 0)[1] == -1
+        with pytest.raises(PackFormatError):
+            inflate._check(c, r, s)

@@ -28,10 +28,16 @@ def _gather_kernel(src_ptr, dst_ptr, ranges_ptr, PIECE: tl.constexpr):
 def gather(src: torch.Tensor, dst: torch.Tensor, src_off: np.ndarray, dst_off: np.ndarray,
            length: np.ndarray) -> None:
     """dst[dst_off[i]:+length[i]] = src[src_off[i]:+length[i]] for every range (no sync)."""
+    keep = length > 0
+    gather_rows(src, dst, np.stack([src_off[keep], dst_off[keep], length[keep]], 1))
+
+
+def gather_rows(src: torch.Tensor, dst: torch.Tensor, rows: np.ndarray) -> None:
+    """The copies of `gather` as [n, 3] int64 rows (source offset, destination offset,
+    length > 0)."""
     layout.require(src, torch.uint8)
     layout.require(dst, torch.uint8)
-    assert ((src_off + length <= src.numel()) & (dst_off + length <= dst.numel())).all()
-    keep = length > 0
-    rows = np.stack([src_off[keep], dst_off[keep], length[keep]], 1)
+    ends = rows[:, :2] + rows[:, 2:]
+    assert (rows[:, 2] > 0).all() and (ends[:, 0] <= src.numel()).all() and (ends[:, 1] <= dst.numel()).all()
     if rows.size:
-        _gather_kernel[(rows.shape[0],)](src, dst, layout.to_device([rows], src.device)[0], PIECE=PIECE)
+        _gather_kernel[(rows.shape[0],)](src, dst, layout.upload(rows, src.device), PIECE=PIECE)

@@ -12,15 +12,17 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+from numba import njit
 
 from weight_teleport.codec import streams as codecs
 from weight_teleport.codec.cuda import entropy, layout
 from weight_teleport.codec.cuda.config import CudaCodecConfig
-from weight_teleport.codec.cuda.gather import gather
+from weight_teleport.codec.cuda.gather import gather_rows
 from weight_teleport.codec.cuda.tables import StreamTable
 from weight_teleport.errors import PackFormatError
 
 A = entropy.SLOT_ALIGN
+RAW, ZSTD = codecs.RAW, codecs.ZSTD
 PAD = 2 * A
 """Zero bytes after the last slot: readers of a stream may load a few bytes past it."""
 
@@ -94,18 +96,51 @@ def _check(codec: np.ndarray, raw: np.ndarray, stored: np.ndarray) -> None:
         raise PackFormatError("empty zstd stream")
 
 
+@njit(nogil=True, cache=True)
+def _plan(codec, raw, stored, at, lo):
+    """The device buffer's layout in one walk over the streams: (the raw streams' slots, the
+    bytes of those slots, then of the stored zstd streams' slots that follow them, the
+    copies of stored bytes into the buffer as [n, 3] rows (pack offset - lo, buffer offset,
+    length), the zstd streams' indices, their stored bytes' offsets in the buffer). The raw
+    slots' bytes are -1 for streams _check refuses."""
+    n = codec.size
+    out_off = np.empty(n, np.int64)
+    out_total, n_zstd, n_copy = 0, 0, 0
+    for i in range(n):
+        c = codec[i]
+        if not ((c == RAW and raw[i] == stored[i]) or (c == ZSTD and raw[i] > 0 and stored[i] > 0)):
+            return out_off, -1, 0, np.empty((0, 3), np.int64), np.empty(0, np.int64), np.empty(0, np.int64)
+        out_off[i] = out_total
+        out_total += -(-raw[i] // A) * A
+        n_zstd += c == ZSTD
+        n_copy += stored[i] > 0
+    copies = np.empty((n_copy, 3), np.int64)
+    zstd, comp_off = np.empty(n_zstd, np.int64), np.empty(n_zstd, np.int64)
+    k, z, comp_total = 0, 0, 0
+    for i in range(n):
+        if stored[i] == 0:
+            continue
+        dst = out_off[i]
+        if codec[i] == ZSTD:
+            dst = out_total + comp_total
+            comp_total += -(-stored[i] // A) * A
+            zstd[z], comp_off[z] = i, dst
+            z += 1
+        copies[k, 0], copies[k, 1], copies[k, 2] = at[i] - lo, dst, stored[i]
+        k += 1
+    return out_off, out_total, comp_total, copies, zstd, comp_off
+
+
 def _on_gpu(pack, codec, raw, stored, at, device, upload) -> tuple[torch.Tensor, np.ndarray, torch.Tensor]:
-    out_off, out_total = _slots(raw)
-    zs = codec == codecs.ZSTD
-    comp_off, comp_total = _slots(stored[zs])
-    comp_off = comp_off + out_total
-    buf = torch.zeros(out_total + comp_total + PAD, dtype=torch.uint8, device=device)
     lo, hi = (int(at.min()), int((at + stored).max())) if at.size else (0, 0)
-    src, lo = (upload.bytes(), upload.lo) if upload else (_upload(pack, lo, hi, device), lo)
-    dst_at = out_off.copy()
-    dst_at[zs] = comp_off
-    gather(src, buf, at - lo, dst_at, stored)
-    if not zs.any():
+    lo = upload.lo if upload else lo
+    out_off, out_total, comp_total, copies, zs, comp_off = _plan(codec, raw, stored, at, lo)
+    if out_total < 0:
+        _check(codec, raw, stored)  # raises the error that names what is wrong
+    buf = torch.zeros(out_total + comp_total + PAD, dtype=torch.uint8, device=device)
+    src = upload.bytes() if upload else _upload(pack, lo, hi, device)
+    gather_rows(src, buf, copies)
+    if not zs.size:
         return buf, out_off, torch.zeros((), dtype=torch.bool, device=device)
     pend = entropy.decompress(CudaCodecConfig(), buf, comp_off, stored[zs], buf, out_off[zs], raw[zs])
     sizes, statuses = pend.host()
@@ -132,9 +167,9 @@ def inflate(pack, table: StreamTable, device, threads: int | None = None, upload
     `upload`, started earlier, holds the streams' bytes on the device; without it they are
     uploaded here."""
     codec, raw, stored, at = (a.ravel() for a in (table.codec, table.raw, table.stored, table.at))
-    _check(codec, raw, stored)
     if entropy.available():
         buf, off, failed = _on_gpu(pack, codec, raw, stored, at, device, upload)
     else:
+        _check(codec, raw, stored)
         buf, off, failed = _on_cpu(pack, codec, raw, stored, at, device, threads)
     return Inflated(buf, off.reshape(table.raw.shape), failed)
