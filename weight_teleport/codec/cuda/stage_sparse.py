@@ -7,6 +7,7 @@ batched over every chunk of every tensor. Every check leaves a device flag; the 
 reads flags and digest sums of all batches in one transfer and raises before anything is
 written."""
 
+from concurrent.futures import ThreadPoolExecutor
 from functools import cached_property
 
 import numpy as np
@@ -16,6 +17,7 @@ from weight_teleport.codec.cpu import backend as cpu
 from weight_teleport.codec.cuda import bitmap, blocks, inflate, layout, ranks, sparse_decode, tables, unsymbols
 from weight_teleport.codec.cuda.live import Live
 from weight_teleport.errors import PackFormatError
+from weight_teleport.format.container import ChunkSpans
 
 FLAGS = ("a symbol stream failed to decode (corrupt stored stream)",
          "sparse class streams are malformed",
@@ -29,31 +31,32 @@ class SparseBatch:
     def __init__(self, lives: list[Live], recs: list, header, pack, threads: int | None,
                  upload: inflate.Upload | None = None):
         self.lives, self.recs, self.info = lives, recs, lives[0].info
-        self.table = blocks.build([lv.u for lv in lives], header.chunk_elems, ranks.BLOCK)
         luts, inverted, self.n_classes = cpu.class_maps(recs, self.info)
         self.ncp = ranks.pow2(int(self.n_classes.max()))
-        inv = inverted[:, :self.ncp].astype(np.int8)
-        dev = lives[0].u.device
-        self.luts = layout.upload(luts, dev)
-        self.inv = layout.upload(inv, dev)
-        # the live weights' class counts need no byte of the pack: the GPU counts while the
-        # host reads the stream tables
-        self.counts = ranks.table_counts(self.table, self.luts, self.info, self.ncp, int(self.n_classes.max()))
-        self.base, self.tot = ranks.table_bases(self.counts, self.table)
-        self.streams = self._read(pack, header)
+        # the stream tables are read on a thread (a compiled walk, the GIL released) while
+        # this one builds the chunk table and launches the class counts of the live weights,
+        # which need no byte of the pack
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            streams = pool.submit(self._read, pack, header)
+            self.table = blocks.build([lv.u for lv in lives], header.chunk_elems, ranks.BLOCK)
+            inv = inverted[:, :self.ncp].astype(np.int8)
+            dev = lives[0].u.device
+            self.luts = layout.upload(luts, dev)
+            self.inv = layout.upload(inv, dev)
+            self.counts = ranks.table_counts(self.table, self.luts, self.info, self.ncp, int(self.n_classes.max()))
+            self.base, self.tot = ranks.table_bases(self.counts, self.table)
+            self.streams = streams.result()
         self.inverted = inv[self.table.host[:, blocks.TENSOR]].reshape(-1).astype(bool)
         self.res_cnt = np.where(self.inverted, self.streams.raw[:, 2], self.streams.events)
         self._check_lengths()
         self._run(pack, dev, threads, upload)
 
     def _read(self, pack, header) -> tables.StreamTable:
-        refs = [ref for r in self.recs for ref in r.chunks]
-        if len(refs) != self.table.chunks:
-            raise PackFormatError("a sparse tensor has another number of chunks than its shape needs")
-        starts = header.payload_offset + np.array([ref.offset for ref in refs], np.int64)
-        lengths = np.array([ref.length for ref in refs], np.int64)
-        k = self.n_classes[self.table.host[:, blocks.TENSOR]]
-        return tables.read(np.frombuffer(pack, np.uint8), starts, lengths, k, self.ncp)
+        # read_header has checked that each record has the chunks its shape needs, and
+        # _lives that each shape is its live tensor's: chunk i is the chunk table's row i
+        spans = ChunkSpans.of(header, self.recs)
+        k = np.repeat(self.n_classes, [len(r.chunks) for r in self.recs])
+        return tables.read(np.frombuffer(pack, np.uint8), spans.starts, spans.lengths, k, self.ncp)
 
     def _check_lengths(self) -> None:
         raw = self.streams.raw
