@@ -58,6 +58,51 @@ def test_headers_are_built_and_parsed_with_the_collector_paused(monkeypatch):
     assert gc.isenabled()
 
 
+def test_pauses_nest_across_threads():
+    """Overlapping pauses on two threads: the collector runs again only when the last ends."""
+    import threading
+    entered, release = threading.Event(), threading.Event()
+
+    def other():
+        with container.collections_paused():
+            entered.set()
+            release.wait()
+
+    t = threading.Thread(target=other)
+    with container.collections_paused():
+        t.start()
+        entered.wait()
+    assert not gc.isenabled()  # the other thread's pause still holds
+    release.set()
+    t.join()
+    assert gc.isenabled()
+
+
+def test_codec_calls_run_with_the_collector_paused(monkeypatch):
+    """encode, stage and apply each run with the collector paused (their temporaries die
+    unpromoted), which is running again after each, also after an error."""
+    import torch
+
+    import weight_teleport as wt
+    from weight_teleport.codec import api
+    from weight_teleport.codec.cpu import backend as cpu
+    seen = []
+    spy = lambda fn: (lambda *a, **k: seen.append((fn.__name__, gc.isenabled())) or fn(*a, **k))
+    for mod, name in ((api, "write_pack"), (api, "read_header"), (cpu, "apply")):
+        monkeypatch.setattr(mod, name, spy(getattr(mod, name)))
+    old = {"w": torch.arange(64, dtype=torch.float32)}
+    new = {"w": old["w"] + 1}
+    pack = wt.encode_delta(old, new, base_version=0, version=1)
+    assert gc.isenabled()
+    wt.apply_delta(old, pack)
+    assert torch.equal(old["w"], new["w"]) and gc.isenabled()
+    with pytest.raises(PackFormatError):
+        wt.stage_delta(old, pack[:-1])
+    assert gc.isenabled()
+    assert [n for n, _ in seen] == ["write_pack", "read_header", "apply", "read_header"]
+    assert not any(on for _, on in seen)
+
+
 def test_header_needs_only_its_prefix():
     pack = write_pack(_header(), [b"abc"])
     h = read_header(pack[:-3], total_length=len(pack))

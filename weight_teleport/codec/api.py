@@ -12,6 +12,7 @@ from weight_teleport.codec.patch import ApplyReport, StagedPatch
 from weight_teleport.codec.plan import DEFAULT_CHUNK_ELEMS, check_chunk_elems
 from weight_teleport.errors import PackMismatchError, UnsupportedFormatError
 from weight_teleport.format import PackHeader, read_header, write_pack
+from weight_teleport.format.container import collections_paused
 
 DEFAULT_LEVEL = 3
 
@@ -60,6 +61,7 @@ def _pack(kind, backend_items, version, base_version, chunk_elems, level, thread
     return write_pack(header, chunks)
 
 
+@collections_paused()
 def encode_delta(old: Mapping[str, torch.Tensor], new: Mapping[str, torch.Tensor], *,
                  base_version: int, version: int, chunk_elems: int = DEFAULT_CHUNK_ELEMS,
                  level: int = DEFAULT_LEVEL, threads: int | None = None, cuda=None) -> bytes:
@@ -78,6 +80,7 @@ def encode_delta(old: Mapping[str, torch.Tensor], new: Mapping[str, torch.Tensor
     return _pack("delta", items, int(version), int(base_version), chunk_elems, level, threads, cuda)
 
 
+@collections_paused()
 def encode_snapshot(state: Mapping[str, torch.Tensor], *, version: int,
                     chunk_elems: int = DEFAULT_CHUNK_ELEMS, level: int = DEFAULT_LEVEL,
                     threads: int | None = None) -> bytes:
@@ -112,6 +115,7 @@ def _lives(state: Mapping[str, torch.Tensor], header: PackHeader, strict: bool):
     return backend, lives
 
 
+@collections_paused()
 def stage_delta(state: Mapping[str, torch.Tensor], pack: bytes, *, base_version: int | None = None,
                 check_base: bool = True, strict: bool = True, threads: int | None = None,
                 device_budget: int | None = None) -> StagedPatch:
@@ -137,6 +141,7 @@ def stage_delta(state: Mapping[str, torch.Tensor], pack: bytes, *, base_version:
     return staged
 
 
+@collections_paused()
 def apply_staged(state: MutableMapping[str, torch.Tensor], staged: StagedPatch,
                  threads: int | None = None) -> None:
     """Write a staged patch into `state` in place (the only step that modifies weights)."""
