@@ -11,6 +11,7 @@ import sys
 
 os.environ["TRITON_INTERPRET"] = "1"
 
+import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import zlib  # noqa: E402
 
@@ -95,6 +96,27 @@ def corrupt(pack: bytes, index: int, at: int, value: int) -> bytes:
     return with_renewed_crcs(pack, mutate)
 
 
+def per_tensor_sums() -> list[str]:
+    """ChunkTable.per_tensor (runs of rows, one atomic add per column where a run lies in one
+    tensor) against numpy's sums mod 2^64: int32 and int64 rows, values that wrap, tensors
+    without chunks, runs across tensor boundaries."""
+    from weight_teleport.codec.cuda import blocks
+    out, rng = [], np.random.default_rng(7)
+    sizes = [0, 1, 5000, 0, 37, 100000, 3, 0]
+    flats = [torch.empty(n, dtype=torch.int16) for n in sizes]
+    table = blocks.build(flats, 64, 16)
+    for dtype, cols in ((np.int32, (1000,)), (np.int64, (2,)), (np.int64, ()), (np.int32, (70,))):
+        info = np.iinfo(dtype)
+        rows = rng.integers(info.min, info.max, size=(table.programs, *cols), dtype=dtype, endpoint=True)
+        got = table.per_tensor(torch.from_numpy(rows)).numpy()
+        want = np.zeros((len(sizes), *cols), np.uint64)
+        np.add.at(want, table.program_tensor.numpy(), rows.astype(np.int64).view(np.uint64))
+        if got.shape != want.shape or not np.array_equal(got.view(np.uint64), want):
+            out.append(f"per_tensor of {dtype.__name__} rows {cols} differs from numpy's sums")
+    print("per-tensor sums checked", flush=True)
+    return out
+
+
 def main() -> int:
     plan.MIN_CLASS_EVENTS = 4  # many classes from small tensors
     failures = []
@@ -141,6 +163,7 @@ def main() -> int:
         if bits(state["w"]) != bits(new):
             failures.append(f"corruption {k}: accepted and the result is not the new weights")
     print(f"corruptions refused: {refused} of 12", flush=True)
+    failures += per_tensor_sums()
     if refused < 6:
         failures.append(f"only {refused} of 12 corrupt chunks refused")
     for f in failures:

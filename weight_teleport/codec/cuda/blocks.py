@@ -9,6 +9,8 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+import triton
+import triton.language as tl
 
 from weight_teleport.codec.cuda import layout
 
@@ -42,9 +44,37 @@ class ChunkTable:
         return self.host.shape[0]
 
     def per_tensor(self, rows: torch.Tensor) -> torch.Tensor:
-        """[tensors, ...] sums of per-program rows (integer atomics: exact in any order)."""
-        out = torch.zeros((self.tensors, *rows.shape[1:]), dtype=rows.dtype, device=rows.device)
-        return out.index_add_(0, self.program_tensor, rows[:self.programs])
+        """[tensors, ...] int64 sums (mod 2^64) of per-program integer rows ([programs, ...]),
+        in one launch: a program adds up a run of rows, with one atomic add per column where
+        the run lies in one tensor (a tensor's programs are consecutive). index_add_ took
+        an atomic per row and column: 2.4 ms for the stage's 8 M programs of the
+        Qwen3-8B-shaped state on the H200, its adds serialised on a few addresses."""
+        assert not rows.dtype.is_floating_point
+        flat = rows[:self.programs].reshape(self.programs, -1).contiguous()
+        k = flat.shape[1]
+        out = torch.zeros((self.tensors, k), dtype=torch.int64, device=rows.device)
+        if self.programs and k:
+            kb = min(64, triton.next_power_of_2(k))
+            g = max(16, 4096 // kb)
+            _per_tensor_kernel[(triton.cdiv(self.programs, g), triton.cdiv(k, kb))](
+                flat, self.program_tensor, out, self.programs, k, G=g, KB=kb)
+        return out.view(self.tensors, *rows.shape[1:])
+
+
+@triton.jit
+def _per_tensor_kernel(rows_ptr, tensor_ptr, out_ptr, programs, k, G: tl.constexpr, KB: tl.constexpr):
+    r = tl.program_id(0).to(tl.int64) * G + tl.arange(0, G)
+    live = r < programs
+    t = tl.load(tensor_ptr + r, mask=live, other=0)
+    c = tl.program_id(1) * KB + tl.arange(0, KB)
+    cols = c < k
+    x = tl.load(rows_ptr + r[:, None] * k + c[None, :], mask=live[:, None] & cols[None, :], other=0).to(tl.int64)
+    lo = tl.min(tl.where(live, t, programs))
+    hi = tl.max(tl.where(live, t, -1))
+    if lo == hi:  # the run lies in one tensor
+        tl.atomic_add(out_ptr + lo * k + c, tl.sum(x, 0), mask=cols)
+    else:
+        tl.atomic_add(out_ptr + t[:, None] * k + c[None, :], x, mask=live[:, None] & cols[None, :])
 
 
 def chunk_rows(numels: np.ndarray, chunk_elems: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

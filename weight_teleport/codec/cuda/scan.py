@@ -91,6 +91,6 @@ def scan(table: blocks.ChunkTable, new: blocks.Paired, info) -> Scanned:
         _scan_kernel[(table.programs,)](table.base, table.rows, table.program_chunk, new.base, new.offsets,
                                         hist, sums, NK=nk, NB=nb, MANT=info.mantissa_bits, KMASK=nk - 1,
                                         BITS=info.bits, BLOCK=BLOCK, TILES=TILES)
-    out = table.per_tensor(torch.cat([hist.long(), sums], 1))
-    changed = out[:, nk:2 * nk]
-    return Scanned(torch.cat([out[:, :nk] + changed, changed, out[:, nb:]], 1), hist)
+    keys = table.per_tensor(hist)
+    changed = keys[:, nk:2 * nk]
+    return Scanned(torch.cat([keys[:, :nk] + changed, changed, table.per_tensor(sums)], 1), hist)
