@@ -92,7 +92,8 @@ def write(buffer: torch.Tensor, p: Plan, info: np.ndarray, take: np.ndarray, siz
         is_last = np.r_[p.stream[1:] != p.stream[:-1], True]
         stream_at = np.full(p.lengths.size, -1, np.int64)
         stream_at[take] = out_off + frame_header_size(p.lengths[take])
-        within = layout.starts(block_bytes) - layout.starts(block_bytes)[first][np.cumsum(first) - 1]
+        block_at = layout.starts(block_bytes)
+        within = block_at - block_at[first][np.cumsum(first) - 1]
         at = np.where(take[p.stream], stream_at[p.stream] + within, -1)
         frame = np.where(first & take[p.stream], p.lengths[p.stream], 0)
         at_d, frame_d, last_d = layout.to_device([at, frame, is_last], dev)
