@@ -103,6 +103,16 @@ def test_codec_calls_run_with_the_collector_paused(monkeypatch):
     assert not any(on for _, on in seen)
 
 
+@pytest.mark.parametrize("crc", [-1, 1 << 32, 10 ** 30])
+def test_chunk_crc_out_of_range_is_refused(crc):
+    """A header whose chunk CRC-32 is not a 32-bit value is refused as malformed (readers
+    hold CRCs in fixed-width integers)."""
+    h = _header()
+    h.tensors[0].chunks = [ChunkRef(0, 3, crc)]
+    with pytest.raises(PackFormatError, match="CRC-32 out of range"):
+        read_header(write_pack(h, [b"abc"]))
+
+
 def test_header_needs_only_its_prefix():
     pack = write_pack(_header(), [b"abc"])
     h = read_header(pack[:-3], total_length=len(pack))

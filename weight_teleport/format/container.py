@@ -140,7 +140,8 @@ def collections_paused():
     the pause are freed by reference counting and never promoted; promoted ones, even when
     freed soon after, count towards CPython's next full collection of the whole process
     (torch, numba and triton loaded: 135-183 ms on the H200's host).
-    - A header of 9330 chunks is tens of thousands of JSON lists. On the development machine,
+    - A header of 9330 chunks (bench/header_gc.py's; the Qwen3-8B delta has 1979 at the
+      default chunk size) is tens of thousands of JSON lists. On the development machine,
       8 of 60 header builds and 15 of 60 header reads held a full collection (up to 110 and
       223 ms a call), none with the collector paused (bench/header_gc.py).
     - With only the header paused, 1 in 25 encode and 1 in 25 stage calls of the
@@ -299,6 +300,8 @@ def _check_layout(h: PackHeader) -> None:
         for c in t.chunks:
             if c.offset < 0 or c.length < 0 or c.offset + c.length > h.payload_length:
                 raise PackFormatError(f"tensor {t.name!r} has a chunk outside the payload")
+            if not 0 <= c.crc32 <= 0xFFFFFFFF:
+                raise PackFormatError(f"tensor {t.name!r} has a chunk CRC-32 out of range ({c.crc32})")
 
 
 def crc32_ranges(data, offsets, lengths, threads: int) -> list[int]:
