@@ -117,6 +117,53 @@ def per_tensor_sums() -> list[str]:
     return out
 
 
+def inflate_orchestration() -> list[str]:
+    """The GPU stage's inflate (layout walk, gather of the stored bytes, one decompress call
+    over the zstd streams, length checks) fills the same buffer as the CPU path, nvCOMP's
+    batched call stood in by the CPU's zstd (nvCOMP has no CPU build; the GPU tests run the
+    real one)."""
+    import zstandard
+
+    from weight_teleport.codec.cuda import entropy, inflate, tables
+    old, new = pair(torch.float32, 40000, 0.3, 21)
+    pack = wt.encode_delta({"w": old}, {"w": new}, base_version=0, version=1, chunk_elems=4096)
+    header = read_header(pack)
+    rec = header.tensors[0]
+    starts = np.array([header.payload_offset + c.offset for c in rec.chunks], np.int64)
+    lengths = np.array([c.length for c in rec.chunks], np.int64)
+    k = np.full(starts.size, max(c for _, c in rec.classes) + 1, np.int64)
+    st = tables.read(np.frombuffer(pack, np.uint8), starts, lengths, k, 16)
+    want = inflate.inflate(pack, st, "cpu")
+
+    class Done:
+        def __init__(self, sizes):
+            self.order, self.sizes = np.arange(len(sizes)), sizes
+
+        def host(self):
+            return torch.tensor(self.sizes, dtype=torch.int64), torch.zeros(len(self.sizes), dtype=torch.int32)
+
+    def decompress(cfg, src, offsets, stored, dst, dst_offsets, raw):
+        sizes = []
+        for o, n, d, r in zip(offsets, stored, dst_offsets, raw):
+            out = zstandard.ZstdDecompressor().decompress(src[o:o + n].numpy().tobytes(), max_output_size=int(r))
+            dst[d:d + len(out)] = torch.frombuffer(bytearray(out), dtype=torch.uint8)
+            sizes.append(len(out))
+        return Done(sizes)
+
+    saved = entropy.available, entropy.decompress
+    entropy.available, entropy.decompress = (lambda: True), decompress
+    try:
+        got = inflate.inflate(pack, st, "cpu")
+    finally:
+        entropy.available, entropy.decompress = saved
+    n = want.buffer.numel() - inflate.PAD
+    print(f"inflate orchestration: {int((st.codec == 1).sum())} zstd streams", flush=True)
+    if not (st.codec == 1).any() or not np.array_equal(got.offsets, want.offsets) or \
+            not torch.equal(got.buffer[:n], want.buffer[:n]) or bool(got.failed):
+        return ["the GPU path's inflate fills another buffer than the CPU path's"]
+    return []
+
+
 def main() -> int:
     plan.MIN_CLASS_EVENTS = 4  # many classes from small tensors
     failures = []
@@ -164,6 +211,7 @@ def main() -> int:
             failures.append(f"corruption {k}: accepted and the result is not the new weights")
     print(f"corruptions refused: {refused} of 12", flush=True)
     failures += per_tensor_sums()
+    failures += inflate_orchestration()
     if refused < 6:
         failures.append(f"only {refused} of 12 corrupt chunks refused")
     for f in failures:

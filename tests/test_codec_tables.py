@@ -138,10 +138,11 @@ def _plan_reference(codec, raw, stored, at, lo):
     return out_off, out_total, comp_total, copies, np.flatnonzero(zs), comp_off + out_total
 
 
-def test_inflate_plan_matches_the_vectorised_layout():
-    """The GPU stage's buffer layout (slots, copies, zstd streams) from one compiled walk,
-    against the numpy computation it replaced, on real stream tables and random ones; streams
-    that the checks refuse give a total of -1 and inflate's error."""
+def test_inflate_layout_matches_the_vectorised_layout():
+    """The stage's buffer layout (slots, copies, zstd streams) from one compiled walk, against
+    the numpy computation it replaced, on real stream tables and random ones. A stream the
+    walk refuses (an unknown codec, a raw stream of another length than its table's, an
+    empty zstd stream either way) raises the CPU decoder's error for it."""
     from weight_teleport.codec import streams as codecs
     from weight_teleport.codec.cuda import inflate
     old, new = make_pair(14, torch.float32, (300, 41), "weights", "density", "ulp", 0.3)
@@ -155,23 +156,27 @@ def test_inflate_plan_matches_the_vectorised_layout():
         stored = rng.integers(0, 300, n) * (rng.random(n) < 0.7)
         raw = np.where(codec == codecs.ZSTD, rng.integers(1, 5000, n), stored)
         stored = np.where(codec == codecs.ZSTD, np.maximum(stored, 1), stored)
-        cases.append((codec, raw, stored, rng.integers(0, 1 << 40, n)))
+        cases.append((codec, raw, stored, np.cumsum(stored) - stored + 7))
     for codec, raw, stored, at in cases:
         lo = int(at.min()) if at.size else 0
-        got, want = inflate._plan(codec, raw, stored, at, lo), _plan_reference(codec, raw, stored, at, lo)
-        assert got[1:3] == want[1:3]
-        for g, w in zip(got[:1] + got[3:], want[:1] + want[3:]):
+        got, want = inflate._layout(pack, codec, raw, stored, at, lo), _plan_reference(codec, raw, stored, at, lo)
+        assert got.bad == -1 and (got.out_total, got.comp_total) == want[1:3]
+        for g, w in zip((got.out_off, got.copies, got.zstd, got.comp_off), want[:1] + want[3:]):
             np.testing.assert_array_equal(g, w)
     codec, raw, stored, at = cases[-1]
-    for bad in ("unknown codec", "raw length", "empty zstd"):
+    blob = bytes(int(at[-1] + stored[-1]))
+    for bad, message in (("unknown codec", "stream codec"), ("raw length", "raw stream holds"),
+                         ("empty zstd", "empty zstd stream"), ("zstd of no bytes", "zstd stream is corrupted")):
         c, r, s = codec.copy(), raw.copy(), stored.copy()
         i = int(np.flatnonzero(c == (codecs.RAW if bad == "raw length" else codecs.ZSTD))[3])
         if bad == "unknown codec":
             c[i] = 9
         elif bad == "raw length":
             r[i] = s[i] + 1
+        elif bad == "empty zstd":
+            r[i] = 0
         else:
             s[i] = 0
-        assert inflate._plan(c, r, s, at, 0)[1] == -1
-        with pytest.raises(PackFormatError):
-            inflate._check(c, r, s)
+        assert inflate._plan(c, r, s, at, 0)[0] == i
+        with pytest.raises(PackFormatError, match=message):
+            inflate._layout(blob, c, r, s, at, 0)

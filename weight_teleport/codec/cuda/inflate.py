@@ -9,6 +9,7 @@ import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -35,11 +36,6 @@ class Inflated:
     """[segments, 4] slot offsets of the raw streams."""
     failed: torch.Tensor
     """Device bool: some stream failed to decode or decoded to another length than its table's."""
-
-
-def _slots(lengths: np.ndarray) -> tuple[np.ndarray, int]:
-    slot = -(-lengths // A) * A
-    return layout.starts(slot), int(slot.sum())
 
 
 _pack_ring, _pack_lock = layout.PinnedRing(), threading.Lock()
@@ -86,30 +82,35 @@ class Upload:
         return out
 
 
-def _check(codec: np.ndarray, raw: np.ndarray, stored: np.ndarray) -> None:
-    if not np.isin(codec, (codecs.RAW, codecs.ZSTD)).all():
-        bad = int(codec[~np.isin(codec, (codecs.RAW, codecs.ZSTD))][0])
-        codecs.decode_stream(bad, b"", 0)
-    if ((codec == codecs.RAW) & (raw != stored)).any():
-        raise PackFormatError("raw stream holds another number of bytes than its table says")
-    if ((codec == codecs.ZSTD) & ((raw == 0) | (stored == 0))).any():
-        raise PackFormatError("empty zstd stream")
+class Layout(NamedTuple):
+    """Where every stream goes in the device buffer (`_plan`)."""
+    bad: int
+    """The first stream the layout refuses (-1: none)."""
+    out_off: np.ndarray
+    """Each raw stream's slot."""
+    out_total: int
+    """Bytes of the raw streams' slots."""
+    comp_total: int
+    """Bytes of the stored zstd streams' slots, after the raw ones."""
+    copies: np.ndarray
+    """[n, 3] rows (pack offset - lo, buffer offset, length) of the stored bytes to copy."""
+    zstd: np.ndarray
+    """Indices of the zstd streams."""
+    comp_off: np.ndarray
+    """Their stored bytes' offsets in the buffer."""
 
 
 @njit(nogil=True, cache=True)
 def _plan(codec, raw, stored, at, lo):
-    """The device buffer's layout in one walk over the streams: (the raw streams' slots, the
-    bytes of those slots, then of the stored zstd streams' slots that follow them, the
-    copies of stored bytes into the buffer as [n, 3] rows (pack offset - lo, buffer offset,
-    length), the zstd streams' indices, their stored bytes' offsets in the buffer). The raw
-    slots' bytes are -1 for streams _check refuses."""
+    """The fields of a Layout, in one walk over the streams. A raw stream must hold its raw
+    length, a zstd stream must be non-empty both ways, no other codec is read."""
     n = codec.size
     out_off = np.empty(n, np.int64)
     out_total, n_zstd, n_copy = 0, 0, 0
     for i in range(n):
         c = codec[i]
         if not ((c == RAW and raw[i] == stored[i]) or (c == ZSTD and raw[i] > 0 and stored[i] > 0)):
-            return out_off, -1, 0, np.empty((0, 3), np.int64), np.empty(0, np.int64), np.empty(0, np.int64)
+            return i, out_off, 0, 0, np.empty((0, 3), np.int64), np.empty(0, np.int64), np.empty(0, np.int64)
         out_off[i] = out_total
         out_total += -(-raw[i] // A) * A
         n_zstd += c == ZSTD
@@ -128,38 +129,45 @@ def _plan(codec, raw, stored, at, lo):
             z += 1
         copies[k, 0], copies[k, 1], copies[k, 2] = at[i] - lo, dst, stored[i]
         k += 1
-    return out_off, out_total, comp_total, copies, zstd, comp_off
+    return -1, out_off, out_total, comp_total, copies, zstd, comp_off
 
 
-def _on_gpu(pack, codec, raw, stored, at, device, upload) -> tuple[torch.Tensor, np.ndarray, torch.Tensor]:
-    lo, hi = (int(at.min()), int((at + stored).max())) if at.size else (0, 0)
-    lo = upload.lo if upload else lo
-    out_off, out_total, comp_total, copies, zs, comp_off = _plan(codec, raw, stored, at, lo)
-    if out_total < 0:
-        _check(codec, raw, stored)  # raises the error that names what is wrong
-    buf = torch.zeros(out_total + comp_total + PAD, dtype=torch.uint8, device=device)
+def _layout(pack, codec, raw, stored, at, lo: int) -> Layout:
+    """The streams' Layout; a refused stream raises the error the CPU's decoder gives it."""
+    lay = Layout(*_plan(codec, raw, stored, at, lo))
+    if lay.bad >= 0:
+        i = lay.bad
+        codecs.decode_stream(int(codec[i]), memoryview(pack)[at[i]:at[i] + stored[i]], int(raw[i]))
+        raise PackFormatError("malformed stream")  # decode_stream refuses every stream _plan does
+    return lay
+
+
+def _on_gpu(pack, lay: Layout, raw, stored, lo: int, hi: int, device, upload) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the device buffer, a device flag: a zstd stream failed to decode or decoded to
+    another length)."""
+    buf = torch.zeros(lay.out_total + lay.comp_total + PAD, dtype=torch.uint8, device=device)
     src = upload.bytes() if upload else _upload(pack, lo, hi, device)
-    gather_rows(src, buf, copies)
-    if not zs.size:
-        return buf, out_off, torch.zeros((), dtype=torch.bool, device=device)
-    pend = entropy.decompress(CudaCodecConfig(), buf, comp_off, stored[zs], buf, out_off[zs], raw[zs])
+    gather_rows(src, buf, lay.copies)
+    if not lay.zstd.size:
+        return buf, torch.zeros((), dtype=torch.bool, device=device)
+    zs = lay.zstd
+    pend = entropy.decompress(CudaCodecConfig(), buf, lay.comp_off, stored[zs], buf, lay.out_off[zs], raw[zs])
     sizes, statuses = pend.host()
     expect = layout.upload(raw[zs][pend.order], device)
-    return buf, out_off, (statuses != 0).any() | (sizes != expect).any()
+    return buf, (statuses != 0).any() | (sizes != expect).any()
 
 
-def _on_cpu(pack, codec, raw, stored, at, device, threads) -> tuple[torch.Tensor, np.ndarray, torch.Tensor]:
-    out_off, out_total = _slots(raw)
-    host = np.zeros(out_total + PAD, np.uint8)
+def _on_cpu(pack, lay: Layout, codec, raw, stored, at, device, threads) -> tuple[torch.Tensor, torch.Tensor]:
+    host = np.zeros(lay.out_total + PAD, np.uint8)
     view = memoryview(pack)
 
     def one(i: int) -> None:
         data = view[at[i]:at[i] + stored[i]]
-        host[out_off[i]:out_off[i] + raw[i]] = codecs.decode_stream(int(codec[i]), data, int(raw[i]))
+        host[lay.out_off[i]:lay.out_off[i] + raw[i]] = codecs.decode_stream(int(codec[i]), data, int(raw[i]))
 
     with ThreadPoolExecutor(max_workers=threads or os.cpu_count() or 1) as pool:
         list(pool.map(one, np.flatnonzero(raw)))
-    return torch.from_numpy(host).to(device), out_off, torch.zeros((), dtype=torch.bool, device=device)
+    return torch.from_numpy(host).to(device), torch.zeros((), dtype=torch.bool, device=device)
 
 
 def inflate(pack, table: StreamTable, device, threads: int | None = None, upload: Upload | None = None) -> Inflated:
@@ -167,9 +175,11 @@ def inflate(pack, table: StreamTable, device, threads: int | None = None, upload
     `upload`, started earlier, holds the streams' bytes on the device; without it they are
     uploaded here."""
     codec, raw, stored, at = (a.ravel() for a in (table.codec, table.raw, table.stored, table.at))
+    lo, hi = (int(at.min()), int((at + stored).max())) if at.size else (0, 0)
+    lo = upload.lo if upload else lo
+    lay = _layout(pack, codec, raw, stored, at, lo)
     if entropy.available():
-        buf, off, failed = _on_gpu(pack, codec, raw, stored, at, device, upload)
+        buf, failed = _on_gpu(pack, lay, raw, stored, lo, hi, device, upload)
     else:
-        _check(codec, raw, stored)
-        buf, off, failed = _on_cpu(pack, codec, raw, stored, at, device, threads)
-    return Inflated(buf, off.reshape(table.raw.shape), failed)
+        buf, failed = _on_cpu(pack, lay, codec, raw, stored, at, device, threads)
+    return Inflated(buf, lay.out_off.reshape(table.raw.shape), failed)
