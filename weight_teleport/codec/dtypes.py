@@ -61,10 +61,15 @@ def dtype_info(dtype: torch.dtype) -> DtypeInfo:
         raise ValueError(f"dtype {dtype} is not supported; supported dtypes: {names}") from None
 
 
+def contiguous(tensor: torch.Tensor) -> torch.Tensor:
+    """`tensor` detached, copied only where it is not contiguous: `contiguous()` on a tensor
+    that already is cost ~11 us a call (399 tensors: 4.5 ms against 0.7 without it, on the
+    development machine), and the codec makes views of every tensor of a model per call."""
+    t = tensor.detach()
+    return t if t.is_contiguous() else t.contiguous()
+
+
 def as_uint(tensor: torch.Tensor) -> np.ndarray:
     """The bit patterns of a CPU tensor as a flat unsigned numpy array (no copy when contiguous)."""
     info = dtype_info(tensor.dtype)
-    t = tensor.detach()
-    if not t.is_contiguous():
-        t = t.contiguous()
-    return t.view(info.int_torch).reshape(-1).numpy().view(info.uint_numpy)
+    return contiguous(tensor).view(info.int_torch).reshape(-1).numpy().view(info.uint_numpy)

@@ -9,6 +9,7 @@ import triton.language as tl
 from weight_teleport.codec import digest as D
 from weight_teleport.codec.cuda import blocks, layout
 from weight_teleport.codec.cuda.bitops import term
+from weight_teleport.codec.dtypes import contiguous
 
 BLOCK = 2048
 TILES = 8
@@ -33,7 +34,7 @@ def _words(tensor: torch.Tensor) -> torch.Tensor:
     """A tensor's bytes in logical (row-major) order as int64 words from an 8-byte boundary,
     the last one zero-padded: a view where they already are (a model's weights, as a rule),
     else a copy."""
-    flat = tensor.detach().contiguous().view(-1)
+    flat = contiguous(tensor).view(-1)
     if flat.stride(0) != 1:  # a one-element view counts as contiguous whatever its stride
         flat = flat.clone(memory_format=torch.contiguous_format)
     u8 = flat.view(torch.uint8)

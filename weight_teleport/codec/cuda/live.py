@@ -5,15 +5,12 @@ from functools import cached_property
 
 import torch
 
-from weight_teleport.codec.dtypes import DtypeInfo
+from weight_teleport.codec.dtypes import DtypeInfo, contiguous
 
 
 def flat_bits(tensor: torch.Tensor, info: DtypeInfo) -> torch.Tensor:
-    """The bit patterns of a tensor as a flat integer tensor (a view when contiguous).
-    `contiguous()` is called only where it copies: on a tensor that already is, it cost
-    ~11 us a call (399 tensors: 4.5 ms against 0.7 without it, on the development machine)."""
-    t = tensor.detach()
-    return (t if t.is_contiguous() else t.contiguous()).view(info.int_torch).view(-1)
+    """The bit patterns of a tensor as a flat integer tensor (a view when contiguous)."""
+    return contiguous(tensor).view(info.int_torch).view(-1)
 
 
 class Live:
