@@ -85,6 +85,7 @@ def states():
         if dtype == torch.float32:  # a second element type (two batches), and a view off 8-byte alignment
             old["h"], new["h"] = pair(torch.bfloat16, 7000, 0.03, 99)
             old["v"], new["v"] = (x[1:] for x in pair(torch.bfloat16, 7001, 0.03, 98))
+            old["w"], new["w"] = pair(torch.float32, 5000, 0.05, 97)  # the first type again: batches interleave
         yield f"{dtype} n={n} density={density}", old, new
 
 

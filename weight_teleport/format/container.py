@@ -328,6 +328,10 @@ class ChunkSpans:
         flat = np.fromiter(itertools.chain.from_iterable(refs), np.int64, 3 * len(refs)).reshape(-1, 3)
         return cls(flat[:, 0] + header.payload_offset, flat[:, 1], flat[:, 2], header.payload_offset)
 
+    def part(self, lo: int, hi: int) -> "ChunkSpans":
+        """Chunks lo..hi-1."""
+        return ChunkSpans(self.starts[lo:hi], self.lengths[lo:hi], self.crcs[lo:hi], self.payload_offset)
+
     def bounds(self) -> tuple[int, int]:
         """[lo, hi): the bytes of the pack the chunks lie in ((0, 0) for none)."""
         if not self.starts.size:

@@ -66,11 +66,24 @@ def _check_result(rec, nbytes: int, s_old: int, s_new: int) -> None:
             f"the pack promises {rec.digest}; the pack is corrupt or was encoded from other weights")
 
 
-def _batches(lives: dict[str, Live], recs, header, pack, threads, upload) -> list[SparseBatch]:
+def _by_type(lives: dict[str, Live], recs) -> list[list]:
+    """The records grouped by element type (a batch each), in header order within a group."""
     by_type: dict[torch.dtype, list] = {}
     for r in recs:
         by_type.setdefault(lives[r.name].info.int_torch, []).append(r)
-    return [SparseBatch([lives[r.name] for r in rs], rs, header, pack, threads, upload) for rs in by_type.values()]
+    return list(by_type.values())
+
+
+def _batches(lives: dict[str, Live], groups: list[list], header, spans: ChunkSpans, pack, threads,
+             upload) -> list[SparseBatch]:
+    """A SparseBatch per group; `spans` holds the groups' chunks end to end."""
+    batches, at = [], 0
+    for rs in groups:
+        n = sum(len(r.chunks) for r in rs)
+        batches.append(SparseBatch([lives[r.name] for r in rs], rs, header, spans.part(at, at + n), pack, threads,
+                                   upload))
+        at += n
+    return batches
 
 
 def _read_back(batches: list[SparseBatch], same_sums: torch.Tensor | None, crcs: torch.Tensor | None):
@@ -98,7 +111,8 @@ def stage(lives: dict[str, Live], header, pack, check_base: bool, threads: int |
     # bytes (on host threads where nvCOMP is missing and the GPU gets decoded streams instead)
     # and checked first after the one read-back: nothing is written before they pass, and a
     # corrupt chunk is reported as such, whatever else it broke
-    spans = ChunkSpans.of(header, sparse_recs)
+    groups = _by_type(lives, sparse_recs)
+    spans = ChunkSpans.of(header, [r for rs in groups for r in rs])
     with ThreadPoolExecutor(max_workers=1) as pool:
         upload, on_host = None, None
         if sparse_recs and entropy.available():
@@ -107,7 +121,7 @@ def stage(lives: dict[str, Live], header, pack, check_base: bool, threads: int |
         else:
             on_host = pool.submit(_check_crcs, pack, spans, threads)
         try:
-            batches = _batches(lives, sparse_recs, header, pack, threads, upload)
+            batches = _batches(lives, groups, header, spans, pack, threads, upload)
         except Exception:
             _check_crcs(pack, spans, threads)  # bytes that fail their CRC explain any error
             raise

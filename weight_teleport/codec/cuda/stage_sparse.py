@@ -28,8 +28,9 @@ FLAGS = ("a symbol stream failed to decode (corrupt stored stream)",
 class SparseBatch:
     """The sparse tensors of one element type, staged; `flags` and `sums` are device tensors."""
 
-    def __init__(self, lives: list[Live], recs: list, header, pack, threads: int | None,
+    def __init__(self, lives: list[Live], recs: list, header, spans: ChunkSpans, pack, threads: int | None,
                  upload: inflate.Upload | None = None):
+        """`spans`: the records' chunks, in order."""
         self.lives, self.recs, self.info = lives, recs, lives[0].info
         luts, inverted, self.n_classes = cpu.class_maps(recs, self.info)
         self.ncp = ranks.pow2(int(self.n_classes.max()))
@@ -37,7 +38,7 @@ class SparseBatch:
         # this one builds the chunk table and launches the class counts of the live weights,
         # which need no byte of the pack
         with ThreadPoolExecutor(max_workers=1) as pool:
-            streams = pool.submit(self._read, pack, header)
+            streams = pool.submit(self._read, pack, spans)
             self.table = blocks.build([lv.u for lv in lives], header.chunk_elems, ranks.BLOCK)
             inv = inverted[:, :self.ncp].astype(np.int8)
             dev = lives[0].u.device
@@ -51,10 +52,9 @@ class SparseBatch:
         self._check_lengths()
         self._run(pack, dev, threads, upload)
 
-    def _read(self, pack, header) -> tables.StreamTable:
+    def _read(self, pack, spans: ChunkSpans) -> tables.StreamTable:
         # read_header has checked that each record has the chunks its shape needs, and
         # _lives that each shape is its live tensor's: chunk i is the chunk table's row i
-        spans = ChunkSpans.of(header, self.recs)
         k = np.repeat(self.n_classes, [len(r.chunks) for r in self.recs])
         return tables.read(np.frombuffer(pack, np.uint8), spans.starts, spans.lengths, k, self.ncp)
 
