@@ -189,14 +189,15 @@ def test_gpu_digest_matches_cpu(dtype, n):
 
 
 def test_gpu_word_sums_of_many_tensors_are_their_digests():
-    """One launch over the whole-word tensors, one reduction each for the others (off an
-    8-byte boundary, a ragged last word, empty, non-contiguous): each the CPU's digest."""
+    """One launch over many tensors, whole-word ones read in place and the others (off an
+    8-byte boundary, a ragged last word, empty, non-contiguous) as padded copies: each sum
+    gives the CPU's digest."""
     from weight_teleport.codec.cuda.digest import word_sums
     big = make_pair(5, torch.bfloat16, (70000,), "random", "none", "ulp", 0.0)[0].cuda()
     tensors = [big, big[4:40004], big[1:3001], big[:1001], big[:0], big[::3][:4000],
                make_pair(6, torch.float64, (1234,), "random", "none", "ulp", 0.0)[0].cuda(),
                make_pair(7, torch.float8_e4m3fn, (4096,), "random", "none", "ulp", 0.0)[0].cuda()]
-    for subset in (tensors, tensors[:2]):  # some off the one launch, or all in it
+    for subset in (tensors, tensors[:2]):  # with copies among them, or views only
         sums = word_sums(subset).cpu().tolist()
         for t, s in zip(subset, sums):
             assert D.to_hex(D.finish(s & D.MASK64, t.numel() * t.element_size())) == wt.tensor_digest(t.cpu())

@@ -1,6 +1,7 @@
 """The CUDA C warp kernels (codec/cuda/warp.cu) compile with NVRTC for every element type,
-and the Huffman frame writer (codec/cuda/huffman.cu) compiles, no GPU needed (NVRTC comes with the test extra's `nvidia-cuda-nvrtc` wheel): a slip in the
-CUDA source fails here, not only on a GPU."""
+and the Huffman frame writer (codec/cuda/huffman.cu) compiles, no GPU needed (NVRTC comes
+with the test extra's `nvidia-cuda-nvrtc` wheel): a slip in the CUDA source fails here, not
+only on a GPU."""
 
 import pytest
 import torch
