@@ -139,13 +139,14 @@ def collections_paused():
     lives: the codec's calls (codec/api.py) and the header's JSON. Objects that die inside
     the pause are freed by reference counting and never promoted; promoted ones, even when
     freed soon after, count towards CPython's next full collection of the whole process
-    (torch, numba and triton loaded: 135-183 ms on the H200's host).
+    (torch, numba and triton loaded, on the H200's host: calls holding one took up to 214 ms
+    against medians of 72-106).
     - A header of 9330 chunks (bench/header_gc.py's; the Qwen3-8B delta has 1979 at the
       default chunk size) is tens of thousands of JSON lists. On the development machine,
       8 of 60 header builds and 15 of 60 header reads held a full collection (up to 110 and
       223 ms a call), none with the collector paused (bench/header_gc.py).
-    - With only the header paused, 1 in 25 encode and 1 in 25 stage calls of the
-      Qwen3-8B-shaped state on the H200 still held one (183 and 136 ms).
+    - With only the header paused, 4 of 30 encode and 3 of 30 stage calls of the
+      Qwen3-8B-shaped state on the H200 still held one; none paused (bench/call_gc.py).
     Reentrant and thread-safe: the collector runs again when the last pause ends, if it ran
     before the first."""
     with _paused_lock:
