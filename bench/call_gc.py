@@ -14,20 +14,9 @@ import numpy as np
 import torch
 
 import weight_teleport as wt
+from cuda_bench import make_delta
 from header_gc import run
-from weight_teleport.bench.simulate import make_config, make_state
 from weight_teleport.format import container
-
-
-def delta(model: str, device: str, lr: float = 5e-7):
-    master = make_state(make_config(model), 0, device=device)
-    gen = torch.Generator(device=device).manual_seed(0)
-    old, new = {}, {}
-    for name in list(master):
-        w = master.pop(name)
-        old[name] = w.to(torch.bfloat16)
-        new[name] = w.add_(torch.randn(w.shape, generator=gen, device=device), alpha=-lr).to(torch.bfloat16)
-    return old, new
 
 
 def main() -> None:
@@ -36,7 +25,7 @@ def main() -> None:
     ap.add_argument("--model", default=None, help="default: qwen3-8b on CUDA, qwen3-0.6b on the CPU")
     args = ap.parse_args()
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    old, new = delta(args.model or ("qwen3-8b" if device == "cuda" else "qwen3-0.6b"), device)
+    old, new = make_delta(args.model or ("qwen3-8b" if device == "cuda" else "qwen3-0.6b"), 5e-7, device=device)
     pack = wt.encode_delta(old, new, base_version=0, version=1)
     state = {k: v.clone() for k, v in old.items()}
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)

@@ -57,14 +57,15 @@ def wall_s(fn, repeats: int = 2):
     return statistics.median(times), out
 
 
-def make_delta(model: str, lr: float, seed: int = 0):
-    master = make_state(make_config(model), seed, device="cuda")
-    gen = torch.Generator(device="cuda").manual_seed(seed)
+def make_delta(model: str, lr: float, seed: int = 0, device: str = "cuda"):
+    """(old, new) bf16 states: trained-like fp32 masters, new = bf16(master - lr * u)."""
+    master = make_state(make_config(model), seed, device=device)
+    gen = torch.Generator(device=device).manual_seed(seed)
     old, new = {}, {}
     for name in list(master):
         w = master.pop(name)
         old[name] = w.to(torch.bfloat16)
-        new[name] = w.add_(torch.randn(w.shape, generator=gen, device="cuda"), alpha=-lr).to(torch.bfloat16)
+        new[name] = w.add_(torch.randn(w.shape, generator=gen, device=device), alpha=-lr).to(torch.bfloat16)
         del w
     return old, new
 

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from call_gc import delta
+from cuda_bench import make_delta
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -60,7 +60,7 @@ def main() -> None:
     tmp = Path(tempfile.mkdtemp(prefix="wt_versions_"))
     sys.path.insert(0, str(tmp))
     mods = {v: importlib.import_module(_package(v, tmp, i)) for i, v in enumerate(args.versions)}
-    old, new = delta(args.model or ("qwen3-8b" if device == "cuda" else "qwen3-0.6b"), device)
+    old, new = make_delta(args.model or ("qwen3-8b" if device == "cuda" else "qwen3-0.6b"), 5e-7, device=device)
     pack = None
     for v, m in mods.items():
         p = m.encode_delta(old, new, base_version=0, version=1)
