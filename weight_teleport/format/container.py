@@ -343,8 +343,11 @@ class ChunkSpans:
         """PackFormatError naming the first chunk whose CRC-32 is not `crcs`' one."""
         bad = np.flatnonzero(np.asarray(crcs, np.int64) != self.crcs)
         if bad.size:
-            at = int(self.starts[bad[0]]) - self.payload_offset
-            raise PackFormatError(f"pack chunk at payload offset {at} is corrupted (CRC-32 mismatch)")
+            raise _corrupted(int(self.starts[bad[0]]) - self.payload_offset)
+
+
+def _corrupted(offset: int) -> PackFormatError:
+    return PackFormatError(f"pack chunk at payload offset {offset} is corrupted (CRC-32 mismatch)")
 
 
 def chunk_payload(pack: bytes | memoryview, header: PackHeader, ref: ChunkRef) -> memoryview:
@@ -352,5 +355,5 @@ def chunk_payload(pack: bytes | memoryview, header: PackHeader, ref: ChunkRef) -
     start = header.payload_offset + ref.offset
     data = memoryview(pack)[start:start + ref.length]
     if len(data) != ref.length or zlib.crc32(data) != ref.crc32:
-        raise PackFormatError(f"pack chunk at payload offset {ref.offset} is corrupted (CRC-32 mismatch)")
+        raise _corrupted(ref.offset)
     return data
