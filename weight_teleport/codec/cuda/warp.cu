@@ -326,7 +326,6 @@ struct Queue {
 struct __align__(16) Seg {  // a class's segment of the block's chunk
     const int* bits;  // its first bitmap word
     int seen;         // the class's elements in the chunk before the current slice
-    unsigned flip;    // ~0 for an inverted class (its unset bits are the changes), else 0
 };
 
 extern "C" __global__ void __launch_bounds__(WARPS * 32)
@@ -359,7 +358,7 @@ place_changes(const U* old, const i64* rows, const int* prog, const unsigned cha
     const unsigned inv = __ballot_sync(FULL, lane < NCP && inv_tab[bk.tensor * NCP + lane]);
     if (lane < NCP) {
         const i64 first = seg_word[bk.chunk * NCP + lane];  // an empty last segment may start at the end
-        sg[lane] = Seg{bitmap + first, base[pid * NCP + lane], ((inv >> lane) & 1) ? ~0u : 0u};
+        sg[lane] = Seg{bitmap + first, base[pid * NCP + lane]};
         seg_before[w][lane] = first < n_words ? pref[first] : 0;
         ro[w][lane] = roff[bk.chunk * NCP + lane];
     }
@@ -374,6 +373,11 @@ place_changes(const U* old, const i64* rows, const int* prog, const unsigned cha
     const U* const p[1] = {po};
     each_round(p, bk.n, lane, [&](const W (&x)[1][UNROLL], int s0, bool all) {
         const W* o = x[0];
+        int cls[UNROLL], rank[UNROLL];
+        unsigned word[UNROLL];
+        // the round's class ranks first (shared memory only), then all its bitmap words
+        // loaded together, then the changes queued: one load latency a round, not a slice
+        // (placement 26.3 -> 25.1 ms on the H200)
 #pragma unroll
         for (int u = 0; u < UNROLL; u++) {
             const int i = s0 + u * 32 + lane;
@@ -381,19 +385,31 @@ place_changes(const U* old, const i64* rows, const int* prog, const unsigned cha
             blk[i] = (U)o[u];  // 0 past the end: the last word is zero-padded
             const int c = v ? class_in(o[u], lt) : 0;
             const unsigned peers = peers_of(c, v), ahead = peers & below;
-            const Seg at = sg[c];
-            const int rank = at.seen + __popc(ahead);
+            const int seen = sg[c].seen;
             __syncwarp();
-            if (v && ahead == 0) sg[c].seen = at.seen + __popc(peers);  // once per class: its lowest lane
+            if (v && ahead == 0) sg[c].seen = seen + __popc(peers);  // once per class: its lowest lane
             __syncwarp();
-            const unsigned word = v ? (unsigned)__ldg(at.bits + (rank >> 5)) : 0u;
-            const int bit = rank & 31;
-            const bool changed = v && (((word ^ at.flip) >> bit) & 1);
+            cls[u] = c;
+            rank[u] = seen + __popc(ahead);
+        }
+#pragma unroll
+        for (int u = 0; u < UNROLL; u++) {
+            const bool v = all || s0 + u * 32 + lane < bk.n;
+            word[u] = v ? (unsigned)__ldg(sg[cls[u]].bits + (rank[u] >> 5)) : 0u;
+        }
+#pragma unroll
+        for (int u = 0; u < UNROLL; u++) {
+            const int i = s0 + u * 32 + lane;
+            const bool v = all || i < bk.n;
+            const int bit = rank[u] & 31;
+            const unsigned flip = ((inv >> cls[u]) & 1) ? ~0u : 0u;  // an inverted class's changes are its 0 bits
+            const bool changed = v && (((word[u] ^ flip) >> bit) & 1);
             const unsigned moved = __ballot_sync(FULL, changed);
             if (changed) {
                 const int e = (q.tail + __popc(moved & below)) & (QN - 1);
-                q.meta[e] = (unsigned)i | (unsigned)c << 16 | (unsigned)__popc(word & ((1u << bit) - 1u)) << 21;
-                q.rank[e] = rank;
+                q.meta[e] = (unsigned)i | (unsigned)cls[u] << 16 |
+                            (unsigned)__popc(word[u] & ((1u << bit) - 1u)) << 21;
+                q.rank[e] = rank[u];
             }
             q.tail += __popc(moved);
         }
