@@ -66,11 +66,12 @@ class PinnedRing:
             self.used = 0
             self.copies.clear()
 
-    def send(self, parts: list, out: torch.Tensor) -> None:
+    def send(self, parts: list, out: torch.Tensor, threads: int = 8) -> None:
         """The bytes of `parts`, end to end, into the device tensor `out` (as many bytes), on
-        its device's current stream; the host does not wait."""
+        its device's current stream, copied into the buffer by up to `threads` threads; the
+        host does not wait."""
         host = self._take(out.numel() * out.element_size())
-        fill(host.numpy(), parts)
+        fill(host.numpy(), parts, threads)
         out.view(-1).view(torch.uint8).copy_(host, non_blocking=True)
         done = torch.cuda.Event()
         done.record(torch.cuda.current_stream(out.device))
