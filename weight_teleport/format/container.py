@@ -48,6 +48,8 @@ below it, starting threads costs more than they save (on the H200's host one thr
 177 MB in 14.9 ms, 8 threads in 7.2 ms; starting 8 threads took 0.4-0.7 ms on the
 development machine). Filling fresh memory is bound by its first-touch page faults, which
 threads take in parallel."""
+FILL_THREADS = 8
+"""Threads `fill` uses by default."""
 
 _new_bytes = ctypes.pythonapi.PyBytes_FromStringAndSize
 _new_bytes.restype = ctypes.py_object
@@ -213,7 +215,7 @@ def in_runs(n: int, work, threads: int) -> list:
         return list(pool.map(lambda r: work(*r), runs))
 
 
-def fill(dst: np.ndarray, parts: list, threads: int = 8) -> None:
+def fill(dst: np.ndarray, parts: list, threads: int = FILL_THREADS) -> None:
     """dst[:] = the bytes of `parts` end to end, copied by up to `threads` threads from
     THREADED_FILL_FROM bytes, each a span of `dst` (fresh pages fault in parallel)."""
     sizes = np.array([memoryview(p).nbytes for p in parts], np.int64)

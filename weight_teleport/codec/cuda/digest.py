@@ -55,8 +55,8 @@ def word_sums(tensors: list[torch.Tensor]) -> torch.Tensor:
     words = [_words(tensors[i]) for i in keep]  # alive until the launch: the table holds addresses
     table = blocks.build(words, 1 << 62, BLOCK * TILES)
     partial = torch.empty(table.programs, dtype=torch.int64, device=out.device)
-    _digest_kernel[(table.programs,)](table.base, table.rows, table.program_chunk, partial,
-                                            BLOCK=BLOCK, TILES=TILES)
+    _digest_kernel[(table.programs,)](table.base, table.rows, table.program_chunk, partial, BLOCK=BLOCK,
+                                      TILES=TILES)
     per = table.per_tensor(partial)
     if len(keep) == len(tensors):
         return per

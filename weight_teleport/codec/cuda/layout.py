@@ -6,7 +6,7 @@ import threading
 import numpy as np
 import torch
 
-from weight_teleport.format.container import fill
+from weight_teleport.format.container import FILL_THREADS, fill
 
 
 def on_device(tensor: torch.Tensor) -> bool:
@@ -66,7 +66,7 @@ class PinnedRing:
             self.used = 0
             self.copies.clear()
 
-    def send(self, parts: list, out: torch.Tensor, threads: int = 8) -> None:
+    def send(self, parts: list, out: torch.Tensor, threads: int = FILL_THREADS) -> None:
         """The bytes of `parts`, end to end, into the device tensor `out` (as many bytes), on
         its device's current stream, copied into the buffer by up to `threads` threads; the
         host does not wait."""
