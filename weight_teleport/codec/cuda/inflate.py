@@ -43,8 +43,8 @@ _pack_ring, _pack_lock = layout.PinnedRing(), threading.Lock()
 by threads."""
 UPLOAD_THREADS = 4
 """Threads filling the pinned buffer with a stage call's pack. The copy runs beside the call's
-main thread, which then waits for the GIL between the fillers' copies: on the H200's host, 4
-threads took the stage call's median from 82.9 to 80.4 ms and from 85.6 to 81.7 ms against 8
+main thread, and the fillers take the GIL between their copies: on the H200's host, 4 threads
+took the stage call's median from 82.9 to 80.4 ms and from 85.6 to 81.7 ms against 8
 (bench/versions.py, 20 and 15 alternated calls), though 8 fill the buffer sooner alone."""
 
 
