@@ -67,7 +67,7 @@ class Upload:
     meanwhile and its kernels that need no byte of the pack run beside the copy."""
 
     def __init__(self, pack, lo: int, hi: int, device, pool: ThreadPoolExecutor):
-        self.lo = lo
+        self.lo, self.device = lo, torch.device(device)
         self._bytes = pool.submit(self._copy, pack, lo, hi, device, torch.cuda.Stream(device))
 
     @staticmethod

@@ -46,8 +46,16 @@ def _check_crcs(pack, spans: ChunkSpans, threads) -> None:
 
 
 def _device_crcs(upload: inflate.Upload, spans: ChunkSpans) -> torch.Tensor:
-    """The chunks' CRC-32s computed on the device from their uploaded bytes (int32)."""
-    return crc32(upload.bytes(), spans.starts - upload.lo, spans.lengths)
+    """The chunks' CRC-32s computed on the device from their uploaded bytes (int32), on a
+    stream of their own: queued after the decoding kernels, they run beside them rather than
+    after them. The caller's stream waits for them."""
+    main = torch.cuda.current_stream(upload.device)
+    side = torch.cuda.Stream(upload.device)
+    with torch.cuda.stream(side):
+        crcs = crc32(upload.bytes(), spans.starts - upload.lo, spans.lengths)
+    main.wait_stream(side)
+    crcs.record_stream(main)
+    return crcs
 
 
 def _check_base(rec, nbytes: int, s_old: int, header) -> None:
