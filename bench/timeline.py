@@ -1,0 +1,116 @@
+"""One warm encode or stage call of the Qwen3-8B-shaped delta (cuda_bench.py's) on one clock:
+the host's spans (the functions in SPOTS, every thread, not synchronised) and the device's
+kernels and copies (torch.profiler), each as milliseconds from the call's start. A marker
+kernel queued just before the call on an idle device ties the two clocks. Rows shorter than
+--min-ms are left out; spans nested in another span are indented.
+
+    python bench/timeline.py --what stage [--model qwen3-8b] [--lr 5e-7] [--min-ms 0.3]
+"""
+
+import argparse
+import threading
+import time
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+import weight_teleport as wt
+from cuda_bench import make_delta
+from weight_teleport.codec import api
+from weight_teleport.codec.cuda import (bitmap, blocks, chunk_bytes, encode, encode_batch, entropy, inflate, layout,
+                                        ranks, sparse_decode, stage, stage_sparse, tables, unsymbols)
+
+SPOTS = {
+    "stage": [(api, "read_header"), (api, "_lives"), (stage, "_batches"), (stage_sparse.SparseBatch, "__init__"),
+              (stage_sparse.SparseBatch, "_read"), (stage_sparse.SparseBatch, "_run"), (stage_sparse.cpu, "class_maps"),
+              (tables, "read"),
+              (blocks, "build"), (ranks, "table_counts"), (inflate, "_on_gpu"), (inflate.Upload, "bytes"),
+              (inflate, "_upload"), (entropy, "decompress"), (layout, "to_device"), (unsymbols, "decode"),
+              (bitmap, "prefix"), (sparse_decode, "decode"), (stage, "_device_crcs"), (stage, "_patch"),
+              (stage, "word_sums"), (stage, "_read_back")],
+    "encode": [(encode, "_scan_rows"), (encode_batch, "_streams"), (chunk_bytes, "code"), (chunk_bytes, "assemble"),
+               (layout, "to_device"), (api, "write_pack")],
+}
+"""(owner, function name) of the host spans traced for each call."""
+
+
+class Spans:
+    """Wraps functions to record (start, end, depth, thread, name) of each call."""
+
+    def __init__(self, spots):
+        self.rows, self._local, self._saved = [], threading.local(), []
+        for owner, name in spots:
+            fn = getattr(owner, name)
+            self._saved.append((owner, name, fn))
+            setattr(owner, name, self._wrap(fn, f"{getattr(owner, '__name__', '?').split('.')[-1]}.{name}"))
+
+    def _wrap(self, fn, label):
+        def run(*args, **kwargs):
+            depth = getattr(self._local, "depth", 0)
+            self._local.depth = depth + 1
+            t0 = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self._local.depth = depth
+                self.rows.append((t0, time.perf_counter(), depth, threading.get_ident(), label))
+        return run
+
+    def restore(self) -> None:
+        for owner, name, fn in self._saved:
+            setattr(owner, name, fn)
+
+
+def timeline(call, spots, min_ms: float) -> list[str]:
+    """The rows of one profiled call of `call` (after two warm ones)."""
+    call()
+    call()
+    spans = Spans(spots)
+    mark = torch.empty(1, device="cuda")
+    try:
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            torch.cuda.synchronize()
+            spans.rows.clear()
+            t0 = time.perf_counter()
+            mark.fill_(1)
+            call()
+            torch.cuda.synchronize()
+            wall = (time.perf_counter() - t0) * 1e3
+    finally:
+        spans.restore()
+    dev = sorted((e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA),
+                 key=lambda e: e.time_range.start)
+    z = dev[0].time_range.start  # the marker
+    threads = {threading.get_ident(): "main"}
+    rows = [((a - t0) * 1e3, (b - t0) * 1e3,
+             f"{threads.setdefault(tid, f'thread {len(threads)}'):<9} {'  ' * d}{name}")
+            for a, b, d, tid, name in sorted(spans.rows)]
+    rows += [((e.time_range.start - z) / 1e3, (e.time_range.end - z) / 1e3, f"{'device':<9} {e.name[:60]}")
+             for e in dev[1:]]
+    busy = sum(e.time_range.elapsed_us() for e in dev[1:]) / 1e3
+    out = [f"one call: {wall:.1f} ms, device busy {busy:.1f} ms; ms from the call's start",
+           f"{'start':>7} {'end':>7} {'ms':>6}  where      what"]
+    out += [f"{a:7.1f} {b:7.1f} {b - a:6.1f}  {what}" for a, b, what in sorted(rows) if b - a >= min_ms]
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--what", choices=sorted(SPOTS), default="stage")
+    ap.add_argument("--model", default="qwen3-8b")
+    ap.add_argument("--lr", type=float, default=5e-7)
+    ap.add_argument("--min-ms", type=float, default=0.3)
+    args = ap.parse_args()
+    old, new = make_delta(args.model, args.lr)
+    if args.what == "encode":
+        call = lambda: wt.encode_delta(old, new, base_version=0, version=1)
+    else:
+        pack = wt.encode_delta(old, new, base_version=0, version=1)
+        del new
+        state = {k: v.clone() for k, v in old.items()}
+        call = lambda: wt.stage_delta(state, pack)
+    print("\n".join(timeline(call, SPOTS[args.what], args.min_ms)))
+
+
+if __name__ == "__main__":
+    main()
