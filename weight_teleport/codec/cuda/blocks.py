@@ -95,7 +95,8 @@ def _elements_from_base(flats: list[torch.Tensor]) -> tuple[np.ndarray, int]:
 
 
 def build(flats: list[torch.Tensor], chunk_elems: int, block: int) -> ChunkTable:
-    """The chunk table of the flat contiguous tensors `flats` (one element type, one device)."""
+    """The chunk table of the contiguous tensors `flats` (one element size, one device), of
+    which only pointers and sizes are read; its base is the lowest-addressed one as given."""
     elem, base = _elements_from_base(flats)
     tensor, start, length = chunk_rows(np.array([t.numel() for t in flats], np.int64), chunk_elems)
     progs = -(-length // block)

@@ -15,7 +15,7 @@ import torch
 
 from weight_teleport.codec.cpu import backend as cpu
 from weight_teleport.codec.cuda import bitmap, blocks, inflate, layout, ranks, sparse_decode, tables, unsymbols
-from weight_teleport.codec.cuda.live import Live
+from weight_teleport.codec.cuda.live import Live, flat_bits
 from weight_teleport.errors import PackFormatError
 from weight_teleport.format.container import ChunkSpans
 
@@ -39,7 +39,7 @@ class SparseBatch:
         # which need no byte of the pack
         with ThreadPoolExecutor(max_workers=1) as pool:
             streams = pool.submit(self._read, pack, spans)
-            self.table = blocks.build([lv.u for lv in lives], header.chunk_elems, ranks.BLOCK)
+            self.table = self._chunk_table(header.chunk_elems)
             inv = inverted[:, :self.ncp].astype(np.int8)
             dev = lives[0].u.device
             self.luts = layout.upload(luts, dev)
@@ -51,6 +51,15 @@ class SparseBatch:
         self.res_cnt = np.where(self.inverted, self.streams.raw[:, 2], self.streams.events)
         self._check_lengths()
         self._run(pack, dev, threads, upload)
+
+    def _chunk_table(self, chunk_elems: int) -> blocks.ChunkTable:
+        """The chunk table of the batch's live tensors. A contiguous tensor's rows need only
+        its pointer and size: only the base, and tensors that are not contiguous (copies),
+        get flat views (four torch calls a tensor: 0.74 against 0.05 ms for 279 tensors on
+        the development machine)."""
+        table = blocks.build([lv.tensor if lv.in_place else lv.u for lv in self.lives], chunk_elems, ranks.BLOCK)
+        table.base = flat_bits(table.base, self.info)
+        return table
 
     def _read(self, pack, spans: ChunkSpans) -> tables.StreamTable:
         # read_header has checked that each record has the chunks its shape needs, and
