@@ -36,7 +36,7 @@ def _dense(lives: dict[str, Live], recs, header, pack, check_base: bool, threads
 
 def _upload(values: np.ndarray, live: Live) -> torch.Tensor:
     signed = np.dtype(f"<i{live.info.nbytes}") if live.info.nbytes > 1 else np.dtype(np.uint8)
-    return torch.from_numpy(np.ascontiguousarray(values).view(signed)).to(live.u.device)
+    return torch.from_numpy(np.ascontiguousarray(values).view(signed)).to(live.tensor.device)
 
 
 def _check_crcs(pack, spans: ChunkSpans, threads) -> None:
@@ -138,7 +138,7 @@ def stage(lives: dict[str, Live], header, pack, check_base: bool, threads: int |
     crcs = _device_crcs(upload, spans) if upload else None
     patch = _patch(lives, header, batches, dense, check)  # host work while the device decodes
     same = [r for r in header.tensors if r.codec == "same" and check]
-    same_sums = word_sums([lives[r.name].u for r in same]) if same else None
+    same_sums = word_sums([lives[r.name].tensor for r in same]) if same else None
     flags, sums, crcs = _read_back(batches, same_sums, crcs)
     if crcs is not None:
         spans.compare(crcs)
@@ -161,7 +161,7 @@ def stage(lives: dict[str, Live], header, pack, check_base: bool, threads: int |
 def _fused_rows(b: SparseBatch, chunks: np.ndarray, base_ptr: int) -> np.ndarray:
     """[programs, 3] (chunk's first element from the base, first change, stop) of `chunks`."""
     n, first = b.chunk_changes, b.chunk_first_change
-    ptrs = np.array([lv.u.data_ptr() for lv in b.lives], np.int64)
+    ptrs = np.array([lv.tensor.data_ptr() for lv in b.lives], np.int64)  # `chunks` are in-place tensors'
     rows = b.table.host[chunks]
     elem = (ptrs[rows[:, blocks.TENSOR]] - base_ptr) // b.info.nbytes + rows[:, blocks.START]
     k, j = layout.items(-(-n[chunks] // scatter.BLOCK))

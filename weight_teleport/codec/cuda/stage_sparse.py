@@ -41,7 +41,7 @@ class SparseBatch:
             streams = pool.submit(self._read, pack, spans)
             self.table = self._chunk_table(header.chunk_elems)
             inv = inverted[:, :self.ncp].astype(np.int8)
-            dev = lives[0].u.device
+            dev = self.table.base.device
             self.luts = layout.upload(luts, dev)
             self.inv = layout.upload(inv, dev)
             self.counts = ranks.table_counts(self.table, self.luts, self.info, self.ncp, int(self.n_classes.max()))
