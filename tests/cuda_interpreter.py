@@ -15,7 +15,8 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import zlib  # noqa: E402
 
-from helpers import crc_ranges, inverted_pair, with_renewed_crcs  # noqa: E402
+from helpers import (crc_ranges, decode_one_gap, decoded_one_gap, inverted_pair, popcount_prefix,  # noqa: E402
+                     with_renewed_crcs)
 
 import weight_teleport as wt  # noqa: E402
 from weight_teleport.codec import api, plan  # noqa: E402
@@ -168,25 +169,15 @@ def inflate_orchestration() -> list[str]:
 def decoder_edges() -> list[str]:
     """The symbol decoder on one event of gap value 2^22 (the largest a chunk holds: decoded)
     and 2^22 + 1 (malformed), and the bitmap prefix against numpy's."""
-    from weight_teleport.codec.cuda import bitmap, unsymbols
+    from weight_teleport.codec.cuda import bitmap
     out = []
     for extra, malformed in ((0, False), (1, True)):
-        buf = torch.zeros(96, dtype=torch.uint8)
-        buf[0] = 43 * 5  # bucket 43, rc 0 (residual +1)
-        buf[16:19] = torch.tensor(list(extra.to_bytes(3, "little")), dtype=torch.uint8)
-        ints = lambda *a: torch.tensor(a, dtype=torch.int64)
-        v = (1 << 22) + extra
-        dec = unsymbols.decode(buf, ints(0, 16, 32, 32).view(1, 4), ints(1, 3, 0, 0).view(1, 4), ints(1), ints(1),
-                               torch.zeros(1, dtype=torch.bool), ints(0), v // 32 + 1, 1, 16)
-        words = dec.bitmap.numpy().view(np.uint32)
-        decoded = int(dec.last_rank[0]) == v - 1 and int(dec.residuals[0]) == 1 and \
-            words[(v - 1) // 32] == 1 << ((v - 1) % 32) and np.count_nonzero(words) == 1
-        if bool(dec.malformed) != malformed or not (malformed or decoded):
+        dec, v = decode_one_gap(extra, "cpu")
+        if bool(dec.malformed) != malformed or not (malformed or decoded_one_gap(dec, v)):
             out.append(f"the decoder on a gap value of 2^22 + {extra}")
     words = torch.from_numpy(np.random.default_rng(3).integers(-2 ** 31, 2 ** 31, 5000, dtype=np.int64).astype(np.int32))
     words[::5], words[1::7] = -1, 0
-    pc = np.array([bin(w & 0xFFFFFFFF).count("1") for w in words.tolist()], np.int64)
-    if not np.array_equal(bitmap.prefix(words).numpy(), np.cumsum(pc) - pc):
+    if not np.array_equal(bitmap.prefix(words).numpy(), popcount_prefix(words.numpy())):
         out.append("the bitmap prefix differs from numpy's")
     print("decoder edges checked", flush=True)
     return out

@@ -114,3 +114,30 @@ def crc_ranges(seed: int = 0):
     offsets = np.concatenate([[0], np.cumsum(lengths)[:-1]]) + 3 * np.arange(lengths.size)
     data = rng.integers(0, 256, int(offsets[-1] + lengths[-1] + 5), dtype=np.uint8)
     return data, offsets, lengths
+
+
+def decode_one_gap(extra: int, device):
+    """(the symbol decoder's output, v) for one segment of one event whose gap value v is
+    2^22 + `extra` (bucket 43, rc 0: residual +1): the largest a chunk holds for extra = 0."""
+    from weight_teleport.codec.cuda import unsymbols
+    buf = torch.zeros(96, dtype=torch.uint8, device=device)
+    buf[0] = 43 * 5
+    buf[16:19] = torch.tensor(list(extra.to_bytes(3, "little")), dtype=torch.uint8)
+    ints = lambda *a: torch.tensor(a, dtype=torch.int64, device=device)
+    v = (1 << 22) + extra
+    dec = unsymbols.decode(buf, ints(0, 16, 32, 32).view(1, 4), ints(1, 3, 0, 0).view(1, 4), ints(1), ints(1),
+                           torch.zeros(1, dtype=torch.bool, device=device), ints(0), v // 32 + 1, 1, 16)
+    return dec, v
+
+
+def decoded_one_gap(dec, v: int) -> bool:
+    """Whether `decode_one_gap`'s output is that event: its rank v - 1, the one set bit, +1."""
+    words = dec.bitmap.cpu().numpy().view(np.uint32)
+    return int(dec.last_rank[0]) == v - 1 and int(dec.residuals[0]) == 1 and \
+        words[(v - 1) // 32] == 1 << ((v - 1) % 32) and np.count_nonzero(words) == 1
+
+
+def popcount_prefix(words: np.ndarray) -> np.ndarray:
+    """The exclusive prefix of the popcounts of 32-bit words (int64)."""
+    pc = np.unpackbits(np.ascontiguousarray(words).view(np.uint8)).reshape(-1, 32).sum(1, dtype=np.int64)
+    return np.cumsum(pc) - pc

@@ -5,7 +5,8 @@ import zlib
 import numpy as np
 import pytest
 import torch
-from helpers import DTYPES, assert_bits_equal, bits, clone_state, crc_ranges, inverted_pair, with_renewed_crcs
+from helpers import (DTYPES, assert_bits_equal, bits, clone_state, crc_ranges, decode_one_gap, decoded_one_gap,
+                     inverted_pair, popcount_prefix, with_renewed_crcs)
 from test_codec_roundtrip import make_pair
 
 import weight_teleport as wt
@@ -401,20 +402,9 @@ def test_pinned_ring_rewinds_at_a_call_instead_of_growing():
 def test_decoder_refuses_a_gap_past_the_largest_chunk(extra, malformed):
     """One event whose gap value v is 2^22 (the largest a chunk of 2^22 elements holds: bucket
     43, extra bits 0) decodes; v = 2^22 + 1, which no chunk holds, is malformed."""
-    from weight_teleport.codec.cuda import unsymbols
-    buf = torch.zeros(96, dtype=torch.uint8, device="cuda")
-    buf[0] = 43 * 5  # bucket 43, rc 0 (residual +1)
-    buf[16:19] = torch.tensor(list(extra.to_bytes(3, "little")), dtype=torch.uint8)
-    dev = lambda *a: torch.tensor(a, dtype=torch.int64, device="cuda")
-    v = (1 << 22) + extra
-    n_words = v // 32 + 1
-    dec = unsymbols.decode(buf, dev([0, 16, 32, 32]).view(1, 4), dev([1, 3, 0, 0]).view(1, 4), dev(1), dev(1),
-                           torch.zeros(1, dtype=torch.bool, device="cuda"), dev(0), n_words, 1, 16)
+    dec, v = decode_one_gap(extra, "cuda")
     assert bool(dec.malformed) == malformed
-    if not malformed:
-        assert int(dec.last_rank[0]) == v - 1 and int(dec.residuals[0]) == 1
-        words = dec.bitmap.cpu().numpy().view(np.uint32)
-        assert words[(v - 1) // 32] == 1 << ((v - 1) % 32) and np.count_nonzero(words) == 1
+    assert malformed or decoded_one_gap(dec, v)
 
 
 @pytest.mark.parametrize("n", [0, 1, 33, 100_003])
@@ -423,6 +413,6 @@ def test_bitmap_prefix_is_the_exclusive_popcount_prefix(n):
     words = torch.randint(-2 ** 31, 2 ** 31 - 1, (n,), dtype=torch.int32, device="cuda")
     words[::5] = -1
     words[1::7] = 0
-    pc = np.array([bin(int(w) & 0xFFFFFFFF).count("1") for w in words.cpu().numpy()], np.int64)
     got = bitmap.prefix(words)
-    assert got.dtype == torch.int32 and got.is_contiguous() and np.array_equal(got.cpu().numpy(), np.cumsum(pc) - pc)
+    assert got.dtype == torch.int32 and got.is_contiguous()
+    assert np.array_equal(got.cpu().numpy(), popcount_prefix(words.cpu().numpy()))
