@@ -243,6 +243,30 @@ def test_wrong_base_weights_are_refused():
     assert_bits_equal(_cpu(state), new)
 
 
+def test_pack_in_pinned_memory_is_staged_from_where_it_is(monkeypatch):
+    """A pinned pack is copied to the device directly (never through the pinned ring) and
+    stages the same patch; a corrupt one is refused and changes nothing."""
+    from weight_teleport.codec.cuda import inflate, layout
+    old, new = _pair(9, torch.bfloat16, "density", 0.05, shape=(300, 70))
+    pack = wt.encode_delta(old, new, base_version=0, version=1, chunk_elems=2048)
+    pinned = wt.pinned_pack(pack)
+    assert layout.pinned(pinned) is not None and layout.pinned(pack) is None
+    assert bytes(pinned) == pack
+    state = _cuda(old)
+    want = wt.stage_delta(state, pack)
+    monkeypatch.setattr(inflate, "_pack_ring", None)  # the ring is not used: None would raise
+    got = wt.stage_delta(state, pinned)
+    assert all(torch.equal(a.offsets, b.offsets) and torch.equal(a.values, b.values)
+               for a, b in zip(want.groups, got.groups, strict=True))
+    wt.apply_staged(state, got)
+    assert_bits_equal(_cpu(state), new)
+    state = _cuda(old)
+    pinned[len(pinned) - 5] ^= 0x40
+    with pytest.raises(WeightTeleportError):
+        wt.apply_delta(state, pinned)
+    assert_bits_equal(_cpu(state), old)
+
+
 @pytest.mark.parametrize("budget", [None, 1 << 30, 0])
 def test_staged_patch_held_on_device_or_in_pinned_host_memory(budget):
     """Over its device budget a staged patch moves to pinned host memory; apply is the same."""

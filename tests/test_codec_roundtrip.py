@@ -111,6 +111,19 @@ def test_non_contiguous_inputs_and_state():
     assert_bits_equal({"x": buf}, {"x": new})
 
 
+@pytest.mark.parametrize("kind", ["bytearray", "memoryview", "numpy"])
+def test_any_bytes_like_pack_is_read(kind):
+    """A pack may be any bytes-like object (a download buffer, pinned memory): same result."""
+    old, new = make_pair(7, torch.bfloat16, (64, 48), "weights", "density", "ulp", 0.05)
+    pack = wt.encode_delta({"x": old}, {"x": new}, base_version=0, version=1, chunk_elems=512)
+    held = {"bytearray": bytearray(pack), "memoryview": memoryview(pack),
+            "numpy": np.frombuffer(pack, np.uint8).copy()}[kind]
+    assert wt.inspect(held) == wt.inspect(pack)
+    state = {"x": old.clone()}
+    wt.apply_delta(state, held)
+    assert_bits_equal(state, {"x": new})
+
+
 def test_device_budget_leaves_cpu_patches_as_they_are():
     """`device_budget` bounds device memory; a CPU state's patch is already on the host."""
     old, new = make_pair(6, torch.bfloat16, (64, 48), "weights", "density", "ulp", 0.05)

@@ -7,6 +7,7 @@ from weight_teleport.codec.api import (
     encode_delta,
     encode_snapshot,
     inspect,
+    pinned_pack,
     stage_delta,
     tensor_digest,
 )
@@ -21,6 +22,7 @@ __all__ = [
     "encode_delta",
     "encode_snapshot",
     "inspect",
+    "pinned_pack",
     "stage_delta",
     "tensor_digest",
 ]

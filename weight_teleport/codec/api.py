@@ -3,6 +3,7 @@
 import time
 from collections.abc import Iterable, Mapping, MutableMapping
 
+import numpy as np
 import torch
 
 from weight_teleport.codec import streams
@@ -115,6 +116,16 @@ def _lives(state: Mapping[str, torch.Tensor], header: PackHeader, strict: bool):
     return backend, lives
 
 
+def pinned_pack(pack) -> np.ndarray:
+    """A copy of `pack` (any bytes-like object) in pinned host memory, as a uint8 array that
+    every function here takes as a pack. `stage_delta` onto CUDA weights copies such a pack
+    to the device from where it is, where a `bytes` pack is first copied into a pinned buffer
+    on host threads. The memory comes from torch's caching allocator: freed, it serves the
+    next pack. Needs CUDA."""
+    from weight_teleport.codec.cuda.layout import pinned_copy
+    return pinned_copy(pack)
+
+
 @collections_paused()
 def stage_delta(state: Mapping[str, torch.Tensor], pack: bytes, *, base_version: int | None = None,
                 check_base: bool = True, strict: bool = True, threads: int | None = None,
@@ -128,7 +139,10 @@ def stage_delta(state: Mapping[str, torch.Tensor], pack: bytes, *, base_version:
 
     For a state on a CUDA device, a staged patch of more than `device_budget` bytes is moved
     to pinned host memory (room for the sampler's KV cache; `apply_staged` then copies it
-    back, a longer pause); None keeps it in device memory. CPU patches live on the host."""
+    back, a longer pause); None keeps it in device memory. CPU patches live on the host.
+
+    `pack` is any bytes-like object; one in pinned host memory (`pinned_pack`) is copied to
+    CUDA weights' device with no host copy first."""
     header = read_header(pack)
     _check_readable(header)
     if header.kind == "delta" and base_version is not None and header.base_version != base_version:

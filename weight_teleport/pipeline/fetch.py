@@ -5,9 +5,10 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable
 
+import numpy as np
 import torch
 
-from weight_teleport.codec import apply_delta, decode_snapshot
+from weight_teleport.codec import apply_delta, decode_snapshot, pinned_pack
 from weight_teleport.errors import PackFormatError
 from weight_teleport.format import read_header
 from weight_teleport.pipeline.errors import ObjectRejected
@@ -18,9 +19,10 @@ from weight_teleport.store import Store
 Progress = Callable[[int], None]
 
 
-def fetch(store: Store, entry: Entry) -> bytes:
+def fetch(store: Store, entry: Entry, pinned: bool = False) -> bytes | np.ndarray:
     """The object of `entry`, checked: its size, SHA-256 and pack header (kind, version,
-    base) must match the entry, else ObjectRejected (truncated, corrupted, misplaced)."""
+    base) must match the entry, else ObjectRejected (truncated, corrupted, misplaced).
+    `pinned`: returned in pinned host memory (`pinned_pack`), for staging onto CUDA weights."""
     data = store.get(entry.key)
     if len(data) != entry.size:
         raise ObjectRejected(f"{entry.key}: {len(data)} bytes, the manifest says {entry.size} "
@@ -38,7 +40,7 @@ def fetch(store: Store, entry: Entry) -> bytes:
             f"{entry.key}: holds a {header.kind} to version {header.version} from "
             f"{header.base_version}, the manifest lists a {entry.kind} to {entry.version} from "
             f"{entry.base} (duplicated or out-of-order object)")
-    return data
+    return pinned_pack(data) if pinned else data
 
 
 def materialize(store: Store, manifest: Manifest, version: int | None = None,

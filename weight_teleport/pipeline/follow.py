@@ -6,6 +6,8 @@ import logging
 import time
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from weight_teleport.errors import DigestMismatchError, PackFormatError, PackMismatchError
 from weight_teleport.pipeline.errors import ManifestError, NoPlanError, ObjectRejected
 from weight_teleport.pipeline.fetch import fetch
@@ -97,11 +99,12 @@ class Follower:
         self.sub.stats.resyncs += 1
         self.sub._event(f"resync from the latest anchor: {reason}", resync=True)
 
-    def _fetch(self, entry: Entry) -> bytes | None:
-        """The checked object, or None after a rejection (logged, retried later)."""
+    def _fetch(self, entry: Entry) -> bytes | np.ndarray | None:
+        """The checked object (in pinned memory for CUDA weights), or None after a rejection
+        (logged, retried later)."""
         t0 = time.perf_counter()
         try:
-            pack = fetch(self.sub._store, entry)
+            pack = fetch(self.sub._store, entry, pinned=self.sub._stager.on_cuda)
         except NotFound:
             self.sub._event(f"{entry.key} is gone from the store; rereading the manifest")
             self._refresh(wait=False)

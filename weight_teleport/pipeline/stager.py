@@ -37,6 +37,12 @@ class Stager:
     def uses_view(self) -> bool:
         return self.view is not None
 
+    @property
+    def on_cuda(self) -> bool:
+        """Whether packs are staged onto CUDA weights (then they are fetched into pinned
+        memory, which the stage copies to the device from where it is)."""
+        return self.uses_view and any(t.is_cuda for t in self.view.values())
+
     def stage(self, entry: Entry, pack: bytes, head: int | None) -> StagedPatch:
         """Decode and verify `pack` against the weights at version `head` (raises the
         codec's typed errors when they are not the pack's base). In shadow mode the

@@ -7,7 +7,7 @@ Without nvCOMP the CPU's zstd decodes them into a host buffer that is uploaded."
 
 import os
 import threading
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -56,19 +56,36 @@ def _upload(pack, lo: int, hi: int, device) -> torch.Tensor:
     if torch.device(device).type != "cuda":
         return torch.frombuffer(bytearray(b"".join(parts)), dtype=torch.uint8).to(device)
     out = torch.empty(max(hi - lo, 1), dtype=torch.uint8, device=device)
+    pinned = layout.pinned(pack)
+    if pinned is not None and hi > lo:  # a pack in pinned memory is copied from where it is
+        out.copy_(pinned[lo:hi], non_blocking=True)
+        return out
     with _pack_lock:
         _pack_ring.send(parts, out, UPLOAD_THREADS)
     return out
 
 
 class Upload:
-    """Bytes [lo, hi) of a pack copied to the device on a host thread and a stream of their
-    own (through the pinned buffer, filled by threads): the caller reads the stream tables
-    meanwhile and its kernels that need no byte of the pack run beside the copy."""
+    """Bytes [lo, hi) of a pack copied to the device on a stream of their own: the caller
+    reads the stream tables meanwhile and its kernels that need no byte of the pack run
+    beside the copy. Bytes in pageable memory pass through the pinned buffer, filled by
+    threads, on a host thread started at once. Bytes already in pinned memory need no host
+    copy: their asynchronous copy is queued at `start` (or at `bytes`), so that the small
+    tables the first kernels need are not queued behind it (copies to the device run one
+    after the other)."""
 
     def __init__(self, pack, lo: int, hi: int, device, pool: ThreadPoolExecutor):
         self.lo, self.device = lo, torch.device(device)
-        self._bytes = pool.submit(self._copy, pack, lo, hi, device, torch.cuda.Stream(device))
+        self._args = (pack, lo, hi, device, torch.cuda.Stream(device))
+        self._bytes: Future | None = None
+        if layout.pinned(pack) is None:
+            self._bytes = pool.submit(self._copy, *self._args)
+
+    def start(self) -> None:
+        """Queue the copy now if it has not started."""
+        if self._bytes is None:
+            self._bytes = Future()
+            self._bytes.set_result(self._copy(*self._args))
 
     @staticmethod
     def _copy(pack, lo: int, hi: int, device, stream) -> tuple[torch.Tensor, torch.cuda.Event]:
@@ -80,6 +97,7 @@ class Upload:
 
     def bytes(self) -> torch.Tensor:
         """The bytes on the device; the caller's current stream waits for their copy."""
+        self.start()
         out, done = self._bytes.result()
         current = torch.cuda.current_stream(out.device)
         current.wait_event(done)

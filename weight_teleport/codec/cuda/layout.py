@@ -34,6 +34,30 @@ def items(counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return run, np.arange(run.size) - starts(counts)[run]
 
 
+def pinned(buf) -> torch.Tensor | None:
+    """`buf`'s bytes as a uint8 tensor when they lie in pinned (page-locked) host memory, such
+    as a pack fetched into `pinned_empty`'s memory: the device copies them from there, with no
+    host copy first. None otherwise (`bytes` are never pinned)."""
+    view = memoryview(buf)
+    if view.readonly or not view.contiguous or not torch.cuda.is_available():
+        return None
+    host = torch.from_numpy(np.frombuffer(view, np.uint8))
+    return host if host.is_pinned() else None
+
+
+def pinned_empty(n: int) -> np.ndarray:
+    """n bytes of pinned host memory (torch's caching allocator: freed, they are reused), as
+    a writable uint8 array."""
+    return torch.empty(n, dtype=torch.uint8, pin_memory=True).numpy()
+
+
+def pinned_copy(data) -> np.ndarray:
+    """The bytes of `data` in pinned host memory (`pinned_empty`), copied by threads."""
+    out = pinned_empty(memoryview(data).nbytes)
+    fill(out, [data])
+    return out
+
+
 class PinnedRing:
     """A pinned host buffer that host bytes pass through on their way to the device (pinning
     memory for each transfer costs more than copying into it; a copy from pageable memory

@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from weight_teleport.codec.cpu import backend as cpu
+from weight_teleport.codec.plan import MAX_CLASSES
 from weight_teleport.codec.cuda import bitmap, blocks, inflate, layout, ranks, sparse_decode, tables, unsymbols
 from weight_teleport.codec.cuda.live import Live, flat_bits
 from weight_teleport.errors import PackFormatError
@@ -25,6 +26,14 @@ FLAGS = ("a symbol stream failed to decode (corrupt stored stream)",
 """What each of a batch's device flags means, in the order they are raised."""
 
 
+def _classes(recs: list) -> np.ndarray:
+    """Classes of each record as its class map says (its highest class plus one, which is
+    `cpu.class_maps`'s count for a well-formed map), before that checks the maps; clipped to
+    [1, MAX_CLASSES], so a malformed map, which class_maps refuses, sizes nothing."""
+    return np.array([min(max(max((c for _, c in r.classes), default=0), 0), MAX_CLASSES - 1) + 1 for r in recs],
+                    np.int64)
+
+
 class SparseBatch:
     """The sparse tensors of one element type, staged; `flags` and `sums` are device tensors."""
 
@@ -32,19 +41,22 @@ class SparseBatch:
                  upload: inflate.Upload | None = None):
         """`spans`: the records' chunks, in order."""
         self.lives, self.recs, self.info = lives, recs, lives[0].info
-        luts, inverted, self.n_classes = cpu.class_maps(recs, self.info)
-        self.ncp = ranks.pow2(int(self.n_classes.max()))
-        # the stream tables are read on a thread (a compiled walk, the GIL released) while
-        # this one builds the chunk table and launches the class counts of the live weights,
-        # which need no byte of the pack
+        # the stream tables are read on a thread (a compiled walk, the GIL released) from
+        # the start, while this one makes the class maps, builds the chunk table and launches
+        # the class counts of the live weights, which need no byte of the pack; then the
+        # pack's copy to the device is queued
         with ThreadPoolExecutor(max_workers=1) as pool:
-            streams = pool.submit(self._read, pack, spans)
+            streams = pool.submit(self._read, pack, spans, _classes(recs))
+            luts, inverted, self.n_classes = cpu.class_maps(recs, self.info)
+            self.ncp = ranks.pow2(int(self.n_classes.max()))
             self.table = self._chunk_table(header.chunk_elems)
             inv = inverted[:, :self.ncp].astype(np.int8)
             dev = self.table.base.device
             self.luts = layout.upload(luts, dev)
             self.inv = layout.upload(inv, dev)
             self.counts = ranks.table_counts(self.table, self.luts, self.info, self.ncp, int(self.n_classes.max()))
+            if upload is not None:
+                upload.start()
             self.base, self.tot = ranks.table_bases(self.counts, self.table)
             self.streams = streams.result()
         self.inverted = inv[self.table.host[:, blocks.TENSOR]].reshape(-1).astype(bool)
@@ -61,11 +73,12 @@ class SparseBatch:
         table.base = flat_bits(table.base, self.info)
         return table
 
-    def _read(self, pack, spans: ChunkSpans) -> tables.StreamTable:
+    def _read(self, pack, spans: ChunkSpans, n_classes: np.ndarray) -> tables.StreamTable:
         # read_header has checked that each record has the chunks its shape needs, and
         # _lives that each shape is its live tensor's: chunk i is the chunk table's row i
-        k = np.repeat(self.n_classes, [len(r.chunks) for r in self.recs])
-        return tables.read(np.frombuffer(pack, np.uint8), spans.starts, spans.lengths, k, self.ncp)
+        k = np.repeat(n_classes, [len(r.chunks) for r in self.recs])
+        return tables.read(np.frombuffer(pack, np.uint8), spans.starts, spans.lengths, k,
+                           ranks.pow2(int(n_classes.max())))
 
     def _check_lengths(self) -> None:
         raw = self.streams.raw
@@ -76,10 +89,10 @@ class SparseBatch:
 
     def _run(self, pack, dev, threads, upload) -> None:
         st, n_res = self.streams, int(self.res_cnt.sum())
+        inf = inflate.inflate(pack, st, dev, threads, upload)  # first: the chain of kernels starts there
         ev, res_cnt, inv, raw, res_off = layout.to_device(
             [st.events, self.res_cnt, self.inverted, st.raw, layout.starts(self.res_cnt)], dev)
         inv = inv != 0
-        inf = inflate.inflate(pack, st, dev, threads, upload)
         tot = self.tot.view(-1)
         seg_word = layout.starts((tot + 31) // 32)
         n_words = int((-(-self.table.host[:, blocks.LEN] // 32)).sum()) + self.table.chunks * self.ncp
