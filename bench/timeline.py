@@ -4,7 +4,7 @@ kernels and copies (torch.profiler), each as milliseconds from the call's start.
 kernel queued just before the call on an idle device ties the two clocks. Rows shorter than
 --min-ms are left out; spans nested in another span are indented.
 
-    python bench/timeline.py --what stage [--model qwen3-8b] [--lr 5e-7] [--min-ms 0.3]
+    python bench/timeline.py --what stage [--model qwen3-8b] [--lr 5e-7] [--min-ms 0.3] [--pinned]
 """
 
 import argparse
@@ -100,6 +100,7 @@ def main() -> None:
     ap.add_argument("--model", default="qwen3-8b")
     ap.add_argument("--lr", type=float, default=5e-7)
     ap.add_argument("--min-ms", type=float, default=0.3)
+    ap.add_argument("--pinned", action="store_true", help="stage a pack held in pinned host memory")
     args = ap.parse_args()
     old, new = make_delta(args.model, args.lr)
     if args.what == "encode":
@@ -107,6 +108,8 @@ def main() -> None:
     else:
         pack = wt.encode_delta(old, new, base_version=0, version=1)
         del new
+        if args.pinned:
+            pack = layout.pinned_copy(pack)
         state = {k: v.clone() for k, v in old.items()}
         call = lambda: wt.stage_delta(state, pack)
     print("\n".join(timeline(call, SPOTS[args.what], args.min_ms)))
