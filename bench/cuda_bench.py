@@ -193,6 +193,8 @@ def main() -> None:
     changed = info["changed"]
     state = {k: v.clone() for k, v in old.items()}
     stage_s, staged = wall_s(lambda: wt.stage_delta(state, pack), 5)
+    pinned = wt.pinned_pack(pack)
+    pinned_s, _ = wall_s(lambda: wt.stage_delta(state, pinned), 5)
     st_phases = stage_phases(state, pack)
     apply_ms = cuda_ms(lambda: wt.apply_staged(state, staged), 10)
     ok = all(torch.equal(state[k].view(torch.int16), new[k].view(torch.int16)) for k in new)
@@ -215,6 +217,8 @@ def main() -> None:
         ("encode_delta end to end (nvCOMP zstd)", f"{gb / nvz_s:.1f} GB/s", f"{nvz_s * 1e3:.0f} ms", f"{floor(4 * n):.2f} ms"),
         ("encode_delta end to end (nvCOMP ANS)", f"{gb / ans_s:.1f} GB/s", f"{ans_s * 1e3:.0f} ms", f"{floor(4 * n):.2f} ms"),
         ("stage_delta end to end", f"{gb / stage_s:.1f} GB/s", f"{stage_s * 1e3:.0f} ms", f"{floor(2 * n):.2f} ms"),
+        ("stage_delta, pack in pinned memory", f"{gb / pinned_s:.1f} GB/s", f"{pinned_s * 1e3:.0f} ms",
+         f"{floor(2 * n):.2f} ms"),
         ("apply (pause)", f"{apply_ms / gb:.3f} ms/GB", f"{apply_ms:.2f} ms", f"{floor(8 * changed):.2f} ms"),
         ("apply, patch in pinned host memory", f"{host_apply_ms / gb:.3f} ms/GB", f"{host_apply_ms:.2f} ms", ""),
     ]
