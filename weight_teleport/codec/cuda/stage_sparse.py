@@ -14,9 +14,9 @@ import numpy as np
 import torch
 
 from weight_teleport.codec.cpu import backend as cpu
-from weight_teleport.codec.plan import MAX_CLASSES
 from weight_teleport.codec.cuda import bitmap, blocks, inflate, layout, ranks, sparse_decode, tables, unsymbols
 from weight_teleport.codec.cuda.live import Live, flat_bits
+from weight_teleport.codec.plan import MAX_CLASSES
 from weight_teleport.errors import PackFormatError
 from weight_teleport.format.container import ChunkSpans
 
@@ -30,8 +30,8 @@ def _classes(recs: list) -> np.ndarray:
     """Classes of each record as its class map says (its highest class plus one, which is
     `cpu.class_maps`'s count for a well-formed map), before that checks the maps; clipped to
     [1, MAX_CLASSES], so a malformed map, which class_maps refuses, sizes nothing."""
-    return np.array([min(max(max((c for _, c in r.classes), default=0), 0), MAX_CLASSES - 1) + 1 for r in recs],
-                    np.int64)
+    tops = [max((c for _, c in r.classes), default=0) for r in recs]
+    return np.array([min(max(top, 0), MAX_CLASSES - 1) + 1 for top in tops], np.int64)
 
 
 class SparseBatch:
