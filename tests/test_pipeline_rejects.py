@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import pytest
 import torch
 
 from test_pipeline_helpers import expected, same_bits
@@ -82,3 +83,27 @@ def test_duplicated_and_out_of_order_objects_are_rejected(tmp_path: Path) -> Non
     assert same_bits(live, 3)
     assert any("duplicated or out-of-order" in e for r in reports for e in r.events)
     assert any("out of order" in e for r in reports for e in r.events)
+
+
+def test_fetch_checks_objects_and_falls_back_when_memory_cannot_be_pinned(tmp_path: Path, monkeypatch) -> None:
+    """fetch(pinned=True) returns the checked bytes as they came when pinning fails (no GPU
+    here, or a limit on page-locked memory); a corrupted object is still rejected."""
+    from weight_teleport.pipeline import fetch as F
+    from weight_teleport.pipeline.errors import ObjectRejected
+
+    url, manifest = _store(tmp_path, range(2))
+    entry = manifest.entries[-1]
+
+    def refuse(_):
+        raise RuntimeError("cannot pin memory")
+
+    monkeypatch.setattr(F, "pinned_pack", refuse)
+    with open_store(url) as store:
+        data = F.fetch(store, entry, pinned=True)
+        assert isinstance(data, bytes) and len(data) == entry.size
+        path = _object(tmp_path, entry.key)
+        raw = bytearray(path.read_bytes())
+        raw[-1] ^= 1
+        path.write_bytes(bytes(raw))
+        with pytest.raises(ObjectRejected, match="SHA-256"):
+            F.fetch(store, entry, pinned=True)

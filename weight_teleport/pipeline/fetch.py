@@ -22,7 +22,8 @@ Progress = Callable[[int], None]
 def fetch(store: Store, entry: Entry, pinned: bool = False) -> bytes | np.ndarray:
     """The object of `entry`, checked: its size, SHA-256 and pack header (kind, version,
     base) must match the entry, else ObjectRejected (truncated, corrupted, misplaced).
-    `pinned`: returned in pinned host memory (`pinned_pack`), for staging onto CUDA weights."""
+    `pinned`: returned in pinned host memory (`pinned_pack`), for staging onto CUDA weights,
+    or as it came where no page-locked memory can be had (the stage copies from there)."""
     data = store.get(entry.key)
     if len(data) != entry.size:
         raise ObjectRejected(f"{entry.key}: {len(data)} bytes, the manifest says {entry.size} "
@@ -40,7 +41,12 @@ def fetch(store: Store, entry: Entry, pinned: bool = False) -> bytes | np.ndarra
             f"{entry.key}: holds a {header.kind} to version {header.version} from "
             f"{header.base_version}, the manifest lists a {entry.kind} to {entry.version} from "
             f"{entry.base} (duplicated or out-of-order object)")
-    return pinned_pack(data) if pinned else data
+    if not pinned:
+        return data
+    try:
+        return pinned_pack(data)
+    except RuntimeError:  # page-locked memory refused (a limit): the stage copies from the bytes
+        return data
 
 
 def materialize(store: Store, manifest: Manifest, version: int | None = None,
