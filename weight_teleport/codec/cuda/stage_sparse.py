@@ -16,7 +16,6 @@ import torch
 from weight_teleport.codec.cpu import backend as cpu
 from weight_teleport.codec.cuda import bitmap, blocks, inflate, layout, ranks, sparse_decode, tables, unsymbols
 from weight_teleport.codec.cuda.live import Live, flat_bits
-from weight_teleport.codec.plan import MAX_CLASSES
 from weight_teleport.errors import PackFormatError
 from weight_teleport.format.container import ChunkSpans
 
@@ -26,14 +25,6 @@ FLAGS = ("a symbol stream failed to decode (corrupt stored stream)",
 """What each of a batch's device flags means, in the order they are raised."""
 
 
-def _classes(recs: list) -> np.ndarray:
-    """Classes of each record as its class map says (its highest class plus one, which is
-    `cpu.class_maps`'s count for a well-formed map), before that checks the maps; clipped to
-    [1, MAX_CLASSES], so a malformed map, which class_maps refuses, sizes nothing."""
-    tops = [max((c for _, c in r.classes), default=0) for r in recs]
-    return np.array([min(max(top, 0), MAX_CLASSES - 1) + 1 for top in tops], np.int64)
-
-
 class SparseBatch:
     """The sparse tensors of one element type, staged; `flags` and `sums` are device tensors."""
 
@@ -41,14 +32,13 @@ class SparseBatch:
                  upload: inflate.Upload | None = None):
         """`spans`: the records' chunks, in order."""
         self.lives, self.recs, self.info = lives, recs, lives[0].info
-        # the stream tables are read on a thread (a compiled walk, the GIL released) from
-        # the start, while this one makes the class maps, builds the chunk table and launches
-        # the class counts of the live weights, which need no byte of the pack; then the
-        # pack's copy to the device is queued
+        luts, inverted, self.n_classes = cpu.class_maps(recs, self.info)
+        self.ncp = ranks.pow2(int(self.n_classes.max()))
+        # the stream tables are read on a thread (a compiled walk, the GIL released) while
+        # this one builds the chunk table and launches the class counts of the live weights,
+        # which need no byte of the pack; then the pack's copy to the device is queued
         with ThreadPoolExecutor(max_workers=1) as pool:
-            streams = pool.submit(self._read, pack, spans, _classes(recs))
-            luts, inverted, self.n_classes = cpu.class_maps(recs, self.info)
-            self.ncp = ranks.pow2(int(self.n_classes.max()))
+            streams = pool.submit(self._read, pack, spans)
             self.table = self._chunk_table(header.chunk_elems)
             inv = inverted[:, :self.ncp].astype(np.int8)
             dev = self.table.base.device
@@ -73,12 +63,11 @@ class SparseBatch:
         table.base = flat_bits(table.base, self.info)
         return table
 
-    def _read(self, pack, spans: ChunkSpans, n_classes: np.ndarray) -> tables.StreamTable:
+    def _read(self, pack, spans: ChunkSpans) -> tables.StreamTable:
         # read_header has checked that each record has the chunks its shape needs, and
         # _lives that each shape is its live tensor's: chunk i is the chunk table's row i
-        k = np.repeat(n_classes, [len(r.chunks) for r in self.recs])
-        return tables.read(np.frombuffer(pack, np.uint8), spans.starts, spans.lengths, k,
-                           ranks.pow2(int(n_classes.max())))
+        k = np.repeat(self.n_classes, [len(r.chunks) for r in self.recs])
+        return tables.read(np.frombuffer(pack, np.uint8), spans.starts, spans.lengths, k, self.ncp)
 
     def _check_lengths(self) -> None:
         raw = self.streams.raw
