@@ -2,6 +2,7 @@
 
 import gc
 import json
+import zlib
 
 import numpy as np
 import pytest
@@ -39,9 +40,9 @@ def test_headers_are_built_and_parsed_with_the_collector_paused(monkeypatch):
     reach an older generation) and the collector's state is restored after, also when the
     caller had paused it, and when the header is malformed."""
     seen = []
-    loads, dumps = json.loads, json.dumps
-    monkeypatch.setattr(json, "loads", lambda *a, **k: seen.append(gc.isenabled()) or loads(*a, **k))
-    monkeypatch.setattr(json, "dumps", lambda *a, **k: seen.append(gc.isenabled()) or dumps(*a, **k))
+    decode, encode = container._decode_header, container._encode_json
+    monkeypatch.setattr(container, "_decode_header", lambda *a: seen.append(gc.isenabled()) or decode(*a))
+    monkeypatch.setattr(container, "_encode_json", lambda *a: seen.append(gc.isenabled()) or encode(*a))
     assert gc.isenabled()
     pack = write_pack(_header(200), [b"abc"])
     assert len(read_header(pack).tensors) == 200
@@ -52,7 +53,7 @@ def test_headers_are_built_and_parsed_with_the_collector_paused(monkeypatch):
         assert not gc.isenabled()
     finally:
         gc.enable()
-    monkeypatch.setattr(json, "loads", lambda *a, **k: {"kind": "delta"})
+    monkeypatch.setattr(container, "_decode_header", lambda *a: decode(b'{"kind": "delta"}'))
     with pytest.raises(PackFormatError, match="malformed"):
         read_header(pack)
     assert gc.isenabled()
@@ -111,6 +112,45 @@ def test_chunk_crc_out_of_range_is_refused(crc):
     h.tensors[0].chunks = [ChunkRef(0, 3, crc)]
     with pytest.raises(PackFormatError, match="CRC-32 out of range"):
         read_header(write_pack(h, [b"abc"]))
+
+
+def _with_header(obj: dict, payload: bytes = b"abc") -> bytes:
+    """A pack whose header is the JSON of `obj`, uncompressed."""
+    head = json.dumps(obj).encode()
+    pre = container.PREAMBLE.pack(container.MAGIC, container.FORMAT_VERSION, 0, len(head), zlib.crc32(head),
+                                  len(payload))
+    return pre + head + payload
+
+
+def _header_obj() -> dict:
+    pack = write_pack(_header(), [b"abc"])
+    return json.loads(pack[container.PREAMBLE.size:len(pack) - 3])
+
+
+@pytest.mark.parametrize("path, value", [
+    (("version",), "3"), (("version",), 3.0), (("chunk_elems",), True), (("base_version",), [1]),
+    (("tensors",), {}), (("tensors", 0), [1]), (("tensors", 0, "name"), 7), (("tensors", 0, "shape"), [4, "4"]),
+    (("tensors", 0, "shape"), 16), (("tensors", 0, "changed"), None), (("tensors", 0, "chunks", 0), [0, 3]),
+    (("tensors", 0, "chunks", 0), {"offset": 0}), (("tensors", 0, "classes"), [[0, 0, 0]]),
+    (("tensors", 0, "inverted"), [0.5]), (("stream_codecs",), "raw")])
+def test_header_fields_of_the_wrong_type_are_refused(path, value):
+    """Every field of the header is read with its type checked: a wrong one is a
+    PackFormatError that names where it is, never another exception or a record that holds it."""
+    obj = _header_obj()
+    read_header(_with_header(obj))  # the unmodified header reads
+    node = obj
+    for k in path[:-1]:
+        node = node[k]
+    node[path[-1]] = value
+    with pytest.raises(PackFormatError, match="malformed"):
+        read_header(_with_header(obj))
+
+
+def test_header_fields_unknown_to_the_reader_are_ignored():
+    obj = _header_obj()
+    obj["written_by"] = "a later writer"
+    obj["tensors"][0]["note"] = {"any": [1, 2]}
+    assert read_header(_with_header(obj)).tensors[0].shape == (4, 4)
 
 
 def test_header_needs_only_its_prefix():
