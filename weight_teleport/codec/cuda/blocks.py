@@ -13,6 +13,7 @@ import triton
 import triton.language as tl
 
 from weight_teleport.codec.cuda import layout
+from weight_teleport.codec.cuda.live import flat_bits
 
 OFF, LEN, START, TENSOR, PROG0 = range(5)
 COLS = 5
@@ -94,9 +95,10 @@ def _elements_from_base(flats: list[torch.Tensor]) -> tuple[np.ndarray, int]:
     return (ptrs - ptrs[base]) // size, base
 
 
-def build(flats: list[torch.Tensor], chunk_elems: int, block: int) -> ChunkTable:
+def build(flats: list[torch.Tensor], chunk_elems: int, block: int, info=None) -> ChunkTable:
     """The chunk table of the contiguous tensors `flats` (one element size, one device), of
-    which only pointers and sizes are read; its base is the lowest-addressed one as given."""
+    which only pointers and sizes are read; its base is the lowest-addressed one as given,
+    or its flat bit patterns of element type `info` (a DtypeInfo) when given."""
     elem, base = _elements_from_base(flats)
     tensor, start, length = chunk_rows(np.array([t.numel() for t in flats], np.int64), chunk_elems)
     progs = -(-length // block)
@@ -105,7 +107,12 @@ def build(flats: list[torch.Tensor], chunk_elems: int, block: int) -> ChunkTable
     rows_d, progs_d = layout.to_device([rows, progs], dev)
     prog_chunk = torch.repeat_interleave(torch.arange(rows.shape[0], dtype=torch.int32, device=dev), progs_d,
                                          output_size=int(progs.sum()))
-    return ChunkTable(flats[base], rows_d, rows, prog_chunk, rows_d[prog_chunk.long(), TENSOR], block, len(flats))
+    return ChunkTable(_base(flats[base], info), rows_d, rows, prog_chunk, rows_d[prog_chunk.long(), TENSOR], block,
+                      len(flats))
+
+
+def _base(tensor: torch.Tensor, info) -> torch.Tensor:
+    return tensor if info is None else flat_bits(tensor, info)
 
 
 @dataclass
@@ -118,8 +125,9 @@ class Paired:
     """[chunks] int64: each chunk's first element from `base` (device)."""
 
 
-def pair(flats: list[torch.Tensor], table: ChunkTable) -> Paired:
-    """The tensors `flats`, one per tensor of `table` and of the same sizes, as a Paired."""
+def pair(flats: list[torch.Tensor], table: ChunkTable, info=None) -> Paired:
+    """The contiguous tensors `flats`, one per tensor of `table` and of the same sizes, as a
+    Paired (its base as in `build`)."""
     elem, base = _elements_from_base(flats)
     off = elem[table.host[:, TENSOR]] + table.host[:, START]
-    return Paired(flats[base], layout.to_device([off], flats[0].device)[0])
+    return Paired(_base(flats[base], info), layout.to_device([off], flats[0].device)[0])

@@ -14,7 +14,7 @@ from weight_teleport.codec import digest as D
 from weight_teleport.codec.cpu import backend as cpu
 from weight_teleport.codec.cuda import blocks, chunk_bytes, encode_batch, layout
 from weight_teleport.codec.cuda.config import CudaCodecConfig
-from weight_teleport.codec.cuda.live import EncodeItem
+from weight_teleport.codec.cuda.live import EncodeItem, flat_bits
 from weight_teleport.codec.cuda.scan import SPAN, aligned, scan
 from weight_teleport.codec.plan import SPARSE_MAX_DENSITY, plan_many
 from weight_teleport.format import ChunkRef, TensorRecord
@@ -23,7 +23,7 @@ DEFAULT_CONFIG = CudaCodecConfig()
 
 
 def _host_item(it: EncodeItem) -> cpu.EncodeItem:
-    to_np = lambda t: t.cpu().numpy().view(it.info.uint_numpy)
+    to_np = lambda t: flat_bits(t, it.info).cpu().numpy().view(it.info.uint_numpy)
     return cpu.EncodeItem(it.name, it.info, it.shape, to_np(it.new), None if it.old is None else to_np(it.old))
 
 
@@ -59,8 +59,9 @@ def _scan_rows(items: list[EncodeItem], chunk_elems: int) -> tuple[list[np.ndarr
     outs, hists = [], [None] * len(items)
     for g in groups:
         olds, news = [aligned(items[i].old) for i in g], [aligned(items[i].new) for i in g]  # alive until launched
-        table = blocks.build(olds, chunk_elems, SPAN)
-        done = scan(table, blocks.pair(news, table), items[g[0]].info)
+        info = items[g[0]].info
+        table = blocks.build(olds, chunk_elems, SPAN, info)
+        done = scan(table, blocks.pair(news, table, info), info)
         outs.append(done.rows)
         per = np.bincount(table.host[:, blocks.TENSOR], -(-table.host[:, blocks.LEN] // SPAN), len(g)).astype(np.int64)
         for i, p0, n in zip(g, layout.starts(per), per):

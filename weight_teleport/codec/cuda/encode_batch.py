@@ -50,8 +50,8 @@ def _streams(b: Batch, chunk_elems: int) -> tuple[symbols.SymbolStreams, np.ndar
     luts, inv, k, ncp = _class_tables(b.plans, dev)
     olds = [it.old for it in b.items]
     fast = warp.available(olds[0])  # the scan's blocks, their class counts from its histograms
-    table = blocks.build(olds, chunk_elems, scan.SPAN if fast else ranks.BLOCK)
-    new = blocks.pair([it.new for it in b.items], table)
+    table = blocks.build(olds, chunk_elems, scan.SPAN if fast else ranks.BLOCK, info)
+    new = blocks.pair([it.new for it in b.items], table, info)
     if fast:
         counts, evc = warp.hist_counts(b.hist, table, luts, inv, info, ncp)
     else:

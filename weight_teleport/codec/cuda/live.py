@@ -41,11 +41,19 @@ class EncodeItem:
     info: DtypeInfo
     shape: tuple[int, ...]
     new: torch.Tensor
-    """Flat bit patterns of the new tensor, on the device."""
+    """The new tensor's bits in a contiguous tensor of any dtype of their width (the caller's
+    tensor itself when it is contiguous), on the device: the kernels read them through the
+    chunk table's pointers, and only its base gets a flat view (`flat_bits`)."""
     old: torch.Tensor | None
-    """Flat base bit patterns; None for snapshots."""
+    """The same of the base tensor; None for snapshots."""
 
     @classmethod
     def of(cls, name: str, info: DtypeInfo, new: torch.Tensor, old: torch.Tensor | None) -> "EncodeItem":
-        return cls(name, info, tuple(new.shape), flat_bits(new, info),
-                   None if old is None else flat_bits(old, info))
+        """An item of the caller's tensors, with no torch call on a contiguous one: flat views
+        of every tensor (four dispatches each, 798 per call for a Qwen3-8B-shaped state) took
+        the encode call's first milliseconds on the H200's host (BENCHMARKS.md)."""
+        return cls(name, info, tuple(new.shape), _bits(new, info), None if old is None else _bits(old, info))
+
+
+def _bits(tensor: torch.Tensor, info: DtypeInfo) -> torch.Tensor:
+    return tensor if tensor.is_contiguous() else flat_bits(tensor, info)
