@@ -78,24 +78,24 @@ def _scan_rows(items: list[EncodeItem], chunk_elems: int) -> tuple[list[np.ndarr
 
 def _records(items: list[EncodeItem], rows: list[np.ndarray]) -> tuple[list[TensorRecord], list]:
     """(records, class plans or None) from the scan rows, as the CPU backend makes them; the
-    plans of all changed tensors with one key count in one compiled walk."""
-    records, plans = [], [None] * len(items)
-    for it, row in zip(items, rows):
-        nk = 1 << it.info.exponent_bits
-        nbytes = it.new.numel() * it.info.nbytes
-        s_old, s_new = int(row[-2]) & D.MASK64, int(row[-1]) & D.MASK64
-        records.append(TensorRecord(name=it.name, dtype=it.info.name, shape=it.shape, codec="same",
-                                    digest=D.to_hex(D.finish(s_new, nbytes)),
-                                    base_digest=D.to_hex(D.finish(s_old, nbytes)),
-                                    changed=int(row[nk:2 * nk].sum())))
-    moving = [i for i, r in enumerate(records) if r.changed]
-    for same_keys in _grouped(moving, lambda i: items[i].info.exponent_bits):
+    rows of all tensors with one key count read as one table, and the plans of the changed
+    ones made in one compiled walk."""
+    records, plans = [None] * len(items), [None] * len(items)
+    for same_keys in _grouped(range(len(items)), lambda i: items[i].info.exponent_bits):
         nk = 1 << items[same_keys[0]].info.exponent_bits
         table = np.stack([rows[i] for i in same_keys])
-        for i, plan in zip(same_keys, plan_many(table[:, :nk], table[:, nk:2 * nk])):
-            rec, plans[i] = records[i], plan
+        changed = table[:, nk:2 * nk].sum(1)
+        for i, n, (s_old, s_new) in zip(same_keys, changed.tolist(), table[:, -2:].tolist()):
+            it = items[i]
+            nbytes = it.new.numel() * it.info.nbytes
+            records[i] = TensorRecord(name=it.name, dtype=it.info.name, shape=it.shape, codec="same",
+                                      digest=D.to_hex(D.finish(s_new & D.MASK64, nbytes)),
+                                      base_digest=D.to_hex(D.finish(s_old & D.MASK64, nbytes)), changed=n)
+        moving = np.flatnonzero(changed)
+        for k, plan in zip(moving.tolist(), plan_many(table[moving, :nk], table[moving, nk:2 * nk])):
+            rec, plans[same_keys[k]] = records[same_keys[k]], plan
             rec.codec, rec.classes = "sparse", plan.runs
-            rec.inverted = [int(c) for c in np.flatnonzero(plan.inverted)]
+            rec.inverted = np.flatnonzero(plan.inverted).tolist()
     return records, plans
 
 
@@ -141,7 +141,7 @@ def _lay_out(records: list[TensorRecord], parts: list):
     for rec, ps in zip(records, parts):
         if isinstance(ps, tuple):
             view, offs, lens, crcs = ps
-            rec.chunks = [ChunkRef(offset + int(o), int(n), int(c)) for o, n, c in zip(offs, lens, crcs)]
+            rec.chunks = list(map(ChunkRef, (offs + offset).tolist(), lens.tolist(), crcs.tolist()))
             out.append(view)
             offset += len(view)
             continue
