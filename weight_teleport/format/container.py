@@ -114,8 +114,8 @@ class PackHeader:
 
 class _Header(msgspec.Struct):
     """The header's JSON object as it is read: msgspec parses it straight into the records
-    and checks every field's type on the way (a third of the time `json` and a walk over its
-    lists took: BENCHMARKS.md)."""
+    and checks every field's type on the way (0.72 ms for a Qwen3-8B-shaped header, where
+    `json` and a walk over its lists took 3.2 ms: BENCHMARKS.md)."""
     kind: str
     version: int
     base_version: int | None
