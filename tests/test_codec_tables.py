@@ -4,6 +4,8 @@ against the format's own reader."""
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from test_codec_roundtrip import make_pair
 
 import weight_teleport as wt
@@ -180,3 +182,35 @@ def test_inflate_layout_matches_the_vectorised_layout():
         assert inflate._plan(c, r, s, at, 0)[0] == i
         with pytest.raises(PackFormatError, match=message):
             inflate._layout(blob, c, r, s, at, 0)
+
+
+def _varint_reference(data: bytes, p: int, end: int) -> tuple[int, int]:
+    """LEB128 as docs/FORMAT.md defines it, with the reader's limits: at most VARINT_MAX
+    bytes, inside [p, end), a value of at most MAX_VALUE; (-1, end) or (-1, next) otherwise."""
+    value = 0
+    for k in range(tables.VARINT_MAX):
+        if p + k >= end:
+            return -1, end
+        value |= (data[p + k] & 0x7F) << (7 * k)
+        if data[p + k] < 0x80:
+            return (value if value <= tables.MAX_VALUE else -1), p + k + 1
+    return -1, end
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(st.one_of(st.integers(0, 0x7F), st.integers(0x80, 0xFF), st.just(0xFF)), min_size=1, max_size=14),
+       st.integers(0, 13), st.integers(0, 14))
+def test_varints_read_as_the_format_defines_them(data, p, end):
+    """Every byte string, start and end: the compiled reader's value and next position are
+    the reference's, also for varints too long, past their end or above MAX_VALUE."""
+    data = bytes(data)
+    p, end = min(p, len(data)), min(end, len(data))
+    assert tables._varint(np.frombuffer(data, np.uint8), p, end) == _varint_reference(data, p, end)
+
+
+@pytest.mark.parametrize("value", [0, 1, 127, 128, 300, 1 << 35, tables.MAX_VALUE, tables.MAX_VALUE + 1, (1 << 63) - 1])
+def test_varint_limits(value):
+    """Written by the writer's own encoder: read back, or refused (-1) above MAX_VALUE."""
+    out = np.zeros(tables.VARINT_MAX, np.uint8)
+    n = tables._put(out, 0, value)
+    assert tables._varint(out, 0, n) == ((value if value <= tables.MAX_VALUE else -1), n)
