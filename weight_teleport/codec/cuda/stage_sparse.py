@@ -7,7 +7,6 @@ batched over every chunk of every tensor. Every check leaves a device flag; the 
 reads flags and digest sums of all batches in one transfer and raises before anything is
 written."""
 
-from concurrent.futures import ThreadPoolExecutor
 from functools import cached_property
 
 import numpy as np
@@ -34,21 +33,19 @@ class SparseBatch:
         self.lives, self.recs, self.info = lives, recs, lives[0].info
         luts, inverted, self.n_classes = cpu.class_maps(recs, self.info)
         self.ncp = ranks.pow2(int(self.n_classes.max()))
-        # the stream tables are read on a thread (a compiled walk, the GIL released) while
-        # this one builds the chunk table and launches the class counts of the live weights,
-        # which need no byte of the pack; then the pack's copy to the device is queued
-        with ThreadPoolExecutor(max_workers=1) as pool:
-            streams = pool.submit(self._read, pack, spans)
-            self.table = self._chunk_table(header.chunk_elems)
-            inv = inverted[:, :self.ncp].astype(np.int8)
-            dev = self.table.base.device
-            self.luts = layout.upload(luts, dev)
-            self.inv = layout.upload(inv, dev)
-            self.counts = ranks.table_counts(self.table, self.luts, self.info, self.ncp, int(self.n_classes.max()))
-            if upload is not None:
-                upload.start()
-            self.base, self.tot = ranks.table_bases(self.counts, self.table)
-            self.streams = streams.result()
+        # the chunk table and the class counts of the live weights need no byte of the pack:
+        # they are launched first, then the pack's copy to the device is queued, and the stream
+        # tables are read (a compiled walk) while the device works
+        self.table = self._chunk_table(header.chunk_elems)
+        inv = inverted[:, :self.ncp].astype(np.int8)
+        dev = self.table.base.device
+        self.luts = layout.upload(luts, dev)
+        self.inv = layout.upload(inv, dev)
+        self.counts = ranks.table_counts(self.table, self.luts, self.info, self.ncp, int(self.n_classes.max()))
+        if upload is not None:
+            upload.start()
+        self.base, self.tot = ranks.table_bases(self.counts, self.table)
+        self.streams = self._read(pack, spans)
         self.inverted = inv[self.table.host[:, blocks.TENSOR]].reshape(-1).astype(bool)
         self.res_cnt = np.where(self.inverted, self.streams.raw[:, 2], self.streams.events)
         self._check_lengths()
