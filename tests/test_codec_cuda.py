@@ -13,7 +13,7 @@ import weight_teleport as wt
 from weight_teleport.codec import digest as D
 from weight_teleport.codec.cpu import chunks as C
 from weight_teleport.codec.cuda.config import CudaCodecConfig
-from weight_teleport.errors import PackFormatError, UnsupportedFormatError, WeightTeleportError
+from weight_teleport.errors import PackFormatError, PackMismatchError, UnsupportedFormatError, WeightTeleportError
 from weight_teleport.format import read_groups, read_header
 
 pytestmark = [pytest.mark.cuda,
@@ -352,6 +352,30 @@ def test_unaligned_views_in_a_batch_match_cpu_pack():
     state = {k: v.clone() for k, v in old.items()}
     wt.apply_delta(state, cpu_pack, base_version=0)
     assert_bits_equal(_cpu(state), _cpu(new))
+
+
+@pytest.mark.parametrize("offset", [1, 3])
+def test_stage_onto_live_views_off_word_boundaries(offset):
+    """Live tensors that start off an 8-byte boundary (views into a larger buffer): the base
+    check's digest and the patched weights are exact, and a wrong base is refused."""
+    old, new, views = {}, {}, {}
+    for i, dt in enumerate([torch.bfloat16, torch.float32, torch.float8_e4m3fn, torch.float16]):
+        o, n = make_pair(60 + i, dt, (3, 2051), "weights", "density", "ulp", 0.05)
+        size = o.element_size()
+        raw = torch.zeros((o.numel() + 8) * size, dtype=torch.uint8, device="cuda")
+        view = raw[offset * size:(offset + o.numel()) * size].view(dt).view(o.shape)
+        view.view(torch.uint8).copy_(o.contiguous().view(torch.uint8).cuda())
+        assert view.data_ptr() % 8 != 0
+        old[f"t{i}"], new[f"t{i}"], views[f"t{i}"] = o, n, view
+    assert_bits_equal(_cpu(views), old)
+    pack = wt.encode_delta(old, new, base_version=0, version=1, chunk_elems=2056)
+    wrong = dict(views, t1=views["t1"].clone())
+    wrong["t1"].view(torch.int32).view(-1)[5] ^= 1
+    with pytest.raises(PackMismatchError):
+        wt.stage_delta(wrong, pack)
+    report = wt.apply_delta(views, pack, base_version=0)
+    assert report.digest_verified
+    assert_bits_equal(_cpu(views), new)
 
 
 @pytest.mark.parametrize("case", [*DTYPES, "inverted"])

@@ -75,10 +75,12 @@ def _check_result(rec, nbytes: int, s_old: int, s_new: int) -> None:
 
 
 def _by_type(lives: dict[str, Live], recs) -> list[list]:
-    """The records grouped by element type (a batch each), in header order within a group."""
-    by_type: dict[torch.dtype, list] = {}
+    """The records grouped by element type (a batch each), in header order within a group.
+    Types of one width with other bit layouts (bfloat16 and float16, float32 and int32) are
+    batches of their own: a batch reads every element's context key with one layout."""
+    by_type: dict[str, list] = {}
     for r in recs:
-        by_type.setdefault(lives[r.name].info.int_torch, []).append(r)
+        by_type.setdefault(lives[r.name].info.name, []).append(r)
     return list(by_type.values())
 
 
