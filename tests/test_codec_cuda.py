@@ -354,6 +354,22 @@ def test_unaligned_views_in_a_batch_match_cpu_pack():
     assert_bits_equal(_cpu(state), _cpu(new))
 
 
+def test_stage_of_dtypes_sharing_a_width():
+    """Element types of one width with other bit layouts in one state (bfloat16, float16 and
+    int16; float32 and int32; the float8 types, int8 and uint8): each is staged with its own
+    layout, bit-exact, where they once shared a batch and a valid pack was refused."""
+    old, new = {}, {}
+    for i, dt in enumerate([torch.bfloat16, torch.float16, torch.int16, torch.float32, torch.int32,
+                            torch.float8_e4m3fn, torch.float8_e5m2, torch.int8, torch.uint8]):
+        old[f"t{i}"], new[f"t{i}"] = make_pair(70 + i, dt, (5, 1003), "weights", "density", "ulp", 0.05)
+    pack = wt.encode_delta(old, new, base_version=0, version=1, chunk_elems=2056)
+    state = _cuda(old)
+    report = wt.apply_delta(state, pack, base_version=0)
+    assert report.digest_verified
+    assert_bits_equal(_cpu(state), new)
+    assert wt.encode_delta(_cuda(old), _cuda(new), base_version=0, version=1, chunk_elems=2056) == pack
+
+
 @pytest.mark.parametrize("offset", [1, 3])
 def test_stage_onto_live_views_off_word_boundaries(offset):
     """Live tensors that start off an 8-byte boundary (views into a larger buffer): the base
