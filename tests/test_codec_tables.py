@@ -4,7 +4,7 @@ against the format's own reader."""
 import numpy as np
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from test_codec_roundtrip import make_pair
 
@@ -198,8 +198,14 @@ def _varint_reference(data: bytes, p: int, end: int) -> tuple[int, int]:
 
 
 @settings(max_examples=400, deadline=None)
-@given(st.lists(st.one_of(st.integers(0, 0x7F), st.integers(0x80, 0xFF), st.just(0xFF)), min_size=1, max_size=14),
+@given(st.lists(st.one_of(st.integers(0, 0x7F), st.integers(0x80, 0xFF), st.sampled_from([0x80, 0xFF, 0x01])),
+                min_size=1, max_size=14),
        st.integers(0, 13), st.integers(0, 14))
+@example([0x80] * 9 + [0x01], 0, 10).via("2^63: past 64 bits as a signed value")
+@example([0x80] * 9 + [0x02], 0, 10).via("2^64: wraps to 0 in 64 bits")
+@example([0xFF] * 8 + [0x7F], 0, 9).via("2^63 - 1")
+@example([0x80] * 6 + [0x40], 0, 7).via("2^48: MAX_VALUE")
+@example([0x81] + [0x80] * 5 + [0x40], 0, 7).via("MAX_VALUE + 1")
 def test_varints_read_as_the_format_defines_them(data, p, end):
     """Every byte string, start and end: the compiled reader's value and next position are
     the reference's, also for varints too long, past their end or above MAX_VALUE."""
