@@ -48,7 +48,9 @@ took the stage call's median from 82.9 to 80.4 ms and from 85.6 to 81.7 ms again
 (bench/versions.py, 20 and 15 alternated calls), though 8 fill the buffer sooner alone."""
 
 
-def _upload(pack, lo: int, hi: int, device) -> torch.Tensor:
+def _upload(pack, lo: int, hi: int, device, pinned: torch.Tensor | None) -> torch.Tensor:
+    """Bytes [lo, hi) of `pack` on `device`; `pinned` is `layout.pinned(pack)`, whose bytes
+    are copied from where they are."""
     size = memoryview(pack).nbytes
     if hi > size:
         raise PackFormatError(f"pack truncated: its chunks end at byte {hi}, the pack has {size}")
@@ -56,7 +58,6 @@ def _upload(pack, lo: int, hi: int, device) -> torch.Tensor:
     if torch.device(device).type != "cuda":
         return torch.frombuffer(bytearray(b"".join(parts)), dtype=torch.uint8).to(device)
     out = torch.empty(max(hi - lo, 1), dtype=torch.uint8, device=device)
-    pinned = layout.pinned(pack)
     if pinned is not None and hi > lo:  # a pack in pinned memory is copied from where it is
         out.copy_(pinned[lo:hi], non_blocking=True)
         return out
@@ -76,9 +77,10 @@ class Upload:
 
     def __init__(self, pack, lo: int, hi: int, device, pool: ThreadPoolExecutor):
         self.lo, self.device = lo, torch.device(device)
-        self._args = (pack, lo, hi, device, torch.cuda.Stream(device))
+        pinned = layout.pinned(pack)
+        self._args = (pack, lo, hi, device, pinned, torch.cuda.Stream(device))
         self._bytes: Future | None = None
-        if layout.pinned(pack) is None:
+        if pinned is None:
             self._bytes = pool.submit(self._copy, *self._args)
 
     def start(self) -> None:
@@ -88,9 +90,9 @@ class Upload:
             self._bytes.set_result(self._copy(*self._args))
 
     @staticmethod
-    def _copy(pack, lo: int, hi: int, device, stream) -> tuple[torch.Tensor, torch.cuda.Event]:
+    def _copy(pack, lo: int, hi: int, device, pinned, stream) -> tuple[torch.Tensor, torch.cuda.Event]:
         with torch.cuda.stream(stream):
-            out = _upload(pack, lo, hi, device)
+            out = _upload(pack, lo, hi, device, pinned)
             done = torch.cuda.Event()
             done.record(stream)
         return out, done
@@ -169,7 +171,7 @@ def _on_gpu(pack, lay: Layout, raw, stored, lo: int, hi: int, device, upload) ->
     """(the device buffer, a device flag: a zstd stream failed to decode or decoded to
     another length)."""
     buf = torch.zeros(lay.out_total + lay.comp_total + PAD, dtype=torch.uint8, device=device)
-    src = upload.bytes() if upload else _upload(pack, lo, hi, device)
+    src = upload.bytes() if upload else _upload(pack, lo, hi, device, layout.pinned(pack))
     gather_rows(src, buf, lay.copies)
     if not lay.zstd.size:
         return buf, torch.zeros((), dtype=torch.bool, device=device)
