@@ -109,7 +109,7 @@ def main() -> None:
         pack = wt.encode_delta(old, new, base_version=0, version=1)
         del new
         if args.pinned:
-            pack = layout.pinned_copy(pack)
+            pack = wt.pinned_pack(pack)
         state = {k: v.clone() for k, v in old.items()}
         call = lambda: wt.stage_delta(state, pack)
     print("\n".join(timeline(call, SPOTS[args.what], args.min_ms)))
