@@ -14,7 +14,7 @@ from weight_teleport.codec import digest as D
 from weight_teleport.codec.cpu import backend as cpu
 from weight_teleport.codec.cuda import blocks, chunk_bytes, encode_batch, layout
 from weight_teleport.codec.cuda.config import CudaCodecConfig
-from weight_teleport.codec.cuda.live import EncodeItem, flat_bits
+from weight_teleport.codec.cuda.live import EncodeItem, flat_bits, grouped
 from weight_teleport.codec.cuda.scan import SPAN, aligned, scan
 from weight_teleport.codec.plan import SPARSE_MAX_DENSITY, plan_many
 from weight_teleport.format import ChunkRef, TensorRecord
@@ -38,17 +38,9 @@ def _on_cpu(items: list[EncodeItem], chunk_elems: int, level: int, threads):
     return records, parts
 
 
-def _grouped(which, key) -> list[list[int]]:
-    """The indices `which` grouped by key(index), in their order within a group."""
-    groups: dict = {}
-    for i in which:
-        groups.setdefault(key(i), []).append(i)
-    return list(groups.values())
-
-
 def _by_type(items: list[EncodeItem], which) -> list[list[int]]:
     """Indices of `which` items grouped by dtype, in item order within a group."""
-    return _grouped(which, lambda i: items[i].info.name)
+    return grouped(which, lambda i: items[i].info.name)
 
 
 def _scan_rows(items: list[EncodeItem], chunk_elems: int) -> tuple[list[np.ndarray], list]:
@@ -81,7 +73,7 @@ def _records(items: list[EncodeItem], rows: list[np.ndarray]) -> tuple[list[Tens
     rows of all tensors with one key count read as one table, and the plans of the changed
     ones made in one compiled walk."""
     records, plans = [None] * len(items), [None] * len(items)
-    for same_keys in _grouped(range(len(items)), lambda i: items[i].info.exponent_bits):
+    for same_keys in grouped(range(len(items)), lambda i: items[i].info.exponent_bits):
         nk = 1 << items[same_keys[0]].info.exponent_bits
         table = np.stack([rows[i] for i in same_keys])
         changed = table[:, nk:2 * nk].sum(1)

@@ -8,6 +8,15 @@ import torch
 from weight_teleport.codec.dtypes import DtypeInfo, contiguous
 
 
+def grouped(items, key) -> list[list]:
+    """`items` grouped by key(item), in their order within a group. Batches of the CUDA
+    backend group by dtype (`info.name`): types of one width differ in bit layout."""
+    groups: dict = {}
+    for x in items:
+        groups.setdefault(key(x), []).append(x)
+    return list(groups.values())
+
+
 def flat_bits(tensor: torch.Tensor, info: DtypeInfo) -> torch.Tensor:
     """The bit patterns of a tensor as a flat integer tensor (a view when contiguous)."""
     return contiguous(tensor).view(info.int_torch).view(-1)

@@ -17,7 +17,7 @@ from weight_teleport.codec.cpu import backend as cpu
 from weight_teleport.codec.cuda import blocks, entropy, inflate, layout, scatter
 from weight_teleport.codec.cuda.crc import crc32
 from weight_teleport.codec.cuda.digest import word_sums
-from weight_teleport.codec.cuda.live import Live
+from weight_teleport.codec.cuda.live import Live, grouped
 from weight_teleport.codec.cuda.patch import DevicePatch, DeviceTensorPatch, FusedGroup
 from weight_teleport.codec.cuda.stage_sparse import FLAGS, SparseBatch
 from weight_teleport.errors import DigestMismatchError, PackFormatError, PackMismatchError
@@ -75,13 +75,8 @@ def _check_result(rec, nbytes: int, s_old: int, s_new: int) -> None:
 
 
 def _by_type(lives: dict[str, Live], recs) -> list[list]:
-    """The records grouped by element type (a batch each), in header order within a group.
-    Types of one width with other bit layouts (bfloat16 and float16, float32 and int32) are
-    batches of their own: a batch reads every element's context key with one layout."""
-    by_type: dict[str, list] = {}
-    for r in recs:
-        by_type.setdefault(lives[r.name].info.name, []).append(r)
-    return list(by_type.values())
+    """The records grouped by dtype (a batch each), in header order within a group."""
+    return grouped(recs, lambda r: lives[r.name].info.name)
 
 
 def _batches(lives: dict[str, Live], groups: list[list], header, spans: ChunkSpans, pack, threads,
