@@ -7,7 +7,7 @@ on the CPU. Checks that every version writes the same pack and that its stage + 
 bit-exact, then prints per version the median, min and max wall time of each call (CUDA
 synchronised).
 
-    python bench/versions.py 1806e1a . [--calls 10] [--what encode,stage] [--model qwen3-8b]
+    python bench/versions.py 1806e1a . [--calls 10] [--what encode,stage,pinned] [--model qwen3-8b]
 """
 
 import argparse
@@ -52,7 +52,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("versions", nargs="+", help="git revisions or directories holding weight_teleport/")
     ap.add_argument("--calls", type=int, default=10)
-    ap.add_argument("--what", default="encode,stage")
+    ap.add_argument("--what", default="encode,stage", help="of encode, stage, pinned (stage of the pack in "
+                    "pinned memory, CUDA only)")
     ap.add_argument("--model", default=None, help="default: qwen3-8b on CUDA, qwen3-0.6b on the CPU")
     args = ap.parse_args()
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -71,8 +72,9 @@ def main() -> None:
         print(f"{v}: pack {len(p)} bytes, {'the same' if p == pack else 'DIFFERENT'}; stage + apply "
               f"{'bit-exact' if exact else 'NOT EXACT'}", flush=True)
     state = {k: t.clone() for k, t in old.items()}
+    pinned = next(iter(mods.values())).pinned_pack(pack) if device == "cuda" and "pinned" in args.what else None
     calls = {"encode": lambda m: m.encode_delta(old, new, base_version=0, version=1),
-             "stage": lambda m: m.stage_delta(state, pack)}
+             "stage": lambda m: m.stage_delta(state, pack), "pinned": lambda m: m.stage_delta(state, pinned)}
     times: dict = {}
     for _ in range(args.calls):
         for what in args.what.split(","):
