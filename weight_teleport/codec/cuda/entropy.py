@@ -80,7 +80,10 @@ def _stream() -> P:
 
 
 def _ptr_table(*cols: np.ndarray, device) -> torch.Tensor:
-    return layout.upload(np.stack([c.astype(np.int64) for c in cols]), device)
+    table = layout.arena().empty((len(cols), cols[0].size), np.int64)
+    for row, col in zip(table, cols):
+        row[:] = col
+    return layout.upload(table, device)
 
 
 def _aligned(n: int) -> int:

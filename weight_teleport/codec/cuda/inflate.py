@@ -78,7 +78,7 @@ class Upload:
     def __init__(self, pack, lo: int, hi: int, device, pool: ThreadPoolExecutor):
         self.lo, self.device = lo, torch.device(device)
         pinned = layout.pinned(pack)
-        self._args = (pack, lo, hi, device, pinned, torch.cuda.Stream(device))
+        self._args = (pack, lo, hi, device, pinned, layout.side_stream(self.device, "upload"))
         self._bytes: Future | None = None
         if pinned is None:
             self._bytes = pool.submit(self._copy, *self._args)
@@ -109,8 +109,6 @@ class Upload:
 
 class Layout(NamedTuple):
     """Where every stream goes in the device buffer (`_plan`)."""
-    bad: int
-    """The first stream the layout refuses (-1: none)."""
     out_off: np.ndarray
     """Each raw stream's slot."""
     out_total: int
@@ -126,22 +124,19 @@ class Layout(NamedTuple):
 
 
 @njit(nogil=True, cache=True)
-def _plan(codec, raw, stored, at, lo):
-    """The fields of a Layout, in one walk over the streams. A raw stream must hold its raw
-    length, a zstd stream must be non-empty both ways, no other codec is read."""
+def _plan(codec, raw, stored, at, lo, out_off, copies, zstd, comp_off):
+    """Fills a Layout's arrays (`out_off` and `zstd` / `comp_off` / `copies` rows from the
+    front; each as long as the streams) in one walk over the streams; returns (the first
+    stream refused, out_total, comp_total, zstd streams, copies). A raw stream must hold its
+    raw length, a zstd stream must be non-empty both ways, no other codec is read."""
     n = codec.size
-    out_off = np.empty(n, np.int64)
-    out_total, n_zstd, n_copy = 0, 0, 0
+    out_total = 0
     for i in range(n):
         c = codec[i]
         if not ((c == RAW and raw[i] == stored[i]) or (c == ZSTD and raw[i] > 0 and stored[i] > 0)):
-            return i, out_off, 0, 0, np.empty((0, 3), np.int64), np.empty(0, np.int64), np.empty(0, np.int64)
+            return i, 0, 0, 0, 0
         out_off[i] = out_total
         out_total += -(-raw[i] // A) * A
-        n_zstd += c == ZSTD
-        n_copy += stored[i] > 0
-    copies = np.empty((n_copy, 3), np.int64)
-    zstd, comp_off = np.empty(n_zstd, np.int64), np.empty(n_zstd, np.int64)
     k, z, comp_total = 0, 0, 0
     for i in range(n):
         if stored[i] == 0:
@@ -154,22 +149,42 @@ def _plan(codec, raw, stored, at, lo):
             z += 1
         copies[k, 0], copies[k, 1], copies[k, 2] = at[i] - lo, dst, stored[i]
         k += 1
-    return -1, out_off, out_total, comp_total, copies, zstd, comp_off
+    return -1, out_total, comp_total, z, k
 
 
 def _layout(pack, codec, raw, stored, at, lo: int) -> Layout:
-    """The streams' Layout; a refused stream raises the error the CPU's decoder gives it."""
-    lay = Layout(*_plan(codec, raw, stored, at, lo))
-    if lay.bad >= 0:
-        i = lay.bad
-        codecs.decode_stream(int(codec[i]), memoryview(pack)[at[i]:at[i] + stored[i]], int(raw[i]))
+    """The streams' Layout (its arrays the calling thread's temporaries, `layout.arena`); a
+    refused stream raises the error the CPU's decoder gives it."""
+    arena, n = layout.arena(), codec.size
+    out_off, copies = arena.empty(n, np.int64), arena.empty((n, 3), np.int64)
+    zstd, comp_off = arena.empty(n, np.int64), arena.empty(n, np.int64)
+    bad, out_total, comp_total, z, k = _plan(codec, raw, stored, at, lo, out_off, copies, zstd, comp_off)
+    if bad >= 0:
+        codecs.decode_stream(int(codec[bad]), memoryview(pack)[at[bad]:at[bad] + stored[bad]], int(raw[bad]))
         raise PackFormatError("malformed stream")  # decode_stream refuses every stream _plan does
-    return lay
+    return Layout(out_off, out_total, comp_total, copies[:k], zstd[:z], comp_off[:z])
 
 
 def _on_gpu(pack, lay: Layout, raw, stored, lo: int, hi: int, device, upload) -> tuple[torch.Tensor, torch.Tensor]:
     """(the device buffer, a device flag: a zstd stream failed to decode or decoded to
-    another length)."""
+    another length). The gather and nvCOMP's kernels need none of the caller's earlier
+    work, so they run on a stream of their own, of the higher priority, beside the kernels
+    queued before them (the stage's class counts), and the caller's stream waits for
+    them."""
+    if torch.device(device).type != "cuda":  # the Triton interpreter's tests
+        return _decode_on(pack, lay, raw, stored, lo, hi, device, upload)
+    main = torch.cuda.current_stream(device)
+    side = layout.side_stream(main.device, "inflate", urgent=True)
+    with torch.cuda.stream(side):
+        buf, failed = _decode_on(pack, lay, raw, stored, lo, hi, device, upload)
+    main.wait_stream(side)
+    buf.record_stream(main)
+    failed.record_stream(main)
+    return buf, failed
+
+
+def _decode_on(pack, lay: Layout, raw, stored, lo: int, hi: int, device, upload) -> tuple[torch.Tensor, torch.Tensor]:
+    """`_on_gpu`'s work, on the current stream."""
     buf = torch.zeros(lay.out_total + lay.comp_total + PAD, dtype=torch.uint8, device=device)
     src = upload.bytes() if upload else _upload(pack, lo, hi, device, layout.pinned(pack))
     gather_rows(src, buf, lay.copies)
@@ -200,8 +215,10 @@ def inflate(pack, table: StreamTable, device, threads: int | None = None, upload
     `upload`, started earlier, holds the streams' bytes on the device; without it they are
     uploaded here."""
     codec, raw, stored, at = (a.ravel() for a in (table.codec, table.raw, table.stored, table.at))
-    lo, hi = (int(at.min()), int((at + stored).max())) if at.size else (0, 0)
-    lo = upload.lo if upload else lo
+    if upload:
+        lo, hi = upload.lo, None  # the upload has the bytes
+    else:
+        lo, hi = (int(at.min()), int((at + stored).max())) if at.size else (0, 0)
     lay = _layout(pack, codec, raw, stored, at, lo)
     if entropy.available():
         buf, failed = _on_gpu(pack, lay, raw, stored, lo, hi, device, upload)

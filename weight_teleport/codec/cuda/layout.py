@@ -1,12 +1,13 @@
 """Layout checks every kernel wrapper runs before a launch, where runs of items start, and
 the upload of host tables."""
 
+import functools
 import threading
 
 import numpy as np
 import torch
 
-from weight_teleport.format.container import FILL_THREADS, fill
+from weight_teleport.format.container import FILL_THREADS, THREADED_FILL_FROM, fill
 
 
 def on_device(tensor: torch.Tensor) -> bool:
@@ -20,6 +21,18 @@ def require(tensor: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Ten
     assert tensor.dim() == 1 and tensor.is_contiguous(), "kernel input must be flat and contiguous"
     assert dtype is None or tensor.dtype == dtype, f"kernel input is {tensor.dtype}, expected {dtype}"
     return tensor
+
+
+@functools.cache
+def side_stream(device: torch.device, role: str, urgent: bool = False) -> torch.cuda.Stream:
+    """The stream of `device` that work of one `role` runs on beside the current stream,
+    the same one every call: its memory stays in one pool of torch's caching allocator
+    (a stream per call draws from torch's pool of streams, each with its own cached
+    blocks). An `urgent` stream has the higher priority: the GPU starts its kernels' blocks
+    before the waiting blocks of kernels queued earlier on other streams (a kernel of a
+    million blocks, such as the stage's class counts, otherwise holds every SM until its
+    last block has started)."""
+    return torch.cuda.Stream(device, priority=-1 if urgent else 0)
 
 
 def starts(counts, axis: int = 0):
@@ -95,25 +108,68 @@ class PinnedRing:
         its device's current stream, copied into the buffer by up to `threads` threads; the
         host does not wait."""
         host = self._take(out.numel() * out.element_size())
-        fill(host.numpy(), parts, threads)
+        if len(parts) == 1 and host.numel() < THREADED_FILL_FROM:  # a table: no thread, no bookkeeping
+            host.numpy()[:] = np.frombuffer(parts[0], np.uint8)
+        else:
+            fill(host.numpy(), parts, threads)
         out.view(-1).view(torch.uint8).copy_(host, non_blocking=True)
         done = torch.cuda.Event()
         done.record(torch.cuda.current_stream(out.device))
         self.copies.append(done)
 
 
+class HostArena:
+    """Host memory for a call's temporary tables, reused from call to call: a fresh numpy
+    array of a few MB is fresh pages, and faulting them in cost more than filling them
+    (4 MB of stream tables: 1.26 ms to allocate and touch on the development machine, most
+    of the walk that fills them). Arrays are taken from the front; they stay valid until
+    the arena is rewound (at the start of the thread's next call). Full, it is replaced by
+    one as large as the call has taken so far (arrays already taken keep the old one
+    alive), so it grows only while one call takes more than it holds."""
+
+    def __init__(self):
+        self.buffer = np.empty(0, np.uint8)
+        self.used = 0
+
+    def empty(self, shape, dtype) -> np.ndarray:
+        dtype = np.dtype(dtype)
+        n = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        at = -(-self.used // 64) * 64
+        if at + n > self.buffer.size:  # as large as this call has taken so far: the next one fits further
+            self.buffer = np.empty(max(at + n, 1 << 20), np.uint8)
+            at = 0
+        self.used = at + n
+        return self.buffer[at:at + n].view(dtype).reshape(shape)
+
+    def zeros(self, shape, dtype) -> np.ndarray:
+        out = self.empty(shape, dtype)
+        out.fill(0)
+        return out
+
+    def rewind(self) -> None:
+        self.used = 0
+
+
 class _PerThread(threading.local):
     def __init__(self):
         self.ring = PinnedRing()
+        self.arena = HostArena()
 
 
 _tables = _PerThread()
-"""Each thread's ring for small host tables."""
+"""Each thread's ring for small host tables, and its arena of temporary host tables."""
 
 
 def begin_call() -> None:
-    """Start an encode or stage call: this thread's table ring starts over if it can."""
+    """Start an encode or stage call: this thread's table ring starts over if it can, and
+    its host arena starts over (the previous call's temporary tables are done with)."""
     _tables.ring.rewind()
+    _tables.arena.rewind()
+
+
+def arena() -> HostArena:
+    """This thread's arena of temporary host tables (valid until its next call begins)."""
+    return _tables.arena
 
 
 def upload(array: np.ndarray, dev) -> torch.Tensor:
@@ -128,11 +184,17 @@ def upload(array: np.ndarray, dev) -> torch.Tensor:
 
 
 def to_device(arrays: list[np.ndarray], dev) -> list[torch.Tensor]:
-    """Host integer arrays as device int64 tensors of their shapes, in one upload."""
-    flat = [np.ascontiguousarray(a, dtype=np.int64).ravel() for a in arrays]
-    on_dev = upload(np.concatenate(flat) if flat else np.zeros(0, np.int64), dev)
+    """Host integer arrays as device int64 tensors of their shapes, in one upload (put end
+    to end in the thread's arena)."""
+    sizes = [int(np.size(a)) for a in arrays]
+    flat = arena().empty(sum(sizes), np.int64)
+    at = 0
+    for a, n in zip(arrays, sizes):
+        flat[at:at + n] = np.ravel(a)
+        at += n
+    on_dev = upload(flat, dev)
     out, at = [], 0
-    for a, f in zip(arrays, flat):
-        out.append(on_dev[at:at + f.size].view(np.shape(a)))
-        at += f.size
+    for a, n in zip(arrays, sizes):
+        out.append(on_dev[at:at + n].view(np.shape(a)))
+        at += n
     return out

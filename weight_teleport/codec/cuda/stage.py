@@ -50,7 +50,7 @@ def _device_crcs(upload: inflate.Upload, spans: ChunkSpans) -> torch.Tensor:
     stream of their own: queued after the decoding kernels, they run beside them rather than
     after them. The caller's stream waits for them."""
     main = torch.cuda.current_stream(upload.device)
-    side = torch.cuda.Stream(upload.device)
+    side = layout.side_stream(upload.device, "crc")
     with torch.cuda.stream(side):
         crcs = crc32(upload.bytes(), spans.starts - upload.lo, spans.lengths)
     main.wait_stream(side)

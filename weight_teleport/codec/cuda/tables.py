@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 from numba import njit
 
+from weight_teleport.codec.cuda import layout
 from weight_teleport.errors import PackFormatError
 from weight_teleport.format.container import in_runs
 
@@ -19,8 +20,9 @@ MAX_VALUE = 1 << 48
 """Larger lengths and counts are refused (no pack holds them; int64 arithmetic stays exact)."""
 STREAMS = 4
 THREADS = min(8, os.cpu_count() or 1)
-CHUNKS_A_THREAD = 1024
-"""Tables of fewer chunks are read on the calling thread (a thread costs more than they take)."""
+CHUNKS_A_THREAD = 4096
+"""Tables of fewer chunks are read on the calling thread (a thread costs more than they take:
+1895 chunks' tables took 1.07 ms on one thread and 1.25 ms on two, development machine)."""
 
 
 @dataclass
@@ -108,9 +110,9 @@ def read(pack: np.ndarray, starts: np.ndarray, lengths: np.ndarray, classes: np.
     streams, or streams that do not end the chunk exactly."""
     if (lengths <= 0).any():
         raise PackFormatError("sparse chunk is empty")
-    n = starts.size
-    events = np.zeros(n * ncp, np.int64)
-    codec, raw, stored, at = (np.zeros((n * ncp, STREAMS), np.int64) for _ in range(4))
+    n, arena = starts.size, layout.arena()
+    events = arena.zeros(n * ncp, np.int64)
+    codec, raw, stored, at = (arena.zeros((n * ncp, STREAMS), np.int64) for _ in range(4))
     args = (pack, starts.astype(np.int64), lengths.astype(np.int64), classes.astype(np.int64), ncp)
     bad = in_runs(n, lambda lo, hi: _read(*args, lo, hi, events, codec, raw, stored, at),
                   min(THREADS, -(-n // CHUNKS_A_THREAD)))
