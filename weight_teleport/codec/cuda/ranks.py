@@ -35,15 +35,6 @@ WARP_BLOCK = 2048
 """Elements of one program of the stage's warp kernels (class counts, placement): against
 1024, the class counts took 9.78 against 10.72 ms and the placement 25.12 against 25.03 on
 the H200; at 4096 the placement took 32.77 ms (BENCHMARKS.md, twelfth round)."""
-
-
-def stage_block(tensor: torch.Tensor, info) -> int:
-    """Elements of a program of the stage's chunk table for weights of element type `info`
-    on `tensor`'s device: WARP_BLOCK where the warp kernels run and a CTA's copies of its
-    blocks fit the 48 KB of shared memory a launch gets without asking (not 64-bit types)."""
-    fits = warp.WARPS * warp.place_shared(info, WARP_BLOCK) <= 48 << 10
-    return WARP_BLOCK if fits and warp.available(tensor) else BLOCK
-
 COUNT_ROW = 8
 """Consecutive elements of one row of a block's [BLOCK // ROW, ROW] tile in the counting
 kernel: a class's count within a row fits a 4-bit field, so the counts of all CLASSES
@@ -141,6 +132,14 @@ def _table_counts_kernel(base_ptr, rows_ptr, prog_ptr, lut_ptr, counts_ptr, new_
         tl.store(events_ptr + out, class_counts(cls, valid & ((b != n) != inv), NCP))
 
 
+def stage_block(tensor: torch.Tensor, info) -> int:
+    """Elements of a program of the stage's chunk table for weights of element type `info`
+    on `tensor`'s device: WARP_BLOCK where the warp kernels run and a CTA's copies of its
+    blocks fit the 48 KB of shared memory a launch gets without asking (not 64-bit types)."""
+    fits = warp.WARPS * warp.place_shared(info, WARP_BLOCK) <= 48 << 10
+    return WARP_BLOCK if fits and warp.available(tensor) else BLOCK
+
+
 def table_counts(table: blocks.ChunkTable, luts: torch.Tensor, info, ncp: int, n_classes: int,
                  new: blocks.Paired | None = None, inverted: torch.Tensor | None = None):
     """[programs, ncp] int32 counts of each class's elements per block of a chunk table's
@@ -151,7 +150,8 @@ def table_counts(table: blocks.ChunkTable, luts: torch.Tensor, info, ncp: int, n
     layout.require(table.base, info.int_torch)
     nk = 1 << info.exponent_bits
     fast = table.programs and new is None and warp.available(table.base)
-    assert table.block == (stage_block(table.base, info) if new is None else BLOCK) and n_classes <= min(ncp, CLASSES.value)
+    assert table.block == (stage_block(table.base, info) if new is None else BLOCK)
+    assert n_classes <= min(ncp, CLASSES.value)
     assert luts.dtype == torch.uint8 and luts.is_contiguous() and luts.shape[1] == nk
     counts = torch.empty((table.programs, ncp), dtype=torch.int32, device=table.base.device)
     events = counts

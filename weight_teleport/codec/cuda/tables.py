@@ -22,7 +22,8 @@ STREAMS = 4
 THREADS = min(8, os.cpu_count() or 1)
 CHUNKS_A_THREAD = 4096
 """Tables of fewer chunks are read on the calling thread (a thread costs more than they take:
-1895 chunks' tables took 1.07 ms on one thread and 1.25 ms on two, development machine)."""
+synthetic tables of 1895 chunks took 1.07 ms on one thread and 1.25 ms on two, development
+machine)."""
 
 
 @dataclass
