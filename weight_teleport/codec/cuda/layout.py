@@ -176,8 +176,8 @@ def upload(array: np.ndarray, dev) -> torch.Tensor:
     """A host array on device `dev`, in its dtype and shape, through this thread's pinned
     ring; the host does not wait for the copy."""
     a = np.ascontiguousarray(array)
-    if torch.device(dev).type != "cuda":
-        return torch.from_numpy(a).to(dev)
+    if torch.device(dev).type != "cuda":  # a copy: `array` may be a temporary of the arena
+        return torch.from_numpy(a).to(dev, copy=True)
     out = torch.empty(a.shape, dtype=torch.from_numpy(a[:0].reshape(-1)).dtype, device=dev)
     _tables.ring.send([a.reshape(-1).view(np.uint8)], out)
     return out

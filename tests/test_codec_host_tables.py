@@ -1,0 +1,81 @@
+"""The CUDA backend's host helpers, which need no GPU: the per-thread arena of a call's
+temporary tables, the upload of host tables, and the fused scatter's program rows."""
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from weight_teleport.codec.cuda import layout, scatter
+from weight_teleport.codec.cuda.stage import _program_rows
+
+
+def test_arena_arrays_are_aligned_apart_and_reused_after_a_rewind():
+    arena = layout.HostArena()
+    a = arena.zeros(1000, np.int64)
+    b = arena.empty((300, 3), np.int32)
+    b.fill(7)
+    assert not a.any() and not np.shares_memory(a, b)
+    assert a.ctypes.data % 8 == 0 and b.ctypes.data % 8 == 0 and b.shape == (300, 3)
+    buffer = arena.buffer
+    arena.rewind()
+    c = arena.empty(1000, np.int64)
+    assert np.shares_memory(a, c) and arena.buffer is buffer
+
+
+def test_arena_grows_to_a_whole_call_and_keeps_what_it_gave():
+    """Full, the arena takes a buffer as large as the call has taken so far; arrays already
+    taken keep their bytes, and the next call fits in the new buffer."""
+    arena = layout.HostArena()
+    a = arena.empty(100_000, np.int64)  # 800 KB of the first 1 MB buffer
+    a[:] = np.arange(a.size)
+    b = arena.zeros(50_000, np.int64)  # does not fit: a new buffer
+    assert (a == np.arange(a.size)).all() and not b.any() and not np.shares_memory(a, b)
+    grown = arena.buffer
+    assert grown.size >= a.nbytes + b.nbytes
+    arena.rewind()
+    arena.empty(100_000, np.int64), arena.empty(50_000, np.int64)
+    assert arena.buffer is grown
+
+
+def test_zeros_from_the_arena_are_zero_after_reuse():
+    arena = layout.HostArena()
+    arena.empty(4096, np.uint8).fill(255)
+    arena.rewind()
+    assert not arena.zeros(4096, np.uint8).any()
+
+
+def test_tables_uploaded_from_the_arena_are_copies():
+    """`to_device` puts its arrays end to end in the thread's arena; what it returns (here on
+    the CPU, where an upload is a copy) keeps its values after the arena is reused."""
+    arrays = [np.array([True, False, True]), np.arange(12, dtype=np.int32).reshape(3, 4),
+              np.array([-(1 << 40), 5], np.int64), np.zeros(0, np.int64)]
+    layout.begin_call()
+    got = layout.to_device(arrays, "cpu")
+    layout.begin_call()
+    layout.arena().empty(4096, np.int64).fill(-1)
+    for a, g in zip(arrays, got):
+        assert tuple(g.shape) == a.shape and str(g.dtype) == "torch.int64"
+        np.testing.assert_array_equal(g.numpy(), a.astype(np.int64))
+
+
+def _rows_reference(elem, first, n, block):
+    """The fused scatter's program rows as vectorised numpy (what the stage computed before
+    its compiled walk)."""
+    per = -(-n // block)
+    k = np.repeat(np.arange(n.size), per)
+    j = np.arange(k.size) - (np.cumsum(per) - per)[k]
+    lo = first[k] + j * block
+    hi = np.minimum(lo + block, first[k] + n[k])
+    return np.stack([elem[k], lo, hi], axis=1).astype(np.int64)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(0, 5000), max_size=40), st.sampled_from([1, 7, scatter.BLOCK]),
+       st.integers(0, 1 << 40))
+def test_program_rows_match_the_vectorised_rows(counts, block, base):
+    n = np.array(counts, np.int64)
+    first = np.cumsum(n) - n
+    elem = base + np.arange(n.size, dtype=np.int64) * (1 << 22)
+    out = np.full((int((-(-n // block)).sum()), 3), -1, np.int64)
+    _program_rows(elem, first, n, block, out)
+    np.testing.assert_array_equal(out, _rows_reference(elem, first, n, block))
