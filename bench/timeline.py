@@ -27,7 +27,8 @@ SPOTS = {
               (blocks, "build"), (ranks, "table_counts"), (inflate, "_on_gpu"), (inflate.Upload, "bytes"),
               (inflate, "_upload"), (entropy, "decompress"), (layout, "to_device"), (unsymbols, "decode"),
               (bitmap, "prefix"), (sparse_decode, "decode"), (stage, "_device_crcs"), (stage, "_patch"),
-              (stage, "word_sums"), (stage, "_read_back")],
+              (stage, "word_sums"), (stage, "_read_back"), (inflate, "_layout"), (entropy, "_ptr_table"),
+              (stage, "_fused_group")],
     "encode": [(encode, "_scan_rows"), (encode_batch, "_streams"), (chunk_bytes, "code"), (chunk_bytes, "assemble"),
                (layout, "to_device"), (api, "write_pack")],
 }
