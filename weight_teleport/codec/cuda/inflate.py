@@ -168,13 +168,12 @@ def _layout(pack, codec, raw, stored, at, lo: int) -> Layout:
 def _on_gpu(pack, lay: Layout, raw, stored, lo: int, hi: int, device, upload) -> tuple[torch.Tensor, torch.Tensor]:
     """(the device buffer, a device flag: a zstd stream failed to decode or decoded to
     another length). The gather and nvCOMP's kernels need none of the caller's earlier
-    work, so they run on a stream of their own, of the higher priority, beside the kernels
-    queued before them (the stage's class counts), and the caller's stream waits for
-    them."""
+    work, so they run on a stream of their own, not queued behind the kernels launched
+    before them (the stage's class counts), and the caller's stream waits for them."""
     if torch.device(device).type != "cuda":  # the Triton interpreter's tests
         return _decode_on(pack, lay, raw, stored, lo, hi, device, upload)
     main = torch.cuda.current_stream(device)
-    side = layout.side_stream(main.device, "inflate", urgent=True)
+    side = layout.side_stream(main.device, "inflate")
     with torch.cuda.stream(side):
         buf, failed = _decode_on(pack, lay, raw, stored, lo, hi, device, upload)
     main.wait_stream(side)

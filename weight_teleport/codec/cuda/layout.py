@@ -24,15 +24,13 @@ def require(tensor: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Ten
 
 
 @functools.cache
-def side_stream(device: torch.device, role: str, urgent: bool = False) -> torch.cuda.Stream:
+def side_stream(device: torch.device, role: str) -> torch.cuda.Stream:
     """The stream of `device` that work of one `role` runs on beside the current stream,
     the same one every call: its memory stays in one pool of torch's caching allocator
     (a stream per call draws from torch's pool of streams, each with its own cached
-    blocks). An `urgent` stream has the higher priority: the GPU starts its kernels' blocks
-    before the waiting blocks of kernels queued earlier on other streams (a kernel of a
-    million blocks, such as the stage's class counts, otherwise holds every SM until its
-    last block has started)."""
-    return torch.cuda.Stream(device, priority=-1 if urgent else 0)
+    blocks). Default priority: a stage runs while the sampler generates, and a higher one
+    would put the stage's kernels ahead of the sampler's."""
+    return torch.cuda.Stream(device)
 
 
 def starts(counts, axis: int = 0):
