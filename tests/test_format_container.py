@@ -218,3 +218,21 @@ def test_threaded_join_of_a_large_pack():
     pack = write_pack(header, chunks)
     h = read_header(pack)
     assert type(pack) is bytes and pack[h.payload_offset:] == payload.tobytes()
+
+
+@pytest.mark.parametrize("sizes,threshold", [([5], None), ([0], None), ([3, 0, 7, 1], None), ([40_000], 1 << 10),
+                                             ([1000, 30_000, 17], 1 << 10)])
+def test_fill_copies_parts_end_to_end(sizes, threshold, monkeypatch):
+    """`fill` writes its parts end to end: one small part in one copy, several parts (or a
+    part past the threshold) in spans, on threads from the threshold on."""
+    from weight_teleport.format import container
+    if threshold:
+        monkeypatch.setattr(container, "THREADED_FILL_FROM", threshold)
+    rng = np.random.default_rng(sum(sizes))
+    parts = [rng.integers(0, 256, n, dtype=np.uint8) for n in sizes]
+    parts[0] = bytes(parts[0])  # any bytes-like part
+    dst = np.zeros(sum(sizes), np.uint8)
+    container.fill(dst, parts, threads=4)
+    assert dst.tobytes() == b"".join(bytes(p) for p in parts)
+    with pytest.raises(AssertionError):
+        container.fill(np.zeros(sum(sizes) + 1, np.uint8), parts)

@@ -234,7 +234,14 @@ def in_runs(n: int, work, threads: int) -> list:
 
 def fill(dst: np.ndarray, parts: list, threads: int = FILL_THREADS) -> None:
     """dst[:] = the bytes of `parts` end to end, copied by up to `threads` threads from
-    THREADED_FILL_FROM bytes, each a span of `dst` (fresh pages fault in parallel)."""
+    THREADED_FILL_FROM bytes, each a span of `dst` (fresh pages fault in parallel). One
+    smaller part is one copy, with none of the spans' bookkeeping (a host table on its way to
+    the device)."""
+    if len(parts) == 1 and memoryview(parts[0]).nbytes < THREADED_FILL_FROM:
+        src = np.frombuffer(parts[0], np.uint8)
+        assert dst.dtype == np.uint8 and dst.size == src.size
+        dst[:] = src
+        return
     sizes = np.array([memoryview(p).nbytes for p in parts], np.int64)
     n = int(sizes.sum())
     assert dst.dtype == np.uint8 and dst.size == n

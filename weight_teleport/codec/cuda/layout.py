@@ -7,7 +7,7 @@ import threading
 import numpy as np
 import torch
 
-from weight_teleport.format.container import FILL_THREADS, THREADED_FILL_FROM, fill
+from weight_teleport.format.container import FILL_THREADS, fill
 
 
 def on_device(tensor: torch.Tensor) -> bool:
@@ -106,10 +106,7 @@ class PinnedRing:
         its device's current stream, copied into the buffer by up to `threads` threads; the
         host does not wait."""
         host = self._take(out.numel() * out.element_size())
-        if len(parts) == 1 and host.numel() < THREADED_FILL_FROM:  # a table: no thread, no bookkeeping
-            host.numpy()[:] = np.frombuffer(parts[0], np.uint8)
-        else:
-            fill(host.numpy(), parts, threads)
+        fill(host.numpy(), parts, threads)
         out.view(-1).view(torch.uint8).copy_(host, non_blocking=True)
         done = torch.cuda.Event()
         done.record(torch.cuda.current_stream(out.device))
