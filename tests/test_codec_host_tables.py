@@ -61,9 +61,7 @@ def test_tables_uploaded_from_the_arena_are_copies():
 def _rows_reference(elem, first, n, block):
     """The fused scatter's program rows as vectorised numpy (what the stage computed before
     its compiled walk)."""
-    per = -(-n // block)
-    k = np.repeat(np.arange(n.size), per)
-    j = np.arange(k.size) - (np.cumsum(per) - per)[k]
+    k, j = layout.items(-(-n // block))
     lo = first[k] + j * block
     hi = np.minimum(lo + block, first[k] + n[k])
     return np.stack([elem[k], lo, hi], axis=1).astype(np.int64)
