@@ -17,8 +17,10 @@ from torch.profiler import ProfilerActivity, profile
 import weight_teleport as wt
 from cuda_bench import make_delta
 from weight_teleport.codec import api
-from weight_teleport.codec.cuda import (bitmap, blocks, chunk_bytes, encode, encode_batch, entropy, inflate, layout,
-                                        ranks, sparse_decode, stage, stage_sparse, tables, unsymbols)
+from weight_teleport.codec.cuda import (bitmap, blocks, chunk_bytes, encode, encode_batch, entropy, huffman, inflate,
+                                        layout, ranks, sparse_decode, sparse_encode, stage, stage_sparse, symbols, tables,
+                                        unsymbols, warp)
+from weight_teleport.format import container
 
 SPOTS = {
     "stage": [(api, "read_header"), (api, "_lives"), (stage, "_batches"), (stage_sparse.SparseBatch, "__init__"),
@@ -29,8 +31,11 @@ SPOTS = {
               (bitmap, "prefix"), (sparse_decode, "decode"), (stage, "_device_crcs"), (stage, "_patch"),
               (stage, "word_sums"), (stage, "_read_back"), (inflate, "_layout"), (entropy, "_ptr_table"),
               (stage, "_fused_group")],
-    "encode": [(encode, "_scan_rows"), (encode_batch, "_streams"), (chunk_bytes, "code"), (chunk_bytes, "assemble"),
-               (layout, "to_device"), (api, "write_pack")],
+    "encode": [(encode, "_scan_rows"), (encode, "_records"), (encode, "plan_many"), (encode_batch, "events"),
+               (encode_batch, "_class_tables"), (blocks, "build"), (warp, "hist_counts"), (ranks, "table_bases"),
+               (sparse_encode, "events"), (symbols, "encode"), (chunk_bytes, "code"), (huffman, "plan"),
+               (huffman, "write"), (chunk_bytes, "assemble"), (chunk_bytes, "_to_host"), (layout, "to_device"),
+               (encode, "_lay_out"), (api, "write_pack"), (container, "_join")],
 }
 """(owner, function name) of the host spans traced for each call."""
 

@@ -1,7 +1,8 @@
 """Encoding deltas of CUDA tensors, batched per element type: one scan launch over every
 chunk (histograms and digests, read back in one transfer), the class plans on the CPU (the
 CPU backend's code), then per element type one launch each of the class-count and events
-kernels, symbol and stream coding of all segments, and the payload gathered on the GPU
+kernels (the tensors' records are made on the host while the first batch's run), symbol and
+stream coding of all segments, and the payload gathered on the GPU
 (codec/cuda/encode_batch.py). Snapshots and dense tensors go through the CPU backend."""
 
 import os
@@ -68,27 +69,35 @@ def _scan_rows(items: list[EncodeItem], chunk_elems: int) -> tuple[list[np.ndarr
     return rows, hists
 
 
-def _records(items: list[EncodeItem], rows: list[np.ndarray]) -> tuple[list[TensorRecord], list]:
-    """(records, class plans or None) from the scan rows, as the CPU backend makes them; the
-    rows of all tensors with one key count read as one table, and the plans of the changed
-    ones made in one compiled walk."""
-    records, plans = [None] * len(items), [None] * len(items)
+def _plans(items: list[EncodeItem], rows: list[np.ndarray]) -> tuple[np.ndarray, list]:
+    """(changed elements of each item, its class plan or None where none changed) from the
+    scan rows, as the CPU backend makes them: the rows of all tensors with one key count read
+    as one table, and the plans of the changed ones made in one compiled walk."""
+    changed, plans = np.zeros(len(items), np.int64), [None] * len(items)
     for same_keys in grouped(range(len(items)), lambda i: items[i].info.exponent_bits):
         nk = 1 << items[same_keys[0]].info.exponent_bits
         table = np.stack([rows[i] for i in same_keys])
-        changed = table[:, nk:2 * nk].sum(1)
-        for i, n, (s_old, s_new) in zip(same_keys, changed.tolist(), table[:, -2:].tolist()):
-            it = items[i]
-            nbytes = it.new.numel() * it.info.nbytes
-            records[i] = TensorRecord(name=it.name, dtype=it.info.name, shape=it.shape, codec="same",
-                                      digest=D.to_hex(D.finish(s_new & D.MASK64, nbytes)),
-                                      base_digest=D.to_hex(D.finish(s_old & D.MASK64, nbytes)), changed=n)
-        moving = np.flatnonzero(changed)
+        n = table[:, nk:2 * nk].sum(1)
+        changed[same_keys] = n
+        moving = np.flatnonzero(n)
         for k, plan in zip(moving.tolist(), plan_many(table[moving, :nk], table[moving, nk:2 * nk])):
-            rec, plans[same_keys[k]] = records[same_keys[k]], plan
-            rec.codec, rec.classes = "sparse", plan.runs
-            rec.inverted = np.flatnonzero(plan.inverted).tolist()
-    return records, plans
+            plans[same_keys[k]] = plan
+    return changed, plans
+
+
+def _records(items: list[EncodeItem], rows: list[np.ndarray], changed: np.ndarray, plans: list) -> list[TensorRecord]:
+    """The items' records (without chunks), as the CPU backend makes them."""
+    records = []
+    for it, row, n, plan in zip(items, rows, changed.tolist(), plans):
+        nbytes = it.new.numel() * it.info.nbytes
+        s_old, s_new = row[-2:].tolist()
+        rec = TensorRecord(name=it.name, dtype=it.info.name, shape=it.shape, codec="same",
+                           digest=D.to_hex(D.finish(s_new & D.MASK64, nbytes)),
+                           base_digest=D.to_hex(D.finish(s_old & D.MASK64, nbytes)), changed=n)
+        if plan is not None:
+            rec.codec, rec.classes, rec.inverted = "sparse", plan.runs, np.flatnonzero(plan.inverted).tolist()
+        records.append(rec)
+    return records
 
 
 def encode(items: list[EncodeItem], chunk_elems: int, level: int, threads: int | None,
@@ -101,21 +110,27 @@ def encode(items: list[EncodeItem], chunk_elems: int, level: int, threads: int |
     if any(it.old is None for it in items):
         return _lay_out(*_on_cpu(items, chunk_elems, level, threads))
     rows, hists = _scan_rows(items, chunk_elems)
-    records, plans = _records(items, rows)
+    changed, plans = _plans(items, rows)
     parts: list = [[] for _ in items]
-    dense = [i for i, it in enumerate(items) if records[i].changed > SPARSE_MAX_DENSITY * it.new.numel()]
+    dense = [i for i, it in enumerate(items) if changed[i] > SPARSE_MAX_DENSITY * it.new.numel()]
+    on_cpu = {}
     if dense:
         for i, rec, ch in zip(dense, *_on_cpu([items[i] for i in dense], chunk_elems, level, threads)):
-            records[i], parts[i] = rec, ch
-    on_cpu = set(dense)
-    sparse = [i for i, r in enumerate(records) if r.codec == "sparse" and i not in on_cpu]
+            on_cpu[i], parts[i] = rec, ch
+    sparse = [i for i, p in enumerate(plans) if p is not None and i not in on_cpu]
+    records = None
     for g in _by_type(items, sparse):
-        b = encode_batch.Batch([items[i] for i in g], [plans[i] for i in g],
-                               sum(plans[i].events for i in g), sum(records[i].changed for i in g),
-                               torch.cat([hists[i] for i in g]))
-        done = encode_batch.encode(b, chunk_elems, config, level, threads or os.cpu_count() or 1)
+        b = encode_batch.Batch([items[i] for i in g], [plans[i] for i in g], sum(plans[i].events for i in g),
+                               int(changed[g].sum()), torch.cat([hists[i] for i in g]))
+        ev = encode_batch.events(b, chunk_elems)
+        if records is None:  # made while the device works on the first batch's events
+            records = _records(items, rows, changed, plans)
+        done = encode_batch.encode(ev, config, level, threads or os.cpu_count() or 1)
         for j, i in enumerate(g):
             parts[i] = _tensor_part(done, j)
+    records = _records(items, rows, changed, plans) if records is None else records
+    for i, rec in on_cpu.items():
+        records[i] = rec
     return _lay_out(records, parts)
 
 

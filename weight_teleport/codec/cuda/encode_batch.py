@@ -44,8 +44,21 @@ def _class_tables(plans: list[ClassPlan], dev) -> tuple[torch.Tensor, torch.Tens
     return layout.upload(luts, dev), layout.upload(inv, dev), k, ncp
 
 
-def _streams(b: Batch, chunk_elems: int) -> tuple[symbols.SymbolStreams, np.ndarray]:
-    """(symbol streams of every segment, classes of every chunk's tensor)."""
+@dataclass
+class Events:
+    """A batch's events and residuals, launched on the device and not yet waited for."""
+    ranks: torch.Tensor
+    residuals: torch.Tensor
+    segments: symbols.Segments
+    n_groups: np.ndarray
+    """Classes of every chunk's tensor."""
+    first_chunk: np.ndarray
+    """Index of each tensor's first chunk, then the number of chunks."""
+
+
+def events(b: Batch, chunk_elems: int) -> Events:
+    """Launch the class counts and the events kernel of every chunk of the batch (no host
+    sync: the caller's host work overlaps them)."""
     info, dev = b.items[0].info, b.items[0].old.device
     luts, inv, k, ncp = _class_tables(b.plans, dev)
     olds = [it.old for it in b.items]
@@ -63,14 +76,14 @@ def _streams(b: Batch, chunk_elems: int) -> tuple[symbols.SymbolStreams, np.ndar
     ev = ev.view(-1)
     rk, res = sparse_encode.events(table, new, luts, inv, rbase, ebase, layout.starts(ev), layout.starts(chg), b.n_events,
                                    b.n_changed, int(k.max()), info)
-    st = symbols.encode(rk, res, symbols.Segments(ev, chg, inv_rows.view(-1), info.bits))
-    return st, k[table.host[:, blocks.TENSOR]]
-
-
-def encode(b: Batch, chunk_elems: int, cfg: CudaCodecConfig, level: int, threads: int) -> Encoded:
-    """The chunks of every tensor of the batch (host syncs: stream lengths, coded sizes, the
-    payload's copy)."""
-    st, n_groups = _streams(b, chunk_elems)
-    payload = chunk_bytes.assemble(st, chunk_bytes.code(st, cfg, level, threads), n_groups)
     n_chunks = np.array([-(-it.new.numel() // chunk_elems) for it in b.items], np.int64)
-    return Encoded(payload, np.concatenate([[0], np.cumsum(n_chunks)]))
+    return Events(rk, res, symbols.Segments(ev, chg, inv_rows.view(-1), info.bits), k[table.host[:, blocks.TENSOR]],
+                  np.concatenate([[0], np.cumsum(n_chunks)]))
+
+
+def encode(ev: Events, cfg: CudaCodecConfig, level: int, threads: int) -> Encoded:
+    """The chunks of every tensor of the batch whose events `ev` are (host syncs: stream
+    lengths, coded sizes, the payload's copy)."""
+    st = symbols.encode(ev.ranks, ev.residuals, ev.segments)
+    payload = chunk_bytes.assemble(st, chunk_bytes.code(st, cfg, level, threads), ev.n_groups)
+    return Encoded(payload, ev.first_chunk)
