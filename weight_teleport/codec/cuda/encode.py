@@ -1,8 +1,8 @@
 """Encoding deltas of CUDA tensors, batched per element type: one scan launch over every
 chunk (histograms and digests, read back in one transfer), the class plans on the CPU (the
 CPU backend's code), then per element type one launch each of the class-count and events
-kernels (the tensors' records are made on the host while the first batch's run), symbol and
-stream coding of all segments, and the payload gathered on the GPU
+kernels (the tensors' records are made on the host while the first batch's kernels run),
+symbol and stream coding of all segments, and the payload gathered on the GPU
 (codec/cuda/encode_batch.py). Snapshots and dense tensors go through the CPU backend."""
 
 import os
