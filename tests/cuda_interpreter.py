@@ -87,6 +87,8 @@ def states():
             old["h"], new["h"] = pair(torch.bfloat16, 7000, 0.03, 99)
             old["v"], new["v"] = (x[1:] for x in pair(torch.bfloat16, 7001, 0.03, 98))
             old["w"], new["w"] = pair(torch.float32, 5000, 0.05, 97)  # the first type again: batches interleave
+            old["d"], new["d"] = pair(torch.float32, 3000, 0.8, 95)  # dense (CPU-coded) beside sparse batches
+            old["z"], new["z"] = pair(torch.bfloat16, 3000, 0.0, 94)  # unchanged
         # element types of one width with other bit layouts: each is a batch of its own
         for other in {torch.float16: [torch.bfloat16, torch.int16], torch.int32: [torch.float32],
                       torch.float8_e4m3fn: [torch.float8_e5m2, torch.int8]}.get(dtype, []):
