@@ -19,7 +19,7 @@ from weight_teleport.codec.cuda import ranks, sparse_decode, sparse_encode, warp
 
 KERNELS = {"scan": ("scan_words", "_scan_kernel"), "counts": ("class_counts", "hist_counts", "_table_counts_kernel"),
            "events": ("class_events", "_events_kernel"),
-           "placement": ("place_changes", "_decode_kernel"), "block starts": ("_block_changes_kernel",),
+           "placement": ("place_lanes", "_decode_kernel"), "block starts": ("_block_changes_kernel",),
            "bases": ("_bases_kernel",)}
 """Columns: the kernels (warp or Triton) that do each step."""
 SHAPES = ((2048, 16, 4), (1024, 16, 4), (1024, 8, 4), (2048, 8, 4), (512, 16, 4), (1024, 16, 2))

@@ -8,7 +8,7 @@ import torch
 from helpers import DTYPES
 
 from weight_teleport.codec.cuda import huffman, nvrtc, warp
-from weight_teleport.codec.cuda.ranks import pow2
+from weight_teleport.codec.cuda.ranks import WARP_BLOCK, pow2
 from weight_teleport.codec.cuda.scan import SPAN
 from weight_teleport.codec.dtypes import dtype_info
 
@@ -31,12 +31,13 @@ def test_every_kernel_compiles_for_every_element_type(dtype, nvrtc_found):
     info = dtype_info(dtype)
     source = warp.SOURCE.read_text()
     nb = pow2(2 * (1 << info.exponent_bits))
-    for block, unroll in ((1024, None), (SPAN, None), (SPAN, 8)):  # 8: the events kernel's
+    for block, unroll in ((1024, None), (WARP_BLOCK, None), (SPAN, None), (SPAN, 8)):  # 8: the events kernel's
         options = [f"-D{k}={int(v)}" for k, v in warp._defines(info, block, unroll, NCP=16, NB=nb)]
         image = nvrtc.compile_image(source, "warp.cu", 90, options)
         assert image[:4] == b"\x7fELF"
-        for kernel in (b"class_counts", b"hist_counts", b"class_events", b"place_changes", b"scan_words"):
+        for kernel in (b"class_counts", b"hist_counts", b"class_events", b"scan_words"):
             assert kernel in image
+        assert (b"place_lanes" in image) == (block in (1024, 2048))  # the stage's blocks
 
 
 def test_the_huffman_writer_compiles(nvrtc_found):

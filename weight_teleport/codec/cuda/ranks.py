@@ -134,10 +134,9 @@ def _table_counts_kernel(base_ptr, rows_ptr, prog_ptr, lut_ptr, counts_ptr, new_
 
 def stage_block(tensor: torch.Tensor, info) -> int:
     """Elements of a program of the stage's chunk table for weights of element type `info`
-    on `tensor`'s device: WARP_BLOCK where the warp kernels run and a CTA's copies of its
-    blocks fit the 48 KB of shared memory a launch gets without asking (not 64-bit types)."""
-    fits = warp.WARPS * warp.place_shared(info, WARP_BLOCK) <= 48 << 10
-    return WARP_BLOCK if fits and warp.available(tensor) else BLOCK
+    on `tensor`'s device: WARP_BLOCK where the warp kernels run (the placement, warp.cu's
+    place_lanes, gives each lane BLOCK / 32 of them)."""
+    return WARP_BLOCK if warp.available(tensor) else BLOCK
 
 
 def table_counts(table: blocks.ChunkTable, luts: torch.Tensor, info, ncp: int, n_classes: int,

@@ -1,6 +1,6 @@
 """Sparse chunks on the sampler: place decoded events on the live weights, on the GPU, in
 one launch over the chunks of every sparse tensor of one element type (a chunk table): the
-warp kernel `place_changes` of warp.cu where it runs, else the Triton kernel here.
+warp kernel `place_lanes` of warp.cu where it runs, else the Triton kernel here.
 
 Each element finds its class (old value's exponent) and class rank, looks its rank up in
 its segment's event bitmap, and, when changed, takes residual number (events before it, or
@@ -130,9 +130,9 @@ def decode(table: blocks.ChunkTable, luts, inverted, n_classes: int, counts, bas
     sums = torch.zeros((max(table.programs, 1), 2), dtype=torch.int64, device=old.device)
     starts = block_starts(table, counts, base, seg_word, inverted, bitmap, pref)
     if table.programs and warp.available(old):
-        warp.launch("place_changes", table, info, [
-            old, table.rows, table.program_chunk, luts, inverted, base, seg_word, bitmap, pref, res_off, res,
-            starts, pos, val, sums, bitmap.numel(), n], shared=warp.place_shared(info, table.block), NCP=ncp)
+        warp.launch("place_lanes", table, info, [
+            old, table.rows, table.program_chunk, luts, inverted, counts, base, seg_word, bitmap, pref, res_off, res,
+            starts, pos, val, sums, bitmap.numel(), n], NCP=ncp)
     elif table.programs:
         _decode_kernel[(table.programs,)](
             old, table.rows, table.program_chunk, luts, inverted, base, seg_word, bitmap, pref, res_off, res,

@@ -344,167 +344,6 @@ class_events(const U* old, const i64* rows, const int* prog, const U* nw, const 
     });
 }
 
-// The sampler's placement, in two phases per block (one warp's; its shared memory holds the
-// block's old elements and a queue of its changes: warp.py's `place_shared` bytes):
-// - every element finds its class rank and looks it up in its segment's event bitmap
-//   (seg_word: first word of each chunk-class segment); a changed element (an event, or a
-//   non-event in an inverted class) joins the queue in position order with its class, rank
-//   and the set bits before it in its bitmap word. The old words' digest terms are summed
-//   from the block's copy in shared memory.
-// - the queue is taken 32 changes at a time, every lane busy: each change's residual slot
-//   (pref: set bits before each bitmap word), its new bits, written with its offset in the
-//   chunk at starts[pid], the block's first output, plus the changes before it; and for
-//   each word holding changes, the digest term of the patched word less the old one.
-// A batch of the queue ends at a word's boundary, so a word's changes are patched together.
-// Slots outside [0, n_res) (corrupt streams, refused by the caller) are neither read nor
-// written. Writes per block the digest word sums of the old and of the patched words into
-// sums[pid * 2 + {0, 1}]. n_words is the bitmap's length.
-#define QN (64 * UNROLL)        // queue slots: a batch's leftovers (< 32) plus a round's changes
-static_assert((QN & (QN - 1)) == 0, "the queue's length is a power of two");
-
-struct Queue {
-    unsigned* meta;  // element in the block | class << 16 | set bits before it in its word << 21
-    int* rank;       // class rank
-    int head, tail;  // taken / added so far (warp-uniform)
-};
-
-struct __align__(16) Seg {  // a class's segment of the block's chunk
-    const int* bits;  // its first bitmap word
-    int seen;         // the class's elements in the chunk before the current slice
-};
-
-extern "C" __global__ void __launch_bounds__(WARPS * 32)
-place_changes(const U* old, const i64* rows, const int* prog, const unsigned char* lut, const signed char* inv_tab,
-              const int* base, const i64* seg_word, const int* bitmap, const int* pref, const i64* roff,
-              const i64* res, const i64* starts, int* pos, U* val, i64* sums, i64 n_words, i64 n_res,
-              i64 programs) {
-    __shared__ Seg segs[WARPS][NCP];
-    __shared__ i64 ro[WARPS][NCP];
-    __shared__ int seg_before[WARPS][NCP];  // set bits before each segment's first word
-    __shared__ unsigned char luts[WARPS][LUT_BYTES];
-    extern __shared__ u64 dyn[];  // per warp: the block's old words, then the queue
-    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
-    const i64 pid = (i64)blockIdx.x * WARPS + w;
-    if (pid >= programs) return;
-    u64* words = dyn + (i64)w * (BLOCK / PW + QN);
-    U* blk = (U*)words;
-    Seg* sg = segs[w];
-    Queue q{(unsigned*)(words + BLOCK / PW), (int*)(words + BLOCK / PW) + QN, 0, 0};
-    const Block bk = table_block(pid, rows, prog);
-    const U* po = old + bk.off + bk.first;
-    const unsigned char* lt = warp_lut(luts[w], lut, bk.tensor, lane);
-    const unsigned inv = __ballot_sync(FULL, lane < NCP && inv_tab[bk.tensor * NCP + lane]);
-    if (lane < NCP) {
-        const i64 first = seg_word[bk.chunk * NCP + lane];  // an empty last segment may start at the end
-        sg[lane] = Seg{bitmap + first, base[pid * NCP + lane]};
-        seg_before[w][lane] = first < n_words ? pref[first] : 0;
-        ro[w][lane] = roff[bk.chunk * NCP + lane];
-    }
-    __syncwarp();
-    const unsigned below = lanes_below();
-    const i64 word0 = (bk.start + bk.first) / PW;
-    i64 out = starts[pid];  // the block's next output: changes are written in position order
-    u64 sum_old = 0, delta = 0;
-    // One round: UNROLL slices of 32 elements (`all`: every one inside the block) find their
-    // class ranks and bitmap bits, and the changed ones join the queue; then the queue is
-    // taken while it holds 32 changes (all of it after the last round).
-    const U* const p[1] = {po};
-    each_round(p, bk.n, lane, [&](const W (&x)[1][UNROLL], int s0, bool all) {
-        const W* o = x[0];
-        int cls[UNROLL], rank[UNROLL];
-        unsigned word[UNROLL];
-        // the round's class ranks first (shared memory only), then all its bitmap words
-        // loaded together, then the changes queued: one load latency a round, not a slice
-        // (placement 26.3 -> 25.1 ms on the H200)
-#pragma unroll
-        for (int u = 0; u < UNROLL; u++) {
-            const int i = s0 + u * 32 + lane;
-            const bool v = all || i < bk.n;
-            blk[i] = (U)o[u];  // 0 past the end: the last word is zero-padded
-            const int c = v ? class_in(o[u], lt) : 0;
-            const unsigned peers = peers_of(c, v), ahead = peers & below;
-            const int seen = sg[c].seen;
-            __syncwarp();
-            if (v && ahead == 0) sg[c].seen = seen + __popc(peers);  // once per class: its lowest lane
-            __syncwarp();
-            cls[u] = c;
-            rank[u] = seen + __popc(ahead);
-        }
-#pragma unroll
-        for (int u = 0; u < UNROLL; u++) {
-            const bool v = all || s0 + u * 32 + lane < bk.n;
-            word[u] = v ? (unsigned)__ldg(sg[cls[u]].bits + (rank[u] >> 5)) : 0u;
-        }
-#pragma unroll
-        for (int u = 0; u < UNROLL; u++) {
-            const int i = s0 + u * 32 + lane;
-            const bool v = all || i < bk.n;
-            const int bit = rank[u] & 31;
-            const unsigned flip = ((inv >> cls[u]) & 1) ? ~0u : 0u;  // an inverted class's changes are its 0 bits
-            const bool changed = v && (((word[u] ^ flip) >> bit) & 1);
-            const unsigned moved = __ballot_sync(FULL, changed);
-            if (changed) {
-                const int e = (q.tail + __popc(moved & below)) & (QN - 1);
-                q.meta[e] = (unsigned)i | (unsigned)cls[u] << 16 |
-                            (unsigned)__popc(word[u] & ((1u << bit) - 1u)) << 21;
-                q.rank[e] = rank[u];
-            }
-            q.tail += __popc(moved);
-        }
-        __syncwarp();
-        for (int k = lane; k < 32 * UNROLL / PW; k += 32) {
-            const int wd = s0 / PW + k;
-            if (wd * PW < bk.n) sum_old += term(words[wd], (u64)(word0 + wd));
-        }
-        const bool last_round = s0 + 32 * UNROLL >= bk.n;
-        while (q.tail - q.head >= (last_round ? 1 : 32)) {
-            const int avail = q.tail - q.head;
-            const int e = (q.head + lane) & (QN - 1);
-            const unsigned meta = lane < avail ? q.meta[e] : 0u;
-            const int idx = (int)(meta & 0xffffu);
-            int m = avail < 32 ? avail : 32;
-            if (avail > 32) {  // leave a word that goes on past lane 31 to the next batch
-                const int next = (int)(q.meta[(q.head + 32) & (QN - 1)] & 0xffffu) / PW;
-                m -= __popc(__ballot_sync(FULL, idx / PW == next));
-            }
-            const bool mine = lane < m;
-            W nb = 0;
-            if (mine) {
-                const int c = (meta >> 16) & 31, rank = q.rank[e];
-                const i64 wi = (sg[c].bits - bitmap) + (rank >> 5);
-                const int before = pref[wi] - seg_before[w][c] + (int)(meta >> 21);
-                const i64 slot = ro[w][c] + (((inv >> c) & 1) ? rank - before : before);
-                const i64 at = out + lane;
-                nb = blk[idx];
-                if (slot >= 0 && slot < n_res && at < n_res) {
-                    nb = unkey(wrap(key(nb) + (W)res[slot]));
-                    pos[at] = (int)(bk.first + idx);
-                    val[at] = (U)nb;
-                }
-            }
-            out += m;
-            const int wd = mine ? idx / PW : -1;
-            const int after = __shfl_down_sync(FULL, wd, 1);
-            const bool ends_word = mine && (lane == m - 1 || after != wd);
-            const u64 was = ends_word ? words[wd] : 0ull;
-            __syncwarp();
-            if (mine) blk[idx] = (U)nb;
-            __syncwarp();
-            if (ends_word) delta += term(words[wd], (u64)(word0 + wd)) - term(was, (u64)(word0 + wd));
-            q.head += m;
-        }
-    });
-#pragma unroll
-    for (int d = 16; d > 0; d >>= 1) {
-        sum_old += __shfl_xor_sync(FULL, sum_old, d);
-        delta += __shfl_xor_sync(FULL, delta, d);
-    }
-    if (lane == 0) {
-        sums[pid * 2] = (i64)sum_old;
-        sums[pid * 2 + 1] = (i64)(sum_old + delta);
-    }
-}
-
 // The trainer's first pass over a chunk table of blocks of BLOCK elements, one CTA of
 // WARPS warps each, reading both tensors as 8-byte words (every chunk starts at an 8-byte
 // boundary): per block, the histogram of context key + NK * changed over its elements
@@ -570,3 +409,240 @@ scan_words(const U* old, const i64* rows, const int* prog, const U* nw, const i6
         sums[pid * 2 + threadIdx.x] = (i64)t;
     }
 }
+
+// The sampler's placement with a lane per run of E = BLOCK / 32 elements (the same outputs as
+// place_changes). A lane reads its run with 16-byte loads and keeps, in registers, its
+// elements' classes as PLANES bit masks (bit i of plane b: bit b of element i's class; the
+// class map gives each class with its bits a byte apart, so 8 elements' bits gather with
+// one multiply-add each) and sums its old words' digest terms. Then, for each class with
+// changes in the block (two classes a warp scan): the class's elements in the lane's run (an
+// AND of the planes), the class rank of the first (the scan), and the run's bits of the
+// class's event bitmap, whose set bits pick the changed elements. Last each lane writes its
+// changes in position order at the block's first output plus the changes of the lanes before
+// it, and adds the changed words' digest terms. Shared memory holds only per-class values.
+#if (BLOCK == 1024 || BLOCK == 2048) && NCP <= 16
+#define RUN (BLOCK / 32)
+#define LPLANES (NCP > 8 ? 4 : NCP > 4 ? 3 : NCP > 2 ? 2 : NCP > 1 ? 1 : 0)
+
+struct LaneShared {      // one warp's
+    unsigned lut[LUT_SHARED ? NK : 1];  // the class map, each class's bits a byte apart
+    i64 bit0[NCP];       // bitmap bit of each class's first rank in the block
+    i64 ro[NCP];         // the class's first residual slot of the chunk
+    int seg_before[NCP]; // set bits before the class's segment
+    int rank0[NCP];      // class rank of the class's first element in the block
+    unsigned short first[NCP][32];  // each lane's first class rank of each class, from bit0
+};
+
+// Class c with its bit b at bit 8 * b.
+__device__ __forceinline__ unsigned spread_class(unsigned c) { return (c * 0x204081u) & 0x01010101u; }
+
+__device__ __forceinline__ u64 run_class(const u64 (&pl)[4], u64 valid, int c) {
+    u64 m = valid;
+#pragma unroll
+    for (int b = 0; b < LPLANES; b++) m &= ((c >> b) & 1) ? pl[b] : ~pl[b];
+    return m;
+}
+
+__device__ __forceinline__ int run_class_at(const u64 (&pl)[4], int i) {
+    int c = 0;
+#pragma unroll
+    for (int b = 0; b < LPLANES; b++) c |= (int)((pl[b] >> i) & 1) << b;
+    return c;
+}
+
+// Exclusive prefix sum of v over the lanes; `total` gets the sum of all.
+__device__ __forceinline__ int lanes_exclusive(int v, int lane, int& total) {
+    int x = v;
+#pragma unroll
+    for (int d = 1; d < 32; d <<= 1) {
+        const int y = __shfl_up_sync(FULL, x, d);
+        if (lane >= d) x += y;
+    }
+    total = __shfl_sync(FULL, x, 31);
+    return x - v;
+}
+
+// The position of set bit number q (from 0) of m; q < popc(m).
+__device__ __forceinline__ int select_bit(unsigned m, int q) {
+    int p = 0;
+#pragma unroll
+    for (int width = 16; width > 0; width >>= 1) {
+        const int n = __popc(m & ((1u << width) - 1u));
+        if (q >= n) {
+            q -= n;
+            m >>= width;
+            p += width;
+        }
+    }
+    return p;
+}
+
+// Set bits of the bitmap before bit x (through it when `through`).
+__device__ __forceinline__ int bits_before(const int* bitmap, const int* pref, i64 x, bool through) {
+    const unsigned word = (unsigned)bitmap[x >> 5];
+    const int bit = (int)(x & 31);
+    const unsigned low = through ? (bit == 31 ? FULL : (2u << bit) - 1u) : (1u << bit) - 1u;
+    return pref[x >> 5] + __popc(word & low);
+}
+
+// The k (<= 64) bits of the bitmap from bit x.
+__device__ __forceinline__ u64 bitmap_bits(const int* bitmap, i64 x, int k) {
+    const int* wp = bitmap + (x >> 5);
+    const int sh = (int)(x & 31);
+    const unsigned w0 = (unsigned)wp[0];
+    const unsigned w1 = sh + k > 32 ? (unsigned)wp[1] : 0u;
+    const unsigned w2 = sh + k > 64 ? (unsigned)wp[2] : 0u;
+    const u64 bits = (u64)__funnelshift_r(w1, w2, sh) << 32 | __funnelshift_r(w0, w1, sh);
+    return k == 64 ? bits : bits & ((1ull << k) - 1ull);
+}
+
+// Word wi of a lane's run (elements past the block's n are 0).
+__device__ __forceinline__ u64 run_word(const U* run, int wi, int left) {
+    u64 w = 0;
+#pragma unroll
+    for (int k = 0; k < PW; k++)
+        if (wi * PW + k < left) w |= (u64)run[wi * PW + k] << (k * BITS);
+    return w;
+}
+
+extern "C" __global__ void __launch_bounds__(WARPS * 32)
+place_lanes(const U* old, const i64* rows, const int* prog, const unsigned char* lut, const signed char* inv_tab,
+            const int* counts, const int* base, const i64* seg_word, const int* bitmap, const int* pref,
+            const i64* roff, const i64* res, const i64* starts, int* pos, U* val, i64* sums, i64 n_words,
+            i64 n_res, i64 programs) {
+    __shared__ LaneShared shared[WARPS];
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    const i64 pid = (i64)blockIdx.x * WARPS + w;
+    if (pid >= programs) return;
+    LaneShared& sh = shared[w];
+    const Block bk = table_block(pid, rows, prog);
+    const U* po = old + bk.off + bk.first;
+    const U* run = po + lane * RUN;
+    const int left = bk.n - lane * RUN;  // this lane's elements in the block, if < RUN
+    const u64 valid = left >= RUN ? (RUN == 64 ? ~0ull : (1ull << RUN) - 1ull) : left <= 0 ? 0ull : (1ull << left) - 1ull;
+    const unsigned* lt32 = sh.lut;
+#if LUT_SHARED
+    for (int k = lane; k < NK; k += 32) sh.lut[k] = spread_class(lut[bk.tensor * NK + k]);
+#endif
+    const unsigned inv = __ballot_sync(FULL, lane < NCP && inv_tab[bk.tensor * NCP + lane]);
+    bool changes = false;
+    if (lane < NCP) {
+        const i64 at = pid * NCP + lane, seg = seg_word[bk.chunk * NCP + lane];
+        const int cnt = counts[at], r0 = base[at];
+        const i64 b0 = seg * 32 + r0;
+        sh.bit0[lane] = b0;
+        sh.rank0[lane] = r0;
+        sh.ro[lane] = roff[bk.chunk * NCP + lane];
+        sh.seg_before[lane] = seg < n_words ? pref[seg] : 0;
+        if (cnt > 0) {
+            const int ones = bits_before(bitmap, pref, b0 + cnt - 1, true) - bits_before(bitmap, pref, b0, false);
+            changes = ((inv >> lane) & 1) ? ones < cnt : ones > 0;
+        }
+    }
+    __syncwarp();
+    // the run's classes as planes, and its old words' digest terms
+    const i64 word0 = (bk.start + bk.first) / PW + lane * (RUN / PW);
+    u64 pl[4] = {0ull, 0ull, 0ull, 0ull}, sum_old = 0;
+    unsigned acc = 0;  // the current 8 elements' classes, bit b of element j at bit 8 * b + j
+    auto take = [&](u64 word, int wi) {
+        if (wi * PW < left) sum_old += term(word, (u64)(word0 + wi));
+#pragma unroll
+        for (int k = 0; k < PW; k++) {
+            const int i = wi * PW + k;
+            const int key = (int)((word >> (k * BITS + MANT)) & KMASK);
+#if LUT_SHARED
+            acc += lt32[key] << (i & 7);
+#else
+            acc += spread_class(lut[bk.tensor * NK + key]) << (i & 7);
+#endif
+            if ((i & 7) == 7) {
+#pragma unroll
+                for (int b = 0; b < LPLANES; b++) pl[b] |= (u64)((acc >> (8 * b)) & 0xffu) << (i & ~7);
+                acc = 0;
+            }
+        }
+    };
+    constexpr int WORDS = RUN / PW;
+    if (left >= RUN && ((unsigned long long)run & 15ull) == 0) {
+        const uint4* v = (const uint4*)run;
+#pragma unroll
+        for (int v0 = 0; v0 < WORDS / 2; v0 += 4) {
+            uint4 a[4];
+#pragma unroll
+            for (int u = 0; u < 4; u++)
+                if (v0 + u < WORDS / 2) a[u] = __ldcs(v + v0 + u);
+#pragma unroll
+            for (int u = 0; u < 4; u++)
+                if (v0 + u < WORDS / 2) {
+                    take((u64)a[u].y << 32 | a[u].x, 2 * (v0 + u));
+                    take((u64)a[u].w << 32 | a[u].z, 2 * (v0 + u) + 1);
+                }
+        }
+    } else {
+        for (int wi = 0; wi < WORDS; wi++) take(run_word(run, wi, left), wi);
+    }
+    // the changed elements of the run, two classes a scan
+    u64 mv = 0;
+    auto pick = [&](int c, u64 m, int r) {  // the class's changes among m, whose first has class rank r
+        sh.first[c][lane] = (unsigned short)r;
+        const int k = __popcll(m);
+        if (k == 0) return;
+        const u64 ev = bitmap_bits(bitmap, sh.bit0[c] + r, k);
+        u64 picked = 0;  // the event elements: a minority of the class's (else it is inverted)
+        const int low = __popc((unsigned)m);  // the class's elements among the run's first 32
+#pragma unroll
+        for (int j = 0; j < RUN / 32; j++) {
+            const unsigned mj = (unsigned)(m >> (32 * j));
+            for (unsigned e = (unsigned)((j ? ev >> low : ev) & (j ? ~0ull : (1ull << low) - 1ull)); e; e &= e - 1)
+                picked |= (u64)(1u << select_bit(mj, __ffs(e) - 1)) << (32 * j);
+        }
+        mv |= ((inv >> c) & 1) ? m & ~picked : picked;
+    };
+    for (unsigned todo = __ballot_sync(FULL, changes); todo;) {
+        const int c0 = __ffs(todo) - 1;
+        todo &= todo - 1;
+        const int c1 = todo ? __ffs(todo) - 1 : -1;
+        todo &= todo - 1;
+        const u64 m0 = run_class(pl, valid, c0), m1 = c1 >= 0 ? run_class(pl, valid, c1) : 0ull;
+        int total;
+        const int r = lanes_exclusive(__popcll(m0) | __popcll(m1) << 16, lane, total);
+        pick(c0, m0, r & 0xffff);
+        if (c1 >= 0) pick(c1, m1, r >> 16);
+    }
+    __syncwarp();
+    // the run's changes in position order, and the changed words' digest terms
+    int total;
+    i64 at = starts[pid] + lanes_exclusive(__popcll(mv), lane, total);
+    u64 delta = 0, was = 0, now = 0;
+    int wd = -1;
+    for (u64 e = mv; e; e &= e - 1, at++) {
+        const int b = __ffsll(e) - 1, idx = lane * RUN + b;
+        if (b / PW != wd) {
+            if (wd >= 0) delta += term(now, (u64)(word0 + wd)) - term(was, (u64)(word0 + wd));
+            wd = b / PW;
+            was = now = run_word(run, wd, left);
+        }
+        const W ob = (W)((was >> (BITS * (b % PW))) & WMASK);
+        const int c = run_class_at(pl, b);
+        const int r = sh.first[c][lane] + __popcll(run_class(pl, valid, c) & ((1ull << b) - 1ull));
+        const int ones = bits_before(bitmap, pref, sh.bit0[c] + r, false) - sh.seg_before[c];
+        const i64 slot = sh.ro[c] + (((inv >> c) & 1) ? sh.rank0[c] + r - ones : ones);
+        if (slot >= 0 && slot < n_res && at < n_res) {
+            const W nb = unkey(wrap(key(ob) + (W)res[slot]));
+            pos[at] = (int)(bk.first + idx);
+            val[at] = (U)nb;
+            now = (now & ~((u64)WMASK << (BITS * (b % PW)))) | (u64)nb << (BITS * (b % PW));
+        }
+    }
+    if (wd >= 0) delta += term(now, (u64)(word0 + wd)) - term(was, (u64)(word0 + wd));
+#pragma unroll
+    for (int d = 16; d > 0; d >>= 1) {
+        sum_old += __shfl_xor_sync(FULL, sum_old, d);
+        delta += __shfl_xor_sync(FULL, delta, d);
+    }
+    if (lane == 0) {
+        sums[pid * 2] = (i64)sum_old;
+        sums[pid * 2 + 1] = (i64)(sum_old + delta);
+    }
+}
+#endif

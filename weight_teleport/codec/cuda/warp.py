@@ -59,13 +59,6 @@ def launch(kernel: str, table, info, args: list, shared: int = 0, unroll: int | 
                   shared * WARPS)
 
 
-def place_shared(info, block: int) -> int:
-    """Dynamic shared memory a warp of the placement kernel needs: its block's old elements
-    as 8-byte words and its queue of changes (two 4-byte fields a slot, 64 slots a slice of
-    a round)."""
-    return 8 * (block * info.bits // 64 + 64 * _unroll(info))
-
-
 def scan(table, info, nb: int, args: list) -> None:
     """Run the scan kernel over every program of `table`, a CTA per program, with `nb`
     histogram bins; `args` precede the program count."""
