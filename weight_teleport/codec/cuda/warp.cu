@@ -12,7 +12,8 @@
 // bit by bit with ballots instead measured 2.1-2.3x slower in the scan on the H200:
 // BENCHMARKS.md.)
 // A round of UNROLL slices whose elements are all inside the block runs without bounds checks,
-// and its loads are issued while the round before is worked on (each_round).
+// and its loads are issued while the round before is worked on (each_round). The placement
+// (place_lanes) instead gives each lane a run of BLOCK / 32 consecutive elements.
 //
 // Compiled per element type by codec/cuda/warp.py with these defines: BITS (element
 // width), IS_FLOAT, MANT (mantissa bits), KMASK (exponent-field mask), BLOCK (elements of a
@@ -113,8 +114,8 @@ __device__ __forceinline__ void load_slices(W* out, const U* p, int s0, int lane
 // A block of n elements of the N tensors at p[], a round of UNROLL slices at a time:
 // body(x, s0, all) gets the round's elements x[k][u] of tensor k (0 past the end; `all`:
 // every one inside the block). The next round's loads are issued before the body runs, so
-// the body's work hides them (placement 28.8 -> 26.3 ms on the H200; the class-count and
-// events kernels took the same time either way).
+// the body's work hides them (the previous placement kernel: 28.8 -> 26.3 ms on the H200;
+// the class-count and events kernels took the same time either way).
 template <int N, class F>
 __device__ __forceinline__ void each_round(const U* const (&p)[N], int n, int lane, F body) {
     W x[N][UNROLL], next[N][UNROLL];
@@ -138,7 +139,7 @@ __device__ __forceinline__ int class_of(W b, const unsigned char* lut) {
 
 // The class counts and the placement copy a class map of at most 256 keys into shared
 // memory and read it there; larger ones (64-bit floats: 2048 keys a warp) stay in global
-// memory, so the static shared memory stays small beside the block's copy.
+// memory, so the static shared memory stays small.
 #define LUT_SHARED (NK <= 256)
 #define LUT_BYTES (LUT_SHARED ? NK : 1)  // a warp's shared bytes for it
 
@@ -410,16 +411,29 @@ scan_words(const U* old, const i64* rows, const int* prog, const U* nw, const i6
     }
 }
 
-// The sampler's placement with a lane per run of E = BLOCK / 32 elements (the same outputs as
-// place_changes). A lane reads its run with 16-byte loads and keeps, in registers, its
-// elements' classes as PLANES bit masks (bit i of plane b: bit b of element i's class; the
-// class map gives each class with its bits a byte apart, so 8 elements' bits gather with
-// one multiply-add each) and sums its old words' digest terms. Then, for each class with
+// The sampler's placement: the changes of a chunk table's blocks (a warp each), each
+// block's in position order from starts[pid] (its first output): pos (offset in the chunk),
+// val (new bits); and per block the digest word sums of its old and of its patched words
+// (sums[pid * 2 + {0, 1}]). A changed element is an event of its class, or a non-event of an
+// inverted class; its residual slot is the events (or the non-events) of its class's segment
+// before it. Slots outside [0, n_res) (corrupt streams, refused by the caller) are neither
+// read nor written. seg_word: first word of each chunk-class segment of the event bitmap;
+// pref: set bits before each bitmap word; counts, base: each block's class counts and
+// class-rank bases.
+//
+// A lane per run of RUN = BLOCK / 32 consecutive elements. A lane reads its run with 16-byte
+// loads and keeps, in registers, its elements' classes as LPLANES bit masks (bit i of plane
+// b: bit b of element i's class; the class map gives each class with its bits a byte apart,
+// so 8 elements' bits gather with one multiply-add each) and sums its old words' digest
+// terms. Then, for each class with
 // changes in the block (two classes a warp scan): the class's elements in the lane's run (an
 // AND of the planes), the class rank of the first (the scan), and the run's bits of the
 // class's event bitmap, whose set bits pick the changed elements. Last each lane writes its
 // changes in position order at the block's first output plus the changes of the lanes before
 // it, and adds the changed words' digest terms. Shared memory holds only per-class values.
+// (25.2 -> 20.7 ms on the H200 against ranking every element with __match_any_sync and a
+// queue of changes in shared memory: 15.9 G instead of 20.2 G instructions; BENCHMARKS.md.)
+// Compiled for the stage's blocks (a lane has at most 64 elements) and up to 16 classes.
 #if (BLOCK == 1024 || BLOCK == 2048) && NCP <= 16
 #define RUN (BLOCK / 32)
 #define LPLANES (NCP > 8 ? 4 : NCP > 4 ? 3 : NCP > 2 ? 2 : NCP > 1 ? 1 : 0)

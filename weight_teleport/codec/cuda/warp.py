@@ -3,7 +3,9 @@ this), compiled with NVRTC for each element type at first use.
 
 A warp takes a block's elements 32 at a time; `__match_any_sync` finds the lanes of each
 class, so an element's rank among its class is a popcount over them past the class's
-running count, which one lane per class then advances (see warp.cu). The Triton kernels (scan.py,
+running count, which one lane per class then advances (see warp.cu). The placement gives
+each lane a run of consecutive elements whose classes it keeps as bit planes, and works
+per class, not per element (`place_lanes`). The Triton kernels (scan.py,
 ranks.py, sparse_encode.py, sparse_decode.py) compute the same outputs and run where these
 cannot: under Triton's CPU interpreter, or where NVRTC cannot be loaded. On the H200 the
 warp kernels are 3.8-4.8x faster (BENCHMARKS.md)."""
