@@ -425,12 +425,12 @@ scan_words(const U* old, const i64* rows, const int* prog, const U* nw, const i6
 // loads and keeps, in registers, its elements' classes as LPLANES bit masks (bit i of plane
 // b: bit b of element i's class; the class map gives each class with its bits a byte apart,
 // so 8 elements' bits gather with one multiply-add each) and sums its old words' digest
-// terms. Then, for each class with
-// changes in the block (two classes a warp scan): the class's elements in the lane's run (an
-// AND of the planes), the class rank of the first (the scan), and the run's bits of the
-// class's event bitmap, whose set bits pick the changed elements. Last each lane writes its
-// changes in position order at the block's first output plus the changes of the lanes before
-// it, and adds the changed words' digest terms. Shared memory holds only per-class values.
+// terms. Then, for each class with changes in the block (two classes a warp scan): the
+// class's elements in the lane's run (an AND of the planes), the class rank of the first
+// (the scan), and the run's bits of the class's event bitmap, whose set bits pick the
+// changed elements. Last each lane writes its changes in position order at the block's
+// first output plus the changes of the lanes before it, and adds the changed words' digest
+// terms. Shared memory holds only per-class values.
 // (25.2 -> 20.7 ms on the H200 against ranking every element with __match_any_sync and a
 // queue of changes in shared memory: 15.9 G instead of 20.2 G instructions; BENCHMARKS.md.)
 // Compiled for the stage's blocks (a lane has at most 64 elements) and up to 16 classes.
