@@ -123,12 +123,11 @@ def encode(items: list[EncodeItem], chunk_elems: int, level: int, threads: int |
         b = encode_batch.Batch([items[i] for i in g], [plans[i] for i in g], sum(plans[i].events for i in g),
                                int(changed[g].sum()), torch.cat([hists[i] for i in g]))
         ev = encode_batch.events(b, chunk_elems)
-        if records is None:  # made while the device works on the first batch's events
-            records = _records(items, rows, changed, plans)
+        records = records or _records(items, rows, changed, plans)  # while the device works on the first batch
         done = encode_batch.encode(ev, config, level, threads or os.cpu_count() or 1)
         for j, i in enumerate(g):
             parts[i] = _tensor_part(done, j)
-    records = _records(items, rows, changed, plans) if records is None else records
+    records = records or _records(items, rows, changed, plans)
     for i, rec in on_cpu.items():
         records[i] = rec
     return _lay_out(records, parts)

@@ -132,10 +132,10 @@ def _table_counts_kernel(base_ptr, rows_ptr, prog_ptr, lut_ptr, counts_ptr, new_
         tl.store(events_ptr + out, class_counts(cls, valid & ((b != n) != inv), NCP))
 
 
-def stage_block(tensor: torch.Tensor, info) -> int:
-    """Elements of a program of the stage's chunk table for weights of element type `info`
-    on `tensor`'s device: WARP_BLOCK where the warp kernels run (the placement, warp.cu's
-    place_lanes, gives each lane BLOCK / 32 of them)."""
+def stage_block(tensor: torch.Tensor) -> int:
+    """Elements of a program of the stage's chunk table for weights on `tensor`'s device:
+    WARP_BLOCK where the warp kernels run (the placement, warp.cu's place_lanes, gives each
+    lane BLOCK / 32 of them), else the Triton kernels' BLOCK."""
     return WARP_BLOCK if warp.available(tensor) else BLOCK
 
 
@@ -149,7 +149,7 @@ def table_counts(table: blocks.ChunkTable, luts: torch.Tensor, info, ncp: int, n
     layout.require(table.base, info.int_torch)
     nk = 1 << info.exponent_bits
     fast = table.programs and new is None and warp.available(table.base)
-    assert table.block == (stage_block(table.base, info) if new is None else BLOCK)
+    assert table.block == (stage_block(table.base) if new is None else BLOCK)
     assert n_classes <= min(ncp, CLASSES.value)
     assert luts.dtype == torch.uint8 and luts.is_contiguous() and luts.shape[1] == nk
     counts = torch.empty((table.programs, ncp), dtype=torch.int32, device=table.base.device)
