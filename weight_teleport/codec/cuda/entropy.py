@@ -6,6 +6,7 @@ its scratch by the largest input of a call."""
 
 import ctypes
 import importlib.util
+from contextlib import contextmanager
 from functools import lru_cache
 from pathlib import Path
 
@@ -79,6 +80,22 @@ def _stream() -> P:
     return P(torch.cuda.current_stream().cuda_stream)
 
 
+@contextmanager
+def _fanned(n: int):
+    """Handles of `n` side streams that start after the current stream's queued work; the
+    current stream waits for all of them on exit. nvCOMP's kernel for a size bucket fills
+    only part of the GPU, so the buckets run side by side rather than one after another."""
+    main = torch.cuda.current_stream()
+    sides = [layout.side_stream(main.device, f"nvcomp {i}") for i in range(n)]
+    for side in sides:
+        side.wait_stream(main)
+    try:
+        yield [P(side.cuda_stream) for side in sides]
+    finally:
+        for side in sides:
+            main.wait_stream(side)
+
+
 def _ptr_table(*cols: np.ndarray, device) -> torch.Tensor:
     table = layout.arena().empty((len(cols), cols[0].size), np.int64)
     for row, col in zip(table, cols):
@@ -150,20 +167,22 @@ def decompress(cfg: CudaCodecConfig, src: torch.Tensor, offsets: np.ndarray, sto
     order, ranges = _buckets(raw)
     opts = _decompress_opts(cfg)
     temp_size = _fn(cfg, "DecompressGetTempSize", [S, S, _Opts, ctypes.POINTER(S), S, P])
-    temp = 0
+    temps = []
     for a, b in ranges:
         t = S()
         _call(temp_size, b - a, int(raw[order[a:b]].max()), opts, ctypes.byref(t),
               int(raw[order[a:b]].sum()), _stream())
-        temp = max(temp, t.value)
+        temps.append(-(-max(t.value, 1) // 256) * 256)  # each bucket's scratch 256-byte aligned
+    scratch_at = np.cumsum([0] + temps)
     table = _ptr_table(src.data_ptr() + offsets[order], stored[order], raw[order],
                        dst.data_ptr() + dst_offsets[order], device=src.device)
     sizes = torch.empty(raw.size, dtype=torch.int64, device=src.device)
     statuses = torch.empty(raw.size, dtype=torch.int32, device=src.device)
-    scratch = torch.empty(max(temp, 1), dtype=torch.uint8, device=src.device)
+    scratch = torch.empty(max(int(scratch_at[-1]), 1), dtype=torch.uint8, device=src.device)
     run = _fn(cfg, "DecompressAsync", [P, P, P, P, S, P, S, P, _Opts, P, P])
-    for a, b in ranges:
-        _call(run, table[0, a:].data_ptr(), table[1, a:].data_ptr(), table[2, a:].data_ptr(),
-              sizes[a:].data_ptr(), b - a, scratch.data_ptr(), scratch.numel(), table[3, a:].data_ptr(),
-              opts, statuses[a:].data_ptr(), _stream())
+    with _fanned(len(ranges)) as streams:  # each bucket its own scratch
+        for (a, b), t, at, stream in zip(ranges, temps, scratch_at, streams):
+            _call(run, table[0, a:].data_ptr(), table[1, a:].data_ptr(), table[2, a:].data_ptr(),
+                  sizes[a:].data_ptr(), b - a, scratch.data_ptr() + int(at), t, table[3, a:].data_ptr(),
+                  opts, statuses[a:].data_ptr(), stream)
     return Pending(order, sizes, statuses, (table, scratch))
