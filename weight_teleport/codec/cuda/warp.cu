@@ -428,15 +428,20 @@ scan_words(const U* old, const i64* rows, const int* prog, const U* nw, const i6
 // terms. Then, for each class with changes in the block (two classes a warp scan): the
 // class's elements in the lane's run (an AND of the planes), the class rank of the first
 // (the scan), and the run's bits of the class's event bitmap, whose set bits pick the
-// changed elements. Last each lane writes its changes in position order at the block's
-// first output plus the changes of the lanes before it, and adds the changed words' digest
-// terms. Shared memory holds only per-class values.
+// changed elements. Lanes with event bits queue them in shared memory, and the warp maps
+// them to elements an entry a lane (a select by popcounts per event). Last each lane writes
+// its changes in position order at the block's first output plus the changes of the lanes
+// before it, and adds the changed words' digest terms. Shared memory holds per-class values
+// and the queue.
 // (25.2 -> 20.7 ms on the H200 against ranking every element with __match_any_sync and a
-// queue of changes in shared memory: 15.9 G instead of 20.2 G instructions; BENCHMARKS.md.)
+// queue of changes in shared memory: 15.9 G instead of 20.2 G instructions; the queue of
+// event bits 20.7 -> 18.8 ms against each lane selecting its own events, 2.6 lanes of 32
+// busy on average; BENCHMARKS.md.)
 // Compiled for the stage's blocks (a lane has at most 64 elements) and up to 16 classes.
 #if (BLOCK == 1024 || BLOCK == 2048) && NCP <= 16
 #define RUN (BLOCK / 32)
 #define LPLANES (NCP > 8 ? 4 : NCP > 4 ? 3 : NCP > 2 ? 2 : NCP > 1 ? 1 : 0)
+#define QCAP 64  // queue entries of a warp
 
 struct LaneShared {      // one warp's
     unsigned lut[LUT_SHARED ? NK : 1];  // the class map, each class's bits a byte apart
@@ -445,6 +450,9 @@ struct LaneShared {      // one warp's
     int seg_before[NCP]; // set bits before the class's segment
     int rank0[NCP];      // class rank of the class's first element in the block
     unsigned short first[NCP][32];  // each lane's first class rank of each class, from bit0
+    u64 qm[QCAP], qe[QCAP];  // the queue: a lane's elements of a class, and their event bits
+    unsigned char ql[QCAP];  // and the lane
+    u64 evm[32];         // each lane's event elements
 };
 
 // Class c with its bit b at bit 8 * b.
@@ -491,6 +499,13 @@ __device__ __forceinline__ int select_bit(unsigned m, int q) {
     return p;
 }
 
+// The position of set bit number q (from 0) of m; q < popc(m).
+__device__ __forceinline__ int select_bit64(u64 m, int q) {
+    const int n = __popc((unsigned)m);
+    const bool hi = q >= n;
+    return (hi ? 32 : 0) + select_bit(hi ? (unsigned)(m >> 32) : (unsigned)m, hi ? q - n : q);
+}
+
 // Set bits of the bitmap before bit x (through it when `through`).
 __device__ __forceinline__ int bits_before(const int* bitmap, const int* pref, i64 x, bool through) {
     const unsigned word = (unsigned)bitmap[x >> 5];
@@ -529,6 +544,7 @@ place_lanes(const U* old, const i64* rows, const int* prog, const unsigned char*
     const i64 pid = (i64)blockIdx.x * WARPS + w;
     if (pid >= programs) return;
     LaneShared& sh = shared[w];
+    sh.evm[lane] = 0ull;
     const Block bk = table_block(pid, rows, prog);
     const U* po = old + bk.off + bk.first;
     const U* run = po + lane * RUN;
@@ -597,22 +613,38 @@ place_lanes(const U* old, const i64* rows, const int* prog, const unsigned char*
     } else {
         for (int wi = 0; wi < WORDS; wi++) take(run_word(run, wi, left), wi);
     }
-    // the changed elements of the run, two classes a scan
-    u64 mv = 0;
-    auto pick = [&](int c, u64 m, int r) {  // the class's changes among m, whose first has class rank r
+    // the changed elements of the run, two classes a scan: each lane queues its window of each
+    // class's event bits with the class's elements of its run; the warp then maps the queued
+    // events to elements a queue entry a lane (events are a minority, spread unevenly over the
+    // lanes: a lane's own loop over them left most lanes idle)
+    u64 inv_m = 0;  // the run's elements of inverted classes with changes
+    int qn = 0;
+    const unsigned below = lanes_below();
+    auto flush = [&]() {
+        __syncwarp();
+        for (int t = lane; t < qn; t += 32) {
+            const u64 m = sh.qm[t];
+            u64 picked = 0;
+            for (u64 e = sh.qe[t]; e; e &= e - 1) picked |= 1ull << select_bit64(m, __ffsll(e) - 1);
+            atomicOr(&sh.evm[sh.ql[t]], picked);
+        }
+        __syncwarp();
+        qn = 0;
+    };
+    auto pick = [&](int c, u64 m, int r) {  // the class's elements m, whose first has class rank r
         sh.first[c][lane] = (unsigned short)r;
         const int k = __popcll(m);
-        if (k == 0) return;
-        const u64 ev = bitmap_bits(bitmap, sh.bit0[c] + r, k);
-        u64 picked = 0;  // the event elements: a minority of the class's (else it is inverted)
-        const int low = __popc((unsigned)m);  // the class's elements among the run's first 32
-#pragma unroll
-        for (int j = 0; j < RUN / 32; j++) {
-            const unsigned mj = (unsigned)(m >> (32 * j));
-            for (unsigned e = (unsigned)((j ? ev >> low : ev) & (j ? ~0ull : (1ull << low) - 1ull)); e; e &= e - 1)
-                picked |= (u64)(1u << select_bit(mj, __ffs(e) - 1)) << (32 * j);
+        const u64 ev = k ? bitmap_bits(bitmap, sh.bit0[c] + r, k) : 0ull;
+        if ((inv >> c) & 1) inv_m |= m;
+        const unsigned has = __ballot_sync(FULL, ev != 0ull);
+        if (qn + __popc(has) > QCAP) flush();
+        if (ev) {
+            const int t = qn + __popc(has & below);
+            sh.qm[t] = m;
+            sh.qe[t] = ev;
+            sh.ql[t] = (unsigned char)lane;
         }
-        mv |= ((inv >> c) & 1) ? m & ~picked : picked;
+        qn += __popc(has);
     };
     for (unsigned todo = __ballot_sync(FULL, changes); todo;) {
         const int c0 = __ffs(todo) - 1;
@@ -625,7 +657,8 @@ place_lanes(const U* old, const i64* rows, const int* prog, const unsigned char*
         pick(c0, m0, r & 0xffff);
         if (c1 >= 0) pick(c1, m1, r >> 16);
     }
-    __syncwarp();
+    flush();
+    const u64 mv = sh.evm[lane] ^ inv_m;  // the changed elements: events, but non-events of inverted classes
     // the run's changes in position order, and the changed words' digest terms
     int total;
     i64 at = starts[pid] + lanes_exclusive(__popcll(mv), lane, total);
