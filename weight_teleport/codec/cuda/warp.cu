@@ -141,29 +141,6 @@ __device__ __forceinline__ int class_of(W b, const unsigned char* lut) {
 // memory and read it there; larger ones (64-bit floats: 2048 keys a warp) stay in global
 // memory, so the static shared memory stays small.
 #define LUT_SHARED (NK <= 256)
-#define LUT_BYTES (LUT_SHARED ? NK : 1)  // a warp's shared bytes for it
-
-__device__ __forceinline__ int class_in(W b, const unsigned char* lut) {
-#if LUT_SHARED
-    return lut[(int)((b >> MANT) & KMASK)];
-#else
-    return class_of(b, lut);
-#endif
-}
-
-// The class map of tensor t that a warp reads with class_in: copied into `own`, the warp's
-// LUT_BYTES of shared memory, where LUT_SHARED, else where it is (the class counts read
-// it from shared memory: 9.80 -> 9.59 ms on the H200).
-__device__ __forceinline__ const unsigned char* warp_lut(unsigned char* own, const unsigned char* lut, i64 t,
-                                                         int lane) {
-#if LUT_SHARED
-    for (int k = lane; k < NK; k += 32) own[k] = lut[t * NK + k];
-    __syncwarp();
-    return own;
-#else
-    return lut + t * NK;
-#endif
-}
 
 // Mask of the lanes whose key is the same as this lane's; lanes without an element form a
 // group of their own.
@@ -179,44 +156,57 @@ __device__ __forceinline__ unsigned lanes_below() {
 
 // Per block, the number of elements of each class of the live weights ([programs, NCP]
 // int32): the sampler's counts (the trainer's come from the scan's histograms). Order does
-// not matter here, so each lane counts its own elements in registers, a byte per class,
-// moved into 16-bit fields before a byte can reach 256, and the warp adds the lanes' fields
-// at the end: no votes per element, only the class map's byte from shared memory. A block
-// that starts on an 8-byte boundary (every chunk does, unless the live tensor is a view at
-// an odd offset) is read as 8-byte words, PW elements a load (9.65 -> 8.01 ms on the H200
-// against a load per element). (Holding the map in registers as a 32-key window of 4-bit
-// classes instead took 16.4 ms against 9.8 on the H200: the window's selects cost more issue
-// slots than the load.)
+// not matter here, so each lane counts its own elements in registers: the warp's copy of the
+// class map in shared memory holds each key's class c as 1 << 4c, so an element costs its
+// key, one shared load and one 8-byte add into 16 nibble counters; at most 15 elements go
+// into the nibbles before they are added into byte counters, and at most 255 into the bytes
+// before they are added into 16-bit fields, which the warp sums at the end. A block that
+// starts on an 8-byte boundary (every chunk does, unless the live tensor is a view at an odd
+// offset) is read as 8-byte words, PW elements a load. (8.02 -> 4.44 ms on the H200 for the
+// Qwen3-8B-shaped state against a byte per class from a map of class numbers, whose
+// increments cost a shift, two selects and two 8-byte adds an element.)
 static_assert(BLOCK <= 65535, "a block's count of a class fits 16 bits");
-
 extern "C" __global__ void __launch_bounds__(WARPS * 32)
 class_counts(const U* old, const i64* rows, const int* prog, const unsigned char* lut, int* counts, i64 programs) {
-    static_assert(NCP <= 16, "two 8-byte words of byte counters");
-    __shared__ unsigned char luts[WARPS][LUT_BYTES];
+    static_assert(NCP <= 16, "a nibble per class in one 8-byte word");
+    __shared__ u64 one_hot[WARPS][LUT_SHARED ? NK : 1];  // class c of each key as 1 << 4c
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
     const i64 pid = (i64)blockIdx.x * WARPS + w;
     if (pid >= programs) return;
     const Block bk = table_block(pid, rows, prog);
     const U* po = old + bk.off + bk.first;
-    const unsigned char* lt = warp_lut(luts[w], lut, bk.tensor, lane);
-    const u64 even = 0x00ff00ff00ff00ffull;
-    u64 lo = 0, hi = 0;                          // classes 0-7 and 8-15, a byte each
-    u64 e_lo = 0, o_lo = 0, e_hi = 0, o_hi = 0;  // the same bytes, even and odd apart, in 16 bits
-    auto spread = [&]() {
-        e_lo += lo & even;
-        o_lo += (lo >> 8) & even;
-        e_hi += hi & even;
-        o_hi += (hi >> 8) & even;
-        lo = hi = 0;
-    };
+#if LUT_SHARED
+    for (int k = lane; k < NK; k += 32) one_hot[w][k] = 1ull << (4 * lut[bk.tensor * NK + k]);
+    __syncwarp();
+#endif
+    const u64 m8 = 0x0f0f0f0f0f0f0f0full, m16 = 0x00ff00ff00ff00ffull;
+    u64 nib = 0;             // at most 15 elements: class c at bits 4c
+    u64 b_even = 0, b_odd = 0;  // at most 255: classes 2j and 2j + 1 at byte j
+    u64 f[4] = {0, 0, 0, 0};    // 16-bit fields: classes 4i + {0, 2, 1, 3} at field i of f[0..3]
     auto add = [&](W b) {
-        const int c = class_in(b, lt);
-        const u64 one = 1ull << ((c & 7) * 8);
-        lo += c < 8 ? one : 0ull;
-        hi += c < 8 ? 0ull : one;
+        const int key = (int)((b >> MANT) & KMASK);
+#if LUT_SHARED
+        nib += one_hot[w][key];
+#else
+        nib += 1ull << (4 * __ldg(lut + bk.tensor * NK + key));
+#endif
     };
-    constexpr int LOADS = 4;                          // words a lane loads before it counts them
-    constexpr int ROUNDS = 192 / (LOADS * PW);        // rounds between spreads: at most 192 a byte
+    auto to_bytes = [&]() {
+        b_even += nib & m8;
+        b_odd += (nib >> 4) & m8;
+        nib = 0;
+    };
+    auto to_fields = [&]() {
+        f[0] += b_even & m16;
+        f[1] += (b_even >> 8) & m16;
+        f[2] += b_odd & m16;
+        f[3] += (b_odd >> 8) & m16;
+        b_even = b_odd = 0;
+    };
+    constexpr int LOADS = 8;
+    constexpr int NIB_WORDS = 15 / PW;                 // words between nibble spills
+    constexpr int ROUNDS = 255 / (LOADS * PW);         // rounds between byte spills
+    static_assert(NIB_WORDS >= 1 && ROUNDS >= 1, "counter widths");
     if (PW > 1 && ((unsigned long long)po & 7ull) == 0) {
         const u64* pw = (const u64*)po;
         const int nw = bk.n / PW;
@@ -226,38 +216,47 @@ class_counts(const U* old, const i64* rows, const int* prog, const unsigned char
 #pragma unroll
             for (int u = 0; u < LOADS; u++) a[u] = q0 + u * 32 + lane < nw ? __ldcs(pw + q0 + u * 32 + lane) : 0ull;
 #pragma unroll
-            for (int u = 0; u < LOADS; u++)
+            for (int u = 0; u < LOADS; u++) {
                 if (q0 + u * 32 + lane < nw)
 #pragma unroll
                     for (int e = 0; e < PW; e++) add((W)((a[u] >> (e * BITS)) & WMASK));
+                if ((u + 1) % NIB_WORDS == 0 || u == LOADS - 1) to_bytes();
+            }
             if (++r == ROUNDS) {
-                spread();
+                to_fields();
                 r = 0;
             }
         }
-        for (int i = nw * PW + lane; i < bk.n; i += 32) add((W)po[i]);  // fewer than PW
+        to_fields();
+        for (int i = nw * PW + lane; i < bk.n; i += 32) {  // fewer than PW
+            add((W)po[i]);
+            to_bytes();
+        }
     } else {  // a round of UNROLL slices at a time
-        static_assert(16 * UNROLL <= 192, "16 rounds between spreads");
+        static_assert(UNROLL <= 15, "a round's elements fit a nibble");
         const U* const p[1] = {po};
         int r = 0;
         each_round(p, bk.n, lane, [&](const W (&x)[1][UNROLL], int s0, bool all) {
 #pragma unroll
             for (int u = 0; u < UNROLL; u++)
                 if (all || s0 + u * 32 + lane < bk.n) add(x[0][u]);
-            if (++r % 16 == 0) spread();
+            to_bytes();
+            if (++r == 255 / UNROLL) {
+                to_fields();
+                r = 0;
+            }
         });
     }
-    spread();
+    to_bytes();
+    to_fields();
 #pragma unroll
-    for (int d = 16; d > 0; d >>= 1) {
-        e_lo += __shfl_xor_sync(FULL, e_lo, d);
-        o_lo += __shfl_xor_sync(FULL, o_lo, d);
-        e_hi += __shfl_xor_sync(FULL, e_hi, d);
-        o_hi += __shfl_xor_sync(FULL, o_hi, d);
-    }
+    for (int d = 16; d > 0; d >>= 1)
+#pragma unroll
+        for (int i = 0; i < 4; i++) f[i] += __shfl_xor_sync(FULL, f[i], d);
     if (lane < NCP) {
-        const u64 f = lane < 8 ? ((lane & 1) ? o_lo : e_lo) : ((lane & 1) ? o_hi : e_hi);
-        counts[pid * NCP + lane] = (int)((f >> (16 * ((lane & 7) >> 1))) & 0xffff);
+        const int j = lane >> 1;  // byte j of the odd or even bytes
+        const u64 g = (lane & 1) ? ((j & 1) ? f[3] : f[2]) : ((j & 1) ? f[1] : f[0]);
+        counts[pid * NCP + lane] = (int)((g >> (16 * (j >> 1))) & 0xffff);
     }
 }
 
