@@ -166,6 +166,7 @@ __device__ __forceinline__ unsigned lanes_below() {
 // Qwen3-8B-shaped state against a byte per class from a map of class numbers, whose
 // increments cost a shift, two selects and two 8-byte adds an element.)
 static_assert(BLOCK <= 65535, "a block's count of a class fits 16 bits");
+
 extern "C" __global__ void __launch_bounds__(WARPS * 32)
 class_counts(const U* old, const i64* rows, const int* prog, const unsigned char* lut, int* counts, i64 programs) {
     static_assert(NCP <= 16, "a nibble per class in one 8-byte word");
@@ -498,7 +499,7 @@ __device__ __forceinline__ int select_bit(unsigned m, int q) {
     return p;
 }
 
-// The position of set bit number q (from 0) of m; q < popc(m).
+// select_bit of a 64-bit m.
 __device__ __forceinline__ int select_bit64(u64 m, int q) {
     const int n = __popc((unsigned)m);
     const bool hi = q >= n;
