@@ -68,14 +68,15 @@ class SparseBatch:
         if (raw[:, 3] % self.info.nbytes).any():
             raise PackFormatError("stream length is not a whole number of elements")
 
-    def _run(self, pack, dev, threads, upload, inv: np.ndarray) -> None:
+    def _run(self, pack, dev, threads, upload, inv_tensors: np.ndarray) -> None:
+        """`inv_tensors`: [tensors, ncp] inverted flags of the classes (host)."""
         st = self.streams
         # the decompression first: the chain of kernels starts there, and with the class
         # counts at 4.4 ms the host's work before its launch is the stage's critical path (the
         # bases and checks after it: 41.8 ms either way on the H200, 12 alternated calls)
         inf = inflate.inflate(pack, st, dev, threads, upload)
         self.base, self.tot = ranks.table_bases(self.counts, self.table)
-        self.inverted = inv[self.table.host[:, blocks.TENSOR]].reshape(-1).astype(bool)
+        self.inverted = inv_tensors[self.table.host[:, blocks.TENSOR]].reshape(-1).astype(bool)
         self.res_cnt = np.where(self.inverted, st.raw[:, 2], st.events)
         self._check_lengths()
         n_res = int(self.res_cnt.sum())
