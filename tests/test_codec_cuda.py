@@ -472,7 +472,7 @@ def test_decoder_refuses_a_gap_past_the_largest_chunk(extra, malformed):
     assert malformed or decoded_one_gap(dec, v)
 
 
-@pytest.mark.parametrize("n", [0, 1, 33, 100_003])
+@pytest.mark.parametrize("n", [0, 1, 33, 8192, 100_003])
 def test_bitmap_prefix_is_the_exclusive_popcount_prefix(n):
     from weight_teleport.codec.cuda import bitmap
     words = torch.randint(-2 ** 31, 2 ** 31 - 1, (n,), dtype=torch.int32, device="cuda")

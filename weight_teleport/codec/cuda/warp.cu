@@ -552,7 +552,11 @@ place_lanes(const U* old, const i64* rows, const int* prog, const unsigned char*
     const u64 valid = left >= RUN ? (RUN == 64 ? ~0ull : (1ull << RUN) - 1ull) : left <= 0 ? 0ull : (1ull << left) - 1ull;
     const unsigned* lt32 = sh.lut;
 #if LUT_SHARED
-    for (int k = lane; k < NK; k += 32) sh.lut[k] = spread_class(lut[bk.tensor * NK + k]);
+    // the class map's loads are held in registers while the per-class values are read, and
+    // stored after them (18.15 -> 18.03 ms on the H200 against storing each as it comes)
+    unsigned char lv[(NK + 31) / 32];
+#pragma unroll
+    for (int i = 0; i < (NK + 31) / 32; i++) lv[i] = lane + 32 * i < NK ? lut[bk.tensor * NK + lane + 32 * i] : 0;
 #endif
     const unsigned inv = __ballot_sync(FULL, lane < NCP && inv_tab[bk.tensor * NCP + lane]);
     bool changes = false;
@@ -569,6 +573,11 @@ place_lanes(const U* old, const i64* rows, const int* prog, const unsigned char*
             changes = ((inv >> lane) & 1) ? ones < cnt : ones > 0;
         }
     }
+#if LUT_SHARED
+#pragma unroll
+    for (int i = 0; i < (NK + 31) / 32; i++)
+        if (lane + 32 * i < NK) sh.lut[lane + 32 * i] = spread_class(lv[i]);
+#endif
     __syncwarp();
     // the run's classes as planes, and its old words' digest terms
     const i64 word0 = (bk.start + bk.first) / PW + lane * (RUN / PW);
