@@ -1,12 +1,17 @@
 """The CUDA backend's host helpers, which need no GPU: the per-thread arena of a call's
-temporary tables, the upload of host tables, and the fused scatter's program rows."""
+temporary tables, the upload of host tables, the fused scatter's program rows, and the cache
+of chunk tables."""
+
+from types import SimpleNamespace
 
 import numpy as np
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from weight_teleport.codec.cuda import layout, scatter
-from weight_teleport.codec.cuda.stage import _program_rows
+from weight_teleport.codec.cuda import blocks, layout, scatter
+from weight_teleport.codec.cuda.stage import _parts, _program_rows
+from weight_teleport.codec.dtypes import dtype_info
 
 
 def test_arena_arrays_are_aligned_apart_and_reused_after_a_rewind():
@@ -77,3 +82,27 @@ def test_program_rows_match_the_vectorised_rows(counts, block, base):
     out = np.full((int((-(-n // block)).sum()), 3), -1, np.int64)
     _program_rows(elem, first, n, block, out)
     np.testing.assert_array_equal(out, _rows_reference(elem, first, n, block))
+
+
+def test_chunk_tables_are_reused_for_the_same_pointers_and_sizes():
+    info = dtype_info(torch.bfloat16)
+    ws = [torch.zeros(n, dtype=torch.bfloat16) for n in (1000, 70, 3000)]
+    first = blocks.build_cached(ws, 256, 128, info)
+    again = blocks.build_cached(ws, 256, 128, info)
+    assert again.rows is first.rows and again.base.data_ptr() == min(w.data_ptr() for w in ws)
+    fresh = blocks.build(ws, 256, 128, info)
+    assert np.array_equal(again.host, fresh.host) and torch.equal(again.program_chunk, fresh.program_chunk)
+    grown = ws[:2] + [torch.zeros(3001, dtype=torch.bfloat16)]
+    other = blocks.build_cached(grown, 256, 128, info)
+    assert other.rows is not first.rows and np.array_equal(other.host, blocks.build(grown, 256, 128, info).host)
+    assert blocks.build_cached(ws, 512, 128, info).rows is not first.rows  # another chunk size
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(0, 50), min_size=1, max_size=30), st.integers(1, 6))
+def test_stage_batches_cut_an_element_type_into_runs_of_about_equal_chunks(chunks, k):
+    recs = [SimpleNamespace(chunks=[None] * n) for n in chunks]
+    runs = _parts(recs, k)
+    assert [r for run in runs for r in run] == recs and all(runs) and len(runs) <= k
+    share, biggest = sum(chunks) / k, max(chunks)
+    assert all(sum(len(r.chunks) for r in run) <= share + biggest for run in runs)

@@ -5,6 +5,7 @@ gives its element offset from the base, its length, its first element in its ten
 tensor's index (into per-tensor class tables) and its first program. A chunk is cut into
 blocks of BLOCK elements, one program each, so no block straddles a chunk."""
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -109,6 +110,31 @@ def build(flats: list[torch.Tensor], chunk_elems: int, block: int, info=None) ->
                                          output_size=int(progs.sum()))
     return ChunkTable(_base(flats[base], info), rows_d, rows, prog_chunk, rows_d[prog_chunk.long(), TENSOR], block,
                       len(flats))
+
+
+CACHED = 16
+"""Chunk tables `build_cached` keeps (a sampler's batches); those of one state's batches
+together are the size of its whole table: 12 bytes a block (96 MB for the 16 GB
+Qwen3-8B-shaped state's 8 M blocks of 1024 elements)."""
+_cached: dict = {}
+
+
+def build_cached(flats: list[torch.Tensor], chunk_elems: int, block: int, info=None) -> ChunkTable:
+    """`build`, reusing a table built before for the same pointers and sizes (a sampler
+    stages every version onto the same weights), of which a table reads nothing else; only
+    its base is made anew. The stage's host path before the decompression's launch is its
+    first link, and building the table took 1.1-1.3 ms of it for the Qwen3-8B-shaped state
+    on the H200's host."""
+    key = (flats[0].device, flats[0].dtype, chunk_elems, block, None if info is None else info.name,
+           tuple((t.data_ptr(), t.numel()) for t in flats))
+    if key not in _cached:
+        if len(_cached) >= CACHED:
+            _cached.clear()
+        table = build(flats, chunk_elems, block, info)
+        _cached[key] = dataclasses.replace(table, base=None), int(np.argmin([t.data_ptr() for t in flats]))
+        return table
+    table, base = _cached[key]
+    return dataclasses.replace(table, base=_base(flats[base], info))
 
 
 def _base(tensor: torch.Tensor, info) -> torch.Tensor:

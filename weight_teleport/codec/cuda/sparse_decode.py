@@ -10,7 +10,8 @@ prefix over the blocks' change counts, which a first pass reads off the bitmaps)
 changes before it in its block. The outputs are ordered by chunk, then position, so the
 pause writes each chunk front to back. Slots outside [0, n) (a pack whose streams do not
 fit, which the caller refuses after its one sync) are neither read nor written. The same
-pass sums the digest terms of the old and of the patched words per block."""
+pass sums the digest terms of the old and of the patched words per block (the warp kernel
+takes the old from the class counts' pass)."""
 
 import torch
 import triton
@@ -109,12 +110,13 @@ def _decode_kernel(old_ptr, rows_ptr, prog_ptr, lut_ptr, inv_ptr, base_ptr, seg_
 
 
 def decode(table: blocks.ChunkTable, luts, inverted, n_classes: int, counts, base, seg_word, bitmap, pref, res_off,
-           res, info):
+           res, info, old_sums=None):
     """(offsets in their chunks int32, new bit patterns, [programs, 2] old and new digest word
     sums) of the changes of a chunk table's sparse tensors, by chunk then position. Per
     tensor: `luts` [T, keys] uint8, `inverted` [T, NCP] int8 (at most `n_classes` classes);
-    per block `counts` (class counts) and `base` (class-rank bases) [programs, NCP] int32; per
-    segment (chunk * NCP + class) `seg_word`, `res_off` int64."""
+    per block `counts` (class counts) and `base` (class-rank bases) [programs, NCP] int32,
+    and where the warp kernels run `old_sums` (ranks.stage_counts', int64); per segment
+    (chunk * NCP + class) `seg_word`, `res_off` int64."""
     old = layout.require(table.base, info.int_torch)
     for t, dt in ((bitmap, torch.int32), (pref, torch.int32), (res, torch.int64), (seg_word, torch.int64),
                   (res_off, torch.int64)):
@@ -130,9 +132,10 @@ def decode(table: blocks.ChunkTable, luts, inverted, n_classes: int, counts, bas
     sums = torch.zeros((max(table.programs, 1), 2), dtype=torch.int64, device=old.device)
     starts = block_starts(table, counts, base, seg_word, inverted, bitmap, pref)
     if table.programs and warp.available(old):
+        assert old_sums is not None and old_sums.dtype == torch.int64 and old_sums.shape == (table.programs,)
         warp.launch("place_lanes", table, info, [
             old, table.rows, table.program_chunk, luts, inverted, counts, base, seg_word, bitmap, pref, res_off, res,
-            starts, pos, val, sums, bitmap.numel(), n], NCP=ncp)
+            starts, old_sums, pos, val, sums, bitmap.numel(), n], NCP=ncp)
     elif table.programs:
         _decode_kernel[(table.programs,)](
             old, table.rows, table.program_chunk, luts, inverted, base, seg_word, bitmap, pref, res_off, res,

@@ -48,8 +48,8 @@ def _check_crcs(pack, spans: ChunkSpans, threads) -> None:
 
 def _device_crcs(upload: inflate.Upload, spans: ChunkSpans) -> torch.Tensor:
     """The chunks' CRC-32s computed on the device from their uploaded bytes (int32), on a
-    stream of their own: queued after the decoding kernels, they run beside them rather than
-    after them. The caller's stream waits for them."""
+    stream of their own, so that they run beside other kernels rather than in the decoding
+    chain. The caller's stream waits for them."""
     main = torch.cuda.current_stream(upload.device)
     side = layout.side_stream(upload.device, "crc")
     with torch.cuda.stream(side):
@@ -75,21 +75,46 @@ def _check_result(rec, nbytes: int, s_old: int, s_new: int) -> None:
             f"the pack promises {rec.digest}; the pack is corrupt or was encoded from other weights")
 
 
+PARTS = 1
+"""Batches each element type's sparse tensors are cut into, of about equal numbers of chunks.
+The host's work before a batch's decoding starts on the device (reading its stream tables,
+laying out and launching the decompression) is the first link of the stage's chain; with
+more than one batch, the device decodes one batch while the host prepares the next."""
+
+
 def _by_type(lives: dict[str, Live], recs) -> list[list]:
-    """The records grouped by dtype (a batch each), in header order within a group."""
-    return grouped(recs, lambda r: lives[r.name].info.name)
+    """The records grouped by dtype, each group cut into at most PARTS runs (a batch each), in
+    header order within a group."""
+    return [part for rs in grouped(recs, lambda r: lives[r.name].info.name) for part in _parts(rs, PARTS)]
+
+
+def _parts(recs: list, k: int) -> list[list]:
+    """`recs` cut into at most `k` non-empty consecutive runs of about equal numbers of chunks:
+    each cut at the record boundary nearest to its share."""
+    at = np.concatenate([[0], np.cumsum([len(r.chunks) for r in recs])])  # chunks before each boundary
+    cuts = np.abs(at[:, None] - at[-1] * np.arange(1, k)[None, :] / k).argmin(0)
+    bounds = sorted({0, len(recs), *cuts.tolist()})
+    return [recs[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
 
 
 def _batches(lives: dict[str, Live], groups: list[list], header, spans: ChunkSpans, pack, threads,
-             upload) -> list[SparseBatch]:
-    """A SparseBatch per group; `spans` holds the groups' chunks end to end."""
-    batches, at = [], 0
-    for rs in groups:
-        n = sum(len(r.chunks) for r in rs)
-        batches.append(SparseBatch([lives[r.name] for r in rs], rs, header, spans.part(at, at + n), pack, threads,
-                                   upload))
+             upload) -> tuple[list[SparseBatch], torch.Tensor | None]:
+    """(a SparseBatch per group, the chunks' CRC-32s where the pack's copy to the device is
+    queued at once, else None); `spans` holds the groups' chunks end to end. Every batch's
+    class counts are launched first, then the copy is queued: the CRCs, queued after it,
+    run beside the counts while the host reads the stream tables, not at the end of the
+    decoding chain."""
+    batches = [SparseBatch([lives[r.name] for r in rs], rs, header) for rs in groups]
+    crcs = None
+    if upload is not None:
+        upload.start()
+        crcs = _device_crcs(upload, spans) if upload.queued() else None
+    at = 0
+    for b in batches:
+        n = sum(len(r.chunks) for r in b.recs)
+        b.decode(pack, spans.part(at, at + n), threads, upload)
         at += n
-    return batches
+    return batches, crcs
 
 
 def _read_back(batches: list[SparseBatch], same_sums: torch.Tensor | None, crcs: torch.Tensor | None):
@@ -127,13 +152,14 @@ def stage(lives: dict[str, Live], header, pack, check_base: bool, threads: int |
         else:
             on_host = pool.submit(_check_crcs, pack, spans, threads)
         try:
-            batches = _batches(lives, groups, header, spans, pack, threads, upload)
+            batches, crcs = _batches(lives, groups, header, spans, pack, threads, upload)
         except Exception:
             _check_crcs(pack, spans, threads)  # bytes that fail their CRC explain any error
             raise
         if on_host:
             on_host.result()
-    crcs = _device_crcs(upload, spans) if upload else None
+    if upload and crcs is None:
+        crcs = _device_crcs(upload, spans)
     patch = _patch(lives, header, batches, dense, check)  # host work while the device decodes
     same = [r for r in header.tensors if r.codec == "same" and check]
     same_sums = word_sums([lives[r.name].tensor for r in same]) if same else None

@@ -154,6 +154,15 @@ __device__ __forceinline__ unsigned lanes_below() {
     return m;
 }
 
+// The 8-byte word wi of the elements at run (elements from `left` on are 0).
+__device__ __forceinline__ u64 run_word(const U* run, int wi, int left) {
+    u64 w = 0;
+#pragma unroll
+    for (int k = 0; k < PW; k++)
+        if (wi * PW + k < left) w |= (u64)run[wi * PW + k] << (k * BITS);
+    return w;
+}
+
 // Per block, the number of elements of each class of the live weights ([programs, NCP]
 // int32): the sampler's counts (the trainer's come from the scan's histograms). Order does
 // not matter here, so each lane counts its own elements in registers: the warp's copy of the
@@ -164,11 +173,13 @@ __device__ __forceinline__ unsigned lanes_below() {
 // starts on an 8-byte boundary (every chunk does, unless the live tensor is a view at an odd
 // offset) is read as 8-byte words, PW elements a load. (8.02 -> 4.44 ms on the H200 for the
 // Qwen3-8B-shaped state against a byte per class from a map of class numbers, whose
-// increments cost a shift, two selects and two 8-byte adds an element.)
+// increments cost a shift, two selects and two 8-byte adds an element.) The same pass sums
+// the block's digest terms into old_sums[program], for the placement.
 static_assert(BLOCK <= 65535, "a block's count of a class fits 16 bits");
 
 extern "C" __global__ void __launch_bounds__(WARPS * 32)
-class_counts(const U* old, const i64* rows, const int* prog, const unsigned char* lut, int* counts, i64 programs) {
+class_counts(const U* old, const i64* rows, const int* prog, const unsigned char* lut, int* counts, i64* old_sums,
+             i64 programs) {
     static_assert(NCP <= 16, "a nibble per class in one 8-byte word");
     __shared__ u64 one_hot[WARPS][LUT_SHARED ? NK : 1];  // class c of each key as 1 << 4c
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
@@ -176,6 +187,8 @@ class_counts(const U* old, const i64* rows, const int* prog, const unsigned char
     if (pid >= programs) return;
     const Block bk = table_block(pid, rows, prog);
     const U* po = old + bk.off + bk.first;
+    const i64 word0 = (bk.start + bk.first) / PW;  // the block's first digest word
+    u64 sum = 0;
 #if LUT_SHARED
     for (int k = lane; k < NK; k += 32) one_hot[w][k] = 1ull << (4 * lut[bk.tensor * NK + k]);
     __syncwarp();
@@ -218,9 +231,11 @@ class_counts(const U* old, const i64* rows, const int* prog, const unsigned char
             for (int u = 0; u < LOADS; u++) a[u] = q0 + u * 32 + lane < nw ? __ldcs(pw + q0 + u * 32 + lane) : 0ull;
 #pragma unroll
             for (int u = 0; u < LOADS; u++) {
-                if (q0 + u * 32 + lane < nw)
+                if (q0 + u * 32 + lane < nw) {
+                    sum += term(a[u], (u64)(word0 + q0 + u * 32 + lane));
 #pragma unroll
                     for (int e = 0; e < PW; e++) add((W)((a[u] >> (e * BITS)) & WMASK));
+                }
                 if ((u + 1) % NIB_WORDS == 0 || u == LOADS - 1) to_bytes();
             }
             if (++r == ROUNDS) {
@@ -233,6 +248,7 @@ class_counts(const U* old, const i64* rows, const int* prog, const unsigned char
             add((W)po[i]);
             to_bytes();
         }
+        if (lane == 0 && nw * PW < bk.n) sum += term(run_word(po, nw, bk.n), (u64)(word0 + nw));
     } else {  // a round of UNROLL slices at a time
         static_assert(UNROLL <= 15, "a round's elements fit a nibble");
         const U* const p[1] = {po};
@@ -240,20 +256,28 @@ class_counts(const U* old, const i64* rows, const int* prog, const unsigned char
         each_round(p, bk.n, lane, [&](const W (&x)[1][UNROLL], int s0, bool all) {
 #pragma unroll
             for (int u = 0; u < UNROLL; u++)
-                if (all || s0 + u * 32 + lane < bk.n) add(x[0][u]);
+                if (all || s0 + u * 32 + lane < bk.n) {
+                    add(x[0][u]);
+                    if (PW == 1) sum += term((u64)x[0][u], (u64)(word0 + s0 + u * 32 + lane));
+                }
             to_bytes();
             if (++r == 255 / UNROLL) {
                 to_fields();
                 r = 0;
             }
         });
+        if (PW > 1)  // a block at an odd offset of memory: its words read again, an element at a time
+            for (int q = lane; q * PW < bk.n; q += 32) sum += term(run_word(po, q, bk.n), (u64)(word0 + q));
     }
     to_bytes();
     to_fields();
 #pragma unroll
-    for (int d = 16; d > 0; d >>= 1)
+    for (int d = 16; d > 0; d >>= 1) {
 #pragma unroll
         for (int i = 0; i < 4; i++) f[i] += __shfl_xor_sync(FULL, f[i], d);
+        sum += __shfl_xor_sync(FULL, sum, d);
+    }
+    if (lane == 0) old_sums[pid] = (i64)sum;
     if (lane < NCP) {
         const int j = lane >> 1;  // byte j of the odd or even bytes
         const u64 g = (lane & 1) ? ((j & 1) ? f[3] : f[2]) : ((j & 1) ? f[1] : f[0]);
@@ -414,7 +438,8 @@ scan_words(const U* old, const i64* rows, const int* prog, const U* nw, const i6
 // The sampler's placement: the changes of a chunk table's blocks (a warp each), each
 // block's in position order from starts[pid] (its first output): pos (offset in the chunk),
 // val (new bits); and per block the digest word sums of its old and of its patched words
-// (sums[pid * 2 + {0, 1}]). A changed element is an event of its class, or a non-event of an
+// (sums[pid * 2 + {0, 1}]: the old from class_counts' old_sums, the patched from them and
+// the changed words). A changed element is an event of its class, or a non-event of an
 // inverted class; its residual slot is the events (or the non-events) of its class's segment
 // before it. Slots outside [0, n_res) (corrupt streams, refused by the caller) are neither
 // read nor written. seg_word: first word of each chunk-class segment of the event bitmap;
@@ -424,8 +449,7 @@ scan_words(const U* old, const i64* rows, const int* prog, const U* nw, const i6
 // A lane per run of RUN = BLOCK / 32 consecutive elements. A lane reads its run with 16-byte
 // loads and keeps, in registers, its elements' classes as LPLANES bit masks (bit i of plane
 // b: bit b of element i's class; the class map gives each class with its bits a byte apart,
-// so 8 elements' bits gather with one multiply-add each) and sums its old words' digest
-// terms. Then, for each class with changes in the block (two classes a warp scan): the
+// so 8 elements' bits gather with one multiply-add each). Then, for each class with changes in the block (two classes a warp scan): the
 // class's elements in the lane's run (an AND of the planes), the class rank of the first
 // (the scan), and the run's bits of the class's event bitmap, whose set bits pick the
 // changed elements. Lanes with event bits queue them in shared memory, and the warp maps
@@ -525,20 +549,11 @@ __device__ __forceinline__ u64 bitmap_bits(const int* bitmap, i64 x, int k) {
     return k == 64 ? bits : bits & ((1ull << k) - 1ull);
 }
 
-// Word wi of a lane's run (elements past the block's n are 0).
-__device__ __forceinline__ u64 run_word(const U* run, int wi, int left) {
-    u64 w = 0;
-#pragma unroll
-    for (int k = 0; k < PW; k++)
-        if (wi * PW + k < left) w |= (u64)run[wi * PW + k] << (k * BITS);
-    return w;
-}
-
 extern "C" __global__ void __launch_bounds__(WARPS * 32)
 place_lanes(const U* old, const i64* rows, const int* prog, const unsigned char* lut, const signed char* inv_tab,
             const int* counts, const int* base, const i64* seg_word, const int* bitmap, const int* pref,
-            const i64* roff, const i64* res, const i64* starts, int* pos, U* val, i64* sums, i64 n_words,
-            i64 n_res, i64 programs) {
+            const i64* roff, const i64* res, const i64* starts, const i64* old_sums, int* pos, U* val, i64* sums,
+            i64 n_words, i64 n_res, i64 programs) {
     __shared__ LaneShared shared[WARPS];
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
     const i64 pid = (i64)blockIdx.x * WARPS + w;
@@ -579,12 +594,11 @@ place_lanes(const U* old, const i64* rows, const int* prog, const unsigned char*
         if (lane + 32 * i < NK) sh.lut[lane + 32 * i] = spread_class(lv[i]);
 #endif
     __syncwarp();
-    // the run's classes as planes, and its old words' digest terms
+    // the run's classes as planes
     const i64 word0 = (bk.start + bk.first) / PW + lane * (RUN / PW);
-    u64 pl[4] = {0ull, 0ull, 0ull, 0ull}, sum_old = 0;
+    u64 pl[4] = {0ull, 0ull, 0ull, 0ull};
     unsigned acc = 0;  // the current 8 elements' classes, bit b of element j at bit 8 * b + j
     auto take = [&](u64 word, int wi) {
-        if (wi * PW < left) sum_old += term(word, (u64)(word0 + wi));
 #pragma unroll
         for (int k = 0; k < PW; k++) {
             const int i = wi * PW + k;
@@ -696,13 +710,11 @@ place_lanes(const U* old, const i64* rows, const int* prog, const unsigned char*
     }
     if (wd >= 0) delta += term(now, (u64)(word0 + wd)) - term(was, (u64)(word0 + wd));
 #pragma unroll
-    for (int d = 16; d > 0; d >>= 1) {
-        sum_old += __shfl_xor_sync(FULL, sum_old, d);
-        delta += __shfl_xor_sync(FULL, delta, d);
-    }
+    for (int d = 16; d > 0; d >>= 1) delta += __shfl_xor_sync(FULL, delta, d);
     if (lane == 0) {
-        sums[pid * 2] = (i64)sum_old;
-        sums[pid * 2 + 1] = (i64)(sum_old + delta);
+        const i64 sum_old = old_sums[pid];  // class_counts'
+        sums[pid * 2] = sum_old;
+        sums[pid * 2 + 1] = (i64)((u64)sum_old + delta);
     }
 }
 #endif
