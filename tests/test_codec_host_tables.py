@@ -2,15 +2,13 @@
 temporary tables, the upload of host tables, the fused scatter's program rows, and the cache
 of chunk tables."""
 
-from types import SimpleNamespace
-
 import numpy as np
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from weight_teleport.codec.cuda import blocks, layout, scatter
-from weight_teleport.codec.cuda.stage import _parts, _program_rows
+from weight_teleport.codec.cuda.stage import _program_rows
 from weight_teleport.codec.dtypes import dtype_info
 
 
@@ -97,12 +95,3 @@ def test_chunk_tables_are_reused_for_the_same_pointers_and_sizes():
     assert other.rows is not first.rows and np.array_equal(other.host, blocks.build(grown, 256, 128, info).host)
     assert blocks.build_cached(ws, 512, 128, info).rows is not first.rows  # another chunk size
 
-
-@settings(max_examples=200, deadline=None)
-@given(st.lists(st.integers(0, 50), min_size=1, max_size=30), st.integers(1, 6))
-def test_stage_batches_cut_an_element_type_into_runs_of_about_equal_chunks(chunks, k):
-    recs = [SimpleNamespace(chunks=[None] * n) for n in chunks]
-    runs = _parts(recs, k)
-    assert [r for run in runs for r in run] == recs and all(runs) and len(runs) <= k
-    share, biggest = sum(chunks) / k, max(chunks)
-    assert all(sum(len(r.chunks) for r in run) <= share + biggest for run in runs)

@@ -75,26 +75,9 @@ def _check_result(rec, nbytes: int, s_old: int, s_new: int) -> None:
             f"the pack promises {rec.digest}; the pack is corrupt or was encoded from other weights")
 
 
-PARTS = 1
-"""Batches each element type's sparse tensors are cut into, of about equal numbers of chunks.
-The host's work before a batch's decoding starts on the device (reading its stream tables,
-laying out and launching the decompression) is the first link of the stage's chain; with
-more than one batch, the device decodes one batch while the host prepares the next."""
-
-
 def _by_type(lives: dict[str, Live], recs) -> list[list]:
-    """The records grouped by dtype, each group cut into at most PARTS runs (a batch each), in
-    header order within a group."""
-    return [part for rs in grouped(recs, lambda r: lives[r.name].info.name) for part in _parts(rs, PARTS)]
-
-
-def _parts(recs: list, k: int) -> list[list]:
-    """`recs` cut into at most `k` non-empty consecutive runs of about equal numbers of chunks:
-    each cut at the record boundary nearest to its share."""
-    at = np.concatenate([[0], np.cumsum([len(r.chunks) for r in recs])])  # chunks before each boundary
-    cuts = np.abs(at[:, None] - at[-1] * np.arange(1, k)[None, :] / k).argmin(0)
-    bounds = sorted({0, len(recs), *cuts.tolist()})
-    return [recs[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
+    """The records grouped by dtype (a batch each), in header order within a group."""
+    return grouped(recs, lambda r: lives[r.name].info.name)
 
 
 def _batches(lives: dict[str, Live], groups: list[list], header, spans: ChunkSpans, pack, threads,
