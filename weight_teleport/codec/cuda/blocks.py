@@ -74,9 +74,9 @@ def _per_tensor_kernel(rows_ptr, tensor_ptr, out_ptr, programs, k, G: tl.constex
     lo = tl.min(tl.where(live, t, programs))
     hi = tl.max(tl.where(live, t, -1))
     if lo == hi:  # the run lies in one tensor
-        tl.atomic_add(out_ptr + lo * k + c, tl.sum(x, 0), mask=cols)
+        tl.atomic_add(out_ptr + lo * k + c, tl.sum(x, 0), mask=cols, sem="relaxed")
     else:
-        tl.atomic_add(out_ptr + t[:, None] * k + c[None, :], x, mask=live[:, None] & cols[None, :])
+        tl.atomic_add(out_ptr + t[:, None] * k + c[None, :], x, mask=live[:, None] & cols[None, :], sem="relaxed")
 
 
 def chunk_rows(numels: np.ndarray, chunk_elems: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

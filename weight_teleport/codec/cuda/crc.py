@@ -91,7 +91,7 @@ def _crc_kernel(data_ptr, tables_ptr, progs_ptr, ranges_ptr, out_ptr, SHIFT_BITS
         x2n = tl.load(tables_ptr + 256 + ((k + PIECE_BITS + 3) % 32)).to(tl.uint32, bitcast=True)
         shift = tl.where(((after >> k) & 1) != 0, _mulmod(x2n, shift), shift)
     term = tl.where(live, _mulmod(shift, crc), 0)
-    tl.atomic_xor(out_ptr + r, tl.reduce(term, 0, _xor).to(tl.int32, bitcast=True))
+    tl.atomic_xor(out_ptr + r, tl.reduce(term, 0, _xor).to(tl.int32, bitcast=True), sem="relaxed")
 
 
 def crc32(data: torch.Tensor, offsets: np.ndarray, lengths: np.ndarray) -> torch.Tensor:

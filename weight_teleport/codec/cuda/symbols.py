@@ -138,8 +138,8 @@ def _symbols_kernel(ranks_ptr, res_ptr, ev_cnt_ptr, ev_start_ptr, res_cnt_ptr, r
             sh = at & 31
             lo = ((extra << sh) & 0xFFFFFFFF).to(tl.uint32).to(tl.int32, bitcast=True)
             hi = (extra >> (32 - sh)).to(tl.uint32).to(tl.int32, bitcast=True)
-            tl.atomic_or(words_ptr + bit_word + (at >> 5), lo, mask=m & (ne > 0))
-            tl.atomic_or(words_ptr + bit_word + (at >> 5) + 1, hi, mask=m & (ne > 0) & (sh + ne > 32))
+            tl.atomic_or(words_ptr + bit_word + (at >> 5), lo, mask=m & (ne > 0), sem="relaxed")
+            tl.atomic_or(words_ptr + bit_word + (at >> 5) + 1, hi, mask=m & (ne > 0) & (sh + ne > 32), sem="relaxed")
         bits += tl.sum(ne, 0)
         t += T
     # streams 3 and 4: residual symbols and the escaped residuals' bytes
