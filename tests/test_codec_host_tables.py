@@ -94,4 +94,3 @@ def test_chunk_tables_are_reused_for_the_same_pointers_and_sizes():
     other = blocks.build_cached(grown, 256, 128, info)
     assert other.rows is not first.rows and np.array_equal(other.host, blocks.build(grown, 256, 128, info).host)
     assert blocks.build_cached(ws, 512, 128, info).rows is not first.rows  # another chunk size
-

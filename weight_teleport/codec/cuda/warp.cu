@@ -449,14 +449,14 @@ scan_words(const U* old, const i64* rows, const int* prog, const U* nw, const i6
 // A lane per run of RUN = BLOCK / 32 consecutive elements. A lane reads its run with 16-byte
 // loads and keeps, in registers, its elements' classes as LPLANES bit masks (bit i of plane
 // b: bit b of element i's class; the class map gives each class with its bits a byte apart,
-// so 8 elements' bits gather with one multiply-add each). Then, for each class with changes in the block (two classes a warp scan): the
-// class's elements in the lane's run (an AND of the planes), the class rank of the first
-// (the scan), and the run's bits of the class's event bitmap, whose set bits pick the
-// changed elements. Lanes with event bits queue them in shared memory, and the warp maps
-// them to elements an entry a lane (a select by popcounts per event). Last each lane writes
-// its changes in position order at the block's first output plus the changes of the lanes
-// before it, and adds the changed words' digest terms. Shared memory holds per-class values
-// and the queue.
+// so 8 elements' bits gather with one multiply-add each). Then, for each class with changes
+// in the block (two classes a warp scan): the class's elements in the lane's run (an AND of
+// the planes), the class rank of the first (the scan), and the run's bits of the class's
+// event bitmap, whose set bits pick the changed elements. Lanes with event bits queue them
+// in shared memory, and the warp maps them to elements an entry a lane (a select by
+// popcounts per event). Last each lane writes its changes in position order at the block's
+// first output plus the changes of the lanes before it, and adds the changed words' digest
+// terms. Shared memory holds per-class values and the queue.
 // (25.2 -> 20.7 ms on the H200 against ranking every element with __match_any_sync and a
 // queue of changes in shared memory: 15.9 G instead of 20.2 G instructions; the queue of
 // event bits 20.7 -> 18.8 ms against each lane selecting its own events, 2.6 lanes of 32
