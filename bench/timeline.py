@@ -24,7 +24,7 @@ from weight_teleport.format import container
 
 SPOTS = {
     "stage": [(api, "read_header"), (api, "_lives"), (stage, "_batches"), (stage_sparse.SparseBatch, "__init__"),
-              (stage_sparse.SparseBatch, "_read"), (stage_sparse.SparseBatch, "_run"), (stage_sparse.cpu, "class_maps"),
+              (stage_sparse.SparseBatch, "_read"), (stage_sparse.SparseBatch, "decode"), (stage_sparse.cpu, "class_maps"),
               (tables, "read"),
               (blocks, "build"), (ranks, "table_counts"), (inflate, "_on_gpu"), (inflate.Upload, "bytes"),
               (inflate, "_upload"), (entropy, "decompress"), (layout, "to_device"), (unsymbols, "decode"),

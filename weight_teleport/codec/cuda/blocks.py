@@ -131,7 +131,7 @@ def build_cached(flats: list[torch.Tensor], chunk_elems: int, block: int, info=N
         if len(_cached) >= CACHED:
             _cached.clear()
         table = build(flats, chunk_elems, block, info)
-        _cached[key] = dataclasses.replace(table, base=None), int(np.argmin([t.data_ptr() for t in flats]))
+        _cached[key] = dataclasses.replace(table, base=None), _elements_from_base(flats)[1]
         return table
     table, base = _cached[key]
     return dataclasses.replace(table, base=_base(flats[base], info))

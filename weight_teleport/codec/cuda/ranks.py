@@ -140,15 +140,18 @@ def stage_block(tensor: torch.Tensor) -> int:
 
 
 def table_counts(table: blocks.ChunkTable, luts: torch.Tensor, info, ncp: int, n_classes: int,
-                 new: blocks.Paired | None = None, inverted: torch.Tensor | None = None,
-                 old_sums: torch.Tensor | None = None):
+                 new: blocks.Paired | None = None, inverted: torch.Tensor | None = None):
     """[programs, ncp] int32 counts of each class's elements per block of a chunk table's
     tensors; `luts` [tensors, keys] uint8 are their class maps (at most `n_classes` classes).
-    With the new tensors `new` and the [tensors, ncp] int8 `inverted` flags, also returns
-    each block's event counts (the Triton kernel: where the warp kernels run, the trainer
-    takes its counts from the scan's histograms, warp.hist_counts). Where the warp kernel
-    counts (no `new`), it also fills `old_sums` ([programs] int64, when given) with each
-    block's digest word sum of the weights it reads."""
+    Returned with:
+    - without `new` (the sampler's live weights): each block's digest word sum of the
+      weights ([programs] int64) where the warp kernel counts, else None. It reads every
+      word anyway and runs while the host reads the pack's tables, so the placement
+      (warp.cu's place_lanes) takes these sums instead of computing them on the stage's
+      critical path; the Triton placement sums them itself.
+    - with the new tensors `new` and the [tensors, ncp] int8 `inverted` flags: each block's
+      event counts (the Triton kernel: where the warp kernels run, the trainer takes its
+      counts from the scan's histograms, warp.hist_counts)."""
     layout.require(table.base, info.int_torch)
     nk = 1 << info.exponent_bits
     fast = table.programs and new is None and warp.available(table.base)
@@ -163,32 +166,18 @@ def table_counts(table: blocks.ChunkTable, luts: torch.Tensor, info, ncp: int, n
         assert inverted.dtype == torch.int8 and inverted.is_contiguous() and inverted.shape[1] == ncp
         events = torch.empty_like(counts)
     if fast:
-        if old_sums is None:
-            old_sums = torch.empty(table.programs, dtype=torch.int64, device=table.base.device)
-        assert old_sums.dtype == torch.int64 and old_sums.shape == (table.programs,) and old_sums.is_contiguous()
+        old_sums = torch.empty(table.programs, dtype=torch.int64, device=table.base.device)
         warp.launch("class_counts", table, info, [table.base, table.rows, table.program_chunk, luts, counts, old_sums],
                     NCP=ncp)
-    elif table.programs:
+        return counts, old_sums
+    if table.programs:
         _table_counts_kernel[(table.programs,)](
             table.base, table.rows, table.program_chunk, luts, counts,
             table.base if new is None else new.base, table.rows if new is None else new.offsets,
             luts if inverted is None else inverted, events, NK=nk, MANT=info.mantissa_bits,
             KMASK=nk - 1, BITS=info.bits, NCP=ncp, HAS_NEW=new is not None,
             BLOCK=BLOCK, ROW=COUNT_ROW, num_warps=NUM_WARPS)
-    return counts if new is None else (counts, events)
-
-
-def stage_counts(table: blocks.ChunkTable, luts: torch.Tensor, info, ncp: int,
-                 n_classes: int) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The sampler's `table_counts` of its live weights, and where the warp kernels run each
-    block's digest word sum of those weights ([programs] int64), else None. The count kernel
-    reads every word anyway and runs while the host reads the pack's tables, so the
-    placement (warp.cu's place_lanes) takes its sums instead of computing them on the
-    stage's critical path; the Triton placement sums them itself."""
-    sums = None
-    if table.programs and warp.available(table.base):
-        sums = torch.empty(table.programs, dtype=torch.int64, device=table.base.device)
-    return table_counts(table, luts, info, ncp, n_classes, old_sums=sums), sums
+    return counts, (None if new is None else events)
 
 
 @triton.jit

@@ -39,15 +39,37 @@ class SparseBatch:
         dev = self.table.base.device
         self.luts = layout.upload(luts, dev)
         self.inv = layout.upload(self._inv_tensors, dev)
-        self.counts, self.old_sums = ranks.stage_counts(self.table, self.luts, self.info, self.ncp,
+        self.counts, self.old_sums = ranks.table_counts(self.table, self.luts, self.info, self.ncp,
                                                         int(self.n_classes.max()))
         self.base, self.tot = ranks.table_bases(self.counts, self.table)
 
     def decode(self, pack, spans: ChunkSpans, threads: int | None, upload: inflate.Upload | None = None) -> None:
         """Reads the stream tables (a compiled walk, while the device works) and launches the
         decoding; `spans`: the records' chunks, in order."""
-        self.streams = self._read(pack, spans)
-        self._run(pack, self.table.base.device, threads, upload, self._inv_tensors)
+        st = self.streams = self._read(pack, spans)
+        dev = self.table.base.device
+        # the decompression first: the chain of kernels starts there, and the host's work
+        # before its launch is the stage's critical path (the checks after it: 41.8 ms either
+        # way on the H200, 12 alternated calls)
+        inf = inflate.inflate(pack, st, dev, threads, upload)
+        self.inverted = self._inv_tensors[self.table.host[:, blocks.TENSOR]].reshape(-1).astype(bool)
+        self.res_cnt = np.where(self.inverted, st.raw[:, 2], st.events)
+        self._check_lengths()
+        n_res = int(self.res_cnt.sum())
+        ev, res_cnt, inv, raw, res_off = layout.to_device(
+            [st.events, self.res_cnt, self.inverted, st.raw, layout.starts(self.res_cnt)], dev)
+        inv = inv != 0
+        tot = self.tot.view(-1)
+        seg_word = layout.starts((tot + 31) // 32)
+        n_words = int((-(-self.table.host[:, blocks.LEN] // 32)).sum()) + self.table.chunks * self.ncp
+        dec = unsymbols.decode(inf.buffer, layout.to_device([inf.offsets], dev)[0], raw, ev, res_cnt, inv, seg_word,
+                               n_words, n_res, self.info.bits)
+        unfit = (ev > tot).any() | (inv & (res_cnt != tot - ev)).any() | ((ev > 0) & (dec.last_rank >= tot)).any()
+        self.pos, self.val, sums = sparse_decode.decode(
+            self.table, self.luts, self.inv, int(self.n_classes.max()), self.counts, self.base, seg_word, dec.bitmap,
+            bitmap.prefix(dec.bitmap), res_off, dec.residuals, self.info, self.old_sums)
+        self.sums = self.table.per_tensor(sums)
+        self.flags = torch.stack([inf.failed, dec.malformed, unfit])
 
     def _chunk_table(self, chunk_elems: int) -> blocks.ChunkTable:
         """The chunk table of the batch's live tensors. A contiguous tensor's rows need only
@@ -69,32 +91,6 @@ class SparseBatch:
             raise PackFormatError("sparse class streams disagree with their event count")
         if (raw[:, 3] % self.info.nbytes).any():
             raise PackFormatError("stream length is not a whole number of elements")
-
-    def _run(self, pack, dev, threads, upload, inv_tensors: np.ndarray) -> None:
-        """`inv_tensors`: [tensors, ncp] inverted flags of the classes (host)."""
-        st = self.streams
-        # the decompression first: the chain of kernels starts there, and the host's work
-        # before its launch is the stage's critical path (the checks after it: 41.8 ms either
-        # way on the H200, 12 alternated calls)
-        inf = inflate.inflate(pack, st, dev, threads, upload)
-        self.inverted = inv_tensors[self.table.host[:, blocks.TENSOR]].reshape(-1).astype(bool)
-        self.res_cnt = np.where(self.inverted, st.raw[:, 2], st.events)
-        self._check_lengths()
-        n_res = int(self.res_cnt.sum())
-        ev, res_cnt, inv, raw, res_off = layout.to_device(
-            [st.events, self.res_cnt, self.inverted, st.raw, layout.starts(self.res_cnt)], dev)
-        inv = inv != 0
-        tot = self.tot.view(-1)
-        seg_word = layout.starts((tot + 31) // 32)
-        n_words = int((-(-self.table.host[:, blocks.LEN] // 32)).sum()) + self.table.chunks * self.ncp
-        dec = unsymbols.decode(inf.buffer, layout.to_device([inf.offsets], dev)[0], raw, ev, res_cnt, inv, seg_word,
-                               n_words, n_res, self.info.bits)
-        unfit = (ev > tot).any() | (inv & (res_cnt != tot - ev)).any() | ((ev > 0) & (dec.last_rank >= tot)).any()
-        self.pos, self.val, sums = sparse_decode.decode(
-            self.table, self.luts, self.inv, int(self.n_classes.max()), self.counts, self.base, seg_word, dec.bitmap,
-            bitmap.prefix(dec.bitmap), res_off, dec.residuals, self.info, self.old_sums)
-        self.sums = self.table.per_tensor(sums)
-        self.flags = torch.stack([inf.failed, dec.malformed, unfit])
 
     @cached_property
     def chunk_changes(self) -> np.ndarray:
