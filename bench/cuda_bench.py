@@ -184,6 +184,8 @@ def main() -> None:
     digest_ms = cuda_ms(lambda: word_sums(list(old.values())))
     scan_ms, count_ms = gpu_passes(old, new)
     enc_s, pack = wall_s(lambda: wt.encode_delta(old, new, base_version=0, version=1), 5)
+    enc_pinned_s, pinned_out = wall_s(lambda: wt.encode_delta(old, new, base_version=0, version=1, pinned=True), 5)
+    assert bytes(pinned_out) == pack
     nvz_s, nvz_pack = wall_s(lambda: wt.encode_delta(old, new, base_version=0, version=1,
                                                      cuda=CudaCodecConfig(huffman=False)), 5)
     ans_s, ans_pack = wall_s(lambda: wt.encode_delta(old, new, base_version=0, version=1,
@@ -213,6 +215,8 @@ def main() -> None:
         ("stage class counts, 16 classes (one launch)", f"{gb / (count_ms / 1e3):.0f} GB/s", f"{count_ms:.2f} ms",
          f"{floor(2 * n):.2f} ms"),
         ("encode_delta end to end (Huffman zstd frames)", f"{gb / enc_s:.1f} GB/s", f"{enc_s * 1e3:.0f} ms",
+         f"{floor(4 * n):.2f} ms"),
+        ("encode_delta, pack into pinned memory", f"{gb / enc_pinned_s:.1f} GB/s", f"{enc_pinned_s * 1e3:.0f} ms",
          f"{floor(4 * n):.2f} ms"),
         ("encode_delta end to end (nvCOMP zstd)", f"{gb / nvz_s:.1f} GB/s", f"{nvz_s * 1e3:.0f} ms", f"{floor(4 * n):.2f} ms"),
         ("encode_delta end to end (nvCOMP ANS)", f"{gb / ans_s:.1f} GB/s", f"{ans_s * 1e3:.0f} ms", f"{floor(4 * n):.2f} ms"),

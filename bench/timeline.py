@@ -31,11 +31,13 @@ SPOTS = {
               (bitmap, "prefix"), (sparse_decode, "decode"), (stage, "_device_crcs"), (stage, "_patch"),
               (stage, "word_sums"), (stage, "_read_back"), (inflate, "_layout"), (entropy, "_ptr_table"),
               (stage, "_fused_group")],
-    "encode": [(encode, "_scan_rows"), (encode, "_records"), (encode, "plan_many"), (encode_batch, "events"),
-               (encode_batch, "_class_tables"), (blocks, "build"), (warp, "hist_counts"), (ranks, "table_bases"),
-               (sparse_encode, "events"), (symbols, "encode"), (chunk_bytes, "code"), (huffman, "plan"),
-               (huffman, "write"), (chunk_bytes, "assemble"), (chunk_bytes, "_to_host"), (layout, "to_device"),
-               (encode, "_lay_out"), (api, "write_pack"), (container, "_join")],
+    "encode": [(encode, "_scan_rows"), (encode, "_plans"), (encode, "_records"), (encode, "plan_many"),
+               (encode_batch, "events"), (encode_batch, "encode"), (encode_batch, "_class_tables"), (blocks, "build"),
+               (blocks, "pair"), (warp, "hist_counts"), (ranks, "table_bases"), (sparse_encode, "events"),
+               (symbols, "encode"), (chunk_bytes, "code"), (huffman, "plan"), (huffman, "frame_sizes"),
+               (huffman, "write"), (chunk_bytes, "assemble"), (tables, "write"), (chunk_bytes, "gather"),
+               (chunk_bytes, "crc32"), (chunk_bytes, "_to_host"), (layout, "to_device"), (layout, "upload"),
+               (encode, "_lay_out"), (api, "write_pack"), (container, "_header_json"), (container, "_join")],
 }
 """(owner, function name) of the host spans traced for each call."""
 
@@ -106,11 +108,12 @@ def main() -> None:
     ap.add_argument("--model", default="qwen3-8b")
     ap.add_argument("--lr", type=float, default=5e-7)
     ap.add_argument("--min-ms", type=float, default=0.3)
-    ap.add_argument("--pinned", action="store_true", help="stage a pack held in pinned host memory")
+    ap.add_argument("--pinned", action="store_true", help="stage a pack held in pinned host memory; encode one "
+                    "into pinned memory")
     args = ap.parse_args()
     old, new = make_delta(args.model, args.lr)
     if args.what == "encode":
-        call = lambda: wt.encode_delta(old, new, base_version=0, version=1)
+        call = lambda: wt.encode_delta(old, new, base_version=0, version=1, pinned=args.pinned)
     else:
         pack = wt.encode_delta(old, new, base_version=0, version=1)
         del new

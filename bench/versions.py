@@ -7,11 +7,12 @@ on the CPU. Checks that every version writes the same pack and that its stage + 
 bit-exact, then prints per version the median, min and max wall time of each call (CUDA
 synchronised).
 
-    python bench/versions.py 1806e1a . [--calls 10] [--what encode,stage,pinned] [--model qwen3-8b]
+    python bench/versions.py 1806e1a . [--calls 10] [--what encode,encode_pinned,stage,pinned] [--model qwen3-8b]
 """
 
 import argparse
 import importlib
+import inspect
 import re
 import shutil
 import subprocess
@@ -52,13 +53,13 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("versions", nargs="+", help="git revisions or directories holding weight_teleport/")
     ap.add_argument("--calls", type=int, default=10)
-    ap.add_argument("--what", default="encode,stage", help="of encode, stage, pinned (stage of the pack in "
-                    "pinned memory, CUDA only)")
+    ap.add_argument("--what", default="encode,stage", help="of encode, encode_pinned (the pack written into "
+                    "pinned memory), stage, pinned (stage of the pack in pinned memory); the pinned ones CUDA only")
     ap.add_argument("--model", default=None, help="default: qwen3-8b on CUDA, qwen3-0.6b on the CPU")
     args = ap.parse_args()
     device = "cuda" if torch.cuda.is_available() else "cpu"
     if "pinned" in args.what and device != "cuda":
-        ap.error("--what pinned stages a pack in pinned memory: CUDA only")
+        ap.error("--what pinned and encode_pinned use pinned memory: CUDA only")
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     tmp = Path(tempfile.mkdtemp(prefix="wt_versions_"))
     sys.path.insert(0, str(tmp))
@@ -79,11 +80,17 @@ def main() -> None:
         for m in mods.values():  # untimed: each version's first stage of a pinned pack took 0.9-1.6 s
             m.stage_delta(state, pinned)
     calls = {"encode": lambda m: m.encode_delta(old, new, base_version=0, version=1),
+             "encode_pinned": lambda m: m.encode_delta(old, new, base_version=0, version=1, pinned=True),
              "stage": lambda m: m.stage_delta(state, pack), "pinned": lambda m: m.stage_delta(state, pinned)}
+    if "encode_pinned" in args.what:  # versions without pinned packs are left out of its rows
+        mods_of = {v: m for v, m in mods.items() if "pinned" in inspect.signature(m.encode_delta).parameters}
+        for v, m in mods_of.items():
+            same = bytes(calls["encode_pinned"](m)) == pack
+            print(f"{v}: pack in pinned memory {'the same' if same else 'DIFFERENT'}", flush=True)
     times: dict = {}
     for _ in range(args.calls):
         for what in args.what.split(","):
-            for v, m in mods.items():
+            for v, m in (mods_of if what == "encode_pinned" else mods).items():
                 sync()
                 s = time.perf_counter()
                 calls[what](m)

@@ -29,6 +29,7 @@ from weight_teleport.errors import WeightTeleportError  # noqa: E402
 from weight_teleport.format import read_header  # noqa: E402
 
 layout.on_device = lambda t: True  # the interpreter runs the kernels on CPU tensors
+layout.pinned_empty = lambda n: np.empty(n, np.uint8)  # no pinned memory without CUDA
 PORTABLE = CudaCodecConfig(use_nvcomp=False)
 
 
@@ -198,6 +199,10 @@ def main() -> int:
                                                    cuda=PORTABLE))
         if gpu_pack != cpu_pack:
             failures.append(f"{name}: GPU-path pack differs from the CPU's")
+        in_place = on(gpu, lambda: wt.encode_delta(old, new, base_version=0, version=1, chunk_elems=4096,
+                                                   cuda=PORTABLE, pinned=True))
+        if bytes(in_place) != cpu_pack:
+            failures.append(f"{name}: GPU-path pack written around its payload (pinned=True) differs from the CPU's")
         if "classes" in name and max(c for t in read_header(cpu_pack).tensors for _, c in t.classes) != 15:
             failures.append(f"{name}: the plans do not reach 16 classes")
         state = {k: v.clone() for k, v in old.items()}

@@ -267,6 +267,33 @@ def test_pack_in_pinned_memory_is_staged_from_where_it_is(monkeypatch):
     assert_bits_equal(_cpu(state), old)
 
 
+def test_pinned_packs_are_the_bytes_packs(monkeypatch):
+    """encode_delta(pinned=True) writes the `bytes` pack's bytes into pinned memory: one
+    batch's payload is copied from the GPU behind room for the header and not copied again;
+    several batches, dense tensors and snapshots are joined into it on the host."""
+    from weight_teleport.codec.cuda import layout
+    from weight_teleport.format import container
+    joins = []
+    fill = container.fill
+    monkeypatch.setattr(container, "fill", lambda dst, parts, *a: joins.append(len(parts)) or fill(dst, parts, *a))
+    old, new = _pair(11, torch.bfloat16, "density", 0.05, shape=(300, 70))
+    pack = wt.encode_delta(_cuda(old), _cuda(new), base_version=0, version=1, chunk_elems=2048, pinned=True)
+    assert isinstance(pack, np.ndarray) and layout.pinned(pack) is not None and not joins
+    assert bytes(pack) == wt.encode_delta(_cuda(old), _cuda(new), base_version=0, version=1, chunk_elems=2048)
+    state = _cuda(old)
+    wt.apply_delta(state, pack, base_version=0)
+    assert_bits_equal(_cpu(state), new)
+    old, new = {}, {}
+    for i, (dt, mode, p) in enumerate([(torch.bfloat16, "density", 0.02), (torch.float32, "density", 0.05),
+                                       (torch.float16, "all", 0.0)]):
+        old[f"t{i}"], new[f"t{i}"] = make_pair(30 + i, dt, (70, 33), "weights", mode, "ulp", p)
+    cfg = CudaCodecConfig(use_nvcomp=False)
+    pack = wt.encode_delta(_cuda(old), _cuda(new), base_version=0, version=1, chunk_elems=512, cuda=cfg, pinned=True)
+    assert bytes(pack) == wt.encode_delta(old, new, base_version=0, version=1, chunk_elems=512) and joins
+    snap = wt.encode_snapshot(_cuda(new), version=1, pinned=True)
+    assert layout.pinned(snap) is not None and bytes(snap) == wt.encode_snapshot(new, version=1)
+
+
 @pytest.mark.parametrize("budget", [None, 1 << 30, 0])
 def test_staged_patch_held_on_device_or_in_pinned_host_memory(budget):
     """Over its device budget a staged patch moves to pinned host memory; apply is the same."""

@@ -236,3 +236,42 @@ def test_fill_copies_parts_end_to_end(sizes, threshold, monkeypatch):
     assert dst.tobytes() == b"".join(bytes(p) for p in parts)
     with pytest.raises(AssertionError):
         container.fill(np.zeros(sum(sizes) + 1, np.uint8), parts)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.text(max_size=30), st.lists(st.integers(0, 2**40), max_size=4), st.integers(0, 40),
+                          st.integers(0, 16), st.integers(0, 4)), min_size=1, max_size=6))
+def test_prefix_bound_covers_any_header_of_the_records(specs):
+    """The room the CUDA encoder leaves before its payload: at least the preamble and the
+    stored header, whatever the chunk references and the header's other fields hold."""
+    records = [TensorRecord(name=name, dtype="float64", shape=tuple(shape), codec="sparse", digest="f" * 16,
+                            base_digest="e" * 16, changed=2**62, classes=[(k, k % 16) for k in range(0, 50 * runs, 50)],
+                            inverted=list(range(inv)))
+               for name, shape, runs, inv, _ in specs]
+    bound = container.prefix_bound(records, sum(s[-1] for s in specs))
+    for rec, spec in zip(records, specs):
+        rec.chunks = [ChunkRef(2**63 - 1, 2**63 - 1, 0xFFFFFFFF)] * spec[-1]
+    header = PackHeader(kind="snapshot", version=2**63 - 1, base_version=2**63 - 1, chunk_elems=1 << 22,
+                        tensors=records, stream_codecs=["raw", "zstd", "nvcomp_ans"])
+    assert len(container._prefix(header, 2**63 - 1)) <= bound
+
+
+def test_pack_written_around_a_payload_with_room_before_it(monkeypatch):
+    """write_pack_into: the bytes write_pack gives; around a payload that is a view with room
+    before it in a larger array, in place (the payload not copied), else copied into memory
+    from `empty`."""
+    payload = np.random.default_rng(1).integers(0, 256, 5000, np.uint8)
+    header = _header(3)
+    for i, rec in enumerate(header.tensors):
+        rec.chunks = [ChunkRef(1000 * i, 1000, zlib.crc32(payload[1000 * i:1000 * (i + 1)]))]
+    expected = write_pack(header, [payload])
+    room = container.prefix_bound(_header(3).tensors, 3)
+    whole = np.zeros(room + payload.size + 16, np.uint8)
+    whole[room:room + payload.size] = payload
+    empty = lambda n: np.zeros(n, np.uint8)
+    got = container.write_pack_into(header, [whole[room:room + payload.size]], empty)
+    assert got.tobytes() == expected and np.shares_memory(got, whole)
+    whole[5:5 + payload.size] = payload
+    for chunks in ([whole[5:5 + payload.size]], [bytes(payload)], [payload[:10], memoryview(payload)[10:]], [payload]):
+        got = container.write_pack_into(header, chunks, empty)
+        assert got.tobytes() == expected and not np.shares_memory(got, whole) and not np.shares_memory(got, payload)

@@ -7,8 +7,10 @@ from weight_teleport.format.container import (
     PackHeader,
     TensorRecord,
     chunk_payload,
+    prefix_bound,
     read_header,
     write_pack,
+    write_pack_into,
 )
 from weight_teleport.format.groups import Group, Stream, read_groups, write_groups
 
@@ -21,8 +23,10 @@ __all__ = [
     "Stream",
     "TensorRecord",
     "chunk_payload",
+    "prefix_bound",
     "read_groups",
     "read_header",
     "write_groups",
     "write_pack",
+    "write_pack_into",
 ]

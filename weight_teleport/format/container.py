@@ -182,8 +182,8 @@ def collections_paused():
                 gc.enable()
 
 
-def write_pack(header: PackHeader, chunks: list[bytes]) -> bytes:
-    """Serialise a pack. `header.tensors[*].chunks` must already point into `chunks` laid end to end."""
+def _prefix(header: PackHeader, payload_len: int) -> bytes:
+    """The preamble and the stored header of a pack whose payload has `payload_len` bytes."""
     with collections_paused():
         head = _header_json(header)
     flags = 0
@@ -191,9 +191,39 @@ def write_pack(header: PackHeader, chunks: list[bytes]) -> bytes:
         packed = zstandard.ZstdCompressor(level=1, write_checksum=False).compress(head)
         if len(packed) < len(head):
             head, flags = packed, FLAG_HEADER_ZSTD
-    payload_len = sum(len(c) for c in chunks)
-    pre = PREAMBLE.pack(MAGIC, FORMAT_VERSION, flags, len(head), zlib.crc32(head), payload_len)
-    return _join([pre, head, *chunks])
+    return PREAMBLE.pack(MAGIC, FORMAT_VERSION, flags, len(head), zlib.crc32(head), payload_len) + head
+
+
+def prefix_bound(records: list[TensorRecord], n_chunks: int) -> int:
+    """At least the preamble and stored header of any pack of `records` (given without their
+    chunks) once they hold `n_chunks` chunks in all: the header's JSON without the chunks,
+    plus the longest JSON a chunk reference and a record's chunk list can take."""
+    with collections_paused():
+        head = _header_json(PackHeader("snapshot", 0, None, 0, records))
+    return PREAMBLE.size + len(head) + 512 + 16 * len(records) + 56 * n_chunks
+
+
+def write_pack(header: PackHeader, chunks: list[bytes]) -> bytes:
+    """Serialise a pack. `header.tensors[*].chunks` must already point into `chunks` laid end to end."""
+    return _join([_prefix(header, sum(memoryview(c).nbytes for c in chunks)), *chunks])
+
+
+def write_pack_into(header: PackHeader, chunks: list, empty) -> np.ndarray:
+    """`write_pack`, as a uint8 array of memory from `empty(n)` (n bytes, writable; pinned
+    host memory, say). Where `chunks` is one uint8 array that is a view of a larger array
+    with room for the preamble and header before it (the CUDA encoder's payload, copied from
+    the GPU behind such room), the pack is written around it, and the payload is not copied."""
+    n = sum(memoryview(c).nbytes for c in chunks)
+    pre = _prefix(header, n)
+    if len(chunks) == 1 and isinstance(chunks[0], np.ndarray) and isinstance(chunks[0].base, np.ndarray):
+        payload, whole = chunks[0], chunks[0].base
+        at = payload.ctypes.data - whole.ctypes.data
+        if whole.dtype == np.uint8 and whole.flags.writeable and payload.flags.c_contiguous and at >= len(pre):
+            whole[at - len(pre):at] = np.frombuffer(pre, np.uint8)
+            return whole[at - len(pre):at + n]
+    out = empty(len(pre) + n)
+    fill(out, [pre, *chunks])
+    return out
 
 
 def _join(parts: list) -> bytes:

@@ -117,8 +117,14 @@ def begin_encode() -> None:
     _staging.used = 0
 
 
-def _to_host(t: torch.Tensor) -> np.ndarray:
-    """A copy of device bytes in the next staging buffer of this encode call."""
+def _to_host(t: torch.Tensor, room: int | None = None) -> np.ndarray:
+    """A copy of device bytes in the next staging buffer of this encode call, or with `room`
+    in fresh pinned memory (torch's caching allocator) `room` bytes past its start (a view of
+    the whole)."""
+    if room is not None:
+        whole = torch.empty(room + t.numel(), dtype=torch.uint8, pin_memory=t.is_cuda)
+        whole[room:].copy_(t)
+        return whole.numpy()[room:]
     i, n = _staging.used, t.numel()
     if i == len(_staging.buffers):
         _staging.buffers.append(torch.empty(0, dtype=torch.uint8))
@@ -141,9 +147,9 @@ class Payload:
     crcs: np.ndarray
 
 
-def assemble(st: symbols.SymbolStreams, coded: Coded, n_groups: np.ndarray) -> Payload:
+def assemble(st: symbols.SymbolStreams, coded: Coded, n_groups: np.ndarray, room: int | None = None) -> Payload:
     """The sparse chunks whose segments are `st`'s rows ([chunks * NCP], NCP per chunk),
-    chunk k with n_groups[k] classes."""
+    chunk k with n_groups[k] classes; copied to the host as `_to_host` does with `room`."""
     n = n_groups.size
     ncp = st.lengths.shape[0] // n
     events = st.lengths[:, 0].reshape(n, ncp)
@@ -163,5 +169,5 @@ def assemble(st: symbols.SymbolStreams, coded: Coded, n_groups: np.ndarray) -> P
         gather(src, out, coded.src_off.ravel()[take], dst.ravel()[take], body.ravel()[take])
     gather(layout.upload(head, out.device), out, layout.starts(head_len), offsets, head_len)
     out[crc_at:].view(torch.int32).copy_(crc32(out[:size], offsets, lengths))
-    host = _to_host(out)
+    host = _to_host(out, room)
     return Payload(host[:size], offsets, lengths, host[crc_at:].view(np.uint32).astype(np.int64))

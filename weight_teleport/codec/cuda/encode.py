@@ -18,7 +18,7 @@ from weight_teleport.codec.cuda.config import CudaCodecConfig
 from weight_teleport.codec.cuda.live import EncodeItem, flat_bits, grouped
 from weight_teleport.codec.cuda.scan import SPAN, aligned, scan
 from weight_teleport.codec.plan import SPARSE_MAX_DENSITY, plan_many
-from weight_teleport.format import ChunkRef, TensorRecord
+from weight_teleport.format import ChunkRef, TensorRecord, prefix_bound
 
 DEFAULT_CONFIG = CudaCodecConfig()
 
@@ -53,7 +53,7 @@ def _scan_rows(items: list[EncodeItem], chunk_elems: int) -> tuple[list[np.ndarr
     for g in groups:
         olds, news = [aligned(items[i].old) for i in g], [aligned(items[i].new) for i in g]  # alive until launched
         info = items[g[0]].info
-        table = blocks.build(olds, chunk_elems, SPAN, info)
+        table = blocks.build_cached(olds, chunk_elems, SPAN, info)
         done = scan(table, blocks.pair(news, table, info), info)
         outs.append(done.rows)
         per = np.bincount(table.host[:, blocks.TENSOR], -(-table.host[:, blocks.LEN] // SPAN), len(g)).astype(np.int64)
@@ -101,10 +101,13 @@ def _records(items: list[EncodeItem], rows: list[np.ndarray], changed: np.ndarra
 
 
 def encode(items: list[EncodeItem], chunk_elems: int, level: int, threads: int | None,
-           config: CudaCodecConfig = DEFAULT_CONFIG):
+           config: CudaCodecConfig = DEFAULT_CONFIG, pinned: bool = False):
     """Records (chunk offsets into the concatenation of the returned parts) and the payload
     as bytes-like parts (valid until this thread's next encode call). Dense and snapshot
-    tensors are coded by the CPU backend."""
+    tensors are coded by the CPU backend. With `pinned`, a payload that is one batch's alone
+    (every changed tensor sparse and of one element type) is copied from the device into
+    fresh pinned host memory with room for the pack's preamble and header before it, and is
+    the one part (format.write_pack_into writes the pack around it)."""
     chunk_bytes.begin_encode()
     layout.begin_call()
     if any(it.old is None for it in items):
@@ -118,19 +121,22 @@ def encode(items: list[EncodeItem], chunk_elems: int, level: int, threads: int |
         for i, rec, ch in zip(dense, *_on_cpu([items[i] for i in dense], chunk_elems, level, threads)):
             on_cpu[i], parts[i] = rec, ch
     sparse = [i for i, p in enumerate(plans) if p is not None and i not in on_cpu]
-    records = None
-    for g in _by_type(items, sparse):
+    records, groups, room = None, _by_type(items, sparse), None
+    for g in groups:
         b = encode_batch.Batch([items[i] for i in g], [plans[i] for i in g], sum(plans[i].events for i in g),
                                int(changed[g].sum()), torch.cat([hists[i] for i in g]))
         ev = encode_batch.events(b, chunk_elems)
         records = records or _records(items, rows, changed, plans)  # while the device works on the first batch
-        done = encode_batch.encode(ev, config, level, threads or os.cpu_count() or 1)
+        if pinned and len(groups) == 1 and not on_cpu:
+            room = prefix_bound(records, int(ev.first_chunk[-1]))
+        done = encode_batch.encode(ev, config, level, threads or os.cpu_count() or 1, room)
         for j, i in enumerate(g):
             parts[i] = _tensor_part(done, j)
     records = records or _records(items, rows, changed, plans)
     for i, rec in on_cpu.items():
         records[i] = rec
-    return _lay_out(records, parts)
+    records, parts = _lay_out(records, parts)
+    return records, parts if room is None else [done.payload.data]
 
 
 def _tensor_part(done: encode_batch.Encoded, j: int):

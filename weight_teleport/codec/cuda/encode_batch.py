@@ -63,7 +63,7 @@ def events(b: Batch, chunk_elems: int) -> Events:
     luts, inv, k, ncp = _class_tables(b.plans, dev)
     olds = [it.old for it in b.items]
     fast = warp.available(olds[0])  # the scan's blocks, their class counts from its histograms
-    table = blocks.build(olds, chunk_elems, scan.SPAN if fast else ranks.BLOCK, info)
+    table = blocks.build_cached(olds, chunk_elems, scan.SPAN if fast else ranks.BLOCK, info)
     new = blocks.pair([it.new for it in b.items], table, info)
     if fast:
         counts, evc = warp.hist_counts(b.hist, table, luts, inv, info, ncp)
@@ -81,9 +81,10 @@ def events(b: Batch, chunk_elems: int) -> Events:
                   np.concatenate([[0], np.cumsum(n_chunks)]))
 
 
-def encode(ev: Events, cfg: CudaCodecConfig, level: int, threads: int) -> Encoded:
+def encode(ev: Events, cfg: CudaCodecConfig, level: int, threads: int, room: int | None = None) -> Encoded:
     """The chunks of every tensor of the batch whose events `ev` are (host syncs: stream
-    lengths, coded sizes, the payload's copy)."""
+    lengths, coded sizes, the payload's copy; into fresh pinned memory `room` bytes past its
+    start when given, chunk_bytes.assemble)."""
     st = symbols.encode(ev.ranks, ev.residuals, ev.segments)
-    payload = chunk_bytes.assemble(st, chunk_bytes.code(st, cfg, level, threads), ev.n_groups)
+    payload = chunk_bytes.assemble(st, chunk_bytes.code(st, cfg, level, threads), ev.n_groups, room)
     return Encoded(payload, ev.first_chunk)
