@@ -112,17 +112,17 @@ def build(flats: list[torch.Tensor], chunk_elems: int, block: int, info=None) ->
                       len(flats))
 
 
-CACHED = 4
-"""Chunk tables `build_cached` keeps (a sampler's batches: one per element type). A table
-holds 12 bytes of device memory a block: 48 MB for the 4.0 M blocks of 2048 elements of
-the 16 GB Qwen3-8B-shaped state."""
+CACHED = 8
+"""Chunk tables `build_cached` keeps (a sampler's batches, one per element type; a trainer's
+two per element type, the scan's and the events'). A table holds 12 bytes of device memory
+a block: 48 MB for the 4.0 M blocks of 2048 elements of the 16 GB Qwen3-8B-shaped state."""
 _cached: dict = {}
 
 
 def build_cached(flats: list[torch.Tensor], chunk_elems: int, block: int, info=None) -> ChunkTable:
     """`build`, reusing a table built before for the same pointers and sizes (a sampler
-    stages every version onto the same weights), of which a table reads nothing else; only
-    its base is made anew. The stage's host path before the decompression's launch is its
+    stages every version onto the same weights, a trainer keeps its published weights in
+    the same memory), of which a table reads nothing else; only its base is made anew. The stage's host path before the decompression's launch is its
     first link, and building the table took 1.1-1.3 ms of it for the Qwen3-8B-shaped state
     on the H200's host."""
     key = (flats[0].device, flats[0].dtype, chunk_elems, block, None if info is None else info.name,
