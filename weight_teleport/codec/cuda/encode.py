@@ -45,8 +45,9 @@ def _by_type(items: list[EncodeItem], which) -> list[list[int]]:
 
 
 def _scan_rows(items: list[EncodeItem], chunk_elems: int) -> tuple[list[np.ndarray], list]:
-    """Per item its scan row (key counts, changed key counts, old and new word sums) and the
-    per-block histograms of its programs (device), all dtypes launched before the one
+    """Per item its scan row (key counts, changed key counts, old and new word sums) and
+    where the per-block histograms of its programs are (its group's histograms on the
+    device, its first program there, its programs), all dtypes launched before the one
     transfer."""
     groups = _by_type(items, [i for i, it in enumerate(items) if it.new.numel()])
     outs, hists = [], [None] * len(items)
@@ -57,8 +58,8 @@ def _scan_rows(items: list[EncodeItem], chunk_elems: int) -> tuple[list[np.ndarr
         done = scan(table, blocks.pair(news, table, info), info)
         outs.append(done.rows)
         per = np.bincount(table.host[:, blocks.TENSOR], -(-table.host[:, blocks.LEN] // SPAN), len(g)).astype(np.int64)
-        for i, p0, n in zip(g, layout.starts(per), per):
-            hists[i] = done.hist[p0:p0 + n]
+        for i, p0, n in zip(g, layout.starts(per).tolist(), per.tolist()):
+            hists[i] = done.hist, p0, n
     flat = torch.cat([o.view(-1) for o in outs]).cpu().numpy() if outs else np.zeros(0, np.int64)
     rows = [np.zeros(2 * (1 << it.info.exponent_bits) + 2, np.int64) for it in items]
     at = 0
@@ -67,6 +68,17 @@ def _scan_rows(items: list[EncodeItem], chunk_elems: int) -> tuple[list[np.ndarr
             rows[i] = flat[at + j * o.shape[1]:at + (j + 1) * o.shape[1]]
         at += o.numel()
     return rows, hists
+
+
+def _batch_hist(hists: list, g: list[int]) -> torch.Tensor:
+    """The scan's histograms of the items g (of one scan group, in its order), one after the
+    other: the group's own where g is all of it (no copy), else its rows gathered."""
+    hist = hists[g[0]][0]
+    first, n = np.array([hists[i][1:] for i in g], np.int64).T
+    if n.sum() == hist.shape[0]:
+        return hist
+    run, k = layout.items(n)
+    return hist.index_select(0, layout.upload(first[run] + k, hist.device))
 
 
 def _plans(items: list[EncodeItem], rows: list[np.ndarray]) -> tuple[np.ndarray, list]:
@@ -124,7 +136,7 @@ def encode(items: list[EncodeItem], chunk_elems: int, level: int, threads: int |
     records, groups, room = None, _by_type(items, sparse), None
     for g in groups:
         b = encode_batch.Batch([items[i] for i in g], [plans[i] for i in g], sum(plans[i].events for i in g),
-                               int(changed[g].sum()), torch.cat([hists[i] for i in g]))
+                               int(changed[g].sum()), _batch_hist(hists, g))
         ev = encode_batch.events(b, chunk_elems)
         records = records or _records(items, rows, changed, plans)  # while the device works on the first batch
         if pinned and len(groups) == 1 and not on_cpu:
