@@ -122,9 +122,9 @@ _cached: dict = {}
 def build_cached(flats: list[torch.Tensor], chunk_elems: int, block: int, info=None) -> ChunkTable:
     """`build`, reusing a table built before for the same pointers and sizes (a sampler
     stages every version onto the same weights, a trainer keeps its published weights in
-    the same memory), of which a table reads nothing else; only its base is made anew. The stage's host path before the decompression's launch is its
-    first link, and building the table took 1.1-1.3 ms of it for the Qwen3-8B-shaped state
-    on the H200's host."""
+    the same memory), of which a table reads nothing else; only its base is made anew.
+    The stage's host path before the decompression's launch is its first link, and building
+    the table took 1.1-1.3 ms of it for the Qwen3-8B-shaped state on the H200's host."""
     key = (flats[0].device, flats[0].dtype, chunk_elems, block, None if info is None else info.name,
            tuple((t.data_ptr(), t.numel()) for t in flats))
     if key not in _cached:
