@@ -133,13 +133,9 @@ __device__ __forceinline__ void each_round(const U* const (&p)[N], int n, int la
     }
 }
 
-__device__ __forceinline__ int class_of(W b, const unsigned char* lut) {
-    return __ldg(lut + (int)((b >> MANT) & KMASK));
-}
-
-// The class counts and the placement copy a class map of at most 256 keys into shared
-// memory and read it there; larger ones (64-bit floats: 2048 keys a warp) stay in global
-// memory, so the static shared memory stays small.
+// The class counts, the events and the placement copy a class map of at most 256 keys into
+// shared memory and read it there; larger ones (64-bit floats: 2048 keys a warp) stay in
+// global memory, so the static shared memory stays small.
 #define LUT_SHARED (NK <= 256)
 
 // Mask of the lanes whose key is the same as this lane's; lanes without an element form a
@@ -323,13 +319,16 @@ struct __align__(16) Tally {  // a class of the block's chunk
 // The trainer's events: each event's class rank (its index among the chunk's elements of its
 // class) at its event rank, and each changed element's residual at its slot, both grouped by
 // chunk then class at the offsets eoff / roff ([chunks * NCP]). rbase / ebase are the
-// blocks' class-rank and event-rank bases.
+// blocks' class-rank and event-rank bases. (The class map read from shared memory rather
+// than through the read-only cache: 22.6 -> 19.9 ms for the Qwen3-8B-shaped state on the
+// H200, class tables, counts and bases included.)
 extern "C" __global__ void __launch_bounds__(WARPS * 32)
 class_events(const U* old, const i64* rows, const int* prog, const U* nw, const i64* new_off,
              const unsigned char* lut, const signed char* inv_tab, const int* rbase, const int* ebase,
              const i64* eoff, const i64* roff, int* ranks_out, i64* res_out, i64 programs) {
     __shared__ Tally tallies[WARPS][NCP];
     __shared__ i64 ro[WARPS][NCP];
+    __shared__ unsigned char lut_s[WARPS][LUT_SHARED ? NK : 1];
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
     const i64 pid = (i64)blockIdx.x * WARPS + w;
     if (pid >= programs) return;
@@ -337,7 +336,12 @@ class_events(const U* old, const i64* rows, const int* prog, const U* nw, const 
     const Block bk = table_block(pid, rows, prog);
     const U* po = old + bk.off + bk.first;
     const U* pn = nw + new_off[bk.chunk] + bk.first;
+#if LUT_SHARED
+    for (int k = lane; k < NK; k += 32) lut_s[w][k] = lut[bk.tensor * NK + k];
+    const unsigned char* lt = lut_s[w];
+#else
     const unsigned char* lt = lut + bk.tensor * NK;
+#endif
     const unsigned inv = __ballot_sync(FULL, lane < NCP && inv_tab[bk.tensor * NCP + lane]);
     if (lane < NCP) {
         tl[lane] = Tally{eoff[bk.chunk * NCP + lane], rbase[pid * NCP + lane], ebase[pid * NCP + lane]};
@@ -352,7 +356,7 @@ class_events(const U* old, const i64* rows, const int* prog, const U* nw, const 
 #pragma unroll
         for (int u = 0; u < UNROLL; u++) {
             const bool v = all || s0 + u * 32 + lane < bk.n;
-            const int c = v ? class_of(o[u], lt) : 0;
+            const int c = v ? lt[(int)((o[u] >> MANT) & KMASK)] : 0;
             const unsigned peers = peers_of(c, v), ahead = peers & below;
             const bool changed = v && o[u] != nv[u];
             const bool flip = v && ((inv >> c) & 1);
