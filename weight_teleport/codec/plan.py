@@ -2,6 +2,7 @@
 
 Takes counts and metadata, returns decisions; no torch, no kernels."""
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -34,8 +35,6 @@ def check_chunk_elems(chunk_elems: int) -> None:
 class ClassPlan:
     lut: np.ndarray
     """uint8 class of every context key."""
-    runs: list[tuple[int, int]]
-    """The same map as (first key, class) runs, as stored in the pack."""
     inverted: np.ndarray
     """bool per class: code the unchanged elements of this class instead of the changed ones."""
     events: int = 0
@@ -44,6 +43,13 @@ class ClassPlan:
     @property
     def n_classes(self) -> int:
         return len(self.inverted)
+
+    @functools.cached_property
+    def runs(self) -> list[tuple[int, int]]:
+        """The class map as (first key, class) runs, as stored in the pack: made when first
+        asked for (the CUDA encoder asks while its events kernel runs, not on the path to
+        its launch)."""
+        return lut_to_runs(self.lut)
 
 
 def plan_classes(total: np.ndarray, changed: np.ndarray) -> ClassPlan:
@@ -65,8 +71,7 @@ def plan_many(total: np.ndarray, changed: np.ndarray) -> list[ClassPlan]:
     n = np.zeros(total.shape[0], np.int64)
     events = np.zeros(total.shape[0], np.int64)
     _plan_rows(total, changed, MIN_CLASS_EVENTS, lut, inverted, n, events)
-    return [ClassPlan(lut[i], runs, inverted[i, :n[i]].copy(), int(events[i]))
-            for i, runs in enumerate(_runs(lut))]
+    return [ClassPlan(lut[i], inverted[i, :n[i]].copy(), int(events[i])) for i in range(total.shape[0])]
 
 
 _LOW = np.uint64(0xFFFFFFFF)
