@@ -72,13 +72,18 @@ def _scan_rows(items: list[EncodeItem], chunk_elems: int) -> tuple[list[np.ndarr
 
 def _batch_hist(hists: list, g: list[int]) -> torch.Tensor:
     """The scan's histograms of the items g (of one scan group, in its order), one after the
-    other: the group's own where g is all of it (no copy), else its rows gathered."""
-    hist = hists[g[0]][0]
-    first, n = np.array([hists[i][1:] for i in g], np.int64).T
-    if n.sum() == hist.shape[0]:
+    other: the group's own where g is all of it (no copy), else its runs of consecutive rows
+    concatenated (a few runs: the items left out are the unchanged and dense ones)."""
+    hist, spans = hists[g[0]][0], []
+    for i in g:
+        _, first, n = hists[i]
+        if spans and spans[-1][1] == first:
+            spans[-1][1] = first + n
+        else:
+            spans.append([first, first + n])
+    if spans == [[0, hist.shape[0]]]:
         return hist
-    run, k = layout.items(n)
-    return hist.index_select(0, layout.upload(first[run] + k, hist.device))
+    return torch.cat([hist[a:b] for a, b in spans])
 
 
 def _plans(items: list[EncodeItem], rows: list[np.ndarray]) -> tuple[np.ndarray, list]:
