@@ -256,7 +256,7 @@ def test_prefix_bound_covers_any_header_of_the_records(specs):
     assert len(container._prefix(header, 2**63 - 1)) <= bound
 
 
-def test_pack_written_around_a_payload_with_room_before_it(monkeypatch):
+def test_pack_written_around_a_payload_with_room_before_it():
     """write_pack_into: the bytes write_pack gives; around a payload that is a view with room
     before it in a larger array, in place (the payload not copied), else copied into memory
     from `empty`."""

@@ -49,14 +49,13 @@ def _pack(kind, backend_items, version, base_version, chunk_elems, level, thread
     check_chunk_elems(chunk_elems)
     backend, items = backend_items
     codecs = ["raw", "zstd"]
-    if cuda is not None and backend is cpu:
-        raise ValueError("a CUDA codec configuration was given for CPU tensors; move the state to a "
-                         "CUDA device or leave `cuda` unset")
     if backend is cpu:
+        if cuda is not None:
+            raise ValueError("a CUDA codec configuration was given for CPU tensors; move the state to a "
+                             "CUDA device or leave `cuda` unset")
         records, chunks = backend.encode(items, chunk_elems, level, threads)
-    elif cuda is None:
-        records, chunks = backend.encode(items, chunk_elems, level, threads, pinned=pinned)
     else:
+        cuda = cuda or backend.DEFAULT_CONFIG
         records, chunks = backend.encode(items, chunk_elems, level, threads, config=cuda, pinned=pinned)
         codecs += backend.extra_stream_codecs(cuda)
     header = PackHeader(kind=kind, version=version, base_version=base_version,
@@ -86,7 +85,7 @@ def encode_delta(old: Mapping[str, torch.Tensor], new: Mapping[str, torch.Tensor
 
     The pack is `bytes`, or with `pinned` a uint8 array in pinned host memory, the form
     `pinned_pack` gives (needs CUDA). The GPU then copies a CUDA state's payload straight into
-    it, where a `bytes` pack costs a host copy into fresh memory after that (15 ms of a
+    it, where a `bytes` pack costs a host copy into fresh memory after that (11.9-15.5 ms of a
     Qwen3-8B-shaped delta's encode on the H200's host). The memory comes from torch's caching
     allocator: freed, it serves the next pack."""
     items = _items(new, old)

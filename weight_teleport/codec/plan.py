@@ -151,26 +151,10 @@ def _plan_rows(total, changed, min_events, lut, inverted, n_classes, events) -> 
 
 
 def lut_to_runs(lut: np.ndarray) -> list[tuple[int, int]]:
-    return _runs(lut[None])[0]
-
-
-def _runs(luts: np.ndarray) -> list[list[tuple[int, int]]]:
-    """(first key, class) runs of every row of [rows, keys] class maps."""
-    starts, n = _run_starts(np.ascontiguousarray(luts, np.uint8))
-    return [list(zip(s[:k].tolist(), lut[s[:k]].tolist())) for s, k, lut in zip(starts, n, luts)]
-
-
-@njit(nogil=True, cache=True)
-def _run_starts(luts):
-    """(first keys of the runs of every row, padded; runs per row)."""
-    starts = np.zeros(luts.shape, np.int64)
-    n = np.zeros(luts.shape[0], np.int64)
-    for r in range(luts.shape[0]):
-        for k in range(luts.shape[1]):
-            if k == 0 or luts[r, k] != luts[r, k - 1]:
-                starts[r, n[r]] = k
-                n[r] += 1
-    return starts, n
+    """(first key, class) runs of a class map."""
+    starts = np.flatnonzero(lut[1:] != lut[:-1]) + 1
+    starts = np.concatenate(([0], starts))
+    return list(zip(starts.tolist(), lut[starts].tolist()))
 
 
 class ClassMapError(ValueError):

@@ -6,7 +6,7 @@ from weight_teleport.codec.cuda.apply import apply
 from weight_teleport.codec.cuda.chunk_bytes import CODEC_ID
 from weight_teleport.codec.cuda.config import CudaCodecConfig
 from weight_teleport.codec.cuda.digest import digest as _digest
-from weight_teleport.codec.cuda.encode import encode
+from weight_teleport.codec.cuda.encode import DEFAULT_CONFIG, encode
 from weight_teleport.codec.cuda.live import EncodeItem, Live
 from weight_teleport.codec.cuda.stage import stage
 
@@ -23,4 +23,4 @@ def extra_stream_codecs(config: CudaCodecConfig) -> list[str]:
     return [] if config.portable else [streams.NAMES[CODEC_ID[config.algorithm]]]
 
 
-__all__ = ["EncodeItem", "Live", "apply", "digest", "encode", "extra_stream_codecs", "item", "stage"]
+__all__ = ["DEFAULT_CONFIG", "EncodeItem", "Live", "apply", "digest", "encode", "extra_stream_codecs", "item", "stage"]
