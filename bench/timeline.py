@@ -35,9 +35,10 @@ SPOTS = {
                (encode_batch, "events"), (encode_batch, "encode"), (encode_batch, "_class_tables"), (blocks, "build"),
                (blocks, "pair"), (warp, "hist_counts"), (ranks, "table_bases"), (sparse_encode, "events"),
                (symbols, "encode"), (chunk_bytes, "code"), (huffman, "plan"), (huffman, "frame_sizes"),
-               (huffman, "write"), (chunk_bytes, "assemble"), (tables, "write"), (chunk_bytes, "gather"),
-               (chunk_bytes, "crc32"), (chunk_bytes, "_to_host"), (layout, "to_device"), (layout, "upload"),
-               (encode, "_lay_out"), (api, "write_pack"), (container, "_header_json"), (container, "_join")],
+               (huffman, "write"), (chunk_bytes, "assemble"), (tables.Tables, "lengths"), (tables.Tables, "write"),
+               (chunk_bytes, "gather"), (chunk_bytes, "crc32"), (chunk_bytes, "_to_host"), (layout, "to_device"),
+               (layout, "upload"), (encode, "_lay_out"), (api, "write_pack"), (container, "_header_json"),
+               (container, "_join")],
 }
 """(owner, function name) of the host spans traced for each call."""
 

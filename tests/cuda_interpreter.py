@@ -15,8 +15,8 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import zlib  # noqa: E402
 
-from helpers import (crc_ranges, decode_one_gap, decoded_one_gap, inverted_pair, popcount_prefix,  # noqa: E402
-                     with_renewed_crcs)
+from helpers import (chunk_table_failures, crc_ranges, decode_one_gap, decoded_one_gap, inverted_pair,  # noqa: E402
+                     popcount_prefix, with_renewed_crcs)
 
 import weight_teleport as wt  # noqa: E402
 from weight_teleport.codec import api, plan  # noqa: E402
@@ -221,9 +221,14 @@ def main() -> int:
         if D.to_hex(D.finish(s & D.MASK64, t.numel() * t.element_size())) != cpu.digest(t):
             failures.append(f"GPU-path word sum of {t.numel()} elements differs from the CPU's digest")
     data, offsets, lengths = crc_ranges()
+    want = [zlib.crc32(data[o:o + n]) for o, n in zip(offsets, lengths)]
     got = crc.crc32(torch.from_numpy(data), offsets, lengths).numpy().view("uint32").tolist()
-    if got != [zlib.crc32(data[o:o + n]) for o, n in zip(offsets, lengths)]:
+    if got != want:
         failures.append("GPU-path CRC-32 of byte ranges differs from zlib's")
+    on_device = crc.crc32(torch.from_numpy(data), torch.from_numpy(offsets), torch.from_numpy(lengths), lengths + 5000)
+    if on_device.numpy().view("uint32").tolist() != want:
+        failures.append("GPU-path CRC-32 of byte ranges given on the device (launch sized by bounds) differs from zlib's")
+    failures += chunk_table_failures("cpu")
     old, new = pair(torch.bfloat16, 20000, 0.05, 7)
     pack = on(cpu, lambda: wt.encode_delta({"w": old}, {"w": new}, base_version=0, version=1, chunk_elems=4096))
     refused = 0

@@ -141,3 +141,37 @@ def popcount_prefix(words: np.ndarray) -> np.ndarray:
     """The exclusive prefix of the popcounts of 32-bit words (int64)."""
     pc = np.unpackbits(np.ascontiguousarray(words).view(np.uint8)).reshape(-1, 32).sum(1, dtype=np.int64)
     return np.cumsum(pc) - pc
+
+
+def chunk_table_failures(device) -> list[str]:
+    """Chunk tables written by the CUDA backend's kernel (codec/cuda/tables.py) on `device`,
+    against the format's writer: random group counts, groups with and without streams,
+    counts and lengths of 1 to 7 varint bytes. The chunks that differ, as messages."""
+    from weight_teleport.codec.cuda import tables
+    from weight_teleport.format import Group, Stream, write_groups
+    rng = np.random.default_rng(3)
+    n, ncp = 30, 16
+    n_groups = rng.integers(1, ncp + 1, size=n)
+    events = rng.integers(0, 1 << 47, size=(n, ncp)) >> rng.integers(0, 47, size=(n, ncp))
+    has = rng.random((n, ncp)) < 0.7
+    has[0] = False
+    codec = rng.integers(0, 4, size=(n, ncp, 4))
+    raw = rng.integers(0, 1 << 30, size=(n, ncp, 4)) >> rng.integers(0, 30, size=(n, ncp, 4))
+    stored = rng.integers(0, 1 << 15, size=(n, ncp, 4)) >> rng.integers(0, 15, size=(n, ncp, 4))
+    on = lambda a: torch.from_numpy(np.ascontiguousarray(a)).to(device)
+    heads = tables.Tables(on(n_groups), on(events), on(has), on(codec), on(raw), on(stored))
+    lengths = heads.lengths()
+    out = torch.zeros(int(lengths.sum()), dtype=torch.uint8, device=device)
+    heads.write(out, lengths.cumsum(0) - lengths)
+    data, lengths = out.cpu().numpy(), lengths.cpu().numpy()
+    failures, at = [], 0
+    for k in range(n):
+        groups = [Group(int(events[k, c]), [Stream(int(codec[k, c, j]), int(raw[k, c, j]), bytes(int(stored[k, c, j])))
+                                            for j in range(4)]) if has[k, c] else Group(0, [])
+                  for c in range(n_groups[k])]
+        want = write_groups(groups)
+        body = sum(int(stored[k, c].sum()) for c in range(n_groups[k]) if has[k, c])
+        if data[at:at + lengths[k]].tobytes() != want[:len(want) - body]:
+            failures.append(f"chunk table {k} differs from the format writer's")
+        at += lengths[k]
+    return failures

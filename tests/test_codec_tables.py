@@ -6,6 +6,7 @@ import pytest
 import torch
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
+from helpers import chunk_table_failures
 from test_codec_roundtrip import make_pair
 
 import weight_teleport as wt
@@ -101,27 +102,11 @@ def test_corrupt_tables_are_refused_or_read_as_the_format_reader_reads_them(thre
     assert 0 < refused < 300
 
 
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU (torch.cuda)")
 def test_chunk_tables_match_the_format_writer():
-    from weight_teleport.format import Group, Stream, write_groups
-    rng = np.random.default_rng(3)
-    n, ncp = 30, 16
-    n_groups = rng.integers(1, ncp + 1, size=n)
-    events = rng.integers(0, 1 << 40, size=(n, ncp)) >> rng.integers(0, 40, size=(n, ncp))
-    has = rng.random((n, ncp)) < 0.7
-    codec = rng.integers(0, 4, size=(n, ncp, 4))
-    raw = rng.integers(0, 1 << 30, size=(n, ncp, 4)) >> rng.integers(0, 30, size=(n, ncp, 4))
-    stored = rng.integers(0, 1 << 15, size=(n, ncp, 4)) >> rng.integers(0, 15, size=(n, ncp, 4))
-    data, lengths = tables.write(n_groups, events, has, codec, raw, stored)
-    at = 0
-    for k in range(n):
-        groups = [Group(int(events[k, c]), [Stream(int(codec[k, c, j]), int(raw[k, c, j]), bytes(int(stored[k, c, j])))
-                                            for j in range(4)]) if has[k, c] else Group(0, [])
-                  for c in range(n_groups[k])]
-        want = write_groups(groups)
-        body = sum(int(stored[k, c].sum()) for c in range(n_groups[k]) if has[k, c])
-        assert data[at:at + lengths[k]].tobytes() == want[:len(want) - body]
-        at += lengths[k]
-    assert at == data.size
+    """The GPU's chunk-table writer (also run by Triton's interpreter: tests/cuda_interpreter.py)."""
+    assert chunk_table_failures("cuda") == []
 
 
 def _plan_reference(codec, raw, stored, at, lo):
@@ -218,7 +203,9 @@ def test_varints_read_as_the_format_defines_them(data, p, end):
 
 @pytest.mark.parametrize("value", [0, 1, 127, 128, 300, 1 << 35, tables.MAX_VALUE, tables.MAX_VALUE + 1, (1 << 63) - 1])
 def test_varint_limits(value):
-    """Written by the writer's own encoder: read back, or refused (-1) above MAX_VALUE."""
-    out = np.zeros(tables.VARINT_MAX, np.uint8)
-    n = tables._put(out, 0, value)
-    assert tables._varint(out, 0, n) == ((value if value <= tables.MAX_VALUE else -1), n)
+    """Written by the format's encoder: read back, or refused (-1) above MAX_VALUE."""
+    from weight_teleport.format.groups import _put_varint
+    out = bytearray()
+    _put_varint(out, value)
+    n = len(out)
+    assert tables._varint(np.frombuffer(bytes(out), np.uint8), 0, n) == ((value if value <= tables.MAX_VALUE else -1), n)

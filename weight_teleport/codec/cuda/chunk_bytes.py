@@ -1,9 +1,10 @@
-"""Sparse chunks from the GPU's symbol streams: stream coding (nvCOMP on the GPU, or the
-CPU's zstd), then the payload of all chunks of a batch: chunk tables written by a compiled walk,
-stored streams and tables gathered on the GPU, the CRC-32 of every chunk there too, one
-copy to the host."""
+"""Sparse chunks from the GPU's symbol streams: stream coding (Huffman-literal frames or
+nvCOMP on the GPU, or the CPU's zstd), then the payload of all chunks of a batch laid out
+and written on the GPU (chunk tables, stored streams, the CRC-32 of every chunk), one wait
+for the chunks' lengths and CRCs, one copy to the host."""
 
 import threading
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -23,29 +24,35 @@ CODEC_ID = {"zstd": codecs.ZSTD, "lz4": codecs.LZ4, "ans": codecs.NVCOMP_ANS}
 
 @dataclass
 class Coded:
-    """Every stream's stored form, [segments, 4] like the symbol streams' lengths."""
-    raw: torch.Tensor
-    """The symbol streams' device buffer: the bytes of the streams stored raw."""
+    """Every stream's stored form, as [segments, 4] int64 device tensors like the symbol
+    streams' lengths."""
+    codec: torch.Tensor
+    """Stream codec ids."""
+    stored: torch.Tensor
+    """Stored lengths."""
+    src_off: torch.Tensor
+    """Where each stored stream starts: in the symbol streams' buffer for a raw stream, else
+    in `coded`."""
     coded: torch.Tensor
     """Device bytes of the coded streams."""
-    src_off: np.ndarray
-    """Where each stored stream starts: in `raw` for a raw stream, else in `coded`."""
-    codec: np.ndarray
-    """Stream codec ids."""
-    stored: np.ndarray
-    """Stored lengths."""
+    frames: Callable[[torch.Tensor, torch.Tensor], None] | None = None
+    """Where set, it writes the coded streams into the payload (zeroed int32 words) itself,
+    given every stream's offset there, and `coded` is not read."""
 
 
 def _raw(st: symbols.SymbolStreams) -> Coded:
-    return Coded(st.buffer, st.buffer[:0], st.offsets.copy(), np.full(st.lengths.shape, codecs.RAW, np.int64),
-                 st.lengths.copy())
+    offsets, lengths, _ = st.on_device
+    return Coded(torch.full_like(lengths, codecs.RAW), lengths.clone(), offsets.clone(), st.buffer[:0])
 
 
 def _use(c: Coded, which: np.ndarray, codec, stored: np.ndarray, src_off: np.ndarray, coded: torch.Tensor) -> Coded:
     """`c` with the flat streams `which` stored as `codec` at `src_off` of `coded`."""
-    for arr, v in ((c.codec, codec), (c.stored, stored), (c.src_off, src_off)):
-        arr.reshape(-1)[which] = v
-    c.coded = coded.to(c.raw.device)
+    c.coded = coded.to(c.codec.device)
+    if which.size:
+        which, stored, src_off = layout.to_device([which, stored, src_off], c.codec.device)
+        c.codec.view(-1)[which] = codec
+        c.stored.view(-1)[which] = stored
+        c.src_off.view(-1)[which] = src_off
     return c
 
 
@@ -74,14 +81,18 @@ def _code_cpu(level: int, st: symbols.SymbolStreams, todo: np.ndarray, threads: 
 
 
 def _code_huffman(st: symbols.SymbolStreams, todo: np.ndarray) -> Coded:
-    """Huffman-literal zstd frames written on the GPU (codec/cuda/huffman.py)."""
-    off, ln = st.offsets.ravel()[todo], st.lengths.ravel()[todo]
-    p = huffman.plan(st.buffer, off, ln)
-    info = p.info.cpu().numpy()
-    sizes = huffman.frame_sizes(p, info)
-    take = sizes < ln
-    out, out_off = huffman.write(st.buffer, p, info, take, sizes)
-    return _use(_raw(st), todo[take], codecs.ZSTD, sizes[take], out_off, out)
+    """Huffman-literal zstd frames written on the GPU (codec/cuda/huffman.py), each where it
+    is smaller than its stream; nothing syncs."""
+    p = huffman.plan(st.buffer, st.offsets.ravel()[todo], st.lengths.ravel()[todo])
+    sizes = huffman.frame_sizes(p)
+    c = _raw(st)
+    which = layout.upload(todo, st.buffer.device)
+    raw = c.stored.view(-1)[which]
+    take = sizes < raw
+    c.codec.view(-1)[which] = torch.where(take, codecs.ZSTD, codecs.RAW)
+    c.stored.view(-1)[which] = torch.where(take, sizes, raw)
+    c.frames = lambda out, dst: huffman.write(st.buffer, p, take, dst.reshape(-1)[which], out)
+    return c
 
 
 def code(st: symbols.SymbolStreams, cfg: CudaCodecConfig, level: int, threads: int) -> Coded:
@@ -149,25 +160,33 @@ class Payload:
 
 def assemble(st: symbols.SymbolStreams, coded: Coded, n_groups: np.ndarray, room: int | None = None) -> Payload:
     """The sparse chunks whose segments are `st`'s rows ([chunks * NCP], NCP per chunk),
-    chunk k with n_groups[k] classes; copied to the host as `_to_host` does with `room`."""
+    chunk k with n_groups[k] classes, laid out and written on the device (tables, streams,
+    CRCs) into a buffer of their largest size; the host waits once, for the chunks' lengths
+    and CRCs, then copies the payload as `_to_host` does with `room`."""
     n = n_groups.size
     ncp = st.lengths.shape[0] // n
-    events = st.lengths[:, 0].reshape(n, ncp)
-    has = ((events > 0) | (st.changed.reshape(n, ncp) > 0)) & (np.arange(ncp) < n_groups[:, None])
-    stored = np.where(has[..., None], coded.stored.reshape(n, ncp, 4), 0)
-    head, head_len = tables.write(n_groups, events, has, coded.codec.reshape(n, ncp, 4),
-                                  st.lengths.reshape(n, ncp, 4), stored)
-    body = stored.reshape(n, -1)
+    dev = st.buffer.device
+    _, raw_len, changed = st.on_device
+    groups = layout.upload(n_groups.astype(np.int64), dev)
+    events = raw_len[:, 0].reshape(n, ncp)
+    has = ((events > 0) | (changed.reshape(n, ncp) > 0)) & (torch.arange(ncp, device=dev) < groups[:, None])
+    body = torch.where(has[..., None], coded.stored.view(n, ncp, 4), 0).view(n, -1)
+    heads = tables.Tables(groups, events, has, coded.codec, raw_len, body)
+    head_len = heads.lengths()
     lengths = head_len + body.sum(1)
     offsets = layout.starts(lengths)
     dst = (offsets + head_len)[:, None] + layout.starts(body, 1)
+    bounds = tables.max_length(ncp) + st.lengths.reshape(n, -1).sum(1)  # a stored stream is no longer than raw
+    out = torch.zeros(-(-int(bounds.sum()) // 4) * 4, dtype=torch.uint8, device=dev)
+    heads.write(out, offsets)
+    raw = coded.codec.view(n, -1) == codecs.RAW
+    gather(st.buffer, out, coded.src_off, dst, torch.where(raw, body, 0))
+    if coded.frames is None:
+        gather(coded.coded, out, coded.src_off, dst, torch.where(raw, 0, body))
+    else:
+        coded.frames(out.view(torch.int32), dst)
+    crcs = crc32(out, offsets, lengths, bounds)
+    host = torch.cat([lengths, crcs.long()]).cpu().numpy()  # the one sync
+    lengths = host[:n]
     size = int(lengths.sum())
-    crc_at = -(-size // 4) * 4  # the CRCs ride behind the payload in its copy to the host
-    out = torch.empty(crc_at + 4 * n, dtype=torch.uint8, device=coded.raw.device)
-    raw = coded.codec.ravel() == codecs.RAW
-    for src, take in ((coded.raw, raw), (coded.coded, ~raw)):
-        gather(src, out, coded.src_off.ravel()[take], dst.ravel()[take], body.ravel()[take])
-    gather(layout.upload(head, out.device), out, layout.starts(head_len), offsets, head_len)
-    out[crc_at:].view(torch.int32).copy_(crc32(out[:size], offsets, lengths))
-    host = _to_host(out, room)
-    return Payload(host[:size], offsets, lengths, host[crc_at:].view(np.uint32).astype(np.int64))
+    return Payload(_to_host(out[:size], room), layout.starts(lengths), lengths, host[n:] & 0xFFFFFFFF)

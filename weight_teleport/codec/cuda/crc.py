@@ -94,18 +94,28 @@ def _crc_kernel(data_ptr, tables_ptr, progs_ptr, ranges_ptr, out_ptr, SHIFT_BITS
     tl.atomic_xor(out_ptr + r, tl.reduce(term, 0, _xor).to(tl.int32, bitcast=True), sem="relaxed")
 
 
-def crc32(data: torch.Tensor, offsets: np.ndarray, lengths: np.ndarray) -> torch.Tensor:
+def crc32(data: torch.Tensor, offsets, lengths, bounds: np.ndarray | None = None) -> torch.Tensor:
     """[ranges] int32: the CRC-32 (zlib.crc32 as a signed 32-bit pattern) of every range
-    data[offsets[i]:offsets[i] + lengths[i]] of a device byte buffer. No sync."""
+    data[offsets[i]:offsets[i] + lengths[i]] of a device byte buffer. The ranges are host
+    arrays, or device tensors with host `bounds` (each range's length at most) sizing the
+    launch. No sync."""
     layout.require(data, torch.uint8)
-    offsets, lengths = np.asarray(offsets, np.int64), np.asarray(lengths, np.int64)
-    assert ((offsets >= 0) & (lengths >= 0) & (offsets + lengths <= data.numel())).all()
-    out = torch.zeros(offsets.size, dtype=torch.int32, device=data.device)
-    pieces = -(-lengths // PIECE)
+    if isinstance(offsets, torch.Tensor):
+        ranges = torch.stack([offsets, lengths], 1).long()
+    else:
+        offsets, lengths = np.asarray(offsets, np.int64), np.asarray(lengths, np.int64)
+        assert ((offsets >= 0) & (lengths >= 0) & (offsets + lengths <= data.numel())).all()
+        ranges, bounds = None, lengths
+    out = torch.zeros(len(offsets), dtype=torch.int32, device=data.device)
+    pieces = -(-np.asarray(bounds, np.int64) // PIECE)
     owner, k = layout.items(-(-pieces // LANES))
     if not owner.size:
         return out
-    progs, ranges = layout.to_device([np.stack([owner, k * LANES], 1), np.stack([offsets, lengths], 1)], data.device)
+    progs = np.stack([owner, k * LANES], 1)
+    if ranges is None:
+        progs, ranges = layout.to_device([progs, np.stack([offsets, lengths], 1)], data.device)
+    else:
+        progs = layout.upload(progs, data.device)
     shift_bits = max(1, int(pieces.max() - 1).bit_length())
     _crc_kernel[(owner.size,)](data, _device_tables(data.device), progs, ranges, out, SHIFT_BITS=shift_bits, PIECE=PIECE,
                                PIECE_BITS=PIECE_BITS, LANES=LANES)

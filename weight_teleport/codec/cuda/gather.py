@@ -1,6 +1,6 @@
 """Byte ranges of one device buffer copied into another in one launch: the streams of a
-pack gathered into its payload on the GPU. One program per range copies it PIECE bytes at a
-time (the ranges' table is all the host builds)."""
+pack gathered into its payload on the GPU, and into the stage's buffer. One program per
+range copies it PIECE bytes at a time."""
 
 import numpy as np
 import torch
@@ -25,11 +25,16 @@ def _gather_kernel(src_ptr, dst_ptr, ranges_ptr, PIECE: tl.constexpr):
         t += PIECE
 
 
-def gather(src: torch.Tensor, dst: torch.Tensor, src_off: np.ndarray, dst_off: np.ndarray,
-           length: np.ndarray) -> None:
-    """dst[dst_off[i]:+length[i]] = src[src_off[i]:+length[i]] for every range (no sync)."""
-    keep = length > 0
-    gather_rows(src, dst, np.stack([src_off[keep], dst_off[keep], length[keep]], 1))
+def gather(src: torch.Tensor, dst: torch.Tensor, src_off: torch.Tensor, dst_off: torch.Tensor,
+           length: torch.Tensor) -> None:
+    """dst[dst_off[i]:+length[i]] = src[src_off[i]:+length[i]] for every range, the ranges'
+    table on the device (made there, unchecked: the caller's ranges lie inside both
+    buffers; ranges of length 0 copy nothing). No sync."""
+    layout.require(src, torch.uint8)
+    layout.require(dst, torch.uint8)
+    if length.numel():
+        rows = torch.stack([src_off.reshape(-1), dst_off.reshape(-1), length.reshape(-1)], 1).long()
+        _gather_kernel[(rows.shape[0],)](src, dst, rows, PIECE=PIECE)
 
 
 def gather_rows(src: torch.Tensor, dst: torch.Tensor, rows: np.ndarray) -> None:

@@ -1,7 +1,8 @@
 """Symbol streams as zstd frames of Huffman-coded literals, written on the GPU (huffman.cu;
 codec/huffman_frames.py is the reference, byte for byte, and says why): one launch plans
-every block of every stream, the host reads the blocks' sizes (the caller's one sync) and
-lays the frames out, a second launch writes them."""
+every block of every stream, the frames' sizes and offsets are summed on the device, a
+second launch writes the frames where the caller lays them out. Nothing waits for the
+device: the host learns the sizes with the payload's."""
 
 import functools
 from dataclasses import dataclass
@@ -34,17 +35,24 @@ def _module() -> nvrtc.Module:
 
 @dataclass
 class Plan:
-    """Every block of the streams, planned on the device."""
-    lengths: np.ndarray
-    """Each stream's length."""
-    stream: np.ndarray
-    """Each block's stream."""
+    """Every block of the streams, planned on the device (int64 tensors unless said)."""
+    blocks: int
     src: torch.Tensor
-    """Each block's first byte in the streams' buffer (device, int64)."""
+    """Each block's first byte in the streams' buffer."""
     size: torch.Tensor
-    """Each block's bytes (device, int32)."""
+    """Each block's bytes (int32)."""
+    stream: torch.Tensor
+    """Each block's stream."""
+    first: torch.Tensor
+    """Index of the first block of each block's stream."""
+    frame: torch.Tensor
+    """The stream's length at its first block (where its frame header goes), else 0."""
+    last: torch.Tensor
+    """Whether the block is its stream's last (int32)."""
+    header: torch.Tensor
+    """Each stream's frame header bytes."""
     info: torch.Tensor
-    """[blocks, INFO] int32 (device; the caller fetches it)."""
+    """[blocks, INFO] int32."""
     codes: torch.Tensor
     """[blocks * 256] code of each symbol (device scratch for the write)."""
     code_lengths: torch.Tensor
@@ -58,45 +66,38 @@ def plan(buffer: torch.Tensor, offsets: np.ndarray, lengths: np.ndarray) -> Plan
     least one byte); nothing syncs."""
     layout.require(buffer, torch.uint8)
     stream, k = layout.items(-(-lengths // BLOCK_BYTES))
-    src = offsets[stream] + k * BLOCK_BYTES
     size = np.minimum(lengths[stream] - k * BLOCK_BYTES, BLOCK_BYTES)
-    dev = buffer.device
-    src_d, size_d = layout.to_device([src, size], dev)
-    size_d = size_d.int()
     n = stream.size
+    last = np.r_[stream[1:] != stream[:-1], True][:n]
+    dev = buffer.device
+    src, size, stream_d, first, frame, last, header = layout.to_device(
+        [offsets[stream] + k * BLOCK_BYTES, size, stream, np.arange(n) - k, np.where(k == 0, lengths[stream], 0),
+         last, frame_header_size(lengths)], dev)
     info = torch.empty((max(n, 1), INFO), dtype=torch.int32, device=dev)
     codes = torch.empty(max(n, 1) * 256, dtype=torch.int16, device=dev)
     code_lengths = torch.empty(max(n, 1) * 256, dtype=torch.uint8, device=dev)
     trees = torch.empty(max(n, 1) * TREE_MAX, dtype=torch.uint8, device=dev)
+    size = size.int()
     if n:
-        _module().launch("huf_plan", n, THREADS, [buffer, src_d, size_d, info, codes, code_lengths, trees, n], dev)
-    return Plan(lengths, stream, src_d, size_d, info, codes, code_lengths, trees)
+        _module().launch("huf_plan", n, THREADS, [buffer, src, size, info, codes, code_lengths, trees, n], dev)
+    return Plan(n, src, size, stream_d, first, frame, last.int(), header, info, codes, code_lengths, trees)
 
 
-def frame_sizes(p: Plan, info: np.ndarray) -> np.ndarray:
-    """Each stream's frame bytes, from the fetched plan."""
-    block_bytes = 3 + info[:p.stream.size, 1].astype(np.int64)
-    return frame_header_size(p.lengths) + np.bincount(p.stream, block_bytes, p.lengths.size).astype(np.int64)
+def frame_sizes(p: Plan) -> torch.Tensor:
+    """Each stream's frame bytes (device int64; no sync)."""
+    return p.header.clone().index_add_(0, p.stream, 3 + p.info[:p.blocks, 1].long())
 
 
-def write(buffer: torch.Tensor, p: Plan, info: np.ndarray, take: np.ndarray, sizes: np.ndarray):
-    """(device bytes of the frames of the streams `take`, end to end; each one's offset)."""
-    dev = buffer.device
-    out_off = layout.starts(sizes[take])
-    total = int(sizes[take].sum())
-    out = torch.zeros(-(-max(total, 1) // 4), dtype=torch.int32, device=dev)
-    n = p.stream.size
-    if n and total:
-        block_bytes = 3 + info[:n, 1].astype(np.int64)
-        first = np.r_[True, p.stream[1:] != p.stream[:-1]]
-        is_last = np.r_[p.stream[1:] != p.stream[:-1], True]
-        stream_at = np.full(p.lengths.size, -1, np.int64)
-        stream_at[take] = out_off + frame_header_size(p.lengths[take])
-        block_at = layout.starts(block_bytes)
-        within = block_at - block_at[first][np.cumsum(first) - 1]
-        at = np.where(take[p.stream], stream_at[p.stream] + within, -1)
-        frame = np.where(first & take[p.stream], p.lengths[p.stream], 0)
-        at_d, frame_d, last_d = layout.to_device([at, frame, is_last], dev)
-        _module().launch("huf_write", n, THREADS, [buffer, p.src, p.size, p.info, p.codes, p.code_lengths, p.trees,
-                                                   at_d, frame_d, last_d.int(), out, n], dev)
-    return out.view(torch.uint8)[:total], out_off
+def write(buffer: torch.Tensor, p: Plan, take: torch.Tensor, at: torch.Tensor, out: torch.Tensor) -> None:
+    """Writes the frames of the streams `take` (device bool) into `out` (int32 words, zero
+    where the frames go), stream i's at byte at[i]; the others are left out. No sync."""
+    layout.require(out, torch.int32)
+    if not p.blocks:
+        return
+    block_bytes = 3 + p.info[:p.blocks, 1].long()
+    block_at = layout.starts(block_bytes)
+    keep = take[p.stream]
+    block_at = torch.where(keep, at[p.stream] + p.header[p.stream] + block_at - block_at[p.first], -1)
+    _module().launch("huf_write", p.blocks, THREADS, [buffer, p.src, p.size, p.info, p.codes, p.code_lengths, p.trees,
+                                                      block_at, torch.where(keep, p.frame, 0), p.last, out, p.blocks],
+                     buffer.device)

@@ -52,6 +52,8 @@ class SymbolStreams:
     """[segments, 4] int64 stream lengths."""
     changed: np.ndarray
     """Changed elements of each segment (int64, host)."""
+    on_device: tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+    """(offsets, lengths, changed) on the device."""
 
 
 @triton.jit
@@ -187,7 +189,8 @@ def encode(ranks: torch.Tensor, res: torch.Tensor, seg: Segments) -> SymbolStrea
     slots = -(-lengths // SLOT_ALIGN) * SLOT_ALIGN
     offsets = layout.starts(slots.ravel()).reshape(slots.shape)
     buf = torch.zeros(int(slots.sum()) + 2 * SLOT_ALIGN, dtype=torch.uint8, device=dev)
+    offsets_d, lengths_d = layout.to_device([offsets, lengths], dev)
     if n_seg:
-        _symbols_kernel[(n_seg,)](*args, layout.to_device([offsets], dev)[0], buf, buf.view(torch.int32), counts,
-                                  BITS=seg.bits, T=TILE, WRITE=True)
-    return SymbolStreams(buf, offsets, lengths, changed)
+        _symbols_kernel[(n_seg,)](*args, offsets_d, buf, buf.view(torch.int32), counts, BITS=seg.bits, T=TILE,
+                                  WRITE=True)
+    return SymbolStreams(buf, offsets, lengths, changed, (offsets_d, lengths_d, res_cnt))

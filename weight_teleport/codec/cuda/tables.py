@@ -1,5 +1,6 @@
-"""The stream tables of sparse chunks, written and read by compiled walks over every chunk
-(numba, the GIL released).
+"""The stream tables of sparse chunks: written on the GPU (a Triton program per chunk, its
+fields' varints at once), read by a compiled walk over every chunk (numba, the GIL
+released).
 
 A chunk's table (docs/FORMAT.md, "Chunk layout") is LEB128 varints and codec bytes:
 n_groups, then per group count, n_streams and (codec, raw length, stored length) per
@@ -9,6 +10,9 @@ import os
 from dataclasses import dataclass
 
 import numpy as np
+import torch
+import triton
+import triton.language as tl
 from numba import njit
 
 from weight_teleport.codec.cuda import layout
@@ -19,6 +23,10 @@ VARINT_MAX = 10
 MAX_VALUE = 1 << 48
 """Larger lengths and counts are refused (no pack holds them; int64 arithmetic stays exact)."""
 STREAMS = 4
+GROUP_FIELDS = 2 + 3 * STREAMS
+"""Varints of a group with streams in a chunk table: count, n_streams, (codec, raw, stored)
+per stream."""
+_VARINT_MAX, _STREAMS, _GROUP_FIELDS = tl.constexpr(VARINT_MAX), tl.constexpr(STREAMS), tl.constexpr(GROUP_FIELDS)
 THREADS = min(8, os.cpu_count() or 1)
 CHUNKS_A_THREAD = 4096
 """Tables of fewer chunks are read on the calling thread (a thread costs more than they take:
@@ -122,46 +130,77 @@ def read(pack: np.ndarray, starts: np.ndarray, lengths: np.ndarray, classes: np.
     return StreamTable(events, codec, raw, stored, at)
 
 
-@njit(nogil=True, cache=True)
-def _put(out: np.ndarray, p: int, v: int) -> int:
-    """Writes v (>= 0) as a LEB128 varint at p; the next position."""
-    while v >= 0x80:
-        out[p] = (v & 0x7F) | 0x80
-        v >>= 7
-        p += 1
-    out[p] = v
-    return p + 1
+@triton.jit
+def _table_kernel(n_groups_ptr, events_ptr, has_ptr, codec_ptr, raw_ptr, stored_ptr, at_ptr, out_ptr, len_ptr,
+                  NCP: tl.constexpr, F: tl.constexpr, WRITE: tl.constexpr):
+    """Chunk c's table as F varint fields (n_groups, then per group count, n_streams and
+    (codec, raw, stored) per stream; absent ones of no bytes): without WRITE its length
+    into len_ptr, with WRITE its bytes at out_ptr + at_ptr[c]."""
+    c = tl.program_id(0).to(tl.int64)
+    f = tl.arange(0, F)
+    ng = tl.load(n_groups_ptr + c)
+    g = tl.maximum(f - 1, 0) // _GROUP_FIELDS
+    k = tl.maximum(f - 1, 0) % _GROUP_FIELDS
+    in_group = (f >= 1) & (g < ng)
+    seg = c * NCP + g
+    has = tl.load(has_ptr + seg, mask=in_group, other=0) != 0
+    s = seg * _STREAMS + tl.maximum(k - 2, 0) // 3
+    field = tl.maximum(k - 2, 0) % 3
+    stream = in_group & has & (k >= 2)
+    v = tl.load(codec_ptr + s, mask=stream & (field == 0), other=0)
+    v += tl.load(raw_ptr + s, mask=stream & (field == 1), other=0)
+    v += tl.load(stored_ptr + s, mask=stream & (field == 2), other=0)
+    v += tl.load(events_ptr + seg, mask=in_group & has & (k == 0), other=0)
+    v = tl.where(f == 0, ng, tl.where(in_group & has & (k == 1), _STREAMS, v))
+    n = tl.full([F], 1, tl.int64)
+    for b in tl.static_range(1, _VARINT_MAX):
+        n += ((v >> (7 * b)) != 0).to(tl.int64)
+    n = tl.where((f == 0) | (in_group & ((k < 2) | has)), n, 0)
+    if WRITE:
+        at = tl.load(at_ptr + c) + tl.cumsum(n, 0) - n
+        for b in tl.static_range(_VARINT_MAX):
+            byte = ((v >> (7 * b)) & 0x7F) | tl.where(b + 1 < n, 0x80, 0)
+            tl.store(out_ptr + at + b, byte.to(tl.uint8), mask=b < n)
+    else:
+        tl.store(len_ptr + c, tl.sum(n, 0))
 
 
-@njit(nogil=True, cache=True)
-def _write(n_groups, events, has_streams, codec, raw, stored, out, lengths) -> int:
-    """Writes every chunk's table into `out` and its length into `lengths`; the bytes written."""
-    p = 0
-    for i in range(n_groups.size):
-        start = p
-        p = _put(out, p, n_groups[i])
-        for g in range(n_groups[i]):
-            if not has_streams[i, g]:
-                p = _put(out, _put(out, p, 0), 0)
-                continue
-            p = _put(out, _put(out, p, events[i, g]), STREAMS)
-            for j in range(STREAMS):
-                out[p] = codec[i, g, j]
-                p = _put(out, _put(out, p + 1, raw[i, g, j]), stored[i, g, j])
-        lengths[i] = p - start
-    return p
+def max_length(ncp: int) -> int:
+    """Bytes of a chunk table of `ncp` classes at most."""
+    return VARINT_MAX * (1 + ncp * GROUP_FIELDS)
 
 
-def write(n_groups: np.ndarray, events: np.ndarray, has_streams: np.ndarray, codec: np.ndarray,
-          raw: np.ndarray, stored: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(table bytes of all chunks back to back, table length of each chunk). Per chunk its
-    number of groups; per [chunk, class] its events and whether it has its 4 streams; per
-    [chunk, class, stream] their codec, raw and stored lengths. Classes at or past a chunk's
-    number of groups are left out."""
-    n, ncp = events.shape
-    out = np.empty(n * VARINT_MAX * (1 + ncp * (2 + 3 * STREAMS)), np.uint8)
-    lengths = np.zeros(n, np.int64)
-    i64 = lambda a: np.ascontiguousarray(a, np.int64)
-    used = _write(i64(n_groups), i64(events), np.ascontiguousarray(has_streams, np.bool_), i64(codec), i64(raw),
-                  i64(stored), out, lengths)
-    return out[:used], lengths
+@dataclass
+class Tables:
+    """What the chunk tables of a batch say (device tensors): per chunk its number of
+    groups; per [chunk, class] its events and whether it has its 4 streams; per [chunk,
+    class, stream] their codec, raw and stored lengths. Classes at or past a chunk's number
+    of groups are left out of its table."""
+    n_groups: torch.Tensor
+    events: torch.Tensor
+    has_streams: torch.Tensor
+    codec: torch.Tensor
+    raw: torch.Tensor
+    stored: torch.Tensor
+
+    def _launch(self, at: torch.Tensor, out: torch.Tensor, lengths: torch.Tensor, write: bool) -> None:
+        n, ncp = self.events.shape
+        if n:
+            flat = [t.reshape(-1).to(d).contiguous() for t, d in ((self.n_groups, torch.int64),
+                                                                  (self.events, torch.int64),
+                                                                  (self.has_streams, torch.int8),
+                                                                  (self.codec, torch.int64), (self.raw, torch.int64),
+                                                                  (self.stored, torch.int64))]
+            _table_kernel[(n,)](*flat, at, out, lengths, NCP=ncp, F=triton.next_power_of_2(1 + ncp * GROUP_FIELDS),
+                                WRITE=write)
+
+    def lengths(self) -> torch.Tensor:
+        """Each chunk's table bytes (int64; no sync)."""
+        out = torch.zeros(self.events.shape[0], dtype=torch.int64, device=self.events.device)
+        self._launch(out, out, out, False)
+        return out
+
+    def write(self, out: torch.Tensor, at: torch.Tensor) -> None:
+        """Writes chunk i's table into the device bytes `out` at at[i] (no sync)."""
+        layout.require(out, torch.uint8)
+        self._launch(at.long().contiguous(), out, at, True)
