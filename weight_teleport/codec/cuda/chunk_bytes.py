@@ -128,23 +128,28 @@ def begin_encode() -> None:
     _staging.used = 0
 
 
-def _to_host(t: torch.Tensor, room: int | None = None) -> np.ndarray:
+def _to_host(t: torch.Tensor, room: int | None = None) -> tuple[np.ndarray, torch.cuda.Event | None]:
     """A copy of device bytes in the next staging buffer of this encode call, or with `room`
     in fresh pinned memory (torch's caching allocator) `room` bytes past its start (a view of
-    the whole)."""
+    the whole array, as format.write_pack_into takes it); and the event to wait for before
+    reading it (None: copied already)."""
     if room is not None:
-        whole = torch.empty(room + t.numel(), dtype=torch.uint8, pin_memory=t.is_cuda)
-        whole[room:].copy_(t)
-        return whole.numpy()[room:]
-    i, n = _staging.used, t.numel()
-    if i == len(_staging.buffers):
-        _staging.buffers.append(torch.empty(0, dtype=torch.uint8))
-    if _staging.buffers[i].numel() < n:
-        _staging.buffers[i] = torch.empty(max(n, 1 << 20), dtype=torch.uint8, pin_memory=t.is_cuda)
-    _staging.used += 1
-    host = _staging.buffers[i][:n]
-    host.copy_(t)
-    return host.numpy()
+        host = torch.empty(room + t.numel(), dtype=torch.uint8, pin_memory=t.is_cuda)
+        at = room
+    else:
+        i, at = _staging.used, 0
+        if i == len(_staging.buffers):
+            _staging.buffers.append(torch.empty(0, dtype=torch.uint8))
+        if _staging.buffers[i].numel() < t.numel():
+            _staging.buffers[i] = torch.empty(max(t.numel(), 1 << 20), dtype=torch.uint8, pin_memory=t.is_cuda)
+        _staging.used += 1
+        host = _staging.buffers[i]
+    host[at:at + t.numel()].copy_(t, non_blocking=True)
+    copied = None
+    if t.is_cuda:
+        copied = torch.cuda.Event()
+        copied.record()
+    return host.numpy()[at:at + t.numel()], copied
 
 
 @dataclass
@@ -156,13 +161,16 @@ class Payload:
     """Each chunk's first byte in `data`."""
     lengths: np.ndarray
     crcs: np.ndarray
+    copied: torch.cuda.Event | None
+    """Recorded after the copy of `data` from the device: wait for it before reading `data`
+    (None: copied already)."""
 
 
 def assemble(st: symbols.SymbolStreams, coded: Coded, n_groups: np.ndarray, room: int | None = None) -> Payload:
     """The sparse chunks whose segments are `st`'s rows ([chunks * NCP], NCP per chunk),
     chunk k with n_groups[k] classes, laid out and written on the device (tables, streams,
     CRCs) into a buffer of their largest size; the host waits once, for the chunks' lengths
-    and CRCs, then copies the payload as `_to_host` does with `room`."""
+    and CRCs, then queues the payload's copy as `_to_host` does with `room`."""
     n = n_groups.size
     ncp = st.lengths.shape[0] // n
     dev = st.buffer.device
@@ -189,4 +197,5 @@ def assemble(st: symbols.SymbolStreams, coded: Coded, n_groups: np.ndarray, room
     host = torch.cat([lengths, crcs.long()]).cpu().numpy()  # the one sync
     lengths = host[:n]
     size = int(lengths.sum())
-    return Payload(_to_host(out[:size], room), layout.starts(lengths), lengths, host[n:] & 0xFFFFFFFF)
+    data, copied = _to_host(out[:size], room)
+    return Payload(data, layout.starts(lengths), lengths, host[n:] & 0xFFFFFFFF, copied)

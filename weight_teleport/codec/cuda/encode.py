@@ -61,12 +61,14 @@ def _scan_rows(items: list[EncodeItem], chunk_elems: int) -> tuple[list[np.ndarr
         for i, p0, n in zip(g, layout.starts(per).tolist(), per.tolist()):
             hists[i] = done.hist, p0, n
     flat = torch.cat([o.view(-1) for o in outs]).cpu().numpy() if outs else np.zeros(0, np.int64)
-    rows = [np.zeros(2 * (1 << it.info.exponent_bits) + 2, np.int64) for it in items]
-    at = 0
+    rows, at = [None] * len(items), 0
     for g, o in zip(groups, outs):
-        for j, i in enumerate(g):
-            rows[i] = flat[at + j * o.shape[1]:at + (j + 1) * o.shape[1]]
+        for i, row in zip(g, flat[at:at + o.numel()].reshape(o.shape)):
+            rows[i] = row
         at += o.numel()
+    for i, it in enumerate(items):
+        if rows[i] is None:
+            rows[i] = np.zeros(2 * (1 << it.info.exponent_bits) + 2, np.int64)
     return rows, hists
 
 
@@ -132,13 +134,14 @@ def encode(items: list[EncodeItem], chunk_elems: int, level: int, threads: int |
     rows, hists = _scan_rows(items, chunk_elems)
     changed, plans = _plans(items, rows)
     parts: list = [[] for _ in items]
-    dense = [i for i, it in enumerate(items) if changed[i] > SPARSE_MAX_DENSITY * it.new.numel()]
+    numel = np.fromiter((it.new.numel() for it in items), np.int64, len(items))
+    dense = np.flatnonzero(changed > SPARSE_MAX_DENSITY * numel).tolist()
     on_cpu = {}
     if dense:
         for i, rec, ch in zip(dense, *_on_cpu([items[i] for i in dense], chunk_elems, level, threads)):
             on_cpu[i], parts[i] = rec, ch
     sparse = [i for i, p in enumerate(plans) if p is not None and i not in on_cpu]
-    records, groups, room = None, _by_type(items, sparse), None
+    records, groups, room, copies = None, _by_type(items, sparse), None, []
     for g in groups:
         b = encode_batch.Batch([items[i] for i in g], [plans[i] for i in g], sum(plans[i].events for i in g),
                                int(changed[g].sum()), _batch_hist(hists, g))
@@ -147,12 +150,16 @@ def encode(items: list[EncodeItem], chunk_elems: int, level: int, threads: int |
         if pinned and len(groups) == 1 and not on_cpu:
             room = prefix_bound(records, int(ev.first_chunk[-1]))
         done = encode_batch.encode(ev, config, level, threads or os.cpu_count() or 1, room)
+        copies.append(done.payload.copied)
         for j, i in enumerate(g):
             parts[i] = _tensor_part(done, j)
     records = records or _records(items, rows, changed, plans)
     for i, rec in on_cpu.items():
         records[i] = rec
-    records, parts = _lay_out(records, parts)
+    records, parts = _lay_out(records, parts)  # while the payloads are copied to the host
+    for copied in copies:
+        if copied is not None:
+            copied.synchronize()
     return records, parts if room is None else [done.payload.data]
 
 
