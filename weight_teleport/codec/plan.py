@@ -71,7 +71,8 @@ def plan_many(total: np.ndarray, changed: np.ndarray) -> list[ClassPlan]:
     n = np.zeros(total.shape[0], np.int64)
     events = np.zeros(total.shape[0], np.int64)
     _plan_rows(total, changed, MIN_CLASS_EVENTS, lut, inverted, n, events)
-    return [ClassPlan(lut[i], inverted[i, :n[i]].copy(), int(events[i])) for i in range(total.shape[0])]
+    return [ClassPlan(lut_i, inv_i[:n_i], ev_i) for lut_i, inv_i, n_i, ev_i in zip(lut, inverted, n.tolist(),
+                                                                                    events.tolist())]
 
 
 _LOW = np.uint64(0xFFFFFFFF)
