@@ -99,7 +99,9 @@ def test_gpu_symbol_streams_match_cpu_kernel():
         out = symbols.encode(torch.from_numpy(np.concatenate(ranks)).cuda(),
                              torch.from_numpy(np.concatenate(res)).cuda(), seg)
         buf = out.buffer.cpu().numpy()
-        got = [[buf[o:o + n].tobytes() for o, n in zip(out.offsets[s], out.lengths[s])] for s in range(40)]
+        offsets, lengths = out.on_host()
+        got = [[buf[o:o + n].tobytes() for o, n in zip(offsets[s], lengths[s])] for s in range(40)]
+        assert out.segment_bytes.tolist() == [sum(map(len, r)) for r in ref]
         assert got == ref
 
 

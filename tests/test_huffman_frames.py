@@ -158,17 +158,41 @@ def test_gpu_frames_equal_the_reference():
     for o, s in zip(offsets, streams):
         host[o:o + s.size] = s
     buffer = torch.from_numpy(host).cuda()
-    p = huffman.plan(buffer, offsets, lengths)
+    blocks = int((-(-lengths // H.BLOCK_BYTES)).sum())
+    on_gpu = lambda a: torch.from_numpy(a).cuda()
+    p = huffman.plan(buffer, on_gpu(offsets), on_gpu(lengths), 1, blocks + 7)  # 7 empty blocks past the streams'
     sizes = huffman.frame_sizes(p).cpu().numpy()
     refs = [H.frame(s.tobytes()) for s in streams]
     assert sizes.tolist() == [len(r) for r in refs]
     take = np.arange(lengths.size) % 3 != 1  # the others left out, as streams stored raw are
     at = np.cumsum(np.where(take, sizes, 0) + 5) - np.where(take, sizes, 0)  # 5 bytes before each frame
     out = torch.zeros(-(-int(at[-1] + sizes[-1]) // 4), dtype=torch.int32, device="cuda")
-    huffman.write(buffer, p, torch.from_numpy(take).cuda(), torch.from_numpy(at).cuda(), out)
+    huffman.write(buffer, p, on_gpu(take), on_gpu(at), out)
     got = out.view(torch.uint8).cpu().numpy()
     written = np.zeros(got.size, bool)
     for k in np.flatnonzero(take):
         assert got[at[k]:at[k] + sizes[k]].tobytes() == refs[k], f"stream {k}"
         written[at[k]:at[k] + sizes[k]] = True
     assert not got[~written].any()  # nothing outside the frames taken
+
+
+@pytest.mark.parametrize("min_length,extra", [(1, 0), (16, 5)])
+def test_block_table_matches_the_streams(min_length, extra):
+    """The device-made block table (torch, run here on CPU tensors): every stream of at least
+    min_length bytes cut into BLOCK_BYTES blocks in order, with its frame and last flags,
+    then `extra` empty blocks."""
+    from weight_teleport.codec.cuda import huffman
+    B = H.BLOCK_BYTES
+    lengths = np.array([0, 15, 16, 1, B - 1, B, B + 1, 3 * B, 0, 17, 2 * B + 5, 255, 256, 65791, 65792], np.int64)
+    offsets = np.cumsum(lengths + 7) * 16
+    bl = huffman.blocks(torch.from_numpy(offsets), torch.from_numpy(lengths), min_length,
+                        int((-(-lengths[lengths >= min_length] // B)).sum()) + extra)
+    want = [(s, k) for s in range(lengths.size) if lengths[s] >= min_length for k in range(-(-lengths[s] // B))]
+    n = len(want)
+    got = list(zip(bl.stream.tolist(), (torch.arange(bl.stream.numel()) - bl.first).tolist()))
+    assert got[:n] == want and all(s == lengths.size for s, _ in got[n:]) and len(got) == n + extra
+    for i, (s, k) in enumerate(want):
+        assert bl.src[i] == offsets[s] + k * B and bl.size[i] == min(lengths[s] - k * B, B)
+        assert bl.frame[i] == (lengths[s] if k == 0 else 0) and bl.last[i] == (k == -(-lengths[s] // B) - 1)
+    assert (bl.size[n:] == 0).all()
+    assert bl.header[:-1].tolist() == H.frame_header_size(lengths).tolist()

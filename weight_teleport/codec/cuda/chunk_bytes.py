@@ -16,6 +16,7 @@ from weight_teleport.codec.cuda import entropy, huffman, layout, symbols, tables
 from weight_teleport.codec.cuda.config import CudaCodecConfig
 from weight_teleport.codec.cuda.crc import crc32
 from weight_teleport.codec.cuda.gather import gather
+from weight_teleport.codec.huffman_frames import BLOCK_BYTES
 
 MIN_CODED = 16
 """Streams shorter than this are stored raw (as the CPU backend does)."""
@@ -41,8 +42,7 @@ class Coded:
 
 
 def _raw(st: symbols.SymbolStreams) -> Coded:
-    offsets, lengths, _ = st.on_device
-    return Coded(torch.full_like(lengths, codecs.RAW), lengths.clone(), offsets.clone(), st.buffer[:0])
+    return Coded(torch.full_like(st.lengths, codecs.RAW), st.lengths.clone(), st.offsets.clone(), st.buffer[:0])
 
 
 def _use(c: Coded, which: np.ndarray, codec, stored: np.ndarray, src_off: np.ndarray, coded: torch.Tensor) -> Coded:
@@ -56,8 +56,17 @@ def _use(c: Coded, which: np.ndarray, codec, stored: np.ndarray, src_off: np.nda
     return c
 
 
-def _code_nvcomp(cfg: CudaCodecConfig, st: symbols.SymbolStreams, todo: np.ndarray) -> Coded:
-    off, ln = st.offsets.ravel()[todo], st.lengths.ravel()[todo]
+def _to_code(st: symbols.SymbolStreams) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(flat indices, offsets, lengths) of the streams coded, read from the device."""
+    offsets, lengths = (a.ravel() for a in st.on_host())
+    todo = np.flatnonzero(lengths >= MIN_CODED)
+    return todo, offsets[todo], lengths[todo]
+
+
+def _code_nvcomp(cfg: CudaCodecConfig, st: symbols.SymbolStreams) -> Coded:
+    todo, off, ln = _to_code(st)
+    if not todo.size:
+        return _raw(st)
     out, out_off, pending = entropy.compress(cfg, st.buffer, off, ln)
     sizes, statuses = pending.host()
     host = torch.cat([sizes, statuses.long()]).cpu().numpy()
@@ -68,9 +77,9 @@ def _code_nvcomp(cfg: CudaCodecConfig, st: symbols.SymbolStreams, todo: np.ndarr
     return _use(_raw(st), todo[smaller], CODEC_ID[cfg.algorithm], sizes[smaller], out_off[smaller], out)
 
 
-def _code_cpu(level: int, st: symbols.SymbolStreams, todo: np.ndarray, threads: int) -> Coded:
+def _code_cpu(level: int, st: symbols.SymbolStreams, threads: int) -> Coded:
+    todo, off, ln = _to_code(st)
     raw_host = st.buffer.cpu().numpy()
-    off, ln = st.offsets.ravel()[todo], st.lengths.ravel()[todo]
     with ThreadPoolExecutor(max_workers=threads) as pool:
         out = list(pool.map(lambda a: codecs.encode_stream(raw_host[a[0]:a[0] + a[1]], level), zip(off, ln)))
     smaller = np.array([cid == codecs.ZSTD for cid, _ in out], bool)
@@ -80,34 +89,31 @@ def _code_cpu(level: int, st: symbols.SymbolStreams, todo: np.ndarray, threads: 
     return _use(_raw(st), todo[smaller], codecs.ZSTD, sizes, layout.starts(sizes), blob)
 
 
-def _code_huffman(st: symbols.SymbolStreams, todo: np.ndarray) -> Coded:
-    """Huffman-literal zstd frames written on the GPU (codec/cuda/huffman.py), each where it
-    is smaller than its stream; nothing syncs."""
-    p = huffman.plan(st.buffer, st.offsets.ravel()[todo], st.lengths.ravel()[todo])
-    sizes = huffman.frame_sizes(p)
+def _code_huffman(st: symbols.SymbolStreams) -> Coded:
+    """Huffman-literal zstd frames written on the GPU (codec/cuda/huffman.py), for each
+    stream of at least MIN_CODED bytes where it is smaller; nothing syncs (the launch is
+    sized by a bound on the blocks from the host's segment bytes)."""
+    max_blocks = int(st.segment_bytes.sum()) // BLOCK_BYTES + st.lengths.numel()
+    p = huffman.plan(st.buffer, st.offsets, st.lengths, MIN_CODED, max_blocks)
     c = _raw(st)
-    which = layout.upload(todo, st.buffer.device)
-    raw = c.stored.view(-1)[which]
-    take = sizes < raw
-    c.codec.view(-1)[which] = torch.where(take, codecs.ZSTD, codecs.RAW)
-    c.stored.view(-1)[which] = torch.where(take, sizes, raw)
-    c.frames = lambda out, dst: huffman.write(st.buffer, p, take, dst.reshape(-1)[which], out)
+    raw, sizes = c.stored.view(-1), huffman.frame_sizes(p)
+    take = (raw >= MIN_CODED) & (sizes < raw)
+    c.codec.view(-1)[:] = torch.where(take, codecs.ZSTD, codecs.RAW)
+    c.stored.view(-1)[:] = torch.where(take, sizes, raw)
+    c.frames = lambda out, dst: huffman.write(st.buffer, p, take, dst, out)
     return c
 
 
 def code(st: symbols.SymbolStreams, cfg: CudaCodecConfig, level: int, threads: int) -> Coded:
     """The stored form of every stream: Huffman-literal frames (GPU), nvCOMP or the CPU's
     zstd where that is smaller, raw otherwise and for streams shorter than MIN_CODED."""
-    todo = np.flatnonzero(st.lengths.ravel() >= MIN_CODED)
     if not cfg.portable and not entropy.available():
         raise RuntimeError(f"stream codec {cfg.algorithm!r} needs nvCOMP: pip install 'weight-teleport[cuda]'")
-    if not todo.size:
-        return _raw(st)
     if cfg.algorithm == "zstd" and cfg.huffman and cfg.use_nvcomp and huffman.available(st.buffer):
-        return _code_huffman(st, todo)
+        return _code_huffman(st)
     if cfg.use_nvcomp and entropy.available():
-        return _code_nvcomp(cfg, st, todo)
-    return _code_cpu(level, st, todo, threads)
+        return _code_nvcomp(cfg, st)
+    return _code_cpu(level, st, threads)
 
 
 class _Staging(threading.local):
@@ -173,8 +179,7 @@ def assemble(st: symbols.SymbolStreams, coded: Coded, n_groups: np.ndarray, room
     and CRCs, then queues the payload's copy as `_to_host` does with `room`."""
     n = n_groups.size
     ncp = st.lengths.shape[0] // n
-    dev = st.buffer.device
-    _, raw_len, changed = st.on_device
+    dev, raw_len, changed = st.buffer.device, st.lengths, st.changed
     groups = layout.upload(n_groups.astype(np.int64), dev)
     events = raw_len[:, 0].reshape(n, ncp)
     has = ((events > 0) | (changed.reshape(n, ncp) > 0)) & (torch.arange(ncp, device=dev) < groups[:, None])
@@ -184,7 +189,7 @@ def assemble(st: symbols.SymbolStreams, coded: Coded, n_groups: np.ndarray, room
     lengths = head_len + body.sum(1)
     offsets = layout.starts(lengths)
     dst = (offsets + head_len)[:, None] + layout.starts(body, 1)
-    bounds = tables.max_length(ncp) + st.lengths.reshape(n, -1).sum(1)  # a stored stream is no longer than raw
+    bounds = tables.max_length(ncp) + st.segment_bytes.reshape(n, ncp).sum(1)  # stored streams are no longer than raw
     out = torch.zeros(-(-int(bounds.sum()) // 4) * 4, dtype=torch.uint8, device=dev)
     heads.write(out, offsets)
     raw = coded.codec.view(n, -1) == codecs.RAW

@@ -5,8 +5,8 @@
 //   (the reference's construction, run by one thread), canonical codes, its tree description
 //   (direct or FSE-compressed weights, one thread) and what the block will be (raw, RLE or
 //   compressed) with the sizes of its parts ([blocks, 8] int32: kind, content bytes, four
-//   stream bytes, tree description bytes, longest code). The host reads the sizes and lays
-//   the frames out.
+//   stream bytes, tree description bytes, longest code; zeros for an empty block). The
+//   frames are laid out from the sizes on the device.
 // - huf_write, a CTA per block: its frame header (first block of a stream), block header and
 //   content at its offset (none: the block's stream is stored raw). Threads of a quarter take
 //   runs of its literals; a run's first bit is the sum of the code lengths of the runs after
@@ -246,6 +246,10 @@ huf_plan(const unsigned char* buf, const i64* src, const int* len, int* info, un
     const int t = threadIdx.x;
     const i64 b = blockIdx.x;
     const int n = len[b];
+    if (n == 0) {  // an empty block past the streams' blocks (the launch is sized by a bound)
+        if (t < 8) info[b * 8 + t] = 0;
+        return;
+    }
     const unsigned char* p = buf + src[b];
     for (int k = t; k < 4 * 256; k += T) (&hist[0][0])[k] = 0;
     if (t < 4) bits[t] = 0;

@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from weight_teleport.codec.cuda import layout, nvrtc
-from weight_teleport.codec.huffman_frames import BLOCK_BYTES, frame_header_size
+from weight_teleport.codec.huffman_frames import BLOCK_BYTES, SIZE_IN_1_BELOW, SIZE_IN_2_BELOW
 
 SOURCE = Path(__file__).with_name("huffman.cu")
 THREADS = 256
@@ -34,25 +34,35 @@ def _module() -> nvrtc.Module:
 
 
 @dataclass
-class Plan:
-    """Every block of the streams, planned on the device (int64 tensors unless said)."""
-    blocks: int
+class Blocks:
+    """The blocks of the streams at least min_length bytes long, then empty ones up to the
+    launch's bound (int64 device tensors)."""
     src: torch.Tensor
     """Each block's first byte in the streams' buffer."""
     size: torch.Tensor
-    """Each block's bytes (int32)."""
+    """Its bytes (0: an empty block)."""
     stream: torch.Tensor
-    """Each block's stream."""
+    """Its stream (the number of streams: an empty block)."""
     first: torch.Tensor
-    """Index of the first block of each block's stream."""
+    """The index of its stream's first block."""
     frame: torch.Tensor
-    """The stream's length at its first block (where its frame header goes), else 0."""
+    """The stream's length at its first block (where the frame header goes), else 0."""
     last: torch.Tensor
-    """Whether the block is its stream's last (int32)."""
+    """1 where it is its stream's last block."""
     header: torch.Tensor
-    """Each stream's frame header bytes."""
+    """Each stream's frame header bytes, then one for the empty blocks' stream."""
+
+
+@dataclass
+class Plan:
+    """Every block of the streams, planned on the device."""
+    n: int
+    """Blocks of the launch."""
+    blocks: Blocks
+    size: torch.Tensor
+    """Each block's bytes (int32)."""
     info: torch.Tensor
-    """[blocks, INFO] int32."""
+    """[blocks, INFO] int32 (zeros for an empty block)."""
     codes: torch.Tensor
     """[blocks * 256] code of each symbol (device scratch for the write)."""
     code_lengths: torch.Tensor
@@ -61,43 +71,62 @@ class Plan:
     """[blocks * TREE_MAX] each block's tree description."""
 
 
-def plan(buffer: torch.Tensor, offsets: np.ndarray, lengths: np.ndarray) -> Plan:
-    """Launch the planning of the streams buffer[offsets[i]:offsets[i] + lengths[i]] (each at
-    least one byte); nothing syncs."""
+def blocks(offsets: torch.Tensor, lengths: torch.Tensor, min_length: int, max_blocks: int) -> Blocks:
+    """The BLOCK_BYTES blocks of the streams [offsets[i], +lengths[i]) at least `min_length`
+    (>= 1) bytes long, in stream order, then empty ones up to `max_blocks` (at least their
+    number). No sync."""
+    n = lengths.numel()
+    lengths = torch.cat([lengths.reshape(-1), lengths.new_zeros(1)])  # stream n: the empty blocks'
+    offsets = torch.cat([offsets.reshape(-1), offsets.new_zeros(1)])
+    count = torch.where(lengths >= min_length, (lengths + BLOCK_BYTES - 1) // BLOCK_BYTES, 0)
+    ends = count.cumsum(0)
+    b = torch.arange(max_blocks, device=lengths.device)
+    stream = torch.searchsorted(ends[:n], b, right=True)
+    k = b - (ends - count)[stream]
+    return Blocks(offsets[stream] + k * BLOCK_BYTES,
+                  torch.where(stream < n, torch.clamp(lengths[stream] - k * BLOCK_BYTES, max=BLOCK_BYTES), 0), stream,
+                  b - k, torch.where(k == 0, lengths[stream], 0), (k == count[stream] - 1).long(),
+                  torch.where(lengths < SIZE_IN_1_BELOW, 6, torch.where(lengths < SIZE_IN_2_BELOW, 7, 9)))
+
+
+def plan(buffer: torch.Tensor, offsets: torch.Tensor, lengths: torch.Tensor, min_length: int,
+         max_blocks: int) -> Plan:
+    """Launch the planning of the streams buffer[offsets[i]:offsets[i] + lengths[i]] (device
+    int64) at least `min_length` (>= 1) bytes long, the others left out; `max_blocks` (at
+    least their blocks) sizes the launch, its blocks past theirs empty. Nothing syncs."""
     layout.require(buffer, torch.uint8)
-    stream, k = layout.items(-(-lengths // BLOCK_BYTES))
-    size = np.minimum(lengths[stream] - k * BLOCK_BYTES, BLOCK_BYTES)
-    n = stream.size
-    last = np.r_[stream[1:] != stream[:-1], True][:n]
     dev = buffer.device
-    src, size, stream_d, first, frame, last, header = layout.to_device(
-        [offsets[stream] + k * BLOCK_BYTES, size, stream, np.arange(n) - k, np.where(k == 0, lengths[stream], 0),
-         last, frame_header_size(lengths)], dev)
-    info = torch.empty((max(n, 1), INFO), dtype=torch.int32, device=dev)
-    codes = torch.empty(max(n, 1) * 256, dtype=torch.int16, device=dev)
-    code_lengths = torch.empty(max(n, 1) * 256, dtype=torch.uint8, device=dev)
-    trees = torch.empty(max(n, 1) * TREE_MAX, dtype=torch.uint8, device=dev)
-    size = size.int()
-    if n:
-        _module().launch("huf_plan", n, THREADS, [buffer, src, size, info, codes, code_lengths, trees, n], dev)
-    return Plan(n, src, size, stream_d, first, frame, last.int(), header, info, codes, code_lengths, trees)
+    bl = blocks(offsets, lengths, min_length, max_blocks)
+    n = max(max_blocks, 1)
+    info = torch.empty((n, INFO), dtype=torch.int32, device=dev)
+    codes = torch.empty(n * 256, dtype=torch.int16, device=dev)
+    code_lengths = torch.empty(n * 256, dtype=torch.uint8, device=dev)
+    trees = torch.empty(n * TREE_MAX, dtype=torch.uint8, device=dev)
+    size = bl.size.int()
+    if max_blocks:
+        _module().launch("huf_plan", max_blocks, THREADS, [buffer, bl.src, size, info, codes, code_lengths, trees,
+                                                           max_blocks], dev)
+    return Plan(max_blocks, bl, size, info, codes, code_lengths, trees)
 
 
 def frame_sizes(p: Plan) -> torch.Tensor:
-    """Each stream's frame bytes (device int64; no sync)."""
-    return p.header.clone().index_add_(0, p.stream, 3 + p.info[:p.blocks, 1].long())
+    """Each stream's frame bytes (device int64; no sync); those of streams left out are
+    meaningless."""
+    sizes = p.blocks.header.clone().index_add_(0, p.blocks.stream, 3 + p.info[:p.n, 1].long())
+    return sizes[:-1]
 
 
 def write(buffer: torch.Tensor, p: Plan, take: torch.Tensor, at: torch.Tensor, out: torch.Tensor) -> None:
     """Writes the frames of the streams `take` (device bool) into `out` (int32 words, zero
     where the frames go), stream i's at byte at[i]; the others are left out. No sync."""
     layout.require(out, torch.int32)
-    if not p.blocks:
+    if not p.n:
         return
-    block_bytes = 3 + p.info[:p.blocks, 1].long()
-    block_at = layout.starts(block_bytes)
-    keep = take[p.stream]
-    block_at = torch.where(keep, at[p.stream] + p.header[p.stream] + block_at - block_at[p.first], -1)
-    _module().launch("huf_write", p.blocks, THREADS, [buffer, p.src, p.size, p.info, p.codes, p.code_lengths, p.trees,
-                                                      block_at, torch.where(keep, p.frame, 0), p.last, out, p.blocks],
+    bl = p.blocks
+    block_at = layout.starts(3 + p.info[:p.n, 1].long())
+    keep = torch.cat([take.reshape(-1), take.new_zeros(1)])[bl.stream]
+    at = torch.cat([at.reshape(-1), at.new_zeros(1)])[bl.stream]
+    block_at = torch.where(keep, at + bl.header[bl.stream] + block_at - block_at[bl.first], -1)
+    _module().launch("huf_write", p.n, THREADS, [buffer, bl.src, p.size, p.info, p.codes, p.code_lengths, p.trees,
+                                                 block_at, torch.where(keep, bl.frame, 0), bl.last.int(), out, p.n],
                      buffer.device)

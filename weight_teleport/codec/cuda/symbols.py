@@ -7,7 +7,8 @@ Inputs are per segment: its events' class ranks (ascending) and the residuals of
 changed elements (in a non-inverted class, one per event). One kernel, a program per
 segment walking its events and residuals in tiles, launched twice: first to count the
 bytes of each stream (read back in the step's one transfer, to lay out the slots), then to
-write them. Integer arithmetic is int64, which wraps like the format's unsigned
+write them (the slots laid out on the device; the host reads only the buffer's size and
+the segments' bytes). Integer arithmetic is int64, which wraps like the format's unsigned
 arithmetic; comparisons of values that may reach 2^63 go through `_uge`."""
 
 from dataclasses import dataclass
@@ -46,14 +47,19 @@ class SymbolStreams:
     """The four streams of every segment in one device buffer."""
     buffer: torch.Tensor
     """uint8, every stream at its slot."""
-    offsets: np.ndarray
-    """[segments, 4] int64 slot offsets (SLOT_ALIGN-aligned)."""
-    lengths: np.ndarray
-    """[segments, 4] int64 stream lengths."""
-    changed: np.ndarray
-    """Changed elements of each segment (int64, host)."""
-    on_device: tuple[torch.Tensor, torch.Tensor, torch.Tensor]
-    """(offsets, lengths, changed) on the device."""
+    offsets: torch.Tensor
+    """[segments, 4] int64 slot offsets (SLOT_ALIGN-aligned; device)."""
+    lengths: torch.Tensor
+    """[segments, 4] int64 stream lengths (device)."""
+    changed: torch.Tensor
+    """Changed elements of each segment (int64, device)."""
+    segment_bytes: np.ndarray
+    """Each segment's four stream lengths summed (int64, host)."""
+
+    def on_host(self) -> tuple[np.ndarray, np.ndarray]:
+        """(offsets, lengths) on the host (a sync)."""
+        both = torch.stack([self.offsets, self.lengths]).cpu().numpy()
+        return both[0], both[1]
 
 
 @triton.jit
@@ -182,15 +188,15 @@ def encode(ranks: torch.Tensor, res: torch.Tensor, seg: Segments) -> SymbolStrea
     if n_seg:
         unused = ranks  # the slot and buffer pointers, not read when counting
         _symbols_kernel[(n_seg,)](*args, unused, unused, unused, counts, BITS=seg.bits, T=TILE, WRITE=False)
-    host = torch.cat([ev_cnt, res_cnt, counts[:n_seg].view(-1)]).cpu().numpy()
-    ev_h, changed, c = host[:n_seg], host[n_seg:2 * n_seg], host[2 * n_seg:].reshape(n_seg, 3)
-    lengths = np.stack([ev_h, (c[:, 0] + 7) // 8, c[:, 1], c[:, 2] * (seg.bits // 8)], axis=1).astype(np.int64)
-    assert ranks.numel() == int(ev_h.sum()) and res.numel() == int(changed.sum())
-    slots = -(-lengths // SLOT_ALIGN) * SLOT_ALIGN
-    offsets = layout.starts(slots.ravel()).reshape(slots.shape)
-    buf = torch.zeros(int(slots.sum()) + 2 * SLOT_ALIGN, dtype=torch.uint8, device=dev)
-    offsets_d, lengths_d = layout.to_device([offsets, lengths], dev)
+    c = counts[:n_seg]
+    lengths = torch.stack([ev_cnt, (c[:, 0] + 7) // 8, c[:, 1], c[:, 2] * (seg.bits // 8)], 1)
+    slots = (lengths + SLOT_ALIGN - 1) // SLOT_ALIGN * SLOT_ALIGN
+    offsets = layout.starts(slots.view(-1)).view(lengths.shape)
+    sums = torch.stack([slots.sum(), ev_cnt.sum(), res_cnt.sum()])
+    host = torch.cat([sums, lengths.sum(1)]).cpu().numpy()  # the step's one transfer
+    assert ranks.numel() == host[1] and res.numel() == host[2]
+    buf = torch.zeros(int(host[0]) + 2 * SLOT_ALIGN, dtype=torch.uint8, device=dev)
     if n_seg:
-        _symbols_kernel[(n_seg,)](*args, offsets_d, buf, buf.view(torch.int32), counts, BITS=seg.bits, T=TILE,
+        _symbols_kernel[(n_seg,)](*args, offsets, buf, buf.view(torch.int32), counts, BITS=seg.bits, T=TILE,
                                   WRITE=True)
-    return SymbolStreams(buf, offsets, lengths, changed, (offsets_d, lengths_d, res_cnt))
+    return SymbolStreams(buf, offsets, lengths, res_cnt, host[3:])
