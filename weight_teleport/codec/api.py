@@ -80,8 +80,8 @@ def encode_delta(old: Mapping[str, torch.Tensor], new: Mapping[str, torch.Tensor
 
     CUDA states are encoded on the current CUDA stream (call it inside
     `torch.cuda.stream(s)` to keep it off the training stream); the host waits for the
-    device only to learn sizes (the key histograms the class plans are made from, stream
-    lengths, coded sizes) and to copy the finished payload.
+    device only to learn sizes (the key histograms the class plans are made from, the
+    symbol streams' total, the chunks' lengths and CRCs) and to copy the finished payload.
 
     The pack is `bytes`, or with `pinned` a uint8 array in pinned host memory, the form
     `pinned_pack` gives (needs CUDA). The GPU then copies a CUDA state's payload straight into

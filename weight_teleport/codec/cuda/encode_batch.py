@@ -82,9 +82,9 @@ def events(b: Batch, chunk_elems: int) -> Events:
 
 
 def encode(ev: Events, cfg: CudaCodecConfig, level: int, threads: int, room: int | None = None) -> Encoded:
-    """The chunks of every tensor of the batch whose events `ev` are (host syncs: stream
-    lengths, coded sizes, the payload's copy; into fresh pinned memory `room` bytes past its
-    start when given, chunk_bytes.assemble)."""
+    """The chunks of every tensor of the batch whose events `ev` are (host waits: the symbol
+    streams' total, the chunks' lengths and CRCs; the payload's copy is queued, into fresh
+    pinned memory `room` bytes past its start when given: chunk_bytes.assemble)."""
     st = symbols.encode(ev.ranks, ev.residuals, ev.segments)
     payload = chunk_bytes.assemble(st, chunk_bytes.code(st, cfg, level, threads), ev.n_groups, room)
     return Encoded(payload, ev.first_chunk)
