@@ -8,7 +8,6 @@ import functools
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from weight_teleport.codec.cuda import layout, nvrtc
