@@ -6,10 +6,10 @@ SLOT_ALIGN-aligned slots.
 Inputs are per segment: its events' class ranks (ascending) and the residuals of its
 changed elements (in a non-inverted class, one per event). One kernel, a program per
 segment walking its events and residuals in tiles, launched twice: first to count the
-bytes of each stream (read back in the step's one transfer, to lay out the slots), then to
-write them (the slots laid out on the device; the host reads only the buffer's size and
-the segments' bytes). Integer arithmetic is int64, which wraps like the format's unsigned
-arithmetic; comparisons of values that may reach 2^63 go through `_uge`."""
+bytes of each stream (the slots are laid out from them on the device; the step's one
+transfer reads only the buffer's size and each segment's bytes), then to write them.
+Integer arithmetic is int64, which wraps like the format's unsigned arithmetic;
+comparisons of values that may reach 2^63 go through `_uge`."""
 
 from dataclasses import dataclass
 

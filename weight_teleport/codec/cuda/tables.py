@@ -134,8 +134,9 @@ def read(pack: np.ndarray, starts: np.ndarray, lengths: np.ndarray, classes: np.
 def _table_kernel(n_groups_ptr, events_ptr, has_ptr, codec_ptr, raw_ptr, stored_ptr, at_ptr, out_ptr, len_ptr,
                   NCP: tl.constexpr, F: tl.constexpr, WRITE: tl.constexpr):
     """Chunk c's table as F varint fields (n_groups, then per group count, n_streams and
-    (codec, raw, stored) per stream; absent ones of no bytes): without WRITE its length
-    into len_ptr, with WRITE its bytes at out_ptr + at_ptr[c]."""
+    (codec, raw, stored) per stream; absent ones of no bytes; a codec id is below 128, so
+    its byte is its own varint): without WRITE its length into len_ptr, with WRITE its
+    bytes at out_ptr + at_ptr[c]."""
     c = tl.program_id(0).to(tl.int64)
     f = tl.arange(0, F)
     ng = tl.load(n_groups_ptr + c)
