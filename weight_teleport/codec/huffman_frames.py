@@ -267,8 +267,9 @@ def frame_header(n: int) -> bytes:
 
 
 def frame_header_size(n):
-    """Bytes of `frame_header(n)`, of an int or each of an array."""
-    return np.where(n < SIZE_IN_1_BELOW, 6, np.where(n < SIZE_IN_2_BELOW, 7, 9))
+    """Bytes of `frame_header(n)`, of an int or each of an array (numpy or torch, where the
+    GPU writer lays its frames out)."""
+    return 6 + (n >= SIZE_IN_1_BELOW) + 2 * (n >= SIZE_IN_2_BELOW)
 
 
 def frame(data) -> bytes:

@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 
 from weight_teleport.codec.cuda import layout, nvrtc
-from weight_teleport.codec.huffman_frames import BLOCK_BYTES, SIZE_IN_1_BELOW, SIZE_IN_2_BELOW
+from weight_teleport.codec.huffman_frames import BLOCK_BYTES, frame_header_size
 
 SOURCE = Path(__file__).with_name("huffman.cu")
 THREADS = 256
@@ -85,7 +85,7 @@ def blocks(offsets: torch.Tensor, lengths: torch.Tensor, min_length: int, max_bl
     return Blocks(offsets[stream] + k * BLOCK_BYTES,
                   torch.where(stream < n, torch.clamp(lengths[stream] - k * BLOCK_BYTES, max=BLOCK_BYTES), 0), stream,
                   b - k, torch.where(k == 0, lengths[stream], 0), (k == count[stream] - 1).long(),
-                  torch.where(lengths < SIZE_IN_1_BELOW, 6, torch.where(lengths < SIZE_IN_2_BELOW, 7, 9)))
+                  frame_header_size(lengths))
 
 
 def plan(buffer: torch.Tensor, offsets: torch.Tensor, lengths: torch.Tensor, min_length: int,

@@ -184,20 +184,23 @@ class Tables:
     raw: torch.Tensor
     stored: torch.Tensor
 
+    def __post_init__(self):
+        self.n, self.ncp = self.events.shape
+        # the kernel's inputs, made once for both launches
+        self._flat = [t.reshape(-1).to(d).contiguous() for t, d in ((self.n_groups, torch.int64),
+                                                                    (self.events, torch.int64),
+                                                                    (self.has_streams, torch.int8),
+                                                                    (self.codec, torch.int64), (self.raw, torch.int64),
+                                                                    (self.stored, torch.int64))]
+
     def _launch(self, at: torch.Tensor, out: torch.Tensor, lengths: torch.Tensor, write: bool) -> None:
-        n, ncp = self.events.shape
-        if n:
-            flat = [t.reshape(-1).to(d).contiguous() for t, d in ((self.n_groups, torch.int64),
-                                                                  (self.events, torch.int64),
-                                                                  (self.has_streams, torch.int8),
-                                                                  (self.codec, torch.int64), (self.raw, torch.int64),
-                                                                  (self.stored, torch.int64))]
-            _table_kernel[(n,)](*flat, at, out, lengths, NCP=ncp, F=triton.next_power_of_2(1 + ncp * GROUP_FIELDS),
-                                WRITE=write)
+        if self.n:
+            _table_kernel[(self.n,)](*self._flat, at, out, lengths, NCP=self.ncp,
+                                     F=triton.next_power_of_2(1 + self.ncp * GROUP_FIELDS), WRITE=write)
 
     def lengths(self) -> torch.Tensor:
         """Each chunk's table bytes (int64; no sync)."""
-        out = torch.zeros(self.events.shape[0], dtype=torch.int64, device=self.events.device)
+        out = torch.zeros(self.n, dtype=torch.int64, device=self.events.device)
         self._launch(out, out, out, False)
         return out
 
