@@ -311,6 +311,30 @@ hist_counts(const int* hist, const i64* prog_tensor, const unsigned char* lut, c
     }
 }
 
+// Class planes: a lane keeps the classes of a run of at most 64 elements as LPLANES bit
+// masks (bit i of plane b: bit b of element i's class), for up to 16 classes.
+#if NCP <= 16
+#define LPLANES (NCP > 8 ? 4 : NCP > 4 ? 3 : NCP > 2 ? 2 : NCP > 1 ? 1 : 0)
+
+// Class c with its bit b at bit 8 * b.
+__device__ __forceinline__ unsigned spread_class(unsigned c) { return (c * 0x204081u) & 0x01010101u; }
+
+__device__ __forceinline__ u64 run_class(const u64 (&pl)[4], u64 valid, int c) {
+    u64 m = valid;
+#pragma unroll
+    for (int b = 0; b < LPLANES; b++) m &= ((c >> b) & 1) ? pl[b] : ~pl[b];
+    return m;
+}
+
+__device__ __forceinline__ int run_class_at(const u64 (&pl)[4], int i) {
+    int c = 0;
+#pragma unroll
+    for (int b = 0; b < LPLANES; b++) c |= (int)((pl[b] >> i) & 1) << b;
+    return c;
+}
+
+#endif
+
 struct __align__(16) Tally {  // a class of the block's chunk
     i64 events_at;            // where the chunk's events of the class go
     int seen, events;         // its elements and events in the chunk before the current slice
@@ -372,6 +396,163 @@ class_events(const U* old, const i64* rows, const int* prog, const U* nw, const 
         }
     });
 }
+
+// The trainer's events as class_events writes them (the same outputs, the same arguments),
+// with a lane per run of ERUN consecutive elements instead of an element per lane: the warp
+// stages each sub-block of 32 * ERUN elements of both tensors in shared memory with
+// coalesced 16-byte loads (16-byte pieces swizzled so that neither the stores nor a lane's
+// reads of its run conflict in the banks), then each lane keeps its run's classes as bit
+// planes, its changed elements and its events as bit masks, and writes each class's
+// elements and events in its run to shared memory. The lanes of the first NCP take a
+// running prefix over the 32 runs of one class each, so every lane has, per class, the
+// elements and events before its run; a lane then ranks only its events and changed
+// elements (a popcount of the class's mask below the element). No `__match_any_sync`, no
+// shared tallies per element.
+#if NCP <= 16
+#define ERUN (BITS == 64 ? 16 : BITS == 32 ? 32 : 64)  // a lane's run: 128 bytes, 64 elements at most
+#define EPC (128 / BITS)                                // elements of a 16-byte piece
+#define CPL (ERUN / EPC)                                // pieces of a run (4 or 8)
+#define SWZ ((CPL < 8 ? CPL : 8) - 1)
+
+struct RunShared {                      // one warp's
+    uint4 old_s[32 * CPL], new_s[32 * CPL];  // the sub-block's pieces, run after run, swizzled
+    unsigned lut[LUT_SHARED ? NK : 1];  // the class map, each class's bits a byte apart
+    unsigned pre[32 * (NCP + 1)];       // per lane and class: elements | events << 16 (then their prefix)
+    int rank0[NCP], event0[NCP];        // the class's rank and event rank at the sub-block's start
+    i64 eo[NCP], ro[NCP];               // the class's first event slot and residual slot of the chunk
+};
+
+// Where element i of run L lies in a sub-block staged in shared memory (in elements).
+__device__ __forceinline__ int staged(int L, int i) {
+    return L * ERUN + (((i / EPC) ^ (L & SWZ)) * EPC) + i % EPC;
+}
+
+extern "C" __global__ void __launch_bounds__(WARPS * 32)
+class_events_runs(const U* old, const i64* rows, const int* prog, const U* nw, const i64* new_off,
+                  const unsigned char* lut, const signed char* inv_tab, const int* rbase, const int* ebase,
+                  const i64* eoff, const i64* roff, int* ranks_out, i64* res_out, i64 programs) {
+    __shared__ RunShared shared[WARPS];
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    const i64 pid = (i64)blockIdx.x * WARPS + w;
+    if (pid >= programs) return;
+    RunShared& sh = shared[w];
+    const Block bk = table_block(pid, rows, prog);
+    const U* po = old + bk.off + bk.first;
+    const U* pn = nw + new_off[bk.chunk] + bk.first;
+#if LUT_SHARED
+    for (int k = lane; k < NK; k += 32) sh.lut[k] = spread_class(lut[bk.tensor * NK + k]);
+#endif
+    const unsigned inv = __ballot_sync(FULL, lane < NCP && inv_tab[bk.tensor * NCP + lane]);
+    int rank0 = 0, event0 = 0;  // lane c < NCP: class c's running bases
+    if (lane < NCP) {
+        rank0 = rbase[pid * NCP + lane];
+        event0 = ebase[pid * NCP + lane];
+        sh.eo[lane] = eoff[bk.chunk * NCP + lane];
+        sh.ro[lane] = roff[bk.chunk * NCP + lane];
+    }
+    U* so = (U*)sh.old_s;
+    U* sn = (U*)sh.new_s;
+    const bool aligned = (((unsigned long long)po | (unsigned long long)pn) & 15ull) == 0;
+    unsigned* pre = sh.pre + lane * (NCP + 1);
+    for (int s0 = 0; s0 < bk.n; s0 += 32 * ERUN) {
+        const int n_sub = min(bk.n - s0, 32 * ERUN);
+        __syncwarp();
+        if (aligned && n_sub == 32 * ERUN) {  // coalesced: piece q * 32 + lane of the sub-block
+            const uint4* go = (const uint4*)(po + s0);
+            const uint4* gn = (const uint4*)(pn + s0);
+            uint4 a[CPL], b[CPL];
+#pragma unroll
+            for (int q = 0; q < CPL; q++) {
+                a[q] = __ldcs(go + q * 32 + lane);
+                b[q] = __ldcs(gn + q * 32 + lane);
+            }
+#pragma unroll
+            for (int q = 0; q < CPL; q++) {
+                const int g = q * 32 + lane, L = g / CPL, j = g % CPL;
+                sh.old_s[L * CPL + (j ^ (L & SWZ))] = a[q];
+                sh.new_s[L * CPL + (j ^ (L & SWZ))] = b[q];
+            }
+        } else {  // the block's last sub-block, or a tensor at an odd offset: an element at a time
+            for (int e = lane; e < 32 * ERUN; e += 32) {
+                const bool in = e < n_sub;
+                so[staged(e / ERUN, e % ERUN)] = in ? po[s0 + e] : (U)0;
+                sn[staged(e / ERUN, e % ERUN)] = in ? pn[s0 + e] : (U)0;
+            }
+        }
+        __syncwarp();
+        // the run's classes as planes, and its changed elements
+        const int left = n_sub - lane * ERUN;
+        const u64 full = ERUN == 64 ? ~0ull : (1ull << ERUN) - 1ull;
+        const u64 valid = left >= ERUN ? full : left <= 0 ? 0ull : (1ull << left) - 1ull;
+        u64 pl[4] = {0ull, 0ull, 0ull, 0ull}, chg = 0ull;
+        unsigned acc = 0;  // the current 8 elements' classes, bit b of element j at bit 8 * b + j
+        auto take = [&](u64 wo, u64 wn, int wi) {
+            const u64 d = wo ^ wn;
+#pragma unroll
+            for (int k = 0; k < PW; k++) {
+                const int i = wi * PW + k;
+                const int key = (int)((wo >> (k * BITS + MANT)) & KMASK);
+#if LUT_SHARED
+                acc += sh.lut[key] << (i & 7);
+#else
+                acc += spread_class(lut[bk.tensor * NK + key]) << (i & 7);
+#endif
+                if ((d >> (k * BITS)) & WMASK) chg |= 1ull << i;
+                if ((i & 7) == 7) {
+#pragma unroll
+                    for (int b = 0; b < LPLANES; b++) pl[b] |= (u64)((acc >> (8 * b)) & 0xffu) << (i & ~7);
+                    acc = 0;
+                }
+            }
+        };
+#pragma unroll
+        for (int j = 0; j < CPL; j++) {
+            const uint4 a = sh.old_s[lane * CPL + (j ^ (lane & SWZ))];
+            const uint4 b = sh.new_s[lane * CPL + (j ^ (lane & SWZ))];
+            take((u64)a.y << 32 | a.x, (u64)b.y << 32 | b.x, 2 * j);
+            take((u64)a.w << 32 | a.z, (u64)b.w << 32 | b.z, 2 * j + 1);
+        }
+        u64 inv_m = 0ull;  // the run's elements of inverted classes
+        for (unsigned t = inv; t; t &= t - 1) inv_m |= run_class(pl, valid, __ffs(t) - 1);
+        const u64 evm = (chg & ~inv_m) | (inv_m & ~chg);  // the events
+        // each class's elements and events in the run; then per class a prefix over the runs
+#pragma unroll
+        for (int c = 0; c < NCP; c++) {
+            const u64 m = run_class(pl, valid, c);
+            pre[c] = (unsigned)__popcll(m) | (unsigned)__popcll(m & evm) << 16;
+        }
+        __syncwarp();
+        if (lane < NCP) {
+            unsigned run = 0;
+#pragma unroll 8
+            for (int L = 0; L < 32; L++) {
+                const unsigned v = sh.pre[L * (NCP + 1) + lane];
+                sh.pre[L * (NCP + 1) + lane] = run;
+                run += v;
+            }
+            sh.rank0[lane] = rank0;
+            sh.event0[lane] = event0;
+            rank0 += (int)(run & 0xffffu);
+            event0 += (int)(run >> 16);
+        }
+        __syncwarp();
+        // the run's events and changed elements
+        for (u64 t = evm | chg; t; t &= t - 1) {
+            const int i = __ffsll(t) - 1;
+            const int c = run_class_at(pl, i);
+            const u64 before = run_class(pl, valid, c) & ((1ull << i) - 1ull);
+            const unsigned p = pre[c];
+            const int r = sh.rank0[c] + (int)(p & 0xffffu) + __popcll(before);
+            const int e = sh.event0[c] + (int)(p >> 16) + __popcll(before & evm);
+            if ((evm >> i) & 1) ranks_out[sh.eo[c] + e] = r;
+            if ((chg >> i) & 1) {
+                const int at = staged(lane, i);
+                res_out[sh.ro[c] + (((inv >> c) & 1) ? r - e : e)] = (i64)wrap(key((W)sn[at]) - key((W)so[at]));
+            }
+        }
+    }
+}
+#endif
 
 // The trainer's first pass over a chunk table of blocks of BLOCK elements, one CTA of
 // WARPS warps each, reading both tensors as 8-byte words (every chunk starts at an 8-byte
@@ -479,7 +660,6 @@ scan_words(const U* old, const i64* rows, const int* prog, const U* nw, const i6
 // Compiled for the stage's blocks (a lane has at most 64 elements) and up to 16 classes.
 #if (BLOCK == 1024 || BLOCK == 2048) && NCP <= 16
 #define RUN (BLOCK / 32)
-#define LPLANES (NCP > 8 ? 4 : NCP > 4 ? 3 : NCP > 2 ? 2 : NCP > 1 ? 1 : 0)
 #define QCAP 64  // queue entries of a warp
 
 struct LaneShared {      // one warp's
@@ -493,23 +673,6 @@ struct LaneShared {      // one warp's
     unsigned char ql[QCAP];  // and the lane
     u64 evm[32];         // each lane's event elements
 };
-
-// Class c with its bit b at bit 8 * b.
-__device__ __forceinline__ unsigned spread_class(unsigned c) { return (c * 0x204081u) & 0x01010101u; }
-
-__device__ __forceinline__ u64 run_class(const u64 (&pl)[4], u64 valid, int c) {
-    u64 m = valid;
-#pragma unroll
-    for (int b = 0; b < LPLANES; b++) m &= ((c >> b) & 1) ? pl[b] : ~pl[b];
-    return m;
-}
-
-__device__ __forceinline__ int run_class_at(const u64 (&pl)[4], int i) {
-    int c = 0;
-#pragma unroll
-    for (int b = 0; b < LPLANES; b++) c |= (int)((pl[b] >> i) & 1) << b;
-    return c;
-}
 
 // Exclusive prefix sum of v over the lanes; `total` gets the sum of all.
 __device__ __forceinline__ int lanes_exclusive(int v, int lane, int& total) {
