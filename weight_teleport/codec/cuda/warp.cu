@@ -555,29 +555,53 @@ class_events_runs(const U* old, const i64* rows, const int* prog, const U* nw, c
 #endif
 
 // The trainer's first pass over a chunk table of blocks of BLOCK elements, one CTA of
-// WARPS warps each, reading both tensors as 8-byte words (every chunk starts at an 8-byte
-// boundary): per block, the histogram of context key + NK * changed over its elements
+// SCAN_WARPS warps each, reading both tensors as 8-byte words (every chunk starts at an
+// 8-byte boundary): per block, the histogram of context key + NK * changed over its elements
 // ([programs, NB] int32) and the digest word sums of the old and new words ([programs, 2]).
-// The lowest lane of each bin's lanes adds their count. A round whose words all lie wholly
-// inside the block skips the bounds (18.05 -> 17.67 ms for the Qwen3-8B-shaped state on the
-// H200; its instructions are 30% fewer, but the matches and shared atomic adds bound it:
-// counting a window of 16 keys in registers instead, with the match and atomic only outside
-// it, took 18.05 ms with the same skip, 20.2 without it).
-extern "C" __global__ void __launch_bounds__(WARPS * 32)
+// A round whose words all lie wholly inside the block skips the bounds (18.05 -> 17.67 ms
+// for the Qwen3-8B-shaped state on the H200).
+// With at most 256 keys (SCAN_LANES) every lane counts its elements per key in counters of
+// its own in shared memory, a word per key and lane (the two warps' counts in its halves:
+// a lane has at most BLOCK / 64 elements), added to with an atomic whose result is not
+// waited for; no two lanes of a warp touch one bank. The changed elements, a few in a
+// hundred, take a shared atomic on their key's bin. The counters are summed per key at the
+// block's end. Wider key sets (64-bit floats) group each element's lanes with
+// `__match_any_sync`, and the lowest lane of the group adds their count to a shared bin (the
+// way every type was counted before: 17.67 ms for the same state).
+#ifndef SCAN_LANES
+#define SCAN_LANES (NK <= 256)
+#endif
+#ifndef SCAN_WARPS
+#define SCAN_WARPS (SCAN_LANES ? 2 : WARPS)
+#endif
+static_assert(!SCAN_LANES || (SCAN_WARPS == 2 && BLOCK / 64 < 65536), "a lane's counts fit half a word");
+
+extern "C" __global__ void __launch_bounds__(SCAN_WARPS * 32)
 scan_words(const U* old, const i64* rows, const int* prog, const U* nw, const i64* new_off, int* hist, i64* sums,
            i64 programs) {
+#if SCAN_LANES
+    __shared__ unsigned counters[NK][32];  // per key and lane: warp 0's count, plus warp 1's << 16
+    __shared__ int moved[NK];              // changed elements per key
+#else
     __shared__ int bins[NB];
-    __shared__ u64 part[2][WARPS];
+#endif
+    __shared__ u64 part[2][SCAN_WARPS];
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
     const i64 pid = blockIdx.x;
     const Block bk = table_block(pid, rows, prog);
-    for (int i = threadIdx.x; i < NB; i += WARPS * 32) bins[i] = 0;
+#if SCAN_LANES
+    for (int i = threadIdx.x; i < NK * 32; i += SCAN_WARPS * 32) (&counters[0][0])[i] = 0u;
+    for (int i = threadIdx.x; i < NK; i += SCAN_WARPS * 32) moved[i] = 0;
+    const unsigned one = 1u << (16 * w);
+#else
+    for (int i = threadIdx.x; i < NB; i += SCAN_WARPS * 32) bins[i] = 0;
+    const unsigned below = lanes_below();
+#endif
     __syncthreads();
     const u64* wo = (const u64*)(old + bk.off + bk.first);
     const u64* wn = (const u64*)(nw + new_off[bk.chunk] + bk.first);
     const int words = (bk.n + PW - 1) / PW;
     const i64 j0 = (bk.start + bk.first) / PW;
-    const unsigned below = lanes_below();
     u64 s_old = 0, s_new = 0;
     const int full_words = bk.n / PW;  // words wholly inside the block
     // One word's elements; `full`: every word of the round lies wholly inside the block.
@@ -592,25 +616,33 @@ scan_words(const U* old, const i64* rows, const int* prog, const U* nw, const i6
 #pragma unroll
         for (int e = 0; e < PW; e++) {
             const bool v = e < inside;
-            const int bin = (int)((o >> (e * BITS + MANT)) & KMASK) + (((d >> (e * BITS)) & WMASK) ? NK : 0);
+            const int k = (int)((o >> (e * BITS + MANT)) & KMASK);
+#if SCAN_LANES
+            if (v) {
+                atomicAdd(&counters[k][lane], one);
+                if ((d >> (e * BITS)) & WMASK) atomicAdd(&moved[k], 1);
+            }
+#else
+            const int bin = k + (((d >> (e * BITS)) & WMASK) ? NK : 0);
             const unsigned peers = peers_of(bin, v);
             if (v && (peers & below) == 0) atomicAdd(&bins[bin], __popc(peers));
+#endif
         }
     };
-    for (int q0 = 0; q0 < words; q0 += WARPS * 32 * UNROLL) {
+    for (int q0 = 0; q0 < words; q0 += SCAN_WARPS * 32 * UNROLL) {
         u64 a[UNROLL], b[UNROLL];
 #pragma unroll
         for (int u = 0; u < UNROLL; u++) {
-            const int q = q0 + (u * WARPS + w) * 32 + lane;
+            const int q = q0 + (u * SCAN_WARPS + w) * 32 + lane;
             a[u] = q < words ? __ldcs(wo + q) : 0ull;
             b[u] = q < words ? __ldcs(wn + q) : 0ull;
         }
-        if (q0 + WARPS * 32 * UNROLL <= full_words) {
+        if (q0 + SCAN_WARPS * 32 * UNROLL <= full_words) {
 #pragma unroll
-            for (int u = 0; u < UNROLL; u++) word(a[u], b[u], q0 + (u * WARPS + w) * 32 + lane, true);
+            for (int u = 0; u < UNROLL; u++) word(a[u], b[u], q0 + (u * SCAN_WARPS + w) * 32 + lane, true);
         } else {
 #pragma unroll
-            for (int u = 0; u < UNROLL; u++) word(a[u], b[u], q0 + (u * WARPS + w) * 32 + lane, false);
+            for (int u = 0; u < UNROLL; u++) word(a[u], b[u], q0 + (u * SCAN_WARPS + w) * 32 + lane, false);
         }
     }
 #pragma unroll
@@ -623,10 +655,22 @@ scan_words(const U* old, const i64* rows, const int* prog, const U* nw, const i6
         part[1][w] = s_new;
     }
     __syncthreads();
-    for (int i = threadIdx.x; i < NB; i += WARPS * 32) hist[pid * NB + i] = bins[i];
+#if SCAN_LANES
+    for (int k = threadIdx.x; k < NK; k += SCAN_WARPS * 32) {
+        unsigned both = 0;  // at most BLOCK in each half
+#pragma unroll 8
+        for (int i = 0; i < 32; i++) both += counters[k][(i + k) & 31];  // the lanes of a warp read 32 banks
+        const int m = moved[k];
+        hist[pid * NB + k] = (int)((both & 0xffffu) + (both >> 16)) - m;
+        hist[pid * NB + NK + k] = m;
+    }
+    for (int i = 2 * NK + threadIdx.x; i < NB; i += SCAN_WARPS * 32) hist[pid * NB + i] = 0;
+#else
+    for (int i = threadIdx.x; i < NB; i += SCAN_WARPS * 32) hist[pid * NB + i] = bins[i];
+#endif
     if (threadIdx.x < 2) {
         u64 t = 0;
-        for (int k = 0; k < WARPS; k++) t += part[threadIdx.x][k];
+        for (int k = 0; k < SCAN_WARPS; k++) t += part[threadIdx.x][k];
         sums[pid * 2 + threadIdx.x] = (i64)t;
     }
 }
