@@ -629,20 +629,30 @@ scan_words(const U* old, const i64* rows, const int* prog, const U* nw, const i6
 #endif
         }
     };
-    for (int q0 = 0; q0 < words; q0 += SCAN_WARPS * 32 * UNROLL) {
-        u64 a[UNROLL], b[UNROLL];
+    // a round's words: the next round's are loaded before this one's are worked on
+    u64 a[UNROLL], b[UNROLL], next_a[UNROLL], next_b[UNROLL];
+    auto load = [&](u64 (&x)[UNROLL], u64 (&y)[UNROLL], int q0) __attribute__((always_inline)) {
 #pragma unroll
         for (int u = 0; u < UNROLL; u++) {
             const int q = q0 + (u * SCAN_WARPS + w) * 32 + lane;
-            a[u] = q < words ? __ldcs(wo + q) : 0ull;
-            b[u] = q < words ? __ldcs(wn + q) : 0ull;
+            x[u] = q < words ? __ldcs(wo + q) : 0ull;
+            y[u] = q < words ? __ldcs(wn + q) : 0ull;
         }
+    };
+    load(a, b, 0);
+    for (int q0 = 0; q0 < words; q0 += SCAN_WARPS * 32 * UNROLL) {
+        load(next_a, next_b, q0 + SCAN_WARPS * 32 * UNROLL);
         if (q0 + SCAN_WARPS * 32 * UNROLL <= full_words) {
 #pragma unroll
             for (int u = 0; u < UNROLL; u++) word(a[u], b[u], q0 + (u * SCAN_WARPS + w) * 32 + lane, true);
         } else {
 #pragma unroll
             for (int u = 0; u < UNROLL; u++) word(a[u], b[u], q0 + (u * SCAN_WARPS + w) * 32 + lane, false);
+        }
+#pragma unroll
+        for (int u = 0; u < UNROLL; u++) {
+            a[u] = next_a[u];
+            b[u] = next_b[u];
         }
     }
 #pragma unroll
