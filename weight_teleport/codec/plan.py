@@ -58,21 +58,47 @@ def plan_classes(total: np.ndarray, changed: np.ndarray) -> ClassPlan:
     Keys are banded by log2 of their change rate (half-octave bands); keys that never
     changed form a class of their own (it costs nothing to code); adjacent bands are merged
     until each class holds MIN_CLASS_EVENTS changes, at most MAX_CLASSES classes."""
-    return plan_many(total[None], changed[None])[0]
+    return plan_table(total[None], changed[None])[0]
 
 
-def plan_many(total: np.ndarray, changed: np.ndarray) -> list[ClassPlan]:
+@dataclass
+class PlanTable:
+    """`plan_classes` of many tensors as arrays, row i tensor i's (`plan_table`)."""
+    lut: np.ndarray
+    """[tensors, keys] uint8 class of every context key."""
+    inverted: np.ndarray
+    """[tensors, MAX_CLASSES] bool, False past a tensor's classes."""
+    n_classes: np.ndarray
+    """[tensors] int64."""
+    events: np.ndarray
+    """[tensors] int64."""
+
+    def __len__(self) -> int:
+        return len(self.n_classes)
+
+    def __getitem__(self, i: int) -> ClassPlan:
+        return ClassPlan(self.lut[i], self.inverted[i, :self.n_classes[i]], int(self.events[i]))
+
+    def take(self, rows) -> "PlanTable":
+        """The table of `rows` (indices) of this one."""
+        return PlanTable(self.lut[rows], self.inverted[rows], self.n_classes[rows], self.events[rows])
+
+
+def plan_table(total: np.ndarray, changed: np.ndarray) -> PlanTable:
     """`plan_classes` of every row of [tensors, keys] count tables, in one compiled walk."""
     total, changed = np.ascontiguousarray(total, np.int64), np.ascontiguousarray(changed, np.int64)
     if (changed < 0).any() or (changed > total).any():
         raise ValueError("changed counts must lie between 0 and the element counts")
-    lut = np.zeros(total.shape, np.uint8)
-    inverted = np.zeros((total.shape[0], MAX_CLASSES), np.bool_)
-    n = np.zeros(total.shape[0], np.int64)
-    events = np.zeros(total.shape[0], np.int64)
-    _plan_rows(total, changed, MIN_CLASS_EVENTS, lut, inverted, n, events)
-    return [ClassPlan(lut_i, inv_i[:n_i], ev_i) for lut_i, inv_i, n_i, ev_i in zip(lut, inverted, n.tolist(),
-                                                                                    events.tolist())]
+    plans = PlanTable(np.zeros(total.shape, np.uint8), np.zeros((total.shape[0], MAX_CLASSES), np.bool_),
+                      np.zeros(total.shape[0], np.int64), np.zeros(total.shape[0], np.int64))
+    _plan_rows(total, changed, MIN_CLASS_EVENTS, plans.lut, plans.inverted, plans.n_classes, plans.events)
+    return plans
+
+
+def plan_many(total: np.ndarray, changed: np.ndarray) -> list[ClassPlan]:
+    """`plan_table` as one ClassPlan per row."""
+    plans = plan_table(total, changed)
+    return [plans[i] for i in range(len(plans))]
 
 
 _LOW = np.uint64(0xFFFFFFFF)

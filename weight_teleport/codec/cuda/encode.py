@@ -7,6 +7,7 @@ symbol and stream coding of all segments, and the payload gathered on the GPU
 
 import os
 import zlib
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -17,7 +18,7 @@ from weight_teleport.codec.cuda import blocks, chunk_bytes, encode_batch, layout
 from weight_teleport.codec.cuda.config import CudaCodecConfig
 from weight_teleport.codec.cuda.live import EncodeItem, flat_bits, grouped
 from weight_teleport.codec.cuda.scan import SPAN, aligned, scan
-from weight_teleport.codec.plan import SPARSE_MAX_DENSITY, plan_many
+from weight_teleport.codec.plan import SPARSE_MAX_DENSITY, PlanTable, plan_table
 from weight_teleport.format import ChunkRef, TensorRecord, prefix_bound
 
 DEFAULT_CONFIG = CudaCodecConfig()
@@ -44,76 +45,82 @@ def _by_type(items: list[EncodeItem], which) -> list[list[int]]:
     return grouped(which, lambda i: items[i].info.name)
 
 
-def _scan_rows(items: list[EncodeItem], chunk_elems: int) -> tuple[list[np.ndarray], list]:
-    """Per item its scan row (key counts, changed key counts, old and new word sums) and
-    where the per-block histograms of its programs are (its group's histograms on the
-    device, its first program there, its programs), all dtypes launched before the one
-    transfer."""
-    groups = _by_type(items, [i for i, it in enumerate(items) if it.new.numel()])
-    outs, hists = [], [None] * len(items)
-    for g in groups:
+@dataclass
+class _Scan:
+    """The scan of one element type's items (those with elements)."""
+    items: list[int]
+    rows: torch.Tensor | np.ndarray
+    """[items, 2 * n_keys + 2] int64: per item its key counts, changed key counts, old and new
+    word sums (on the device, then on the host: `_scan`)."""
+    hist: torch.Tensor
+    """The per-block histograms of the items' programs (device)."""
+    first: np.ndarray
+    """Each item's first program in `hist`, then the number of programs."""
+
+
+def _scan(items: list[EncodeItem], chunk_elems: int) -> list[_Scan]:
+    """The scan of each element type's items, every type launched before the rows of all
+    are read in one transfer."""
+    scans = []
+    for g in _by_type(items, [i for i, it in enumerate(items) if it.new.numel()]):
         olds, news = [aligned(items[i].old) for i in g], [aligned(items[i].new) for i in g]  # alive until launched
         info = items[g[0]].info
         table = blocks.build_cached(olds, chunk_elems, SPAN, info)
         done = scan(table, blocks.pair(news, table, info), info)
-        outs.append(done.rows)
         per = np.bincount(table.host[:, blocks.TENSOR], -(-table.host[:, blocks.LEN] // SPAN), len(g)).astype(np.int64)
-        for i, p0, n in zip(g, layout.starts(per).tolist(), per.tolist()):
-            hists[i] = done.hist, p0, n
-    flat = torch.cat([o.view(-1) for o in outs]).cpu().numpy() if outs else np.zeros(0, np.int64)
-    rows, at = [None] * len(items), 0
-    for g, o in zip(groups, outs):
-        for i, row in zip(g, flat[at:at + o.numel()].reshape(o.shape)):
-            rows[i] = row
-        at += o.numel()
-    for i, it in enumerate(items):
-        if rows[i] is None:
-            rows[i] = np.zeros(2 * (1 << it.info.exponent_bits) + 2, np.int64)
-    return rows, hists
+        scans.append(_Scan(g, done.rows, done.hist, np.concatenate([[0], np.cumsum(per)])))
+    flat = torch.cat([s.rows.view(-1) for s in scans]).cpu().numpy() if scans else None
+    at = 0
+    for s in scans:
+        n = s.rows.numel()
+        s.rows = flat[at:at + n].reshape(s.rows.shape)
+        at += n
+    return scans
 
 
-def _batch_hist(hists: list, g: list[int]) -> torch.Tensor:
-    """The scan's histograms of the items g (of one scan group, in its order), one after the
-    other: the group's own where g is all of it (no copy), else its runs of consecutive rows
-    concatenated (a few runs: the items left out are the unchanged and dense ones)."""
-    hist, spans = hists[g[0]][0], []
-    for i in g:
-        _, first, n = hists[i]
-        if spans and spans[-1][1] == first:
-            spans[-1][1] = first + n
+def _batch_hist(s: _Scan, j: np.ndarray) -> torch.Tensor:
+    """The scan's histograms of its items at positions j (ascending), one after the other:
+    the scan's own where j is all of them (no copy), else their runs of consecutive
+    programs concatenated (a few runs: the items left out are the unchanged and dense ones)."""
+    if len(j) == len(s.items):
+        return s.hist
+    spans = []
+    for a, b in zip(s.first[j].tolist(), s.first[j + 1].tolist()):
+        if spans and spans[-1][1] == a:
+            spans[-1][1] = b
         else:
-            spans.append([first, first + n])
-    if spans == [[0, hist.shape[0]]]:
-        return hist
-    return torch.cat([hist[a:b] for a, b in spans])
+            spans.append([a, b])
+    return torch.cat([s.hist[a:b] for a, b in spans])
 
 
-def _plans(items: list[EncodeItem], rows: list[np.ndarray]) -> tuple[np.ndarray, list]:
-    """(changed elements of each item, its class plan or None where none changed) from the
-    scan rows, as the CPU backend makes them: the rows of all tensors with one key count read
-    as one table, and the plans of the changed ones made in one compiled walk."""
-    changed, plans = np.zeros(len(items), np.int64), [None] * len(items)
-    for same_keys in grouped(range(len(items)), lambda i: items[i].info.exponent_bits):
-        nk = 1 << items[same_keys[0]].info.exponent_bits
-        table = np.stack([rows[i] for i in same_keys])
-        n = table[:, nk:2 * nk].sum(1)
-        changed[same_keys] = n
-        moving = np.flatnonzero(n)
-        for k, plan in zip(moving.tolist(), plan_many(table[moving, :nk], table[moving, nk:2 * nk])):
-            plans[same_keys[k]] = plan
+def _plans(items: list[EncodeItem], scans: list[_Scan]) -> tuple[np.ndarray, list[PlanTable]]:
+    """(changed elements of each item, each scan's class plans, a row per item: those of
+    items without changes are not used), from the scan rows as the CPU backend makes them."""
+    changed, plans = np.zeros(len(items), np.int64), []
+    for s in scans:
+        nk = (s.rows.shape[1] - 2) // 2
+        changed[s.items] = s.rows[:, nk:2 * nk].sum(1)
+        plans.append(plan_table(s.rows[:, :nk], s.rows[:, nk:2 * nk]))
     return changed, plans
 
 
-def _records(items: list[EncodeItem], rows: list[np.ndarray], changed: np.ndarray, plans: list) -> list[TensorRecord]:
+def _records(items: list[EncodeItem], scans: list[_Scan], changed: np.ndarray,
+             plans: list[PlanTable]) -> list[TensorRecord]:
     """The items' records (without chunks), as the CPU backend makes them."""
+    sums = np.zeros((len(items), 2), np.int64)  # an item without elements sums to 0
+    plan_of: list = [None] * len(items)
+    for s, p in zip(scans, plans):
+        sums[s.items] = s.rows[:, -2:]
+        for j, i in enumerate(s.items):
+            plan_of[i] = p, j
     records = []
-    for it, row, n, plan in zip(items, rows, changed.tolist(), plans):
+    for i, (it, (s_old, s_new), n) in enumerate(zip(items, sums.tolist(), changed.tolist())):
         nbytes = it.new.numel() * it.info.nbytes
-        s_old, s_new = row[-2:].tolist()
         rec = TensorRecord(name=it.name, dtype=it.info.name, shape=it.shape, codec="same",
                            digest=D.to_hex(D.finish(s_new & D.MASK64, nbytes)),
                            base_digest=D.to_hex(D.finish(s_old & D.MASK64, nbytes)), changed=n)
-        if plan is not None:
+        if n:
+            plan = plan_of[i][0][plan_of[i][1]]
             rec.codec, rec.classes, rec.inverted = "sparse", plan.runs, np.flatnonzero(plan.inverted).tolist()
         records.append(rec)
     return records
@@ -131,29 +138,32 @@ def encode(items: list[EncodeItem], chunk_elems: int, level: int, threads: int |
     layout.begin_call()
     if any(it.old is None for it in items):
         return _lay_out(*_on_cpu(items, chunk_elems, level, threads))
-    rows, hists = _scan_rows(items, chunk_elems)
-    changed, plans = _plans(items, rows)
+    scans = _scan(items, chunk_elems)
+    changed, plans = _plans(items, scans)
     parts: list = [[] for _ in items]
     numel = np.fromiter((it.new.numel() for it in items), np.int64, len(items))
-    dense = np.flatnonzero(changed > SPARSE_MAX_DENSITY * numel).tolist()
+    dense = changed > SPARSE_MAX_DENSITY * numel
     on_cpu = {}
-    if dense:
-        for i, rec, ch in zip(dense, *_on_cpu([items[i] for i in dense], chunk_elems, level, threads)):
+    if dense.any():
+        at = np.flatnonzero(dense).tolist()
+        for i, rec, ch in zip(at, *_on_cpu([items[i] for i in at], chunk_elems, level, threads)):
             on_cpu[i], parts[i] = rec, ch
-    sparse = [i for i, p in enumerate(plans) if p is not None and i not in on_cpu]
-    records, groups, room, copies = None, _by_type(items, sparse), None, []
-    for g in groups:
-        b = encode_batch.Batch([items[i] for i in g], [plans[i] for i in g], sum(plans[i].events for i in g),
-                               int(changed[g].sum()), _batch_hist(hists, g))
+    batches = [(s, p, j) for s, p in zip(scans, plans)
+               if len(j := np.flatnonzero((changed[s.items] > 0) & ~dense[s.items]))]
+    records, room, copies = None, None, []
+    for s, p, j in batches:  # the sparse items of one element type
+        g = [s.items[k] for k in j.tolist()]
+        b = encode_batch.Batch([items[i] for i in g], p if len(j) == len(p) else p.take(j), int(p.events[j].sum()),
+                               int(changed[g].sum()), _batch_hist(s, j))
         ev = encode_batch.events(b, chunk_elems)
-        records = records or _records(items, rows, changed, plans)  # while the device works on the first batch
-        if pinned and len(groups) == 1 and not on_cpu:
+        records = records or _records(items, scans, changed, plans)  # while the device works on the first batch
+        if pinned and len(batches) == 1 and not on_cpu:
             room = prefix_bound(records, int(ev.first_chunk[-1]))
         done = encode_batch.encode(ev, config, level, threads or os.cpu_count() or 1, room)
         copies.append(done.payload.copied)
-        for j, i in enumerate(g):
-            parts[i] = _tensor_part(done, j)
-    records = records or _records(items, rows, changed, plans)
+        for k, i in enumerate(g):
+            parts[i] = _tensor_part(done, k)
+    records = records or _records(items, scans, changed, plans)
     for i, rec in on_cpu.items():
         records[i] = rec
     records, parts = _lay_out(records, parts)  # while the payloads are copied to the host

@@ -11,14 +11,14 @@ import torch
 from weight_teleport.codec.cuda import blocks, chunk_bytes, layout, ranks, scan, sparse_encode, symbols, warp
 from weight_teleport.codec.cuda.config import CudaCodecConfig
 from weight_teleport.codec.cuda.live import EncodeItem
-from weight_teleport.codec.plan import ClassPlan
+from weight_teleport.codec.plan import PlanTable
 
 
 @dataclass
 class Batch:
     """The tensors of one batch, their class plans and their event and change totals."""
     items: list[EncodeItem]
-    plans: list[ClassPlan]
+    plans: PlanTable
     n_events: int
     n_changed: int
     hist: torch.Tensor
@@ -33,15 +33,11 @@ class Encoded:
     """Index of each tensor's first chunk, then the number of chunks."""
 
 
-def _class_tables(plans: list[ClassPlan], dev) -> tuple[torch.Tensor, torch.Tensor, np.ndarray, int]:
+def _class_tables(plans: PlanTable, dev) -> tuple[torch.Tensor, torch.Tensor, np.ndarray, int]:
     """(class maps [tensors, keys] uint8, inverted flags [tensors, NCP] int8, classes, NCP)."""
-    k = np.array([p.n_classes for p in plans], np.int64)
-    ncp = ranks.pow2(int(k.max()))
-    inv = np.zeros((len(plans), ncp), np.int8)
-    for i, p in enumerate(plans):
-        inv[i, :p.n_classes] = p.inverted
-    luts = np.stack([p.lut for p in plans])
-    return layout.upload(luts, dev), layout.upload(inv, dev), k, ncp
+    ncp = ranks.pow2(int(plans.n_classes.max()))
+    inv = plans.inverted[:, :ncp].view(np.int8)
+    return layout.upload(plans.lut, dev), layout.upload(inv, dev), plans.n_classes, ncp
 
 
 @dataclass
