@@ -31,13 +31,15 @@ def test_every_kernel_compiles_for_every_element_type(dtype, nvrtc_found):
     info = dtype_info(dtype)
     source = warp.SOURCE.read_text()
     nb = pow2(2 * (1 << info.exponent_bits))
-    for block, unroll in ((1024, None), (WARP_BLOCK, None), (SPAN, None), (SPAN, 8)):  # 8: the events kernel's
+    for block, unroll in ((1024, None), (WARP_BLOCK, None), (SPAN, None), (SPAN, 8)):  # 8: the scan's
         options = [f"-D{k}={int(v)}" for k, v in warp._defines(info, block, unroll, NCP=16, NB=nb)]
-        image = nvrtc.compile_image(source, "warp.cu", 90, options)
-        assert image[:4] == b"\x7fELF"
-        for kernel in (b"class_counts", b"hist_counts", b"class_events", b"scan_words"):
-            assert kernel in image
-        assert (b"place_lanes" in image) == (block in (1024, 2048))  # the stage's blocks
+        # the events kernel copies with cp.async from 8.0 on, with loads and stores before it
+        for capability in (75, 90) if (block, unroll) == (SPAN, None) else (90,):
+            image = nvrtc.compile_image(source, "warp.cu", capability, options)
+            assert image[:4] == b"\x7fELF"
+            for kernel in (b"class_counts", b"hist_counts", b"class_events", b"scan_words"):
+                assert kernel in image
+            assert (b"place_lanes" in image) == (block in (1024, 2048))  # the stage's blocks
 
 
 def test_the_huffman_writer_compiles(nvrtc_found):

@@ -12,12 +12,9 @@ from weight_teleport.codec.cuda.bitops import as_int64, key, narrow_bits, wrap
 
 ROW, NUM_WARPS = 16, 2
 """Tile rows and warps of the events kernel (the fastest measured: codec/cuda/ranks.py)."""
-EVENTS_UNROLL = 8
-"""Slices a round of the warp events kernel `class_events`: 21.07 ms against 23.78 with 4
-on the H200 (bench/cuda_shapes.py), where the scan, at 8, slowed from 17.64 to 21.32 ms."""
-EVENTS_KERNEL = "class_events_runs"
-"""The warp events kernel: a lane per run of elements (`class_events_runs`) or an element
-per lane (`class_events`); both write the same outputs."""
+EVENT_WARPS = 2
+"""Warps of a CTA of the warp events kernel (each holds two sub-blocks of both tensors in
+shared memory)."""
 
 
 @triton.jit
@@ -59,9 +56,9 @@ def events(table: blocks.ChunkTable, new: blocks.Paired, luts, inverted, rbase, 
     out_ranks = torch.empty(n_events, dtype=torch.int32, device=table.base.device)
     out_res = torch.empty(n_changed, dtype=torch.int64, device=table.base.device)
     if table.programs and warp.available(table.base):
-        warp.launch(EVENTS_KERNEL, table, info, [
+        warp.launch("class_events", table, info, [
             table.base, table.rows, table.program_chunk, new.base, new.offsets, luts, inverted, rbase, ebase,
-            ev_off, res_off, out_ranks, out_res], unroll=EVENTS_UNROLL, NCP=ncp)
+            ev_off, res_off, out_ranks, out_res], warps=EVENT_WARPS, NCP=ncp, EVENT_WARPS=EVENT_WARPS)
     elif table.programs:
         assert table.block == ranks.BLOCK, "the Triton events kernel takes blocks of ranks.BLOCK"
         _events_kernel[(table.programs,)](

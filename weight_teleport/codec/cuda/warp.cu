@@ -3,22 +3,21 @@
 // the events of the trainer's delta in class-rank order, and the placement of decoded
 // changes on the sampler.
 //
-// In the rank kernels a warp owns one block of BLOCK elements of a chunk (a program of the
-// chunk table, codec/cuda/blocks.py) and walks it 32 elements at a time, element s * 32 +
-// lane in lane `lane`; the scan gives a block to a CTA and reads 8-byte words.
-// `__match_any_sync` gives every lane the mask of the lanes of its class, so its rank among
-// them is one popcount past the class's running count in shared memory, which the group's
-// lowest lane then advances (the scan's histogram bins take an atomic add). (Voting the key
-// bit by bit with ballots instead measured 2.1-2.3x slower in the scan on the H200:
-// BENCHMARKS.md.)
-// A round of UNROLL slices whose elements are all inside the block runs without bounds checks,
-// and its loads are issued while the round before is worked on (each_round). The placement
-// (place_lanes) instead gives each lane a run of BLOCK / 32 consecutive elements.
+// A warp (the scan: a CTA) owns one block of BLOCK elements of a chunk (a program of the
+// chunk table, codec/cuda/blocks.py). The scan and the class counts read it as 8-byte words
+// (element s * 32 + lane in lane `lane`) and count in counters of their own: the scan per
+// key and lane in shared memory, the class counts per class in each lane's registers; only
+// key sets too wide for those (64-bit floats) are counted with `__match_any_sync` and
+// shared bins. The events and the placement instead give each lane a run of consecutive
+// elements, keep its classes as bit planes, and rank an element by a popcount of its class's
+// plane below it past a per-class prefix over the lanes: they work per class and per
+// change, not per element.
 //
 // Compiled per element type by codec/cuda/warp.py with these defines: BITS (element
 // width), IS_FLOAT, MANT (mantissa bits), KMASK (exponent-field mask), BLOCK (elements of a
 // program), WARPS (warps of a CTA), UNROLL (slices loaded before any is used); for the rank
-// kernels NCP (class slots of a chunk); for the scan NB (histogram bins, >= 2 * (KMASK + 1)).
+// kernels NCP (class slots of a chunk); for the scan NB (histogram bins, >= 2 * (KMASK + 1)),
+// SCAN_LANES and SCAN_WARPS; for the events EVENT_WARPS.
 
 #ifndef NCP
 #define NCP 16
@@ -335,87 +334,37 @@ __device__ __forceinline__ int run_class_at(const u64 (&pl)[4], int i) {
 
 #endif
 
-struct __align__(16) Tally {  // a class of the block's chunk
-    i64 events_at;            // where the chunk's events of the class go
-    int seen, events;         // its elements and events in the chunk before the current slice
-};
-
 // The trainer's events: each event's class rank (its index among the chunk's elements of its
 // class) at its event rank, and each changed element's residual at its slot, both grouped by
-// chunk then class at the offsets eoff / roff ([chunks * NCP]). rbase / ebase are the
-// blocks' class-rank and event-rank bases. (The class map read from shared memory rather
-// than through the read-only cache: 22.6 -> 19.9 ms for the Qwen3-8B-shaped state on the
-// H200, class tables, counts and bases included.)
-extern "C" __global__ void __launch_bounds__(WARPS * 32)
-class_events(const U* old, const i64* rows, const int* prog, const U* nw, const i64* new_off,
-             const unsigned char* lut, const signed char* inv_tab, const int* rbase, const int* ebase,
-             const i64* eoff, const i64* roff, int* ranks_out, i64* res_out, i64 programs) {
-    __shared__ Tally tallies[WARPS][NCP];
-    __shared__ i64 ro[WARPS][NCP];
-    __shared__ unsigned char lut_s[WARPS][LUT_SHARED ? NK : 1];
-    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
-    const i64 pid = (i64)blockIdx.x * WARPS + w;
-    if (pid >= programs) return;
-    Tally* tl = tallies[w];
-    const Block bk = table_block(pid, rows, prog);
-    const U* po = old + bk.off + bk.first;
-    const U* pn = nw + new_off[bk.chunk] + bk.first;
-#if LUT_SHARED
-    for (int k = lane; k < NK; k += 32) lut_s[w][k] = lut[bk.tensor * NK + k];
-    const unsigned char* lt = lut_s[w];
-#else
-    const unsigned char* lt = lut + bk.tensor * NK;
-#endif
-    const unsigned inv = __ballot_sync(FULL, lane < NCP && inv_tab[bk.tensor * NCP + lane]);
-    if (lane < NCP) {
-        tl[lane] = Tally{eoff[bk.chunk * NCP + lane], rbase[pid * NCP + lane], ebase[pid * NCP + lane]};
-        ro[w][lane] = roff[bk.chunk * NCP + lane];
-    }
-    __syncwarp();
-    const unsigned below = lanes_below();
-    const U* const p[2] = {po, pn};
-    each_round(p, bk.n, lane, [&](const W (&x)[2][UNROLL], int s0, bool all) {
-        const W* o = x[0];
-        const W* nv = x[1];
-#pragma unroll
-        for (int u = 0; u < UNROLL; u++) {
-            const bool v = all || s0 + u * 32 + lane < bk.n;
-            const int c = v ? lt[(int)((o[u] >> MANT) & KMASK)] : 0;
-            const unsigned peers = peers_of(c, v), ahead = peers & below;
-            const bool changed = v && o[u] != nv[u];
-            const bool flip = v && ((inv >> c) & 1);
-            const bool ev = changed != flip;
-            const unsigned evs = peers & __ballot_sync(FULL, ev);
-            const Tally t = tl[c];
-            const int r = t.seen + __popc(ahead), e = t.events + __popc(evs & below);
-            __syncwarp();
-            if (v && ahead == 0) *(int2*)&tl[c].seen = make_int2(t.seen + __popc(peers), t.events + __popc(evs));
-            __syncwarp();
-            if (ev) ranks_out[t.events_at + e] = r;
-            if (changed) res_out[ro[w][c] + (flip ? r - e : e)] = (i64)wrap(key(nv[u]) - key(o[u]));
-        }
-    });
-}
-
-// The trainer's events as class_events writes them (the same outputs, the same arguments),
-// with a lane per run of ERUN consecutive elements instead of an element per lane: the warp
-// stages each sub-block of 32 * ERUN elements of both tensors in shared memory with
-// coalesced 16-byte loads (16-byte pieces swizzled so that neither the stores nor a lane's
-// reads of its run conflict in the banks), then each lane keeps its run's classes as bit
-// planes, its changed elements and its events as bit masks, and writes each class's
-// elements and events in its run to shared memory. The lanes of the first NCP take a
-// running prefix over the 32 runs of one class each, so every lane has, per class, the
-// elements and events before its run; a lane then ranks only its events and changed
-// elements (a popcount of the class's mask below the element). No `__match_any_sync`, no
-// shared tallies per element.
+// chunk then class at the offsets eoff / roff ([chunks * NCP]); rbase / ebase are the
+// blocks' class-rank and event-rank bases. A warp takes a block (EVENT_WARPS warps a CTA)
+// and gives each lane a run of ERUN consecutive elements of each sub-block of 32 * ERUN:
+// - the sub-block of both tensors is copied into shared memory with cp.async, 16 bytes a
+//   lane, coalesced, while the sub-block before it is worked on (two buffers a warp); the
+//   16-byte pieces are swizzled so that neither the copies nor a lane's reads of its run
+//   meet in a bank;
+// - each lane keeps its run's classes as bit planes (the class map in shared memory gives
+//   each class with its bits a byte apart, so 8 elements' bits gather with one add each),
+//   its changed elements and its events as bit masks, and writes each class's elements and
+//   events in its run to shared memory; the lanes of the first NCP take a running prefix
+//   over the 32 runs of a class each (and carry the class's bases to the next sub-block);
+// - a lane then ranks only its events and changed elements: a popcount of the class's mask
+//   below the element, past the prefix.
+// No `__match_any_sync` and no shared tallies per element. (Qwen3-8B-shaped state on the
+// H200, class counts and bases included: 20.7 ms with an element per lane and
+// __match_any_sync, 14.4 with lane runs staged by synchronous loads, 13.1 with cp.async;
+// BENCHMARKS.md.)
 #if NCP <= 16
+#ifndef EVENT_WARPS
+#define EVENT_WARPS 2
+#endif
 #define ERUN (BITS == 64 ? 16 : BITS == 32 ? 32 : 64)  // a lane's run: 128 bytes, 64 elements at most
 #define EPC (128 / BITS)                                // elements of a 16-byte piece
 #define CPL (ERUN / EPC)                                // pieces of a run (4 or 8)
 #define SWZ ((CPL < 8 ? CPL : 8) - 1)
 
 struct RunShared {                      // one warp's
-    uint4 old_s[32 * CPL], new_s[32 * CPL];  // the sub-block's pieces, run after run, swizzled
+    uint4 old_s[2][32 * CPL], new_s[2][32 * CPL];  // two sub-blocks' pieces, run after run, swizzled
     unsigned lut[LUT_SHARED ? NK : 1];  // the class map, each class's bits a byte apart
     unsigned pre[32 * (NCP + 1)];       // per lane and class: elements | events << 16 (then their prefix)
     int rank0[NCP], event0[NCP];        // the class's rank and event rank at the sub-block's start
@@ -427,13 +376,30 @@ __device__ __forceinline__ int staged(int L, int i) {
     return L * ERUN + (((i / EPC) ^ (L & SWZ)) * EPC) + i % EPC;
 }
 
-extern "C" __global__ void __launch_bounds__(WARPS * 32)
-class_events_runs(const U* old, const i64* rows, const int* prog, const U* nw, const i64* new_off,
-                  const unsigned char* lut, const signed char* inv_tab, const int* rbase, const int* ebase,
-                  const i64* eoff, const i64* roff, int* ranks_out, i64* res_out, i64 programs) {
-    __shared__ RunShared shared[WARPS];
+// A 16-byte copy from global to shared memory, its commit group and the wait for all but the
+// latest group: cp.async from compute capability 8.0 on, a load and a store before it.
+#if __CUDA_ARCH__ >= 800
+__device__ __forceinline__ void copy16_async(void* smem, const void* gmem) {
+    const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem));
+}
+__device__ __forceinline__ void copies_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+__device__ __forceinline__ void copies_wait_but_last() { asm volatile("cp.async.wait_group 1;\n" ::); }
+#else
+__device__ __forceinline__ void copy16_async(void* smem, const void* gmem) {
+    *(uint4*)smem = __ldcs((const uint4*)gmem);
+}
+__device__ __forceinline__ void copies_commit() {}
+__device__ __forceinline__ void copies_wait_but_last() {}
+#endif
+
+extern "C" __global__ void __launch_bounds__(EVENT_WARPS * 32)
+class_events(const U* old, const i64* rows, const int* prog, const U* nw, const i64* new_off,
+             const unsigned char* lut, const signed char* inv_tab, const int* rbase, const int* ebase,
+             const i64* eoff, const i64* roff, int* ranks_out, i64* res_out, i64 programs) {
+    __shared__ RunShared shared[EVENT_WARPS];
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
-    const i64 pid = (i64)blockIdx.x * WARPS + w;
+    const i64 pid = (i64)blockIdx.x * EVENT_WARPS + w;
     if (pid >= programs) return;
     RunShared& sh = shared[w];
     const Block bk = table_block(pid, rows, prog);
@@ -450,29 +416,35 @@ class_events_runs(const U* old, const i64* rows, const int* prog, const U* nw, c
         sh.eo[lane] = eoff[bk.chunk * NCP + lane];
         sh.ro[lane] = roff[bk.chunk * NCP + lane];
     }
-    U* so = (U*)sh.old_s;
-    U* sn = (U*)sh.new_s;
     const bool aligned = (((unsigned long long)po | (unsigned long long)pn) & 15ull) == 0;
     unsigned* pre = sh.pre + lane * (NCP + 1);
-    for (int s0 = 0; s0 < bk.n; s0 += 32 * ERUN) {
-        const int n_sub = min(bk.n - s0, 32 * ERUN);
-        __syncwarp();
-        if (aligned && n_sub == 32 * ERUN) {  // coalesced: piece q * 32 + lane of the sub-block
+    // whether sub-block s0 is copied with cp.async (whole and 16-byte aligned), and starting
+    // its copy (a commit group, empty where it is not); other sub-blocks (a block's last, or
+    // a tensor at an odd offset) are copied an element at a time when their turn comes
+    auto whole = [&](int s0) { return aligned && s0 + 32 * ERUN <= bk.n; };
+    auto start = [&](int s0, int buf) {
+        if (whole(s0)) {
             const uint4* go = (const uint4*)(po + s0);
             const uint4* gn = (const uint4*)(pn + s0);
-            uint4 a[CPL], b[CPL];
-#pragma unroll
-            for (int q = 0; q < CPL; q++) {
-                a[q] = __ldcs(go + q * 32 + lane);
-                b[q] = __ldcs(gn + q * 32 + lane);
-            }
 #pragma unroll
             for (int q = 0; q < CPL; q++) {
                 const int g = q * 32 + lane, L = g / CPL, j = g % CPL;
-                sh.old_s[L * CPL + (j ^ (L & SWZ))] = a[q];
-                sh.new_s[L * CPL + (j ^ (L & SWZ))] = b[q];
+                copy16_async(&sh.old_s[buf][L * CPL + (j ^ (L & SWZ))], go + g);
+                copy16_async(&sh.new_s[buf][L * CPL + (j ^ (L & SWZ))], gn + g);
             }
-        } else {  // the block's last sub-block, or a tensor at an odd offset: an element at a time
+        }
+        copies_commit();
+    };
+    start(0, 0);
+    for (int s0 = 0, buf = 0; s0 < bk.n; s0 += 32 * ERUN, buf ^= 1) {
+        const int n_sub = min(bk.n - s0, 32 * ERUN);
+        __syncwarp();  // every lane is done with the other buffer
+        if (s0 + 32 * ERUN < bk.n) start(s0 + 32 * ERUN, buf ^ 1);
+        else copies_commit();
+        copies_wait_but_last();
+        U* so = (U*)sh.old_s[buf];
+        U* sn = (U*)sh.new_s[buf];
+        if (!whole(s0)) {
             for (int e = lane; e < 32 * ERUN; e += 32) {
                 const bool in = e < n_sub;
                 so[staged(e / ERUN, e % ERUN)] = in ? po[s0 + e] : (U)0;
@@ -507,8 +479,8 @@ class_events_runs(const U* old, const i64* rows, const int* prog, const U* nw, c
         };
 #pragma unroll
         for (int j = 0; j < CPL; j++) {
-            const uint4 a = sh.old_s[lane * CPL + (j ^ (lane & SWZ))];
-            const uint4 b = sh.new_s[lane * CPL + (j ^ (lane & SWZ))];
+            const uint4 a = sh.old_s[buf][lane * CPL + (j ^ (lane & SWZ))];
+            const uint4 b = sh.new_s[buf][lane * CPL + (j ^ (lane & SWZ))];
             take((u64)a.y << 32 | a.x, (u64)b.y << 32 | b.x, 2 * j);
             take((u64)a.w << 32 | a.z, (u64)b.w << 32 | b.z, 2 * j + 1);
         }

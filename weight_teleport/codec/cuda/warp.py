@@ -1,14 +1,13 @@
 """The scan, class-count, events and placement kernels as CUDA C warp code (warp.cu beside
 this), compiled with NVRTC for each element type at first use.
 
-A warp takes a block's elements 32 at a time; `__match_any_sync` finds the lanes of each
-class, so an element's rank among its class is a popcount over them past the class's
-running count, which one lane per class then advances (see warp.cu). The placement gives
-each lane a run of consecutive elements whose classes it keeps as bit planes, and works
-per class, not per element (`place_lanes`). The Triton kernels (scan.py,
-ranks.py, sparse_encode.py, sparse_decode.py) compute the same outputs and run where these
-cannot: under Triton's CPU interpreter, or where NVRTC cannot be loaded. On the H200 the
-warp kernels are 3.8-4.8x faster (BENCHMARKS.md)."""
+A warp (the scan: a CTA) takes a block of a chunk. The scan counts each element's key in
+per-lane counters in shared memory, the class counts count classes in each lane's registers;
+the events and the placement give each lane a run of consecutive elements whose classes it
+keeps as bit planes, and work per class and per change, not per element (see warp.cu).
+The Triton kernels (scan.py, ranks.py, sparse_encode.py, sparse_decode.py) compute the same
+outputs and run where these cannot: under Triton's CPU interpreter, or where NVRTC cannot be
+loaded. On the H200 the warp kernels are 3.8-4.8x faster (BENCHMARKS.md)."""
 
 import functools
 from pathlib import Path
@@ -58,14 +57,15 @@ def _defines(info, block: int, unroll: int | None = None, **extra) -> tuple:
                              BLOCK=block, WARPS=WARPS, UNROLL=u, **extra).items()))
 
 
-def launch(kernel: str, table, info, args: list, shared: int = 0, unroll: int | None = None, **defines) -> None:
+def launch(kernel: str, table, info, args: list, shared: int = 0, unroll: int | None = None, warps: int = WARPS,
+           **defines) -> None:
     """Run `kernel` with a warp per program of the chunk table `table` (elements of `info`'s
     type; `defines` such as NCP, the class slots), `unroll` slices a round (UNROLL when
     None) and `shared` bytes of dynamic shared memory a warp; `args` precede the program
     count."""
     module = _module(_defines(info, table.block, unroll, **defines))
-    module.launch(kernel, -(-table.programs // WARPS), WARPS * 32, [*args, table.programs], table.base.device,
-                  shared * WARPS)
+    module.launch(kernel, -(-table.programs // warps), warps * 32, [*args, table.programs], table.base.device,
+                  shared * warps)
 
 
 def scan(table, info, nb: int, args: list) -> None:
