@@ -209,26 +209,35 @@ __device__ __forceinline__ void code_lengths(const int* total, const int* order,
     }
     depth[2 * m - 2] = 0;
     for (int i = 2 * m - 3; i >= 0; i--) depth[i] = depth[parent[i]] + 1;
-    int kraft = 0;
+    // The reference's two repairs of the Kraft sum, step for step, without its scans: leaves
+    // consumed earlier by the two-queue construction are never shallower, so the lengths are
+    // non-increasing in i and stay so under both repairs. The first lengthens the first code
+    // shorter than MAX_BITS (the longest such, first of its length); the second shortens the
+    // last code longer than 1 whose gain fits the deficit (the longest codes are first).
+    int kraft = 0, count[MAX_BITS + 1] = {0};  // codes of each length
     for (int i = 0; i < m; i++) {
         depth[i] = depth[i] < MAX_BITS ? depth[i] : MAX_BITS;
         kraft += 1 << (MAX_BITS - depth[i]);
+        count[depth[i]]++;
     }
+    int j = count[MAX_BITS];  // the first code shorter than MAX_BITS
     while (kraft > 1 << MAX_BITS) {
-        int best = -1;
-        for (int i = 0; i < m; i++)
-            if (depth[i] < MAX_BITS && (best < 0 || depth[i] > depth[best])) best = i;
-        depth[best]++;
-        kraft -= 1 << (MAX_BITS - depth[best]);
+        count[depth[j]]--;
+        depth[j]++;
+        count[depth[j]]++;
+        kraft -= 1 << (MAX_BITS - depth[j]);
+        if (depth[j] == MAX_BITS) j++;
     }
     while (kraft < 1 << MAX_BITS) {
-        for (int i = m - 1; i >= 0; i--) {
-            if (depth[i] > 1 && (1 << (MAX_BITS - depth[i])) <= (1 << MAX_BITS) - kraft) {
-                kraft += 1 << (MAX_BITS - depth[i]);
-                depth[i]--;
-                break;
-            }
-        }
+        int shortest = MAX_BITS;  // the shortest length >= 2 whose gain fits: 1 << (MAX_BITS - d) <= deficit
+        while (shortest > 2 && 1 << (MAX_BITS - shortest + 1) <= (1 << MAX_BITS) - kraft) shortest--;
+        int i = -1;  // the codes of at least that length come first
+        for (int d = shortest; d <= MAX_BITS; d++) i += count[d];
+        if (i < 0 || 1 << (MAX_BITS - depth[i]) > (1 << MAX_BITS) - kraft) break;  // (never: the reference would not end)
+        kraft += 1 << (MAX_BITS - depth[i]);
+        count[depth[i]]--;
+        depth[i]--;
+        count[depth[i]]++;
     }
     for (int i = 0; i < m; i++) L[order[i]] = depth[i];
 }
