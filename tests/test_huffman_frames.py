@@ -121,9 +121,15 @@ def _histograms(rng, n: int):
     yield np.r_[[1 << 20], np.ones(255, np.int64)]
     for trial in range(n):
         size = int(rng.integers(20, 20000))
+        if trial % 5 == 4:  # counts with many ties, or powers of two: trees deeper than 11 bits, both repairs
+            hist = np.zeros(256, np.int64)
+            m = int(rng.integers(2, 257))
+            hist[rng.choice(256, m, replace=False)] = rng.integers(1, 3, m) if trial % 2 else 2 ** rng.integers(0, 17, m)
+            yield hist
+            continue
         yield np.bincount([np.minimum(rng.geometric(0.02, size) - 1, 255), rng.integers(0, 256, size),
                            np.where(rng.random(size) < 0.99, rng.integers(0, 8, size), rng.integers(129, 256, size)),
-                           np.minimum(rng.geometric(0.3, size) - 1, 40) * 5 + rng.integers(0, 5, size)][trial % 4]
+                           np.minimum(rng.geometric(0.3, size) - 1, 40) * 5 + rng.integers(0, 5, size)][trial % 5]
                           .astype(np.uint8), minlength=256)
 
 
