@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from weight_teleport.codec.plan import (MAX_CLASSES, MIN_CLASS_EVENTS, ClassMapError, band, chunk_ranges, lut_to_runs,
-                                        plan_classes, plan_many, runs_to_luts)
+                                        plan_classes, plan_many, plan_table, runs_to_luts)
 
 
 def test_chunk_ranges_cover_the_tensor():
@@ -124,6 +124,22 @@ def test_many_plans_are_the_single_plans():
     for one, row_t, row_c in zip(plan_many(total, changed), total, changed):
         ref = plan_classes(row_t, row_c)
         assert (one.lut == ref.lut).all() and (one.inverted == ref.inverted).all() and one.events == ref.events
+
+
+def test_a_plan_table_holds_the_single_plans():
+    rng = np.random.default_rng(4)
+    total = rng.integers(0, 10 ** 6, (40, 256))
+    changed = (total * rng.random((40, 256)) ** 3).astype(np.int64)
+    changed[::7] = 0  # unchanged tensors: one class, no events
+    table = plan_table(total, changed)
+    rows = np.array([3, 0, 21, 39])
+    part = table.take(rows)
+    for k, i in enumerate(rows.tolist()):
+        ref = plan_classes(total[i], changed[i])
+        for got in (table[i], part[k]):
+            assert (got.lut == ref.lut).all() and (got.inverted == ref.inverted).all() and got.events == ref.events
+    assert table.n_classes[0] == 1 and table.events[0] == 0
+    assert not table.inverted[np.arange(MAX_CLASSES)[None, :] >= table.n_classes[:, None]].any()  # False past the classes
 
 
 def test_bands_are_exact_where_floats_round():
