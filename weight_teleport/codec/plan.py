@@ -95,12 +95,6 @@ def plan_table(total: np.ndarray, changed: np.ndarray) -> PlanTable:
     return plans
 
 
-def plan_many(total: np.ndarray, changed: np.ndarray) -> list[ClassPlan]:
-    """`plan_table` as one ClassPlan per row."""
-    plans = plan_table(total, changed)
-    return [plans[i] for i in range(len(plans))]
-
-
 _LOW = np.uint64(0xFFFFFFFF)
 _32 = np.uint64(32)
 
