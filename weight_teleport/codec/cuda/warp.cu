@@ -352,13 +352,13 @@ __device__ __forceinline__ int run_class_at(const u64 (&pl)[4], int i) {
 //   below the element, past the prefix.
 // No `__match_any_sync` and no shared tallies per element. (Qwen3-8B-shaped state on the
 // H200, class counts and bases included: 20.7 ms with an element per lane and
-// __match_any_sync, 14.4 with lane runs staged by synchronous loads, 13.1 with cp.async;
+// __match_any_sync, 14.0-14.4 with lane runs staged by synchronous loads, 13.1 with cp.async;
 // BENCHMARKS.md.)
 #if NCP <= 16
 #ifndef EVENT_WARPS
 #define EVENT_WARPS 2
 #endif
-#define ERUN (BITS == 64 ? 16 : BITS == 32 ? 32 : 64)  // a lane's run: 128 bytes, 64 elements at most
+#define ERUN (BITS == 64 ? 16 : BITS == 32 ? 32 : 64)  // a lane's run: 128 bytes (64 for 8-bit types)
 #define EPC (128 / BITS)                                // elements of a 16-byte piece
 #define CPL (ERUN / EPC)                                // pieces of a run (4 or 8)
 #define SWZ ((CPL < 8 ? CPL : 8) - 1)
