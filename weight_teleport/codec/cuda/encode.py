@@ -49,9 +49,9 @@ def _by_type(items: list[EncodeItem], which) -> list[list[int]]:
 class _Scan:
     """The scan of one element type's items (those with elements)."""
     items: list[int]
-    rows: torch.Tensor | np.ndarray
+    rows: np.ndarray
     """[items, 2 * n_keys + 2] int64: per item its key counts, changed key counts, old and new
-    word sums (on the device, then on the host: `_scan`)."""
+    word sums."""
     hist: torch.Tensor
     """The per-block histograms of the items' programs (device)."""
     first: np.ndarray
@@ -61,19 +61,19 @@ class _Scan:
 def _scan(items: list[EncodeItem], chunk_elems: int) -> list[_Scan]:
     """The scan of each element type's items, every type launched before the rows of all
     are read in one transfer."""
-    scans = []
+    launched = []
     for g in _by_type(items, [i for i, it in enumerate(items) if it.new.numel()]):
         olds, news = [aligned(items[i].old) for i in g], [aligned(items[i].new) for i in g]  # alive until launched
         info = items[g[0]].info
         table = blocks.build_cached(olds, chunk_elems, SPAN, info)
         done = scan(table, blocks.pair(news, table, info), info)
         per = np.bincount(table.host[:, blocks.TENSOR], -(-table.host[:, blocks.LEN] // SPAN), len(g)).astype(np.int64)
-        scans.append(_Scan(g, done.rows, done.hist, np.concatenate([[0], np.cumsum(per)])))
-    flat = torch.cat([s.rows.view(-1) for s in scans]).cpu().numpy() if scans else None
-    at = 0
-    for s in scans:
-        n = s.rows.numel()
-        s.rows = flat[at:at + n].reshape(s.rows.shape)
+        launched.append((g, done, np.concatenate([[0], np.cumsum(per)])))
+    flat = torch.cat([done.rows.view(-1) for _, done, _ in launched]).cpu().numpy() if launched else None
+    scans, at = [], 0
+    for g, done, first in launched:
+        n = done.rows.numel()
+        scans.append(_Scan(g, flat[at:at + n].reshape(done.rows.shape), done.hist, first))
         at += n
     return scans
 

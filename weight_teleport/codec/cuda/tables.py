@@ -171,27 +171,18 @@ def max_length(ncp: int) -> int:
     return VARINT_MAX * (1 + ncp * GROUP_FIELDS)
 
 
-@dataclass
 class Tables:
-    """What the chunk tables of a batch say (device tensors): per chunk its number of
-    groups; per [chunk, class] its events and whether it has its 4 streams; per [chunk,
-    class, stream] their codec, raw and stored lengths. Classes at or past a chunk's number
-    of groups are left out of its table."""
-    n_groups: torch.Tensor
-    events: torch.Tensor
-    has_streams: torch.Tensor
-    codec: torch.Tensor
-    raw: torch.Tensor
-    stored: torch.Tensor
+    """The chunk tables of a batch, from device tensors: per chunk its number of groups; per
+    [chunk, class] its events and whether it has its 4 streams; per [chunk, class, stream]
+    their codec, raw and stored lengths. Classes at or past a chunk's number of groups are
+    left out of its table. The kernel's inputs are made once, for both its launches."""
 
-    def __post_init__(self):
-        self.n, self.ncp = self.events.shape
-        # the kernel's inputs, made once for both launches
-        self._flat = [t.reshape(-1).to(d).contiguous() for t, d in ((self.n_groups, torch.int64),
-                                                                    (self.events, torch.int64),
-                                                                    (self.has_streams, torch.int8),
-                                                                    (self.codec, torch.int64), (self.raw, torch.int64),
-                                                                    (self.stored, torch.int64))]
+    def __init__(self, n_groups: torch.Tensor, events: torch.Tensor, has_streams: torch.Tensor, codec: torch.Tensor,
+                 raw: torch.Tensor, stored: torch.Tensor):
+        self.n, self.ncp = events.shape
+        self._flat = [t.reshape(-1).to(d).contiguous() for t, d in ((n_groups, torch.int64), (events, torch.int64),
+                                                                    (has_streams, torch.int8), (codec, torch.int64),
+                                                                    (raw, torch.int64), (stored, torch.int64))]
 
     def _launch(self, at: torch.Tensor, out: torch.Tensor, lengths: torch.Tensor, write: bool) -> None:
         if self.n:
@@ -200,7 +191,7 @@ class Tables:
 
     def lengths(self) -> torch.Tensor:
         """Each chunk's table bytes (int64; no sync)."""
-        out = torch.zeros(self.n, dtype=torch.int64, device=self.events.device)
+        out = torch.zeros(self.n, dtype=torch.int64, device=self._flat[0].device)
         self._launch(out, out, out, False)
         return out
 
