@@ -122,37 +122,45 @@ def band(total: int, changed: int) -> int:
     return 2 * b + (1 if th > mh or (th == mh and tl >= ml) else 0)
 
 
+_BANDS = 2 * 64 + 2
+"""More than the largest band of 64-bit counts."""
+
+
 @njit(nogil=True, cache=True)
 def _plan_rows(total, changed, min_events, lut, inverted, n_classes, events) -> None:
-    """Fills lut, inverted, n_classes and events of every row (see plan_classes)."""
+    """Fills lut, inverted, n_classes and events of every row (see plan_classes), in
+    O(keys + bands) a row: keys in (band, key) order are walked as bands."""
     rows, keys = total.shape
     band_of = np.empty(keys, np.int64)
-    group = np.zeros(keys, np.int64)
+    band_keys = np.empty(_BANDS, np.int64)
+    band_changed = np.empty(_BANDS, np.int64)
+    group = np.empty(_BANDS, np.int64)
     for r in range(rows):
         top, still = 0, 0
+        band_keys[:] = 0
+        band_changed[:] = 0
         for k in range(keys):
             band_of[k] = -1
             if total[r, k] > 0 and changed[r, k] > 0:
-                band_of[k] = band(total[r, k], changed[r, k])
-                top = max(top, band_of[k] + 1)
+                b = band(total[r, k], changed[r, k])
+                band_of[k] = b
+                band_keys[b] += 1
+                band_changed[b] += changed[r, k]
+                top = max(top, b + 1)
             elif total[r, k] > 0:
                 still = 1
         # moving keys in (band, key) order, bands merged until a group holds enough events
         g, count, open_keys = still, 0, 0
         for b in range(top):
-            in_band = 0
-            for k in range(keys):
-                if band_of[k] == b:
-                    group[k] = g
-                    count += changed[r, k]
-                    in_band += 1
-            open_keys += in_band
-            if in_band and count >= min_events:
+            group[b] = g
+            count += band_changed[b]
+            open_keys += band_keys[b]
+            if band_keys[b] and count >= min_events:
                 g, count, open_keys = g + 1, 0, 0
         if open_keys and g > still:  # the last keys join the last group
-            for k in range(keys):
-                if band_of[k] >= 0 and group[k] == g:
-                    group[k] = g - 1
+            for b in range(top):
+                if group[b] == g:
+                    group[b] = g - 1
         elif open_keys:
             g += 1
         n = min(max(g, 1), MAX_CLASSES)
@@ -160,7 +168,7 @@ def _plan_rows(total, changed, min_events, lut, inverted, n_classes, events) -> 
         c_sum = np.zeros(MAX_CLASSES, np.int64)
         for k in range(keys):
             if total[r, k] > 0:
-                c = 0 if band_of[k] < 0 else min(group[k], MAX_CLASSES - 1)
+                c = 0 if band_of[k] < 0 else min(group[band_of[k]], MAX_CLASSES - 1)
                 lut[r, k] = c
                 t_sum[c] += total[r, k]
                 c_sum[c] += changed[r, k]
