@@ -8,6 +8,7 @@ kernel queued just before the call on an idle device ties the two clocks. Rows s
 """
 
 import argparse
+import contextlib
 import threading
 import time
 
@@ -36,7 +37,8 @@ SPOTS = {
                (blocks, "pair"), (warp, "hist_counts"), (ranks, "table_bases"), (sparse_encode, "events"),
                (symbols, "encode"), (chunk_bytes, "code"), (huffman, "plan"), (huffman, "frame_sizes"),
                (huffman, "write"), (chunk_bytes, "assemble"), (tables.Tables, "lengths"), (tables.Tables, "write"),
-               (chunk_bytes, "gather"), (chunk_bytes, "crc32"), (chunk_bytes, "_to_host"), (layout, "to_device"),
+               (chunk_bytes, "gather"), (chunk_bytes, "_side_crcs"), (chunk_bytes, "_to_host"), (encode, "_tensor_parts"),
+               (api, "_items"), (container, "_prefix"), (layout, "to_device"),
                (layout, "upload"), (encode, "_lay_out"), (api, "write_pack"), (container, "_header_json"),
                (container, "_join")],
 }
@@ -70,14 +72,15 @@ class Spans:
             setattr(owner, name, fn)
 
 
-def timeline(call, spots, min_ms: float) -> list[str]:
-    """The rows of one profiled call of `call` (after two warm ones)."""
+def timeline(call, spots, min_ms: float, host_only: bool = False) -> list[str]:
+    """The rows of one profiled call of `call` (after two warm ones); with `host_only` the
+    host's spans alone, without the profiler (whose tracing slows every launch)."""
     call()
     call()
     spans = Spans(spots)
     mark = torch.empty(1, device="cuda")
     try:
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        with contextlib.nullcontext() if host_only else profile(activities=[ProfilerActivity.CUDA]) as prof:
             torch.cuda.synchronize()
             spans.rows.clear()
             t0 = time.perf_counter()
@@ -87,9 +90,9 @@ def timeline(call, spots, min_ms: float) -> list[str]:
             wall = (time.perf_counter() - t0) * 1e3
     finally:
         spans.restore()
-    dev = sorted((e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA),
-                 key=lambda e: e.time_range.start)
-    z = dev[0].time_range.start  # the marker
+    dev = [] if host_only else sorted((e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA),
+                                      key=lambda e: e.time_range.start)
+    z = dev[0].time_range.start if dev else 0  # the marker
     threads = {threading.get_ident(): "main"}
     rows = [((a - t0) * 1e3, (b - t0) * 1e3,
              f"{threads.setdefault(tid, f'thread {len(threads)}'):<9} {'  ' * d}{name}")
@@ -109,6 +112,7 @@ def main() -> None:
     ap.add_argument("--model", default="qwen3-8b")
     ap.add_argument("--lr", type=float, default=5e-7)
     ap.add_argument("--min-ms", type=float, default=0.3)
+    ap.add_argument("--host-only", action="store_true", help="the host's spans alone, without the profiler")
     ap.add_argument("--pinned", action="store_true", help="stage a pack held in pinned host memory; encode one "
                     "into pinned memory")
     args = ap.parse_args()
@@ -122,7 +126,7 @@ def main() -> None:
             pack = wt.pinned_pack(pack)
         state = {k: v.clone() for k, v in old.items()}
         call = lambda: wt.stage_delta(state, pack)
-    print("\n".join(timeline(call, SPOTS[args.what], args.min_ms)))
+    print("\n".join(timeline(call, SPOTS[args.what], args.min_ms, args.host_only)))
 
 
 if __name__ == "__main__":
