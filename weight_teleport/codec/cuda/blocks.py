@@ -151,9 +151,21 @@ class Paired:
     """[chunks] int64: each chunk's first element from `base` (device)."""
 
 
+_paired: dict = {}
+
+
 def pair(flats: list[torch.Tensor], table: ChunkTable, info=None) -> Paired:
     """The contiguous tensors `flats`, one per tensor of `table` and of the same sizes, as a
-    Paired (its base as in `build`)."""
-    elem, base = _elements_from_base(flats)
-    off = elem[table.host[:, TENSOR]] + table.host[:, START]
-    return Paired(_base(flats[base], info), layout.to_device([off], flats[0].device)[0])
+    Paired (its base as in `build`). The offsets are reused for the same pointers and a
+    table from `build_cached`'s same entry (its host rows, which the cache holds, so that
+    their identity is not taken by another table's): the scan's and the events' pairs each
+    took 0.3-0.7 ms of the encoder's host path before their launches."""
+    key = (id(table.host), flats[0].device, tuple(t.data_ptr() for t in flats))
+    if key not in _paired:
+        if len(_paired) >= CACHED:
+            _paired.clear()
+        elem, base = _elements_from_base(flats)
+        off = elem[table.host[:, TENSOR]] + table.host[:, START]
+        _paired[key] = table.host, layout.to_device([off], flats[0].device)[0], base
+    _, offsets, base = _paired[key]
+    return Paired(_base(flats[base], info), offsets)

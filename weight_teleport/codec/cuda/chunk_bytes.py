@@ -172,11 +172,29 @@ class Payload:
     (None: copied already)."""
 
 
+def _pinned_copy(t: torch.Tensor) -> tuple[np.ndarray, torch.cuda.Event | None]:
+    """A copy of a small device tensor on its way to pinned host memory, queued now on the
+    current stream; and the event to wait for before reading it (None: on the host already)."""
+    if not t.is_cuda:
+        return t.numpy(), None
+    host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+    host.copy_(t, non_blocking=True)
+    done = torch.cuda.Event()
+    done.record()
+    return host.numpy(), done
+
+
+def _wait(done: torch.cuda.Event | None) -> None:
+    if done is not None:
+        done.synchronize()
+
+
 def assemble(st: symbols.SymbolStreams, coded: Coded, n_groups: np.ndarray, room: int | None = None) -> Payload:
     """The sparse chunks whose segments are `st`'s rows ([chunks * NCP], NCP per chunk),
     chunk k with n_groups[k] classes, laid out and written on the device (tables, streams,
-    CRCs) into a buffer of their largest size; the host waits once, for the chunks' lengths
-    and CRCs, then queues the payload's copy as `_to_host` does with `room`."""
+    CRCs) into a buffer of their largest size. The host waits for the chunks' lengths (known
+    before the streams are written), queues the payload's copy as `_to_host` does with
+    `room`, and waits for the CRCs, computed on a stream of their own beside the copy."""
     n = n_groups.size
     ncp = st.lengths.shape[0] // n
     dev, raw_len, changed = st.buffer.device, st.lengths, st.changed
@@ -187,6 +205,7 @@ def assemble(st: symbols.SymbolStreams, coded: Coded, n_groups: np.ndarray, room
     heads = tables.Tables(groups, events, has, coded.codec, raw_len, body)
     head_len = heads.lengths()
     lengths = head_len + body.sum(1)
+    host_lengths, lengths_known = _pinned_copy(lengths)
     offsets = layout.starts(lengths)
     dst = (offsets + head_len)[:, None] + layout.starts(body, 1)
     bounds = tables.max_length(ncp) + st.segment_bytes.reshape(n, ncp).sum(1)  # stored streams are no longer than raw
@@ -198,9 +217,25 @@ def assemble(st: symbols.SymbolStreams, coded: Coded, n_groups: np.ndarray, room
         gather(coded.coded, out, coded.src_off, dst, torch.where(raw, 0, body))
     else:
         coded.frames(out.view(torch.int32), dst)
-    crcs = crc32(out, offsets, lengths, bounds)
-    host = torch.cat([lengths, crcs.long()]).cpu().numpy()  # the one sync
-    lengths = host[:n]
-    size = int(lengths.sum())
+    crcs, crcs_known = _side_crcs(out, offsets, lengths, bounds)
+    _wait(lengths_known)
+    size = int(host_lengths.sum())
     data, copied = _to_host(out[:size], room)
-    return Payload(data, layout.starts(lengths), lengths, host[n:] & 0xFFFFFFFF, copied)
+    _wait(crcs_known)
+    return Payload(data, layout.starts(host_lengths), host_lengths, crcs & 0xFFFFFFFF, copied)
+
+
+def _side_crcs(out: torch.Tensor, offsets: torch.Tensor, lengths: torch.Tensor,
+               bounds: np.ndarray) -> tuple[np.ndarray, torch.cuda.Event | None]:
+    """The chunks' CRC-32s (int64) as `_pinned_copy` gives them, computed and copied on the
+    CRC stream, which waits for the payload's kernels queued so far: they run beside the
+    payload's copy to the host, queued next on the caller's stream."""
+    if not out.is_cuda:
+        return _pinned_copy(crc32(out, offsets, lengths, bounds).long())
+    main = torch.cuda.current_stream(out.device)
+    side = layout.side_stream(out.device, "crc")
+    side.wait_stream(main)
+    with torch.cuda.stream(side):
+        for t in (out, offsets, lengths):
+            t.record_stream(side)
+        return _pinned_copy(crc32(out, offsets, lengths, bounds).long())
