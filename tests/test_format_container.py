@@ -275,3 +275,24 @@ def test_pack_written_around_a_payload_with_room_before_it():
     for chunks in ([whole[5:5 + payload.size]], [bytes(payload)], [payload[:10], memoryview(payload)[10:]], [payload]):
         got = container.write_pack_into(header, chunks, empty)
         assert got.tobytes() == expected and not np.shares_memory(got, whole) and not np.shares_memory(got, payload)
+
+
+def test_pack_written_into_waits_for_its_payload():
+    """write_pack_into calls `ready` before it reads the chunks or returns them: a payload
+    still being copied into place (here, written by `ready`) is the one in the pack, in
+    place and copied."""
+    payload = np.random.default_rng(2).integers(0, 256, 3000, np.uint8)
+    header = _header(3)
+    for i, rec in enumerate(header.tensors):
+        rec.chunks = [ChunkRef(1000 * i, 1000, zlib.crc32(payload[1000 * i:1000 * (i + 1)]))]
+    expected = write_pack(header, [payload])
+    room = container.prefix_bound(_header(3).tensors, 3)
+    for at in (room, 5):  # written around the payload; copied, the room being too small
+        whole = np.zeros(room + payload.size, np.uint8)
+        view = whole[at:at + payload.size]
+
+        def ready():
+            view[:] = payload
+
+        got = container.write_pack_into(header, [view], lambda n: np.zeros(n, np.uint8), ready)
+        assert got.tobytes() == expected and np.shares_memory(got, whole) == (at == room)

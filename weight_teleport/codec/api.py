@@ -54,15 +54,17 @@ def _pack(kind, backend_items, version, base_version, chunk_elems, level, thread
             raise ValueError("a CUDA codec configuration was given for CPU tensors; move the state to a "
                              "CUDA device or leave `cuda` unset")
         records, chunks = backend.encode(items, chunk_elems, level, threads)
+        ready = lambda: None
     else:
         cuda = cuda or backend.DEFAULT_CONFIG
-        records, chunks = backend.encode(items, chunk_elems, level, threads, config=cuda, pinned=pinned)
+        records, chunks, ready = backend.encode(items, chunk_elems, level, threads, config=cuda, pinned=pinned)
         codecs += backend.extra_stream_codecs(cuda)
     header = PackHeader(kind=kind, version=version, base_version=base_version,
                         chunk_elems=chunk_elems, tensors=records, stream_codecs=codecs)
     if pinned:
         from weight_teleport.codec.cuda.layout import pinned_empty
-        return write_pack_into(header, chunks, pinned_empty)
+        return write_pack_into(header, chunks, pinned_empty, ready)  # the header is written during the copy
+    ready()
     return write_pack(header, chunks)
 
 

@@ -208,13 +208,17 @@ def write_pack(header: PackHeader, chunks: list[bytes]) -> bytes:
     return _join([_prefix(header, sum(memoryview(c).nbytes for c in chunks)), *chunks])
 
 
-def write_pack_into(header: PackHeader, chunks: list, empty) -> np.ndarray:
+def write_pack_into(header: PackHeader, chunks: list, empty, ready=None) -> np.ndarray:
     """`write_pack`, as a uint8 array of memory from `empty(n)` (n bytes, writable; pinned
     host memory, say). Where `chunks` is one uint8 array that is a view of a larger array
     with room for the preamble and header before it (the CUDA encoder's payload, copied from
-    the GPU behind such room), the pack is written around it, and the payload is not copied."""
+    the GPU behind such room), the pack is written around it, and the payload is not copied.
+    `ready()`, where given, is called before the chunks' bytes are read or returned (their
+    copy into place may still be under way until then): after the header is made."""
     n = sum(memoryview(c).nbytes for c in chunks)
     pre = _prefix(header, n)
+    if ready is not None:
+        ready()
     if len(chunks) == 1 and isinstance(chunks[0], np.ndarray) and isinstance(chunks[0].base, np.ndarray):
         payload, whole = chunks[0], chunks[0].base
         at = payload.ctypes.data - whole.ctypes.data

@@ -128,8 +128,10 @@ def _records(items: list[EncodeItem], scans: list[_Scan], changed: np.ndarray,
 
 def encode(items: list[EncodeItem], chunk_elems: int, level: int, threads: int | None,
            config: CudaCodecConfig = DEFAULT_CONFIG, pinned: bool = False):
-    """Records (chunk offsets into the concatenation of the returned parts) and the payload
-    as bytes-like parts (valid until this thread's next encode call). Dense and snapshot
+    """Records (chunk offsets into the concatenation of the returned parts), the payload as
+    bytes-like parts (valid until this thread's next encode call) and `ready()`, which waits
+    for the parts' copies from the device: call it before reading them (the pack's header
+    can be made first, during the copy). Dense and snapshot
     tensors are coded by the CPU backend. With `pinned`, a payload that is one batch's alone
     (every changed tensor sparse and of one element type) is copied from the device into
     fresh pinned host memory with room for the pack's preamble and header before it, and is
@@ -137,7 +139,7 @@ def encode(items: list[EncodeItem], chunk_elems: int, level: int, threads: int |
     chunk_bytes.begin_encode()
     layout.begin_call()
     if any(it.old is None for it in items):
-        return _lay_out(*_on_cpu(items, chunk_elems, level, threads))
+        return *_lay_out(*_on_cpu(items, chunk_elems, level, threads)), lambda: None
     scans = _scan(items, chunk_elems)
     changed, plans = _plans(items, scans)
     parts: list = [[] for _ in items]
@@ -167,10 +169,12 @@ def encode(items: list[EncodeItem], chunk_elems: int, level: int, threads: int |
     for i, rec in on_cpu.items():
         records[i] = rec
     records, parts = _lay_out(records, parts)  # while the payloads are copied to the host
-    for copied in copies:
-        if copied is not None:
-            copied.synchronize()
-    return records, parts if room is None else [done.payload.data]
+
+    def ready() -> None:
+        for copied in copies:
+            if copied is not None:
+                copied.synchronize()
+    return records, parts if room is None else [done.payload.data], ready
 
 
 @dataclass
