@@ -256,15 +256,21 @@ def test_prefix_bound_covers_any_header_of_the_records(specs):
     assert len(container._prefix(header, 2**63 - 1)) <= bound
 
 
+def _three_chunk_pack(seed: int, n: int):
+    """(random payload of n bytes, a header of three tensors whose 1000-byte chunks start
+    it, write_pack's bytes of the two)."""
+    payload = np.random.default_rng(seed).integers(0, 256, n, np.uint8)
+    header = _header(3)
+    for i, rec in enumerate(header.tensors):
+        rec.chunks = [ChunkRef(1000 * i, 1000, zlib.crc32(payload[1000 * i:1000 * (i + 1)]))]
+    return payload, header, write_pack(header, [payload])
+
+
 def test_pack_written_around_a_payload_with_room_before_it():
     """write_pack_into: the bytes write_pack gives; around a payload that is a view with room
     before it in a larger array, in place (the payload not copied), else copied into memory
     from `empty`."""
-    payload = np.random.default_rng(1).integers(0, 256, 5000, np.uint8)
-    header = _header(3)
-    for i, rec in enumerate(header.tensors):
-        rec.chunks = [ChunkRef(1000 * i, 1000, zlib.crc32(payload[1000 * i:1000 * (i + 1)]))]
-    expected = write_pack(header, [payload])
+    payload, header, expected = _three_chunk_pack(1, 5000)
     room = container.prefix_bound(_header(3).tensors, 3)
     whole = np.zeros(room + payload.size + 16, np.uint8)
     whole[room:room + payload.size] = payload
@@ -281,11 +287,7 @@ def test_pack_written_into_waits_for_its_payload():
     """write_pack_into calls `ready` before it reads the chunks or returns them: a payload
     still being copied into place (here, written by `ready`) is the one in the pack, in
     place and copied."""
-    payload = np.random.default_rng(2).integers(0, 256, 3000, np.uint8)
-    header = _header(3)
-    for i, rec in enumerate(header.tensors):
-        rec.chunks = [ChunkRef(1000 * i, 1000, zlib.crc32(payload[1000 * i:1000 * (i + 1)]))]
-    expected = write_pack(header, [payload])
+    payload, header, expected = _three_chunk_pack(2, 3000)
     room = container.prefix_bound(_header(3).tensors, 3)
     for at in (room, 5):  # written around the payload; copied, the room being too small
         whole = np.zeros(room + payload.size, np.uint8)
