@@ -100,7 +100,8 @@ def timeline(call, spots, min_ms: float, host_only: bool = False) -> list[str]:
     rows += [((e.time_range.start - z) / 1e3, (e.time_range.end - z) / 1e3, f"{'device':<9} {e.name[:60]}")
              for e in dev[1:]]
     busy = sum(e.time_range.elapsed_us() for e in dev[1:]) / 1e3
-    out = [f"one call: {wall:.1f} ms, device busy {busy:.1f} ms; ms from the call's start",
+    device = "the host's spans only" if host_only else f"device busy {busy:.1f} ms"
+    out = [f"one call: {wall:.1f} ms, {device}; ms from the call's start",
            f"{'start':>7} {'end':>7} {'ms':>6}  where      what"]
     out += [f"{a:7.1f} {b:7.1f} {b - a:6.1f}  {what}" for a, b, what in sorted(rows) if b - a >= min_ms]
     return out

@@ -174,13 +174,23 @@ class Payload:
     (None: copied already)."""
 
 
-def _pinned_copy(t: torch.Tensor) -> tuple[np.ndarray, torch.cuda.Event | None]:
-    """A copy of a small device tensor on its way to pinned host memory, queued now on the
-    current stream; and the event to wait for before reading it (None: on the host already)."""
+@triton.jit
+def _store_kernel(src_ptr, dst_ptr, n, BLOCK: tl.constexpr):
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(dst_ptr + i, tl.load(src_ptr + i, mask=i < n), mask=i < n)
+
+
+def _to_pinned(t: torch.Tensor) -> tuple[np.ndarray, torch.cuda.Event | None]:
+    """A small flat device tensor on its way to pinned host memory, queued now on the
+    current stream; and the event to wait for before reading it (None: on the host
+    already). A kernel's stores write it (the device reaches pinned memory at the same
+    address), not a copy engine: a copy of the CRCs on another stream waited behind the
+    payload's copy to the host (3.1 ms of the Qwen3-8B-shaped delta's encode on the H200)."""
     if not t.is_cuda:
         return t.numpy(), None
     host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
-    host.copy_(t, non_blocking=True)
+    if t.numel():
+        _store_kernel[(triton.cdiv(t.numel(), 1024),)](t, host, t.numel(), BLOCK=1024)
     done = torch.cuda.Event()
     done.record()
     return host.numpy(), done
@@ -207,7 +217,7 @@ def assemble(st: symbols.SymbolStreams, coded: Coded, n_groups: np.ndarray, room
     heads = tables.Tables(groups, events, has, coded.codec, raw_len, body)
     head_len = heads.lengths()
     lengths = head_len + body.sum(1)
-    host_lengths, lengths_known = _pinned_copy(lengths)
+    host_lengths, lengths_known = _to_pinned(lengths)
     offsets = layout.starts(lengths)
     dst = (offsets + head_len)[:, None] + layout.starts(body, 1)
     bounds = tables.max_length(ncp) + st.segment_bytes.reshape(n, ncp).sum(1)  # stored streams are no longer than raw
@@ -227,36 +237,17 @@ def assemble(st: symbols.SymbolStreams, coded: Coded, n_groups: np.ndarray, room
     return Payload(data, layout.starts(host_lengths), host_lengths, crcs.astype(np.int64) & 0xFFFFFFFF, copied)
 
 
-@triton.jit
-def _store_kernel(src_ptr, dst_ptr, n, BLOCK: tl.constexpr):
-    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    tl.store(dst_ptr + i, tl.load(src_ptr + i, mask=i < n), mask=i < n)
-
-
-def _stored_to_host(t: torch.Tensor) -> tuple[np.ndarray, torch.cuda.Event]:
-    """`_pinned_copy` of a flat device tensor written by a kernel's stores into the pinned
-    memory (which the device reaches at the same address), not by a copy engine: a copy on
-    another stream waited behind the payload's copy to the host (3.1 ms of the
-    Qwen3-8B-shaped delta's encode on the H200)."""
-    host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
-    if t.numel():
-        _store_kernel[(triton.cdiv(t.numel(), 1024),)](t, host, t.numel(), BLOCK=1024)
-    done = torch.cuda.Event()
-    done.record()
-    return host.numpy(), done
-
-
 def _side_crcs(out: torch.Tensor, offsets: torch.Tensor, lengths: torch.Tensor,
                bounds: np.ndarray) -> tuple[np.ndarray, torch.cuda.Event | None]:
-    """The chunks' CRC-32s (int32 patterns) on the host once the event returned has passed,
-    computed on the CRC stream, which waits for the payload's kernels queued so far: they
-    run beside the payload's copy to the host, queued next on the caller's stream."""
+    """The chunks' CRC-32s (int32 patterns) as `_to_pinned` gives them, computed on the CRC
+    stream, which waits for the payload's kernels queued so far: they run beside the
+    payload's copy to the host, queued next on the caller's stream."""
     if not out.is_cuda:
-        return _pinned_copy(crc32(out, offsets, lengths, bounds))
+        return _to_pinned(crc32(out, offsets, lengths, bounds))
     main = torch.cuda.current_stream(out.device)
     side = layout.side_stream(out.device, "crc")
     side.wait_stream(main)
     with torch.cuda.stream(side):
         for t in (out, offsets, lengths):
             t.record_stream(side)
-        return _stored_to_host(crc32(out, offsets, lengths, bounds))
+        return _to_pinned(crc32(out, offsets, lengths, bounds))
