@@ -1,5 +1,6 @@
-"""The CUDA C warp kernels (codec/cuda/warp.cu) compile with NVRTC for every element type,
-and the Huffman frame writer (codec/cuda/huffman.cu) compiles, no GPU needed (NVRTC comes
+"""The CUDA C warp kernels (codec/cuda/warp.cu) and symbol coder (codec/cuda/symbols.cu)
+compile with NVRTC for every element type, and the Huffman frame writer
+(codec/cuda/huffman.cu) compiles, no GPU needed (NVRTC comes
 with the test extra's `nvidia-cuda-nvrtc` wheel): a slip in the CUDA source fails here, not
 only on a GPU."""
 
@@ -7,7 +8,7 @@ import pytest
 import torch
 from helpers import DTYPES
 
-from weight_teleport.codec.cuda import huffman, nvrtc, warp
+from weight_teleport.codec.cuda import huffman, nvrtc, symbols, warp
 from weight_teleport.codec.cuda.ranks import WARP_BLOCK, pow2
 from weight_teleport.codec.cuda.scan import SPAN
 from weight_teleport.codec.dtypes import dtype_info
@@ -40,6 +41,9 @@ def test_every_kernel_compiles_for_every_element_type(dtype, nvrtc_found):
             for kernel in (b"class_counts", b"hist_counts", b"class_events", b"scan_words"):
                 assert kernel in image
             assert (b"place_lanes" in image) == (block in (1024, 2048))  # the stage's blocks
+    for capability in (75, 90):
+        image = nvrtc.compile_image(symbols.SOURCE.read_text(), "symbols.cu", capability, [f"-DBITS={info.bits}"])
+        assert image[:4] == b"\x7fELF" and b"segment_counts" in image and b"segment_symbols" in image
 
 
 def test_the_huffman_writer_compiles(nvrtc_found):

@@ -4,21 +4,27 @@ sparse"), byte-identical to the CPU's `class_to_symbols`, written into one buffe
 SLOT_ALIGN-aligned slots.
 
 Inputs are per segment: its events' class ranks (ascending) and the residuals of its
-changed elements (in a non-inverted class, one per event). One kernel, a program per
-segment walking its events and residuals in tiles, launched twice: first to count the
-bytes of each stream (the slots are laid out from them on the device; the step's one
-transfer reads only the buffer's size and each segment's bytes), then to write them.
-Integer arithmetic is int64, which wraps like the format's unsigned arithmetic;
-comparisons of values that may reach 2^63 go through `_uge`."""
+changed elements (in a non-inverted class, one per event). Two launches over the segments:
+the first counts the bytes of each stream (the slots are laid out from them on the device;
+the step's one transfer reads only the buffer's size and each segment's bytes), the second
+writes them. Where NVRTC compiles for the GPU, the kernels are CUDA C (symbols.cu beside
+this: a warp per segment, each whole word of extra bits stored once); elsewhere (Triton's
+CPU interpreter, GPUs NVRTC cannot reach) the Triton kernel here, a program per segment
+walking its events and residuals in tiles, whose extra bits are ORed into the zeroed
+buffer by global atomics (its write launch took 4.7 ms of the Qwen3-8B-shaped encode on the
+H200). The Triton kernel's integer arithmetic is int64, which wraps like the format's
+unsigned arithmetic; comparisons of values that may reach 2^63 go through `_uge`."""
 
+import functools
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
 import triton
 import triton.language as tl
 
-from weight_teleport.codec.cuda import layout
+from weight_teleport.codec.cuda import layout, nvrtc, warp
 from weight_teleport.codec.cuda.entropy import SLOT_ALIGN
 
 RC = 5
@@ -27,6 +33,15 @@ _RC = tl.constexpr(RC)
 _ESCAPE = tl.constexpr(ESCAPE)
 TILE = 1024
 """Events (or residuals) a segment's program codes at once."""
+SOURCE = Path(__file__).with_name("symbols.cu")
+"""The CUDA C kernels (tests/test_codec_warp_compile.py compiles them without a GPU)."""
+SEG_WARPS = 4
+"""Segments (a warp each) of a CTA of the CUDA C kernels (symbols.cu's SEG_WARPS)."""
+
+
+@functools.cache
+def _module(bits: int) -> nvrtc.Module:
+    return nvrtc.Module(SOURCE.read_text(), SOURCE.name, {"BITS": bits})
 
 
 @dataclass
@@ -185,7 +200,11 @@ def encode(ranks: torch.Tensor, res: torch.Tensor, seg: Segments) -> SymbolStrea
     n_seg = ev_cnt.numel()
     args = (ranks, res, ev_cnt, layout.starts(ev_cnt), res_cnt, layout.starts(res_cnt), inv)
     counts = torch.zeros((max(n_seg, 1), 3), dtype=torch.int64, device=dev)
-    if n_seg:
+    fast = n_seg and warp.available(ranks)
+    grid = -(-n_seg // SEG_WARPS)
+    if fast:
+        _module(seg.bits).launch("segment_counts", grid, SEG_WARPS * 32, [*args, counts, n_seg], dev)
+    elif n_seg:
         unused = ranks  # the slot and buffer pointers, not read when counting
         _symbols_kernel[(n_seg,)](*args, unused, unused, unused, counts, BITS=seg.bits, T=TILE, WRITE=False)
     c = counts[:n_seg]
@@ -196,7 +215,9 @@ def encode(ranks: torch.Tensor, res: torch.Tensor, seg: Segments) -> SymbolStrea
     host = torch.cat([sums, lengths.sum(1)]).cpu().numpy()  # the step's one transfer
     assert ranks.numel() == host[1] and res.numel() == host[2]
     buf = torch.zeros(int(host[0]) + 2 * SLOT_ALIGN, dtype=torch.uint8, device=dev)
-    if n_seg:
+    if fast:
+        _module(seg.bits).launch("segment_symbols", grid, SEG_WARPS * 32, [*args, offsets, buf, n_seg], dev)
+    elif n_seg:
         _symbols_kernel[(n_seg,)](*args, offsets, buf, buf.view(torch.int32), counts, BITS=seg.bits, T=TILE,
                                   WRITE=True)
     return SymbolStreams(buf, offsets, lengths, res_cnt, host[3:])
