@@ -98,7 +98,7 @@ def test_gpu_symbol_streams_match_cpu_kernel(warp_kernels, monkeypatch):
             ref.append([syms.tobytes(), bb[:nb].tobytes(), rsy[:nr].tobytes(),
                         esc[:ne].astype(f"<u{width // 8}").tobytes()])
             ranks.append(r.astype(np.int32))
-            res.append(rv.view(np.int64))
+            res.append(rv.astype(f"u{width // 8}").view(f"i{width // 8}"))  # stored in the elements' width
             ev, rc, inv = ev + [n], rc + [nres], inv + [iv]
         seg = symbols.Segments(np.array(ev, np.int64), np.array(rc, np.int64), np.array(inv), width)
         out = symbols.encode(torch.from_numpy(np.concatenate(ranks)).cuda(),

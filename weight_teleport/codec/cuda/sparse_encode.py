@@ -37,13 +37,14 @@ def _events_kernel(old_ptr, rows_ptr, prog_ptr, new_ptr, new_off_ptr, lut_ptr, i
     tl.store(ranks_ptr + tl.load(eoff_ptr + k * NCP + cls, mask=ev, other=0) + e, r, mask=ev)
     res = wrap(key(n, IS_FLOAT, BITS) - key(o, IS_FLOAT, BITS), BITS)
     slot = tl.load(roff_ptr + k * NCP + cls, mask=changed, other=0) + tl.where(inv, r - e, e)
-    tl.store(res_ptr + slot, as_int64(res, BITS), mask=changed)
+    tl.store(res_ptr + slot, as_int64(res, BITS).to(res_ptr.dtype.element_ty), mask=changed)
 
 
 def events(table: blocks.ChunkTable, new: blocks.Paired, luts, inverted, rbase, ebase, ev_off, res_off,
            n_events: int, n_changed: int, n_classes: int, info):
-    """(event ranks int32, residuals int64) of every chunk of a chunk table, grouped by chunk
-    then class at the flat [chunks * NCP] offsets `ev_off` / `res_off`. `rbase` / `ebase`
+    """(event ranks int32, residuals of the elements' width, `info.int_torch`) of every
+    chunk of a chunk table, grouped by chunk then class at the flat [chunks * NCP] offsets
+    `ev_off` / `res_off`. `rbase` / `ebase`
     are the blocks' class-rank and event-rank bases (ranks.table_bases); `luts` and the
     int8 `inverted` flags are per tensor; `n_classes` the most classes of any tensor."""
     layout.require(table.base, info.int_torch)
@@ -54,7 +55,7 @@ def events(table: blocks.ChunkTable, new: blocks.Paired, luts, inverted, rbase, 
     assert rbase.shape == ebase.shape == (table.programs, ncp) and rbase.dtype == ebase.dtype == torch.int32
     assert ev_off.dtype == res_off.dtype == torch.int64 and ev_off.numel() == res_off.numel() == table.chunks * ncp
     out_ranks = torch.empty(n_events, dtype=torch.int32, device=table.base.device)
-    out_res = torch.empty(n_changed, dtype=torch.int64, device=table.base.device)
+    out_res = torch.empty(n_changed, dtype=info.int_torch, device=table.base.device)
     if table.programs and warp.available(table.base):
         warp.launch("class_events", table, info, [
             table.base, table.rows, table.program_chunk, new.base, new.offsets, luts, inverted, rbase, ebase,

@@ -10,11 +10,20 @@
 //   next 32 events, so that no global word is written twice and no global atomic is
 //   needed; residual symbols and escapes are placed by ballots.
 //
-// Compiled per element width with BITS. Residuals are int64 with the element's residual in
-// their low BITS bits; arithmetic on them is unsigned, modulo 2^64, as the format's.
+// Compiled per element width with BITS. Residuals are stored in the elements' width (R) and
+// read as unsigned; arithmetic on them is modulo 2^64, as the format's.
 
 typedef long long i64;
 typedef unsigned long long u64;
+#if BITS == 8
+typedef unsigned char R;
+#elif BITS == 16
+typedef unsigned short R;
+#elif BITS == 32
+typedef unsigned int R;
+#else
+typedef unsigned long long R;
+#endif
 
 #define FULL 0xffffffffu
 #define RC 5
@@ -77,7 +86,7 @@ __device__ __forceinline__ int warp_sum(int x) {
 #define AHEAD 4  // 32-event steps whose loads segment_counts issues before using any
 
 extern "C" __global__ void __launch_bounds__(SEG_WARPS * 32)
-segment_counts(const int* ranks, const i64* res, const i64* ev_cnt, const i64* ev_start, const i64* res_cnt,
+segment_counts(const int* ranks, const R* res, const i64* ev_cnt, const i64* ev_start, const i64* res_cnt,
                const i64* res_start, const signed char* inv, i64* counts, i64 n_seg) {
     const int lane = threadIdx.x & 31;
     const i64 s = (i64)blockIdx.x * SEG_WARPS + (threadIdx.x >> 5);
@@ -102,7 +111,7 @@ segment_counts(const int* ranks, const i64* res, const i64* ev_cnt, const i64* e
         u64 r[AHEAD];
         for (int k = 0; k < AHEAD; k++) {
             const i64 j = t + 32 * k + lane;
-            r[k] = j < g.n_res ? (u64)res[g.res0 + j] & WMASK : 1;
+            r[k] = j < g.n_res ? (u64)res[g.res0 + j] : 1;
         }
         for (int k = 0; k < AHEAD; k++) {
             const Residual z = residual(r[k], g.inv);
@@ -137,7 +146,7 @@ __device__ __forceinline__ void put_residuals(unsigned char* buf, i64 rsym_at, i
 }
 
 extern "C" __global__ void __launch_bounds__(SEG_WARPS * 32)
-segment_symbols(const int* ranks, const i64* res, const i64* ev_cnt, const i64* ev_start, const i64* res_cnt,
+segment_symbols(const int* ranks, const R* res, const i64* ev_cnt, const i64* ev_start, const i64* res_cnt,
                 const i64* res_start, const signed char* inv, const i64* off, unsigned char* buf, i64 n_seg) {
     __shared__ unsigned staged[SEG_WARPS][WORDS];
     const int lane = threadIdx.x & 31;
@@ -154,11 +163,11 @@ segment_symbols(const int* ranks, const i64* res, const i64* ev_cnt, const i64* 
     // streams 1 and 2 (and, in a class that is not inverted, 3 and 4: one residual an event)
     bool m = lane < g.n_ev;
     int r = m ? ranks[g.ev0 + lane] : 0;
-    u64 rv = m && !g.inv ? (u64)res[g.res0 + lane] & WMASK : 1;
+    u64 rv = m && !g.inv ? (u64)res[g.res0 + lane] : 1;
     for (i64 t = 0; t < g.n_ev; t += 32) {
         const bool m_next = t + 32 + lane < g.n_ev;
         const int r_next = m_next ? ranks[g.ev0 + t + 32 + lane] : 0;
-        const u64 rv_next = m_next && !g.inv ? (u64)res[g.res0 + t + 32 + lane] & WMASK : 1;
+        const u64 rv_next = m_next && !g.inv ? (u64)res[g.res0 + t + 32 + lane] : 1;
         int p = __shfl_up_sync(FULL, r, 1);
         p = lane ? p : prev;
         prev = __shfl_sync(FULL, r, 31);
@@ -193,7 +202,7 @@ segment_symbols(const int* ranks, const i64* res, const i64* ev_cnt, const i64* 
     if (!g.inv) return;
     for (i64 t = 0; t < g.n_res; t += 32) {  // an inverted class's residuals
         const bool mr = t + lane < g.n_res;
-        put_residuals(buf, rsym_at, esc_at, mr ? (u64)res[g.res0 + t + lane] & WMASK : 1, mr, true, n_sym, n_esc,
+        put_residuals(buf, rsym_at, esc_at, mr ? (u64)res[g.res0 + t + lane] : 1, mr, true, n_sym, n_esc,
                       lane);
     }
 }

@@ -118,9 +118,19 @@ def unzigzag(z, BITS: tl.constexpr):
 
 
 @triton.jit
+def _residual(res_ptr, at, j, m, other, BITS: tl.constexpr):
+    """Residuals j of a segment whose residuals start at `at`, stored in the elements' width,
+    as int64 (zero-extended below 64 bits)."""
+    r = tl.load(res_ptr + at + j, mask=m, other=other).to(tl.int64)
+    if BITS < 64:
+        r = r & ((1 << BITS) - 1)
+    return r
+
+
+@triton.jit
 def _residual_symbols(res_ptr, at, j, m, inv, BITS: tl.constexpr):
     """(residual, whether it has a residual symbol, whether that escapes, the symbol)."""
-    res = tl.load(res_ptr + at + j, mask=m, other=0)
+    res = _residual(res_ptr, at, j, m, 0, BITS)
     zz = _zigzag(res, BITS)
     flag = m & (inv | _uge(zz, _RC - 1))
     sym = tl.where(inv, zz, zz - (_RC - 1))
@@ -154,7 +164,7 @@ def _symbols_kernel(ranks_ptr, res_ptr, ev_cnt_ptr, ev_start_ptr, res_cnt_ptr, r
         m = j < n_ev
         ne, bucket, extra = _gaps(ranks_ptr, ev0, j, m)
         if WRITE:
-            zz = _zigzag(tl.load(res_ptr + res0 + j, mask=m & ~inv, other=1), BITS)
+            zz = _zigzag(_residual(res_ptr, res0, j, m & ~inv, 1, BITS), BITS)
             rc = tl.where(inv, 0, tl.where(_uge(zz, _RC - 1), _RC - 1, zz))
             tl.store(buf_ptr + sym_at + j, (bucket * _RC + rc).to(tl.uint8), mask=m)
             at = bits + tl.cumsum(ne, 0) - ne
@@ -190,9 +200,9 @@ def _symbols_kernel(ranks_ptr, res_ptr, ev_cnt_ptr, ev_start_ptr, res_cnt_ptr, r
 
 def encode(ranks: torch.Tensor, res: torch.Tensor, seg: Segments) -> SymbolStreams:
     """The streams of all segments from their concatenated event ranks (int32) and
-    residuals (int64, the element's residual in its low `seg.bits` bits)."""
+    residuals (integers of `seg.bits` bits, read as unsigned)."""
     dev = ranks.device
-    assert ranks.dtype == torch.int32 and res.dtype == torch.int64
+    assert ranks.dtype == torch.int32 and res.dtype.itemsize * 8 == seg.bits and not res.dtype.is_floating_point
     assert layout.on_device(ranks) and ranks.is_contiguous() and res.is_contiguous()
     ev_cnt = torch.as_tensor(seg.ev_cnt, device=dev).long().contiguous()
     res_cnt = torch.as_tensor(seg.res_cnt, device=dev).long().contiguous()

@@ -396,7 +396,7 @@ __device__ __forceinline__ void copies_wait_but_last() {}
 extern "C" __global__ void __launch_bounds__(EVENT_WARPS * 32)
 class_events(const U* old, const i64* rows, const int* prog, const U* nw, const i64* new_off,
              const unsigned char* lut, const signed char* inv_tab, const int* rbase, const int* ebase,
-             const i64* eoff, const i64* roff, int* ranks_out, i64* res_out, i64 programs) {
+             const i64* eoff, const i64* roff, int* ranks_out, U* res_out, i64 programs) {
     __shared__ RunShared shared[EVENT_WARPS];
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
     const i64 pid = (i64)blockIdx.x * EVENT_WARPS + w;
@@ -519,7 +519,7 @@ class_events(const U* old, const i64* rows, const int* prog, const U* nw, const 
             if ((evm >> i) & 1) ranks_out[sh.eo[c] + e] = r;
             if ((chg >> i) & 1) {
                 const int at = staged(lane, i);
-                res_out[sh.ro[c] + (((inv >> c) & 1) ? r - e : e)] = (i64)wrap(key((W)sn[at]) - key((W)so[at]));
+                res_out[sh.ro[c] + (((inv >> c) & 1) ? r - e : e)] = (U)wrap(key((W)sn[at]) - key((W)so[at]));
             }
         }
     }
