@@ -88,6 +88,8 @@ class TensorRecord:
     inverted: list[int] = field(default_factory=list)
     """Classes whose event stream lists the unchanged elements instead of the changed ones."""
     chunks: list[ChunkRef] = field(default_factory=list)
+    """Read from a pack: ChunkRefs. A writer may give plain (offset, length, crc32) tuples,
+    which are written the same (the CUDA encoder does)."""
 
     @property
     def numel(self) -> int:

@@ -1,8 +1,10 @@
 """Sparse chunks from the GPU's symbol streams: stream coding (Huffman-literal frames or
 nvCOMP on the GPU, or the CPU's zstd), then the payload of all chunks of a batch laid out
 and written on the GPU (chunk tables, stored streams, the CRC-32 of every chunk), one wait
-for the chunks' lengths and CRCs, one copy to the host."""
+for the chunks' lengths, one copy to the host; the CRCs are waited for only when the chunk
+references are made."""
 
+import functools
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -169,9 +171,18 @@ class Payload:
     """Each chunk's first byte in `data`."""
     lengths: np.ndarray
     crcs: np.ndarray
+    """The chunks' CRC-32s as int32 patterns, once `crcs_known` has passed (`crc_list`)."""
     copied: torch.cuda.Event | None
     """Recorded after the copy of `data` from the device: wait for it before reading `data`
     (None: copied already)."""
+    crcs_known: torch.cuda.Event | None
+
+    @functools.cached_property
+    def crc_list(self) -> list:
+        """The chunks' CRC-32s as ints, waited for: they are computed beside the payload's
+        copy, so the host lays out what does not need them first."""
+        _wait(self.crcs_known)
+        return (self.crcs.astype(np.int64) & 0xFFFFFFFF).tolist()
 
 
 @triton.jit
@@ -205,8 +216,9 @@ def assemble(st: symbols.SymbolStreams, coded: Coded, n_groups: np.ndarray, room
     """The sparse chunks whose segments are `st`'s rows ([chunks * NCP], NCP per chunk),
     chunk k with n_groups[k] classes, laid out and written on the device (tables, streams,
     CRCs) into a buffer of their largest size. The host waits for the chunks' lengths (known
-    before the streams are written), queues the payload's copy as `_to_host` does with
-    `room`, and waits for the CRCs, computed on a stream of their own beside the copy."""
+    before the streams are written) and queues the payload's copy as `_to_host` does with
+    `room`; the CRCs are computed on a stream of their own beside the copy
+    (`Payload.crc_list` waits for them)."""
     n = n_groups.size
     ncp = st.lengths.shape[0] // n
     dev, raw_len, changed = st.buffer.device, st.lengths, st.changed
@@ -233,8 +245,7 @@ def assemble(st: symbols.SymbolStreams, coded: Coded, n_groups: np.ndarray, room
     _wait(lengths_known)
     size = int(host_lengths.sum())
     data, copied = _to_host(out[:size], room)
-    _wait(crcs_known)
-    return Payload(data, layout.starts(host_lengths), host_lengths, crcs.astype(np.int64) & 0xFFFFFFFF, copied)
+    return Payload(data, layout.starts(host_lengths), host_lengths, crcs, copied, crcs_known)
 
 
 def _side_crcs(out: torch.Tensor, offsets: torch.Tensor, lengths: torch.Tensor,
