@@ -15,6 +15,9 @@ from weight_teleport.codec.huffman_frames import BLOCK_BYTES, frame_header_size
 
 SOURCE = Path(__file__).with_name("huffman.cu")
 THREADS = 256
+"""Threads of a huf_write CTA (huffman.cu's T)."""
+PLAN_WARPS = 2
+"""Warps of a huf_plan CTA, a block each."""
 INFO = 8
 """Ints per block in the plan: kind (raw, RLE, compressed), content bytes, four stream bytes,
 tree description bytes, longest code."""
@@ -23,13 +26,14 @@ TREE_MAX = 128
 
 
 def available(tensor: torch.Tensor) -> bool:
-    """Whether the writer can run on `tensor`'s device (NVRTC compiles for it)."""
-    return nvrtc.compiles_for(tensor)
+    """Whether the writer can run on `tensor`'s device: one that NVRTC compiles for, with
+    __match_any_sync (compute capability 7.0 on)."""
+    return nvrtc.compiles_for(tensor) and nvrtc.capability(tensor.device) >= 70
 
 
 @functools.cache
 def _module() -> nvrtc.Module:
-    return nvrtc.Module(SOURCE.read_text(), SOURCE.name, {})
+    return nvrtc.Module(SOURCE.read_text(), SOURCE.name, {"PLAN_WARPS": PLAN_WARPS})
 
 
 @dataclass
@@ -103,8 +107,8 @@ def plan(buffer: torch.Tensor, offsets: torch.Tensor, lengths: torch.Tensor, min
     trees = torch.empty(n * TREE_MAX, dtype=torch.uint8, device=dev)
     size = bl.size.int()
     if max_blocks:
-        _module().launch("huf_plan", max_blocks, THREADS, [buffer, bl.src, size, info, codes, code_lengths, trees,
-                                                           max_blocks], dev)
+        _module().launch("huf_plan", -(-max_blocks // PLAN_WARPS), 32 * PLAN_WARPS,
+                         [buffer, bl.src, size, info, codes, code_lengths, trees, max_blocks], dev)
     return Plan(max_blocks, bl, size, info, codes, code_lengths, trees)
 
 
