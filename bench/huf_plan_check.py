@@ -1,10 +1,10 @@
-"""huf_plan (codec/cuda/huffman.cu) against the committed one (git HEAD), on the GPU: the same
-info, code lengths, codes and tree descriptions on random and skewed streams, then both
-kernels timed (CUDA events, median of 20) on a Qwen3-like launch: ~50,000 blocks of ~4 KB
-median (gap-bucket and residual symbols), empty blocks past them up to the launch's bound.
-Exits non-zero on any difference.
+"""huf_plan (codec/cuda/huffman.cu) against the kernel it replaced, a CTA of 256 threads a
+block, on the GPU: the same info, code lengths, codes and tree descriptions on random and
+skewed streams, then both kernels timed (CUDA events, median of 20) on a Qwen3-like launch:
+~50,000 blocks of ~4 KB median (gap-bucket and residual symbols), empty blocks past them up
+to the launch's bound. Exits non-zero on any difference.
 
-    python bench/huf_plan_check.py [ORIGINAL.cu]   (default: git show HEAD:...huffman.cu)
+    python bench/huf_plan_check.py [ORIGINAL.cu]   (default: git show 67916b7:...huffman.cu)
 """
 
 import subprocess
@@ -23,7 +23,7 @@ def original() -> nvrtc.Module:
     if len(sys.argv) > 1:
         src = Path(sys.argv[1]).read_text()
     else:
-        src = subprocess.run(["git", "show", "HEAD:weight_teleport/codec/cuda/huffman.cu"], check=True,
+        src = subprocess.run(["git", "show", "67916b7:weight_teleport/codec/cuda/huffman.cu"], check=True,
                              capture_output=True, text=True, cwd=Path(__file__).parent).stdout
     return nvrtc.Module(src, "huffman_head.cu", {})
 
@@ -110,7 +110,7 @@ def compare(name: str, new, outs) -> int:
     real, rle = new.size > 0, o_info[:, 0] == 1
     col = torch.arange(8, device=DEV)
     cols = torch.where((real & rle)[:, None], col < 2, True)
-    # the one stream of a block below 1024 bytes: HEAD's kernel leaves its other three sizes unwritten
+    # the one stream of a block below 1024 bytes: the kernel before leaves its other three sizes unwritten
     cols &= ~((new.size < 1024)[:, None] & (col >= 3) & (col <= 5))
     bad = ((info != o_info) & cols).any(1)
     coded = real & ~rle
@@ -151,7 +151,7 @@ def main() -> int:
     bad += compare("Qwen3-like", new, outs)
     t_old = median_ms(run_old)
     print(f"\n{'huf_plan, ' + str(blocks) + ' blocks in a launch of 128823':44s} {'ms':>8s}")
-    print(f"{'HEAD (a CTA of 256 threads a block)':44s} {t_old:8.3f}")
+    print(f"{'before (a CTA of 256 threads a block)':44s} {t_old:8.3f}")
     for w in (1, 2, 4):
         t = median_ms(lambda: run_new(w))
         mark = " (huffman.py)" if w == huffman.PLAN_WARPS else ""
