@@ -186,3 +186,12 @@ def test_malformed_class_map_is_refused_naming_its_tensor(states, pack, classes,
     with pytest.raises(PackFormatError, match=f"tensor '{rec.name}': {message}"):
         wt.apply_delta(state, bad, base_version=1)
     assert_bits_equal(state, old)
+
+
+def test_a_state_off_the_cpu_and_cuda_is_refused_by_name(states):
+    old, new = states
+    meta = {k: torch.empty_like(v, device="meta") for k, v in new.items()}
+    with pytest.raises(ValueError, match=r"tensors are on \['cpu', 'meta'\]"):
+        wt.encode_delta(old, meta, base_version=1, version=2)
+    with pytest.raises(ValueError, match=r"\['meta'\]"):
+        wt.encode_snapshot(meta, version=0)

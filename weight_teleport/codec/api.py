@@ -19,14 +19,18 @@ DEFAULT_LEVEL = 3
 
 
 def _backend(tensors: Iterable[torch.Tensor]):
-    """The backend of the tensors' device type: CPU, or CUDA (Triton kernels)."""
-    types = {t.device.type for t in tensors}
-    if types <= {"cpu"}:
+    """The backend of the tensors' device type: CPU, or CUDA (Triton kernels). Read from
+    `is_cpu` and `is_cuda`: `t.device` makes a new object per tensor (0.2 ms for a
+    Qwen3-8B-shaped pair of states on the development machine, against 0.03)."""
+    tensors = list(tensors)
+    kinds = {(t.is_cpu, t.is_cuda) for t in tensors}
+    if kinds <= {(True, False)}:
         return cpu
-    if types == {"cuda"}:
+    if kinds == {(False, True)}:
         from weight_teleport.codec.cuda import backend
         return backend
-    raise ValueError(f"tensors are on {sorted(types)}; keep a whole state on the CPU or on CUDA devices")
+    types = sorted({t.device.type for t in tensors})
+    raise ValueError(f"tensors are on {types}; keep a whole state on the CPU or on CUDA devices")
 
 
 def _items(new: Mapping[str, torch.Tensor], old: Mapping[str, torch.Tensor] | None):
