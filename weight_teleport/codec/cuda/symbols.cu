@@ -28,7 +28,9 @@ typedef unsigned long long R;
 #define FULL 0xffffffffu
 #define RC 5
 #define ESCAPE 255
-#define SEG_WARPS 4
+#ifndef SEG_WARPS
+#define SEG_WARPS 4  // segments (a warp each) of a CTA; symbols.py passes its own
+#endif
 #define WORDS 32  // a step's extra bits past a partial word: gaps are below 2^24 (chunks hold at
                   // most 2^22 elements), so at most 31 + 32 * 22 bits, 23 words
 #if BITS == 64

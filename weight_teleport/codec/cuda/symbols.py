@@ -36,12 +36,12 @@ TILE = 1024
 SOURCE = Path(__file__).with_name("symbols.cu")
 """The CUDA C kernels (tests/test_codec_warp_compile.py compiles them without a GPU)."""
 SEG_WARPS = 4
-"""Segments (a warp each) of a CTA of the CUDA C kernels (symbols.cu's SEG_WARPS)."""
+"""Segments (a warp each) of a CTA of the CUDA C kernels."""
 
 
 @functools.cache
 def _module(bits: int) -> nvrtc.Module:
-    return nvrtc.Module(SOURCE.read_text(), SOURCE.name, {"BITS": bits})
+    return nvrtc.Module(SOURCE.read_text(), SOURCE.name, {"BITS": bits, "SEG_WARPS": SEG_WARPS})
 
 
 @dataclass
