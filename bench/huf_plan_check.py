@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from cuda_bench import cuda_ms
 from weight_teleport.codec.cuda import huffman, nvrtc
 
 DEV = "cuda"
@@ -124,19 +125,6 @@ def compare(name: str, new, outs) -> int:
     return n_bad
 
 
-def median_ms(fn, reps: int = 20) -> float:
-    fn()
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b))
-    return float(np.median(times))
-
-
 def main() -> int:
     rng = np.random.default_rng(0)
     old = original()
@@ -149,11 +137,11 @@ def main() -> int:
     buf, offsets, lengths = layout(*qwen_like(rng, blocks))
     new, outs, run_new, run_old = both(old, buf, offsets, lengths, 128_823)
     bad += compare("Qwen3-like", new, outs)
-    t_old = median_ms(run_old)
+    t_old = cuda_ms(run_old, 20)
     print(f"\n{'huf_plan, ' + str(blocks) + ' blocks in a launch of 128823':44s} {'ms':>8s}")
     print(f"{'before (a CTA of 256 threads a block)':44s} {t_old:8.3f}")
     for w in (1, 2, 4):
-        t = median_ms(lambda: run_new(w))
+        t = cuda_ms(lambda: run_new(w), 20)
         mark = " (huffman.py)" if w == huffman.PLAN_WARPS else ""
         print(f"{f'new, {w} warps (blocks) a CTA{mark}':44s} {t:8.3f}   x{t_old / t:.2f}")
     bad += compare("Qwen3-like, 4 warps a CTA (the last timed)", new, outs)

@@ -19,14 +19,14 @@ DEFAULT_LEVEL = 3
 
 
 def _backend(tensors: Iterable[torch.Tensor]):
-    """The backend of the tensors' device type: CPU, or CUDA (Triton kernels). Read from
-    `is_cpu` and `is_cuda`: `t.device` makes a new object per tensor (0.2 ms for a
-    Qwen3-8B-shaped pair of states on the development machine, against 0.03)."""
+    """The backend of the tensors' device type: CPU, or CUDA (CUDA C and Triton kernels).
+    Read from `is_cpu` and `is_cuda`: `t.device` makes a new object per tensor (for the 798
+    tensors of a Qwen3-8B-shaped pair of states, 0.20 ms against 0.035 on the development
+    machine)."""
     tensors = list(tensors)
-    kinds = {(t.is_cpu, t.is_cuda) for t in tensors}
-    if kinds <= {(True, False)}:
+    if all(t.is_cpu for t in tensors):
         return cpu
-    if kinds == {(False, True)}:
+    if all(t.is_cuda for t in tensors):
         from weight_teleport.codec.cuda import backend
         return backend
     types = sorted({t.device.type for t in tensors})

@@ -69,7 +69,7 @@ __device__ __forceinline__ Gap gap(unsigned v) {
 // A residual's symbol (whether it has one, whether that escapes): in an inverted class every
 // changed element has its zigzag code, else only those past the RC - 1 kept in the event symbol.
 struct Residual {
-    u64 zz;
+    u64 sym;
     bool flag, esc;
 };
 
@@ -138,7 +138,7 @@ __device__ __forceinline__ void put_residuals(unsigned char* buf, i64 rsym_at, i
     const Residual z = residual(r, inv);
     const unsigned fb = __ballot_sync(FULL, m && z.flag), eb = __ballot_sync(FULL, m && z.esc);
     const unsigned below = (1u << lane) - 1;
-    if (m && z.flag) buf[rsym_at + n_sym + __popc(fb & below)] = z.esc ? ESCAPE : (unsigned char)z.zz;
+    if (m && z.flag) buf[rsym_at + n_sym + __popc(fb & below)] = z.esc ? ESCAPE : (unsigned char)z.sym;
     if (m && z.esc) {
         const i64 at = esc_at + (n_esc + __popc(eb & below)) * (BITS / 8);
         for (int b = 0; b < BITS / 8; b++) buf[at + b] = (unsigned char)(r >> (8 * b));
