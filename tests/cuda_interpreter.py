@@ -23,7 +23,7 @@ from weight_teleport.codec import api, plan  # noqa: E402
 from weight_teleport.codec import digest as D  # noqa: E402
 from weight_teleport.codec.cpu import backend as cpu  # noqa: E402
 from weight_teleport.codec.cuda import backend as gpu  # noqa: E402
-from weight_teleport.codec.cuda import crc, digest, layout  # noqa: E402
+from weight_teleport.codec.cuda import crc, digest, encode, layout  # noqa: E402
 from weight_teleport.codec.cuda.config import CudaCodecConfig  # noqa: E402
 from weight_teleport.errors import WeightTeleportError  # noqa: E402
 from weight_teleport.format import read_header  # noqa: E402
@@ -192,6 +192,7 @@ def decoder_edges() -> list[str]:
 
 def main() -> int:
     plan.MIN_CLASS_EVENTS = 4  # many classes from small tensors
+    waves = encode.WAVE_ELEMS
     failures = []
     for name, old, new in states():
         cpu_pack = on(cpu, lambda: wt.encode_delta(old, new, base_version=0, version=1, chunk_elems=4096))
@@ -203,6 +204,13 @@ def main() -> int:
                                                    cuda=PORTABLE, pinned=True))
         if bytes(in_place) != cpu_pack:
             failures.append(f"{name}: GPU-path pack written around its payload (pinned=True) differs from the CPU's")
+        if any(k in name for k in ("float32", "None", "classes")):  # two types, inverted classes, 16 classes
+            encode.WAVE_ELEMS = 0  # scanned in two waves, their events merged
+            two_waves = on(gpu, lambda: wt.encode_delta(old, new, base_version=0, version=1, chunk_elems=4096,
+                                                        cuda=PORTABLE, pinned=True))
+            encode.WAVE_ELEMS = waves
+            if bytes(two_waves) != cpu_pack:
+                failures.append(f"{name}: GPU-path pack of a state scanned in two waves differs from the CPU's")
         if "classes" in name and max(c for t in read_header(cpu_pack).tensors for _, c in t.classes) != 15:
             failures.append(f"{name}: the plans do not reach 16 classes")
         state = {k: v.clone() for k, v in old.items()}

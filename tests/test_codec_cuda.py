@@ -68,11 +68,14 @@ def _raw_streams(pack: bytes) -> list[bytes]:
     return out
 
 
+@pytest.mark.parametrize("pieces", [(), (17, 0, 23)], ids=["one-piece", "three-pieces"])
 @pytest.mark.parametrize("warp_kernels", [True, False], ids=["cuda-c", "triton"])
-def test_gpu_symbol_streams_match_cpu_kernel(warp_kernels, monkeypatch):
+def test_gpu_symbol_streams_match_cpu_kernel(warp_kernels, pieces, monkeypatch):
     """Both symbol coders (symbols.cu, and the Triton kernel) write the CPU kernel's bytes:
     segments from empty to thousands of events (many 32-event steps of a warp, extra bits
-    carried across them), gaps from 1 to millions, every residual form."""
+    carried across them), gaps from 1 to millions, every residual form; with the ranks and
+    residuals in one tensor each, or in a tensor per piece of the segments (an empty one
+    among them)."""
     from weight_teleport.codec.cpu import kernels as K
     from weight_teleport.codec.cuda import symbols, warp
     monkeypatch.setattr(warp, "enabled", warp_kernels)
@@ -100,9 +103,11 @@ def test_gpu_symbol_streams_match_cpu_kernel(warp_kernels, monkeypatch):
             ranks.append(r.astype(np.int32))
             res.append(rv.astype(f"u{width // 8}").view(f"i{width // 8}"))  # stored in the elements' width
             ev, rc, inv = ev + [n], rc + [nres], inv + [iv]
-        seg = symbols.Segments(np.array(ev, np.int64), np.array(rc, np.int64), np.array(inv), width)
-        out = symbols.encode(torch.from_numpy(np.concatenate(ranks)).cuda(),
-                             torch.from_numpy(np.concatenate(res)).cuda(), seg)
+        seg = symbols.Segments(np.array(ev, np.int64), np.array(rc, np.int64), np.array(inv), width, pieces)
+        at = np.cumsum([0, *(pieces or (40,))])
+        split = lambda arrays, dtype: [torch.from_numpy(np.concatenate([np.zeros(0, dtype), *arrays[a:b]])).cuda()
+                                       for a, b in zip(at, at[1:])]
+        out = symbols.encode(split(ranks, np.int32), split(res, f"i{width // 8}"), seg)
         buf = out.buffer.cpu().numpy()
         offsets, lengths = out.on_host()
         got = [[buf[o:o + n].tobytes() for o, n in zip(offsets[s], lengths[s])] for s in range(40)]
@@ -278,11 +283,15 @@ def test_pack_in_pinned_memory_is_staged_from_where_it_is(monkeypatch):
     assert_bits_equal(_cpu(state), old)
 
 
-def test_pinned_packs_are_the_bytes_packs(monkeypatch):
+@pytest.mark.parametrize("waves", [1, 2])
+def test_pinned_packs_are_the_bytes_packs(waves, monkeypatch):
     """encode_delta(pinned=True) writes the `bytes` pack's bytes into pinned memory: one
-    batch's payload is copied from the GPU behind room for the header and not copied again;
-    several batches, dense tensors and snapshots are joined into it on the host."""
-    from weight_teleport.codec.cuda import layout
+    batch's payload (also one merged from two waves) is copied from the GPU behind room for
+    the header and not copied again; several batches, dense tensors and snapshots are joined
+    into it on the host."""
+    from weight_teleport.codec.cuda import encode, layout
+    if waves == 2:
+        monkeypatch.setattr(encode, "WAVE_ELEMS", 0)
     from weight_teleport.format import container
     joins = []
     fill = container.fill
@@ -359,8 +368,14 @@ def test_staged_changes_use_four_byte_offsets():
     assert_bits_equal(_cpu(state), new)
 
 
-def test_mixed_batches_match_cpu_pack():
-    """Several dtypes, unchanged, empty and dense tensors in one pack: one batch per dtype."""
+@pytest.mark.parametrize("waves", [1, 2])
+def test_mixed_batches_match_cpu_pack(waves, monkeypatch):
+    """Several dtypes, unchanged, empty and dense tensors in one pack: one batch per dtype;
+    with two waves (each dtype's batches of the two merged), in one part or in pinned
+    memory."""
+    from weight_teleport.codec.cuda import encode
+    if waves == 2:
+        monkeypatch.setattr(encode, "WAVE_ELEMS", 0)
     old, new = {}, {}
     for i, (dt, mode, p) in enumerate([(torch.bfloat16, "density", 0.02), (torch.float32, "density", 0.05),
                                        (torch.bfloat16, "none", 0.0), (torch.int8, "density", 0.5),
@@ -368,9 +383,10 @@ def test_mixed_batches_match_cpu_pack():
         old[f"t{i}"], new[f"t{i}"] = make_pair(20 + i, dt, (70, 33), "weights", mode, "ulp", p)
     old["empty"], new["empty"] = torch.zeros(0, 5, dtype=torch.bfloat16), torch.zeros(0, 5, dtype=torch.bfloat16)
     cpu_pack = wt.encode_delta(old, new, base_version=0, version=1, chunk_elems=512)
-    gpu_pack = wt.encode_delta(_cuda(old), _cuda(new), base_version=0, version=1, chunk_elems=512,
-                               cuda=CudaCodecConfig(use_nvcomp=False))
-    assert gpu_pack == cpu_pack
+    for pinned in (False, True):
+        gpu_pack = wt.encode_delta(_cuda(old), _cuda(new), base_version=0, version=1, chunk_elems=512,
+                                   cuda=CudaCodecConfig(use_nvcomp=False), pinned=pinned)
+        assert bytes(gpu_pack) == cpu_pack
     state = clone_state(old)
     wt.apply_delta(state, wt.encode_delta(_cuda(old), _cuda(new), base_version=0, version=1, chunk_elems=512))
     assert_bits_equal(state, new)

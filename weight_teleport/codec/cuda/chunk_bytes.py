@@ -12,8 +12,6 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-import triton
-import triton.language as tl
 
 from weight_teleport.codec import streams as codecs
 from weight_teleport.codec.cuda import entropy, huffman, layout, symbols, tables
@@ -181,35 +179,8 @@ class Payload:
     def crc_list(self) -> list:
         """The chunks' CRC-32s as ints, waited for: they are computed beside the payload's
         copy, so the host lays out what does not need them first."""
-        _wait(self.crcs_known)
+        layout.wait(self.crcs_known)
         return (self.crcs.astype(np.int64) & 0xFFFFFFFF).tolist()
-
-
-@triton.jit
-def _store_kernel(src_ptr, dst_ptr, n, BLOCK: tl.constexpr):
-    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    tl.store(dst_ptr + i, tl.load(src_ptr + i, mask=i < n), mask=i < n)
-
-
-def _to_pinned(t: torch.Tensor) -> tuple[np.ndarray, torch.cuda.Event | None]:
-    """A small flat device tensor on its way to pinned host memory, queued now on the
-    current stream; and the event to wait for before reading it (None: on the host
-    already). A kernel's stores write it (the device reaches pinned memory at the same
-    address), not a copy engine: a copy of the CRCs on another stream waited behind the
-    payload's copy to the host (3.1 ms of the Qwen3-8B-shaped delta's encode on the H200)."""
-    if not t.is_cuda:
-        return t.numpy(), None
-    host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
-    if t.numel():
-        _store_kernel[(triton.cdiv(t.numel(), 1024),)](t, host, t.numel(), BLOCK=1024)
-    done = torch.cuda.Event()
-    done.record()
-    return host.numpy(), done
-
-
-def _wait(done: torch.cuda.Event | None) -> None:
-    if done is not None:
-        done.synchronize()
 
 
 def assemble(st: symbols.SymbolStreams, coded: Coded, n_groups: np.ndarray, room: int | None = None) -> Payload:
@@ -229,7 +200,7 @@ def assemble(st: symbols.SymbolStreams, coded: Coded, n_groups: np.ndarray, room
     heads = tables.Tables(groups, events, has, coded.codec, raw_len, body)
     head_len = heads.lengths()
     lengths = head_len + body.sum(1)
-    host_lengths, lengths_known = _to_pinned(lengths)
+    host_lengths, lengths_known = layout.to_pinned(lengths)
     offsets = layout.starts(lengths)
     dst = (offsets + head_len)[:, None] + layout.starts(body, 1)
     bounds = tables.max_length(ncp) + st.segment_bytes.reshape(n, ncp).sum(1)  # stored streams are no longer than raw
@@ -242,7 +213,7 @@ def assemble(st: symbols.SymbolStreams, coded: Coded, n_groups: np.ndarray, room
     else:
         coded.frames(out.view(torch.int32), dst)
     crcs, crcs_known = _side_crcs(out, offsets, lengths, bounds)
-    _wait(lengths_known)
+    layout.wait(lengths_known)
     size = int(host_lengths.sum())
     data, copied = _to_host(out[:size], room)
     return Payload(data, layout.starts(host_lengths), host_lengths, crcs, copied, crcs_known)
@@ -254,11 +225,11 @@ def _side_crcs(out: torch.Tensor, offsets: torch.Tensor, lengths: torch.Tensor,
     stream, which waits for the payload's kernels queued so far: they run beside the
     payload's copy to the host, queued next on the caller's stream."""
     if not out.is_cuda:
-        return _to_pinned(crc32(out, offsets, lengths, bounds))
+        return layout.to_pinned(crc32(out, offsets, lengths, bounds))
     main = torch.cuda.current_stream(out.device)
     side = layout.side_stream(out.device, "crc")
     side.wait_stream(main)
     with torch.cuda.stream(side):
         for t in (out, offsets, lengths):
             t.record_stream(side)
-        return _to_pinned(crc32(out, offsets, lengths, bounds))
+        return layout.to_pinned(crc32(out, offsets, lengths, bounds))

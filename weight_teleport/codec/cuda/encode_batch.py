@@ -1,7 +1,8 @@
 """The sparse tensors of one element type encoded as one batch: a chunk table over all
 their chunks, their class counts per block (from the scan's histograms with the warp
-kernels, else one class-count launch), one launch of the events kernel, symbol coding of
-every (chunk, class) segment, stream coding and the payload (codec/cuda/chunk_bytes.py)."""
+kernels, else one class-count launch), one launch of the events kernel (the batches of a
+state scanned in two waves are merged after it: `merge`), symbol coding of every (chunk,
+class) segment, stream coding and the payload (codec/cuda/chunk_bytes.py)."""
 
 from dataclasses import dataclass
 
@@ -43,9 +44,12 @@ def _class_tables(plans: PlanTable, dev) -> tuple[torch.Tensor, torch.Tensor, np
 @dataclass
 class Events:
     """A batch's events and residuals, launched on the device and not yet waited for."""
-    ranks: torch.Tensor
-    residuals: torch.Tensor
+    ranks: list[torch.Tensor]
+    residuals: list[torch.Tensor]
+    """The ranks and residuals of each piece of the segments (one: `merge` makes more)."""
     segments: symbols.Segments
+    ncp: int
+    """Class slots of a chunk: its segments."""
     n_groups: np.ndarray
     """Classes of every chunk's tensor."""
     first_chunk: np.ndarray
@@ -73,8 +77,32 @@ def events(b: Batch, chunk_elems: int) -> Events:
     rk, res = sparse_encode.events(table, new, luts, inv, rbase, ebase, layout.starts(ev), layout.starts(chg), b.n_events,
                                    b.n_changed, int(k.max()), info)
     n_chunks = np.array([-(-it.new.numel() // chunk_elems) for it in b.items], np.int64)
-    return Events(rk, res, symbols.Segments(ev, chg, inv_rows.view(-1), info.bits), k[table.host[:, blocks.TENSOR]],
-                  np.concatenate([[0], np.cumsum(n_chunks)]))
+    return Events([rk], [res], symbols.Segments(ev, chg, inv_rows.view(-1), info.bits), ncp,
+                  k[table.host[:, blocks.TENSOR]], np.concatenate([[0], np.cumsum(n_chunks)]))
+
+
+def merge(parts: list[Events]) -> Events:
+    """The events of batches of one element type, launched one after the other, as one
+    batch's: their segments end to end, each batch's chunks padded with empty segments to
+    the most class slots of any; their ranks and residuals stay where each batch's kernel
+    wrote them, a piece per batch."""
+    if len(parts) == 1:
+        return parts[0]
+    ncp = max(e.ncp for e in parts)
+
+    def padded(which: str) -> torch.Tensor:
+        out = []
+        for e in parts:
+            t = getattr(e.segments, which).view(-1, e.ncp)
+            out.append(torch.cat([t, t.new_zeros((t.shape[0], ncp - e.ncp))], 1) if e.ncp < ncp else t)
+        return torch.cat(out).view(-1)
+    starts = layout.starts(np.array([e.first_chunk[-1] for e in parts]))
+    first = np.concatenate([*(e.first_chunk[:-1] + at for e, at in zip(parts, starts)),
+                            [starts[-1] + parts[-1].first_chunk[-1]]])
+    segments = symbols.Segments(padded("ev_cnt"), padded("res_cnt"), padded("inverted"), parts[0].segments.bits,
+                                tuple(int(e.first_chunk[-1]) * ncp for e in parts))
+    return Events([r for e in parts for r in e.ranks], [x for e in parts for x in e.residuals], segments, ncp,
+                  np.concatenate([e.n_groups for e in parts]), first)
 
 
 def encode(ev: Events, cfg: CudaCodecConfig, level: int, threads: int, room: int | None = None) -> Encoded:

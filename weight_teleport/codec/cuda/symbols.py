@@ -55,6 +55,9 @@ class Segments:
     """bool: the segment's class codes the unchanged elements."""
     bits: int
     """Element width of every segment's tensor."""
+    pieces: tuple = ()
+    """Where the events' ranks and residuals are in several tensors: the segments of each,
+    in order (empty: one piece)."""
 
 
 @dataclass
@@ -198,36 +201,56 @@ def _symbols_kernel(ranks_ptr, res_ptr, ev_cnt_ptr, ev_start_ptr, res_cnt_ptr, r
         tl.store(counts_ptr + s * 3 + 2, n_esc)
 
 
-def encode(ranks: torch.Tensor, res: torch.Tensor, seg: Segments) -> SymbolStreams:
-    """The streams of all segments from their concatenated event ranks (int32) and
-    residuals (integers of `seg.bits` bits, read as unsigned)."""
-    dev = ranks.device
-    assert ranks.dtype == torch.int32 and res.dtype.itemsize * 8 == seg.bits and not res.dtype.is_floating_point
-    assert layout.on_device(ranks) and ranks.is_contiguous() and res.is_contiguous()
+def _pieces(ranks: list[torch.Tensor], res: list[torch.Tensor], seg: Segments, ev_cnt: torch.Tensor,
+            res_cnt: torch.Tensor, inv: torch.Tensor) -> list[tuple[tuple, int, int]]:
+    """(the kernels' leading arguments, first segment, segments) of each piece of the
+    segments that has any."""
+    sizes = list(seg.pieces) if seg.pieces else [ev_cnt.numel()]
+    assert len(ranks) == len(res) == len(sizes) and sum(sizes) == ev_cnt.numel()
+    out, a = [], 0
+    for r, x, n in zip(ranks, res, sizes):
+        e, c = ev_cnt[a:a + n], res_cnt[a:a + n]
+        if n:
+            out.append(((r, x, e, layout.starts(e), c, layout.starts(c), inv[a:a + n]), a, n))
+        a += n
+    return out
+
+
+def encode(ranks: list[torch.Tensor], res: list[torch.Tensor], seg: Segments) -> SymbolStreams:
+    """The streams of all segments from their event ranks (int32) and residuals (integers
+    of `seg.bits` bits, read as unsigned), each concatenated over its segments: a tensor
+    each, or one per piece of the segments (`seg.pieces`)."""
+    dev = ranks[0].device
+    for r, x in zip(ranks, res):
+        assert r.dtype == torch.int32 and x.dtype.itemsize * 8 == seg.bits and not x.dtype.is_floating_point
+        assert layout.on_device(r) and r.is_contiguous() and x.is_contiguous()
     ev_cnt = torch.as_tensor(seg.ev_cnt, device=dev).long().contiguous()
     res_cnt = torch.as_tensor(seg.res_cnt, device=dev).long().contiguous()
     inv = torch.as_tensor(seg.inverted, device=dev).to(torch.int8).contiguous()
+    pieces = _pieces(ranks, res, seg, ev_cnt, res_cnt, inv)
     n_seg = ev_cnt.numel()
-    args = (ranks, res, ev_cnt, layout.starts(ev_cnt), res_cnt, layout.starts(res_cnt), inv)
     counts = torch.zeros((max(n_seg, 1), 3), dtype=torch.int64, device=dev)
-    fast = n_seg and warp.available(ranks)
-    grid = -(-n_seg // SEG_WARPS)
-    if fast:
-        _module(seg.bits).launch("segment_counts", grid, SEG_WARPS * 32, [*args, counts, n_seg], dev)
-    elif n_seg:
-        unused = ranks  # the slot and buffer pointers, not read when counting
-        _symbols_kernel[(n_seg,)](*args, unused, unused, unused, counts, BITS=seg.bits, T=TILE, WRITE=False)
+    fast = n_seg and warp.available(ranks[0])
+    for args, a, n in pieces:
+        if fast:
+            _module(seg.bits).launch("segment_counts", -(-n // SEG_WARPS), SEG_WARPS * 32,
+                                     [*args, counts[a:a + n], n], dev)
+        else:
+            unused = args[0]  # the slot and buffer pointers, not read when counting
+            _symbols_kernel[(n,)](*args, unused, unused, unused, counts[a:a + n], BITS=seg.bits, T=TILE, WRITE=False)
     c = counts[:n_seg]
     lengths = torch.stack([ev_cnt, (c[:, 0] + 7) // 8, c[:, 1], c[:, 2] * (seg.bits // 8)], 1)
     slots = (lengths + SLOT_ALIGN - 1) // SLOT_ALIGN * SLOT_ALIGN
     offsets = layout.starts(slots.view(-1)).view(lengths.shape)
     sums = torch.stack([slots.sum(), ev_cnt.sum(), res_cnt.sum()])
     host = torch.cat([sums, lengths.sum(1)]).cpu().numpy()  # the step's one transfer
-    assert ranks.numel() == host[1] and res.numel() == host[2]
+    assert sum(r.numel() for r in ranks) == host[1] and sum(x.numel() for x in res) == host[2]
     buf = torch.zeros(int(host[0]) + 2 * SLOT_ALIGN, dtype=torch.uint8, device=dev)
-    if fast:
-        _module(seg.bits).launch("segment_symbols", grid, SEG_WARPS * 32, [*args, offsets, buf, n_seg], dev)
-    elif n_seg:
-        _symbols_kernel[(n_seg,)](*args, offsets, buf, buf.view(torch.int32), counts, BITS=seg.bits, T=TILE,
+    for args, a, n in pieces:
+        if fast:
+            _module(seg.bits).launch("segment_symbols", -(-n // SEG_WARPS), SEG_WARPS * 32,
+                                     [*args, offsets[a:a + n], buf, n], dev)
+        else:
+            _symbols_kernel[(n,)](*args, offsets[a:a + n], buf, buf.view(torch.int32), counts, BITS=seg.bits, T=TILE,
                                   WRITE=True)
     return SymbolStreams(buf, offsets, lengths, res_cnt, host[3:])
