@@ -32,7 +32,7 @@ SPOTS = {
               (bitmap, "prefix"), (sparse_decode, "decode"), (stage, "_device_crcs"), (stage, "_patch"),
               (stage, "word_sums"), (stage, "_read_back"), (inflate, "_layout"), (entropy, "_ptr_table"),
               (stage, "_fused_group")],
-    "encode": [(encode, "_scan"), (encode, "_plans"), (encode, "_records"), (encode, "plan_table"),
+    "encode": [(encode, "_launch_scan"), (encode, "_scans"), (encode_batch, "merge"), (encode, "_plans"), (encode, "_records"), (encode, "plan_table"),
                (encode_batch, "events"), (encode_batch, "encode"), (encode_batch, "_class_tables"), (blocks, "build"),
                (blocks, "pair"), (warp, "hist_counts"), (ranks, "table_bases"), (sparse_encode, "events"),
                (symbols, "encode"), (chunk_bytes, "code"), (huffman, "plan"), (huffman, "frame_sizes"),
