@@ -142,17 +142,18 @@ def _plans(scans: list[_Scan], changed: np.ndarray) -> list[PlanTable]:
     return plans
 
 
-def _records(items: list[EncodeItem], scans: list[_Scan], changed: np.ndarray,
-             plans: list[PlanTable]) -> list[TensorRecord]:
-    """The items' records (without chunks), as the CPU backend makes them."""
+def _records(items: list[EncodeItem], which: list[int], scans: list[_Scan], plans: list[PlanTable],
+             changed: np.ndarray, out: list) -> None:
+    """The records (without chunks) of items `which` into `out`, as the CPU backend makes
+    them; `scans` and their `plans` hold each of those items that has elements."""
     sums = np.zeros((len(items), 2), np.int64)  # an item without elements sums to 0
     plan_of: list = [None] * len(items)
     for s, p in zip(scans, plans):
         sums[s.items] = s.rows[:, -2:]
         for j, i in enumerate(s.items):
             plan_of[i] = p, j
-    records = []
-    for i, (it, (s_old, s_new), n) in enumerate(zip(items, sums.tolist(), changed.tolist())):
+    for i in which:
+        it, (s_old, s_new), n = items[i], sums[i].tolist(), int(changed[i])
         nbytes = it.new.numel() * it.info.nbytes
         rec = TensorRecord(name=it.name, dtype=it.info.name, shape=it.shape, codec="same",
                            digest=D.to_hex(D.finish(s_new & D.MASK64, nbytes)),
@@ -160,8 +161,7 @@ def _records(items: list[EncodeItem], scans: list[_Scan], changed: np.ndarray,
         if n:
             plan = plan_of[i][0][plan_of[i][1]]
             rec.codec, rec.classes, rec.inverted = "sparse", plan.runs, np.flatnonzero(plan.inverted).tolist()
-        records.append(rec)
-    return records
+        out[i] = rec
 
 
 def encode(items: list[EncodeItem], chunk_elems: int, level: int, threads: int | None,
@@ -181,20 +181,18 @@ def encode(items: list[EncodeItem], chunk_elems: int, level: int, threads: int |
     launched = [_launch_scan(items, w, chunk_elems) for w in _waves(items)]
     numel = np.fromiter((it.new.numel() for it in items), np.int64, len(items))
     changed = np.zeros(len(items), np.int64)
-    scans, plans, on_cpu, parts = [], [], {}, [[] for _ in items]
+    records, on_cpu, parts = [None] * len(items), {}, [[] for _ in items]
     by_type: dict[str, list] = {}
     """Per element type, the (item indices, events) of its sparse items in each wave."""
     for w in launched:
-        w_scans = _scans(w)
-        w_plans = _plans(w_scans, changed)
-        scans += w_scans
-        plans += w_plans
+        scans = _scans(w)
+        plans = _plans(scans, changed)
         dense = changed > SPARSE_MAX_DENSITY * numel  # the wave's items, and those before it
-        at = [i for s in w_scans for i in s.items if dense[i]]
+        at = [i for s in scans for i in s.items if dense[i]]
         if at:
             for i, rec, ch in zip(at, *_on_cpu([items[i] for i in at], chunk_elems, level, threads)):
                 on_cpu[i], parts[i] = rec, ch
-        for s, p in zip(w_scans, w_plans):
+        for s, p in zip(scans, plans):
             j = np.flatnonzero((changed[s.items] > 0) & ~dense[s.items])
             if not len(j):
                 continue
@@ -202,7 +200,9 @@ def encode(items: list[EncodeItem], chunk_elems: int, level: int, threads: int |
             b = encode_batch.Batch([items[i] for i in g], p if len(j) == len(p) else p.take(j),
                                    int(p.events[j].sum()), int(changed[g].sum()), _batch_hist(s, j))
             by_type.setdefault(items[g[0]].info.name, []).append((g, encode_batch.events(b, chunk_elems)))
-    records = _records(items, scans, changed, plans)  # while the device works on the events
+        # while the device works on the events (and the next wave's scan)
+        _records(items, [i for s in scans for i in s.items], scans, plans, changed, records)
+    _records(items, np.flatnonzero(numel == 0).tolist(), [], [], changed, records)
     room, copies = None, []
     for waves in by_type.values():  # the sparse items of one element type
         g = [i for g, _ in waves for i in g]
