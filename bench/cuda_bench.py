@@ -183,8 +183,8 @@ def main() -> None:
     gb = 2 * n / 1e9
     digest_ms = cuda_ms(lambda: word_sums(list(old.values())))
     scan_ms, count_ms = gpu_passes(old, new)
-    enc_s, pack = wall_s(lambda: wt.encode_delta(old, new, base_version=0, version=1), 5)
-    enc_pinned_s, pinned_out = wall_s(lambda: wt.encode_delta(old, new, base_version=0, version=1, pinned=True), 5)
+    enc_s, pack = wall_s(lambda: wt.encode_delta(old, new, base_version=0, version=1), 9)
+    enc_pinned_s, pinned_out = wall_s(lambda: wt.encode_delta(old, new, base_version=0, version=1, pinned=True), 9)
     assert bytes(pinned_out) == pack
     nvz_s, nvz_pack = wall_s(lambda: wt.encode_delta(old, new, base_version=0, version=1,
                                                      cuda=CudaCodecConfig(huffman=False)), 5)
@@ -194,9 +194,9 @@ def main() -> None:
     info = wt.inspect(pack)
     changed = info["changed"]
     state = {k: v.clone() for k, v in old.items()}
-    stage_s, staged = wall_s(lambda: wt.stage_delta(state, pack), 5)
+    stage_s, staged = wall_s(lambda: wt.stage_delta(state, pack), 9)
     pinned = wt.pinned_pack(pack)
-    pinned_s, _ = wall_s(lambda: wt.stage_delta(state, pinned), 5)
+    pinned_s, _ = wall_s(lambda: wt.stage_delta(state, pinned), 9)
     st_phases = stage_phases(state, pack)
     apply_ms = cuda_ms(lambda: wt.apply_staged(state, staged), 10)
     ok = all(torch.equal(state[k].view(torch.int16), new[k].view(torch.int16)) for k in new)

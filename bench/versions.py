@@ -5,7 +5,7 @@ repository or a directory holding a `weight_teleport` package; its package is im
 a name of its own. On CUDA the Qwen3-8B-shaped delta of cuda_bench.py, else a smaller model
 on the CPU. Checks that every version writes the same pack and that its stage + apply is
 bit-exact, then prints per version the median, min and max wall time of each call (CUDA
-synchronised).
+synchronised). With --apart each call's repeats run in a row instead.
 
     python bench/versions.py 1806e1a . [--calls 10] [--what encode,encode_pinned,stage,pinned] [--model qwen3-8b]
 """
@@ -56,6 +56,7 @@ def main() -> None:
     ap.add_argument("--what", default="encode,stage", help="of encode, encode_pinned (the pack written into "
                     "pinned memory), stage, pinned (stage of the pack in pinned memory); the pinned ones CUDA only")
     ap.add_argument("--model", default=None, help="default: qwen3-8b on CUDA, qwen3-0.6b on the CPU")
+    ap.add_argument("--apart", action="store_true", help="each call's repeats in a row, not alternated")
     args = ap.parse_args()
     device = "cuda" if torch.cuda.is_available() else "cpu"
     if "pinned" in args.what and device != "cuda":
@@ -88,15 +89,15 @@ def main() -> None:
             same = bytes(calls["encode_pinned"](m)) == pack
             print(f"{v}: pack in pinned memory {'the same' if same else 'DIFFERENT'}", flush=True)
     times: dict = {}
-    for _ in range(args.calls):
-        for what in args.what.split(","):
-            for v, m in (mods_of if what == "encode_pinned" else mods).items():
-                sync()
-                s = time.perf_counter()
-                calls[what](m)
-                sync()
-                times.setdefault((what, v), []).append((time.perf_counter() - s) * 1e3)
-    print(f"{device}, {len(old)} tensors, {args.calls} calls each, alternated")
+    runs = [(what, v, m) for what in args.what.split(",") for v, m in (mods_of if what == "encode_pinned" else mods).items()]
+    order = [r for r in runs for _ in range(args.calls)] if args.apart else runs * args.calls
+    for what, v, m in order:
+        sync()
+        s = time.perf_counter()
+        calls[what](m)
+        sync()
+        times.setdefault((what, v), []).append((time.perf_counter() - s) * 1e3)
+    print(f"{device}, {len(old)} tensors, {args.calls} calls each, {'in a row' if args.apart else 'alternated'}")
     for (what, v), ts in times.items():
         ts = sorted(ts)
         print(f"{what:>7} {v:>24}: median {ts[len(ts) // 2]:7.1f} ms  min {ts[0]:7.1f}  max {ts[-1]:7.1f}")
