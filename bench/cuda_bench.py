@@ -130,8 +130,8 @@ def phases(call, spots, repeats: int = 3) -> dict[str, float]:
 def encode_phases(old, new) -> dict[str, float]:
     from weight_teleport.codec import api
     from weight_teleport.codec.cuda import chunk_bytes, encode, encode_batch, symbols
-    spots = [(encode, "_scan"), (encode_batch, "events"), (symbols, "encode"), (chunk_bytes, "code"),
-             (chunk_bytes, "assemble"), (api, "write_pack")]
+    spots = [(encode, "_launch_scan"), (encode, "_scans"), (encode_batch, "events"), (symbols, "encode"),
+             (chunk_bytes, "code"), (chunk_bytes, "assemble"), (api, "write_pack")]
     return phases(lambda: wt.encode_delta(old, new, base_version=0, version=1), spots)
 
 
