@@ -40,6 +40,25 @@ def test_arena_grows_to_a_whole_call_and_keeps_what_it_gave():
     assert arena.buffer is grown
 
 
+def test_arena_holds_a_call_that_filled_several_buffers_from_the_next_call_on():
+    """A call whose tables outgrow the arena's buffer more than once: at the rewind the
+    buffer becomes as large as the whole call took, so the next call that takes as much
+    replaces nothing (nor the one after)."""
+    arena = layout.HostArena()
+    sizes = [300_000 + 37 * k for k in range(12)]  # int64 tables of 2.4 MB, 29 MB a call
+    replaced = []
+    for _ in range(3):
+        before, n = arena.buffer, 0
+        arena.rewind()
+        for size in sizes:
+            arena.empty(size, np.int64)
+            n += arena.buffer is not before
+            before = arena.buffer
+        replaced.append(n)
+    assert replaced[0] >= 2 and replaced[1:] == [1, 0]  # the second call's at its rewind
+    assert arena.buffer.size == sum(-(-s * 8 // 64) * 64 for s in sizes)
+
+
 def test_zeros_from_the_arena_are_zero_after_reuse():
     arena = layout.HostArena()
     arena.empty(4096, np.uint8).fill(255)
