@@ -127,19 +127,27 @@ def phases(call, spots, repeats: int = 3) -> dict[str, float]:
     return {k: round(statistics.median(v), 2) for k, v in times.items()}
 
 
-def encode_phases(old, new) -> dict[str, float]:
+def encode_spots() -> list[tuple]:
+    """The (owner, function name) phases `encode_phases` times."""
     from weight_teleport.codec import api
     from weight_teleport.codec.cuda import chunk_bytes, encode, encode_batch, symbols
-    spots = [(encode, "_launch_scan"), (encode, "_scans"), (encode_batch, "events"), (symbols, "encode"),
-             (chunk_bytes, "code"), (chunk_bytes, "assemble"), (api, "write_pack")]
-    return phases(lambda: wt.encode_delta(old, new, base_version=0, version=1), spots)
+    return [(encode, "_launch_scan"), (encode, "_scans"), (encode_batch, "events"), (symbols, "encode"),
+            (chunk_bytes, "code"), (chunk_bytes, "assemble"), (api, "write_pack")]
+
+
+def stage_spots() -> list[tuple]:
+    """The (owner, function name) phases `stage_phases` times."""
+    from weight_teleport.codec.cuda import inflate, sparse_decode, stage, stage_sparse
+    return [(stage_sparse.SparseBatch, "_read"), (inflate, "inflate"), (sparse_decode, "decode"),
+            (stage, "_read_back")]
+
+
+def encode_phases(old, new) -> dict[str, float]:
+    return phases(lambda: wt.encode_delta(old, new, base_version=0, version=1), encode_spots())
 
 
 def stage_phases(state, pack) -> dict[str, float]:
-    from weight_teleport.codec.cuda import inflate, sparse_decode, stage, stage_sparse
-    spots = [(stage_sparse.SparseBatch, "_read"), (inflate, "inflate"), (sparse_decode, "decode"),
-             (stage, "_read_back")]
-    return phases(lambda: wt.stage_delta(state, pack), spots)
+    return phases(lambda: wt.stage_delta(state, pack), stage_spots())
 
 
 def pinned_patch_apply_ms(old, pack: bytes) -> float:
