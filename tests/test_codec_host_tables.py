@@ -1,13 +1,14 @@
 """The CUDA backend's host helpers, which need no GPU: the per-thread arena of a call's
-temporary tables, the upload of host tables, the fused scatter's program rows, and the cache
-of chunk tables."""
+temporary tables, the upload of host tables, the fused scatter's program rows, the cache
+of chunk tables, and the encoder's two waves (their cut, and their events merged)."""
 
 import numpy as np
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from weight_teleport.codec.cuda import blocks, layout, scatter
+from weight_teleport.codec.cuda import blocks, encode, encode_batch, layout, scatter, symbols
+from weight_teleport.codec.cuda.live import EncodeItem
 from weight_teleport.codec.cuda.stage import _program_rows
 from weight_teleport.codec.dtypes import dtype_info
 
@@ -113,3 +114,38 @@ def test_chunk_tables_are_reused_for_the_same_pointers_and_sizes():
     other = blocks.build_cached(grown, 256, 128, info)
     assert other.rows is not first.rows and np.array_equal(other.host, blocks.build(grown, 256, 128, info).host)
     assert blocks.build_cached(ws, 512, 128, info).rows is not first.rows  # another chunk size
+
+
+def test_waves_cut_a_large_state_in_two_halves_of_its_elements():
+    info = dtype_info(torch.bfloat16)
+    item = lambda n: EncodeItem("t", info, (n,), torch.empty(n, dtype=torch.int16), torch.empty(n, dtype=torch.int16))
+    sizes = [40, 0, 10, 30, 0, 20, 5]
+    items = [item(n << 20) for n in sizes]
+    assert encode._waves(items) == [[0, 2], [3, 5, 6]]  # 50 of 105 M elements, then 55
+    assert encode._waves([item(1000), item(0), item(70)]) == [[0, 2]]  # below WAVE_ELEMS: one wave
+    assert encode._waves([item(0), item(80 << 20)]) == [[1]]  # one item with elements
+    assert encode._waves([item(80 << 20), item(1)]) == [[0], [1]]  # never an empty wave
+    assert encode._waves([item(0)]) == [[]]
+
+
+def test_merged_events_pad_each_waves_chunks_to_the_most_class_slots():
+    """Two waves' events as one batch's: the segment tables end to end, the first wave's
+    chunks (4 class slots) padded with empty segments to the second's 8; the chunk indices
+    continue across the waves; the ranks and residuals stay a piece per wave."""
+    def events(chunks, ncp, seed):
+        g = torch.Generator().manual_seed(seed)
+        ev = torch.randint(0, 50, (chunks * ncp,), generator=g)
+        seg = symbols.Segments(ev, ev // 2, ev % 3 == 0, 16)
+        ranks = [torch.arange(int(ev.sum()), dtype=torch.int32)]
+        return encode_batch.Events(ranks, [torch.zeros(int((ev // 2).sum()), dtype=torch.int16)], seg, ncp,
+                                   np.full(chunks, ncp - 1), np.array([0, 2, chunks]))
+    a, b = events(3, 4, 0), events(5, 8, 1)
+    m = encode_batch.merge([a, b])
+    assert m.ncp == 8 and m.segments.pieces == (24, 40) and m.segments.bits == 16
+    assert m.ranks == a.ranks + b.ranks and m.residuals == a.residuals + b.residuals
+    for which in ("ev_cnt", "res_cnt", "inverted"):
+        got = getattr(m.segments, which).view(8, 8)
+        assert torch.equal(got[:3, :4], getattr(a.segments, which).view(3, 4)) and not got[:3, 4:].any()
+        assert torch.equal(got[3:], getattr(b.segments, which).view(5, 8))
+    assert m.first_chunk.tolist() == [0, 2, 3, 5, 8] and m.n_groups.tolist() == [3] * 3 + [7] * 5
+    assert encode_batch.merge([a]) is a
