@@ -4,7 +4,7 @@ kernels and copies (torch.profiler), each as milliseconds from the call's start.
 kernel queued just before the call on an idle device ties the two clocks. Rows shorter than
 --min-ms are left out; spans nested in another span are indented.
 
-    python bench/timeline.py --what stage [--model qwen3-8b] [--lr 5e-7] [--min-ms 0.3] [--pinned]
+    python bench/timeline.py --what stage [--model qwen3-8b] [--lr 5e-7] [--min-ms 0.3] [--pinned] [--warm 2]
 """
 
 import argparse
@@ -29,6 +29,8 @@ SPOTS = {
               (tables, "read"),
               (blocks, "build"), (ranks, "table_counts"), (inflate, "_on_gpu"), (inflate.Upload, "bytes"),
               (inflate, "_upload"), (entropy, "decompress"), (layout, "to_device"), (unsymbols, "decode"),
+              (tables, "in_runs"), (inflate, "_plan"), (entropy, "_buckets"), (layout.PinnedRing, "send"),
+              (layout, "fill"),
               (bitmap, "prefix"), (sparse_decode, "decode"), (stage, "_device_crcs"), (stage, "_patch"),
               (stage, "word_sums"), (stage, "_read_back"), (inflate, "_layout"), (entropy, "_ptr_table"),
               (stage, "_fused_group")],
@@ -73,11 +75,11 @@ class Spans:
             setattr(owner, name, fn)
 
 
-def timeline(call, spots, min_ms: float, host_only: bool = False) -> list[str]:
-    """The rows of one profiled call of `call` (after two warm ones); with `host_only` the
+def timeline(call, spots, min_ms: float, host_only: bool = False, warm: int = 2) -> list[str]:
+    """The rows of one profiled call of `call` (after `warm` ones); with `host_only` the
     host's spans alone, without the profiler (whose tracing slows every launch)."""
-    call()
-    call()
+    for _ in range(warm):
+        call()
     spans = Spans(spots)
     mark = torch.empty(1, device="cuda")
     try:
@@ -115,6 +117,7 @@ def main() -> None:
     ap.add_argument("--lr", type=float, default=5e-7)
     ap.add_argument("--min-ms", type=float, default=0.3)
     ap.add_argument("--host-only", action="store_true", help="the host's spans alone, without the profiler")
+    ap.add_argument("--warm", type=int, default=2, help="calls before the one timed")
     ap.add_argument("--pinned", action="store_true", help="stage a pack held in pinned host memory; encode one "
                     "into pinned memory")
     args = ap.parse_args()
@@ -128,7 +131,7 @@ def main() -> None:
             pack = wt.pinned_pack(pack)
         state = {k: v.clone() for k, v in old.items()}
         call = lambda: wt.stage_delta(state, pack)
-    print("\n".join(timeline(call, SPOTS[args.what], args.min_ms, args.host_only)))
+    print("\n".join(timeline(call, SPOTS[args.what], args.min_ms, args.host_only, args.warm)))
 
 
 if __name__ == "__main__":
