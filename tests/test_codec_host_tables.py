@@ -8,7 +8,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from weight_teleport.codec.cuda import blocks, encode, encode_batch, layout, scatter, symbols
-from weight_teleport.codec.cuda.live import EncodeItem
 from weight_teleport.codec.cuda.stage import _program_rows
 from weight_teleport.codec.dtypes import dtype_info
 
@@ -117,15 +116,14 @@ def test_chunk_tables_are_reused_for_the_same_pointers_and_sizes():
 
 
 def test_waves_cut_a_large_state_in_two_halves_of_its_elements():
-    info = dtype_info(torch.bfloat16)
-    item = lambda n: EncodeItem("t", info, (n,), torch.empty(n, dtype=torch.int16), torch.empty(n, dtype=torch.int16))
-    sizes = [40, 0, 10, 30, 0, 20, 5]
-    items = [item(n << 20) for n in sizes]
-    assert encode._waves(items) == [[0, 2], [3, 5, 6]]  # 50 of 105 M elements, then 55
-    assert encode._waves([item(1000), item(0), item(70)]) == [[0, 2]]  # below WAVE_ELEMS: one wave
-    assert encode._waves([item(0), item(80 << 20)]) == [[1]]  # one item with elements
-    assert encode._waves([item(80 << 20), item(1)]) == [[0], [1]]  # never an empty wave
-    assert encode._waves([item(0)]) == [[]]
+    waves = lambda sizes: encode._waves(np.array(sizes, np.int64))
+    m = 1 << 20
+    # 50 of 105 M elements, then 55
+    assert waves([40 * m, 0, 10 * m, 30 * m, 0, 20 * m, 5 * m]) == [[0, 2], [3, 5, 6]]
+    assert waves([1000, 0, 70]) == [[0, 2]]  # below WAVE_ELEMS: one wave
+    assert waves([0, 80 * m]) == [[1]]  # one item with elements
+    assert waves([80 * m, 1]) == [[0], [1]]  # never an empty wave
+    assert waves([0]) == [[]]
 
 
 def test_merged_events_pad_each_waves_chunks_to_the_most_class_slots():

@@ -64,14 +64,14 @@ WAVE_ELEMS = 1 << 26
 """Items of at least this many elements in all are scanned in two waves (`_waves`)."""
 
 
-def _waves(items: list[EncodeItem]) -> list[list[int]]:
-    """The items with elements in one run, or, where they hold WAVE_ELEMS or more, in two
+def _waves(numel: np.ndarray) -> list[list[int]]:
+    """Of items of `numel` elements each, those with elements in one run, or, where they hold
+    WAVE_ELEMS or more, in two
     runs, cut after the item where the first comes closest to half of the elements: the
     second wave's scan runs while the host plans the first's classes and launches its events,
     and the host plans the second's while the first's events run, so the device does not
     wait for the plans between the scan and the events (2.7 ms of host work for the
     Qwen3-8B-shaped state on the H200)."""
-    numel = np.fromiter((it.new.numel() for it in items), np.int64, len(items))
     which = np.flatnonzero(numel)
     if numel.sum() < WAVE_ELEMS or which.size < 2:
         return [which.tolist()]
@@ -86,8 +86,8 @@ class _Launched:
     their rows to the host."""
     groups: list
     """(item indices, scan.Scanned, each item's first program then the programs) per type."""
-    rows: np.ndarray
-    """The rows of every type end to end, once `copied` has passed."""
+    rows: np.ndarray | None
+    """The rows of every type end to end, once `copied` has passed (None: no scan)."""
     copied: torch.cuda.Event | None
 
 
@@ -145,26 +145,26 @@ def _plans(scans: list[_Scan], changed: np.ndarray) -> list[PlanTable]:
     return plans
 
 
-def _records(items: list[EncodeItem], which: list[int], scans: list[_Scan], plans: list[PlanTable],
-             changed: np.ndarray, out: list) -> None:
-    """The records (without chunks) of items `which` into `out`, as the CPU backend makes
-    them; `scans` and their `plans` hold each of those items that has elements."""
-    sums = np.zeros((len(items), 2), np.int64)  # an item without elements sums to 0
-    plan_of: list = [None] * len(items)
+def _record(it: EncodeItem, s_old: int, s_new: int, changed: int, plan) -> TensorRecord:
+    """An item's record (without chunks) as the CPU backend makes it, from its old and new
+    digest word sums and its class plan (None: unchanged)."""
+    nbytes = it.new.numel() * it.info.nbytes
+    rec = TensorRecord(name=it.name, dtype=it.info.name, shape=it.shape, codec="same",
+                       digest=D.to_hex(D.finish(s_new & D.MASK64, nbytes)),
+                       base_digest=D.to_hex(D.finish(s_old & D.MASK64, nbytes)), changed=changed)
+    if changed:
+        rec.codec, rec.classes, rec.inverted = "sparse", plan.runs, np.flatnonzero(plan.inverted).tolist()
+    return rec
+
+
+def _records(items: list[EncodeItem], scans: list[_Scan], plans: list[PlanTable], changed: np.ndarray,
+             out: list) -> None:
+    """The records of the scans' items into `out`, but where `out` has one already (the CPU
+    backend's, of a dense tensor)."""
     for s, p in zip(scans, plans):
-        sums[s.items] = s.rows[:, -2:]
-        for j, i in enumerate(s.items):
-            plan_of[i] = p, j
-    for i in which:
-        it, (s_old, s_new), n = items[i], sums[i].tolist(), int(changed[i])
-        nbytes = it.new.numel() * it.info.nbytes
-        rec = TensorRecord(name=it.name, dtype=it.info.name, shape=it.shape, codec="same",
-                           digest=D.to_hex(D.finish(s_new & D.MASK64, nbytes)),
-                           base_digest=D.to_hex(D.finish(s_old & D.MASK64, nbytes)), changed=n)
-        if n:
-            plan = plan_of[i][0][plan_of[i][1]]
-            rec.codec, rec.classes, rec.inverted = "sparse", plan.runs, np.flatnonzero(plan.inverted).tolist()
-        out[i] = rec
+        for j, (i, (s_old, s_new)) in enumerate(zip(s.items, s.rows[:, -2:].tolist())):
+            if out[i] is None:
+                out[i] = _record(items[i], s_old, s_new, int(changed[i]), p[j] if changed[i] else None)
 
 
 def encode(items: list[EncodeItem], chunk_elems: int, level: int, threads: int | None,
@@ -181,10 +181,10 @@ def encode(items: list[EncodeItem], chunk_elems: int, level: int, threads: int |
     layout.begin_call()
     if any(it.old is None for it in items):
         return *_lay_out(*_on_cpu(items, chunk_elems, level, threads)), lambda: None
-    launched = [_launch_scan(items, w, chunk_elems) for w in _waves(items)]
     numel = np.fromiter((it.new.numel() for it in items), np.int64, len(items))
+    launched = [_launch_scan(items, w, chunk_elems) for w in _waves(numel)]
     changed = np.zeros(len(items), np.int64)
-    records, on_cpu, parts = [None] * len(items), {}, [[] for _ in items]
+    records, parts, cpu_coded = [None] * len(items), [[] for _ in items], False
     by_type: dict[str, list] = {}  # per element type, the (item indices, events) of each wave's sparse items
     for w in launched:
         scans = _scans(w)
@@ -193,7 +193,7 @@ def encode(items: list[EncodeItem], chunk_elems: int, level: int, threads: int |
         at = [i for s in scans for i in s.items if dense[i]]
         if at:
             for i, rec, ch in zip(at, *_on_cpu([items[i] for i in at], chunk_elems, level, threads)):
-                on_cpu[i], parts[i] = rec, ch
+                records[i], parts[i], cpu_coded = rec, ch, True
         for s, p in zip(scans, plans):
             j = np.flatnonzero((changed[s.items] > 0) & ~dense[s.items])
             if not len(j):
@@ -202,27 +202,24 @@ def encode(items: list[EncodeItem], chunk_elems: int, level: int, threads: int |
             b = encode_batch.Batch([items[i] for i in g], p if len(j) == len(p) else p.take(j),
                                    int(p.events[j].sum()), int(changed[g].sum()), _batch_hist(s, j))
             by_type.setdefault(items[g[0]].info.name, []).append((g, encode_batch.events(b, chunk_elems)))
-        # while the device works on the events (and the next wave's scan)
-        _records(items, [i for s in scans for i in s.items], scans, plans, changed, records)
-    _records(items, np.flatnonzero(numel == 0).tolist(), [], [], changed, records)
+        _records(items, scans, plans, changed, records)  # while the device works on the events
+    for i in np.flatnonzero(numel == 0).tolist():
+        records[i] = _record(items[i], 0, 0, 0, None)
     room, copies = None, []
     for waves in by_type.values():  # the sparse items of one element type
         g = [i for g, _ in waves for i in g]
         ev = encode_batch.merge([ev for _, ev in waves])
-        if pinned and len(by_type) == 1 and not on_cpu:
+        if pinned and len(by_type) == 1 and not cpu_coded:
             room = prefix_bound(records, int(ev.first_chunk[-1]))
         done = encode_batch.encode(ev, config, level, threads or os.cpu_count() or 1, room)
         copies.append(done.payload.copied)
         for i, part in zip(g, _tensor_parts(done, len(g))):
             parts[i] = part
-    for i, rec in on_cpu.items():
-        records[i] = rec
     records, parts = _lay_out(records, parts)  # while the payloads are copied to the host
 
     def ready() -> None:
         for copied in copies:
-            if copied is not None:
-                copied.synchronize()
+            layout.wait(copied)
     return records, parts if room is None else [done.payload.data], ready
 
 
