@@ -97,7 +97,8 @@ def both(old: nvrtc.Module, buf, offsets, lengths, max_blocks: int):
 
     def run_new(warps: int = huffman.PLAN_WARPS):
         if warps not in mods:
-            mods[warps] = nvrtc.Module(src, huffman.SOURCE.name, {"PLAN_WARPS": warps})
+            defines = {"WRITE_THREADS": huffman.THREADS, "PLAN_WARPS": warps}
+            mods[warps] = nvrtc.Module(src, huffman.SOURCE.name, defines)
         mods[warps].launch("huf_plan", -(-max_blocks // warps), 32 * warps, args, buf.device)
 
     run_old()

@@ -41,14 +41,15 @@ def test_every_kernel_compiles_for_every_element_type(dtype, nvrtc_found):
             for kernel in (b"class_counts", b"hist_counts", b"class_events", b"scan_words"):
                 assert kernel in image
             assert (b"place_lanes" in image) == (block in (1024, 2048))  # the stage's blocks
+    options = symbols._module(info.bits).options  # the defines symbols.py launches it with
     for capability in (75, 90):
-        image = nvrtc.compile_image(symbols.SOURCE.read_text(), "symbols.cu", capability, [f"-DBITS={info.bits}"])
+        image = nvrtc.compile_image(symbols.SOURCE.read_text(), "symbols.cu", capability, options)
         assert image[:4] == b"\x7fELF" and b"segment_counts" in image and b"segment_symbols" in image
 
 
 @pytest.mark.parametrize("capability", [75, 90])  # warp reductions by shuffles before 8.0
 def test_the_huffman_writer_compiles(capability, nvrtc_found):
-    image = nvrtc.compile_image(huffman.SOURCE.read_text(), "huffman.cu", capability, [])
+    image = nvrtc.compile_image(huffman.SOURCE.read_text(), "huffman.cu", capability, huffman._module().options)
     assert image[:4] == b"\x7fELF" and b"huf_plan" in image and b"huf_write" in image
 
 

@@ -17,9 +17,10 @@
 typedef long long i64;
 typedef unsigned long long u64;
 
-#define T 256            // huf_write's threads
-#ifndef PLAN_WARPS
-#define PLAN_WARPS 2     // huf_plan's warps a CTA, a block each (huffman.py passes its own)
+// WRITE_THREADS (huf_write's threads) and PLAN_WARPS (huf_plan's warps a CTA, a block each)
+// come from huffman.py, which launches the kernels with them.
+#if !defined(WRITE_THREADS) || !defined(PLAN_WARPS)
+#error "compile with -DWRITE_THREADS and -DPLAN_WARPS (codec/cuda/huffman.py)"
 #endif
 #define MAX_BITS 11
 #define MAX_SYMBOL 128
@@ -748,13 +749,13 @@ huf_plan(const unsigned char* buf, const i64* src, const int* len, int* info, un
     }
 }
 
-extern "C" __global__ void __launch_bounds__(T)
+extern "C" __global__ void __launch_bounds__(WRITE_THREADS)
 huf_write(const unsigned char* buf, const i64* src, const int* len, const int* info, const unsigned short* codes,
           const unsigned char* lengths, const unsigned char* trees, const i64* at, const i64* frame,
           const int* is_last, unsigned* out, i64 blocks) {
     __shared__ unsigned short code[256];
     __shared__ unsigned char L[256];
-    __shared__ int warp_sum[T / 32];
+    __shared__ int warp_sum[WRITE_THREADS / 32];
     const int t = threadIdx.x, lane = t & 31, wp = t >> 5;
     const i64 b = blockIdx.x;
     if (at[b] < 0) return;  // a block of a stream coded otherwise
@@ -777,7 +778,7 @@ huf_write(const unsigned char* buf, const i64* src, const int* len, const int* i
     }
     pos += 3;
     if (kind == RAW) {
-        for (int i = t; i < n; i += T) put_byte(out, pos + i, p[i]);
+        for (int i = t; i < n; i += WRITE_THREADS) put_byte(out, pos + i, p[i]);
         return;
     }
     if (kind != COMPRESSED) return;
@@ -798,7 +799,7 @@ huf_write(const unsigned char* buf, const i64* src, const int* len, const int* i
     i64 start = pos + head + tree + (streams == 4 ? 6 : 0);
     const int quarter = quarter_of(n);
     for (int q = 0; q < streams; q++) {
-        const int a = q * quarter, m = min(quarter, n - a), run = (m + T - 1) / T;
+        const int a = q * quarter, m = min(quarter, n - a), run = (m + WRITE_THREADS - 1) / WRITE_THREADS;
         const int r0 = min(t * run, m), r1 = min(r0 + run, m);
         int mine = 0;
         for (int i = r0; i < r1; i++) mine += L[p[a + i]];
@@ -810,7 +811,7 @@ huf_write(const unsigned char* buf, const i64* src, const int* len, const int* i
         if (lane == 31) warp_sum[wp] = incl;
         __syncthreads();
         int before = 0, all = 0;
-        for (int k = 0; k < T / 32; k++) {
+        for (int k = 0; k < WRITE_THREADS / 32; k++) {
             before += k < wp ? warp_sum[k] : 0;
             all += warp_sum[k];
         }

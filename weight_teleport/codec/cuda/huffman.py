@@ -15,7 +15,7 @@ from weight_teleport.codec.huffman_frames import BLOCK_BYTES, frame_header_size
 
 SOURCE = Path(__file__).with_name("huffman.cu")
 THREADS = 256
-"""Threads of a huf_write CTA (huffman.cu's T)."""
+"""Threads of a huf_write CTA (huffman.cu's WRITE_THREADS)."""
 PLAN_WARPS = 2
 """Warps of a huf_plan CTA, a block each."""
 INFO = 8
@@ -33,7 +33,7 @@ def available(tensor: torch.Tensor) -> bool:
 
 @functools.cache
 def _module() -> nvrtc.Module:
-    return nvrtc.Module(SOURCE.read_text(), SOURCE.name, {"PLAN_WARPS": PLAN_WARPS})
+    return nvrtc.Module(SOURCE.read_text(), SOURCE.name, {"WRITE_THREADS": THREADS, "PLAN_WARPS": PLAN_WARPS})
 
 
 @dataclass

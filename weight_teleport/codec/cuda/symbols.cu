@@ -28,8 +28,8 @@ typedef unsigned long long R;
 #define FULL 0xffffffffu
 #define RC 5
 #define ESCAPE 255
-#ifndef SEG_WARPS
-#define SEG_WARPS 4  // segments (a warp each) of a CTA; symbols.py passes its own
+#ifndef SEG_WARPS  // segments (a warp each) of a CTA, from symbols.py, which launches with it
+#error "compile with -DSEG_WARPS (codec/cuda/symbols.py)"
 #endif
 #define WORDS 32  // a step's extra bits past a partial word: gaps are below 2^24 (chunks hold at
                   // most 2^22 elements), so at most 31 + 32 * 22 bits, 23 words
