@@ -108,7 +108,9 @@ def host_writer(tmp_path_factory):
         "{ int cnt[511]; short parent[511]; unsigned char depth[511]; "
         "code_lengths(total, order, m, cnt, parent, depth, L); }\n")
     lib = d / "writer.so"
-    subprocess.run(["g++", "-O1", "-std=c++17", "-shared", "-fPIC", "-o", str(lib), str(d / "writer.cpp")], check=True)
+    defines = huffman._module().options  # the CTA shapes huffman.py launches with
+    subprocess.run(["g++", "-O1", "-std=c++17", "-shared", "-fPIC", *defines, "-o", str(lib), str(d / "writer.cpp")],
+                   check=True)
     return ctypes.CDLL(str(lib))
 
 
