@@ -151,20 +151,24 @@ def inflate_orchestration() -> list[str]:
         def host(self):
             return torch.tensor(self.sizes, dtype=torch.int64), torch.zeros(len(self.sizes), dtype=torch.int32)
 
-    def decompress(cfg, src, offsets, stored, dst, dst_offsets, raw):
+    def plan_decompress(cfg, offsets, stored, dst_offsets, raw, stream):
+        table = np.stack([offsets, stored, raw, dst_offsets]).astype(np.int64)
+        return entropy.DecompressPlan(np.arange(raw.size), [(0, raw.size)], [0], table)
+
+    def decompress(cfg, src, dst, plan):
         sizes = []
-        for o, n, d, r in zip(offsets, stored, dst_offsets, raw):
-            out = zstandard.ZstdDecompressor().decompress(src[o:o + n].numpy().tobytes(), max_output_size=int(r))
+        for o, n, r, d in plan.table.T.tolist():
+            out = zstandard.ZstdDecompressor().decompress(src[o:o + n].numpy().tobytes(), max_output_size=r)
             dst[d:d + len(out)] = torch.frombuffer(bytearray(out), dtype=torch.uint8)
             sizes.append(len(out))
         return Done(sizes)
 
-    saved = entropy.available, entropy.decompress
-    entropy.available, entropy.decompress = (lambda: True), decompress
+    saved = entropy.available, entropy.plan_decompress, entropy.decompress
+    entropy.available, entropy.plan_decompress, entropy.decompress = (lambda: True), plan_decompress, decompress
     try:
         got = inflate.inflate(pack, st, "cpu")
     finally:
-        entropy.available, entropy.decompress = saved
+        entropy.available, entropy.plan_decompress, entropy.decompress = saved
     n = want.buffer.numel() - inflate.PAD
     print(f"inflate orchestration: {int((st.codec == 1).sum())} zstd streams", flush=True)
     if not (st.codec == 1).any() or not np.array_equal(got.offsets, want.offsets) or \

@@ -140,7 +140,8 @@ def test_nvcomp_streams_round_trip_and_cpu_decodes_zstd():
             for r, o, n in zip(raws, out_off, sizes):
                 assert zstandard.ZstdDecompressor().decompress(comp[o:o + n].tobytes(), max_output_size=r.size) == r.tobytes()
         dst = torch.full_like(src, 7)
-        back = entropy.decompress(cfg, out, out_off, sizes, dst, offs, lengths)
+        plan = entropy.plan_decompress(cfg, out_off, sizes, offs, lengths, torch.cuda.current_stream().cuda_stream)
+        back = entropy.decompress(cfg, out, dst, plan)
         got, st = (back.unpermute(t.cpu().numpy()) for t in back.host())
         assert (st == 0).all() and np.array_equal(got, lengths)
         d = dst.cpu().numpy()

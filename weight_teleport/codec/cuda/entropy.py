@@ -7,6 +7,7 @@ its scratch by the largest input of a call."""
 import ctypes
 import importlib.util
 from contextlib import contextmanager
+from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
@@ -159,28 +160,55 @@ def compress(cfg: CudaCodecConfig, src: torch.Tensor, offsets: np.ndarray, lengt
     return out, out_off, Pending(order, sizes, statuses, (table, scratch))
 
 
-def decompress(cfg: CudaCodecConfig, src: torch.Tensor, offsets: np.ndarray, stored: np.ndarray,
-               dst: torch.Tensor, dst_offsets: np.ndarray, raw: np.ndarray) -> Pending:
-    """Decompress streams of `src` (at SLOT_ALIGN-aligned `offsets`, `stored` bytes) into
-    `dst` at `dst_offsets` (aligned), `raw` bytes each. The Pending's sizes are the decoded
-    lengths; the caller checks them and the statuses (0) after its one sync."""
+@dataclass
+class DecompressPlan:
+    """The host's part of a batched decompression (`plan_decompress`), made on any thread."""
+    order: np.ndarray
+    """The streams grouped by size bucket."""
+    ranges: list[tuple[int, int]]
+    """[start, stop) of each bucket in `order`."""
+    temps: list[int]
+    """Each bucket's scratch bytes (256-byte aligned)."""
+    table: np.ndarray
+    """[4, streams] (input offset, stored bytes, raw bytes, output offset) in `order`, the
+    offsets from the start of the source and the destination buffers."""
+
+
+def plan_decompress(cfg: CudaCodecConfig, offsets: np.ndarray, stored: np.ndarray, dst_offsets: np.ndarray,
+                    raw: np.ndarray, stream: int) -> DecompressPlan:
+    """The plan of `decompress`ing streams at `offsets` (SLOT_ALIGN-aligned, `stored` bytes)
+    of a source buffer into `dst_offsets` (aligned, `raw` bytes each) of a destination;
+    nvCOMP's scratch sizes are queried for `stream` (a handle; nothing is queued on it)."""
     assert (offsets % SLOT_ALIGN == 0).all() and (dst_offsets % SLOT_ALIGN == 0).all()
     order, ranges = _buckets(raw)
-    opts = _decompress_opts(cfg)
     temp_size = _fn(cfg, "DecompressGetTempSize", [S, S, _Opts, ctypes.POINTER(S), S, P])
     temps = []
     for a, b in ranges:
         t = S()
-        _call(temp_size, b - a, int(raw[order[a:b]].max()), opts, ctypes.byref(t),
-              int(raw[order[a:b]].sum()), _stream())
+        _call(temp_size, b - a, int(raw[order[a:b]].max()), _decompress_opts(cfg), ctypes.byref(t),
+              int(raw[order[a:b]].sum()), P(stream))
         temps.append(_aligned(max(t.value, 1), 256))  # each bucket's own scratch, 256-byte aligned
+    table = layout.arena().empty((4, raw.size), np.int64)
+    for row, col in zip(table, (offsets, stored, raw, dst_offsets)):
+        np.take(col, order, out=row)
+    return DecompressPlan(order, ranges, temps, table)
+
+
+def decompress(cfg: CudaCodecConfig, src: torch.Tensor, dst: torch.Tensor, plan: DecompressPlan) -> Pending:
+    """Decompress the streams of `plan` from `src` into `dst` on the current stream. The
+    Pending's sizes are the decoded lengths; the caller checks them and the statuses (0)
+    after its one sync."""
+    order, ranges, temps = plan.order, plan.ranges, plan.temps
     scratch_at = np.cumsum([0] + temps)
-    table = _ptr_table(src.data_ptr() + offsets[order], stored[order], raw[order],
-                       dst.data_ptr() + dst_offsets[order], device=src.device)
-    sizes = torch.empty(raw.size, dtype=torch.int64, device=src.device)
-    statuses = torch.empty(raw.size, dtype=torch.int32, device=src.device)
+    table = layout.arena().empty(plan.table.shape, np.int64)
+    np.add(plan.table, np.array([[src.data_ptr()], [0], [0], [dst.data_ptr()]], np.int64), out=table)
+    table = layout.upload(table, src.device)
+    n = order.size
+    sizes = torch.empty(n, dtype=torch.int64, device=src.device)
+    statuses = torch.empty(n, dtype=torch.int32, device=src.device)
     scratch = torch.empty(max(int(scratch_at[-1]), 1), dtype=torch.uint8, device=src.device)
     run = _fn(cfg, "DecompressAsync", [P, P, P, P, S, P, S, P, _Opts, P, P])
+    opts = _decompress_opts(cfg)
     with _fanned(len(ranges)) as streams:  # each bucket its own scratch
         for (a, b), t, at, stream in zip(ranges, temps, scratch_at, streams):
             _call(run, table[0, a:].data_ptr(), table[1, a:].data_ptr(), table[2, a:].data_ptr(),

@@ -170,34 +170,49 @@ def _layout(pack, codec, raw, stored, at, lo: int) -> Layout:
     return Layout(out_off, out_total, comp_total, copies[:k], zstd[:z], comp_off[:z])
 
 
-def _on_gpu(pack, lay: Layout, raw, stored, lo: int, hi: int, device, upload) -> tuple[torch.Tensor, torch.Tensor]:
+class Prepared(NamedTuple):
+    """The host's part of `inflate` (`prepare`)."""
+    layout: Layout
+    lo: int
+    """The first byte of the pack the upload holds."""
+    hi: int | None
+    """The end of the bytes to upload (None: an Upload has them)."""
+    plan: entropy.DecompressPlan | None
+    """nvCOMP's plan of the zstd streams (None without nvCOMP or zstd streams)."""
+
+
+def _on_gpu(pack, prep: Prepared, device, upload) -> tuple[torch.Tensor, torch.Tensor]:
     """(the device buffer, a device flag: a zstd stream failed to decode or decoded to
     another length). The gather and nvCOMP's kernels need none of the caller's earlier
     work, so they run on a stream of their own, not queued behind the kernels launched
     before them (the stage's class counts), and the caller's stream waits for them."""
     if torch.device(device).type != "cuda":  # the Triton interpreter's tests
-        return _decode_on(pack, lay, raw, stored, lo, hi, device, upload)
+        return _decode_on(pack, prep, device, upload)
     main = torch.cuda.current_stream(device)
-    side = layout.side_stream(main.device, "inflate")
+    side = _side(main.device)
     with torch.cuda.stream(side):
-        buf, failed = _decode_on(pack, lay, raw, stored, lo, hi, device, upload)
+        buf, failed = _decode_on(pack, prep, device, upload)
     main.wait_stream(side)
     buf.record_stream(main)
     failed.record_stream(main)
     return buf, failed
 
 
-def _decode_on(pack, lay: Layout, raw, stored, lo: int, hi: int, device, upload) -> tuple[torch.Tensor, torch.Tensor]:
+def _side(device: torch.device) -> torch.cuda.Stream:
+    return layout.side_stream(device, "inflate")
+
+
+def _decode_on(pack, prep: Prepared, device, upload) -> tuple[torch.Tensor, torch.Tensor]:
     """`_on_gpu`'s work, on the current stream."""
+    lay = prep.layout
     buf = torch.zeros(lay.out_total + lay.comp_total + PAD, dtype=torch.uint8, device=device)
-    src = upload.bytes() if upload else _upload(pack, lo, hi, device, layout.pinned(pack))
+    src = upload.bytes() if upload else _upload(pack, prep.lo, prep.hi, device, layout.pinned(pack))
     gather_rows(src, buf, lay.copies)
-    if not lay.zstd.size:
+    if prep.plan is None:
         return buf, torch.zeros((), dtype=torch.bool, device=device)
-    zs = lay.zstd
-    pend = entropy.decompress(CudaCodecConfig(), buf, lay.comp_off, stored[zs], buf, lay.out_off[zs], raw[zs])
+    pend = entropy.decompress(CudaCodecConfig(), buf, buf, prep.plan)
     sizes, statuses = pend.host()
-    expect = layout.upload(raw[zs][pend.order], device)
+    expect = layout.upload(prep.plan.table[2], device)  # the raw lengths in the plan's order
     return buf, (statuses != 0).any() | (sizes != expect).any()
 
 
@@ -214,18 +229,33 @@ def _on_cpu(pack, lay: Layout, codec, raw, stored, at, device, threads) -> tuple
     return torch.from_numpy(host).to(device), torch.zeros((), dtype=torch.bool, device=device)
 
 
-def inflate(pack, table: StreamTable, device, threads: int | None = None, upload: Upload | None = None) -> Inflated:
-    """Every stream of `table` decoded into one device buffer (nvCOMP when installed).
-    `upload`, started earlier, holds the streams' bytes on the device; without it they are
-    uploaded here."""
+def prepare(pack, table: StreamTable, device, upload: Upload | None = None) -> Prepared:
+    """The streams' layout in the device buffer and, with nvCOMP, the decompression's plan:
+    host work only, on any thread (its tables in that thread's arena)."""
     codec, raw, stored, at = (a.ravel() for a in (table.codec, table.raw, table.stored, table.at))
     if upload:
         lo, hi = upload.lo, None  # the upload has the bytes
     else:
         lo, hi = (int(at.min()), int((at + stored).max())) if at.size else (0, 0)
     lay = _layout(pack, codec, raw, stored, at, lo)
+    plan = None
+    if entropy.available() and lay.zstd.size:
+        dev = torch.device(device)
+        stream = _side(dev).cuda_stream if dev.type == "cuda" else 0
+        zs = lay.zstd
+        plan = entropy.plan_decompress(CudaCodecConfig(), lay.comp_off, stored[zs], lay.out_off[zs], raw[zs], stream)
+    return Prepared(lay, lo, hi, plan)
+
+
+def inflate(pack, table: StreamTable, device, threads: int | None = None, upload: Upload | None = None,
+            prep: Prepared | None = None) -> Inflated:
+    """Every stream of `table` decoded into one device buffer (nvCOMP when installed).
+    `upload`, started earlier, holds the streams' bytes on the device; without it they are
+    uploaded here. `prep`: `prepare`'s result, made earlier (on another thread)."""
+    prep = prep or prepare(pack, table, device, upload)
     if entropy.available():
-        buf, failed = _on_gpu(pack, lay, raw, stored, lo, hi, device, upload)
+        buf, failed = _on_gpu(pack, prep, device, upload)
     else:
-        buf, failed = _on_cpu(pack, lay, codec, raw, stored, at, device, threads)
-    return Inflated(buf, lay.out_off.reshape(table.raw.shape), failed)
+        flat = (a.ravel() for a in (table.codec, table.raw, table.stored, table.at))
+        buf, failed = _on_cpu(pack, prep.layout, *flat, device, threads)
+    return Inflated(buf, prep.layout.out_off.reshape(table.raw.shape), failed)

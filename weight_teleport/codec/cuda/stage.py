@@ -7,7 +7,7 @@ tensors."""
 
 import dataclasses
 import os
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 
 import numpy as np
 import torch
@@ -15,7 +15,7 @@ from numba import njit
 
 from weight_teleport.codec import digest as D
 from weight_teleport.codec.cpu import backend as cpu
-from weight_teleport.codec.cuda import blocks, entropy, inflate, layout, scatter
+from weight_teleport.codec.cuda import blocks, entropy, inflate, layout, scatter, stage_sparse
 from weight_teleport.codec.cuda.crc import crc32
 from weight_teleport.codec.cuda.digest import word_sums
 from weight_teleport.codec.cuda.live import Live, grouped
@@ -80,23 +80,37 @@ def _by_type(lives: dict[str, Live], recs) -> list[list]:
     return grouped(recs, lambda r: lives[r.name].info.name)
 
 
+_helpers = ThreadPoolExecutor(max_workers=2, thread_name_prefix="weight-teleport-stage")
+"""Threads that read a stage call's stream tables while its own thread launches the class
+counts (one task a call)."""
+
+
 def _batches(lives: dict[str, Live], groups: list[list], header, spans: ChunkSpans, pack, threads,
              upload) -> tuple[list[SparseBatch], torch.Tensor | None]:
     """(a SparseBatch per group, the chunks' CRC-32s where the pack's copy to the device is
-    queued at once, else None); `spans` holds the groups' chunks end to end. Every batch's
-    class counts are launched first, then the copy is queued: the CRCs, queued after it,
-    run beside the counts while the host reads the stream tables, not at the end of the
-    decoding chain."""
-    batches = [SparseBatch([lives[r.name] for r in rs], rs, header) for rs in groups]
-    crcs = None
-    if upload is not None:
-        upload.start()
-        crcs = _device_crcs(upload, spans) if upload.queued() else None
-    at = 0
-    for b in batches:
-        n = sum(len(r.chunks) for r in b.recs)
-        b.decode(pack, spans.part(at, at + n), threads, upload)
-        at += n
+    queued at once, else None); `spans` holds the groups' chunks end to end. A helper
+    thread reads the stream tables and plans their decoding while this thread launches
+    every batch's class counts, then queues the copy: the CRCs, queued after it, run beside
+    the counts, not at the end of the decoding chain."""
+    maps = [cpu.class_maps(rs, lives[rs[0].name].info) for rs in groups]
+    cuts = np.cumsum([0] + [sum(len(r.chunks) for r in rs) for rs in groups]).tolist()
+    device = lives[groups[0][0].name].tensor.device if groups else None
+
+    def read_all() -> list:
+        return [stage_sparse.read_streams(pack, spans.part(a, b), rs, m[2], device, upload)
+                for rs, m, a, b in zip(groups, maps, cuts[:-1], cuts[1:])]
+
+    streams = _helpers.submit(layout.lending_arena(read_all))
+    try:
+        batches = [SparseBatch([lives[r.name] for r in rs], rs, header, m) for rs, m in zip(groups, maps)]
+        crcs = None
+        if upload is not None:
+            upload.start()
+            crcs = _device_crcs(upload, spans) if upload.queued() else None
+        for b, st in zip(batches, streams.result()):
+            b.decode(pack, st, threads, upload)
+    finally:
+        wait([streams])  # its tables are in this thread's arena, which the next call rewinds
     return batches, crcs
 
 

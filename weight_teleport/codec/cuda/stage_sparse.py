@@ -8,11 +8,11 @@ reads flags and digest sums of all batches in one transfer and raises before any
 written."""
 
 from functools import cached_property
+from typing import NamedTuple
 
 import numpy as np
 import torch
 
-from weight_teleport.codec.cpu import backend as cpu
 from weight_teleport.codec.cuda import bitmap, blocks, inflate, layout, ranks, sparse_decode, tables, unsymbols
 from weight_teleport.codec.cuda.live import Live
 from weight_teleport.errors import PackFormatError
@@ -24,15 +24,33 @@ FLAGS = ("a symbol stream failed to decode (corrupt stored stream)",
 """What each of a batch's device flags means, in the order they are raised."""
 
 
+class Streams(NamedTuple):
+    """A batch's stream tables and the plan of their decoding (`read_streams`)."""
+    table: tables.StreamTable
+    prep: inflate.Prepared
+
+
+def read_streams(pack, spans: ChunkSpans, recs: list, n_classes: np.ndarray, device,
+                 upload: inflate.Upload | None) -> Streams:
+    """The stream tables of the records' chunks (`spans`, in order; `n_classes` classes per
+    record) and their decoding's plan: host work only (compiled walks, the GIL mostly
+    released), which a helper thread does while the caller launches the class counts."""
+    # read_header has checked that each record has the chunks its shape needs, and
+    # _lives that each shape is its live tensor's: chunk i is the chunk table's row i
+    k = np.repeat(n_classes, [len(r.chunks) for r in recs])
+    st = tables.read(np.frombuffer(pack, np.uint8), spans.starts, spans.lengths, k, ranks.pow2(int(n_classes.max())))
+    return Streams(st, inflate.prepare(pack, st, device, upload))
+
+
 class SparseBatch:
     """The sparse tensors of one element type, staged; `flags` and `sums` are device tensors."""
 
-    def __init__(self, lives: list[Live], recs: list, header):
+    def __init__(self, lives: list[Live], recs: list, header, maps: tuple):
         """The chunk table, the class counts of the live weights and their rank bases, which
         need no byte of the pack: the caller launches them first, then queues the pack's copy
-        to the device, then `decode`s."""
+        to the device, then `decode`s. `maps`: `cpu.class_maps` of the records."""
         self.lives, self.recs, self.info = lives, recs, lives[0].info
-        luts, inverted, self.n_classes = cpu.class_maps(recs, self.info)
+        luts, inverted, self.n_classes = maps
         self.ncp = ranks.pow2(int(self.n_classes.max()))
         self.table = self._chunk_table(header.chunk_elems)
         self._inv_tensors = inverted[:, :self.ncp].astype(np.int8)
@@ -43,15 +61,14 @@ class SparseBatch:
                                                         int(self.n_classes.max()))
         self.base, self.tot = ranks.table_bases(self.counts, self.table)
 
-    def decode(self, pack, spans: ChunkSpans, threads: int | None, upload: inflate.Upload | None = None) -> None:
-        """Reads the stream tables (a compiled walk, while the device works) and launches the
-        decoding; `spans`: the records' chunks, in order."""
-        st = self.streams = self._read(pack, spans)
+    def decode(self, pack, streams: Streams, threads: int | None, upload: inflate.Upload | None = None) -> None:
+        """Launches the decoding of the records' streams (`read_streams`)."""
+        st = self.streams = streams.table
         dev = self.table.base.device
         # the decompression first: the chain of kernels starts there, and the host's work
         # before its launch is the stage's critical path (the checks after it: 41.8 ms either
         # way on the H200, 12 alternated calls)
-        inf = inflate.inflate(pack, st, dev, threads, upload)
+        inf = inflate.inflate(pack, st, dev, threads, upload, streams.prep)
         self.inverted = self._inv_tensors[self.table.host[:, blocks.TENSOR]].reshape(-1).astype(bool)
         self.res_cnt = np.where(self.inverted, st.raw[:, 2], st.events)
         self._check_lengths()
@@ -78,12 +95,6 @@ class SparseBatch:
         the development machine)."""
         flats = [lv.tensor if lv.in_place else lv.u for lv in self.lives]
         return blocks.build_cached(flats, chunk_elems, ranks.stage_block(flats[0]), self.info)
-
-    def _read(self, pack, spans: ChunkSpans) -> tables.StreamTable:
-        # read_header has checked that each record has the chunks its shape needs, and
-        # _lives that each shape is its live tensor's: chunk i is the chunk table's row i
-        k = np.repeat(self.n_classes, [len(r.chunks) for r in self.recs])
-        return tables.read(np.frombuffer(pack, np.uint8), spans.starts, spans.lengths, k, self.ncp)
 
     def _check_lengths(self) -> None:
         raw = self.streams.raw
