@@ -138,7 +138,7 @@ def encode_spots() -> list[tuple]:
 def stage_spots() -> list[tuple]:
     """The (owner, function name) phases `stage_phases` times."""
     from weight_teleport.codec.cuda import inflate, sparse_decode, stage, stage_sparse
-    return [(stage_sparse, "read_streams"), (inflate, "inflate"), (sparse_decode, "decode"),
+    return [(stage_sparse.StreamsRead, "result"), (inflate, "inflate"), (sparse_decode, "decode"),
             (stage, "_read_back")]
 
 

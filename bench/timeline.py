@@ -25,14 +25,15 @@ from weight_teleport.format import container
 
 SPOTS = {
     "stage": [(api, "read_header"), (api, "_lives"), (stage, "_batches"), (stage_sparse.SparseBatch, "__init__"),
-              (stage_sparse, "read_streams"), (stage_sparse.SparseBatch, "decode"), (stage.cpu, "class_maps"),
+              (stage_sparse.StreamsRead, "result"), (stage_sparse.SparseBatch, "decode"), (stage.cpu, "class_maps"),
               (tables, "read"),
               (blocks, "build"), (ranks, "table_counts"), (inflate, "_on_gpu"), (inflate.Upload, "bytes"),
               (inflate, "_upload"), (entropy, "decompress"), (layout, "to_device"), (unsymbols, "decode"),
               (tables, "in_runs"), (inflate, "_plan"), (entropy, "_buckets"), (layout.PinnedRing, "send"),
               (layout, "fill"),
               (bitmap, "prefix"), (sparse_decode, "decode"), (stage, "_device_crcs"), (stage, "_patch"),
-              (stage, "word_sums"), (stage, "_read_back"), (inflate, "_layout"), (inflate, "prepare"),
+              (stage, "word_sums"), (stage, "_read_back"), (inflate, "_layout"), (inflate, "planned"),
+              (stage_sparse, "_walk"),
               (entropy, "plan_decompress"),
               (stage, "_fused_group")],
     "encode": [(encode, "_launch_scan"), (encode, "_scans"), (encode_batch, "merge"), (encode, "_plans"),

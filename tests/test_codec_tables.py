@@ -171,6 +171,42 @@ def test_inflate_layout_matches_the_vectorised_layout():
             inflate._layout(blob, c, r, s, at, 0)
 
 
+def test_helper_walk_matches_the_tables_and_layout():
+    """The stage's one compiled walk on a helper thread (stage_sparse.StreamsRead: tables,
+    then layout, into arena memory another call left dirty) against tables.read and
+    inflate.prepare; a truncated chunk table is refused once the walk is waited for."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from weight_teleport.codec.cuda import inflate, layout, stage_sparse
+    from weight_teleport.format.container import ChunkSpans
+    old, new = make_pair(15, torch.float32, (300, 41), "weights", "density", "ulp", 0.3)
+    pack = wt.encode_delta({"w": old}, {"w": new}, base_version=0, version=1, chunk_elems=512)
+    header = read_header(pack)
+    recs = [t for t in header.tensors if t.codec == "sparse"]
+    n_classes = np.array([max(c for _, c in t.classes) + 1 for t in recs], np.int64)
+    spans = ChunkSpans.of(header, recs)
+    _, k, starts, lengths = _sparse_refs(pack)
+    st = tables.read(np.frombuffer(pack, np.uint8), starts, lengths, k, 16)
+    want = [a.copy() for a in st.arrays()], inflate.prepare(pack, st, "cpu")
+    want_layout = [np.array(a, copy=True) if isinstance(a, np.ndarray) else a for a in want[1].layout]
+    with ThreadPoolExecutor(1) as pool:
+        layout.begin_call()
+        layout.arena().empty(1 << 22, np.uint8).fill(0xA5)
+        layout.begin_call()
+        got = stage_sparse.StreamsRead(pack, spans, recs, n_classes, None, pool).result("cpu")
+        for g, w in zip(got.table.arrays(), want[0]):
+            np.testing.assert_array_equal(g, w)
+        for g, w in zip(got.prep.layout, want_layout):
+            if isinstance(w, np.ndarray) and w.ndim == 2:  # the copies: pack offsets from each one's `lo`
+                g, w = g + [got.prep.lo, 0, 0], w + [want[1].lo, 0, 0]
+            np.testing.assert_array_equal(g, w)
+        assert got.prep.lo == spans.bounds()[0] and got.prep.hi == spans.bounds()[1]
+        short = ChunkSpans(spans.starts, np.minimum(spans.lengths, 3), spans.crcs, spans.payload_offset)
+        read = stage_sparse.StreamsRead(pack, short, recs, n_classes, None, pool)
+        with pytest.raises(PackFormatError, match="chunk table"):
+            read.result("cpu")
+
+
 def _varint_reference(data: bytes, p: int, end: int) -> tuple[int, int]:
     """LEB128 as docs/FORMAT.md defines it, with the reader's limits: at most VARINT_MAX
     bytes, inside [p, end), a value of at most MAX_VALUE; (-1, end) or (-1, next) otherwise."""

@@ -157,17 +157,27 @@ def _plan(codec, raw, stored, at, lo, out_off, copies, zstd, comp_off):
     return -1, out_total, comp_total, z, k
 
 
-def _layout(pack, codec, raw, stored, at, lo: int) -> Layout:
-    """The streams' Layout (its arrays the calling thread's temporaries, `layout.arena`); a
-    refused stream raises the error the CPU's decoder gives it."""
-    arena, n = layout.arena(), codec.size
-    out_off, copies = arena.empty(n, np.int64), arena.empty((n, 3), np.int64)
-    zstd, comp_off = arena.empty(n, np.int64), arena.empty(n, np.int64)
-    bad, out_total, comp_total, z, k = _plan(codec, raw, stored, at, lo, out_off, copies, zstd, comp_off)
+def layout_arrays(n: int) -> tuple[np.ndarray, ...]:
+    """The arrays `_plan` fills for `n` streams, in the thread's arena (`layout.arena`)."""
+    arena = layout.arena()
+    return arena.empty(n, np.int64), arena.empty((n, 3), np.int64), arena.empty(n, np.int64), arena.empty(n, np.int64)
+
+
+def laid_out(pack, codec, raw, stored, at, arrays: tuple, planned: tuple) -> Layout:
+    """The Layout in `arrays` that `_plan` returned `planned` for; a refused stream raises
+    the error the CPU's decoder gives it."""
+    bad, out_total, comp_total, z, k = planned
     if bad >= 0:
         codecs.decode_stream(int(codec[bad]), memoryview(pack)[at[bad]:at[bad] + stored[bad]], int(raw[bad]))
         raise PackFormatError("malformed stream")  # decode_stream refuses every stream _plan does
+    out_off, copies, zstd, comp_off = arrays
     return Layout(out_off, out_total, comp_total, copies[:k], zstd[:z], comp_off[:z])
+
+
+def _layout(pack, codec, raw, stored, at, lo: int) -> Layout:
+    """The streams' Layout (its arrays the calling thread's temporaries)."""
+    arrays = layout_arrays(codec.size)
+    return laid_out(pack, codec, raw, stored, at, arrays, _plan(codec, raw, stored, at, lo, *arrays))
 
 
 class Prepared(NamedTuple):
@@ -230,14 +240,18 @@ def _on_cpu(pack, lay: Layout, codec, raw, stored, at, device, threads) -> tuple
 
 
 def prepare(pack, table: StreamTable, device, upload: Upload | None = None) -> Prepared:
-    """The streams' layout in the device buffer and, with nvCOMP, the decompression's plan:
-    host work only, on any thread (its tables in that thread's arena)."""
+    """The streams' layout in the device buffer and, with nvCOMP, the decompression's plan."""
     codec, raw, stored, at = (a.ravel() for a in (table.codec, table.raw, table.stored, table.at))
     if upload:
         lo, hi = upload.lo, None  # the upload has the bytes
     else:
         lo, hi = (int(at.min()), int((at + stored).max())) if at.size else (0, 0)
-    lay = _layout(pack, codec, raw, stored, at, lo)
+    return planned(_layout(pack, codec, raw, stored, at, lo), lo, hi, raw, stored, device)
+
+
+def planned(lay: Layout, lo: int, hi: int | None, raw: np.ndarray, stored: np.ndarray, device) -> Prepared:
+    """`lay` (of streams of `raw` and `stored` lengths) and, with nvCOMP, the plan of its
+    zstd streams' decompression."""
     plan = None
     if entropy.available() and lay.zstd.size:
         dev = torch.device(device)

@@ -159,44 +159,22 @@ class _PerThread(threading.local):
     def __init__(self):
         self.ring = PinnedRing()
         self.arena = HostArena()
-        self.lent = HostArena()
-        """The arena a helper thread takes its tables from while it works for this thread's call."""
-        self.borrowed: HostArena | None = None
-        """The arena this thread takes its tables from while it helps another thread's call."""
 
 
 _tables = _PerThread()
-"""Each thread's ring for small host tables, and its arenas of temporary host tables."""
+"""Each thread's ring for small host tables, and its arena of temporary host tables."""
 
 
 def begin_call() -> None:
     """Start an encode or stage call: this thread's table ring starts over if it can, and
-    its host arenas start over (the previous call's temporary tables are done with)."""
+    its host arena starts over (the previous call's temporary tables are done with)."""
     _tables.ring.rewind()
     _tables.arena.rewind()
-    _tables.lent.rewind()
 
 
 def arena() -> HostArena:
-    """This thread's arena of temporary host tables (valid until its next call begins), or
-    the one lent to it (`lending_arena`)."""
-    return _tables.borrowed or _tables.arena
-
-
-def lending_arena(fn):
-    """`fn`, to run on one helper thread for this thread's call, taking its temporary tables
-    from an arena of this thread: they stay valid until this thread's next call begins (a
-    helper's own arena would start over in whichever call it helps next). One helper at a
-    time: the lent arena is not shared between threads."""
-    lent = _tables.lent
-
-    def run(*args, **kwargs):
-        _tables.borrowed = lent
-        try:
-            return fn(*args, **kwargs)
-        finally:
-            _tables.borrowed = None
-    return run
+    """This thread's arena of temporary host tables (valid until its next call begins)."""
+    return _tables.arena
 
 
 def upload(array: np.ndarray, dev) -> torch.Tensor:

@@ -82,35 +82,31 @@ def _by_type(lives: dict[str, Live], recs) -> list[list]:
 
 _helpers = ThreadPoolExecutor(max_workers=2, thread_name_prefix="weight-teleport-stage")
 """Threads that read a stage call's stream tables while its own thread launches the class
-counts (one task a call)."""
+counts."""
 
 
 def _batches(lives: dict[str, Live], groups: list[list], header, spans: ChunkSpans, pack, threads,
              upload) -> tuple[list[SparseBatch], torch.Tensor | None]:
     """(a SparseBatch per group, the chunks' CRC-32s where the pack's copy to the device is
-    queued at once, else None); `spans` holds the groups' chunks end to end. A helper
-    thread reads the stream tables and plans their decoding while this thread launches
-    every batch's class counts, then queues the copy: the CRCs, queued after it, run beside
-    the counts, not at the end of the decoding chain."""
+    queued at once, else None); `spans` holds the groups' chunks end to end. Helper threads
+    read the stream tables while this thread launches every batch's class counts, then
+    queues the copy: the CRCs, queued after it, run beside the counts, not at the end of the
+    decoding chain."""
     maps = [cpu.class_maps(rs, lives[rs[0].name].info) for rs in groups]
     cuts = np.cumsum([0] + [sum(len(r.chunks) for r in rs) for rs in groups]).tolist()
-    device = lives[groups[0][0].name].tensor.device if groups else None
-
-    def read_all() -> list:
-        return [stage_sparse.read_streams(pack, spans.part(a, b), rs, m[2], device, upload)
-                for rs, m, a, b in zip(groups, maps, cuts[:-1], cuts[1:])]
-
-    streams = _helpers.submit(layout.lending_arena(read_all))
+    reads = []
     try:
+        for rs, m, a, b in zip(groups, maps, cuts[:-1], cuts[1:]):
+            reads.append(stage_sparse.StreamsRead(pack, spans.part(a, b), rs, m[2], upload, _helpers))
         batches = [SparseBatch([lives[r.name] for r in rs], rs, header, m) for rs, m in zip(groups, maps)]
         crcs = None
         if upload is not None:
             upload.start()
             crcs = _device_crcs(upload, spans) if upload.queued() else None
-        for b, st in zip(batches, streams.result()):
-            b.decode(pack, st, threads, upload)
+        for b, r in zip(batches, reads):
+            b.decode(pack, r.result(b.table.base.device), threads, upload)
     finally:
-        wait([streams])  # its tables are in this thread's arena, which the next call rewinds
+        wait([r.done for r in reads])  # they fill this thread's arena, which its next call rewinds
     return batches, crcs
 
 

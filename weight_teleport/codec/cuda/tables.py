@@ -48,6 +48,10 @@ class StreamTable:
     at: np.ndarray
     """[segments, 4] offsets of the stored bytes in the pack."""
 
+    def arrays(self) -> tuple[np.ndarray, ...]:
+        """(events, codec, raw, stored, at), as the compiled walk takes them."""
+        return self.events, self.codec, self.raw, self.stored, self.at
+
 
 @njit(nogil=True, cache=True, inline="always")
 def _varint(pack: np.ndarray, p: int, end: int) -> tuple[int, int]:
@@ -117,17 +121,29 @@ def read(pack: np.ndarray, starts: np.ndarray, lengths: np.ndarray, classes: np.
     have `classes` classes each; PackFormatError when one is malformed: a varint past its
     chunk or too long, another number of groups than classes, a group of other than 0 or 4
     streams, or streams that do not end the chunk exactly."""
+    check_lengths(lengths)
+    n, st = starts.size, empty(starts.size, ncp)
+    args = (pack, starts.astype(np.int64), lengths.astype(np.int64), classes.astype(np.int64), ncp)
+    bad = in_runs(n, lambda lo, hi: _read(*args, lo, hi, *st.arrays()), min(THREADS, -(-n // CHUNKS_A_THREAD)))
+    check(any(b >= 0 for b in bad))
+    return st
+
+
+def check_lengths(lengths: np.ndarray) -> None:
     if (lengths <= 0).any():
         raise PackFormatError("sparse chunk is empty")
-    n, arena = starts.size, layout.arena()
-    events = arena.zeros(n * ncp, np.int64)
-    codec, raw, stored, at = (arena.zeros((n * ncp, STREAMS), np.int64) for _ in range(4))
-    args = (pack, starts.astype(np.int64), lengths.astype(np.int64), classes.astype(np.int64), ncp)
-    bad = in_runs(n, lambda lo, hi: _read(*args, lo, hi, events, codec, raw, stored, at),
-                  min(THREADS, -(-n // CHUNKS_A_THREAD)))
-    if any(b >= 0 for b in bad):
+
+
+def check(malformed: bool) -> None:
+    if malformed:
         raise PackFormatError("chunk table is truncated or malformed (sparse chunk)")
-    return StreamTable(events, codec, raw, stored, at)
+
+
+def empty(n: int, ncp: int, zeros: bool = True) -> StreamTable:
+    """Tables of `n` chunks of `ncp` class slots in the thread's arena, zeroed unless not
+    `zeros` (the walk must zero them then: `_read` leaves a tensor's unused slots alone)."""
+    make = layout.arena().zeros if zeros else layout.arena().empty
+    return StreamTable(make(n * ncp, np.int64), *(make((n * ncp, STREAMS), np.int64) for _ in range(4)))
 
 
 @triton.jit
