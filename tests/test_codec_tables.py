@@ -171,13 +171,30 @@ def test_inflate_layout_matches_the_vectorised_layout():
             inflate._layout(blob, c, r, s, at, 0)
 
 
+def test_size_buckets_are_powers_of_four():
+    """nvCOMP's size buckets (entropy._buckets, a compiled counting sort): streams grouped
+    by ceil(log4(length)) (0 for lengths 0 and 1), in a stable order, against numpy's."""
+    from weight_teleport.codec.cuda import entropy
+    rng = np.random.default_rng(8)
+    for n in (0, 1, 9, 5000):
+        lengths = np.concatenate([rng.integers(0, 1 << int(rng.integers(1, 41)), n),
+                                  [0, 1, 2, 3, 4, 5, 15, 16, 17, 1 << 40, (1 << 40) + 1, 1 << 47]]).astype(np.int64)
+        key = np.ceil(np.log2(np.maximum(lengths, 1)) / 2).astype(np.int64)
+        order = np.argsort(key, kind="stable")
+        bounds = np.concatenate([[0], np.flatnonzero(np.diff(key[order])) + 1, [lengths.size]]).tolist()
+        got = entropy._buckets(lengths)
+        np.testing.assert_array_equal(got[0], order)
+        assert got[1] == list(zip(bounds[:-1], bounds[1:]))
+
+
 def test_helper_walk_matches_the_tables_and_layout():
     """The stage's one compiled walk on a helper thread (stage_sparse.StreamsRead: tables,
-    then layout, into arena memory another call left dirty) against tables.read and
-    inflate.prepare; a truncated chunk table is refused once the walk is waited for."""
+    layout and the zstd streams' size buckets, into arena memory another call left dirty)
+    against tables.read, inflate.prepare and entropy._buckets; a truncated chunk table is
+    refused once the walk is waited for."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from weight_teleport.codec.cuda import inflate, layout, stage_sparse
+    from weight_teleport.codec.cuda import entropy, inflate, layout, stage_sparse
     from weight_teleport.format.container import ChunkSpans
     old, new = make_pair(15, torch.float32, (300, 41), "weights", "density", "ulp", 0.3)
     pack = wt.encode_delta({"w": old}, {"w": new}, base_version=0, version=1, chunk_elems=512)
@@ -193,7 +210,8 @@ def test_helper_walk_matches_the_tables_and_layout():
         layout.begin_call()
         layout.arena().empty(1 << 22, np.uint8).fill(0xA5)
         layout.begin_call()
-        got = stage_sparse.StreamsRead(pack, spans, recs, n_classes, None, pool).result("cpu")
+        read = stage_sparse.StreamsRead(pack, spans, recs, n_classes, None, pool)
+        got = read.result("cpu")
         for g, w in zip(got.table.arrays(), want[0]):
             np.testing.assert_array_equal(g, w)
         for g, w in zip(got.prep.layout, want_layout):
@@ -201,6 +219,13 @@ def test_helper_walk_matches_the_tables_and_layout():
                 g, w = g + [got.prep.lo, 0, 0], w + [want[1].lo, 0, 0]
             np.testing.assert_array_equal(g, w)
         assert got.prep.lo == spans.bounds()[0] and got.prep.hi == spans.bounds()[1]
+        lay, zs = got.prep.layout, got.prep.layout.zstd
+        order, ranges = entropy._buckets(raw := st.raw.ravel()[zs])
+        assert zs.size and len(ranges) > 1
+        rows = np.stack([lay.comp_off, st.stored.ravel()[zs], raw, lay.out_off[zs]])[:, order]
+        np.testing.assert_array_equal(read.bucketed[0], order)
+        assert read.bucketed[1] == ranges
+        np.testing.assert_array_equal(read.bucketed[2], rows)
         short = ChunkSpans(spans.starts, np.minimum(spans.lengths, 3), spans.crcs, spans.payload_offset)
         read = stage_sparse.StreamsRead(pack, short, recs, n_classes, None, pool)
         with pytest.raises(PackFormatError, match="chunk table"):

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from numba import njit
 
 from weight_teleport.codec.cuda import layout
 from weight_teleport.codec.cuda.config import CudaCodecConfig
@@ -66,15 +67,53 @@ def _decompress_opts(cfg: CudaCodecConfig) -> _Opts:
     return _Opts(_BACKEND[cfg.decompress_backend], 0xFF if cfg.algorithm == "ans" else 0)
 
 
+MAX_BUCKETS = 33
+"""Size buckets of streams below 2^64 bytes."""
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _bucket(n: int) -> int:
+    """The size bucket of an n-byte stream: ceil(log4(n)), 0 for n <= 1."""
+    b, x = 0, max(n, 1) - 1
+    while x:
+        b += 1
+        x >>= 1
+    return (b + 1) // 2
+
+
+@njit(nogil=True, cache=True)
+def bucket_sort(lengths, order, cuts) -> int:
+    """Fills `order` with the streams grouped by size bucket (a stable counting sort) and
+    cuts[:n + 1] with the buckets' bounds in it; n, the buckets that hold streams."""
+    count = np.zeros(MAX_BUCKETS + 1, np.int64)
+    for L in lengths:
+        count[_bucket(L) + 1] += 1
+    at = np.cumsum(count)
+    for j in range(lengths.size):
+        b = _bucket(lengths[j])
+        order[at[b]] = j
+        at[b] += 1
+    n, cuts[0] = 0, 0
+    for b in range(MAX_BUCKETS):
+        if count[b + 1]:
+            cuts[n + 1] = cuts[n] + count[b + 1]
+            n += 1
+    return n
+
+
+@njit(nogil=True, cache=True)
+def plan_rows(order, offsets, stored, raw, dst_offsets, table) -> None:
+    """table[:, p] = (offset, stored, raw, output offset) of stream order[p]."""
+    for p in range(order.size):
+        j = order[p]
+        table[0, p], table[1, p], table[2, p], table[3, p] = offsets[j], stored[j], raw[j], dst_offsets[j]
+
+
 def _buckets(lengths: np.ndarray) -> tuple[np.ndarray, list[tuple[int, int]]]:
     """(order of streams grouped by size bucket, [start, stop) ranges of the order)."""
-    key = (np.maximum(lengths, 1).astype(np.int64) - 1)
-    key = np.ceil(np.log2(key + 1) / 2).astype(np.int8)  # < 32: a stable sort of bytes is a radix sort
-    order = np.argsort(key, kind="stable")
-    k = key[order]
-    cuts = np.flatnonzero(np.diff(k)) + 1
-    bounds = np.concatenate([[0], cuts, [k.size]])
-    return order, [(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:]) if b > a]
+    order, cuts = np.empty(lengths.size, np.int64), np.empty(MAX_BUCKETS + 1, np.int64)
+    n = bucket_sort(lengths.astype(np.int64), order, cuts)
+    return order, [(int(cuts[i]), int(cuts[i + 1])) for i in range(n)]
 
 
 def _stream() -> P:
@@ -179,18 +218,24 @@ def plan_decompress(cfg: CudaCodecConfig, offsets: np.ndarray, stored: np.ndarra
     """The plan of `decompress`ing streams at `offsets` (SLOT_ALIGN-aligned, `stored` bytes)
     of a source buffer into `dst_offsets` (aligned, `raw` bytes each) of a destination;
     nvCOMP's scratch sizes are queried for `stream` (a handle; nothing is queued on it)."""
-    assert (offsets % SLOT_ALIGN == 0).all() and (dst_offsets % SLOT_ALIGN == 0).all()
     order, ranges = _buckets(raw)
+    table = layout.arena().empty((4, raw.size), np.int64)
+    plan_rows(order, *(np.asarray(a, np.int64) for a in (offsets, stored, raw, dst_offsets)), table)
+    return sized_plan(cfg, order, ranges, table, stream)
+
+
+def sized_plan(cfg: CudaCodecConfig, order: np.ndarray, ranges: list[tuple[int, int]], table: np.ndarray,
+               stream: int) -> DecompressPlan:
+    """The DecompressPlan of streams sorted into `ranges` of `order` with their `table`
+    (`bucket_sort`, `plan_rows`), nvCOMP's scratch sized for each bucket."""
+    assert (table[0] % SLOT_ALIGN == 0).all() and (table[3] % SLOT_ALIGN == 0).all()
     temp_size = _fn(cfg, "DecompressGetTempSize", [S, S, _Opts, ctypes.POINTER(S), S, P])
     temps = []
     for a, b in ranges:
         t = S()
-        _call(temp_size, b - a, int(raw[order[a:b]].max()), _decompress_opts(cfg), ctypes.byref(t),
-              int(raw[order[a:b]].sum()), P(stream))
+        _call(temp_size, b - a, int(table[2, a:b].max()), _decompress_opts(cfg), ctypes.byref(t),
+              int(table[2, a:b].sum()), P(stream))
         temps.append(_aligned(max(t.value, 1), 256))  # each bucket's own scratch, 256-byte aligned
-    table = layout.arena().empty((4, raw.size), np.int64)
-    for row, col in zip(table, (offsets, stored, raw, dst_offsets)):
-        np.take(col, order, out=row)
     return DecompressPlan(order, ranges, temps, table)
 
 

@@ -249,15 +249,18 @@ def prepare(pack, table: StreamTable, device, upload: Upload | None = None) -> P
     return planned(_layout(pack, codec, raw, stored, at, lo), lo, hi, raw, stored, device)
 
 
-def planned(lay: Layout, lo: int, hi: int | None, raw: np.ndarray, stored: np.ndarray, device) -> Prepared:
+def planned(lay: Layout, lo: int, hi: int | None, raw: np.ndarray, stored: np.ndarray, device,
+            bucketed: tuple | None = None) -> Prepared:
     """`lay` (of streams of `raw` and `stored` lengths) and, with nvCOMP, the plan of its
-    zstd streams' decompression."""
+    zstd streams' decompression; `bucketed`: their (order, ranges, table) made already
+    (`entropy.bucket_sort`, `entropy.plan_rows`)."""
     plan = None
     if entropy.available() and lay.zstd.size:
         dev = torch.device(device)
         stream = _side(dev).cuda_stream if dev.type == "cuda" else 0
-        zs = lay.zstd
-        plan = entropy.plan_decompress(CudaCodecConfig(), lay.comp_off, stored[zs], lay.out_off[zs], raw[zs], stream)
+        cfg, zs = CudaCodecConfig(), lay.zstd
+        plan = entropy.sized_plan(cfg, *bucketed, stream) if bucketed else \
+            entropy.plan_decompress(cfg, lay.comp_off, stored[zs], lay.out_off[zs], raw[zs], stream)
     return Prepared(lay, lo, hi, plan)
 
 

@@ -21,6 +21,7 @@ from weight_teleport.codec.cuda.digest import word_sums
 from weight_teleport.codec.cuda.live import Live, grouped
 from weight_teleport.codec.cuda.patch import DevicePatch, DeviceTensorPatch, FusedGroup
 from weight_teleport.codec.cuda.stage_sparse import FLAGS, SparseBatch
+from weight_teleport.codec.plan import MAX_CLASSES
 from weight_teleport.errors import DigestMismatchError, PackFormatError, PackMismatchError
 from weight_teleport.format.container import ChunkSpans, crc32_ranges
 
@@ -80,6 +81,14 @@ def _by_type(lives: dict[str, Live], recs) -> list[list]:
     return grouped(recs, lambda r: lives[r.name].info.name)
 
 
+def _n_classes(recs) -> np.ndarray:
+    """Each record's number of classes from its class map's runs, clipped to MAX_CLASSES: the
+    stream tables' walk starts on it before `cpu.class_maps` checks the maps (whose counts a
+    valid map's runs give)."""
+    tops = [max((c for _, c in r.classes), default=0) for r in recs]
+    return np.clip(np.array(tops, np.int64), 0, MAX_CLASSES - 1) + 1
+
+
 _helpers = ThreadPoolExecutor(max_workers=2, thread_name_prefix="weight-teleport-stage")
 """Threads that read a stage call's stream tables while its own thread launches the class
 counts."""
@@ -92,12 +101,15 @@ def _batches(lives: dict[str, Live], groups: list[list], header, spans: ChunkSpa
     read the stream tables while this thread launches every batch's class counts, then
     queues the copy: the CRCs, queued after it, run beside the counts, not at the end of the
     decoding chain."""
-    maps = [cpu.class_maps(rs, lives[rs[0].name].info) for rs in groups]
     cuts = np.cumsum([0] + [sum(len(r.chunks) for r in rs) for rs in groups]).tolist()
+    n_classes = [_n_classes(rs) for rs in groups]
     reads = []
     try:
-        for rs, m, a, b in zip(groups, maps, cuts[:-1], cuts[1:]):
-            reads.append(stage_sparse.StreamsRead(pack, spans.part(a, b), rs, m[2], upload, _helpers))
+        for rs, n, a, b in zip(groups, n_classes, cuts[:-1], cuts[1:]):
+            reads.append(stage_sparse.StreamsRead(pack, spans.part(a, b), rs, n, upload, _helpers))
+        maps = [cpu.class_maps(rs, lives[rs[0].name].info) for rs in groups]
+        if not all(np.array_equal(m[2], n) for m, n in zip(maps, n_classes)):
+            raise PackFormatError("class maps disagree with their classes")  # valid maps never do
         batches = [SparseBatch([lives[r.name] for r in rs], rs, header, m) for rs, m in zip(groups, maps)]
         crcs = None
         if upload is not None:
