@@ -26,6 +26,7 @@ from weight_teleport.format import container
 SPOTS = {
     "stage": [(api, "read_header"), (api, "_lives"), (stage, "_batches"), (stage_sparse.SparseBatch, "__init__"),
               (stage_sparse.StreamsRead, "result"), (stage_sparse.SparseBatch, "decode"), (stage.cpu, "class_maps"),
+              (stage_sparse.SparseBatch, "decompress"),
               (tables, "read"),
               (blocks, "build"), (ranks, "table_counts"), (inflate, "_on_gpu"), (inflate.Upload, "bytes"),
               (inflate, "_upload"), (entropy, "decompress"), (layout, "to_device"), (unsymbols, "decode"),

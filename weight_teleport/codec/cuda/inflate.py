@@ -89,11 +89,6 @@ class Upload:
             self._bytes = Future()
             self._bytes.set_result(self._copy(*self._args))
 
-    def queued(self) -> bool:
-        """Whether the copy is queued on the device, so that `bytes` does not wait for a host
-        thread."""
-        return self._bytes is not None and self._bytes.done()
-
     @staticmethod
     def _copy(pack, lo: int, hi: int, device, pinned, stream) -> tuple[torch.Tensor, torch.cuda.Event]:
         with torch.cuda.stream(stream):

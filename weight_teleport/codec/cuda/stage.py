@@ -21,7 +21,6 @@ from weight_teleport.codec.cuda.digest import word_sums
 from weight_teleport.codec.cuda.live import Live, grouped
 from weight_teleport.codec.cuda.patch import DevicePatch, DeviceTensorPatch, FusedGroup
 from weight_teleport.codec.cuda.stage_sparse import FLAGS, SparseBatch
-from weight_teleport.codec.plan import MAX_CLASSES
 from weight_teleport.errors import DigestMismatchError, PackFormatError, PackMismatchError
 from weight_teleport.format.container import ChunkSpans, crc32_ranges
 
@@ -81,14 +80,6 @@ def _by_type(lives: dict[str, Live], recs) -> list[list]:
     return grouped(recs, lambda r: lives[r.name].info.name)
 
 
-def _n_classes(recs) -> np.ndarray:
-    """Each record's number of classes from its class map's runs, clipped to MAX_CLASSES: the
-    stream tables' walk starts on it before `cpu.class_maps` checks the maps (whose counts a
-    valid map's runs give)."""
-    tops = [max((c for _, c in r.classes), default=0) for r in recs]
-    return np.clip(np.array(tops, np.int64), 0, MAX_CLASSES - 1) + 1
-
-
 _helpers = ThreadPoolExecutor(max_workers=2, thread_name_prefix="weight-teleport-stage")
 """Threads that read a stage call's stream tables while its own thread launches the class
 counts."""
@@ -96,27 +87,26 @@ counts."""
 
 def _batches(lives: dict[str, Live], groups: list[list], header, spans: ChunkSpans, pack, threads,
              upload) -> tuple[list[SparseBatch], torch.Tensor | None]:
-    """(a SparseBatch per group, the chunks' CRC-32s where the pack's copy to the device is
-    queued at once, else None); `spans` holds the groups' chunks end to end. Helper threads
-    read the stream tables while this thread launches every batch's class counts, then
-    queues the copy: the CRCs, queued after it, run beside the counts, not at the end of the
-    decoding chain."""
+    """(a SparseBatch per group, the chunks' CRC-32s where the pack was copied to the device,
+    else None); `spans` holds the groups' chunks end to end. The device runs what is queued
+    in order, each kernel's blocks before the next one's, and the class counts fill it
+    for about 7 ms: they are launched first, then helper threads read the stream tables
+    while the pack's copy is queued, then the decompression is launched, then the CRCs
+    (which run beside it, not ahead of it), then the rest of the decoding."""
+    maps = [cpu.class_maps(rs, lives[rs[0].name].info) for rs in groups]
+    batches = [SparseBatch([lives[r.name] for r in rs], rs, header, m) for rs, m in zip(groups, maps)]
     cuts = np.cumsum([0] + [sum(len(r.chunks) for r in rs) for rs in groups]).tolist()
-    n_classes = [_n_classes(rs) for rs in groups]
     reads = []
     try:
-        for rs, n, a, b in zip(groups, n_classes, cuts[:-1], cuts[1:]):
-            reads.append(stage_sparse.StreamsRead(pack, spans.part(a, b), rs, n, upload, _helpers))
-        maps = [cpu.class_maps(rs, lives[rs[0].name].info) for rs in groups]
-        if not all(np.array_equal(m[2], n) for m, n in zip(maps, n_classes)):
-            raise PackFormatError("class maps disagree with their classes")  # valid maps never do
-        batches = [SparseBatch([lives[r.name] for r in rs], rs, header, m) for rs, m in zip(groups, maps)]
-        crcs = None
+        for rs, m, a, b in zip(groups, maps, cuts[:-1], cuts[1:]):
+            reads.append(stage_sparse.StreamsRead(pack, spans.part(a, b), rs, m[2], upload, _helpers))
         if upload is not None:
             upload.start()
-            crcs = _device_crcs(upload, spans) if upload.queued() else None
         for b, r in zip(batches, reads):
-            b.decode(pack, r.result(b.table.base.device), threads, upload)
+            b.decompress(pack, r.result(b.table.base.device), threads, upload)
+        crcs = _device_crcs(upload, spans) if upload is not None else None
+        for b in batches:
+            b.decode()
     finally:
         wait([r.done for r in reads])  # they fill this thread's arena, which its next call rewinds
     return batches, crcs
@@ -163,8 +153,6 @@ def stage(lives: dict[str, Live], header, pack, check_base: bool, threads: int |
             raise
         if on_host:
             on_host.result()
-    if upload and crcs is None:
-        crcs = _device_crcs(upload, spans)
     patch = _patch(lives, header, batches, dense, check)  # host work while the device decodes
     same = [r for r in header.tensors if r.codec == "same" and check]
     same_sums = word_sums([lives[r.name].tensor for r in same]) if same else None

@@ -107,7 +107,8 @@ class SparseBatch:
     def __init__(self, lives: list[Live], recs: list, header, maps: tuple):
         """The chunk table, the class counts of the live weights and their rank bases, which
         need no byte of the pack: the caller launches them first, then queues the pack's copy
-        to the device, then `decode`s. `maps`: `cpu.class_maps` of the records."""
+        to the device, then `decompress`es and `decode`s. `maps`: `cpu.class_maps` of the
+        records."""
         self.lives, self.recs, self.info = lives, recs, lives[0].info
         luts, inverted, self.n_classes = maps
         self.ncp = ranks.pow2(int(self.n_classes.max()))
@@ -120,14 +121,16 @@ class SparseBatch:
                                                         int(self.n_classes.max()))
         self.base, self.tot = ranks.table_bases(self.counts, self.table)
 
-    def decode(self, pack, streams: Streams, threads: int | None, upload: inflate.Upload | None = None) -> None:
-        """Launches the decoding of the records' streams (`StreamsRead`)."""
-        st = self.streams = streams.table
-        dev = self.table.base.device
-        # the decompression first: the chain of kernels starts there, and the host's work
-        # before its launch is the stage's critical path (the checks after it: 41.8 ms either
-        # way on the H200, 12 alternated calls)
-        inf = inflate.inflate(pack, st, dev, threads, upload, streams.prep)
+    def decompress(self, pack, streams: Streams, threads: int | None, upload: inflate.Upload | None = None) -> None:
+        """Launches the decompression of the records' streams (`StreamsRead`): the chain of
+        kernels starts there, and the host's work before its launch is the stage's critical
+        path (the checks after it: 41.8 ms either way on the H200, 12 alternated calls)."""
+        self.streams = streams.table
+        self._inflated = inflate.inflate(pack, streams.table, self.table.base.device, threads, upload, streams.prep)
+
+    def decode(self) -> None:
+        """Launches the rest of the decoding, after `decompress`."""
+        st, inf, dev = self.streams, self._inflated, self.table.base.device
         self.inverted = self._inv_tensors[self.table.host[:, blocks.TENSOR]].reshape(-1).astype(bool)
         self.res_cnt = np.where(self.inverted, st.raw[:, 2], st.events)
         self._check_lengths()
