@@ -81,8 +81,8 @@ def _by_type(lives: dict[str, Live], recs) -> list[list]:
 
 
 _helpers = ThreadPoolExecutor(max_workers=2, thread_name_prefix="weight-teleport-stage")
-"""Threads that read a stage call's stream tables while its own thread launches the class
-counts."""
+"""Threads that read a stage call's stream tables (`stage_sparse.StreamsRead`) while its own
+thread queues the pack's copy."""
 
 
 def _batches(lives: dict[str, Live], groups: list[list], header, spans: ChunkSpans, pack, threads,

@@ -63,10 +63,11 @@ def _walk(pack, starts, lengths, classes, ncp, events, codec, raw, stored, at, l
 
 class StreamsRead:
     """The stream tables of a batch's chunks and their streams' layout in the decode buffer,
-    read by one compiled walk on a helper thread while the caller launches the class counts.
-    The walk holds no GIL from start to end: a helper that took the GIL between its steps
-    waited for the caller's Python at each (reading the tables took 3.9 ms on a helper
-    thread, 2.8-3.3 ms on the caller's, one H200 host)."""
+    read by one compiled walk on a helper thread while the caller, its class counts
+    launched, queues the pack's copy. The walk holds no GIL from start to end: a helper that
+    took the GIL between its steps waited for the caller's Python at each (reading the
+    tables took 3.9 ms there, against 2.8-3.3 ms on the caller's thread, in timelines on the
+    H200's hosts)."""
 
     def __init__(self, pack, spans: ChunkSpans, recs: list, n_classes: np.ndarray, upload: inflate.Upload | None,
                  pool: Executor):
