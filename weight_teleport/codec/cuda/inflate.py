@@ -176,7 +176,7 @@ def _layout(pack, codec, raw, stored, at, lo: int) -> Layout:
 
 
 class Prepared(NamedTuple):
-    """The host's part of `inflate` (`prepare`)."""
+    """The host's part of `inflate` (`prepare`, `planned`)."""
     layout: Layout
     lo: int
     """The first byte of the pack the upload holds."""
@@ -263,7 +263,8 @@ def inflate(pack, table: StreamTable, device, threads: int | None = None, upload
             prep: Prepared | None = None) -> Inflated:
     """Every stream of `table` decoded into one device buffer (nvCOMP when installed).
     `upload`, started earlier, holds the streams' bytes on the device; without it they are
-    uploaded here. `prep`: `prepare`'s result, made earlier (on another thread)."""
+    uploaded here. `prep`: the layout and plan made already (`prepare`, or `planned` on a
+    layout made elsewhere), else made here."""
     prep = prep or prepare(pack, table, device, upload)
     if entropy.available():
         buf, failed = _on_gpu(pack, prep, device, upload)
