@@ -210,7 +210,7 @@ def test_helper_walk_matches_the_tables_and_layout():
         layout.begin_call()
         layout.arena().empty(1 << 22, np.uint8).fill(0xA5)
         layout.begin_call()
-        read = stage_sparse.StreamsRead(pack, spans, recs, n_classes, None, pool)
+        read = stage_sparse.StreamsRead(pack, spans, recs, n_classes, *spans.bounds(), pool)
         got = read.result("cpu")
         for g, w in zip(got.table.arrays(), want[0]):
             np.testing.assert_array_equal(g, w)
@@ -227,7 +227,7 @@ def test_helper_walk_matches_the_tables_and_layout():
         assert read.bucketed[1] == ranges
         np.testing.assert_array_equal(read.bucketed[2], rows)
         short = ChunkSpans(spans.starts, np.minimum(spans.lengths, 3), spans.crcs, spans.payload_offset)
-        read = stage_sparse.StreamsRead(pack, short, recs, n_classes, None, pool)
+        read = stage_sparse.StreamsRead(pack, short, recs, n_classes, *short.bounds(), pool)
         with pytest.raises(PackFormatError, match="chunk table"):
             read.result("cpu")
 

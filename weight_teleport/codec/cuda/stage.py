@@ -21,6 +21,7 @@ from weight_teleport.codec.cuda.digest import word_sums
 from weight_teleport.codec.cuda.live import Live, grouped
 from weight_teleport.codec.cuda.patch import DevicePatch, DeviceTensorPatch, FusedGroup
 from weight_teleport.codec.cuda.stage_sparse import FLAGS, SparseBatch
+from weight_teleport.codec.plan import MAX_CLASSES
 from weight_teleport.errors import DigestMismatchError, PackFormatError, PackMismatchError
 from weight_teleport.format.container import ChunkSpans, crc32_ranges
 
@@ -82,33 +83,47 @@ def _by_type(lives: dict[str, Live], recs) -> list[list]:
 
 _helpers = ThreadPoolExecutor(max_workers=2, thread_name_prefix="weight-teleport-stage")
 """Threads that read a stage call's stream tables (`stage_sparse.StreamsRead`) while its own
-thread queues the pack's copy."""
+thread launches the class counts."""
 
 
-def _batches(lives: dict[str, Live], groups: list[list], header, spans: ChunkSpans, pack, threads,
-             upload) -> tuple[list[SparseBatch], torch.Tensor | None]:
-    """(a SparseBatch per group, the chunks' CRC-32s where the pack was copied to the device,
-    else None); `spans` holds the groups' chunks end to end. The device runs what is queued
-    in order, each kernel's blocks before the next one's, and the class counts fill it
-    for about 7 ms: they are launched first, then helper threads read the stream tables
-    while the pack's copy is queued, then the decompression is launched, then the CRCs
-    (which run beside it, not ahead of it), then the rest of the decoding."""
-    maps = [cpu.class_maps(rs, lives[rs[0].name].info) for rs in groups]
-    batches = [SparseBatch([lives[r.name] for r in rs], rs, header, m) for rs, m in zip(groups, maps)]
+def _n_classes(recs) -> np.ndarray:
+    """Each record's number of classes from its class map's runs (clipped to MAX_CLASSES):
+    the stream tables' walk starts on them before `cpu.class_maps` checks the maps, whose
+    counts a valid map's runs give."""
+    tops = [max((c for _, c in r.classes), default=0) for r in recs]
+    return np.clip(np.array(tops, np.int64), 0, MAX_CLASSES - 1) + 1
+
+
+def _start_reads(pack, groups: list[list], spans: ChunkSpans, uploaded: bool, reads: list) -> None:
+    """Starts each group's stream-table walk on a helper thread (into `reads`); `spans`
+    holds the groups' chunks end to end, `uploaded`: all of them go to the device in one
+    `inflate.Upload`."""
     cuts = np.cumsum([0] + [sum(len(r.chunks) for r in rs) for rs in groups]).tolist()
-    reads = []
-    try:
-        for rs, m, a, b in zip(groups, maps, cuts[:-1], cuts[1:]):
-            reads.append(stage_sparse.StreamsRead(pack, spans.part(a, b), rs, m[2], upload, _helpers))
-        if upload is not None:
-            upload.start()
-        for b, r in zip(batches, reads):
-            b.decompress(pack, r.result(b.table.base.device), threads, upload)
-        crcs = _device_crcs(upload, spans) if upload is not None else None
-        for b in batches:
-            b.decode()
-    finally:
-        wait([r.done for r in reads])  # they fill this thread's arena, which its next call rewinds
+    for rs, a, b in zip(groups, cuts[:-1], cuts[1:]):
+        part = spans.part(a, b)
+        lo, hi = (spans.bounds()[0], None) if uploaded else part.bounds()
+        reads.append(stage_sparse.StreamsRead(pack, part, rs, _n_classes(rs), lo, hi, _helpers))
+
+
+def _batches(lives: dict[str, Live], groups: list[list], header, spans: ChunkSpans, pack, threads, upload,
+             reads: list) -> tuple[list[SparseBatch], torch.Tensor | None]:
+    """(a SparseBatch per group, the chunks' CRC-32s where the pack was copied to the device,
+    else None); `reads`: the groups' stream-table walks (`_start_reads`). The device runs
+    what is queued in order, each kernel's blocks before the next one's, and the class
+    counts fill it for about 7 ms: they are launched first, then the pack's copy is queued,
+    then the decompression is launched once the walk is done, then the CRCs (which run
+    beside it, not ahead of it), then the rest of the decoding."""
+    maps = [cpu.class_maps(rs, lives[rs[0].name].info) for rs in groups]
+    if not all(np.array_equal(m[2], r.n_classes) for m, r in zip(maps, reads)):
+        raise PackFormatError("class maps disagree with their classes")  # valid maps never do
+    batches = [SparseBatch([lives[r.name] for r in rs], rs, header, m) for rs, m in zip(groups, maps)]
+    if upload is not None:
+        upload.start()
+    for b, r in zip(batches, reads):
+        b.decompress(pack, r.result(b.table.base.device), threads, upload)
+    crcs = _device_crcs(upload, spans) if upload is not None else None
+    for b in batches:
+        b.decode()
     return batches, crcs
 
 
@@ -125,34 +140,46 @@ def _read_back(batches: list[SparseBatch], same_sums: torch.Tensor | None, crcs:
     return host[:n].reshape(-1, 3), sums, None if crcs is None else host[host.size - n_crcs:].tolist()
 
 
-def stage(lives: dict[str, Live], header, pack, check_base: bool, threads: int | None) -> DevicePatch:
-    """Decode and verify every chunk against the live weights; nothing is written."""
-    layout.begin_call()
-    check = check_base and header.kind == "delta"
-    sparse_recs = [r for r in header.tensors if r.codec == "sparse"]
-    dense = _dense(lives, [r for r in header.tensors if r.codec not in ("sparse", "same")], header, pack,
-                   check, threads)
-    # the sparse chunks' bytes go to the device on a host thread while this thread reads the
-    # stream tables and the GPU decodes; their CRC-32s are computed there from the uploaded
-    # bytes (on host threads where nvCOMP is missing and the GPU gets decoded streams instead)
-    # and checked first after the one read-back: nothing is written before they pass, and a
-    # corrupt chunk is reported as such, whatever else it broke
-    groups = _by_type(lives, sparse_recs)
-    spans = ChunkSpans.of(header, [r for rs in groups for r in rs])
+def _launched(lives: dict[str, Live], groups: list[list], header, spans: ChunkSpans, pack, threads,
+              reads: list) -> tuple[list[SparseBatch], torch.Tensor | None]:
+    """`_batches`, with the pack's bytes on their way to the device."""
+    # the sparse chunks' bytes go to the device on a host thread while this thread launches
+    # the class counts; their CRC-32s are computed there from the uploaded bytes (on host
+    # threads where nvCOMP is missing and the GPU gets decoded streams instead) and checked
+    # first after the one read-back: nothing is written before they pass, and a corrupt
+    # chunk is reported as such, whatever else it broke
     with ThreadPoolExecutor(max_workers=1) as pool:
         upload, on_host = None, None
-        if sparse_recs and entropy.available():
-            device = lives[sparse_recs[0].name].tensor.device
+        if groups and entropy.available():
+            device = lives[groups[0][0].name].tensor.device
             upload = inflate.Upload(pack, *spans.bounds(), device, pool)  # past the pack: raises, as the CRCs do
         else:
             on_host = pool.submit(_check_crcs, pack, spans, threads)
         try:
-            batches, crcs = _batches(lives, groups, header, spans, pack, threads, upload)
+            batches, crcs = _batches(lives, groups, header, spans, pack, threads, upload, reads)
         except Exception:
             _check_crcs(pack, spans, threads)  # bytes that fail their CRC explain any error
             raise
         if on_host:
             on_host.result()
+    return batches, crcs
+
+
+def stage(lives: dict[str, Live], header, pack, check_base: bool, threads: int | None) -> DevicePatch:
+    """Decode and verify every chunk against the live weights; nothing is written."""
+    layout.begin_call()
+    check = check_base and header.kind == "delta"
+    sparse_recs = [r for r in header.tensors if r.codec == "sparse"]
+    groups = _by_type(lives, sparse_recs)
+    spans = ChunkSpans.of(header, [r for rs in groups for r in rs])
+    reads: list = []
+    try:
+        _start_reads(pack, groups, spans, bool(sparse_recs) and entropy.available(), reads)
+        dense = _dense(lives, [r for r in header.tensors if r.codec not in ("sparse", "same")], header, pack,
+                       check, threads)
+        batches, crcs = _launched(lives, groups, header, spans, pack, threads, reads)
+    finally:
+        wait([r.done for r in reads])  # they fill this thread's arena, which its next call rewinds
     patch = _patch(lives, header, batches, dense, check)  # host work while the device decodes
     same = [r for r in header.tensors if r.codec == "same" and check]
     same_sums = word_sums([lives[r.name].tensor for r in same]) if same else None

@@ -63,23 +63,25 @@ def _walk(pack, starts, lengths, classes, ncp, events, codec, raw, stored, at, l
 
 class StreamsRead:
     """The stream tables of a batch's chunks and their streams' layout in the decode buffer,
-    read by one compiled walk on a helper thread while the caller, its class counts
-    launched, queues the pack's copy. The walk holds no GIL from start to end: a helper that
+    read by one compiled walk on a helper thread from the start of a stage call, while the
+    caller launches the class counts. The walk holds no GIL from start to end: a helper that
     took the GIL between its steps waited for the caller's Python at each (reading the
     tables took 3.9 ms there, against 2.8-3.3 ms on the caller's thread, in timelines on the
     H200's hosts)."""
 
-    def __init__(self, pack, spans: ChunkSpans, recs: list, n_classes: np.ndarray, upload: inflate.Upload | None,
+    def __init__(self, pack, spans: ChunkSpans, recs: list, n_classes: np.ndarray, lo: int, hi: int | None,
                  pool: Executor):
         """Starts the walk over the records' chunks (`spans`, in order; `n_classes` classes
-        per record); its arrays are the calling thread's temporaries (`layout.arena`)."""
+        per record) on `pool`; its arrays are the calling thread's temporaries
+        (`layout.arena`). [lo, hi) are the pack's bytes that go to the device (hi None: an
+        `inflate.Upload` of them from `lo`)."""
         tables.check_lengths(spans.lengths)
         # read_header has checked that each record has the chunks its shape needs, and
         # _lives that each shape is its live tensor's: chunk i is the chunk table's row i
         k = np.repeat(n_classes, [len(r.chunks) for r in recs])
         ncp = ranks.pow2(int(n_classes.max()))
         self.pack, self.table = pack, tables.empty(spans.starts.size, ncp, zeros=False)
-        self.lo, self.hi = (upload.lo, None) if upload else spans.bounds()
+        self.n_classes, self.lo, self.hi = n_classes, lo, hi
         n = self.table.codec.size
         self.arrays = inflate.layout_arrays(n)
         arena = layout.arena()
