@@ -69,8 +69,10 @@ class ChunkRef(NamedTuple):
     """CRC-32 (zlib) of the chunk bytes."""
 
 
-@dataclass
-class TensorRecord:
+class TensorRecord(msgspec.Struct):
+    """One tensor of a pack's header. A msgspec Struct: the header's thousands of fields
+    decode into it straight from the JSON (1.0 ms into a dataclass against 0.72 ms into a
+    Struct for a Qwen3-8B-structured header on the development machine)."""
     name: str
     dtype: str
     shape: tuple[int, ...]
@@ -82,12 +84,12 @@ class TensorRecord:
     """Digest of the base tensor's bytes (deltas only)."""
     changed: int = 0
     """Number of elements whose bit pattern changed (deltas) or all elements (snapshots)."""
-    classes: list[tuple[int, int]] = field(default_factory=list)
+    classes: list[tuple[int, int]] = msgspec.field(default_factory=list)
     """Context class map as runs (first key, class): key k maps to the class of the last run
     whose first key is <= k. Sparse codec only."""
-    inverted: list[int] = field(default_factory=list)
+    inverted: list[int] = msgspec.field(default_factory=list)
     """Classes whose event stream lists the unchanged elements instead of the changed ones."""
-    chunks: list[ChunkRef] = field(default_factory=list)
+    chunks: list[ChunkRef] = msgspec.field(default_factory=list)
     """Read from a pack: ChunkRefs. A writer may give plain (offset, length, crc32) tuples,
     which are written the same (the CUDA encoder does)."""
 
