@@ -151,9 +151,9 @@ def inflate_orchestration() -> list[str]:
         def host(self):
             return torch.tensor(self.sizes, dtype=torch.int64), torch.zeros(len(self.sizes), dtype=torch.int32)
 
-    def plan_decompress(cfg, offsets, stored, dst_offsets, raw, stream):
+    def plan_decompress(cfg, offsets, stored, dst_offsets, raw, stream, codec=None):
         table = np.stack([offsets, stored, raw, dst_offsets]).astype(np.int64)
-        return entropy.DecompressPlan(np.arange(raw.size), [(0, raw.size)], [0], table)
+        return entropy.DecompressPlan(np.arange(raw.size), [(0, raw.size, "zstd")], [0], table)
 
     def decompress(cfg, src, dst, plan):
         sizes = []

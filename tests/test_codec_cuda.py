@@ -159,6 +159,66 @@ def test_gpu_only_stream_codec_is_refused_on_cpu():
         wt.apply_delta(clone_state(old), pack)
 
 
+def _gpu_only_pack(algorithm):
+    from weight_teleport.codec.cuda import entropy
+    if not entropy.available():
+        pytest.skip("nvCOMP (nvidia-libnvcomp-cu13) is not installed")
+    old, new = _pair(5, torch.bfloat16, "density", 0.1, shape=(600, 96))
+    old["f"], new["f"] = (t["w"].float() for t in (old, new))
+    pack = wt.encode_delta(_cuda(old), _cuda(new), base_version=0, version=1, chunk_elems=4096,
+                           cuda=CudaCodecConfig(algorithm=algorithm))
+    return old, new, pack
+
+
+@pytest.mark.parametrize("algorithm", ["lz4", "ans"])
+def test_gpu_only_stream_codecs_stage_on_gpu(algorithm, monkeypatch):
+    """Packs of the GPU-only stream codecs decode bit-exactly onto CUDA weights with either
+    of nvCOMP's software backends; a corrupt chunk under a valid CRC is refused with the
+    weights untouched; without nvCOMP they are refused with the install command."""
+    from weight_teleport.codec import streams as codecs
+    from weight_teleport.codec.cuda import entropy
+    old, new, pack = _gpu_only_pack(algorithm)
+    header = read_header(pack)
+    assert codecs.NAMES[entropy.CODEC_ID[algorithm]] in header.stream_codecs
+    used = {s.codec for t in header.tensors for c in t.chunks
+            for g in read_groups(pack[header.payload_offset + c.offset:][:c.length]) for s in g.streams}
+    assert entropy.CODEC_ID[algorithm] in used
+    for backend in ("default", "cuda"):
+        state = _cuda(old)
+        wt.apply_delta(state, pack, cuda=CudaCodecConfig(decompress_backend=backend))
+        assert_bits_equal(_cpu(state), new)
+    n_chunks = sum(len(t.chunks) for t in header.tensors)
+    refused = 0
+    for ci in range(n_chunks):
+        def mutate(i, c, ci=ci):
+            if i == ci:
+                c[len(c) - 5] ^= 0x41  # in the chunk's last stream
+        state = _cuda(old)
+        try:
+            wt.apply_delta(state, with_renewed_crcs(pack, mutate))
+        except WeightTeleportError:
+            refused += 1
+            assert_bits_equal(_cpu(state), old)
+        else:
+            assert_bits_equal(_cpu(state), new)
+    assert refused >= n_chunks // 2
+    monkeypatch.setattr(entropy, "available", lambda: False)
+    with pytest.raises(UnsupportedFormatError, match=r"weight-teleport\[cuda\]"):
+        wt.apply_delta(_cuda(old), pack)
+
+
+@pytest.mark.skipif(torch.cuda.is_available() and torch.cuda.get_device_capability()[0] >= 10,
+                    reason="Blackwell has the decompression engine")
+def test_hardware_decompression_backend_raises_before_blackwell():
+    """nvCOMP's hardware backend (Blackwell's decompression engine) refuses to run on an
+    older GPU: the stage raises and writes nothing."""
+    old, new, pack = _gpu_only_pack("lz4")
+    state = _cuda(old)
+    with pytest.raises(RuntimeError, match="nvcompStatus"):
+        wt.apply_delta(state, pack, cuda=CudaCodecConfig(decompress_backend="hardware"))
+    assert_bits_equal(_cpu(state), old)
+
+
 @pytest.mark.parametrize("chunk", [8, 24, 4096, 1 << 22])
 def test_cross_decoding_both_ways(chunk):
     old, new = _pair(3, torch.bfloat16, "density", 0.03, "random", shape=(300, 77))

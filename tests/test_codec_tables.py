@@ -116,7 +116,7 @@ def _plan_reference(codec, raw, stored, at, lo):
     from weight_teleport.codec.cuda.inflate import A
     slots = lambda n: (np.cumsum(-(-n // A) * A) - -(-n // A) * A, int((-(-n // A) * A).sum()))
     out_off, out_total = slots(raw)
-    zs = codec == codecs.ZSTD
+    zs = np.isin(codec, [codecs.ZSTD, codecs.LZ4, codecs.NVCOMP_ANS])
     comp_off, comp_total = slots(stored[zs])
     dst = out_off.copy()
     dst[zs] = comp_off + out_total
@@ -126,10 +126,11 @@ def _plan_reference(codec, raw, stored, at, lo):
 
 
 def test_inflate_layout_matches_the_vectorised_layout():
-    """The stage's buffer layout (slots, copies, zstd streams) from one compiled walk, against
-    the numpy computation it replaced, on real stream tables and random ones. A stream the
-    walk refuses (an unknown codec, a raw stream of another length than its table's, an
-    empty zstd stream either way) raises the CPU decoder's error for it."""
+    """The stage's buffer layout (slots, copies, coded streams: zstd and the GPU-only lz4 and
+    nvcomp-ans) from one compiled walk, against the numpy computation it replaced, on real
+    stream tables and random ones. A stream the walk refuses (an unknown codec, a raw stream
+    of another length than its table's, a coded stream empty either way) raises the CPU
+    decoder's error for it (for lz4 and nvcomp-ans, which the CPU does not decode, its own)."""
     from weight_teleport.codec import streams as codecs
     from weight_teleport.codec.cuda import inflate
     old, new = make_pair(14, torch.float32, (300, 41), "weights", "density", "ulp", 0.3)
@@ -139,28 +140,30 @@ def test_inflate_layout_matches_the_vectorised_layout():
     rng = np.random.default_rng(5)
     cases = [(st.codec.ravel(), st.raw.ravel(), st.stored.ravel(), st.at.ravel())]
     for n in (0, 1, 7, 1000):
-        codec = rng.integers(0, 2, n)
+        codec = rng.integers(0, 4, n)
         stored = rng.integers(0, 300, n) * (rng.random(n) < 0.7)
-        raw = np.where(codec == codecs.ZSTD, rng.integers(1, 5000, n), stored)
-        stored = np.where(codec == codecs.ZSTD, np.maximum(stored, 1), stored)
+        raw = np.where(codec != codecs.RAW, rng.integers(1, 5000, n), stored)
+        stored = np.where(codec != codecs.RAW, np.maximum(stored, 1), stored)
         cases.append((codec, raw, stored, np.cumsum(stored) - stored + 7))
     for codec, raw, stored, at in cases:
         lo = int(at.min()) if at.size else 0
         got, want = inflate._layout(pack, codec, raw, stored, at, lo), _plan_reference(codec, raw, stored, at, lo)
         assert (got.out_total, got.comp_total) == want[1:3]
-        for g, w in zip((got.out_off, got.copies, got.zstd, got.comp_off), want[:1] + want[3:]):
+        for g, w in zip((got.out_off, got.copies, got.coded, got.comp_off), want[:1] + want[3:]):
             np.testing.assert_array_equal(g, w)
     codec, raw, stored, at = cases[-1]
     blob = bytes(int(at[-1] + stored[-1]))
     for bad, message in (("unknown codec", "stream codec"), ("raw length", "raw stream holds"),
-                         ("empty zstd", "empty zstd stream"), ("zstd of no bytes", "zstd stream is corrupted")):
+                         ("empty zstd", "empty zstd stream"), ("zstd of no bytes", "zstd stream is corrupted"),
+                         ("empty lz4", "lz4 stream is empty"), ("nvcomp-ans of no bytes", "nvcomp-ans stream is empty")):
         c, r, s = codec.copy(), raw.copy(), stored.copy()
-        i = int(np.flatnonzero(c == (codecs.RAW if bad == "raw length" else codecs.ZSTD))[3])
+        which = {"raw length": codecs.RAW, "empty lz4": codecs.LZ4, "nvcomp-ans of no bytes": codecs.NVCOMP_ANS}
+        i = int(np.flatnonzero(c == which.get(bad, codecs.ZSTD))[3])
         if bad == "unknown codec":
             c[i] = 9
         elif bad == "raw length":
             r[i] = s[i] + 1
-        elif bad == "empty zstd":
+        elif bad in ("empty zstd", "empty lz4"):
             r[i] = 0
         else:
             s[i] = 0
@@ -172,19 +175,26 @@ def test_inflate_layout_matches_the_vectorised_layout():
 
 
 def test_size_buckets_are_powers_of_four():
-    """nvCOMP's size buckets (entropy._buckets, a compiled counting sort): streams grouped
-    by ceil(log4(length)) (0 for lengths 0 and 1), in a stable order, against numpy's."""
+    """nvCOMP's groups of streams (entropy._buckets, a compiled counting sort): by codec
+    (zstd, lz4, nvcomp-ans), then by ceil(log4(length)) (0 for lengths 0 and 1), in a stable
+    order, against numpy's; a codec nvCOMP does not decode is refused."""
+    from weight_teleport.codec import streams as codecs
     from weight_teleport.codec.cuda import entropy
     rng = np.random.default_rng(8)
     for n in (0, 1, 9, 5000):
         lengths = np.concatenate([rng.integers(0, 1 << int(rng.integers(1, 41)), n),
                                   [0, 1, 2, 3, 4, 5, 15, 16, 17, 1 << 40, (1 << 40) + 1, 1 << 47]]).astype(np.int64)
-        key = np.ceil(np.log2(np.maximum(lengths, 1)) / 2).astype(np.int64)
-        order = np.argsort(key, kind="stable")
-        bounds = np.concatenate([[0], np.flatnonzero(np.diff(key[order])) + 1, [lengths.size]]).tolist()
-        got = entropy._buckets(lengths)
-        np.testing.assert_array_equal(got[0], order)
-        assert got[1] == list(zip(bounds[:-1], bounds[1:]))
+        for codec in (None, rng.choice([codecs.ZSTD, codecs.LZ4, codecs.NVCOMP_ANS], lengths.size)):
+            group = np.zeros(lengths.size, np.int64) if codec is None else codec - codecs.ZSTD
+            key = group * entropy.MAX_BUCKETS + np.ceil(np.log2(np.maximum(lengths, 1)) / 2).astype(np.int64)
+            order = np.argsort(key, kind="stable")
+            bounds = np.concatenate([[0], np.flatnonzero(np.diff(key[order])) + 1, [lengths.size]]).tolist()
+            names = [("zstd", "lz4", "ans")[k // entropy.MAX_BUCKETS] for k in key[order][bounds[:-1]]]
+            got = entropy._buckets(lengths, codec)
+            np.testing.assert_array_equal(got[0], order)
+            assert got[1] == list(zip(bounds[:-1], bounds[1:], names))
+    with pytest.raises(ValueError, match="nvCOMP"):
+        entropy._buckets(np.ones(3, np.int64), np.array([codecs.ZSTD, codecs.RAW, codecs.LZ4]))
 
 
 def test_helper_walk_matches_the_tables_and_layout():
@@ -219,8 +229,8 @@ def test_helper_walk_matches_the_tables_and_layout():
                 g, w = g + [got.prep.lo, 0, 0], w + [want[1].lo, 0, 0]
             np.testing.assert_array_equal(g, w)
         assert got.prep.lo == spans.bounds()[0] and got.prep.hi == spans.bounds()[1]
-        lay, zs = got.prep.layout, got.prep.layout.zstd
-        order, ranges = entropy._buckets(raw := st.raw.ravel()[zs])
+        lay, zs = got.prep.layout, got.prep.layout.coded
+        order, ranges = entropy._buckets(raw := st.raw.ravel()[zs], st.codec.ravel()[zs])
         assert zs.size and len(ranges) > 1
         rows = np.stack([lay.comp_off, st.stored.ravel()[zs], raw, lay.out_off[zs]])[:, order]
         np.testing.assert_array_equal(read.bucketed[0], order)

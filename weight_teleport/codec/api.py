@@ -6,12 +6,11 @@ from collections.abc import Iterable, Mapping, MutableMapping
 import numpy as np
 import torch
 
-from weight_teleport.codec import streams
 from weight_teleport.codec.cpu import backend as cpu
 from weight_teleport.codec.dtypes import BY_NAME, dtype_info
 from weight_teleport.codec.patch import ApplyReport, StagedPatch
 from weight_teleport.codec.plan import DEFAULT_CHUNK_ELEMS, check_chunk_elems
-from weight_teleport.errors import PackMismatchError, UnsupportedFormatError
+from weight_teleport.errors import PackMismatchError
 from weight_teleport.format import PackHeader, read_header, write_pack, write_pack_into
 from weight_teleport.format.container import collections_paused
 
@@ -107,14 +106,6 @@ def encode_snapshot(state: Mapping[str, torch.Tensor], *, version: int,
     return _pack("snapshot", _items(state, None), int(version), None, chunk_elems, level, threads, pinned=pinned)
 
 
-def _check_readable(header: PackHeader) -> None:
-    unknown = set(header.stream_codecs) - {streams.NAMES[c] for c in streams.CPU_READABLE}
-    if unknown:
-        raise UnsupportedFormatError(
-            f"pack uses stream codecs {sorted(unknown)} that the CPU cannot decode; ask its writer "
-            "for portable packs (CudaCodecConfig(algorithm='zstd'), the default)")
-
-
 def _lives(state: Mapping[str, torch.Tensor], header: PackHeader, strict: bool):
     missing = [t.name for t in header.tensors if t.name not in state]
     if missing:
@@ -147,7 +138,7 @@ def pinned_pack(pack) -> np.ndarray:
 @collections_paused()
 def stage_delta(state: Mapping[str, torch.Tensor], pack: bytes, *, base_version: int | None = None,
                 check_base: bool = True, strict: bool = True, threads: int | None = None,
-                device_budget: int | None = None) -> StagedPatch:
+                device_budget: int | None = None, cuda=None) -> StagedPatch:
     """Decode and verify a pack against `state` without writing anything.
 
     Checks the container (checksums), that the pack fits the state (names, shapes, dtypes,
@@ -160,14 +151,24 @@ def stage_delta(state: Mapping[str, torch.Tensor], pack: bytes, *, base_version:
     back, a longer pause); None keeps it in device memory. CPU patches live on the host.
 
     `pack` is any bytes-like object; one in pinned host memory (`pinned_pack`) is copied to
-    CUDA weights' device with no host copy first."""
+    CUDA weights' device with no host copy first.
+
+    CUDA weights decode every stream codec a pack may use with nvCOMP, the GPU-only ones
+    (lz4, nvcomp-ans) too; `cuda`, a `CudaCodecConfig`, picks nvCOMP's decompression backend
+    (`decompress_backend`; its `algorithm` is ignored: each stream names its codec). CPU
+    weights decode the portable codecs (raw, zstd) and refuse the others."""
     header = read_header(pack)
-    _check_readable(header)
     if header.kind == "delta" and base_version is not None and header.base_version != base_version:
         raise PackMismatchError(f"pack applies to version {header.base_version}, the state is at "
                                 f"version {base_version}")
     backend, lives = _lives(state, header, strict)
-    staged = backend.stage(lives, header, pack, check_base and header.kind == "delta", threads)
+    backend.check_readable(header.stream_codecs)
+    if backend is cpu:
+        if cuda is not None:
+            raise ValueError("a CUDA codec configuration was given for CPU tensors; leave `cuda` unset")
+        staged = backend.stage(lives, header, pack, check_base and header.kind == "delta", threads)
+    else:
+        staged = backend.stage(lives, header, pack, check_base and header.kind == "delta", threads, config=cuda)
     if device_budget is not None and staged.nbytes > device_budget:
         staged.offload()
     return staged
@@ -184,14 +185,14 @@ def apply_staged(state: MutableMapping[str, torch.Tensor], staged: StagedPatch,
 
 def apply_delta(state: MutableMapping[str, torch.Tensor], pack: bytes, *,
                 base_version: int | None = None, check_base: bool = True, strict: bool = True,
-                threads: int | None = None) -> ApplyReport:
+                threads: int | None = None, cuda=None) -> ApplyReport:
     """Patch `state` in place with a delta (or overwrite it with a snapshot) pack.
 
     Everything is decoded and verified first (see stage_delta); a pack that does not fit
     raises before any tensor is modified."""
     t0 = time.perf_counter()
     staged = stage_delta(state, pack, base_version=base_version, check_base=check_base,
-                         strict=strict, threads=threads)
+                         strict=strict, threads=threads, cuda=cuda)
     t1 = time.perf_counter()
     apply_staged(state, staged, threads)
     t2 = time.perf_counter()

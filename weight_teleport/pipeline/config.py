@@ -65,6 +65,10 @@ class SubscriberConfig:
     device_staged_bytes: int | None = None
     """CUDA targets: a staged patch larger than this is held in pinned host memory instead
     of device memory (`stage_delta`'s `device_budget`); None keeps patches on the device."""
+    decompress_backend: str = "default"
+    """CUDA targets: nvCOMP's decompression backend (`CudaCodecConfig.decompress_backend`):
+    "default", "cuda", or "hardware" (Blackwell's decompression engine, for LZ4 packs;
+    it raises on older GPUs)."""
     watch_timeout_s: float = 5.0
     """Longest single wait for a new manifest before checking again."""
     fetch_attempts: int = 3

@@ -40,7 +40,7 @@ class Subscriber:
                         "checkpoint view to decode against, so it starts from an anchor", initial)
             initial = None
         self.stats = SubscriberStats()
-        self._stager = Stager(view, config.threads, config.device_staged_bytes)
+        self._stager = Stager(view, config.threads, config.device_staged_bytes, config.decompress_backend)
         self._pending: list[tuple[Entry, StagedPatch]] = []
         self._events: list[str] = []
         self._resynced = self._applying = self._closed = False

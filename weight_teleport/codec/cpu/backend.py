@@ -9,13 +9,14 @@ import numpy as np
 import torch
 
 from weight_teleport.codec import digest as D
+from weight_teleport.codec import streams
 from weight_teleport.codec.cpu import chunks as C
 from weight_teleport.codec.cpu import kernels as K
 from weight_teleport.codec.dtypes import BY_NAME, DtypeInfo, as_uint
 from weight_teleport.codec.patch import ChunkPatch, StagedPatch, TensorPatch
 from weight_teleport.codec.plan import (MAX_CLASSES, SPARSE_MAX_DENSITY, ClassMapError, chunk_ranges, plan_classes,
                                         runs_to_luts)
-from weight_teleport.errors import DigestMismatchError, PackFormatError, PackMismatchError
+from weight_teleport.errors import DigestMismatchError, PackFormatError, PackMismatchError, UnsupportedFormatError
 from weight_teleport.format import ChunkRef, PackHeader, TensorRecord, chunk_payload
 
 DENSE_CODECS = ("dense_residual", "dense_values")
@@ -178,6 +179,15 @@ def _stage_chunk(live: Live, rec: TensorRecord, ref: ChunkRef, start: int, stop:
     if header.kind == "snapshot":
         return ChunkPatch(start, None, values), s_old, s_new
     return ChunkPatch(start, None, values), s_old, s_new - s_old
+
+
+def check_readable(stream_codecs: list[str]) -> None:
+    """UnsupportedFormatError unless the CPU decodes every stream codec named."""
+    unknown = set(stream_codecs) - {streams.NAMES[c] for c in streams.CPU_READABLE}
+    if unknown:
+        raise UnsupportedFormatError(
+            f"pack uses stream codecs {sorted(unknown)} that the CPU cannot decode; stage it onto CUDA "
+            "weights, or ask its writer for portable packs (CudaCodecConfig(algorithm='zstd'), the default)")
 
 
 def stage(lives: dict[str, Live], header: PackHeader, pack, check_base: bool, threads: int | None):

@@ -2,6 +2,7 @@
 
 from weight_teleport.codec import digest as D
 from weight_teleport.codec import streams
+from weight_teleport.codec.cuda import entropy
 from weight_teleport.codec.cuda.apply import apply
 from weight_teleport.codec.cuda.chunk_bytes import CODEC_ID
 from weight_teleport.codec.cuda.config import CudaCodecConfig
@@ -9,6 +10,7 @@ from weight_teleport.codec.cuda.digest import digest as _digest
 from weight_teleport.codec.cuda.encode import DEFAULT_CONFIG, encode
 from weight_teleport.codec.cuda.live import EncodeItem, Live
 from weight_teleport.codec.cuda.stage import stage
+from weight_teleport.errors import UnsupportedFormatError
 
 item = EncodeItem.of
 
@@ -18,9 +20,23 @@ def digest(tensor) -> str:
     return D.to_hex(_digest(tensor))
 
 
+def check_readable(stream_codecs: list[str]) -> None:
+    """UnsupportedFormatError unless every stream codec named decodes here: the portable ones
+    always (the CPU's zstd where nvCOMP is missing), the GPU-only ones with nvCOMP."""
+    gpu_only = {streams.NAMES[c] for c in entropy.CODED} - {streams.NAMES[c] for c in streams.CPU_READABLE}
+    unknown = set(stream_codecs) - gpu_only - {streams.NAMES[c] for c in streams.CPU_READABLE}
+    if unknown:
+        raise UnsupportedFormatError(f"pack uses stream codecs {sorted(unknown)} that this build cannot decode; "
+                                     "upgrade weight-teleport to read it")
+    if set(stream_codecs) & gpu_only and not entropy.available():
+        raise UnsupportedFormatError(f"pack uses the GPU-only stream codecs {sorted(set(stream_codecs) & gpu_only)}, "
+                                     "which need nvCOMP: pip install 'weight-teleport[cuda]'")
+
+
 def extra_stream_codecs(config: CudaCodecConfig) -> list[str]:
     """Stream codec names a pack written with `config` may use beyond raw and zstd."""
     return [] if config.portable else [streams.NAMES[CODEC_ID[config.algorithm]]]
 
 
-__all__ = ["DEFAULT_CONFIG", "EncodeItem", "Live", "apply", "digest", "encode", "extra_stream_codecs", "item", "stage"]
+__all__ = ["DEFAULT_CONFIG", "EncodeItem", "Live", "apply", "check_readable", "digest", "encode", "extra_stream_codecs",
+           "item", "stage"]

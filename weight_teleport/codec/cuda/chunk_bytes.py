@@ -22,7 +22,7 @@ from weight_teleport.codec.huffman_frames import BLOCK_BYTES
 
 MIN_CODED = 16
 """Streams shorter than this are stored raw (as the CPU backend does)."""
-CODEC_ID = {"zstd": codecs.ZSTD, "lz4": codecs.LZ4, "ans": codecs.NVCOMP_ANS}
+CODEC_ID = entropy.CODEC_ID
 
 
 @dataclass

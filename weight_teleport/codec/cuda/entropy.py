@@ -7,7 +7,7 @@ its scratch by the largest input of a call."""
 import ctypes
 import importlib.util
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from pathlib import Path
 
@@ -15,6 +15,7 @@ import numpy as np
 import torch
 from numba import njit
 
+from weight_teleport.codec import streams as codecs
 from weight_teleport.codec.cuda import layout
 from weight_teleport.codec.cuda.config import CudaCodecConfig
 
@@ -69,6 +70,13 @@ def _decompress_opts(cfg: CudaCodecConfig) -> _Opts:
 
 MAX_BUCKETS = 33
 """Size buckets of streams below 2^64 bytes."""
+CODED = (codecs.ZSTD, codecs.LZ4, codecs.NVCOMP_ANS)
+"""The stream codecs nvCOMP decodes, as the groups of a decompression (`bucket_sort`)."""
+CODEC_ID = {"zstd": codecs.ZSTD, "lz4": codecs.LZ4, "ans": codecs.NVCOMP_ANS}
+"""The stream codec id of each nvCOMP algorithm (CudaCodecConfig.algorithm)."""
+ALGORITHM = {i: a for a, i in CODEC_ID.items()}
+_GROUP = np.full(max(CODED) + 1, -1, np.int64)
+_GROUP[list(CODED)] = np.arange(len(CODED))
 
 
 @njit(nogil=True, cache=True, inline="always")
@@ -81,22 +89,31 @@ def _bucket(n: int) -> int:
     return (b + 1) // 2
 
 
+@njit(nogil=True, cache=True, inline="always")
+def coded_group(codec: int) -> int:
+    """A stream codec's index in CODED (-1: not one nvCOMP decodes)."""
+    return _GROUP[codec] if 0 <= codec < _GROUP.size else -1
+
+
 @njit(nogil=True, cache=True)
-def bucket_sort(lengths, order, cuts) -> int:
-    """Fills `order` with the streams grouped by size bucket (a stable counting sort) and
-    cuts[:n + 1] with the buckets' bounds in it; n, the buckets that hold streams."""
-    count = np.zeros(MAX_BUCKETS + 1, np.int64)
-    for L in lengths:
-        count[_bucket(L) + 1] += 1
+def bucket_sort(lengths, groups, order, cuts, keys) -> int:
+    """Fills `order` with the streams sorted by (group, size bucket), stably (a counting
+    sort; `groups` below len(CODED)), cuts[:n + 1] with the bounds of the n keys that hold
+    streams and keys[:n] with those keys (group * MAX_BUCKETS + bucket); returns n."""
+    n_keys = len(CODED) * MAX_BUCKETS
+    count = np.zeros(n_keys + 1, np.int64)
+    for j in range(lengths.size):
+        count[groups[j] * MAX_BUCKETS + _bucket(lengths[j]) + 1] += 1
     at = np.cumsum(count)
     for j in range(lengths.size):
-        b = _bucket(lengths[j])
-        order[at[b]] = j
-        at[b] += 1
+        key = groups[j] * MAX_BUCKETS + _bucket(lengths[j])
+        order[at[key]] = j
+        at[key] += 1
     n, cuts[0] = 0, 0
-    for b in range(MAX_BUCKETS):
-        if count[b + 1]:
-            cuts[n + 1] = cuts[n] + count[b + 1]
+    for key in range(n_keys):
+        if count[key + 1]:
+            cuts[n + 1] = cuts[n] + count[key + 1]
+            keys[n] = key
             n += 1
     return n
 
@@ -109,11 +126,26 @@ def plan_rows(order, offsets, stored, raw, dst_offsets, table) -> None:
         table[0, p], table[1, p], table[2, p], table[3, p] = offsets[j], stored[j], raw[j], dst_offsets[j]
 
 
-def _buckets(lengths: np.ndarray) -> tuple[np.ndarray, list[tuple[int, int]]]:
-    """(order of streams grouped by size bucket, [start, stop) ranges of the order)."""
-    order, cuts = np.empty(lengths.size, np.int64), np.empty(MAX_BUCKETS + 1, np.int64)
-    n = bucket_sort(lengths.astype(np.int64), order, cuts)
-    return order, [(int(cuts[i]), int(cuts[i + 1])) for i in range(n)]
+def bucket_arrays(n: int) -> list[np.ndarray]:
+    """`bucket_sort`'s order, cuts and keys for n streams."""
+    k = len(CODED) * MAX_BUCKETS
+    return [np.empty(n, np.int64), np.empty(k + 1, np.int64), np.empty(k, np.int64)]
+
+
+def bucket_ranges(cuts: np.ndarray, keys: np.ndarray, n: int) -> list[tuple[int, int, str]]:
+    """(start, stop, algorithm) of each of `bucket_sort`'s n keys."""
+    return [(int(cuts[i]), int(cuts[i + 1]), ALGORITHM[CODED[int(keys[i]) // MAX_BUCKETS]]) for i in range(n)]
+
+
+def _buckets(lengths: np.ndarray, codec: np.ndarray | None = None) -> tuple[np.ndarray, list[tuple[int, int, str]]]:
+    """(order of streams grouped by codec (`codec`; None: all zstd) and size bucket,
+    (start, stop, algorithm) ranges of the order)."""
+    groups = np.zeros(lengths.size, np.int64) if codec is None else _GROUP[codec]
+    if (groups < 0).any():
+        raise ValueError("a stream codec nvCOMP does not decode")
+    order, cuts, keys = bucket_arrays(lengths.size)
+    n = bucket_sort(lengths.astype(np.int64), groups, order, cuts, keys)
+    return order, bucket_ranges(cuts, keys, n)
 
 
 def _stream() -> P:
@@ -171,6 +203,7 @@ def compress(cfg: CudaCodecConfig, src: torch.Tensor, offsets: np.ndarray, lengt
     assert src.dtype == torch.uint8 and src.is_cuda and src.is_contiguous()
     assert (offsets % SLOT_ALIGN == 0).all() and src.data_ptr() % SLOT_ALIGN == 0
     order, ranges = _buckets(lengths)
+    ranges = [(a, b) for a, b, _ in ranges]
     opts = _compress_opts(cfg)
     max_out = _fn(cfg, "CompressGetMaxOutputChunkSize", [S, _Opts, ctypes.POINTER(S)])
     temp_size = _fn(cfg, "CompressGetTempSize", [S, S, _Opts, ctypes.POINTER(S), S, P])
@@ -203,39 +236,44 @@ def compress(cfg: CudaCodecConfig, src: torch.Tensor, offsets: np.ndarray, lengt
 class DecompressPlan:
     """The host's part of a batched decompression (`plan_decompress`), made on any thread."""
     order: np.ndarray
-    """The streams grouped by size bucket."""
-    ranges: list[tuple[int, int]]
-    """[start, stop) of each bucket in `order`."""
+    """The streams grouped by codec and size bucket."""
+    ranges: list[tuple[int, int, str]]
+    """(start, stop, nvCOMP algorithm) of each group in `order`."""
     temps: list[int]
-    """Each bucket's scratch bytes (256-byte aligned)."""
+    """Each group's scratch bytes (256-byte aligned)."""
     table: np.ndarray
     """[4, streams] (input offset, stored bytes, raw bytes, output offset) in `order`, the
     offsets from the start of the source and the destination buffers."""
 
 
 def plan_decompress(cfg: CudaCodecConfig, offsets: np.ndarray, stored: np.ndarray, dst_offsets: np.ndarray,
-                    raw: np.ndarray, stream: int) -> DecompressPlan:
+                    raw: np.ndarray, stream: int, codec: np.ndarray | None = None) -> DecompressPlan:
     """The plan of `decompress`ing streams at `offsets` (SLOT_ALIGN-aligned, `stored` bytes)
-    of a source buffer into `dst_offsets` (aligned, `raw` bytes each) of a destination;
-    nvCOMP's scratch sizes are queried for `stream` (a handle; nothing is queued on it)."""
-    order, ranges = _buckets(raw)
+    of a source buffer into `dst_offsets` (aligned, `raw` bytes each) of a destination,
+    each of stream codec `codec` (None: all of `cfg.algorithm`'s); nvCOMP's scratch sizes
+    are queried for `stream` (a handle; nothing is queued on it)."""
+    if codec is None:
+        codec = np.full(raw.size, CODEC_ID[cfg.algorithm], np.int64)
+    order, ranges = _buckets(raw, codec)
     table = layout.arena().empty((4, raw.size), np.int64)
     plan_rows(order, *(np.asarray(a, np.int64) for a in (offsets, stored, raw, dst_offsets)), table)
     return sized_plan(cfg, order, ranges, table, stream)
 
 
-def sized_plan(cfg: CudaCodecConfig, order: np.ndarray, ranges: list[tuple[int, int]], table: np.ndarray,
+def sized_plan(cfg: CudaCodecConfig, order: np.ndarray, ranges: list[tuple[int, int, str]], table: np.ndarray,
                stream: int) -> DecompressPlan:
     """The DecompressPlan of streams sorted into `ranges` of `order` with their `table`
-    (`bucket_sort`, `plan_rows`), nvCOMP's scratch sized for each bucket."""
+    (`bucket_sort`, `plan_rows`), nvCOMP's scratch sized for each group; `cfg` gives the
+    decompression backend."""
     assert (table[0] % SLOT_ALIGN == 0).all() and (table[3] % SLOT_ALIGN == 0).all()
-    temp_size = _fn(cfg, "DecompressGetTempSize", [S, S, _Opts, ctypes.POINTER(S), S, P])
     temps = []
-    for a, b in ranges:
+    for a, b, algorithm in ranges:
+        c = replace(cfg, algorithm=algorithm)
+        temp_size = _fn(c, "DecompressGetTempSize", [S, S, _Opts, ctypes.POINTER(S), S, P])
         t = S()
-        _call(temp_size, b - a, int(table[2, a:b].max()), _decompress_opts(cfg), ctypes.byref(t),
+        _call(temp_size, b - a, int(table[2, a:b].max()), _decompress_opts(c), ctypes.byref(t),
               int(table[2, a:b].sum()), P(stream))
-        temps.append(_aligned(max(t.value, 1), 256))  # each bucket's own scratch, 256-byte aligned
+        temps.append(_aligned(max(t.value, 1), 256))  # each group's own scratch, 256-byte aligned
     return DecompressPlan(order, ranges, temps, table)
 
 
@@ -252,11 +290,11 @@ def decompress(cfg: CudaCodecConfig, src: torch.Tensor, dst: torch.Tensor, plan:
     sizes = torch.empty(n, dtype=torch.int64, device=src.device)
     statuses = torch.empty(n, dtype=torch.int32, device=src.device)
     scratch = torch.empty(max(int(scratch_at[-1]), 1), dtype=torch.uint8, device=src.device)
-    run = _fn(cfg, "DecompressAsync", [P, P, P, P, S, P, S, P, _Opts, P, P])
-    opts = _decompress_opts(cfg)
-    with _fanned(len(ranges)) as streams:  # each bucket its own scratch
-        for (a, b), t, at, stream in zip(ranges, temps, scratch_at, streams):
+    with _fanned(len(ranges)) as streams:  # each group its own scratch
+        for (a, b, algorithm), t, at, stream in zip(ranges, temps, scratch_at, streams):
+            c = replace(cfg, algorithm=algorithm)
+            run = _fn(c, "DecompressAsync", [P, P, P, P, S, P, S, P, _Opts, P, P])
             _call(run, table[0, a:].data_ptr(), table[1, a:].data_ptr(), table[2, a:].data_ptr(),
                   sizes[a:].data_ptr(), b - a, scratch.data_ptr() + int(at), t, table[3, a:].data_ptr(),
-                  opts, statuses[a:].data_ptr(), stream)
+                  _decompress_opts(c), statuses[a:].data_ptr(), stream)
     return Pending(order, sizes, statuses, (table, scratch))

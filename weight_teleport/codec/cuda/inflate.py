@@ -1,9 +1,10 @@
 """The symbol streams of a pack's sparse chunks, decoded into one device buffer.
 
 The stored bytes are uploaded once and gathered into SLOT_ALIGN-aligned slots on the GPU;
-zstd streams are decoded there by nvCOMP (one batched call per size bucket, no host
-synchronisation: its statuses and decoded sizes are checked with the caller's one sync).
-Without nvCOMP the CPU's zstd decodes them into a host buffer that is uploaded."""
+coded streams (zstd, and the GPU-only lz4 and nvcomp-ans) are decoded there by nvCOMP (one
+batched call per codec and size bucket, no host synchronisation: its statuses and decoded
+sizes are checked with the caller's one sync). Without nvCOMP the CPU's zstd decodes zstd
+streams into a host buffer that is uploaded."""
 
 import os
 import threading
@@ -114,26 +115,27 @@ class Layout(NamedTuple):
     out_total: int
     """Bytes of the raw streams' slots."""
     comp_total: int
-    """Bytes of the stored zstd streams' slots, after the raw ones."""
+    """Bytes of the stored coded streams' slots, after the raw ones."""
     copies: np.ndarray
     """[n, 3] rows (pack offset - lo, buffer offset, length) of the stored bytes to copy."""
-    zstd: np.ndarray
-    """Indices of the zstd streams."""
+    coded: np.ndarray
+    """Indices of the entropy-coded streams (zstd, lz4, nvcomp-ans: `entropy.CODED`)."""
     comp_off: np.ndarray
     """Their stored bytes' offsets in the buffer."""
 
 
 @njit(nogil=True, cache=True)
-def _plan(codec, raw, stored, at, lo, out_off, copies, zstd, comp_off):
-    """Fills a Layout's arrays (`out_off` and `zstd` / `comp_off` / `copies` rows from the
+def _plan(codec, raw, stored, at, lo, out_off, copies, coded, comp_off):
+    """Fills a Layout's arrays (`out_off` and `coded` / `comp_off` / `copies` rows from the
     front; each as long as the streams) in one walk over the streams; returns (the first
-    stream refused, out_total, comp_total, zstd streams, copies). A raw stream must hold its
-    raw length, a zstd stream must be non-empty both ways, no other codec is read."""
+    stream refused, out_total, comp_total, coded streams, copies). A raw stream must hold its
+    raw length, a coded stream (of a codec nvCOMP decodes) must be non-empty both ways, no
+    other codec is read."""
     n = codec.size
     out_total = 0
     for i in range(n):
         c = codec[i]
-        if not ((c == RAW and raw[i] == stored[i]) or (c == ZSTD and raw[i] > 0 and stored[i] > 0)):
+        if not ((c == RAW and raw[i] == stored[i]) or (entropy.coded_group(c) >= 0 and raw[i] > 0 and stored[i] > 0)):
             return i, 0, 0, 0, 0
         out_off[i] = out_total
         out_total += -(-raw[i] // A) * A
@@ -142,10 +144,10 @@ def _plan(codec, raw, stored, at, lo, out_off, copies, zstd, comp_off):
         if stored[i] == 0:
             continue
         dst = out_off[i]
-        if codec[i] == ZSTD:
+        if codec[i] != RAW:
             dst = out_total + comp_total
             comp_total += -(-stored[i] // A) * A
-            zstd[z], comp_off[z] = i, dst
+            coded[z], comp_off[z] = i, dst
             z += 1
         copies[k, 0], copies[k, 1], copies[k, 2] = at[i] - lo, dst, stored[i]
         k += 1
@@ -163,10 +165,13 @@ def laid_out(pack, codec, raw, stored, at, arrays: tuple, planned: tuple) -> Lay
     the error the CPU's decoder gives it."""
     bad, out_total, comp_total, z, k = planned
     if bad >= 0:
-        codecs.decode_stream(int(codec[bad]), memoryview(pack)[at[bad]:at[bad] + stored[bad]], int(raw[bad]))
-        raise PackFormatError("malformed stream")  # decode_stream refuses every stream _plan does
-    out_off, copies, zstd, comp_off = arrays
-    return Layout(out_off, out_total, comp_total, copies[:k], zstd[:z], comp_off[:z])
+        c = int(codec[bad])
+        if c in entropy.CODED and c != ZSTD:
+            raise PackFormatError(f"{codecs.NAMES[c]} stream is empty ({raw[bad]} raw, {stored[bad]} stored bytes)")
+        codecs.decode_stream(c, memoryview(pack)[at[bad]:at[bad] + stored[bad]], int(raw[bad]))
+        raise PackFormatError("malformed stream")  # decode_stream refuses every other stream _plan does
+    out_off, copies, coded, comp_off = arrays
+    return Layout(out_off, out_total, comp_total, copies[:k], coded[:z], comp_off[:z])
 
 
 def _layout(pack, codec, raw, stored, at, lo: int) -> Layout:
@@ -183,11 +188,13 @@ class Prepared(NamedTuple):
     hi: int | None
     """The end of the bytes to upload (None: an Upload has them)."""
     plan: entropy.DecompressPlan | None
-    """nvCOMP's plan of the zstd streams (None without nvCOMP or zstd streams)."""
+    """nvCOMP's plan of the coded streams (None without nvCOMP or coded streams)."""
+    cfg: CudaCodecConfig
+    """The decompression's configuration (its backend)."""
 
 
 def _on_gpu(pack, prep: Prepared, device, upload) -> tuple[torch.Tensor, torch.Tensor]:
-    """(the device buffer, a device flag: a zstd stream failed to decode or decoded to
+    """(the device buffer, a device flag: a coded stream failed to decode or decoded to
     another length). The gather and nvCOMP's kernels need none of the caller's earlier
     work, so they run on a stream of their own, not queued behind the kernels launched
     before them (the stage's class counts), and the caller's stream waits for them."""
@@ -215,7 +222,7 @@ def _decode_on(pack, prep: Prepared, device, upload) -> tuple[torch.Tensor, torc
     gather_rows(src, buf, lay.copies)
     if prep.plan is None:
         return buf, torch.zeros((), dtype=torch.bool, device=device)
-    pend = entropy.decompress(CudaCodecConfig(), buf, buf, prep.plan)
+    pend = entropy.decompress(prep.cfg, buf, buf, prep.plan)
     sizes, statuses = pend.host()
     expect = layout.upload(prep.plan.table[2], device)  # the raw lengths in the plan's order
     return buf, (statuses != 0).any() | (sizes != expect).any()
@@ -234,29 +241,31 @@ def _on_cpu(pack, lay: Layout, codec, raw, stored, at, device, threads) -> tuple
     return torch.from_numpy(host).to(device), torch.zeros((), dtype=torch.bool, device=device)
 
 
-def prepare(pack, table: StreamTable, device, upload: Upload | None = None) -> Prepared:
-    """The streams' layout in the device buffer and, with nvCOMP, the decompression's plan."""
+def prepare(pack, table: StreamTable, device, upload: Upload | None = None,
+            cfg: CudaCodecConfig | None = None) -> Prepared:
+    """The streams' layout in the device buffer and, with nvCOMP, the decompression's plan
+    (`cfg`: its backend)."""
     codec, raw, stored, at = (a.ravel() for a in (table.codec, table.raw, table.stored, table.at))
     if upload:
         lo, hi = upload.lo, None  # the upload has the bytes
     else:
         lo, hi = (int(at.min()), int((at + stored).max())) if at.size else (0, 0)
-    return planned(_layout(pack, codec, raw, stored, at, lo), lo, hi, raw, stored, device)
+    return planned(_layout(pack, codec, raw, stored, at, lo), lo, hi, codec, raw, stored, device, cfg)
 
 
-def planned(lay: Layout, lo: int, hi: int | None, raw: np.ndarray, stored: np.ndarray, device,
-            bucketed: tuple | None = None) -> Prepared:
-    """`lay` (of streams of `raw` and `stored` lengths) and, with nvCOMP, the plan of its
-    zstd streams' decompression; `bucketed`: their (order, ranges, table) made already
-    (`entropy.bucket_sort`, `entropy.plan_rows`)."""
+def planned(lay: Layout, lo: int, hi: int | None, codec: np.ndarray, raw: np.ndarray, stored: np.ndarray, device,
+            cfg: CudaCodecConfig | None = None, bucketed: tuple | None = None) -> Prepared:
+    """`lay` (of streams of `codec`, `raw` and `stored` lengths) and, with nvCOMP, the plan of
+    its coded streams' decompression with `cfg`'s backend; `bucketed`: their (order, ranges,
+    table) made already (`entropy.bucket_sort`, `entropy.plan_rows`)."""
     plan = None
-    if entropy.available() and lay.zstd.size:
+    if entropy.available() and lay.coded.size:
         dev = torch.device(device)
         stream = _side(dev).cuda_stream if dev.type == "cuda" else 0
-        cfg, zs = CudaCodecConfig(), lay.zstd
+        cfg, cs = cfg or CudaCodecConfig(), lay.coded
         plan = entropy.sized_plan(cfg, *bucketed, stream) if bucketed else \
-            entropy.plan_decompress(cfg, lay.comp_off, stored[zs], lay.out_off[zs], raw[zs], stream)
-    return Prepared(lay, lo, hi, plan)
+            entropy.plan_decompress(cfg, lay.comp_off, stored[cs], lay.out_off[cs], raw[cs], stream, codec[cs])
+    return Prepared(lay, lo, hi, plan, cfg or CudaCodecConfig())
 
 
 def inflate(pack, table: StreamTable, device, threads: int | None = None, upload: Upload | None = None,

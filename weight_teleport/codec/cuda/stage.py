@@ -16,6 +16,7 @@ from numba import njit
 from weight_teleport.codec import digest as D
 from weight_teleport.codec.cpu import backend as cpu
 from weight_teleport.codec.cuda import blocks, entropy, inflate, layout, scatter, stage_sparse
+from weight_teleport.codec.cuda.config import CudaCodecConfig
 from weight_teleport.codec.cuda.crc import crc32
 from weight_teleport.codec.cuda.digest import word_sums
 from weight_teleport.codec.cuda.live import Live, grouped
@@ -106,7 +107,7 @@ def _start_reads(pack, groups: list[list], spans: ChunkSpans, uploaded: bool, re
 
 
 def _batches(lives: dict[str, Live], groups: list[list], header, spans: ChunkSpans, pack, threads, upload,
-             reads: list) -> tuple[list[SparseBatch], torch.Tensor | None]:
+             reads: list, config: CudaCodecConfig | None) -> tuple[list[SparseBatch], torch.Tensor | None]:
     """(a SparseBatch per group, the chunks' CRC-32s where the pack was copied to the device,
     else None); `reads`: the groups' stream-table walks (`_start_reads`). The device runs
     what is queued in order, each kernel's blocks before the next one's, and the class
@@ -120,7 +121,7 @@ def _batches(lives: dict[str, Live], groups: list[list], header, spans: ChunkSpa
     if upload is not None:
         upload.start()
     for b, r in zip(batches, reads):
-        b.decompress(pack, r.result(b.table.base.device), threads, upload)
+        b.decompress(pack, r.result(b.table.base.device, config), threads, upload)
     crcs = _device_crcs(upload, spans) if upload is not None else None
     for b in batches:
         b.decode()
@@ -140,8 +141,8 @@ def _read_back(batches: list[SparseBatch], same_sums: torch.Tensor | None, crcs:
     return host[:n].reshape(-1, 3), sums, None if crcs is None else host[host.size - n_crcs:].tolist()
 
 
-def _launched(lives: dict[str, Live], groups: list[list], header, spans: ChunkSpans, pack, threads,
-              reads: list) -> tuple[list[SparseBatch], torch.Tensor | None]:
+def _launched(lives: dict[str, Live], groups: list[list], header, spans: ChunkSpans, pack, threads, reads: list,
+              config: CudaCodecConfig | None) -> tuple[list[SparseBatch], torch.Tensor | None]:
     """`_batches`, with the pack's bytes on their way to the device."""
     # the sparse chunks' bytes go to the device on a host thread while this thread launches
     # the class counts; their CRC-32s are computed there from the uploaded bytes (on host
@@ -156,7 +157,7 @@ def _launched(lives: dict[str, Live], groups: list[list], header, spans: ChunkSp
         else:
             on_host = pool.submit(_check_crcs, pack, spans, threads)
         try:
-            batches, crcs = _batches(lives, groups, header, spans, pack, threads, upload, reads)
+            batches, crcs = _batches(lives, groups, header, spans, pack, threads, upload, reads, config)
         except Exception:
             _check_crcs(pack, spans, threads)  # bytes that fail their CRC explain any error
             raise
@@ -165,8 +166,10 @@ def _launched(lives: dict[str, Live], groups: list[list], header, spans: ChunkSp
     return batches, crcs
 
 
-def stage(lives: dict[str, Live], header, pack, check_base: bool, threads: int | None) -> DevicePatch:
-    """Decode and verify every chunk against the live weights; nothing is written."""
+def stage(lives: dict[str, Live], header, pack, check_base: bool, threads: int | None,
+          config: CudaCodecConfig | None = None) -> DevicePatch:
+    """Decode and verify every chunk against the live weights; nothing is written. `config`:
+    nvCOMP's decompression backend (`decompress_backend`)."""
     layout.begin_call()
     check = check_base and header.kind == "delta"
     sparse_recs = [r for r in header.tensors if r.codec == "sparse"]
@@ -177,7 +180,7 @@ def stage(lives: dict[str, Live], header, pack, check_base: bool, threads: int |
         _start_reads(pack, groups, spans, bool(sparse_recs) and entropy.available(), reads)
         dense = _dense(lives, [r for r in header.tensors if r.codec not in ("sparse", "same")], header, pack,
                        check, threads)
-        batches, crcs = _launched(lives, groups, header, spans, pack, threads, reads)
+        batches, crcs = _launched(lives, groups, header, spans, pack, threads, reads, config)
     finally:
         wait([r.done for r in reads])  # they fill this thread's arena, which its next call rewinds
     patch = _patch(lives, header, batches, dense, check)  # host work while the device decodes

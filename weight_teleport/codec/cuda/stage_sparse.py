@@ -17,6 +17,7 @@ from numba import njit
 
 from weight_teleport.codec.cuda import (bitmap, blocks, entropy, inflate, layout, ranks, sparse_decode, tables,
                                         unsymbols)
+from weight_teleport.codec.cuda.config import CudaCodecConfig
 from weight_teleport.codec.cuda.live import Live
 from weight_teleport.errors import PackFormatError
 from weight_teleport.format.container import ChunkSpans
@@ -34,31 +35,32 @@ class Streams(NamedTuple):
 
 
 @njit(nogil=True, cache=True)
-def _walk(pack, starts, lengths, classes, ncp, events, codec, raw, stored, at, lo, out_off, copies, zstd, comp_off,
-          zstd_raw, zstd_stored, zstd_dst, order, cuts, rows):
+def _walk(pack, starts, lengths, classes, ncp, events, codec, raw, stored, at, lo, out_off, copies, coded, comp_off,
+          coded_raw, coded_stored, coded_dst, coded_group, order, cuts, keys, rows):
     """In one compiled call: the stream tables of every chunk (`tables._read`, into tables
     zeroed here), the decode buffer's layout of their streams (`inflate._plan`), and the
-    zstd streams' size buckets and table for nvCOMP (`entropy.bucket_sort`, `plan_rows`;
-    `rows` holds [4, zstd streams] from its front). (The first malformed chunk or -1, then
-    `_plan`'s results, then the number of buckets.)"""
+    coded streams sorted by codec and size bucket, with their table for nvCOMP
+    (`entropy.bucket_sort`, `plan_rows`; `rows` holds [4, coded streams] from its front).
+    (The first malformed chunk or -1, then `_plan`'s results, then the number of groups.)"""
     events[:] = 0
     for t in (codec, raw, stored, at):
         t[:, :] = 0
     bad = tables._read(pack, starts, lengths, classes, ncp, 0, starts.size, events, codec, raw, stored, at)
     if bad >= 0:
         return bad, -1, 0, 0, 0, 0, 0
-    flat_raw, flat_stored = raw.reshape(-1), stored.reshape(-1)
-    s, out_total, comp_total, z, k = inflate._plan(codec.reshape(-1), flat_raw, flat_stored, at.reshape(-1), lo,
-                                                   out_off, copies, zstd, comp_off)
+    flat_codec, flat_raw, flat_stored = codec.reshape(-1), raw.reshape(-1), stored.reshape(-1)
+    s, out_total, comp_total, z, k = inflate._plan(flat_codec, flat_raw, flat_stored, at.reshape(-1), lo,
+                                                   out_off, copies, coded, comp_off)
     if s >= 0:
         return -1, s, out_total, comp_total, z, k, 0
     for j in range(z):
-        i = zstd[j]
-        zstd_raw[j], zstd_stored[j], zstd_dst[j] = flat_raw[i], flat_stored[i], out_off[i]
-    n_buckets = entropy.bucket_sort(zstd_raw[:z], order[:z], cuts)
-    entropy.plan_rows(order[:z], comp_off[:z], zstd_stored[:z], zstd_raw[:z], zstd_dst[:z],
+        i = coded[j]
+        coded_raw[j], coded_stored[j], coded_dst[j] = flat_raw[i], flat_stored[i], out_off[i]
+        coded_group[j] = entropy.coded_group(flat_codec[i])
+    n_groups = entropy.bucket_sort(coded_raw[:z], coded_group[:z], order[:z], cuts, keys)
+    entropy.plan_rows(order[:z], comp_off[:z], coded_stored[:z], coded_raw[:z], coded_dst[:z],
                       rows[:4 * z].reshape((4, z)))
-    return -1, s, out_total, comp_total, z, k, n_buckets
+    return -1, s, out_total, comp_total, z, k, n_groups
 
 
 class StreamsRead:
@@ -85,23 +87,23 @@ class StreamsRead:
         n = self.table.codec.size
         self.arrays = inflate.layout_arrays(n)
         arena = layout.arena()
-        self.buckets = [arena.empty(n, np.int64) for _ in range(4)] + [arena.empty(entropy.MAX_BUCKETS + 1, np.int64),
-                                                                        arena.empty(4 * n, np.int64)]
+        n_keys = len(entropy.CODED) * entropy.MAX_BUCKETS
+        self.buckets = [arena.empty(size, np.int64) for size in (n, n, n, n, n, n_keys + 1, n_keys, 4 * n)]
         self.done = pool.submit(_walk, np.frombuffer(pack, np.uint8), spans.starts, spans.lengths, k, ncp,
                                 *self.table.arrays(), self.lo, *self.arrays, *self.buckets)
 
-    def result(self, device) -> Streams:
-        """The tables and the plan of their decoding, once the walk is done; PackFormatError
-        for a malformed chunk table or a refused stream."""
-        bad, *planned, n_buckets = self.done.result()
+    def result(self, device, cfg: CudaCodecConfig | None = None) -> Streams:
+        """The tables and the plan of their decoding (`cfg`: its backend), once the walk is
+        done; PackFormatError for a malformed chunk table or a refused stream."""
+        bad, *planned, n_groups = self.done.result()
         tables.check(bad >= 0)
         codec, raw, stored, at = (a.reshape(-1) for a in (self.table.codec, self.table.raw, self.table.stored,
                                                          self.table.at))
         lay = inflate.laid_out(self.pack, codec, raw, stored, at, self.arrays, tuple(planned))
-        z, (order, cuts, rows) = lay.zstd.size, self.buckets[3:]
-        self.bucketed = (order[:z], [(int(cuts[i]), int(cuts[i + 1])) for i in range(n_buckets)],
-                         rows[:4 * z].reshape(4, z))
-        return Streams(self.table, inflate.planned(lay, self.lo, self.hi, raw, stored, device, self.bucketed))
+        z, (order, cuts, keys, rows) = lay.coded.size, self.buckets[4:]
+        self.bucketed = order[:z], entropy.bucket_ranges(cuts, keys, n_groups), rows[:4 * z].reshape(4, z)
+        prep = inflate.planned(lay, self.lo, self.hi, codec, raw, stored, device, cfg, self.bucketed)
+        return Streams(self.table, prep)
 
 
 class SparseBatch:
