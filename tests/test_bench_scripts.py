@@ -15,7 +15,7 @@ pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None,
 def bench(monkeypatch):
     monkeypatch.syspath_prepend(str(Path(__file__).resolve().parent.parent / "bench"))
     yield
-    for name in ("cuda_bench", "timeline"):
+    for name in ("cuda_bench", "timeline", "stage_host"):
         sys.modules.pop(name, None)
 
 
@@ -27,3 +27,12 @@ def test_timed_functions_exist(bench):
                if not callable(getattr(owner, name, None))]
     assert not missing, missing
     assert len(spots) > 40
+
+
+def test_stage_host_bench_runs(bench, monkeypatch, capsys):
+    """bench/stage_host.py (the stage's host path on the CPU) on a small structured pack."""
+    import stage_host
+    monkeypatch.setattr(sys, "argv", ["stage_host.py", "--scale", "512", "--repeats", "1"])
+    stage_host.main()
+    out = capsys.readouterr().out
+    assert "399 tensors" in out and "StreamsRead.result" in out

@@ -1,0 +1,78 @@
+"""The host's work of a CUDA stage call up to the decompression's launch that needs no GPU,
+timed on the CPU: on a pack with the Qwen3-8B-shaped delta's structure (its 399 tensors and
+about 1,950 sparse chunks: every tensor has 1/SCALE of its rows and a chunk 2^22/SCALE
+elements), so that this path can be worked on without a GPU. Medians of repeats, in ms.
+
+    python bench/stage_host.py [--scale 32] [--repeats 50] [--lr 5e-7]
+"""
+
+import argparse
+import statistics
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import torch
+
+import weight_teleport as wt
+from weight_teleport.bench.simulate import _generator, _init_tensor, make_config, tensor_shapes
+from weight_teleport.codec.cpu import backend as cpu
+from weight_teleport.codec.cuda import layout, stage, stage_sparse
+from weight_teleport.codec.dtypes import BY_NAME
+from weight_teleport.format import read_header
+from weight_teleport.format.container import ChunkSpans
+
+
+def structured_pack(scale: int, lr: float) -> bytes:
+    """A delta of the Qwen3-8B-shaped state at 1/scale of its rows, chunks of 2^22/scale."""
+    old, new = {}, {}
+    noise = torch.Generator().manual_seed(0)
+    for name, shape in tensor_shapes(make_config("qwen3-8b")).items():
+        shape = (max(shape[0] // scale, 8), *shape[1:])
+        w = _init_tensor(name, shape, _generator(torch.device("cpu"), 0, "init", name))
+        old[name] = w.to(torch.bfloat16)
+        new[name] = (w - lr * torch.randn(w.shape, generator=noise)).to(torch.bfloat16)
+    return wt.encode_delta(old, new, base_version=0, version=1, chunk_elems=(1 << 22) // scale)
+
+
+def median_ms(fn, repeats: int) -> float:
+    fn()
+    times = []
+    for _ in range(repeats):
+        layout.begin_call()
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return 1e3 * statistics.median(times)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--scale", type=int, default=32)
+    ap.add_argument("--repeats", type=int, default=50)
+    ap.add_argument("--lr", type=float, default=5e-7)
+    args = ap.parse_args()
+    pack = structured_pack(args.scale, args.lr)
+    header = read_header(pack)
+    recs = [r for r in header.tensors if r.codec == "sparse"]
+    info = BY_NAME[recs[0].dtype]
+    spans = ChunkSpans.of(header, recs)
+    n_classes = stage._n_classes(recs)
+    pool = ThreadPoolExecutor(1)
+    rows = {
+        "read_header": lambda: read_header(pack),
+        "ChunkSpans.of": lambda: ChunkSpans.of(header, recs),
+        "classes from the runs (stage._n_classes)": lambda: stage._n_classes(recs),
+        "class maps (cpu.class_maps)": lambda: cpu.class_maps(recs, info),
+        "the stream tables' walk on a helper, waited for (StreamsRead)": lambda: stage_sparse.StreamsRead(
+            pack, spans, recs, n_classes, *spans.bounds(), pool).done.result(),
+        "the same, then its checks and layout (StreamsRead.result)": lambda: stage_sparse.StreamsRead(
+            pack, spans, recs, n_classes, *spans.bounds(), pool).result("cpu"),
+    }
+    print(f"pack {len(pack):,} bytes, {len(header.tensors)} tensors, {len(recs)} sparse, "
+          f"{spans.starts.size} sparse chunks (scale 1/{args.scale}); medians of {args.repeats}, ms")
+    for name, fn in rows.items():
+        print(f"{median_ms(fn, args.repeats):8.3f}  {name}")
+
+
+if __name__ == "__main__":
+    main()
