@@ -100,6 +100,41 @@ def test_gpu_only_stream_codec_refused_on_cpu(states):
         wt.apply_delta(clone_state(old), write_pack(header, chunks))
 
 
+def test_which_stream_codecs_each_backend_reads(monkeypatch):
+    """The CPU reads raw and zstd; CUDA weights also read lz4 and nvcomp-ans with nvCOMP, and
+    without it refuse them naming the install command; a codec no one knows is refused."""
+    pytest.importorskip("triton", reason="the CUDA backend needs triton")
+    from weight_teleport.codec.cpu import backend as cpu
+    from weight_teleport.codec.cuda import backend as cuda
+    from weight_teleport.codec.cuda import entropy
+    cpu.check_readable(["raw", "zstd"])
+    for codec in ("lz4", "nvcomp-ans"):
+        with pytest.raises(UnsupportedFormatError, match="algorithm='zstd'"):
+            cpu.check_readable(["raw", codec])
+        monkeypatch.setattr(entropy, "available", lambda: False)
+        with pytest.raises(UnsupportedFormatError, match=r"weight-teleport\[cuda\]"):
+            cuda.check_readable(["raw", "zstd", codec])
+        monkeypatch.setattr(entropy, "available", lambda: True)
+        cuda.check_readable(["raw", "zstd", codec])
+    with pytest.raises(UnsupportedFormatError, match="brotli"):
+        cuda.check_readable(["raw", "brotli"])
+
+
+def test_cuda_configuration_for_cpu_weights_is_refused(states, pack):
+    from weight_teleport.codec.cuda.config import CudaCodecConfig
+    old, _ = states
+    state = clone_state(old)
+    with pytest.raises(ValueError, match="CPU tensors"):
+        wt.apply_delta(state, pack, cuda=CudaCodecConfig())
+    assert_bits_equal(state, old)
+
+
+def test_subscriber_refuses_an_unknown_decompression_backend():
+    from weight_teleport.pipeline.stager import Stager
+    with pytest.raises(ValueError, match="decompress_backend"):
+        Stager(None, None, decompress_backend="fpga")
+
+
 def test_consistent_but_wrong_pack_caught_by_digest(states):
     """A well-formed pack whose promised digest is not what it produces (e.g. an encoder
     bug) is refused before anything is written."""
