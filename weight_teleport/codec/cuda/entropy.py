@@ -75,6 +75,9 @@ CODED = (codecs.ZSTD, codecs.LZ4, codecs.NVCOMP_ANS)
 CODEC_ID = {"zstd": codecs.ZSTD, "lz4": codecs.LZ4, "ans": codecs.NVCOMP_ANS}
 """The stream codec id of each nvCOMP algorithm (CudaCodecConfig.algorithm)."""
 ALGORITHM = {i: a for a, i in CODEC_ID.items()}
+"""The nvCOMP algorithm of each stream codec id nvCOMP decodes."""
+N_KEYS = len(CODED) * MAX_BUCKETS
+"""The keys (group, size bucket) streams are sorted by (`bucket_sort`)."""
 _GROUP = np.full(max(CODED) + 1, -1, np.int64)
 _GROUP[list(CODED)] = np.arange(len(CODED))
 
@@ -100,8 +103,7 @@ def bucket_sort(lengths, groups, order, cuts, keys) -> int:
     """Fills `order` with the streams sorted by (group, size bucket), stably (a counting
     sort; `groups` below len(CODED)), cuts[:n + 1] with the bounds of the n keys that hold
     streams and keys[:n] with those keys (group * MAX_BUCKETS + bucket); returns n."""
-    n_keys = len(CODED) * MAX_BUCKETS
-    count = np.zeros(n_keys + 1, np.int64)
+    count = np.zeros(N_KEYS + 1, np.int64)
     for j in range(lengths.size):
         count[groups[j] * MAX_BUCKETS + _bucket(lengths[j]) + 1] += 1
     at = np.cumsum(count)
@@ -110,7 +112,7 @@ def bucket_sort(lengths, groups, order, cuts, keys) -> int:
         order[at[key]] = j
         at[key] += 1
     n, cuts[0] = 0, 0
-    for key in range(n_keys):
+    for key in range(N_KEYS):
         if count[key + 1]:
             cuts[n + 1] = cuts[n] + count[key + 1]
             keys[n] = key
@@ -128,8 +130,7 @@ def plan_rows(order, offsets, stored, raw, dst_offsets, table) -> None:
 
 def bucket_arrays(n: int) -> list[np.ndarray]:
     """`bucket_sort`'s order, cuts and keys for n streams."""
-    k = len(CODED) * MAX_BUCKETS
-    return [np.empty(n, np.int64), np.empty(k + 1, np.int64), np.empty(k, np.int64)]
+    return [np.empty(n, np.int64), np.empty(N_KEYS + 1, np.int64), np.empty(N_KEYS, np.int64)]
 
 
 def bucket_ranges(cuts: np.ndarray, keys: np.ndarray, n: int) -> list[tuple[int, int, str]]:

@@ -87,8 +87,8 @@ class StreamsRead:
         n = self.table.codec.size
         self.arrays = inflate.layout_arrays(n)
         arena = layout.arena()
-        n_keys = len(entropy.CODED) * entropy.MAX_BUCKETS
-        self.buckets = [arena.empty(size, np.int64) for size in (n, n, n, n, n, n_keys + 1, n_keys, 4 * n)]
+        sizes = (n, n, n, n, n, entropy.N_KEYS + 1, entropy.N_KEYS, 4 * n)
+        self.buckets = [arena.empty(size, np.int64) for size in sizes]
         self.done = pool.submit(_walk, np.frombuffer(pack, np.uint8), spans.starts, spans.lengths, k, ncp,
                                 *self.table.arrays(), self.lo, *self.arrays, *self.buckets)
 
