@@ -258,14 +258,14 @@ def planned(lay: Layout, lo: int, hi: int | None, codec: np.ndarray, raw: np.nda
     """`lay` (of streams of `codec`, `raw` and `stored` lengths) and, with nvCOMP, the plan of
     its coded streams' decompression with `cfg`'s backend; `bucketed`: their (order, ranges,
     table) made already (`entropy.bucket_sort`, `entropy.plan_rows`)."""
-    plan = None
+    cfg, plan = cfg or CudaCodecConfig(), None
     if entropy.available() and lay.coded.size:
         dev = torch.device(device)
         stream = _side(dev).cuda_stream if dev.type == "cuda" else 0
-        cfg, cs = cfg or CudaCodecConfig(), lay.coded
+        cs = lay.coded
         plan = entropy.sized_plan(cfg, *bucketed, stream) if bucketed else \
             entropy.plan_decompress(cfg, lay.comp_off, stored[cs], lay.out_off[cs], raw[cs], stream, codec[cs])
-    return Prepared(lay, lo, hi, plan, cfg or CudaCodecConfig())
+    return Prepared(lay, lo, hi, plan, cfg)
 
 
 def inflate(pack, table: StreamTable, device, threads: int | None = None, upload: Upload | None = None,

@@ -115,8 +115,8 @@ def _batches(lives: dict[str, Live], groups: list[list], header, spans: ChunkSpa
     then the decompression is launched once the walk is done, then the CRCs (which run
     beside it, not ahead of it), then the rest of the decoding."""
     maps = [cpu.class_maps(rs, lives[rs[0].name].info) for rs in groups]
-    if not all(np.array_equal(m[2], r.n_classes) for m, r in zip(maps, reads)):
-        raise PackFormatError("class maps disagree with their classes")  # valid maps never do
+    # the walk's tables have the shape of the classes it was given: those of the maps, once checked
+    assert all(np.array_equal(m[2], r.n_classes) for m, r in zip(maps, reads))
     batches = [SparseBatch([lives[r.name] for r in rs], rs, header, m) for rs, m in zip(groups, maps)]
     if upload is not None:
         upload.start()
@@ -142,8 +142,9 @@ def _read_back(batches: list[SparseBatch], same_sums: torch.Tensor | None, crcs:
 
 
 def _launched(lives: dict[str, Live], groups: list[list], header, spans: ChunkSpans, pack, threads, reads: list,
-              config: CudaCodecConfig | None) -> tuple[list[SparseBatch], torch.Tensor | None]:
-    """`_batches`, with the pack's bytes on their way to the device."""
+              uploaded: bool, config: CudaCodecConfig | None) -> tuple[list[SparseBatch], torch.Tensor | None]:
+    """`_batches`, with the pack's bytes on their way to the device (`uploaded`: to be
+    decompressed there by nvCOMP)."""
     # the sparse chunks' bytes go to the device on a host thread while this thread launches
     # the class counts; their CRC-32s are computed there from the uploaded bytes (on host
     # threads where nvCOMP is missing and the GPU gets decoded streams instead) and checked
@@ -151,7 +152,7 @@ def _launched(lives: dict[str, Live], groups: list[list], header, spans: ChunkSp
     # chunk is reported as such, whatever else it broke
     with ThreadPoolExecutor(max_workers=1) as pool:
         upload, on_host = None, None
-        if groups and entropy.available():
+        if uploaded:
             device = lives[groups[0][0].name].tensor.device
             upload = inflate.Upload(pack, *spans.bounds(), device, pool)  # past the pack: raises, as the CRCs do
         else:
@@ -175,12 +176,12 @@ def stage(lives: dict[str, Live], header, pack, check_base: bool, threads: int |
     sparse_recs = [r for r in header.tensors if r.codec == "sparse"]
     groups = _by_type(lives, sparse_recs)
     spans = ChunkSpans.of(header, [r for rs in groups for r in rs])
-    reads: list = []
+    uploaded, reads = bool(groups) and entropy.available(), []
     try:
-        _start_reads(pack, groups, spans, bool(sparse_recs) and entropy.available(), reads)
+        _start_reads(pack, groups, spans, uploaded, reads)
         dense = _dense(lives, [r for r in header.tensors if r.codec not in ("sparse", "same")], header, pack,
                        check, threads)
-        batches, crcs = _launched(lives, groups, header, spans, pack, threads, reads, config)
+        batches, crcs = _launched(lives, groups, header, spans, pack, threads, reads, uploaded, config)
     finally:
         wait([r.done for r in reads])  # they fill this thread's arena, which its next call rewinds
     patch = _patch(lives, header, batches, dense, check)  # host work while the device decodes

@@ -38,12 +38,12 @@ class Streams(NamedTuple):
 def _walk(pack, starts, lengths, classes, ncp, events, codec, raw, stored, at, lo, out_off, copies, coded, comp_off,
           coded_raw, coded_stored, coded_dst, coded_group, order, cuts, keys, rows):
     """In one compiled call: the stream tables of every chunk (`tables._read`, into tables
-    zeroed here), the decode buffer's layout of their streams (`inflate._plan`), and the
+    zeroed here but `at`, which it fills), the decode buffer's layout of their streams (`inflate._plan`), and the
     coded streams sorted by codec and size bucket, with their table for nvCOMP
     (`entropy.bucket_sort`, `plan_rows`; `rows` holds [4, coded streams] from its front).
     (The first malformed chunk or -1, then `_plan`'s results, then the number of groups.)"""
     events[:] = 0
-    for t in (codec, raw, stored, at):
+    for t in (codec, raw, stored):
         t[:, :] = 0
     bad = tables._read(pack, starts, lengths, classes, ncp, 0, starts.size, events, codec, raw, stored, at)
     if bad >= 0:

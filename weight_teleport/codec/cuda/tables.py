@@ -141,9 +141,12 @@ def check(malformed: bool) -> None:
 
 def empty(n: int, ncp: int, zeros: bool = True) -> StreamTable:
     """Tables of `n` chunks of `ncp` class slots in the thread's arena, zeroed unless not
-    `zeros` (the walk must zero them then: `_read` leaves a tensor's unused slots alone)."""
-    make = layout.arena().zeros if zeros else layout.arena().empty
-    return StreamTable(make(n * ncp, np.int64), *(make((n * ncp, STREAMS), np.int64) for _ in range(4)))
+    `zeros` (the walk must zero them then: `_read` leaves a tensor's unused slots alone).
+    `at` is never zeroed: `_read` writes every slot of a chunk it reads."""
+    arena = layout.arena()
+    make = arena.zeros if zeros else arena.empty
+    events, codec, raw, stored = make(n * ncp, np.int64), *(make((n * ncp, STREAMS), np.int64) for _ in range(3))
+    return StreamTable(events, codec, raw, stored, arena.empty((n * ncp, STREAMS), np.int64))
 
 
 @triton.jit
