@@ -48,14 +48,18 @@ def _items(new: Mapping[str, torch.Tensor], old: Mapping[str, torch.Tensor] | No
     return backend, items
 
 
+def _no_cuda_config(cuda) -> None:
+    if cuda is not None:
+        raise ValueError("a CUDA codec configuration was given for CPU tensors; move the state to a "
+                         "CUDA device or leave `cuda` unset")
+
+
 def _pack(kind, backend_items, version, base_version, chunk_elems, level, threads, cuda=None, pinned=False):
     check_chunk_elems(chunk_elems)
     backend, items = backend_items
     codecs = ["raw", "zstd"]
     if backend is cpu:
-        if cuda is not None:
-            raise ValueError("a CUDA codec configuration was given for CPU tensors; move the state to a "
-                             "CUDA device or leave `cuda` unset")
+        _no_cuda_config(cuda)
         records, chunks = backend.encode(items, chunk_elems, level, threads)
         ready = lambda: None
     else:
@@ -164,11 +168,9 @@ def stage_delta(state: Mapping[str, torch.Tensor], pack: bytes, *, base_version:
     backend, lives = _lives(state, header, strict)
     backend.check_readable(header.stream_codecs)
     if backend is cpu:
-        if cuda is not None:
-            raise ValueError("a CUDA codec configuration was given for CPU tensors; leave `cuda` unset")
-        staged = backend.stage(lives, header, pack, check_base and header.kind == "delta", threads)
-    else:
-        staged = backend.stage(lives, header, pack, check_base and header.kind == "delta", threads, config=cuda)
+        _no_cuda_config(cuda)
+    options = {} if backend is cpu else {"config": cuda}
+    staged = backend.stage(lives, header, pack, check_base and header.kind == "delta", threads, **options)
     if device_budget is not None and staged.nbytes > device_budget:
         staged.offload()
     return staged

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 import torch
 
 from weight_teleport.codec import StagedPatch, apply_staged, stage_delta
-from weight_teleport.codec.cuda.config import BACKENDS, CudaCodecConfig
+from weight_teleport.codec.cuda.config import CudaCodecConfig
 from weight_teleport.codec.dtypes import BY_NAME
 from weight_teleport.format import read_header
 from weight_teleport.pipeline.manifest import Entry
@@ -33,9 +33,8 @@ class Stager:
         self.shadow: dict[str, torch.Tensor] | None = None
         self.threads = threads
         self.device_budget = device_budget
-        if decompress_backend not in BACKENDS:
-            raise ValueError(f"decompress_backend must be one of {BACKENDS}, got {decompress_backend!r}")
-        self.decompress_backend = decompress_backend
+        self.cuda = CudaCodecConfig(decompress_backend=decompress_backend)
+        """The CUDA decoder's configuration, for CUDA targets (ValueError here for an unknown backend)."""
 
     @property
     def uses_view(self) -> bool:
@@ -47,25 +46,19 @@ class Stager:
         memory, which the stage copies to the device from where it is)."""
         return self.uses_view and any(t.is_cuda for t in self.view.values())
 
-    def _cuda(self):
-        """The CUDA decoder's configuration for CUDA targets (None for CPU ones)."""
-        if not self.on_cuda:
-            return None
-        return CudaCodecConfig(decompress_backend=self.decompress_backend)
-
     def stage(self, entry: Entry, pack: bytes, head: int | None) -> StagedPatch:
         """Decode and verify `pack` against the weights at version `head` (raises the
         codec's typed errors when they are not the pack's base). In shadow mode the
         shadow moves to the pack's version."""
         base = self.view if self.uses_view else self.shadow
+        options = dict(strict=False, threads=self.threads, device_budget=self.device_budget,
+                       cuda=self.cuda if self.on_cuda else None)
         if entry.kind == "delta":
             assert base is not None, "plans from no weights start with a snapshot"
-            staged = stage_delta(base, pack, base_version=head, strict=False,
-                                 threads=self.threads, device_budget=self.device_budget, cuda=self._cuda())
+            staged = stage_delta(base, pack, base_version=head, **options)
         else:
             target = base if self.uses_view else _empty_like_pack(pack)
-            staged = stage_delta(target, pack, strict=False, threads=self.threads,
-                                 device_budget=self.device_budget, cuda=self._cuda())
+            staged = stage_delta(target, pack, **options)
             if not self.uses_view:
                 self.shadow = target
         if not self.uses_view:

@@ -23,14 +23,15 @@ def digest(tensor) -> str:
 def check_readable(stream_codecs: list[str]) -> None:
     """UnsupportedFormatError unless every stream codec named decodes here: the portable ones
     always (the CPU's zstd where nvCOMP is missing), the GPU-only ones with nvCOMP."""
-    gpu_only = {streams.NAMES[c] for c in entropy.CODED} - {streams.NAMES[c] for c in streams.CPU_READABLE}
-    unknown = set(stream_codecs) - gpu_only - {streams.NAMES[c] for c in streams.CPU_READABLE}
+    portable = {streams.NAMES[c] for c in streams.CPU_READABLE}
+    unknown = set(stream_codecs) - portable - {streams.NAMES[c] for c in entropy.CODED}
     if unknown:
         raise UnsupportedFormatError(f"pack uses stream codecs {sorted(unknown)} that this build cannot decode; "
                                      "upgrade weight-teleport to read it")
-    if set(stream_codecs) & gpu_only and not entropy.available():
-        raise UnsupportedFormatError(f"pack uses the GPU-only stream codecs {sorted(set(stream_codecs) & gpu_only)}, "
-                                     "which need nvCOMP: pip install 'weight-teleport[cuda]'")
+    gpu_only = set(stream_codecs) - portable
+    if gpu_only and not entropy.available():
+        raise UnsupportedFormatError(f"pack uses the GPU-only stream codecs {sorted(gpu_only)}, which need "
+                                     "nvCOMP: pip install 'weight-teleport[cuda]'")
 
 
 def extra_stream_codecs(config: CudaCodecConfig) -> list[str]:
