@@ -159,6 +159,30 @@ def test_gpu_only_stream_codec_is_refused_on_cpu():
         wt.apply_delta(clone_state(old), pack)
 
 
+def _flip(chunk: int, where, bits: int):
+    """A `with_renewed_crcs` mutation: byte where(len) of chunk `chunk` XOR `bits`."""
+    def mutate(i, c):
+        if i == chunk:
+            c[where(len(c))] ^= bits
+    return mutate
+
+
+def _refusals(old, new, pack: bytes, mutations) -> int:
+    """How many of the packs `mutations` make of `pack` (CRCs renewed) CUDA weights refuse;
+    a refused pack leaves them untouched, an accepted one must give `new` bit for bit."""
+    refused = 0
+    for mutate in mutations:
+        state = _cuda(old)
+        try:
+            wt.apply_delta(state, with_renewed_crcs(pack, mutate))
+        except WeightTeleportError:
+            refused += 1
+            assert_bits_equal(_cpu(state), old)
+        else:
+            assert_bits_equal(_cpu(state), new)
+    return refused
+
+
 def _gpu_only_pack(algorithm):
     from weight_teleport.codec.cuda import entropy
     if not entropy.available():
@@ -188,20 +212,8 @@ def test_gpu_only_stream_codecs_stage_on_gpu(algorithm, monkeypatch):
         wt.apply_delta(state, pack, cuda=CudaCodecConfig(decompress_backend=backend))
         assert_bits_equal(_cpu(state), new)
     n_chunks = sum(len(t.chunks) for t in header.tensors)
-    refused = 0
-    for ci in range(n_chunks):
-        def mutate(i, c, ci=ci):
-            if i == ci:
-                c[len(c) - 5] ^= 0x41  # in the chunk's last stream
-        state = _cuda(old)
-        try:
-            wt.apply_delta(state, with_renewed_crcs(pack, mutate))
-        except WeightTeleportError:
-            refused += 1
-            assert_bits_equal(_cpu(state), old)
-        else:
-            assert_bits_equal(_cpu(state), new)
-    assert refused >= n_chunks // 2
+    flips = [_flip(ci, lambda n: n - 5, 0x41) for ci in range(n_chunks)]  # in each chunk's last stream
+    assert _refusals(old, new, pack, flips) >= n_chunks // 2
     monkeypatch.setattr(entropy, "available", lambda: False)
     with pytest.raises(UnsupportedFormatError, match=r"weight-teleport\[cuda\]"):
         wt.apply_delta(_cuda(old), pack)
@@ -400,24 +412,11 @@ def test_corrupt_streams_with_valid_crcs_are_refused_on_gpu(nvcomp, monkeypatch)
     pack = wt.encode_delta(old, new, base_version=0, version=1, chunk_elems=1024, level=-5)
     n_chunks = sum(len(t.chunks) for t in read_header(pack).tensors)
     rng = np.random.default_rng(1)
-    refused = 0
-    for _ in range(40):
-        ci, flip = int(rng.integers(n_chunks)), int(rng.integers(1, 256))
-        at = rng.random()
-
-        def mutate(i, c, ci=ci, flip=flip, at=at):
-            if i == ci:
-                c[int(at * len(c))] ^= flip
-
-        state = _cuda(old)
-        try:
-            wt.apply_delta(state, with_renewed_crcs(pack, mutate))
-        except WeightTeleportError:
-            refused += 1
-            assert_bits_equal(_cpu(state), old)
-        else:
-            assert_bits_equal(_cpu(state), new)
-    assert refused >= 30
+    flips = []
+    for _ in range(40):  # the draws in the order they were made before the helper
+        ci, bits, at = int(rng.integers(n_chunks)), int(rng.integers(1, 256)), rng.random()
+        flips.append(_flip(ci, lambda n, at=at: int(at * n), bits))
+    assert _refusals(old, new, pack, flips) >= 30
 
 
 def test_staged_changes_use_four_byte_offsets():
