@@ -676,13 +676,19 @@ scan_words(const U* old, const i64* rows, const int* prog, const U* nw, const i6
 // the planes), the class rank of the first (the scan), and the run's bits of the class's
 // event bitmap, whose set bits pick the changed elements. Lanes with event bits queue them
 // in shared memory, and the warp maps them to elements an entry a lane (a select by
-// popcounts per event). Last each lane writes its changes in position order at the block's
-// first output plus the changes of the lanes before it, and adds the changed words' digest
-// terms. Shared memory holds per-class values and the queue.
+// popcounts per event). Last the block's changes are written in position order, a change
+// a lane (change t: the owner lane's, found by a binary search of the lanes' change counts
+// before them, then a select in its changed elements), each lane reading the owner's planes
+// and first class ranks from shared memory; the last lane of each 8-byte word's changes adds
+// the word's digest terms, and a word that goes on past lane 31 is carried into the next
+// round. Shared memory holds per-class values and the queue, whose space then holds the
+// lanes' planes.
 // (25.2 -> 20.7 ms on the H200 against ranking every element with __match_any_sync and a
 // queue of changes in shared memory: 15.9 G instead of 20.2 G instructions; the queue of
 // event bits 20.7 -> 18.8 ms against each lane selecting its own events, 2.6 lanes of 32
-// busy on average; BENCHMARKS.md.)
+// busy on average; a change a lane 16.84 -> 16.13 ms against each lane writing its own
+// changes, 4.7 rounds a block at 21 of 32 lanes, 3042 -> 2833 instructions a block;
+// BENCHMARKS.md.)
 // Compiled for the stage's blocks (a lane has at most 64 elements) and up to 16 classes.
 #if (BLOCK == 1024 || BLOCK == 2048) && NCP <= 16
 #define RUN (BLOCK / 32)
@@ -695,9 +701,11 @@ struct LaneShared {      // one warp's
     int seg_before[NCP]; // set bits before the class's segment
     int rank0[NCP];      // class rank of the class's first element in the block
     unsigned short first[NCP][32];  // each lane's first class rank of each class, from bit0
-    u64 qm[QCAP], qe[QCAP];  // the queue: a lane's elements of a class, and their event bits
+    u64 q[2 * QCAP];     // the queue: a lane's elements of a class, then their event bits;
+                         // after it, each lane's class planes (plane b of lane l at b * 32 + l)
     unsigned char ql[QCAP];  // and the lane
-    u64 evm[32];         // each lane's event elements
+    u64 evm[32];         // each lane's event elements, then its changed elements
+    int before[32];      // the changes of the lanes before each
 };
 
 // Exclusive prefix sum of v over the lanes; `total` gets the sum of all.
@@ -799,7 +807,6 @@ place_lanes(const U* old, const i64* rows, const int* prog, const unsigned char*
 #endif
     __syncwarp();
     // the run's classes as planes
-    const i64 word0 = (bk.start + bk.first) / PW + lane * (RUN / PW);
     u64 pl[4] = {0ull, 0ull, 0ull, 0ull};
     unsigned acc = 0;  // the current 8 elements' classes, bit b of element j at bit 8 * b + j
     auto take = [&](u64 word, int wi) {
@@ -851,9 +858,9 @@ place_lanes(const U* old, const i64* rows, const int* prog, const unsigned char*
     auto flush = [&]() {
         __syncwarp();
         for (int t = lane; t < qn; t += 32) {
-            const u64 m = sh.qm[t];
+            const u64 m = sh.q[t];
             u64 picked = 0;
-            for (u64 e = sh.qe[t]; e; e &= e - 1) picked |= 1ull << select_bit64(m, __ffsll(e) - 1);
+            for (u64 e = sh.q[QCAP + t]; e; e &= e - 1) picked |= 1ull << select_bit64(m, __ffsll(e) - 1);
             atomicOr(&sh.evm[sh.ql[t]], picked);
         }
         __syncwarp();
@@ -868,8 +875,8 @@ place_lanes(const U* old, const i64* rows, const int* prog, const unsigned char*
         if (qn + __popc(has) > QCAP) flush();
         if (ev) {
             const int t = qn + __popc(has & below);
-            sh.qm[t] = m;
-            sh.qe[t] = ev;
+            sh.q[t] = m;
+            sh.q[QCAP + t] = ev;
             sh.ql[t] = (unsigned char)lane;
         }
         qn += __popc(has);
@@ -887,32 +894,70 @@ place_lanes(const U* old, const i64* rows, const int* prog, const unsigned char*
     }
     flush();
     const u64 mv = sh.evm[lane] ^ inv_m;  // the changed elements: events, but non-events of inverted classes
-    // the run's changes in position order, and the changed words' digest terms
+    // The block's changes in position order, an output a lane: change t is the changed element
+    // of its owner lane's run whose changes before it and the owner's before it make t. The
+    // owner's planes, changes and first class ranks are in shared memory.
     int total;
-    i64 at = starts[pid] + lanes_exclusive(__popcll(mv), lane, total);
-    u64 delta = 0, was = 0, now = 0;
-    int wd = -1;
-    for (u64 e = mv; e; e &= e - 1, at++) {
-        const int b = __ffsll(e) - 1, idx = lane * RUN + b;
-        if (b / PW != wd) {
-            if (wd >= 0) delta += term(now, (u64)(word0 + wd)) - term(was, (u64)(word0 + wd));
-            wd = b / PW;
-            // one 8-byte load (18.90 -> 18.20 ms on the H200 against an element at a time)
-            was = now = fast ? __ldg((const unsigned long long*)run + wd) : run_word(run, wd, left);
+    const int before = lanes_exclusive(__popcll(mv), lane, total);
+#pragma unroll
+    for (int b = 0; b < LPLANES; b++) sh.q[b * 32 + lane] = pl[b];
+    sh.evm[lane] = mv;
+    sh.before[lane] = before;
+    __syncwarp();
+    const i64 at0 = starts[pid], wbase = (bk.start + bk.first) / PW;  // the block's first output and digest word
+    const bool aligned = ((unsigned long long)po & 7ull) == 0;
+    u64 delta = 0, carry_diff = 0, carry_was = 0;  // the digest sum's change; a word that goes on past lane 31
+    int carry_word = -1;
+    for (int t0 = 0; t0 < total; t0 += 32) {
+        const int t = t0 + lane;
+        int word = -1 - lane;  // the change's digest word in the block (lanes without one: a word of their own)
+        u64 diff = 0, was = 0;  // its bits XOR the old, at their place in the word; the old word
+        if (t < total) {
+            int o = 0;  // the owner: the last lane with no more than t changes before it
+#pragma unroll
+            for (int step = 16; step > 0; step >>= 1)
+                if (sh.before[o + step] <= t) o += step;
+            const int b = select_bit64(sh.evm[o], t - sh.before[o]), idx = o * RUN + b;
+            u64 opl[4] = {0ull, 0ull, 0ull, 0ull};
+#pragma unroll
+            for (int k = 0; k < LPLANES; k++) opl[k] = sh.q[k * 32 + o];
+            const int c = run_class_at(opl, b);
+            const int r = sh.first[c][o] + __popcll(run_class(opl, ~0ull, c) & ((1ull << b) - 1ull));
+            const int ones = bits_before(bitmap, pref, sh.bit0[c] + r, false) - sh.seg_before[c];
+            const i64 slot = sh.ro[c] + (((inv >> c) & 1) ? sh.rank0[c] + r - ones : ones);
+            word = idx / PW;
+            was = aligned && (word + 1) * PW <= bk.n ? __ldg((const unsigned long long*)po + word)
+                                                    : run_word(po, word, bk.n);
+            const int sh_bits = BITS * (idx % PW);
+            const W ob = (W)((was >> sh_bits) & WMASK);
+            const i64 at = at0 + t;
+            if (slot >= 0 && slot < n_res && at < n_res) {
+                const W nb = unkey(wrap(key(ob) + (W)res[slot]));
+                pos[at] = (int)(bk.first + idx);
+                val[at] = (U)nb;
+                diff = (u64)(nb ^ ob) << sh_bits;
+            }
         }
-        const W ob = (W)((was >> (BITS * (b % PW))) & WMASK);
-        const int c = run_class_at(pl, b);
-        const int r = sh.first[c][lane] + __popcll(run_class(pl, valid, c) & ((1ull << b) - 1ull));
-        const int ones = bits_before(bitmap, pref, sh.bit0[c] + r, false) - sh.seg_before[c];
-        const i64 slot = sh.ro[c] + (((inv >> c) & 1) ? sh.rank0[c] + r - ones : ones);
-        if (slot >= 0 && slot < n_res && at < n_res) {
-            const W nb = unkey(wrap(key(ob) + (W)res[slot]));
-            pos[at] = (int)(bk.first + idx);
-            val[at] = (U)nb;
-            now = (now & ~((u64)WMASK << (BITS * (b % PW)))) | (u64)nb << (BITS * (b % PW));
+        // a word's changes are on consecutive lanes: the last of them gathers their bits and
+        // adds the word's digest terms; one that goes on past lane 31 is carried to lane 0
+        const int w0 = __shfl_sync(FULL, word, 0);
+        if (carry_word >= 0 && w0 != carry_word && lane == 0)
+            delta += term(carry_was ^ carry_diff, (u64)(wbase + carry_word)) - term(carry_was, (u64)(wbase + carry_word));
+        if (lane == 0 && carry_word >= 0 && w0 == carry_word) diff |= carry_diff;
+#pragma unroll
+        for (int d = 1; d < PW; d <<= 1) {
+            const u64 y = __shfl_up_sync(FULL, diff, d);
+            const int wy = __shfl_up_sync(FULL, word, d);
+            if (lane >= d && wy == word) diff |= y;
         }
+        const int next = __shfl_down_sync(FULL, word, 1);
+        const bool goes_on = lane == 31 && t + 1 < total;
+        carry_word = __shfl_sync(FULL, goes_on ? word : -1, 31);
+        carry_diff = __shfl_sync(FULL, diff, 31);
+        carry_was = __shfl_sync(FULL, was, 31);
+        if (t < total && !goes_on && (lane == 31 || next != word) && diff)
+            delta += term(was ^ diff, (u64)(wbase + word)) - term(was, (u64)(wbase + word));
     }
-    if (wd >= 0) delta += term(now, (u64)(word0 + wd)) - term(was, (u64)(word0 + wd));
 #pragma unroll
     for (int d = 16; d > 0; d >>= 1) delta += __shfl_xor_sync(FULL, delta, d);
     if (lane == 0) {
