@@ -687,7 +687,8 @@ scan_words(const U* old, const i64* rows, const int* prog, const U* nw, const i6
 // queue of changes in shared memory: 15.9 G instead of 20.2 G instructions; the queue of
 // event bits 20.7 -> 18.8 ms against each lane selecting its own events, 2.6 lanes of 32
 // busy on average; a change a lane 16.84 -> 16.13 ms against each lane writing its own
-// changes, 4.7 rounds a block at 21 of 32 lanes, 3042 -> 2833 instructions a block;
+// changes, 4.7 rounds a block at 21 of 32 lanes, 3042 -> 2833 instructions a block; the
+// queue's ORs into the lanes' event elements as two 32-bit atomics, 16.09 -> 15.78 ms;
 // BENCHMARKS.md.)
 // Compiled for the stage's blocks (a lane has at most 64 elements) and up to 16 classes.
 #if (BLOCK == 1024 || BLOCK == 2048) && NCP <= 16
@@ -861,7 +862,10 @@ place_lanes(const U* old, const i64* rows, const int* prog, const unsigned char*
             const u64 m = sh.q[t];
             u64 picked = 0;
             for (u64 e = sh.q[QCAP + t]; e; e &= e - 1) picked |= 1ull << select_bit64(m, __ffsll(e) - 1);
-            atomicOr(&sh.evm[sh.ql[t]], picked);
+            // two 32-bit ORs: a 64-bit one on shared memory is a compare-and-swap loop
+            unsigned* e32 = (unsigned*)&sh.evm[sh.ql[t]];
+            if ((unsigned)picked) atomicOr(e32, (unsigned)picked);
+            if (picked >> 32) atomicOr(e32 + 1, (unsigned)(picked >> 32));
         }
         __syncwarp();
         qn = 0;
