@@ -15,7 +15,7 @@ pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None,
 def bench(monkeypatch):
     monkeypatch.syspath_prepend(str(Path(__file__).resolve().parent.parent / "bench"))
     yield
-    for name in ("cuda_bench", "timeline", "stage_host"):
+    for name in ("cuda_bench", "timeline", "stage_host", "kernel_ab"):
         sys.modules.pop(name, None)
 
 
@@ -36,3 +36,16 @@ def test_stage_host_bench_runs(bench, monkeypatch, capsys):
     stage_host.main()
     out = capsys.readouterr().out
     assert "399 tensors" in out and "StreamsRead.result" in out
+
+
+def test_kernel_ab_finds_every_kernels_outputs(bench):
+    """bench/kernel_ab.py reads each kernel's output parameters off warp.cu's signatures."""
+    import kernel_ab
+
+    from weight_teleport.codec.cuda import warp
+    source = warp.SOURCE.read_text()
+    assert kernel_ab.output_indices(source, "place_lanes") == [14, 15, 16]
+    assert kernel_ab.output_indices(source, "class_counts") == [4, 5]
+    for kernel in kernel_ab.OUTPUTS:
+        assert len(kernel_ab.output_indices(source, kernel)) == len(kernel_ab.OUTPUTS[kernel])
+    assert sorted(k for ks in kernel_ab.CALLS.values() for k in ks) == sorted(kernel_ab.OUTPUTS)
