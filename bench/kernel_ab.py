@@ -9,7 +9,8 @@ call's own.
     python bench/kernel_ab.py OTHER [--kernel place_lanes] [--what stage] [--calls 6]
 
 OTHER: a git revision of this repository, a directory holding a `weight_teleport` package,
-or a warp.cu file.
+or a warp.cu file. Run on the H200 for `place_lanes` in stage calls (BENCHMARKS.md, twenty-
+fourth round); `--what encode` has not yet run on a GPU.
 """
 
 import argparse
