@@ -687,7 +687,7 @@ scan_words(const U* old, const i64* rows, const int* prog, const U* nw, const i6
 // queue of changes in shared memory: 15.9 G instead of 20.2 G instructions; the queue of
 // event bits 20.7 -> 18.8 ms against each lane selecting its own events, 2.6 lanes of 32
 // busy on average; a change a lane 16.84 -> 16.13 ms against each lane writing its own
-// changes, 4.7 rounds a block at 21 of 32 lanes, 3042 -> 2833 instructions a block; the
+// changes, 4.7 rounds a block for 1.7 changes a lane, 3042 -> 2833 instructions a block; the
 // queue's ORs into the lanes' event elements as two 32-bit atomics, 16.09 -> 15.78 ms;
 // BENCHMARKS.md.)
 // Compiled for the stage's blocks (a lane has at most 64 elements) and up to 16 classes.
