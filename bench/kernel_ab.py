@@ -8,8 +8,8 @@ call's own.
 
     python bench/kernel_ab.py OTHER [--kernel place_lanes] [--what stage] [--calls 6]
 
-OTHER: a git revision of this repository, a directory holding a `weight_teleport` package,
-or a warp.cu file. Run on the H200 for `place_lanes` in stage calls (BENCHMARKS.md, twenty-
+OTHER: a git revision of this repository or a directory holding a `weight_teleport` package,
+as for versions.py. Run on the H200 for `place_lanes` in stage calls (BENCHMARKS.md, twenty-
 fourth round); `--what encode` has not yet run on a GPU.
 """
 
@@ -23,6 +23,7 @@ import torch
 
 import weight_teleport as wt
 from cuda_bench import make_delta
+from versions import ROOT
 from weight_teleport.codec.cuda import nvrtc, warp
 
 OUTPUTS = {"class_counts": ("counts", "old_sums"), "hist_counts": ("counts", "events"),
@@ -32,23 +33,25 @@ CALLS = {"stage": ("class_counts", "place_lanes"), "encode": ("hist_counts", "cl
 """The kernels each call launches through `warp.launch`."""
 
 
-def output_indices(source: str, kernel: str) -> list[int]:
-    """Where `kernel`'s output parameters (OUTPUTS) are in its parameter list in `source`."""
+def parameters(source: str, kernel: str) -> list[str]:
+    """The declarations of `kernel`'s parameters in `source`, such as "int* pos"."""
     m = re.search(rf"\b{kernel}\s*\(([^)]*)\)\s*{{", source)
     assert m, f"no kernel {kernel} in the source"
-    names = [p.split()[-1].lstrip("*") for p in m.group(1).split(",")]
+    return [p.strip() for p in m.group(1).split(",")]
+
+
+def output_indices(source: str, kernel: str) -> list[int]:
+    """Where `kernel`'s output parameters (OUTPUTS) are in its parameter list in `source`."""
+    names = [p.split()[-1].lstrip("*") for p in parameters(source, kernel)]
     return [names.index(n) for n in OUTPUTS[kernel]]
 
 
 def other_source(version: str) -> str:
-    """warp.cu of `version` (a file, a directory holding weight_teleport, or a git revision)."""
-    path = Path(version)
+    """warp.cu of `version`: a directory holding weight_teleport, or a git revision."""
+    path = Path(version) / "weight_teleport" / "codec" / "cuda" / "warp.cu"
     if path.is_file():
         return path.read_text()
-    if path.is_dir():
-        return (path / "weight_teleport" / "codec" / "cuda" / "warp.cu").read_text()
-    root = Path(__file__).resolve().parent.parent
-    return subprocess.run(["git", "show", f"{version}:weight_teleport/codec/cuda/warp.cu"], cwd=root, check=True,
+    return subprocess.run(["git", "show", f"{version}:weight_teleport/codec/cuda/warp.cu"], cwd=ROOT, check=True,
                           capture_output=True, text=True).stdout
 
 
@@ -93,7 +96,7 @@ class Pair:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("other", help="git revision, directory holding weight_teleport, or warp.cu file")
+    ap.add_argument("other", help="git revision or directory holding weight_teleport/")
     ap.add_argument("--kernel", default="place_lanes", choices=sorted(OUTPUTS))
     ap.add_argument("--what", default="stage", choices=sorted(CALLS), help="the call whose launches are compared")
     ap.add_argument("--calls", type=int, default=6)

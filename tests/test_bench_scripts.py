@@ -15,7 +15,7 @@ pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None,
 def bench(monkeypatch):
     monkeypatch.syspath_prepend(str(Path(__file__).resolve().parent.parent / "bench"))
     yield
-    for name in ("cuda_bench", "timeline", "stage_host", "kernel_ab"):
+    for name in ("cuda_bench", "timeline", "stage_host", "kernel_ab", "versions"):
         sys.modules.pop(name, None)
 
 
@@ -39,7 +39,8 @@ def test_stage_host_bench_runs(bench, monkeypatch, capsys):
 
 
 def test_kernel_ab_finds_every_kernels_outputs(bench):
-    """bench/kernel_ab.py reads each kernel's output parameters off warp.cu's signatures."""
+    """bench/kernel_ab.py reads each kernel's output parameters off warp.cu's signatures: each
+    is a pointer the kernel may write, and the Python that launches it passes a tensor there."""
     import kernel_ab
 
     from weight_teleport.codec.cuda import warp
@@ -47,5 +48,7 @@ def test_kernel_ab_finds_every_kernels_outputs(bench):
     assert kernel_ab.output_indices(source, "place_lanes") == [14, 15, 16]
     assert kernel_ab.output_indices(source, "class_counts") == [4, 5]
     for kernel in kernel_ab.OUTPUTS:
-        assert len(kernel_ab.output_indices(source, kernel)) == len(kernel_ab.OUTPUTS[kernel])
+        params = kernel_ab.parameters(source, kernel)
+        for i in kernel_ab.output_indices(source, kernel):
+            assert "*" in params[i] and not params[i].startswith("const"), (kernel, params[i])
     assert sorted(k for ks in kernel_ab.CALLS.values() for k in ks) == sorted(kernel_ab.OUTPUTS)
