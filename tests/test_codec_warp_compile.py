@@ -1,6 +1,6 @@
 """The CUDA C warp kernels (codec/cuda/warp.cu) and symbol coder (codec/cuda/symbols.cu)
 compile with NVRTC for every element type, and the Huffman frame writer
-(codec/cuda/huffman.cu) compiles, no GPU needed (NVRTC comes
+(codec/cuda/huffman.cu) and the CRC kernel (codec/cuda/crc.cu) compile, no GPU needed (NVRTC comes
 with the test extra's `nvidia-cuda-nvrtc` wheel): a slip in the CUDA source fails here, not
 only on a GPU."""
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 from helpers import DTYPES
 
-from weight_teleport.codec.cuda import huffman, nvrtc, symbols, warp
+from weight_teleport.codec.cuda import crc, huffman, nvrtc, symbols, warp
 from weight_teleport.codec.cuda.ranks import WARP_BLOCK, pow2
 from weight_teleport.codec.cuda.scan import SPAN
 from weight_teleport.codec.dtypes import dtype_info
@@ -51,6 +51,12 @@ def test_every_kernel_compiles_for_every_element_type(dtype, nvrtc_found):
 def test_the_huffman_writer_compiles(capability, nvrtc_found):
     image = nvrtc.compile_image(huffman.SOURCE.read_text(), "huffman.cu", capability, huffman._module().options)
     assert image[:4] == b"\x7fELF" and b"huf_plan" in image and b"huf_write" in image
+
+
+@pytest.mark.parametrize("capability", [75, 90])
+def test_the_crc_kernel_compiles(capability, nvrtc_found):
+    image = nvrtc.compile_image(crc.SOURCE.read_text(), "crc.cu", capability, crc._module().options)
+    assert image[:4] == b"\x7fELF" and b"crc_ranges" in image
 
 
 def test_a_gpu_newer_than_nvrtc_gets_ptx(nvrtc_found):

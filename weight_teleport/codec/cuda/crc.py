@@ -1,19 +1,23 @@
 """CRC-32 (zlib's) of many byte ranges of one device buffer, in one launch: the chunks of a
-pack checked on the GPU before the payload is copied to the host.
+pack checked on the GPU (the encoder's before its payload is copied to the host, the stage's
+from the uploaded pack).
 
-A range is cut into pieces of PIECE bytes counted from its end (the first piece may be
-short); each lane runs the byte-wise CRC of one piece, then moves it to its place in the
-range by multiplying with x^(8 * bytes after it) modulo the polynomial (zlib's
-crc32_combine), and the range's CRC is the XOR of its pieces' terms (an atomic XOR)."""
+A range is cut into pieces; each lane runs the CRC of one piece, then moves it to its place
+in the range by multiplying with x^(8 * bytes after it) modulo the polynomial (zlib's
+crc32_combine), and the range's CRC is the XOR of its pieces' terms (an atomic XOR). On
+NVIDIA GPUs the CUDA C kernel crc.cu does it eight bytes a step (slicing-by-8 tables in
+shared memory); the Triton kernel here, a byte a step, runs under Triton's CPU interpreter
+and where NVRTC cannot be loaded."""
 
 import functools
+from pathlib import Path
 
 import numpy as np
 import torch
 import triton
 import triton.language as tl
 
-from weight_teleport.codec.cuda import layout
+from weight_teleport.codec.cuda import layout, nvrtc
 
 POLY = 0xEDB88320
 """The CRC-32 polynomial, bit-reflected."""
@@ -22,6 +26,10 @@ PIECE = 1 << PIECE_BITS
 """Bytes of one lane's piece."""
 LANES = 128
 """Pieces of one program (all of one range)."""
+SOURCE = Path(__file__).with_name("crc.cu")
+"""The CUDA C kernel (tests/test_codec_warp_compile.py compiles it without a GPU)."""
+C_PIECE = 2048
+"""Bytes of one lane's piece in the CUDA C kernel, counted from the range's start."""
 
 
 def _mulmod_host(a: int, b: int) -> int:
@@ -46,10 +54,24 @@ def _tables() -> tuple[np.ndarray, np.ndarray]:
     return table, np.array(x2n, np.int64)
 
 
+def _slicing(table: np.ndarray) -> np.ndarray:
+    """[8, 256]: the slicing-by-8 tables (table k: the CRC of a byte followed by k zero bytes)."""
+    out = [table]
+    for _ in range(7):
+        out.append((out[-1] >> 8) ^ table[out[-1] & 0xFF])
+    return np.stack(out)
+
+
 @functools.cache
-def _device_tables(device: torch.device) -> torch.Tensor:
+def _device_tables(device: torch.device, slicing: bool = False) -> torch.Tensor:
     table, x2n = _tables()
-    return torch.from_numpy(np.concatenate([table, x2n]).astype(np.uint32).view(np.int32)).to(device)
+    rows = _slicing(table).ravel() if slicing else table
+    return torch.from_numpy(np.concatenate([rows, x2n]).astype(np.uint32).view(np.int32)).to(device)
+
+
+@functools.cache
+def _module() -> nvrtc.Module:
+    return nvrtc.Module(SOURCE.read_text(), SOURCE.name, {"PIECE": C_PIECE})
 
 
 @triton.jit
@@ -107,7 +129,8 @@ def crc32(data: torch.Tensor, offsets, lengths, bounds: np.ndarray | None = None
         assert ((offsets >= 0) & (lengths >= 0) & (offsets + lengths <= data.numel())).all()
         ranges, bounds = None, lengths
     out = torch.zeros(len(offsets), dtype=torch.int32, device=data.device)
-    pieces = -(-np.asarray(bounds, np.int64) // PIECE)
+    fast = nvrtc.compiles_for(data)
+    pieces = -(-np.asarray(bounds, np.int64) // (C_PIECE if fast else PIECE))
     owner, k = layout.items(-(-pieces // LANES))
     if not owner.size:
         return out
@@ -116,6 +139,10 @@ def crc32(data: torch.Tensor, offsets, lengths, bounds: np.ndarray | None = None
         progs, ranges = layout.to_device([progs, np.stack([offsets, lengths], 1)], data.device)
     else:
         progs = layout.upload(progs, data.device)
+    if fast:
+        _module().launch("crc_ranges", owner.size, LANES, [data, _device_tables(data.device, True), progs, ranges, out,
+                                                           owner.size], data.device)
+        return out
     shift_bits = max(1, int(pieces.max() - 1).bit_length())
     _crc_kernel[(owner.size,)](data, _device_tables(data.device), progs, ranges, out, SHIFT_BITS=shift_bits, PIECE=PIECE,
                                PIECE_BITS=PIECE_BITS, LANES=LANES)

@@ -201,7 +201,7 @@ def _on_gpu(pack, prep: Prepared, device, upload) -> tuple[torch.Tensor, torch.T
     if torch.device(device).type != "cuda":  # the Triton interpreter's tests
         return _decode_on(pack, prep, device, upload)
     main = torch.cuda.current_stream(device)
-    side = _side(main.device)
+    side = stream(main.device)
     with torch.cuda.stream(side):
         buf, failed = _decode_on(pack, prep, device, upload)
     main.wait_stream(side)
@@ -210,7 +210,8 @@ def _on_gpu(pack, prep: Prepared, device, upload) -> tuple[torch.Tensor, torch.T
     return buf, failed
 
 
-def _side(device: torch.device) -> torch.cuda.Stream:
+def stream(device: torch.device) -> torch.cuda.Stream:
+    """The stream the decompression runs on (`_on_gpu`)."""
     return layout.side_stream(device, "inflate")
 
 
@@ -261,10 +262,10 @@ def planned(lay: Layout, lo: int, hi: int | None, codec: np.ndarray, raw: np.nda
     cfg, plan = cfg or CudaCodecConfig(), None
     if entropy.available() and lay.coded.size:
         dev = torch.device(device)
-        stream = _side(dev).cuda_stream if dev.type == "cuda" else 0
+        handle = stream(dev).cuda_stream if dev.type == "cuda" else 0
         cs = lay.coded
-        plan = entropy.sized_plan(cfg, *bucketed, stream) if bucketed else \
-            entropy.plan_decompress(cfg, lay.comp_off, stored[cs], lay.out_off[cs], raw[cs], stream, codec[cs])
+        plan = entropy.sized_plan(cfg, *bucketed, handle) if bucketed else \
+            entropy.plan_decompress(cfg, lay.comp_off, stored[cs], lay.out_off[cs], raw[cs], handle, codec[cs])
     return Prepared(lay, lo, hi, plan, cfg)
 
 

@@ -50,10 +50,12 @@ def _check_crcs(pack, spans: ChunkSpans, threads) -> None:
 
 def _device_crcs(upload: inflate.Upload, spans: ChunkSpans) -> torch.Tensor:
     """The chunks' CRC-32s computed on the device from their uploaded bytes (int32), on a
-    stream of their own, so that they run beside other kernels rather than in the decoding
-    chain. The caller's stream waits for them."""
+    stream of their own that starts once the decompression is done: no decoding kernel
+    needs them, and queued ahead of the decompression they delayed it. The caller's stream
+    waits for them."""
     main = torch.cuda.current_stream(upload.device)
     side = layout.side_stream(upload.device, "crc")
+    side.wait_stream(inflate.stream(upload.device))
     with torch.cuda.stream(side):
         crcs = crc32(upload.bytes(), spans.starts - upload.lo, spans.lengths)
     main.wait_stream(side)
@@ -112,8 +114,8 @@ def _batches(lives: dict[str, Live], groups: list[list], header, spans: ChunkSpa
     else None); `reads`: the groups' stream-table walks (`_start_reads`). The device runs
     what is queued in order, each kernel's blocks before the next one's, and the class
     counts fill it for about 7 ms: they are launched first, then the pack's copy is queued,
-    then the decompression is launched once the walk is done, then the CRCs (which run
-    beside it, not ahead of it), then the rest of the decoding."""
+    then the decompression is launched once the walk is done, then the rest of the decoding,
+    then the CRCs, which wait for the decompression (`_device_crcs`)."""
     maps = [cpu.class_maps(rs, lives[rs[0].name].info) for rs in groups]
     # the walk's tables have the shape of the classes it was given: those of the maps, once checked
     assert all(np.array_equal(m[2], r.n_classes) for m, r in zip(maps, reads))
@@ -122,9 +124,9 @@ def _batches(lives: dict[str, Live], groups: list[list], header, spans: ChunkSpa
         upload.start()
     for b, r in zip(batches, reads):
         b.decompress(pack, r.result(b.table.base.device, config), threads, upload)
-    crcs = _device_crcs(upload, spans) if upload is not None else None
     for b in batches:
         b.decode()
+    crcs = _device_crcs(upload, spans) if upload is not None else None
     return batches, crcs
 
 
