@@ -207,8 +207,8 @@ def main() -> None:
     pinned_s, _ = wall_s(lambda: wt.stage_delta(state, pinned), 9)
     st_phases = stage_phases(state, pack)
     ans_pinned = wt.pinned_pack(ans_pack)
-    ans_stage_s, ans_staged = wall_s(lambda: wt.stage_delta(state, ans_pinned), 5)
-    ans_state = {k: v.clone() for k, v in old.items()}
+    ans_state = {k: v.clone() for k, v in old.items()}  # a patch applies to the tensors it was staged on
+    ans_stage_s, ans_staged = wall_s(lambda: wt.stage_delta(ans_state, ans_pinned), 5)
     wt.apply_staged(ans_state, ans_staged)
     ans_ok = all(torch.equal(ans_state[k].view(torch.int16), new[k].view(torch.int16)) for k in new)
     del ans_state, ans_staged
