@@ -912,6 +912,10 @@ place_lanes(const U* old, const i64* rows, const int* prog, const unsigned char*
     const bool aligned = ((unsigned long long)po & 7ull) == 0;
     u64 delta = 0, carry_diff = 0, carry_was = 0;  // the digest sum's change; a word that goes on past lane 31
     int carry_word = -1;
+    // the change of word w's digest term when its old bits `old` change by `diff`
+    auto word_delta = [&](u64 old, u64 diff, int w) {
+        return term(old ^ diff, (u64)(wbase + w)) - term(old, (u64)(wbase + w));
+    };
     for (int t0 = 0; t0 < total; t0 += 32) {
         const int t = t0 + lane;
         int word = -1 - lane;  // the change's digest word in the block (lanes without one: a word of their own)
@@ -946,7 +950,7 @@ place_lanes(const U* old, const i64* rows, const int* prog, const unsigned char*
         // adds the word's digest terms; one that goes on past lane 31 is carried to lane 0
         const int w0 = __shfl_sync(FULL, word, 0);
         if (carry_word >= 0 && w0 != carry_word && lane == 0)
-            delta += term(carry_was ^ carry_diff, (u64)(wbase + carry_word)) - term(carry_was, (u64)(wbase + carry_word));
+            delta += word_delta(carry_was, carry_diff, carry_word);
         if (lane == 0 && carry_word >= 0 && w0 == carry_word) diff |= carry_diff;
 #pragma unroll
         for (int d = 1; d < PW; d <<= 1) {
@@ -960,7 +964,7 @@ place_lanes(const U* old, const i64* rows, const int* prog, const unsigned char*
         carry_diff = __shfl_sync(FULL, diff, 31);
         carry_was = __shfl_sync(FULL, was, 31);
         if (t < total && !goes_on && (lane == 31 || next != word) && diff)
-            delta += term(was ^ diff, (u64)(wbase + word)) - term(was, (u64)(wbase + word));
+            delta += word_delta(was, diff, word);
     }
 #pragma unroll
     for (int d = 16; d > 0; d >>= 1) delta += __shfl_xor_sync(FULL, delta, d);
