@@ -701,10 +701,11 @@ struct LaneShared {      // one warp's
     i64 ro[NCP];         // the class's first residual slot of the chunk
     int seg_before[NCP]; // set bits before the class's segment
     int rank0[NCP];      // class rank of the class's first element in the block
-    unsigned short first[NCP][32];  // each lane's first class rank of each class, from bit0
-    u64 q[2 * QCAP];     // the queue: a lane's elements of a class, then their event bits;
-                         // after it, each lane's class planes (plane b of lane l at b * 32 + l)
-    unsigned char ql[QCAP];  // and the lane
+    int cnt[NCP];        // the class's elements in the block
+    int woff[NCP];       // the class's first word among the block's event words
+    unsigned short first[NCP][32];  // each lane's first class rank of each class
+    u64 pl[LPLANES > 0 ? LPLANES : 1][32];  // each lane's class planes
+    unsigned q[QCAP];    // the queue of events: class << 16 | class rank
     u64 evm[32];         // each lane's event elements, then its changed elements
     int before[32];      // the changes of the lanes before each
 };
@@ -788,17 +789,20 @@ place_lanes(const U* old, const i64* rows, const int* prog, const unsigned char*
 #endif
     const unsigned inv = __ballot_sync(FULL, lane < NCP && inv_tab[bk.tensor * NCP + lane]);
     bool changes = false;
+    int ev_words = 0;  // lane c < NCP: the bitmap words of class c's event bits in the block, if it has changes
     if (lane < NCP) {
         const i64 at = pid * NCP + lane, seg = seg_word[bk.chunk * NCP + lane];
         const int cnt = counts[at], r0 = base[at];
         const i64 b0 = seg * 32 + r0;
         sh.bit0[lane] = b0;
         sh.rank0[lane] = r0;
+        sh.cnt[lane] = cnt;
         sh.ro[lane] = roff[bk.chunk * NCP + lane];
         sh.seg_before[lane] = seg < n_words ? pref[seg] : 0;
         if (cnt > 0) {
             const int ones = bits_before(bitmap, pref, b0 + cnt - 1, true) - bits_before(bitmap, pref, b0, false);
             changes = ((inv >> lane) & 1) ? ones < cnt : ones > 0;
+            if (changes && ones > 0) ev_words = (int)(((b0 + cnt - 1) >> 5) - (b0 >> 5)) + 1;
         }
     }
 #if LUT_SHARED
@@ -849,52 +853,89 @@ place_lanes(const U* old, const i64* rows, const int* prog, const unsigned char*
     } else {
         for (int wi = 0; wi < WORDS; wi++) take(run_word(run, wi, left), wi);
     }
-    // the changed elements of the run, two classes a scan: each lane queues its window of each
-    // class's event bits with the class's elements of its run; the warp then maps the queued
-    // events to elements a queue entry a lane (events are a minority, spread unevenly over the
-    // lanes: a lane's own loop over them left most lanes idle)
-    u64 inv_m = 0;  // the run's elements of inverted classes with changes
+    // each class's first class rank in each lane's run, all classes at once: a class's
+    // elements are an AND of the planes or their complements, and the lanes' counts are
+    // scanned two classes an int
+    const unsigned inv_changes = __ballot_sync(FULL, changes) & inv;
+    u64 inv_m = 0;  // the run's elements of inverted classes with changes (rare)
+    if (inv_changes)
+#pragma unroll
+        for (int c = 0; c < NCP; c++)
+            if ((inv_changes >> c) & 1) inv_m |= run_class(pl, valid, c);
+    {
+        unsigned k2[(NCP + 1) / 2], x[(NCP + 1) / 2];
+#pragma unroll
+        for (int c = 0; c < NCP; c++) {
+            const unsigned k = (unsigned)__popcll(run_class(pl, valid, c));
+            k2[c >> 1] = (c & 1) ? k2[c >> 1] | k << 16 : k;
+        }
+#pragma unroll
+        for (int i = 0; i < (NCP + 1) / 2; i++) x[i] = k2[i];
+#pragma unroll
+        for (int d = 1; d < 32; d <<= 1)
+#pragma unroll
+            for (int i = 0; i < (NCP + 1) / 2; i++) {
+                const unsigned y = __shfl_up_sync(FULL, x[i], d);
+                if (lane >= d) x[i] += y;
+            }
+#pragma unroll
+        for (int c = 0; c < NCP; c++) sh.first[c][lane] = (unsigned short)((x[c >> 1] - k2[c >> 1]) >> (16 * (c & 1)));
+    }
+#pragma unroll
+    for (int b = 0; b < LPLANES; b++) sh.pl[b][lane] = pl[b];
+    // the block's events: the words of each class's event bits (a word a lane, the classes'
+    // words end to end) are loaded, their events queued in shared memory, and the warp maps
+    // the queued events to elements an entry a lane: the owner lane by a binary search of the
+    // class's first ranks, then a select in its elements of the class (events are few and
+    // uneven over the lanes: each lane fetching its own window of every class's bits left most
+    // lanes idle)
+    int n_ev_words;
+    const int woff = lanes_exclusive(ev_words, lane, n_ev_words);
+    if (lane < NCP) sh.woff[lane] = woff;
     int qn = 0;
     const unsigned below = lanes_below();
     auto flush = [&]() {
         __syncwarp();
         for (int t = lane; t < qn; t += 32) {
-            const u64 m = sh.q[t];
-            u64 picked = 0;
-            for (u64 e = sh.q[QCAP + t]; e; e &= e - 1) picked |= 1ull << select_bit64(m, __ffsll(e) - 1);
-            // two 32-bit ORs: a 64-bit one on shared memory is a compare-and-swap loop
-            unsigned* e32 = (unsigned*)&sh.evm[sh.ql[t]];
-            if ((unsigned)picked) atomicOr(e32, (unsigned)picked);
-            if (picked >> 32) atomicOr(e32 + 1, (unsigned)(picked >> 32));
+            const unsigned e = sh.q[t];
+            const int c = (int)(e >> 16), r = (int)(e & 0xffffu);
+            int o = 0;  // the owner: the last lane whose first rank of the class is <= r
+#pragma unroll
+            for (int step = 16; step > 0; step >>= 1)
+                if (sh.first[c][o + step] <= r) o += step;
+            u64 opl[4] = {0ull, 0ull, 0ull, 0ull};
+#pragma unroll
+            for (int k = 0; k < LPLANES; k++) opl[k] = sh.pl[k][o];
+            const int b = select_bit64(run_class(opl, ~0ull, c), r - sh.first[c][o]);
+            atomicOr((unsigned*)&sh.evm[o] + (b >> 5), 1u << (b & 31));
         }
         __syncwarp();
         qn = 0;
     };
-    auto pick = [&](int c, u64 m, int r) {  // the class's elements m, whose first has class rank r
-        sh.first[c][lane] = (unsigned short)r;
-        const int k = __popcll(m);
-        const u64 ev = k ? bitmap_bits(bitmap, sh.bit0[c] + r, k) : 0ull;
-        if ((inv >> c) & 1) inv_m |= m;
-        const unsigned has = __ballot_sync(FULL, ev != 0ull);
-        if (qn + __popc(has) > QCAP) flush();
-        if (ev) {
-            const int t = qn + __popc(has & below);
-            sh.q[t] = m;
-            sh.q[QCAP + t] = ev;
-            sh.ql[t] = (unsigned char)lane;
+    __syncwarp();
+    for (int j0 = 0; j0 < n_ev_words; j0 += 32) {
+        const int j = j0 + lane;
+        unsigned bits = 0;  // the word's events
+        int c = 0, r = 0;   // their class, and the class rank of the word's bit 0
+        if (j < n_ev_words) {
+#pragma unroll
+            for (int step = NCP / 2; step > 0; step >>= 1)  // the last class whose words start at or before j
+                if (sh.woff[c + step] <= j) c += step;
+            const i64 b0 = sh.bit0[c], gw = (b0 >> 5) + (j - sh.woff[c]);
+            const int lo = (int)(b0 - gw * 32), hi = lo + sh.cnt[c];  // the class's bits of the word: [lo, hi)
+            bits = (unsigned)bitmap[gw];
+            if (lo > 0) bits &= ~0u << lo;
+            if (hi < 32) bits &= (1u << hi) - 1u;
+            r = -lo;
         }
-        qn += __popc(has);
-    };
-    for (unsigned todo = __ballot_sync(FULL, changes); todo;) {
-        const int c0 = __ffs(todo) - 1;
-        todo &= todo - 1;
-        const int c1 = todo ? __ffs(todo) - 1 : -1;
-        todo &= todo - 1;
-        const u64 m0 = run_class(pl, valid, c0), m1 = c1 >= 0 ? run_class(pl, valid, c1) : 0ull;
-        int total;
-        const int r = lanes_exclusive(__popcll(m0) | __popcll(m1) << 16, lane, total);
-        pick(c0, m0, r & 0xffff);
-        if (c1 >= 0) pick(c1, m1, r >> 16);
+        for (unsigned has; (has = __ballot_sync(FULL, bits != 0u));) {  // an event a lane a step
+            if (qn + __popc(has) > QCAP) flush();
+            if (bits) {
+                sh.q[qn + __popc(has & below)] = (unsigned)c << 16 | (unsigned)(r + __ffs(bits) - 1);
+                bits &= bits - 1u;
+            }
+            qn += __popc(has);
+        }
     }
     flush();
     const u64 mv = sh.evm[lane] ^ inv_m;  // the changed elements: events, but non-events of inverted classes
@@ -903,8 +944,6 @@ place_lanes(const U* old, const i64* rows, const int* prog, const unsigned char*
     // owner's planes, changes and first class ranks are in shared memory.
     int total;
     const int before = lanes_exclusive(__popcll(mv), lane, total);
-#pragma unroll
-    for (int b = 0; b < LPLANES; b++) sh.q[b * 32 + lane] = pl[b];
     sh.evm[lane] = mv;
     sh.before[lane] = before;
     __syncwarp();
@@ -928,7 +967,7 @@ place_lanes(const U* old, const i64* rows, const int* prog, const unsigned char*
             const int b = select_bit64(sh.evm[o], t - sh.before[o]), idx = o * RUN + b;
             u64 opl[4] = {0ull, 0ull, 0ull, 0ull};
 #pragma unroll
-            for (int k = 0; k < LPLANES; k++) opl[k] = sh.q[k * 32 + o];
+            for (int k = 0; k < LPLANES; k++) opl[k] = sh.pl[k][o];
             const int c = run_class_at(opl, b);
             const int r = sh.first[c][o] + __popcll(run_class(opl, ~0ull, c) & ((1ull << b) - 1ull));
             const int ones = bits_before(bitmap, pref, sh.bit0[c] + r, false) - sh.seg_before[c];
