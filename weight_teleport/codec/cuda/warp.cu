@@ -671,25 +671,27 @@ scan_words(const U* old, const i64* rows, const int* prog, const U* nw, const i6
 // A lane per run of RUN = BLOCK / 32 consecutive elements. A lane reads its run with 16-byte
 // loads and keeps, in registers, its elements' classes as LPLANES bit masks (bit i of plane
 // b: bit b of element i's class; the class map gives each class with its bits a byte apart,
-// so 8 elements' bits gather with one multiply-add each). Then, for each class with changes
-// in the block (two classes a warp scan): the class's elements in the lane's run (an AND of
-// the planes), the class rank of the first (the scan), and the run's bits of the class's
-// event bitmap, whose set bits pick the changed elements. Lanes with event bits queue them
-// in shared memory, and the warp maps them to elements an entry a lane (a select by
-// popcounts per event). Last the block's changes are written in position order, a change
-// a lane (change t: the owner lane's, found by a binary search of the lanes' change counts
-// before them, then a select in its changed elements), each lane reading the owner's planes
-// and first class ranks from shared memory; the last lane of each 8-byte word's changes adds
-// the word's digest terms, and a word that goes on past lane 31 is carried into the next
-// round. Shared memory holds per-class values and the queue, whose space then holds the
-// lanes' planes.
+// so 8 elements' bits gather with one multiply-add each). Then the first class rank of every
+// class in every lane's run, all classes in one warp scan (a class's elements are an AND of
+// the planes or their complements, fixed per class at compile time; two 16-bit counts an
+// int). Then the block's event bits: the bitmap words of the classes with changes, end to
+// end, a word a lane; lanes queue their words' events in shared memory, and the warp maps
+// them to elements an entry a lane (the element's lane by a binary search of the class's
+// first ranks, then a select by popcounts). Last the block's changes are written in position
+// order, a change a lane (change t: the owner lane's, found by a binary search of the lanes'
+// change counts before them, then a select in its changed elements), each lane reading the
+// owner's planes and first class ranks from shared memory; the last lane of each 8-byte
+// word's changes adds the word's digest terms, and a word that goes on past lane 31 is
+// carried into the next round.
 // (25.2 -> 20.7 ms on the H200 against ranking every element with __match_any_sync and a
 // queue of changes in shared memory: 15.9 G instead of 20.2 G instructions; the queue of
 // event bits 20.7 -> 18.8 ms against each lane selecting its own events, 2.6 lanes of 32
 // busy on average; a change a lane 16.84 -> 16.13 ms against each lane writing its own
 // changes, 4.7 rounds a block for 1.7 changes a lane, 3042 -> 2833 instructions a block; the
-// queue's ORs into the lanes' event elements as two 32-bit atomics, 16.09 -> 15.78 ms;
-// BENCHMARKS.md.)
+// queue's ORs into the lanes' event elements as two 32-bit atomics, 16.09 -> 15.78 ms; all
+// classes in one scan and the event words a word a lane, 15.80 -> 14.10 ms and 2833 -> 2464
+// instructions a block, against a scan per two classes with changes and each lane reading
+// its window of each such class's event bits; BENCHMARKS.md.)
 // Compiled for the stage's blocks (a lane has at most 64 elements) and up to 16 classes.
 #if (BLOCK == 1024 || BLOCK == 2048) && NCP <= 16
 #define RUN (BLOCK / 32)
