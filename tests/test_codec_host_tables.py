@@ -1,15 +1,22 @@
 """The CUDA backend's host helpers, which need no GPU: the per-thread arena of a call's
 temporary tables, the upload of host tables, the fused scatter's program rows, the cache
-of chunk tables, and the encoder's two waves (their cut, and their events merged)."""
+of chunk tables, the encoder's two waves (their cut, and their events merged), and the
+stage's digest checks over all records at once."""
+
+from types import SimpleNamespace
 
 import numpy as np
+import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from weight_teleport.codec.cuda import blocks, encode, encode_batch, layout, scatter, symbols
+from weight_teleport.codec import digest as D
+from weight_teleport.codec.cuda import stage
 from weight_teleport.codec.cuda.stage import _program_rows
 from weight_teleport.codec.dtypes import dtype_info
+from weight_teleport.errors import DigestMismatchError, PackMismatchError
 
 
 def test_arena_arrays_are_aligned_apart_and_reused_after_a_rewind():
@@ -147,3 +154,51 @@ def test_merged_events_pad_each_waves_chunks_to_the_most_class_slots():
         assert torch.equal(got[3:], getattr(b.segments, which).view(5, 8))
     assert m.first_chunk.tolist() == [0, 2, 3, 5, 8] and m.n_groups.tolist() == [3] * 3 + [7] * 5
     assert encode_batch.merge([a]) is a
+
+
+@given(st.data())
+@settings(max_examples=200, deadline=None)
+def test_stage_digest_checks_over_all_records_refuse_what_the_scalar_checks_refuse(data):
+    """`stage._digest_failures` (uint64 arithmetic over every record) names exactly the
+    records whose digests `_check_base` and `_check_result` refuse: word sums of either sign,
+    sizes, and digests off by one bit or in another form (upper case, short, missing)."""
+    k = data.draw(st.integers(0, 12))
+    u64, i64 = st.integers(0, 2 ** 64 - 1), st.integers(-2 ** 63, 2 ** 63 - 1)
+    nbytes = np.array(data.draw(st.lists(st.integers(1, 2 ** 40), min_size=k, max_size=k)), np.uint64)
+    sums = np.array(data.draw(st.lists(st.tuples(i64, i64), min_size=k, max_size=k)), np.int64).reshape(k, 2)
+    recs = []
+    for i in range(k):
+        s_old, s_new, n = int(sums[i, 0]), int(sums[i, 1]), int(nbytes[i])
+        base = D.finish(s_old, n)  # the base digest the old weights have
+        new = D.finish(D.word_sum(base, n) + s_new - s_old, n)  # and the patched weights
+        base = data.draw(st.sampled_from([base, base ^ (1 << data.draw(st.integers(0, 63)))]))
+        new = data.draw(st.sampled_from([new, new ^ 1, data.draw(u64)]))
+        texts = [D.to_hex(base), D.to_hex(new)]
+        form = data.draw(st.sampled_from(["hex", "hex", "hex", "upper", "short"]))
+        if form == "upper":
+            texts[0] = texts[0].upper()
+        elif form == "short":
+            texts[1] = texts[1][1:]
+        recs.append(SimpleNamespace(name=f"t{i}", base_digest=texts[0], digest=texts[1]))
+    header = SimpleNamespace(base_version=0)
+    bad_base, bad_result = stage._digest_failures(recs, nbytes, sums)
+    for i, rec in enumerate(recs):
+        n, s_old, s_new = int(nbytes[i]), int(sums[i, 0]), int(sums[i, 1])
+        try:
+            stage._check_base(rec, n, s_old, header)
+        except PackMismatchError:
+            assert i in bad_base
+        try:
+            stage._check_result(rec, n, s_old, s_new)
+        except (DigestMismatchError, ValueError):  # ValueError: a digest that is not hex
+            assert i in bad_result
+    canonical = all(len(t) == 16 and t == t.lower() for r in recs for t in (r.base_digest, r.digest))
+    if canonical:  # then it names only those
+        for i, rec in enumerate(recs):
+            n, s_old, s_new = int(nbytes[i]), int(sums[i, 0]), int(sums[i, 1])
+            if i in bad_base:
+                with pytest.raises(PackMismatchError):
+                    stage._check_base(rec, n, s_old, header)
+            if i in bad_result:
+                with pytest.raises(DigestMismatchError):
+                    stage._check_result(rec, n, s_old, s_new)

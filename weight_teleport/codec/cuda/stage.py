@@ -7,6 +7,7 @@ tensors."""
 
 import dataclasses
 import os
+import re
 from concurrent.futures import ThreadPoolExecutor, wait
 
 import numpy as np
@@ -79,6 +80,35 @@ def _check_result(rec, nbytes: int, s_old: int, s_new: int) -> None:
             f"the pack promises {rec.digest}; the pack is corrupt or was encoded from other weights")
 
 
+_HEX = re.compile(r"[0-9a-f]*")
+
+
+def _digest_words(texts: list) -> np.ndarray | None:
+    """The digests as uint64, or None unless every one is 16 lowercase hex digits (the form
+    the writers produce)."""
+    joined = "".join(t if isinstance(t, str) else "" for t in texts)
+    if len(joined) != 16 * len(texts) or not _HEX.fullmatch(joined):
+        return None
+    return np.frombuffer(bytes.fromhex(joined), ">u8").astype(np.uint64)
+
+
+def _digest_failures(recs, nbytes: np.ndarray, sums: np.ndarray) -> tuple[list[int], list[int]]:
+    """(the records whose base digest the old weights miss, those whose promised digest the
+    patched weights would miss), from the device's word sums (`sums` [records, 2] int64: old,
+    new) in uint64 arithmetic over all records at once; every record where a digest is not in
+    the writers' form. `_check_base` and `_check_result` then judge only these and raise. (A
+    loop of the two over the Qwen3-8B-shaped state's 399 records took 0.46 ms on the
+    development machine, after the device's work; this takes 0.09.)"""
+    base, new = _digest_words([r.base_digest for r in recs]), _digest_words([r.digest for r in recs])
+    if base is None or new is None:
+        return list(range(len(recs))), list(range(len(recs)))
+    s = sums.view(np.uint64)
+    with np.errstate(over="ignore"):  # mod 2^64, as codec/digest.py
+        old = s[:, 0] + nbytes * np.uint64(D.LENGTH_MULT)
+        patched = base + s[:, 1] - s[:, 0]  # finish(word_sum(base) + new - old)
+    return np.flatnonzero(old != base).tolist(), np.flatnonzero(patched != new).tolist()
+
+
 def _by_type(lives: dict[str, Live], recs) -> list[list]:
     """The records grouped by dtype (a batch each), in header order within a group."""
     return grouped(recs, lambda r: lives[r.name].info.name)
@@ -131,15 +161,15 @@ def _batches(lives: dict[str, Live], groups: list[list], header, spans: ChunkSpa
 
 
 def _read_back(batches: list[SparseBatch], same_sums: torch.Tensor | None, crcs: torch.Tensor | None):
-    """(flags [batches, 3], digest sums (old, new) per sparse tensor then per `same` tensor
-    (its word sum twice), chunk CRC-32s or None): one transfer."""
+    """(flags [batches, 3], digest sums [tensors, 2] int64 (old, new) per sparse tensor then
+    per `same` tensor (its word sum twice), chunk CRC-32s or None): one transfer."""
     n_crcs = 0 if crcs is None else crcs.numel()
     parts = [b.flags.long() for b in batches] + [b.sums.view(-1) for b in batches] + \
         ([] if same_sums is None else [same_sums.repeat_interleave(2)]) + \
         ([] if crcs is None else [crcs.long() & 0xFFFFFFFF])
     host = torch.cat(parts).cpu().numpy() if parts else np.zeros(0, np.int64)
     n = 3 * len(batches)
-    sums = host[n:host.size - n_crcs].reshape(-1, 2).tolist()
+    sums = host[n:host.size - n_crcs].reshape(-1, 2)
     return host[:n].reshape(-1, 3), sums, None if crcs is None else host[host.size - n_crcs:].tolist()
 
 
@@ -197,14 +227,15 @@ def stage(lives: dict[str, Live], header, pack, check_base: bool, threads: int |
         if pack_flags[i]:
             raise PackFormatError(FLAGS[i])
     recs = [r for b in batches for r in b.recs] + same
-    nbytes = [r.numel * lives[r.name].info.nbytes for r in recs]
-    for rec, n, (s_old, _) in zip(recs, nbytes, sums):
-        if check:
-            _check_base(rec, n, s_old, header)
+    nbytes = np.array([r.numel * lives[r.name].info.nbytes for r in recs], np.uint64)
+    bad_base, bad_result = _digest_failures(recs, nbytes, sums)
+    if check:
+        for i in bad_base:
+            _check_base(recs[i], int(nbytes[i]), int(sums[i, 0]), header)
     if pack_flags[2]:
         raise PackFormatError(FLAGS[2])
-    for rec, n, (s_old, s_new) in zip(recs, nbytes, sums):
-        _check_result(rec, n, s_old, s_new)
+    for i in bad_result:
+        _check_result(recs[i], int(nbytes[i]), int(sums[i, 0]), int(sums[i, 1]))
     return patch
 
 
