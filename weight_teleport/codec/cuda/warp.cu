@@ -754,17 +754,6 @@ __device__ __forceinline__ int bits_before(const int* bitmap, const int* pref, i
     return pref[x >> 5] + __popc(word & low);
 }
 
-// The k (<= 64) bits of the bitmap from bit x.
-__device__ __forceinline__ u64 bitmap_bits(const int* bitmap, i64 x, int k) {
-    const int* wp = bitmap + (x >> 5);
-    const int sh = (int)(x & 31);
-    const unsigned w0 = (unsigned)wp[0];
-    const unsigned w1 = sh + k > 32 ? (unsigned)wp[1] : 0u;
-    const unsigned w2 = sh + k > 64 ? (unsigned)wp[2] : 0u;
-    const u64 bits = (u64)__funnelshift_r(w1, w2, sh) << 32 | __funnelshift_r(w0, w1, sh);
-    return k == 64 ? bits : bits & ((1ull << k) - 1ull);
-}
-
 extern "C" __global__ void __launch_bounds__(WARPS * 32)
 place_lanes(const U* old, const i64* rows, const int* prog, const unsigned char* lut, const signed char* inv_tab,
             const int* counts, const int* base, const i64* seg_word, const int* bitmap, const int* pref,
