@@ -1,7 +1,8 @@
-"""The host's work of a CUDA stage call up to the decompression's launch that needs no GPU,
-timed on the CPU: on a pack with the Qwen3-8B-shaped delta's structure (its 399 tensors and
-about 1,950 sparse chunks: every tensor has 1/SCALE of its rows and a chunk 2^22/SCALE
-elements), so that this path can be worked on without a GPU. Medians of repeats, in ms.
+"""The host's work of a CUDA stage call that needs no GPU, timed on the CPU: up to the
+decompression's launch, and the digest checks after the read-back (on word sums that pass
+them). On a pack with the Qwen3-8B-shaped delta's structure (its 399 tensors and about 1,950
+sparse chunks: every tensor has 1/SCALE of its rows and a chunk 2^22/SCALE elements), so
+that this path can be worked on without a GPU. Medians of repeats, in ms.
 
     python bench/stage_host.py [--scale 32] [--repeats 50] [--lr 5e-7]
 """
@@ -11,10 +12,12 @@ import statistics
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+import numpy as np
 import torch
 
 import weight_teleport as wt
 from weight_teleport.bench.simulate import _generator, _init_tensor, make_config, tensor_shapes
+from weight_teleport.codec import digest as D
 from weight_teleport.codec.cpu import backend as cpu
 from weight_teleport.codec.cuda import layout, stage, stage_sparse
 from weight_teleport.codec.dtypes import BY_NAME
@@ -32,6 +35,11 @@ def structured_pack(scale: int, lr: float) -> bytes:
         old[name] = w.to(torch.bfloat16)
         new[name] = (w - lr * torch.randn(w.shape, generator=noise)).to(torch.bfloat16)
     return wt.encode_delta(old, new, base_version=0, version=1, chunk_elems=(1 << 22) // scale)
+
+
+def passing_sums(rec, nbytes: int) -> tuple[int, int]:
+    """Word sums (old, new) that pass `rec`'s digest checks."""
+    return D.word_sum(D.from_hex(rec.base_digest), nbytes), D.word_sum(D.from_hex(rec.digest), nbytes)
 
 
 def median_ms(fn, repeats: int) -> float:
@@ -58,6 +66,9 @@ def main() -> None:
     spans = ChunkSpans.of(header, recs)
     n_classes = stage._n_classes(recs)
     pool = ThreadPoolExecutor(1)
+    checked = [r for r in header.tensors if r.codec in ("sparse", "same")]
+    nbytes = np.array([r.numel * BY_NAME[r.dtype].nbytes for r in checked], np.uint64)
+    sums = np.array([passing_sums(r, int(n)) for r, n in zip(checked, nbytes)], np.uint64).view(np.int64)
     rows = {
         "read_header": lambda: read_header(pack),
         "ChunkSpans.of": lambda: ChunkSpans.of(header, recs),
@@ -67,6 +78,11 @@ def main() -> None:
             pack, spans, recs, n_classes, *spans.bounds(), pool).done.result(),
         "the same, then its checks and layout (StreamsRead.result)": lambda: stage_sparse.StreamsRead(
             pack, spans, recs, n_classes, *spans.bounds(), pool).result("cpu"),
+        "digest checks after the read-back, a record at a time": lambda: [
+            (stage._check_base(r, int(n), int(s[0]), header), stage._check_result(r, int(n), int(s[0]), int(s[1])))
+            for r, n, s in zip(checked, nbytes, sums)],
+        "the same over all records at once (stage._digest_failures)": lambda: stage._digest_failures(
+            checked, nbytes, sums),
     }
     print(f"pack {len(pack):,} bytes, {len(header.tensors)} tensors, {len(recs)} sparse, "
           f"{spans.starts.size} sparse chunks (scale 1/{args.scale}); medians of {args.repeats}, ms")
