@@ -97,8 +97,8 @@ def _digest_failures(recs, nbytes: np.ndarray, sums: np.ndarray) -> tuple[list[i
     patched weights would miss), from the device's word sums (`sums` [records, 2] int64: old,
     new) in uint64 arithmetic over all records at once; every record where a digest is not in
     the writers' form. `_check_base` and `_check_result` then judge only these and raise. (A
-    loop of the two over the Qwen3-8B-shaped state's 399 records took 0.46 ms on the
-    development machine, after the device's work; this takes 0.09.)"""
+    loop of the two over the Qwen3-8B-shaped state's 399 records took 0.46-0.88 ms on the
+    development machine, after the device's work; this takes 0.09-0.14: bench/stage_host.py.)"""
     base, new = _digest_words([r.base_digest for r in recs]), _digest_words([r.digest for r in recs])
     if base is None or new is None:
         return list(range(len(recs))), list(range(len(recs)))
