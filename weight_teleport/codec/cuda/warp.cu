@@ -712,16 +712,40 @@ struct LaneShared {      // one warp's
     int before[32];      // the changes of the lanes before each
 };
 
+// Inclusive prefix sums of each x[i] over the lanes, in place, N in one pass of shuffles.
+template <int N, class T>
+__device__ __forceinline__ void lanes_inclusive(T (&x)[N], int lane) {
+#pragma unroll
+    for (int d = 1; d < 32; d <<= 1)
+#pragma unroll
+        for (int i = 0; i < N; i++) {
+            const T y = __shfl_up_sync(FULL, x[i], d);
+            if (lane >= d) x[i] += y;
+        }
+}
+
 // Exclusive prefix sum of v over the lanes; `total` gets the sum of all.
 __device__ __forceinline__ int lanes_exclusive(int v, int lane, int& total) {
-    int x = v;
+    int x[1] = {v};
+    lanes_inclusive(x, lane);
+    total = __shfl_sync(FULL, x[0], 31);
+    return x[0] - v;
+}
+
+// The last i < N (a power of 2) with a[i] <= v, for a non-decreasing a with a[0] <= v.
+template <int N, class T>
+__device__ __forceinline__ int last_at_most(const T* a, int v) {
+    int i = 0;
 #pragma unroll
-    for (int d = 1; d < 32; d <<= 1) {
-        const int y = __shfl_up_sync(FULL, x, d);
-        if (lane >= d) x += y;
-    }
-    total = __shfl_sync(FULL, x, 31);
-    return x - v;
+    for (int step = N / 2; step > 0; step >>= 1)
+        if (a[i + step] <= v) i += step;
+    return i;
+}
+
+// Lane o's class planes, from shared memory.
+__device__ __forceinline__ void planes_of(const LaneShared& sh, int o, u64 (&pl)[4]) {
+#pragma unroll
+    for (int b = 0; b < LPLANES; b++) pl[b] = sh.pl[b][o];
 }
 
 // The position of set bit number q (from 0) of m; q < popc(m).
@@ -862,13 +886,7 @@ place_lanes(const U* old, const i64* rows, const int* prog, const unsigned char*
         }
 #pragma unroll
         for (int i = 0; i < (NCP + 1) / 2; i++) x[i] = k2[i];
-#pragma unroll
-        for (int d = 1; d < 32; d <<= 1)
-#pragma unroll
-            for (int i = 0; i < (NCP + 1) / 2; i++) {
-                const unsigned y = __shfl_up_sync(FULL, x[i], d);
-                if (lane >= d) x[i] += y;
-            }
+        lanes_inclusive(x, lane);
 #pragma unroll
         for (int c = 0; c < NCP; c++) sh.first[c][lane] = (unsigned short)((x[c >> 1] - k2[c >> 1]) >> (16 * (c & 1)));
     }
@@ -890,13 +908,9 @@ place_lanes(const U* old, const i64* rows, const int* prog, const unsigned char*
         for (int t = lane; t < qn; t += 32) {
             const unsigned e = sh.q[t];
             const int c = (int)(e >> 16), r = (int)(e & 0xffffu);
-            int o = 0;  // the owner: the last lane whose first rank of the class is <= r
-#pragma unroll
-            for (int step = 16; step > 0; step >>= 1)
-                if (sh.first[c][o + step] <= r) o += step;
+            const int o = last_at_most<32>(sh.first[c], r);  // the owner
             u64 opl[4] = {0ull, 0ull, 0ull, 0ull};
-#pragma unroll
-            for (int k = 0; k < LPLANES; k++) opl[k] = sh.pl[k][o];
+            planes_of(sh, o, opl);
             const int b = select_bit64(run_class(opl, ~0ull, c), r - sh.first[c][o]);
             atomicOr((unsigned*)&sh.evm[o] + (b >> 5), 1u << (b & 31));
         }
@@ -909,9 +923,7 @@ place_lanes(const U* old, const i64* rows, const int* prog, const unsigned char*
         unsigned bits = 0;  // the word's events
         int c = 0, r = 0;   // their class, and the class rank of the word's bit 0
         if (j < n_ev_words) {
-#pragma unroll
-            for (int step = NCP / 2; step > 0; step >>= 1)  // the last class whose words start at or before j
-                if (sh.woff[c + step] <= j) c += step;
+            c = last_at_most<NCP>(sh.woff, j);  // the last class whose words start at or before j
             const i64 b0 = sh.bit0[c], gw = (b0 >> 5) + (j - sh.woff[c]);
             const int lo = (int)(b0 - gw * 32), hi = lo + sh.cnt[c];  // the class's bits of the word: [lo, hi)
             bits = (unsigned)bitmap[gw];
@@ -951,14 +963,10 @@ place_lanes(const U* old, const i64* rows, const int* prog, const unsigned char*
         int word = -1 - lane;  // the change's digest word in the block (lanes without one: a word of their own)
         u64 diff = 0, was = 0;  // its bits XOR the old, at their place in the word; the old word
         if (t < total) {
-            int o = 0;  // the owner: the last lane with no more than t changes before it
-#pragma unroll
-            for (int step = 16; step > 0; step >>= 1)
-                if (sh.before[o + step] <= t) o += step;
+            const int o = last_at_most<32>(sh.before, t);  // the owner: the last lane with no more than t changes before it
             const int b = select_bit64(sh.evm[o], t - sh.before[o]), idx = o * RUN + b;
             u64 opl[4] = {0ull, 0ull, 0ull, 0ull};
-#pragma unroll
-            for (int k = 0; k < LPLANES; k++) opl[k] = sh.pl[k][o];
+            planes_of(sh, o, opl);
             const int c = run_class_at(opl, b);
             const int r = sh.first[c][o] + __popcll(run_class(opl, ~0ull, c) & ((1ull << b) - 1ull));
             const int ones = bits_before(bitmap, pref, sh.bit0[c] + r, false) - sh.seg_before[c];
