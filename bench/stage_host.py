@@ -44,7 +44,7 @@ def passing_sums(rec, nbytes: int) -> tuple[int, int]:
 
 def record_at_a_time(recs, nbytes, sums, header) -> None:
     """The digest checks as the stage made them before `stage._digest_failures`."""
-    for rec, n, (s_old, s_new) in zip(recs, nbytes.tolist(), sums.tolist()):
+    for rec, n, (s_old, _) in zip(recs, nbytes.tolist(), sums.tolist()):
         stage._check_base(rec, n, s_old, header)
     for rec, n, (s_old, s_new) in zip(recs, nbytes.tolist(), sums.tolist()):
         stage._check_result(rec, n, s_old, s_new)
