@@ -1,12 +1,14 @@
 """The container and chunk-table layers on their own: pure bytes."""
 
+import dataclasses
 import gc
 import json
+import random
 import zlib
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from weight_teleport.errors import PackFormatError
@@ -298,3 +300,44 @@ def test_pack_written_into_waits_for_its_payload():
 
         got = container.write_pack_into(header, [view], lambda n: np.zeros(n, np.uint8), ready)
         assert got.tobytes() == expected and np.shares_memory(got, whole) == (at == room)
+
+
+_field = st.one_of(st.integers(-2, 40), st.sampled_from([2**32 - 1, 2**32, 2**63 - 1, 2**63, 2**64 - 1, -2**63]))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.lists(st.tuples(_field, _field, _field), min_size=1, max_size=3), min_size=1, max_size=5),
+       st.integers(0, 30), st.randoms(use_true_random=False))
+@example([[(0, 1, 2**32)]], 5, random.Random(0))
+@example([[(0, 1, 7)], [(1, 2, 2**32 - 1), (2**63, 0, 0)]], 5, random.Random(0))
+@example([[(3, 2, 0)]], 4, random.Random(0))
+@example([[(-1, 1, 0)]], 5, random.Random(0))
+@example([[(2, -1, 0)]], 5, random.Random(0))
+@example([[(0, 1, -1)]], 5, random.Random(0))
+def test_chunk_table_is_checked_at_once_as_chunk_by_chunk(chunks, payload, rnd):
+    """read_header checks every chunk over all chunks at once: it refuses a header exactly
+    when the chunk-by-chunk check does, with its message (chunks outside the payload, CRC-32s
+    out of range, numbers past int64), and keeps the chunks as rows that ChunkSpans.of
+    takes for any records in any order."""
+    recs = [TensorRecord(name=f"t{i}", dtype="uint8", shape=(len(c) * 8,), codec="dense_values", digest="00" * 8,
+                         chunks=[ChunkRef(*x) for x in c]) for i, c in enumerate(chunks)]
+    header = PackHeader(kind="snapshot", version=1, base_version=None, chunk_elems=8, tensors=recs)
+    pack = write_pack(header, [bytes(payload)])
+    want = None
+    try:
+        container._check_chunks_one_by_one(dataclasses.replace(header, payload_length=payload))
+    except PackFormatError as e:
+        want = str(e)
+    if want is not None:
+        with pytest.raises(PackFormatError) as e:
+            read_header(pack)
+        assert str(e.value) == want
+        return
+    h = read_header(pack)
+    np.testing.assert_array_equal(h.chunk_rows, np.array([x for c in chunks for x in c], np.int64).reshape(-1, 3))
+    some = rnd.sample(h.tensors, rnd.randint(0, len(h.tensors)))
+    spans = container.ChunkSpans.of(h, some)
+    rows = np.array([x for r in some for x in r.chunks], np.int64).reshape(-1, 3)
+    np.testing.assert_array_equal(spans.starts, rows[:, 0] + h.payload_offset)
+    np.testing.assert_array_equal(spans.lengths, rows[:, 1])
+    np.testing.assert_array_equal(spans.crcs, rows[:, 2])
