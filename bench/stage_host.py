@@ -21,6 +21,7 @@ from weight_teleport.codec import digest as D
 from weight_teleport.codec.cpu import backend as cpu
 from weight_teleport.codec.cuda import layout, stage, stage_sparse
 from weight_teleport.codec.dtypes import BY_NAME
+from weight_teleport.codec.plan import run_arrays
 from weight_teleport.format import read_header
 from weight_teleport.format.container import ChunkSpans
 
@@ -72,7 +73,8 @@ def main() -> None:
     recs = [r for r in header.tensors if r.codec == "sparse"]
     info = BY_NAME[recs[0].dtype]
     spans = ChunkSpans.of(header, recs)
-    n_classes = stage._n_classes(recs)
+    runs = run_arrays([r.classes for r in recs])
+    n_classes = runs.top_classes() + 1
     pool = ThreadPoolExecutor(1)
     checked = [r for r in header.tensors if r.codec in ("sparse", "same")]
     nbytes = np.array([r.numel * BY_NAME[r.dtype].nbytes for r in checked], np.uint64)
@@ -80,8 +82,9 @@ def main() -> None:
     rows = {
         "read_header": lambda: read_header(pack),
         "ChunkSpans.of": lambda: ChunkSpans.of(header, recs),
-        "classes from the runs (stage._n_classes)": lambda: stage._n_classes(recs),
-        "class maps (cpu.class_maps)": lambda: cpu.class_maps(recs, info),
+        "class-map runs as arrays and their classes (plan.run_arrays)": lambda: run_arrays(
+            [r.classes for r in recs]).top_classes(),
+        "class maps from those arrays (cpu.class_maps)": lambda: cpu.class_maps(recs, info, runs),
         "the stream tables' walk on a helper, waited for (StreamsRead)": lambda: stage_sparse.StreamsRead(
             pack, spans, recs, n_classes, *spans.bounds(), pool).done.result(),
         "the same, then its checks and layout (StreamsRead.result)": lambda: stage_sparse.StreamsRead(

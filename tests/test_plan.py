@@ -1,12 +1,14 @@
 """Planning is plain Python: chunk ranges and context classes from counts."""
 
+import re
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from weight_teleport.codec.plan import (MAX_CLASSES, MIN_CLASS_EVENTS, ClassMapError, band, chunk_ranges, lut_to_runs,
-                                        plan_classes, plan_table, runs_to_luts)
+                                        plan_classes, plan_table, run_arrays, runs_to_luts)
 
 
 def test_chunk_ranges_cover_the_tensor():
@@ -145,3 +147,25 @@ def test_bands_are_exact_where_floats_round():
         assert band(t, c) == exact, (t, c)
     with pytest.raises(ValueError):
         plan_table(np.array([[5]]), np.array([[6]]))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.lists(st.tuples(st.integers(-3, 9), st.one_of(st.integers(-3, 20), st.just(10 ** 30))),
+                         max_size=4), max_size=6))
+def test_run_arrays_give_the_runs_and_their_top_classes(runs):
+    """The runs as arrays (numbers past int64 as -1) and each list's largest class clipped
+    into [0, MAX_CLASSES), 0 for an empty list, as the stage's walk takes them; the class
+    maps made from those arrays are those made from the lists."""
+    arrays = run_arrays(runs)
+    flat = [(a, c if c < 1 << 62 else -1) for r in runs for a, c in r]
+    assert arrays.first.tolist() == np.cumsum([0] + [len(r) for r in runs]).tolist()
+    assert arrays.starts.tolist() == [a for a, _ in flat] and arrays.classes.tolist() == [c for _, c in flat]
+    want = [min(max(max((c if c < 1 << 62 else -1 for _, c in r), default=0), 0), MAX_CLASSES - 1) for r in runs]
+    assert arrays.top_classes().tolist() == want
+    try:
+        want_luts = runs_to_luts(runs, 10)
+    except ClassMapError as e:
+        with pytest.raises(ClassMapError, match=re.escape(str(e))):
+            runs_to_luts(runs, 10, arrays)
+    else:
+        assert (runs_to_luts(runs, 10, arrays) == want_luts).all()

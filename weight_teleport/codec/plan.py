@@ -3,7 +3,9 @@
 Takes counts and metadata, returns decisions; no torch, no kernels."""
 
 import functools
+import itertools
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 from numba import njit
@@ -194,20 +196,46 @@ class ClassMapError(ValueError):
         self.index = index
 
 
-def runs_to_luts(runs: list[list[tuple[int, int]]], n_keys: int) -> np.ndarray:
+class Runs(NamedTuple):
+    """The (first key, class) runs of several class maps as arrays (`run_arrays`)."""
+    first: np.ndarray
+    """[maps + 1]: where each map's runs start."""
+    starts: np.ndarray
+    """Each run's first key."""
+    classes: np.ndarray
+    """Each run's class."""
+
+    def top_classes(self) -> np.ndarray:
+        """Each map's largest class clipped into [0, MAX_CLASSES) (0 without runs): a valid
+        map's number of classes less one."""
+        top = np.zeros(self.first.size - 1, np.int64)
+        some = self.first[1:] > self.first[:-1]
+        if some.any():
+            top[some] = np.maximum.reduceat(np.clip(self.classes, 0, MAX_CLASSES - 1), self.first[:-1][some])
+        return top
+
+
+def run_arrays(runs: list[list[tuple[int, int]]]) -> Runs:
+    """The run lists `runs` as Runs (a number past int64, which no valid map holds, as -1)."""
+    first = np.zeros(len(runs) + 1, np.int64)
+    np.cumsum([len(r) for r in runs], out=first[1:])
+    try:
+        flat = np.fromiter(itertools.chain.from_iterable(itertools.chain.from_iterable(runs)), np.int64,
+                           2 * int(first[-1]))
+    except OverflowError:
+        flat = np.array([x if -(1 << 62) < x < 1 << 62 else -1 for r in runs for run in r for x in run], np.int64)
+    flat = flat.reshape(-1, 2)
+    return Runs(first, flat[:, 0].copy(), flat[:, 1].copy())
+
+
+def runs_to_luts(runs: list[list[tuple[int, int]]], n_keys: int, arrays: Runs | None = None) -> np.ndarray:
     """[len(runs), n_keys] uint8: the class of every key of each (first key, class) run list,
     filled by one compiled walk; ClassMapError for the first malformed list (one that does
     not start at key 0, a run that does not start after the previous one or ends past the
-    keys, or a class outside [0, MAX_CLASSES))."""
-    first = np.zeros(len(runs) + 1, np.int64)
-    first[1:] = np.cumsum([len(r) for r in runs])
-    values = [x for r in runs for run in r for x in run]
-    try:
-        flat = np.array(values, np.int64).reshape(-1, 2)
-    except OverflowError:  # a header's number past int64 is malformed anyway: -1 fails every check
-        flat = np.array([x if -(1 << 62) < x < 1 << 62 else -1 for x in values], np.int64).reshape(-1, 2)
+    keys, or a class outside [0, MAX_CLASSES)). `arrays`: `run_arrays(runs)`, made already."""
+    arrays = arrays or run_arrays(runs)
     luts = np.empty((len(runs), n_keys), np.uint8)
-    row, run = _fill_luts(flat[:, 0].copy(), flat[:, 1].copy(), first, n_keys, MAX_CLASSES, luts)
+    row, run = _fill_luts(arrays.starts, arrays.classes, arrays.first, n_keys, MAX_CLASSES, luts)
     if row >= 0:
         if run < 0:
             raise ClassMapError(row, "class map must start at key 0")

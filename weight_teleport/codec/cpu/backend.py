@@ -14,8 +14,8 @@ from weight_teleport.codec.cpu import chunks as C
 from weight_teleport.codec.cpu import kernels as K
 from weight_teleport.codec.dtypes import BY_NAME, DtypeInfo, as_uint
 from weight_teleport.codec.patch import ChunkPatch, StagedPatch, TensorPatch
-from weight_teleport.codec.plan import (MAX_CLASSES, SPARSE_MAX_DENSITY, ClassMapError, chunk_ranges, plan_classes,
-                                        runs_to_luts)
+from weight_teleport.codec.plan import (MAX_CLASSES, SPARSE_MAX_DENSITY, ClassMapError, Runs, chunk_ranges,
+                                        plan_classes, runs_to_luts)
 from weight_teleport.errors import DigestMismatchError, PackFormatError, PackMismatchError, UnsupportedFormatError
 from weight_teleport.format import ChunkRef, PackHeader, TensorRecord, chunk_payload
 
@@ -222,12 +222,12 @@ def _class_map(rec: TensorRecord, info: DtypeInfo):
     return luts[0], inverted[0, :n_classes[0]]
 
 
-def class_maps(recs: list[TensorRecord], info: DtypeInfo):
+def class_maps(recs: list[TensorRecord], info: DtypeInfo, runs: Runs | None = None):
     """([records, keys] uint8 class maps, [records, MAX_CLASSES] inverted flags, classes per
     record) of sparse records of one element type, in one compiled walk; PackFormatError
-    naming the first bad record."""
+    naming the first bad record. `runs`: `run_arrays` of the records' maps, made already."""
     try:
-        luts = runs_to_luts([rec.classes for rec in recs], C.n_keys(info))
+        luts = runs_to_luts([rec.classes for rec in recs], C.n_keys(info), runs)
     except ClassMapError as e:
         raise PackFormatError(f"tensor {recs[e.index].name!r}: {e}") from None
     n_classes = luts.max(1).astype(np.int64) + 1 if len(recs) else np.zeros(0, np.int64)

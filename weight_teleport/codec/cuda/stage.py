@@ -23,7 +23,7 @@ from weight_teleport.codec.cuda.digest import word_sums
 from weight_teleport.codec.cuda.live import Live, grouped
 from weight_teleport.codec.cuda.patch import DevicePatch, DeviceTensorPatch, FusedGroup
 from weight_teleport.codec.cuda.stage_sparse import FLAGS, SparseBatch
-from weight_teleport.codec.plan import MAX_CLASSES
+from weight_teleport.codec.plan import Runs, run_arrays
 from weight_teleport.errors import DigestMismatchError, PackFormatError, PackMismatchError
 from weight_teleport.format.container import ChunkSpans, crc32_ranges
 
@@ -119,34 +119,28 @@ _helpers = ThreadPoolExecutor(max_workers=2, thread_name_prefix="weight-teleport
 thread launches the class counts."""
 
 
-def _n_classes(recs) -> np.ndarray:
-    """Each record's number of classes from its class map's runs (clipped to MAX_CLASSES):
-    the stream tables' walk starts on them before `cpu.class_maps` checks the maps, whose
-    counts a valid map's runs give."""
-    tops = [max((c for _, c in r.classes), default=0) for r in recs]
-    return np.clip(np.array(tops, np.int64), 0, MAX_CLASSES - 1) + 1
-
-
-def _start_reads(pack, groups: list[list], spans: ChunkSpans, uploaded: bool, reads: list) -> None:
-    """Starts each group's stream-table walk on a helper thread (into `reads`); `spans`
-    holds the groups' chunks end to end, `uploaded`: all of them go to the device in one
-    `inflate.Upload`."""
+def _start_reads(pack, groups: list[list], runs: list[Runs], spans: ChunkSpans, uploaded: bool,
+                 reads: list) -> None:
+    """Starts each group's stream-table walk on a helper thread (into `reads`), on the classes
+    its records' class-map runs give (`runs`): `cpu.class_maps` checks the maps later, and a
+    valid map's runs give its count. `spans` holds the groups' chunks end to end, `uploaded`:
+    all of them go to the device in one `inflate.Upload`."""
     cuts = np.cumsum([0] + [sum(len(r.chunks) for r in rs) for rs in groups]).tolist()
-    for rs, a, b in zip(groups, cuts[:-1], cuts[1:]):
+    for rs, rn, a, b in zip(groups, runs, cuts[:-1], cuts[1:]):
         part = spans.part(a, b)
         lo, hi = (spans.bounds()[0], None) if uploaded else part.bounds()
-        reads.append(stage_sparse.StreamsRead(pack, part, rs, _n_classes(rs), lo, hi, _helpers))
+        reads.append(stage_sparse.StreamsRead(pack, part, rs, rn.top_classes() + 1, lo, hi, _helpers))
 
 
-def _batches(lives: dict[str, Live], groups: list[list], header, spans: ChunkSpans, pack, threads, upload,
-             reads: list, config: CudaCodecConfig | None) -> tuple[list[SparseBatch], torch.Tensor | None]:
+def _batches(lives: dict[str, Live], groups: list[list], runs: list[Runs], header, spans: ChunkSpans, pack, threads,
+             upload, reads: list, config: CudaCodecConfig | None) -> tuple[list[SparseBatch], torch.Tensor | None]:
     """(a SparseBatch per group, the chunks' CRC-32s where the pack was copied to the device,
     else None); `reads`: the groups' stream-table walks (`_start_reads`). The device runs
     what is queued in order, each kernel's blocks before the next one's, and the class
     counts fill it for about 7 ms: they are launched first, then the pack's copy is queued,
     then the decompression is launched once the walk is done, then the rest of the decoding,
     then the CRCs, which wait for the decompression (`_device_crcs`)."""
-    maps = [cpu.class_maps(rs, lives[rs[0].name].info) for rs in groups]
+    maps = [cpu.class_maps(rs, lives[rs[0].name].info, rn) for rs, rn in zip(groups, runs)]
     # the walk's tables have the shape of the classes it was given: those of the maps, once checked
     assert all(np.array_equal(m[2], r.n_classes) for m, r in zip(maps, reads))
     batches = [SparseBatch([lives[r.name] for r in rs], rs, header, m) for rs, m in zip(groups, maps)]
@@ -173,8 +167,8 @@ def _read_back(batches: list[SparseBatch], same_sums: torch.Tensor | None, crcs:
     return host[:n].reshape(-1, 3), sums, None if crcs is None else host[host.size - n_crcs:].tolist()
 
 
-def _launched(lives: dict[str, Live], groups: list[list], header, spans: ChunkSpans, pack, threads, reads: list,
-              uploaded: bool, config: CudaCodecConfig | None) -> tuple[list[SparseBatch], torch.Tensor | None]:
+def _launched(lives: dict[str, Live], groups: list[list], runs: list[Runs], header, spans: ChunkSpans, pack, threads,
+              reads: list, uploaded: bool, config: CudaCodecConfig | None) -> tuple[list[SparseBatch], torch.Tensor | None]:
     """`_batches`, with the pack's bytes on their way to the device (`uploaded`: to be
     decompressed there by nvCOMP)."""
     # the sparse chunks' bytes go to the device on a host thread while this thread launches
@@ -190,7 +184,7 @@ def _launched(lives: dict[str, Live], groups: list[list], header, spans: ChunkSp
         else:
             on_host = pool.submit(_check_crcs, pack, spans, threads)
         try:
-            batches, crcs = _batches(lives, groups, header, spans, pack, threads, upload, reads, config)
+            batches, crcs = _batches(lives, groups, runs, header, spans, pack, threads, upload, reads, config)
         except Exception:
             _check_crcs(pack, spans, threads)  # bytes that fail their CRC explain any error
             raise
@@ -209,11 +203,12 @@ def stage(lives: dict[str, Live], header, pack, check_base: bool, threads: int |
     groups = _by_type(lives, sparse_recs)
     spans = ChunkSpans.of(header, [r for rs in groups for r in rs])
     uploaded, reads = bool(groups) and entropy.available(), []
+    runs = [run_arrays([r.classes for r in rs]) for rs in groups]
     try:
-        _start_reads(pack, groups, spans, uploaded, reads)
+        _start_reads(pack, groups, runs, spans, uploaded, reads)
         dense = _dense(lives, [r for r in header.tensors if r.codec not in ("sparse", "same")], header, pack,
                        check, threads)
-        batches, crcs = _launched(lives, groups, header, spans, pack, threads, reads, uploaded, config)
+        batches, crcs = _launched(lives, groups, runs, header, spans, pack, threads, reads, uploaded, config)
     finally:
         wait([r.done for r in reads])  # they fill this thread's arena, which its next call rewinds
     patch = _patch(lives, header, batches, dense, check)  # host work while the device decodes
