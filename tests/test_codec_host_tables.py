@@ -202,3 +202,17 @@ def test_stage_digest_checks_over_all_records_refuse_what_the_scalar_checks_refu
             if i in bad_result:
                 with pytest.raises(DigestMismatchError):
                     stage._check_result(rec, n, s_old, s_new)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(-2, 12), st.integers(-2, 12), st.integers(-2, 12)), max_size=8),
+       st.integers(0, 12), st.integers(0, 12))
+def test_gather_rows_inside_both_buffers_as_numpy_says(rows, n_src, n_dst):
+    """The gather's check of its rows (one compiled pass) against numpy's reading of it: each
+    row copies a non-empty range inside both buffers."""
+    from weight_teleport.codec.cuda.gather import _inside
+    r = np.array(rows, np.int64).reshape(-1, 3)
+    ends = r[:, :2] + r[:, 2:]
+    want = bool((r[:, 2] > 0).all() and (r[:, :2] >= 0).all() and (ends[:, 0] <= n_src).all()
+                and (ends[:, 1] <= n_dst).all())
+    assert _inside(r, n_src, n_dst) == want

@@ -6,6 +6,7 @@ import numpy as np
 import torch
 import triton
 import triton.language as tl
+from numba import njit
 
 from weight_teleport.codec.cuda import layout
 
@@ -37,12 +38,22 @@ def gather(src: torch.Tensor, dst: torch.Tensor, src_off: torch.Tensor, dst_off:
         _gather_kernel[(rows.shape[0],)](src, dst, rows, PIECE=PIECE)
 
 
+@njit(nogil=True, cache=True)
+def _inside(rows, n_src, n_dst) -> bool:
+    """Whether every row copies a non-empty range inside both buffers (one pass: numpy's
+    temporaries over the stage's 44 k rows took 0.27 ms on the development machine)."""
+    for i in range(rows.shape[0]):
+        a, b, n = rows[i, 0], rows[i, 1], rows[i, 2]
+        if n <= 0 or a < 0 or b < 0 or a > n_src - n or b > n_dst - n:
+            return False
+    return True
+
+
 def gather_rows(src: torch.Tensor, dst: torch.Tensor, rows: np.ndarray) -> None:
     """The copies of `gather` as [n, 3] int64 rows (source offset, destination offset,
     length > 0)."""
     layout.require(src, torch.uint8)
     layout.require(dst, torch.uint8)
-    ends = rows[:, :2] + rows[:, 2:]
-    assert (rows[:, 2] > 0).all() and (ends[:, 0] <= src.numel()).all() and (ends[:, 1] <= dst.numel()).all()
+    assert _inside(rows, src.numel(), dst.numel())
     if rows.size:
         _gather_kernel[(rows.shape[0],)](src, dst, layout.upload(rows, src.device), PIECE=PIECE)
