@@ -79,6 +79,7 @@ def main() -> None:
     checked = [r for r in header.tensors if r.codec in ("sparse", "same")]
     nbytes = np.array([r.numel * BY_NAME[r.dtype].nbytes for r in checked], np.uint64)
     sums = np.array([passing_sums(r, int(n)) for r, n in zip(checked, nbytes)], np.uint64).view(np.int64)
+    digests = stage._record_digests(checked)
     rows = {
         "read_header": lambda: read_header(pack),
         "ChunkSpans.of": lambda: ChunkSpans.of(header, recs),
@@ -93,6 +94,9 @@ def main() -> None:
             checked, nbytes, sums, header),
         "the same over all records at once (stage._digest_failures)": lambda: stage._digest_failures(
             checked, nbytes, sums),
+        "the records' sizes and digests, which the stage now reads before the read-back": lambda: (
+            np.array([r.numel * BY_NAME[r.dtype].nbytes for r in checked], np.uint64), stage._record_digests(checked)),
+        "the checks on those, after the read-back": lambda: stage._digest_failures(checked, nbytes, sums, digests),
     }
     print(f"pack {len(pack):,} bytes, {len(header.tensors)} tensors, {len(recs)} sparse, "
           f"{spans.starts.size} sparse chunks (scale 1/{args.scale}); medians of {args.repeats}, ms")

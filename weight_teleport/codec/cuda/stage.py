@@ -92,14 +92,22 @@ def _digest_words(texts: list) -> np.ndarray | None:
     return np.frombuffer(bytes.fromhex(joined), ">u8").astype(np.uint64)
 
 
-def _digest_failures(recs, nbytes: np.ndarray, sums: np.ndarray) -> tuple[list[int], list[int]]:
+def _record_digests(recs) -> tuple[np.ndarray | None, np.ndarray | None]:
+    """(base digests, digests) of the records as `_digest_words`: made before the read-back,
+    while the device works."""
+    return _digest_words([r.base_digest for r in recs]), _digest_words([r.digest for r in recs])
+
+
+def _digest_failures(recs, nbytes: np.ndarray, sums: np.ndarray, digests: tuple | None = None
+                     ) -> tuple[list[int], list[int]]:
     """(the records whose base digest the old weights miss, those whose promised digest the
     patched weights would miss), from the device's word sums (`sums` [records, 2] int64: old,
     new) in uint64 arithmetic over all records at once; every record where a digest is not in
     the writers' form. `_check_base` and `_check_result` then judge only these and raise. (A
     loop of the two over the Qwen3-8B-shaped state's 399 records took 0.46-0.88 ms on the
-    development machine, after the device's work; this takes 0.09-0.14: bench/stage_host.py.)"""
-    base, new = _digest_words([r.base_digest for r in recs]), _digest_words([r.digest for r in recs])
+    development machine, after the device's work; this takes 0.09-0.14: bench/stage_host.py.)
+    `digests`: `_record_digests(recs)`, made already."""
+    base, new = digests or _record_digests(recs)
     if base is None or new is None:
         return list(range(len(recs))), list(range(len(recs)))
     s = sums.view(np.uint64)
@@ -164,7 +172,7 @@ def _read_back(batches: list[SparseBatch], same_sums: torch.Tensor | None, crcs:
     host = torch.cat(parts).cpu().numpy() if parts else np.zeros(0, np.int64)
     n = 3 * len(batches)
     sums = host[n:host.size - n_crcs].reshape(-1, 2)
-    return host[:n].reshape(-1, 3), sums, None if crcs is None else host[host.size - n_crcs:].tolist()
+    return host[:n].reshape(-1, 3), sums, None if crcs is None else host[host.size - n_crcs:]
 
 
 def _launched(lives: dict[str, Live], groups: list[list], runs: list[Runs], header, spans: ChunkSpans, pack, threads,
@@ -214,6 +222,11 @@ def stage(lives: dict[str, Live], header, pack, check_base: bool, threads: int |
     patch = _patch(lives, header, batches, dense, check)  # host work while the device decodes
     same = [r for r in header.tensors if r.codec == "same" and check]
     same_sums = word_sums([lives[r.name].tensor for r in same]) if same else None
+    # what the digest checks need of the records, made while the device works, not on the
+    # call's tail after the read-back (0.12 ms on the development machine: bench/stage_host.py)
+    recs = [r for b in batches for r in b.recs] + same
+    nbytes = np.array([r.numel * lives[r.name].info.nbytes for r in recs], np.uint64)
+    digests = _record_digests(recs)
     flags, sums, crcs = _read_back(batches, same_sums, crcs)
     if crcs is not None:
         spans.compare(crcs)
@@ -221,9 +234,7 @@ def stage(lives: dict[str, Live], header, pack, check_base: bool, threads: int |
     for i in (0, 1):
         if pack_flags[i]:
             raise PackFormatError(FLAGS[i])
-    recs = [r for b in batches for r in b.recs] + same
-    nbytes = np.array([r.numel * lives[r.name].info.nbytes for r in recs], np.uint64)
-    bad_base, bad_result = _digest_failures(recs, nbytes, sums)
+    bad_base, bad_result = _digest_failures(recs, nbytes, sums, digests)
     if check:
         for i in bad_base:
             _check_base(recs[i], int(nbytes[i]), int(sums[i, 0]), header)
