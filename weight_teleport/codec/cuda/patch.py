@@ -54,11 +54,6 @@ class DevicePatch:
     tensors: list[DeviceTensorPatch]
     base_checked: bool
     groups: list[FusedGroup] = field(default_factory=list)
-    header: object = field(default=None, repr=False, compare=False)
-    """The pack's header the patch was staged from, held so that its thousands of Python
-    objects are freed with the patch, after the pause, not on the stage's tail: for the
-    Qwen3-8B-shaped delta, `stage_delta` returned 0.56 ms after the backend's stage on the
-    H200's host, most of it freeing the header (0.155 ms on the development machine)."""
 
     @property
     def changed(self) -> int:

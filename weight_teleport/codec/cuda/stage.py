@@ -308,6 +308,6 @@ def _patch(lives: dict[str, Live], header, batches: list[SparseBatch], dense: di
     tensors = [by_name.get(rec.name) or DeviceTensorPatch(rec.name, lives[rec.name].info, rec.shape,
                                                           D.from_hex(rec.digest), dense=dense.get(rec.name, []))
                for rec in header.tensors]
-    patch = DevicePatch(header.kind, header.version, header.base_version, tensors, check, header=header)
+    patch = DevicePatch(header.kind, header.version, header.base_version, tensors, check)
     patch.groups = [g for g in (_fused_group(b) for b in batches) if g is not None]
     return patch
