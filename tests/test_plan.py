@@ -1,7 +1,5 @@
 """Planning is plain Python: chunk ranges and context classes from counts."""
 
-import re
-
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -154,8 +152,9 @@ def test_bands_are_exact_where_floats_round():
                          max_size=4), max_size=6))
 def test_run_arrays_give_the_runs_and_their_top_classes(runs):
     """The runs as arrays (numbers past int64 as -1) and each list's largest class clipped
-    into [0, MAX_CLASSES), 0 for an empty list, as the stage's walk takes them; the class
-    maps made from those arrays are those made from the lists."""
+    into [0, MAX_CLASSES), 0 for an empty list, as the stage's walk takes them; for the maps
+    runs_to_luts accepts, those classes are the maps' own (the stage's walk starts on them
+    and asserts them against the class maps once those are made)."""
     arrays = run_arrays(runs)
     flat = [(a, c if c < 1 << 62 else -1) for r in runs for a, c in r]
     assert arrays.first.tolist() == np.cumsum([0] + [len(r) for r in runs]).tolist()
@@ -163,9 +162,7 @@ def test_run_arrays_give_the_runs_and_their_top_classes(runs):
     want = [min(max(max((c if c < 1 << 62 else -1 for _, c in r), default=0), 0), MAX_CLASSES - 1) for r in runs]
     assert arrays.top_classes().tolist() == want
     try:
-        want_luts = runs_to_luts(runs, 10)
-    except ClassMapError as e:
-        with pytest.raises(ClassMapError, match=re.escape(str(e))):
-            runs_to_luts(runs, 10, arrays)
-    else:
-        assert (runs_to_luts(runs, 10, arrays) == want_luts).all()
+        luts = runs_to_luts(runs, 10, arrays)
+    except ClassMapError:
+        return
+    assert arrays.top_classes().tolist() == luts.max(1, initial=0).tolist()
