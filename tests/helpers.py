@@ -126,7 +126,8 @@ def decode_one_gap(extra: int, device):
     ints = lambda *a: torch.tensor(a, dtype=torch.int64, device=device)
     v = (1 << 22) + extra
     dec = unsymbols.decode(buf, ints(0, 16, 32, 32).view(1, 4), ints(1, 3, 0, 0).view(1, 4), ints(1), ints(1),
-                           torch.zeros(1, dtype=torch.bool, device=device), ints(0), v // 32 + 1, 1, 16)
+                           torch.zeros(1, dtype=torch.bool, device=device), ints(0),
+                           torch.zeros(v // 32 + 1, dtype=torch.int32, device=device), 1, 16)
     return dec, v
 
 

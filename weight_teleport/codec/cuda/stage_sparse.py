@@ -129,8 +129,8 @@ class SparseBatch:
         # are cleared here, on the caller's stream after the counts, while the decompression
         # runs on its own: cleared in `decode`, their 1 GB for the Qwen3-8B-shaped state took
         # 0.2-0.3 ms between the decompression and the symbol decoder
-        self.n_words = int((-(-self.table.host[:, blocks.LEN] // 32)).sum()) + self.table.chunks * self.ncp
-        self.bitmap = torch.zeros(max(self.n_words, 1), dtype=torch.int32, device=dev)
+        n_words = int((-(-self.table.host[:, blocks.LEN] // 32)).sum()) + self.table.chunks * self.ncp
+        self.bitmap = torch.zeros(max(n_words, 1), dtype=torch.int32, device=dev)
 
     def decompress(self, pack, streams: Streams, threads: int | None, upload: inflate.Upload | None = None) -> None:
         """Launches the decompression of the records' streams (`StreamsRead`): the chain of
@@ -153,7 +153,7 @@ class SparseBatch:
         seg_word = layout.starts((tot + 31) // 32)
         words, self.bitmap = self.bitmap, None  # freed with the decoding's other temporaries
         dec = unsymbols.decode(inf.buffer, layout.to_device([inf.offsets], dev)[0], raw, ev, res_cnt, inv, seg_word,
-                               self.n_words, n_res, self.info.bits, words)
+                               words, n_res, self.info.bits)
         unfit = (ev > tot).any() | (inv & (res_cnt != tot - ev)).any() | ((ev > 0) & (dec.last_rank >= tot)).any()
         self.pos, self.val, sums = sparse_decode.decode(
             self.table, self.luts, self.inv, int(self.n_classes.max()), self.counts, self.base, seg_word, dec.bitmap,

@@ -142,21 +142,18 @@ def _segment_kernel(buf_ptr, top, off_ptr, raw_ptr, ev_cnt_ptr, ev_start_ptr, re
 
 
 def decode(buf: torch.Tensor, off: torch.Tensor, raw: torch.Tensor, ev_cnt: torch.Tensor, res_cnt: torch.Tensor,
-           inverted: torch.Tensor, seg_word: torch.Tensor, n_words: int, n_res: int, bits: int,
-           bitmap: torch.Tensor | None = None) -> Decoded:
+           inverted: torch.Tensor, seg_word: torch.Tensor, bitmap: torch.Tensor, n_res: int, bits: int) -> Decoded:
     """Event bitmaps and residuals of every segment, one program per segment walking its
     streams. Per segment (device tensors): `off`/`raw` [S, 4] slot offsets and raw lengths
     of its streams in `buf`, its events, its changed elements (events, or residual symbols
-    in an inverted class), whether it is inverted and its first bitmap word (`seg_word`, of
-    `n_words`). A rank past its segment (a malformed stream, or weights other than the
-    encoder's: the caller compares `last_rank` with the class counts) sets a bit of a later
-    segment, or the last bit; distinct ranks of a segment set distinct bits. `bitmap`: the
-    bitmap's zeroed int32 words, made earlier (else made here)."""
+    in an inverted class), whether it is inverted and its first word in `bitmap` (the
+    segments' int32 words, zeroed by the caller). A rank past its segment (a malformed
+    stream, or weights other than the encoder's: the caller compares `last_rank` with the
+    class counts) sets a bit of a later segment, or the last bit; distinct ranks of a
+    segment set distinct bits."""
     layout.require(buf, torch.uint8)
+    layout.require(bitmap, torch.int32)
     dev, n_seg = buf.device, ev_cnt.numel()
-    if bitmap is None:
-        bitmap = torch.zeros(max(n_words, 1), dtype=torch.int32, device=dev)
-    assert bitmap.dtype == torch.int32 and bitmap.numel() == max(n_words, 1)
     last = torch.full((max(n_seg, 1),), -1, dtype=torch.int64, device=dev)
     res = torch.empty(n_res, dtype=torch.int64, device=dev)
     bad = torch.zeros(max(n_seg, 1), dtype=torch.int8, device=dev)
