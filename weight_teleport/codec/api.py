@@ -223,6 +223,12 @@ def tensor_digest(tensor: torch.Tensor) -> str:
     return _backend([tensor]).digest(tensor)
 
 
+def tensor_digests(tensors: list[torch.Tensor]) -> list[str]:
+    """`tensor_digest` of each tensor (all on the CPU or all on CUDA devices); CUDA tensors
+    of one device are reduced in one launch and read back in one transfer."""
+    return _backend(tensors).digests(tensors) if tensors else []
+
+
 def inspect(pack: bytes) -> dict:
     """Header fields and size statistics of a pack (reads only the preamble and header)."""
     header = read_header(pack)

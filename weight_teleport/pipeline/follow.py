@@ -51,6 +51,7 @@ class Follower:
 
     def step(self) -> None:
         """One turn: stage the next object of the plan, or wait for a new manifest."""
+        self.sub._verify_applied()
         if self.resync_reason is not None:
             reason, self.resync_reason = self.resync_reason, None
             self._resync(reason)
@@ -63,6 +64,9 @@ class Follower:
                          "(retention removed it)")
         if not self.sub._wait_for_room():
             return
+        self.sub._verify_applied()
+        if self.resync_reason is not None:
+            return  # the live weights lack the last patch's digests: resync at the next step
         entry = plan.steps[0]
         pack = self._fetch(entry)
         if pack is not None:

@@ -1,27 +1,38 @@
 """The subscriber's staging step: decode one checked object against the weights it
 applies to, without touching the target.
 
-Two modes: with a checkpoint view (the target's own CPU tensors) one version at a time
-is staged against the live weights; without one, a shadow copy is advanced in the
-background and any number of staged versions queue up for `apply`."""
+Two modes: with a checkpoint view (the target's own tensors, in CPU memory or on one CUDA
+device) one version at a time is staged against the live weights where they are; without
+one, a shadow copy is advanced in the background and any number of staged versions queue
+up for `apply`. A CUDA view is staged on a stream of its own, beside the sampler's work."""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Mapping
 
 import torch
 
-from weight_teleport.codec import StagedPatch, apply_staged, stage_delta
+from weight_teleport.codec import StagedPatch, apply_staged, encode_delta, stage_delta
 from weight_teleport.codec.cuda.config import CudaCodecConfig
-from weight_teleport.codec.dtypes import BY_NAME
+from weight_teleport.codec.dtypes import BY_NAME, dtype_info
+from weight_teleport.codec.plan import DEFAULT_CHUNK_ELEMS
 from weight_teleport.format import read_header
 from weight_teleport.pipeline.manifest import Entry
+from weight_teleport.pipeline.verify import mismatched
 
 
 def _empty_like_pack(pack: bytes) -> dict[str, torch.Tensor]:
     header = read_header(pack)
     return {t.name: torch.empty(t.shape, dtype=BY_NAME[t.dtype].torch_dtype)
             for t in header.tensors}
+
+
+def _cuda_device(view: Mapping[str, torch.Tensor] | None) -> torch.device | None:
+    if not view:
+        return None
+    first = next(iter(view.values()))
+    return first.device if first.is_cuda else None
 
 
 class Stager:
@@ -35,6 +46,10 @@ class Stager:
         self.device_budget = device_budget
         self.cuda = CudaCodecConfig(decompress_backend=decompress_backend)
         """The CUDA decoder's configuration, for CUDA targets (ValueError here for an unknown backend)."""
+        self.device = _cuda_device(view)
+        """The CUDA device of the view, or None."""
+        self.stream = torch.cuda.Stream(self.device) if self.device is not None else None
+        """The stream a CUDA view is staged and verified on: the sampler's streams go on."""
 
     @property
     def uses_view(self) -> bool:
@@ -44,7 +59,10 @@ class Stager:
     def on_cuda(self) -> bool:
         """Whether packs are staged onto CUDA weights (then they are fetched into pinned
         memory, which the stage copies to the device from where it is)."""
-        return self.uses_view and any(t.is_cuda for t in self.view.values())
+        return self.device is not None
+
+    def _on_stream(self):
+        return torch.cuda.stream(self.stream) if self.stream is not None else contextlib.nullcontext()
 
     def stage(self, entry: Entry, pack: bytes, head: int | None) -> StagedPatch:
         """Decode and verify `pack` against the weights at version `head` (raises the
@@ -53,14 +71,57 @@ class Stager:
         base = self.view if self.uses_view else self.shadow
         options = dict(strict=False, threads=self.threads, device_budget=self.device_budget,
                        cuda=self.cuda if self.on_cuda else None)
-        if entry.kind == "delta":
-            assert base is not None, "plans from no weights start with a snapshot"
-            staged = stage_delta(base, pack, base_version=head, **options)
-        else:
-            target = base if self.uses_view else _empty_like_pack(pack)
-            staged = stage_delta(target, pack, **options)
-            if not self.uses_view:
-                self.shadow = target
+        with self._on_stream():
+            if entry.kind == "delta":
+                assert base is not None, "plans from no weights start with a snapshot"
+                staged = stage_delta(base, pack, base_version=head, **options)
+            else:
+                target = base if self.uses_view else _empty_like_pack(pack)
+                staged = stage_delta(target, pack, **options)
+                if not self.uses_view:
+                    self.shadow = target
         if not self.uses_view:
             apply_staged(self.shadow, staged, self.threads)
         return staged
+
+    def verify(self, staged: StagedPatch) -> list[str]:
+        """Names of the view's tensors that lack the digests `staged` promised, once it was
+        applied (read where the view lives, beside the sampler's work)."""
+        with self._on_stream():
+            return mismatched(self.view, staged)
+
+    def warm_up(self) -> None:
+        """Stage and apply a small delta of every element type of a CUDA view on scratch
+        tensors of its device, so that no kernel is compiled or loaded in the first pause
+        (nor the first stage). A no-op for other views."""
+        if self.device is None:
+            return
+        dtypes = {t.dtype for t in self.view.values()}
+        with self._on_stream():
+            for dtype in sorted(dtypes, key=str):
+                old, new = _warm_pair(dtype)
+                pack = encode_delta({"w": old}, {"w": new}, base_version=0, version=1,
+                                    threads=self.threads)
+                live = {"w": old.to(self.device)}
+                staged = stage_delta(live, pack, base_version=0, threads=self.threads, cuda=self.cuda)
+                apply_staged(live, staged)
+                assert torch.equal(live["w"].cpu().view(torch.uint8), new.view(torch.uint8))
+            self.stream.synchronize()
+
+
+def _warm_pair(dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """(old, new) CPU tensors of `dtype` over more than two chunks, a few percent of the
+    elements changed by one unit in the last place and a few by more: the stage's sparse
+    paths with every class kind."""
+    g = torch.Generator().manual_seed(0)
+    n = 2 * DEFAULT_CHUNK_ELEMS + 4099
+    info = dtype_info(dtype)
+    if info.is_float:
+        old = (torch.randn(n, generator=g) * 0.02).to(dtype)
+    else:
+        old = torch.randint(0, 2, (n,), generator=g).to(dtype)
+    bits = old.view(info.int_torch).clone()
+    bits[torch.rand(n, generator=g) < 0.03] ^= 1
+    if info.nbytes > 1:
+        bits[torch.rand(n, generator=g) < 0.002] ^= 0x25
+    return old, bits.view(dtype)

@@ -6,13 +6,14 @@ import logging
 import threading
 import time
 
+import torch
+
 from weight_teleport.codec import StagedPatch
 from weight_teleport.pipeline.config import SubscriberConfig
 from weight_teleport.pipeline.follow import Follower
 from weight_teleport.pipeline.manifest import Entry
 from weight_teleport.pipeline.metrics import UpdateReport, SubscriberStats
 from weight_teleport.pipeline.stager import Stager
-from weight_teleport.pipeline.verify import mismatched
 from weight_teleport.store import Store, open_store
 from weight_teleport.targets.base import Target
 
@@ -46,10 +47,19 @@ class Subscriber:
         self._resynced = self._applying = self._closed = False
         self._live_version = initial
         self._cond = threading.Condition()
+        self._applied: StagedPatch | None = None
+        """The last patch applied to the view, until its digests are checked."""
         self._follower = Follower(self, initial)
-        self._thread = threading.Thread(target=self._follower.run, daemon=True,
+        self._thread = threading.Thread(target=self._follow, daemon=True,
                                         name="weight-teleport-subscriber")
         self._thread.start()
+
+    def _follow(self) -> None:
+        try:
+            self._stager.warm_up()
+        except Exception:  # a cold kernel costs the first pause time, nothing else
+            log.exception("warming up the CUDA kernels failed; the first update compiles them")
+        self._follower.run()
 
     @property
     def version(self) -> int | None:
@@ -77,6 +87,8 @@ class Subscriber:
         t0 = time.perf_counter()
         for _, staged in pending:
             self.target.apply(staged)
+        if pending and self._stager.on_cuda:  # the patch is in place for every stream
+            torch.cuda.current_stream(self._stager.device).synchronize()
         report.pause_s = time.perf_counter() - t0
         report.versions = [e.version for e, _ in pending]
         report.bytes_fetched = sum(e.size for e, _ in pending)
@@ -84,16 +96,21 @@ class Subscriber:
             if pending:
                 self._live_version = pending[-1][0].version
                 self.stats.pause_s += report.pause_s
+            if pending and self._stager.uses_view:
+                self._applied = pending[-1][1]
             report.version = self._live_version
             self._applying = False
             self._cond.notify_all()
-        if pending and self._stager.uses_view:
-            self._check_live(pending[-1][1])
         return report
 
-    def _check_live(self, staged: StagedPatch) -> None:
-        """After the pause: the live weights must carry the patch's digests."""
-        bad = mismatched(self._stager.view, staged)
+    def _verify_applied(self) -> None:
+        """After the pause, on the follower's thread: the live weights must carry the last
+        applied patch's digests, else the next step resyncs."""
+        with self._cond:
+            staged, self._applied = self._applied, None
+        if staged is None:
+            return
+        bad = self._stager.verify(staged)
         if bad:
             self._follower.request_resync(f"after applying version {staged.version}, tensor "
                                           f"{bad[0]!r} ({len(bad)} in all) lacks its digest")

@@ -20,9 +20,11 @@ class Target(ABC):
     """A sampler's live weights."""
 
     def checkpoint_view(self) -> Mapping[str, torch.Tensor] | None:
-        """CPU tensors in checkpoint layout that ARE the live weights (patched in place by
-        `apply`), or None when the live weights have another layout or device. When a view
-        is given, the subscriber decodes against it and needs no shadow copy."""
+        """Tensors in checkpoint layout that ARE the live weights (patched in place by
+        `apply`), all in CPU memory or all on one CUDA device; None when the live weights
+        have another layout or are spread over devices. When a view is given, the
+        subscriber stages every pack against it where it lives (CUDA views on a side
+        stream of their device) and keeps no shadow copy."""
         return None
 
     @abstractmethod

@@ -3,9 +3,11 @@
 Checkpoint names are the module's `state_dict` names (with an optional prefix), so HF
 transformers models work as they are: tied weights (lm_head / embed_tokens sharing one
 parameter) appear under both names and are patched once per name with equal values;
-buffers that a checkpoint does not publish are left alone. CPU weights are lent to the
-subscriber as its checkpoint view (no shadow copy); weights on a GPU are patched with
-one indexed copy per chunk."""
+buffers that a checkpoint does not publish are left alone. Weights that all sit in CPU
+memory or all on one CUDA device are lent to the subscriber as its checkpoint view: it
+stages every pack against them where they are (on the GPU for CUDA weights) and keeps no
+shadow copy. Weights spread over several devices are patched from a shadow copy's staged
+patches, one indexed copy per chunk."""
 
 from __future__ import annotations
 
@@ -44,10 +46,10 @@ class TorchTarget(Target):
         """Checkpoint name -> live tensor (tied names share one tensor)."""
 
     def checkpoint_view(self) -> Mapping[str, torch.Tensor] | None:
-        """The live tensors themselves when they all sit in CPU memory."""
-        if all(t.device.type == "cpu" for t in self.tensors.values()):
-            return self.tensors
-        return None
+        """The live tensors themselves when they all sit in CPU memory or all on one CUDA
+        device; None when they are spread over several devices."""
+        devices = {t.device for t in self.tensors.values()}
+        return self.tensors if len(devices) <= 1 else None
 
     def _live(self, name: str) -> torch.Tensor:
         try:
@@ -70,7 +72,8 @@ class TorchTarget(Target):
                 self.tensors[name].copy_(t)
 
     def apply(self, staged: StagedPatch) -> None:
-        """Write the staged patch (CPU: the codec's scatter; GPU: indexed copies)."""
+        """Write the staged patch: the codec's scatter into the lent view, else indexed
+        copies of a shadow's patch into tensors on several devices."""
         for t in staged.tensors:
             self._live(t.name)
         if self.checkpoint_view() is not None:

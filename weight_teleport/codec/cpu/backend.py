@@ -43,6 +43,11 @@ def digest(tensor: torch.Tensor) -> str:
     return D.to_hex(D.finish(C.digest_sum(u, 0), u.nbytes))
 
 
+def digests(tensors: list[torch.Tensor]) -> list[str]:
+    """`digest` of each tensor."""
+    return [digest(t) for t in tensors]
+
+
 def _pool(threads: int | None) -> ThreadPoolExecutor:
     return ThreadPoolExecutor(max_workers=threads or os.cpu_count() or 1)
 

@@ -7,6 +7,7 @@ from weight_teleport.codec.cuda.apply import apply
 from weight_teleport.codec.cuda.chunk_bytes import CODEC_ID
 from weight_teleport.codec.cuda.config import CudaCodecConfig
 from weight_teleport.codec.cuda.digest import digest as _digest
+from weight_teleport.codec.cuda.digest import word_sums
 from weight_teleport.codec.cuda.encode import DEFAULT_CONFIG, encode
 from weight_teleport.codec.cuda.live import EncodeItem, Live
 from weight_teleport.codec.cuda.stage import stage
@@ -18,6 +19,20 @@ item = EncodeItem.of
 def digest(tensor) -> str:
     """The pack digest of a CUDA tensor's bytes, in hex (one reduction on its device)."""
     return D.to_hex(_digest(tensor))
+
+
+def digests(tensors) -> list[str]:
+    """The pack digests of CUDA tensors: one reduction per device, one read-back each."""
+    out: list[str | None] = [None] * len(tensors)
+    by_device: dict = {}
+    for i, t in enumerate(tensors):
+        by_device.setdefault(t.device, []).append(i)
+    for idx in by_device.values():
+        sums = word_sums([tensors[i] for i in idx]).cpu().tolist()
+        for i, s in zip(idx, sums):
+            nbytes = tensors[i].numel() * tensors[i].element_size()
+            out[i] = D.to_hex(D.finish(s & D.MASK64, nbytes))
+    return out
 
 
 def check_readable(stream_codecs: list[str]) -> None:
@@ -39,5 +54,5 @@ def extra_stream_codecs(config: CudaCodecConfig) -> list[str]:
     return [] if config.portable else [streams.NAMES[CODEC_ID[config.algorithm]]]
 
 
-__all__ = ["DEFAULT_CONFIG", "EncodeItem", "Live", "apply", "check_readable", "digest", "encode", "extra_stream_codecs",
+__all__ = ["DEFAULT_CONFIG", "EncodeItem", "Live", "apply", "check_readable", "digest", "digests", "encode", "extra_stream_codecs",
            "item", "stage"]
