@@ -223,3 +223,24 @@ def test_cli_publish_pull_status_round_trip(tmp_path, capsys) -> None:
     for v in (1, 2):
         assert main(["pull", url, "--out", str(tmp_path / f"out{v}"), "--version", str(v)]) == 0
         assert same_bits(load_file(tmp_path / f"out{v}" / "model.safetensors"), v)
+
+
+def test_anchor_follows_its_delta_and_a_cold_start_uses_it() -> None:
+    """A version that carries an anchor is announced with its delta alone; the anchor is
+    stored and announced after it, in version order, and a new subscriber starts from it."""
+    url = memory_url()
+    with Publisher(url, PublisherConfig(anchor_every=4, threads=1)) as pub:
+        results = [pub.publish(expected(v), v).wait(30) for v in range(6)]
+        assert pub.flush(30)
+        manifest = json.loads(pub._store.get_manifest())
+    assert results[4].objects[0].kind == "delta"
+    assert results[4].anchor_encode_s > 0 and results[4].anchor_s > 0
+    assert [e.kind for e in results[4].objects] == ["delta", "snapshot"]
+    order = [(e["version"], e["kind"]) for e in manifest["entries"]]
+    assert order == sorted(order, key=lambda vk: (vk[0], vk[1] == "snapshot"))
+    assert (4, "snapshot") in order and (0, "snapshot") in order
+    live = {k: torch.zeros_like(v) for k, v in expected(0).items()}
+    with Subscriber(url, TorchTarget(live), FAST) as sub:
+        reports = follow(sub, 5)
+    assert same_bits(live, 5)
+    assert reports[0].versions[0] == 4, "the cold start should take the newest anchor"

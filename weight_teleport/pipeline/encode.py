@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
 from weight_teleport.codec import encode_delta, encode_snapshot
 from weight_teleport.pipeline.config import PublisherConfig
 from weight_teleport.pipeline.fetch import materialize
-from weight_teleport.pipeline.manifest import Entry, Manifest, from_json, make_entry
+from weight_teleport.pipeline.anchors import AnchorUploader
+from weight_teleport.pipeline.manifest import KINDS, Entry, Manifest, checked, from_json, make_entry
 from weight_teleport.pipeline.metrics import PublishResult
 from weight_teleport.pipeline.plan import needs_anchor, plan_retention
 from weight_teleport.pipeline.snapshots import State, state_nbytes
@@ -49,6 +51,11 @@ class Encoder:
         self.baseline_version: int | None = None
         self.stream = torch.cuda.Stream() if config.baseline_device == "cuda" else None
         """The CUDA stream the encoder's kernels run on, off the training stream."""
+        anchors = self.manifest.anchors
+        self.last_anchor: int | None = anchors[-1].version if anchors else None
+        """The version of the newest anchor stored or on its way."""
+        self._manifest_lock = threading.Lock()
+        self.anchors = AnchorUploader(store, self._announce)
 
     def next_version(self) -> int:
         """The first version this publisher may use."""
@@ -69,7 +76,9 @@ class Encoder:
             self.baseline = {k: t.to(device) for k, t in self.baseline.items()}
 
     def run(self, job: EncodeJob) -> PublishResult:
-        """Encode, upload and announce `job`'s version; returns its measurements."""
+        """Encode, upload and announce `job`'s version; returns its measurements. A delta is
+        announced as soon as it is stored; an anchor due with it is encoded next and
+        uploaded and announced by the anchor thread (`AnchorUploader`)."""
         r, t0 = job.result, time.perf_counter()
         r.queued_s = t0 - job.t_publish - r.snapshot_s
         self._resume()
@@ -79,39 +88,66 @@ class Encoder:
                         "only; followers restart from it", job.version)
             base = None
         with _side_stream(self.stream):
-            packs = self._encode(job, base)
+            kind, pack = ("delta", self._encode_delta(job, base)) if base is not None \
+                else ("snapshot", self._encode_snapshot(job))
         t1 = time.perf_counter()
-        entries = [make_entry(job.version, kind, b, pack, state_nbytes(job.snapshot))
-                   for kind, b, pack in packs]
-        for entry, (_, _, pack) in zip(entries, packs):
-            self.store.put(entry.key, pack)
-        self._announce(entries)
+        entry = make_entry(job.version, kind, base, pack, state_nbytes(job.snapshot))
+        self.store.put(entry.key, pack)
+        self._announce(entry)
         t2 = time.perf_counter()
+        if kind == "snapshot":
+            self.last_anchor = job.version
         self.baseline_version = job.version
-        r.base_version, r.objects, r.raw_bytes = base, entries, state_nbytes(job.snapshot)
+        r.base_version, r.objects, r.raw_bytes = base, [entry], state_nbytes(job.snapshot)
         r.encode_s, r.upload_s, r.total_s = t1 - t0, t2 - t1, t2 - job.t_publish
+        if kind == "delta" and needs_anchor(self.last_anchor, job.version, self.config.anchor_every):
+            self._start_anchor(job)
         return r
 
-    def _encode(self, job: EncodeJob, base: int | None) -> list[tuple[str, int | None, bytes]]:
+    def _start_anchor(self, job: EncodeJob) -> None:
+        """Encode the anchor of `job`'s version (while the snapshot is still held) and hand
+        it to the anchor thread; postponed to a later version while another uploads."""
+        if self.anchors.busy:
+            log.info("anchor of version %d postponed: the previous anchor is still uploading",
+                     job.version)
+            return
+        t0 = time.perf_counter()
+        with _side_stream(self.stream):
+            pack = self._encode_snapshot(job)
+        job.result.anchor_encode_s = time.perf_counter() - t0
+        entry = make_entry(job.version, "snapshot", None, pack, state_nbytes(job.snapshot))
+        if self.anchors.submit(entry, pack, job.result):
+            self.last_anchor = job.version
+
+    def _options(self) -> dict:
         opts = {"level": self.config.level, "threads": self.config.threads}
         if self.config.chunk_elems is not None:
             opts["chunk_elems"] = self.config.chunk_elems
-        packs = []
-        if base is not None:
-            packs.append(("delta", base, encode_delta(self.baseline, job.snapshot, base_version=base,
-                                                      version=job.version, **opts)))
-        if base is None or needs_anchor(self.manifest, job.version, self.config.anchor_every):
-            packs.append(("snapshot", None, encode_snapshot(job.snapshot, version=job.version, **opts)))
-        return packs
+        return opts
 
-    def _announce(self, entries: list[Entry]) -> None:
-        """Write the new manifest, then delete what retention dropped from it."""
-        manifest = self.manifest.with_entries(*entries)
-        manifest, dropped = plan_retention(manifest, self.config.retention.keep_anchors)
-        self.store.put_manifest(manifest.to_json())
-        self.manifest = manifest
+    def _encode_delta(self, job: EncodeJob, base: int):
+        return encode_delta(self.baseline, job.snapshot, base_version=base, version=job.version,
+                            **self._options())
+
+    def _encode_snapshot(self, job: EncodeJob):
+        return encode_snapshot(job.snapshot, version=job.version, **self._options())
+
+    def _announce(self, entry: Entry) -> None:
+        """Write the manifest with `entry` in its place (an anchor may follow deltas of later
+        versions), then delete what retention dropped from it. One writer at a time: the
+        worker and the anchor thread both announce."""
+        with self._manifest_lock:
+            entries = sorted(self.manifest.entries + (entry,), key=lambda e: (e.version, KINDS.index(e.kind)))
+            manifest = checked(replace(self.manifest, entries=tuple(entries)))
+            manifest, dropped = plan_retention(manifest, self.config.retention.keep_anchors)
+            self.store.put_manifest(manifest.to_json())
+            self.manifest = manifest
         for entry in dropped:
             try:
                 self.store.delete(entry.key)
             except NotFound:
                 pass
+
+    def close(self) -> None:
+        """Wait for the anchor in flight."""
+        self.anchors.wait()

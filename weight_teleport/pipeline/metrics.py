@@ -29,6 +29,11 @@ class PublishResult:
     """Time to write the objects and the manifest."""
     total_s: float = 0.0
     """From the `publish` call to the manifest naming this version."""
+    anchor_encode_s: float = 0.0
+    """Time the worker spent encoding this version's anchor, after announcing its delta
+    (0 when it carries none)."""
+    anchor_s: float = 0.0
+    """Time the anchor thread took to store and announce the anchor (0 until it has)."""
 
     @property
     def wire_bytes(self) -> int:

@@ -84,7 +84,7 @@ def plan_retention(manifest: Manifest, keep_anchors: int) -> tuple[Manifest, lis
     return replace(manifest, entries=kept), dropped
 
 
-def needs_anchor(manifest: Manifest, version: int, anchor_every: int) -> bool:
-    """Whether `version` gets a snapshot: none yet, or `anchor_every` versions since the last."""
-    anchors = manifest.anchors
-    return not anchors or version - anchors[-1].version >= anchor_every
+def needs_anchor(last_anchor: int | None, version: int, anchor_every: int) -> bool:
+    """Whether `version` gets a snapshot: no anchor yet (`last_anchor` None), or
+    `anchor_every` versions since the last one."""
+    return last_anchor is None or version - last_anchor >= anchor_every

@@ -125,9 +125,13 @@ class Publisher:
                 self._cond.notify_all()
 
     def flush(self, timeout: float | None = None) -> bool:
-        """Wait until every queued version is published; False on timeout."""
+        """Wait until every queued version is published and its anchor stored; False on
+        timeout."""
+        deadline = None if timeout is None else time.monotonic() + timeout
         with self._cond:
-            return self._cond.wait_for(lambda: not self._queue and not self._busy, timeout)
+            if not self._cond.wait_for(lambda: not self._queue and not self._busy, timeout):
+                return False
+        return self._encoder.anchors.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
 
     def close(self) -> None:
         """Publish what is queued, stop the worker and close the store."""
@@ -135,6 +139,7 @@ class Publisher:
             self._closed = True
             self._cond.notify_all()
         self._worker.join()
+        self._encoder.close()
         if self._own_store:
             self._store.close()
 

@@ -1,0 +1,67 @@
+"""Anchors off the critical path: a version's snapshot is uploaded and announced by a thread
+of its own, after the version's delta was announced, so that neither that delta nor the
+next versions wait for the anchor's bytes to reach the store."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+from weight_teleport.pipeline.manifest import Entry
+from weight_teleport.pipeline.metrics import PublishResult
+from weight_teleport.store import Store
+
+log = logging.getLogger(__name__)
+
+
+class AnchorUploader:
+    """One anchor in flight at a time: `submit` hands it over, or returns False while the
+    previous one is still uploading (the caller postpones the anchor to a later version;
+    memory stays at one encoded anchor)."""
+
+    def __init__(self, store: Store, announce: Callable[[Entry], None]):
+        self._store, self._announce = store, announce
+        self._cond = threading.Condition()
+        self._busy = False
+        self._thread: threading.Thread | None = None
+        self.failures: list[tuple[int, Exception]] = []
+        """(version, error) of every anchor that could not be stored or announced."""
+
+    def submit(self, entry: Entry, pack, result: PublishResult) -> bool:
+        """Upload `pack` under `entry` and announce it in the background; its timings go
+        into `result` (`anchor_s`) and the entry into `result.objects` once announced."""
+        with self._cond:
+            if self._busy:
+                return False
+            self._busy = True
+        self._thread = threading.Thread(target=self._upload, args=(entry, pack, result), daemon=True,
+                                        name="weight-teleport-anchor")
+        self._thread.start()
+        return True
+
+    def _upload(self, entry: Entry, pack, result: PublishResult) -> None:
+        t0 = time.perf_counter()
+        try:
+            self._store.put(entry.key, pack)
+            self._announce(entry)
+            result.objects.append(entry)
+            result.anchor_s = time.perf_counter() - t0
+        except Exception as exc:  # the next version gets an anchor instead
+            log.error("storing the anchor of version %d failed: %s", entry.version, exc)
+            self.failures.append((entry.version, exc))
+        finally:
+            with self._cond:
+                self._busy = False
+                self._cond.notify_all()
+
+    @property
+    def busy(self) -> bool:
+        with self._cond:
+            return self._busy
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until no anchor is in flight; False on timeout."""
+        with self._cond:
+            return self._cond.wait_for(lambda: not self._busy, timeout)
