@@ -46,18 +46,24 @@ def _get_varint(buf: memoryview, pos: int) -> tuple[int, int]:
         shift += 7
 
 
-def write_groups(groups: list[Group]) -> bytes:
-    """Serialise a chunk."""
+def write_table(groups: list[tuple[int, list[tuple[int, int, int]]]]) -> bytes:
+    """The table of a chunk whose groups are (count, [(codec, raw length, stored length)])."""
     table = bytearray()
     _put_varint(table, len(groups))
-    for g in groups:
-        _put_varint(table, g.count)
-        _put_varint(table, len(g.streams))
-        for s in g.streams:
-            table.append(s.codec)
-            _put_varint(table, s.raw_len)
-            _put_varint(table, len(s.data))
-    return b"".join([bytes(table), *(s.data for g in groups for s in g.streams)])
+    for count, streams in groups:
+        _put_varint(table, count)
+        _put_varint(table, len(streams))
+        for codec, raw_len, stored in streams:
+            table.append(codec)
+            _put_varint(table, raw_len)
+            _put_varint(table, stored)
+    return bytes(table)
+
+
+def write_groups(groups: list[Group]) -> bytes:
+    """Serialise a chunk."""
+    table = write_table([(g.count, [(s.codec, s.raw_len, len(s.data)) for s in g.streams]) for g in groups])
+    return b"".join([table, *(s.data for g in groups for s in g.streams)])
 
 
 def read_groups(chunk: bytes | memoryview) -> list[Group]:

@@ -4,8 +4,8 @@ CPU backend's code), then per element type one launch each of the class-count an
 kernels, symbol and stream coding of all segments, and the payload gathered on the GPU
 (codec/cuda/encode_batch.py). A large state is scanned in two waves, each planned and its
 events launched while the device works on the one before (`_waves`); a wave's records are
-made on the host while its events run. Snapshots and dense tensors go through the CPU
-backend."""
+made on the host while its events run. Snapshots are written on the device as raw byte
+planes (codec/cuda/snapshot.py); dense tensors of a delta go through the CPU backend."""
 
 import os
 import zlib
@@ -16,7 +16,7 @@ import torch
 
 from weight_teleport.codec import digest as D
 from weight_teleport.codec.cpu import backend as cpu
-from weight_teleport.codec.cuda import blocks, chunk_bytes, encode_batch, layout
+from weight_teleport.codec.cuda import blocks, chunk_bytes, encode_batch, layout, snapshot
 from weight_teleport.codec.cuda.config import CudaCodecConfig
 from weight_teleport.codec.cuda.live import EncodeItem, flat_bits, grouped
 from weight_teleport.codec.cuda.scan import SPAN, aligned, scan
@@ -24,6 +24,10 @@ from weight_teleport.codec.plan import SPARSE_MAX_DENSITY, PlanTable, plan_table
 from weight_teleport.format import ChunkRef, TensorRecord, prefix_bound
 
 DEFAULT_CONFIG = CudaCodecConfig()
+
+
+def _pageable(n: int) -> np.ndarray:
+    return np.empty(n, np.uint8)
 
 
 def _host_item(it: EncodeItem) -> cpu.EncodeItem:
@@ -179,8 +183,8 @@ def encode(items: list[EncodeItem], chunk_elems: int, level: int, threads: int |
     the one part (format.write_pack_into writes the pack around it)."""
     chunk_bytes.begin_encode()
     layout.begin_call()
-    if any(it.old is None for it in items):
-        return *_lay_out(*_on_cpu(items, chunk_elems, level, threads)), lambda: None
+    if any(it.old is None for it in items):  # a snapshot: raw byte planes, written on the device
+        return snapshot.encode(items, chunk_elems, pinned, layout.pinned_empty if pinned else _pageable)
     numel = np.fromiter((it.new.numel() for it in items), np.int64, len(items))
     launched = [_launch_scan(items, w, chunk_elems) for w in _waves(numel)]
     changed = np.zeros(len(items), np.int64)

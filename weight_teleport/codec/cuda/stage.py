@@ -1,9 +1,10 @@
 """Staging a pack against live CUDA weights: decode and verify, write nothing.
 
 Sparse tensors are staged on the GPU, batched per element type (codec/cuda/stage_sparse.py);
-the checks of all batches and the digests are read back in one transfer. Dense chunks and
-snapshots, rare in a delta stream, go through the CPU backend on a host copy of their
-tensors."""
+the checks of all batches and the digests are read back in one transfer. Snapshots of raw
+byte planes (the CUDA encoder's) are staged on the GPU too (codec/cuda/snapshot.py); other
+snapshots and the dense chunks of a delta, rare in a delta stream, go through the CPU
+backend on host tensors."""
 
 import dataclasses
 import os
@@ -16,7 +17,7 @@ from numba import njit
 
 from weight_teleport.codec import digest as D
 from weight_teleport.codec.cpu import backend as cpu
-from weight_teleport.codec.cuda import blocks, entropy, inflate, layout, scatter, stage_sparse
+from weight_teleport.codec.cuda import blocks, entropy, inflate, layout, scatter, snapshot, stage_sparse
 from weight_teleport.codec.cuda.config import CudaCodecConfig
 from weight_teleport.codec.cuda.crc import crc32
 from weight_teleport.codec.cuda.digest import word_sums
@@ -29,10 +30,18 @@ from weight_teleport.format.container import ChunkSpans, crc32_ranges
 
 
 def _dense(lives: dict[str, Live], recs, header, pack, check_base: bool, threads) -> dict:
-    """Dense and snapshot tensors through the CPU backend on host copies."""
+    """Dense and snapshot tensors: a snapshot's raw byte planes on the device
+    (codec/cuda/snapshot.py), the rest through the CPU backend on host copies (of the live
+    tensors for a delta's dense chunks, which decode against them)."""
     if not recs:
         return {}
-    host = {r.name: cpu.Live(lives[r.name].tensor.detach().cpu(), lives[r.name].info) for r in recs}
+    if header.kind == "snapshot" and snapshot.raw_planes(header, pack, recs):
+        return snapshot.stage(lives, header, pack, recs, header.chunk_elems)
+    if header.kind == "snapshot":
+        host = {r.name: cpu.Live(torch.empty(lives[r.name].tensor.shape, dtype=lives[r.name].tensor.dtype),
+                                 lives[r.name].info) for r in recs}
+    else:
+        host = {r.name: cpu.Live(lives[r.name].tensor.detach().cpu(), lives[r.name].info) for r in recs}
     sub = dataclasses.replace(header, tensors=recs)
     staged = cpu.stage(host, sub, pack, check_base, threads)
     return {t.name: [(c.start, _upload(c.values, lives[t.name])) for c in t.chunks] for t in staged.tensors}
