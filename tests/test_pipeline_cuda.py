@@ -3,10 +3,13 @@ subscribers patching GPU and CPU weights. Skipped without a CUDA device."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
 
 from weight_teleport.pipeline import Publisher, PublisherConfig, Subscriber, SubscriberConfig
+from weight_teleport.store import StoreConfig
 from weight_teleport.targets.torch import TorchTarget
 
 pytestmark = [pytest.mark.cuda,
@@ -46,3 +49,64 @@ def test_gpu_baseline_publishes_bit_exact_versions(target_device, budget):
                 sub.apply()
             assert _same(live, state), f"version {v} differs"
     assert pub._encoder.baseline["w"].device.type == "cuda"
+
+
+def _follow(sub, version: int, timeout: float = 60.0) -> list:
+    reports = []
+    deadline = time.monotonic() + timeout
+    while sub.version != version:
+        assert time.monotonic() < deadline, f"stuck at {sub.version}, want {version}"
+        if sub.wait(0.5):
+            reports.append(sub.apply())
+    return reports
+
+
+@pytest.mark.parametrize("transport", ["memory", "http"])
+def test_gpu_target_stages_on_its_device_through_anchors_and_resyncs(transport, tmp_path):
+    """A TorchTarget over CUDA weights lends them to the subscriber (no shadow copy): every
+    version is staged on the GPU, versions that carry an anchor arrive with their delta first,
+    a scribbled live weight makes it resync, and a new subscriber cold-starts from the newest
+    anchor (staged on the GPU). Bit-exact at every version."""
+    from weight_teleport.server import OriginServer, ServerConfig
+    versions = _versions(7, seed=3)
+    origin = OriginServer(ServerConfig(root=tmp_path, port=0, token="t")).start() if transport == "http" else None
+    url = origin.url if origin else f"memory://cuda-gpu-target-{transport}"
+    config = PublisherConfig(baseline_device="cuda", anchor_every=2, store=StoreConfig(token="t"))
+    live = {k: torch.zeros_like(v) for k, v in versions[0].items()}
+    try:
+        with Publisher(url, config) as pub, \
+                Subscriber(url, TorchTarget(live), SubscriberConfig(watch_timeout_s=0.2)) as sub:
+            assert sub._stager.on_cuda and sub._stager.shadow is None
+            for v, state in enumerate(versions[:5]):
+                result = pub.publish(state, version=v).wait(60)
+                assert result.objects[0].kind == ("snapshot" if v == 0 else "delta")
+                _follow(sub, v)
+                assert _same(live, state), f"version {v} differs"
+                if v == 4:
+                    live["w"].view(torch.int16)[7, 7] ^= 1  # the sampler scribbles on its weights
+            assert pub.flush(60)
+            pub.publish(versions[5], version=5).wait(60)
+            reports = _follow(sub, 5)
+            assert any(r.resynced for r in reports) and _same(live, versions[5])
+            pub.publish(versions[6], version=6).wait(60)
+            assert pub.flush(60)
+        cold = {k: torch.zeros_like(v) for k, v in versions[0].items()}
+        with Subscriber(url, TorchTarget(cold), SubscriberConfig(watch_timeout_s=0.2)) as sub:
+            reports = _follow(sub, 6)
+        assert reports[0].versions[0] == 6 and _same(cold, versions[6]), "the cold start missed the anchor"
+    finally:
+        if origin:
+            origin.stop()
+
+
+def test_gpu_snapshot_packs_stage_on_the_device_without_a_host_copy(monkeypatch):
+    """A snapshot written by the CUDA encoder is staged onto CUDA weights on the device: the
+    CPU backend is not called, and the live weights are never copied to the host."""
+    import weight_teleport as wt
+    from weight_teleport.codec.cpu import backend as cpu
+    state = _versions(1, seed=4)[0]
+    pack = wt.encode_snapshot(state, version=0, pinned=True)
+    monkeypatch.setattr(cpu, "stage", lambda *a, **k: pytest.fail("a GPU snapshot went to the CPU backend"))
+    live = {k: torch.zeros_like(v) for k, v in state.items()}
+    wt.apply_delta(live, pack)
+    assert _same(live, state)
