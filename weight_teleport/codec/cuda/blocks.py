@@ -48,9 +48,9 @@ class ChunkTable:
     def per_tensor(self, rows: torch.Tensor) -> torch.Tensor:
         """[tensors, ...] int64 sums (mod 2^64) of per-program integer rows ([programs, ...]),
         in one launch: a program adds up a run of rows, with one atomic add per column where
-        the run lies in one tensor (a tensor's programs are consecutive). index_add_ took
-        an atomic per row and column: 2.4 ms for the stage's 8 M programs of the
-        Qwen3-8B-shaped state on the H200, its adds serialised on a few addresses."""
+        the run lies in one tensor (a tensor's programs are consecutive). index_add_ takes an
+        atomic per row and column, and with millions of programs over a few hundred tensors
+        its adds serialise on a few addresses."""
         assert not rows.dtype.is_floating_point
         flat = rows[:self.programs].reshape(self.programs, -1).contiguous()
         k = flat.shape[1]
@@ -124,7 +124,7 @@ def build_cached(flats: list[torch.Tensor], chunk_elems: int, block: int, info=N
     stages every version onto the same weights, a trainer keeps its published weights in
     the same memory), of which a table reads nothing else; only its base is made anew.
     The stage's host path before the decompression's launch is its first link, and building
-    the table took 1.1-1.3 ms of it for the Qwen3-8B-shaped state on the H200's host."""
+    a table is a millisecond-scale part of it for a large state."""
     key = (flats[0].device, flats[0].dtype, chunk_elems, block, None if info is None else info.name,
            tuple((t.data_ptr(), t.numel()) for t in flats))
     if key not in _cached:
@@ -158,9 +158,8 @@ def pair(flats: list[torch.Tensor], table: ChunkTable, info=None) -> Paired:
     """The contiguous tensors `flats`, one per tensor of `table` and of the same sizes, as a
     Paired (its base as in `build`). The offsets are reused for the same pointers and a
     table from `build_cached`'s same entry (its host rows, which the cache holds, so that
-    their identity is not taken by another table's): the scan's and the events' pairs took
-    0.7 and 0.4 ms of the encoder's host path before their launches in a profiled timeline
-    on the H200, 0.1 ms each reused."""
+    their identity is not taken by another table's): made anew, the scan's and the events'
+    pairs lie on the encoder's host path before their launches."""
     key = (id(table.host), flats[0].device, tuple(t.data_ptr() for t in flats))
     if key not in _paired:
         if len(_paired) >= CACHED:

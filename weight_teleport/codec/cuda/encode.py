@@ -74,8 +74,7 @@ def _waves(numel: np.ndarray) -> list[list[int]]:
     runs, cut after the item where the first comes closest to half of the elements: the
     second wave's scan runs while the host plans the first's classes and launches its events,
     and the host plans the second's while the first's events run, so the device does not
-    wait for the plans between the scan and the events (2.7 ms of host work for the
-    Qwen3-8B-shaped state on the H200)."""
+    wait for the host's plans between the scan and the events."""
     which = np.flatnonzero(numel)
     if numel.sum() < WAVE_ELEMS or which.size < 2:
         return [which.tolist()]
@@ -230,8 +229,8 @@ def encode(items: list[EncodeItem], chunk_elems: int, level: int, threads: int |
 @dataclass
 class _Part:
     """A tensor's chunks in a batch's payload: their bytes, and per chunk its offset in the
-    payload and length (lists: a header holds thousands of chunk references, which numpy per
-    tensor made 1.5-2 ms of the encode's host path); their CRCs are the payload's from
+    payload and length (lists: a header holds thousands of chunk references, a few per
+    tensor, where numpy's cost per call outweighs its speed); their CRCs are the payload's from
     chunk `first` on, which may still be on their way."""
     view: memoryview
     start: int
@@ -261,8 +260,8 @@ def _lay_out(records: list[TensorRecord], parts: list):
         if isinstance(ps, _Part):
             shift = offset - ps.start
             crcs = ps.payload.crc_list[ps.first:ps.first + len(ps.offsets)]
-            # plain tuples, made by zip: ChunkRef's constructor is Python, 0.87 against 0.08 ms
-            # for 2,100 chunk references on the development machine
+            # plain tuples, made by zip: ChunkRef's constructor is Python and much slower,
+            # and the header writes both the same
             rec.chunks = list(zip([o + shift for o in ps.offsets], ps.lengths, crcs))
             out.append(ps.view)
             offset += len(ps.view)

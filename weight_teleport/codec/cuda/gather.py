@@ -40,8 +40,8 @@ def gather(src: torch.Tensor, dst: torch.Tensor, src_off: torch.Tensor, dst_off:
 
 @njit(nogil=True, cache=True)
 def _inside(rows, n_src, n_dst) -> bool:
-    """Whether every row copies a non-empty range inside both buffers (one pass: numpy's
-    temporaries over the stage's 44 k rows took 0.27 ms on the development machine)."""
+    """Whether every row copies a non-empty range inside both buffers, in one compiled pass
+    (numpy's temporaries over a stage's tens of thousands of rows cost more)."""
     for i in range(rows.shape[0]):
         a, b, n = rows[i, 0], rows[i, 1], rows[i, 2]
         if n <= 0 or a < 0 or b < 0 or a > n_src - n or b > n_dst - n:

@@ -44,9 +44,9 @@ _pack_ring, _pack_lock = layout.PinnedRing(), threading.Lock()
 by threads."""
 UPLOAD_THREADS = 4
 """Threads filling the pinned buffer with a stage call's pack. The copy runs beside the call's
-main thread, and the fillers take the GIL between their copies: on the H200's host, 4 threads
-took the stage call's median from 82.9 to 80.4 ms and from 85.6 to 81.7 ms against 8
-(bench/versions.py, 20 and 15 alternated calls), though 8 fill the buffer sooner alone."""
+main thread, and the fillers take the GIL between their copies: more threads fill the buffer
+sooner alone but slow the main thread's launches more, and 4 gave shorter stage calls than
+8 (bench/versions.py)."""
 
 
 def _upload(pack, lo: int, hi: int, device, pinned: torch.Tensor | None) -> torch.Tensor:

@@ -79,7 +79,7 @@ class PinnedRing:
     one (torch's pinned allocator keeps the old one until its copies end). A call rewinds it
     first (`rewind`), so it grows only while one call's bytes exceed it: a buffer full in
     the middle of a call has copies still queued behind that call's kernels, and pinning a
-    larger one stalled a stage call 27 ms on the H200. One user at a time."""
+    larger one then stalls the call. One user at a time."""
 
     def __init__(self):
         self.buffer = torch.empty(0, dtype=torch.uint8)
@@ -117,15 +117,13 @@ class PinnedRing:
 
 class HostArena:
     """Host memory for a call's temporary tables, reused from call to call: a fresh numpy
-    array of a few MB is fresh pages, and faulting them in cost more than filling them (the
-    stage's stream tables, 4 MB: 1.26 ms of the 2.3 ms their read took, development machine).
+    array of a few MB is fresh pages, and faulting them in costs more than filling them.
     Arrays are taken from the front; they stay valid until
     the arena is rewound (at the start of the thread's next call). Full, it is replaced by
     one as large as the call has taken so far (arrays already taken keep the old one
     alive); at the rewind, a buffer smaller than the whole call took is replaced by one that
-    large, so the next call that takes as much fits. (Sized only by what the full buffer
-    held, it grew by about a table a call: a stage of the Qwen3-8B-shaped state on the H200
-    replaced it in each of six calls in a row, 9.5 to 19.5 MB.)"""
+    large, so the next call that takes as much fits (sized only by what the full buffer
+    held, it would grow by about a table a call, and be replaced in every call)."""
 
     def __init__(self):
         self.buffer = np.empty(0, np.uint8)
@@ -215,8 +213,8 @@ def to_pinned(t: torch.Tensor) -> tuple[np.ndarray, torch.cuda.Event | None]:
     """A small contiguous device tensor on its way to pinned host memory, queued now on the
     current stream; and the event to wait for before reading it (None: on the host
     already). A kernel's stores write it (the device reaches pinned memory at the same
-    address), not a copy engine: a copy of the CRCs on another stream waited behind the
-    payload's copy to the host (3.1 ms of the Qwen3-8B-shaped delta's encode on the H200)."""
+    address), not a copy engine: a copy on another stream would wait behind the payload's
+    copy to the host on the copy engine."""
     if not t.is_cuda:
         return t.numpy(), None
     assert t.is_contiguous()

@@ -58,9 +58,9 @@ class EncodeItem:
 
     @classmethod
     def of(cls, name: str, info: DtypeInfo, new: torch.Tensor, old: torch.Tensor | None) -> "EncodeItem":
-        """An item of the caller's tensors, with no torch call on a contiguous one: flat views
-        of every tensor (four dispatches each, 798 per call for a Qwen3-8B-shaped state) took
-        the encode call's first milliseconds on the H200's host (BENCHMARKS.md)."""
+        """An item of the caller's tensors, with no torch call on a contiguous one: a flat
+        view costs four torch dispatches, and for every tensor of a large state they would be
+        the encode call's first milliseconds of host work, before any launch."""
         return cls(name, info, tuple(new.shape), _bits(new, info), None if old is None else _bits(old, info))
 
 

@@ -1,26 +1,21 @@
 """Context classes of a chunk on the GPU: per-block class counts and in-block class ranks.
 
-On NVIDIA GPUs the CUDA C warp kernels (warp.cu) do this work, 3.8-4.8x faster on the
-H200; the Triton kernels here run under Triton's CPU interpreter (CI) and where NVRTC cannot
+On NVIDIA GPUs the CUDA C warp kernels (warp.cu) do this work; the Triton kernels here
+compute the same outputs and run under Triton's CPU interpreter (CI) and where NVRTC cannot
 be loaded, and their wrappers choose between the two.
 
 Elements are split into blocks of BLOCK that never straddle a chunk; a chunk table
 (codec/cuda/blocks.py) says which block each program covers. A class's rank of an element
 is its index among the chunk's elements of the same class (the order its gap stream counts
-in). Kernels work on a [BLOCK // ROW, ROW] tile of a block. Shapes measured on the H200
-(Qwen3-8B-shaped delta, packs byte-identical in every shape), events / placement kernel:
-2048 x rows of 16, 4 warps: 121 / 139 ms; 2048 x 8, 4: 135 / 157; 1024 x 16, 4: 200 / 202;
-1024 x 8, 4: 139 / 113; 1024 x 16, 2: 114 / 140; 512 x 16, 4: 232 / 238. Both kernels
-spend 240-255 registers a thread (ncu: 12.5% occupancy, spills in the events kernel). Earlier:
-8 warps ran 1.75-1.9x slower; 512-element tiles with counts carried between them 2.0-3.2x
-slower.
+in). Kernels work on a [BLOCK // ROW, ROW] tile of a block; the events and placement
+kernels each take the tile rows and warps that ran fastest for them (sparse_encode.ROW,
+sparse_decode.ROW). The shape never changes a pack, only the kernels' speed.
 
 Ranks keep PER_LANE classes' running counts as FIELD-bit fields of an int64 lane. Counts
 alone need less: with rows of COUNT_ROW elements a row's counts of all 16 classes fit one
-int64 as 4-bit fields, unpacked once per row (the class-count pass: 68 -> 36 ms on the H200).
-Ranks built the same way were slower: the rows before an element looked up with tl.gather
-(events kernel 122 -> 158 ms, placement 141 -> 193 ms) or regrouped into 12-bit lanes
-(131 ms, 154 ms)."""
+int64 as 4-bit fields, unpacked once per row, which is cheaper than the ranks' running
+counts. Ranks are not built that way: looking up the rows before an element (tl.gather) or
+regrouping them into 12-bit lanes cost more than the running counts."""
 
 import torch
 import triton
@@ -32,9 +27,9 @@ from weight_teleport.codec.cuda.bitops import narrow_bits
 BLOCK = 1024
 """Elements of one program of the Triton kernels."""
 WARP_BLOCK = 2048
-"""Elements of one program of the stage's warp kernels (class counts, placement): against
-1024, the class counts took 9.78 against 10.72 ms and the placement 25.12 against 25.03 on
-the H200; at 4096 the placement took 32.77 ms (BENCHMARKS.md, twelfth round)."""
+"""Elements of one program of the stage's warp kernels (class counts, placement): 2048
+rather than 1024 makes the class counts cheaper and leaves the placement as fast; 4096
+slows the placement down."""
 COUNT_ROW = 8
 """Consecutive elements of one row of a block's [BLOCK // ROW, ROW] tile in the counting
 kernel: a class's count within a row fits a 4-bit field, so the counts of all CLASSES

@@ -22,7 +22,8 @@ from weight_teleport.codec.cuda.bitops import (as_int64, key, narrow_bits, popc3
                                                word_terms, wrap)
 
 ROW, NUM_WARPS = 8, 4
-"""Tile rows and warps of the placement kernel (the fastest measured: codec/cuda/ranks.py)."""
+"""Tile rows and warps of the Triton placement kernel: the fastest shape tried (the staged
+patch does not depend on it)."""
 BLOCKS = 128
 """Blocks of one program of the block-count pass."""
 

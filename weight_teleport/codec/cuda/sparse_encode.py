@@ -11,7 +11,8 @@ from weight_teleport.codec.cuda import blocks, layout, ranks, warp
 from weight_teleport.codec.cuda.bitops import as_int64, key, narrow_bits, wrap
 
 ROW, NUM_WARPS = 16, 2
-"""Tile rows and warps of the events kernel (the fastest measured: codec/cuda/ranks.py)."""
+"""Tile rows and warps of the Triton events kernel: the fastest shape tried (the pack does
+not depend on it)."""
 EVENT_WARPS = 2
 """Warps of a CTA of the warp events kernel (each holds two sub-blocks of both tensors in
 shared memory)."""

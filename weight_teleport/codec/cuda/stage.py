@@ -112,9 +112,9 @@ def _digest_failures(recs, nbytes: np.ndarray, sums: np.ndarray, digests: tuple 
     """(the records whose base digest the old weights miss, those whose promised digest the
     patched weights would miss), from the device's word sums (`sums` [records, 2] int64: old,
     new) in uint64 arithmetic over all records at once; every record where a digest is not in
-    the writers' form. `_check_base` and `_check_result` then judge only these and raise. (A
-    loop of the two over the Qwen3-8B-shaped state's 399 records took 0.46-0.88 ms on the
-    development machine, after the device's work; this takes 0.09-0.14: bench/stage_host.py.)
+    the writers' form. `_check_base` and `_check_result` then judge only these and raise, so
+    the errors are theirs, while the call's tail after the device's work stays one vectorised
+    pass instead of a Python loop over the records (bench/stage_host.py times both).
     `digests`: `_record_digests(recs)`, made already."""
     base, new = digests or _record_digests(recs)
     if base is None or new is None:
@@ -154,7 +154,8 @@ def _batches(lives: dict[str, Live], groups: list[list], runs: list[Runs], heade
     """(a SparseBatch per group, the chunks' CRC-32s where the pack was copied to the device,
     else None); `reads`: the groups' stream-table walks (`_start_reads`). The device runs
     what is queued in order, each kernel's blocks before the next one's, and the class
-    counts fill it for about 7 ms: they are launched first, then the pack's copy is queued,
+    counts fill every SM until their last blocks start: they are launched first, then the
+    pack's copy is queued,
     then the decompression is launched once the walk is done, then the rest of the decoding,
     then the CRCs, which wait for the decompression (`_device_crcs`)."""
     maps = [cpu.class_maps(rs, lives[rs[0].name].info, rn) for rs, rn in zip(groups, runs)]
@@ -232,7 +233,7 @@ def stage(lives: dict[str, Live], header, pack, check_base: bool, threads: int |
     same = [r for r in header.tensors if r.codec == "same" and check]
     same_sums = word_sums([lives[r.name].tensor for r in same]) if same else None
     # what the digest checks need of the records, made while the device works, not on the
-    # call's tail after the read-back (0.12 ms on the development machine: bench/stage_host.py)
+    # call's tail after the read-back (bench/stage_host.py times the host's steps)
     recs = [r for b in batches for r in b.recs] + same
     nbytes = np.array([r.numel * lives[r.name].info.nbytes for r in recs], np.uint64)
     digests = _record_digests(recs)
@@ -267,9 +268,8 @@ def _program_rows(elem, first, n, block, out) -> None:
 
 def _fused_rows(b: SparseBatch, chunks: np.ndarray, base_ptr: int) -> np.ndarray:
     """[programs, 3] (chunk's first element from the base, first change, stop) of `chunks`,
-    in the thread's arena, by one compiled walk (in numpy, with a dozen temporaries the size
-    of the rows, it took 9 ms a call under cProfile on the H200's host for the Qwen3-8B-shaped
-    patch)."""
+    in the thread's arena, by one compiled walk (in numpy it takes a dozen temporaries the
+    size of the rows, a large share of the host's work for a large patch)."""
     n, first = b.chunk_changes[chunks], b.chunk_first_change[chunks]
     ptrs = np.array([lv.tensor.data_ptr() for lv in b.lives], np.int64)  # `chunks` are in-place tensors'
     rows = b.table.host[chunks]

@@ -67,9 +67,8 @@ class StreamsRead:
     """The stream tables of a batch's chunks and their streams' layout in the decode buffer,
     read by one compiled walk on a helper thread from the start of a stage call, while the
     caller launches the class counts. The walk holds no GIL from start to end: a helper that
-    took the GIL between its steps waited for the caller's Python at each (reading the
-    tables took 3.9 ms there, against 2.8-3.3 ms on the caller's thread, in timelines on the
-    H200's hosts)."""
+    took the GIL between its steps would wait for the caller's Python at each, and be slower
+    than the caller reading the tables itself."""
 
     def __init__(self, pack, spans: ChunkSpans, recs: list, n_classes: np.ndarray, lo: int, hi: int | None,
                  pool: Executor):
@@ -127,15 +126,15 @@ class SparseBatch:
         self.base, self.tot = ranks.table_bases(self.counts, self.table)
         # the segments' event bitmaps (at most a word a 32 elements and a word a segment more)
         # are cleared here, on the caller's stream after the counts, while the decompression
-        # runs on its own: cleared in `decode`, their 1 GB for the Qwen3-8B-shaped state took
-        # 0.2-0.3 ms between the decompression and the symbol decoder
+        # runs on its own, not in `decode`, where clearing them (a GB for a large state) would
+        # sit in the chain between the decompression and the symbol decoder
         n_words = int((-(-self.table.host[:, blocks.LEN] // 32)).sum()) + self.table.chunks * self.ncp
         self.bitmap = torch.zeros(max(n_words, 1), dtype=torch.int32, device=dev)
 
     def decompress(self, pack, streams: Streams, threads: int | None, upload: inflate.Upload | None = None) -> None:
         """Launches the decompression of the records' streams (`StreamsRead`): the chain of
         kernels starts there, and the host's work before its launch is the stage's critical
-        path (the checks after it: 41.8 ms either way on the H200, 12 alternated calls)."""
+        path, so checks that can wait are made after it."""
         self.streams = streams.table
         self._inflated = inflate.inflate(pack, streams.table, self.table.base.device, threads, upload, streams.prep)
 
@@ -164,8 +163,7 @@ class SparseBatch:
     def _chunk_table(self, chunk_elems: int) -> blocks.ChunkTable:
         """The chunk table of the batch's live tensors. A contiguous tensor's rows need only
         its pointer and size: only the base, and tensors that are not contiguous (copies),
-        get flat views (four torch calls a tensor: 0.74 against 0.05 ms for 279 tensors on
-        the development machine)."""
+        get flat views (a flat view costs four torch calls, on the stage's host path)."""
         flats = [lv.tensor if lv.in_place else lv.u for lv in self.lives]
         return blocks.build_cached(flats, chunk_elems, ranks.stage_block(flats[0]), self.info)
 

@@ -11,8 +11,8 @@ writes them. Where NVRTC compiles for the GPU, the kernels are CUDA C (symbols.c
 this: a warp per segment, each whole word of extra bits stored once); elsewhere (Triton's
 CPU interpreter, GPUs NVRTC cannot reach) the Triton kernel here, a program per segment
 walking its events and residuals in tiles, whose extra bits are ORed into the zeroed
-buffer by global atomics (its write launch took 4.7 ms of the Qwen3-8B-shaped encode on the
-H200). The Triton kernel's integer arithmetic is int64, which wraps like the format's
+buffer by global atomics (the CUDA C kernel stores each word once instead, and writes
+faster). The Triton kernel's integer arithmetic is int64, which wraps like the format's
 unsigned arithmetic; comparisons of values that may reach 2^63 go through `_uge`."""
 
 import functools

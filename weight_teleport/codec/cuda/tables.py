@@ -29,9 +29,8 @@ per stream."""
 _VARINT_MAX, _STREAMS, _GROUP_FIELDS = tl.constexpr(VARINT_MAX), tl.constexpr(STREAMS), tl.constexpr(GROUP_FIELDS)
 THREADS = min(8, os.cpu_count() or 1)
 CHUNKS_A_THREAD = 4096
-"""Tables of fewer chunks are read on the calling thread (a thread costs more than they take:
-synthetic tables of 1895 chunks took 1.07 ms on one thread and 1.25 ms on two, development
-machine)."""
+"""Tables of fewer chunks are read on the calling thread: starting a thread costs more than
+it saves on them."""
 
 
 @dataclass
@@ -57,9 +56,9 @@ class StreamTable:
 def _varint(pack: np.ndarray, p: int, end: int) -> tuple[int, int]:
     """(value, next position) of the LEB128 varint at p that ends before `end`; value -1
     when it runs past `end`, takes more than VARINT_MAX bytes or exceeds MAX_VALUE (also
-    when its value would not fit 64 bits). Inlined, with one bound per byte: the stage's
-    stream tables read three times faster than with a call and two bounds a byte (2.7 -> 0.9
-    ms for 1979 chunks, development machine)."""
+    when its value would not fit 64 bits). Inlined, with one bound per byte: the walk over
+    every chunk's table is on the stage's host path, and a call and two bounds a byte made it
+    several times slower."""
     value, shift, big = 0, 0, False
     stop = min(end, p + VARINT_MAX)
     while p < stop:

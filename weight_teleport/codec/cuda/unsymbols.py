@@ -10,12 +10,12 @@ over or missing) raise a device flag that the caller reads with its one transfer
 index is clamped into its stream's slot or the buffer, so a malformed pack reads garbage,
 never out of bounds.
 
-Per-event arithmetic is 32-bit: with 64-bit division by the symbol's 5 and 64-bit prefix
-sums the kernel took 8.50 ms on the H200 for the 218 M events of the Qwen3-8B-shaped delta,
-5.74 ms in 32 bits (outputs identical), 4.66 ms with 512-event tiles. The bitmap's ORs are
-relaxed atomics: with Triton's default (acq_rel) each was a fence, an atomic that returns and
-an L1 invalidation, and the kernel took 4.3 ms instead of 3.2 (the atomics held 35% of its
-stall samples)."""
+Per-event arithmetic is 32-bit (the division by the symbol's 5, the prefix sums), which
+every value of a valid segment fits (`_segment_kernel` says why): 64-bit integer division is
+emulated on the GPU and made the kernel markedly slower. The bitmap's ORs are relaxed
+atomics: they only set bits that later kernels read, so they need no ordering, and with
+Triton's default (acq_rel) each would be a fence, an atomic that returns and an L1
+invalidation."""
 
 from dataclasses import dataclass
 
@@ -32,9 +32,8 @@ MAX_BUCKET = tl.constexpr(44)
 RC = tl.constexpr(_RC)
 ESCAPE = tl.constexpr(_ESCAPE)
 BLOCK, NUM_WARPS = 512, 4
-"""Events (or residuals) a segment's program decodes at once, and its warps. On the H200
-(tile/warps: ms): 1024/4: 5.74, 1024/8: 5.73, 2048/4: 9.60, 2048/8: 6.74, 512/4: 4.66,
-512/2: 5.81, 256/2: 4.58."""
+"""Events (or residuals) a segment's program decodes at once, and its warps: among the
+fastest shapes tried (the outputs do not depend on it)."""
 
 
 @dataclass

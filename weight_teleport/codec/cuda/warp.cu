@@ -113,8 +113,7 @@ __device__ __forceinline__ void load_slices(W* out, const U* p, int s0, int lane
 // A block of n elements of the N tensors at p[], a round of UNROLL slices at a time:
 // body(x, s0, all) gets the round's elements x[k][u] of tensor k (0 past the end; `all`:
 // every one inside the block). The next round's loads are issued before the body runs, so
-// the body's work hides them (the previous placement kernel: 28.8 -> 26.3 ms on the H200;
-// the class-count and events kernels took the same time either way).
+// the body's work hides their latency in kernels that wait on memory.
 template <int N, class F>
 __device__ __forceinline__ void each_round(const U* const (&p)[N], int n, int lane, F body) {
     W x[N][UNROLL], next[N][UNROLL];
@@ -166,10 +165,10 @@ __device__ __forceinline__ u64 run_word(const U* run, int wi, int left) {
 // into the nibbles before they are added into byte counters, and at most 255 into the bytes
 // before they are added into 16-bit fields, which the warp sums at the end. A block that
 // starts on an 8-byte boundary (every chunk does, unless the live tensor is a view at an odd
-// offset) is read as 8-byte words, PW elements a load. (8.02 -> 4.44 ms on the H200 for the
-// Qwen3-8B-shaped state against a byte per class from a map of class numbers, whose
-// increments cost a shift, two selects and two 8-byte adds an element.) The same pass sums
-// the block's digest terms into old_sums[program], for the placement.
+// offset) is read as 8-byte words, PW elements a load. (A map of class numbers with a byte
+// counter per class would cost a shift, two selects and two 8-byte adds an element.) The
+// same pass sums the block's digest terms into old_sums[program], for the placement, which
+// then computes terms only for the changed words.
 static_assert(BLOCK <= 65535, "a block's count of a class fits 16 bits");
 
 extern "C" __global__ void __launch_bounds__(WARPS * 32)
@@ -350,10 +349,9 @@ __device__ __forceinline__ int run_class_at(const u64 (&pl)[4], int i) {
 //   over the 32 runs of a class each (and carry the class's bases to the next sub-block);
 // - a lane then ranks only its events and changed elements: a popcount of the class's mask
 //   below the element, past the prefix.
-// No `__match_any_sync` and no shared tallies per element. (Qwen3-8B-shaped state on the
-// H200, class counts and bases included: 20.7 ms with an element per lane and
-// __match_any_sync, 14.0-14.4 with lane runs staged by synchronous loads, 13.1 with cp.async;
-// BENCHMARKS.md.)
+// No `__match_any_sync` and no shared tallies per element: with an element a lane they bound
+// the kernel. The cp.async copies keep the next sub-block's loads in flight while a lane
+// ranks, where synchronous staging would leave the warp waiting on them.
 #if NCP <= 16
 #ifndef EVENT_WARPS
 #define EVENT_WARPS 2
@@ -530,16 +528,15 @@ class_events(const U* old, const i64* rows, const int* prog, const U* nw, const 
 // SCAN_WARPS warps each, reading both tensors as 8-byte words (every chunk starts at an
 // 8-byte boundary): per block, the histogram of context key + NK * changed over its elements
 // ([programs, NB] int32) and the digest word sums of the old and new words ([programs, 2]).
-// A round whose words all lie wholly inside the block skips the bounds (18.05 -> 17.67 ms
-// for the Qwen3-8B-shaped state on the H200).
+// A round whose words all lie wholly inside the block skips the bounds checks.
 // With at most 256 keys (SCAN_LANES) every lane counts its elements per key in counters of
 // its own in shared memory, a word per key and lane (the two warps' counts in its halves:
 // a lane has at most BLOCK / 64 elements), added to with an atomic whose result is not
 // waited for; no two lanes of a warp touch one bank. The changed elements, a few in a
 // hundred, take a shared atomic on their key's bin. The counters are summed per key at the
-// block's end. Wider key sets (64-bit floats) group each element's lanes with
-// `__match_any_sync`, and the lowest lane of the group adds their count to a shared bin (the
-// way every type was counted before: 17.67 ms for the same state).
+// block's end. Wider key sets (64-bit floats: too many keys for a word per key and lane)
+// group each element's lanes with `__match_any_sync`, and the lowest lane of the group adds
+// their count to a shared bin, which is slower: a match and an atomic per element.
 #ifndef SCAN_LANES
 #define SCAN_LANES (NK <= 256)
 #endif
@@ -683,15 +680,15 @@ scan_words(const U* old, const i64* rows, const int* prog, const U* nw, const i6
 // owner's planes and first class ranks from shared memory; the last lane of each 8-byte
 // word's changes adds the word's digest terms, and a word that goes on past lane 31 is
 // carried into the next round.
-// (25.2 -> 20.7 ms on the H200 against ranking every element with __match_any_sync and a
-// queue of changes in shared memory: 15.9 G instead of 20.2 G instructions; the queue of
-// event bits 20.7 -> 18.8 ms against each lane selecting its own events, 2.6 lanes of 32
-// busy on average; a change a lane 16.84 -> 16.13 ms against each lane writing its own
-// changes, 4.7 rounds a block for 1.7 changes a lane, 3042 -> 2833 instructions a block; the
-// queue's ORs into the lanes' event elements as two 32-bit atomics, 16.09 -> 15.78 ms; all
-// classes in one scan and the event words a word a lane, 15.80 -> 14.10 ms and 2833 -> 2464
-// instructions a block, against a scan per two classes with changes and each lane reading
-// its window of each such class's event bits; BENCHMARKS.md.)
+// Why this shape: ranking every element on its own (__match_any_sync and a shared counter per
+// class) issues more instructions than working per class and per change; events are few and
+// uneven over the lanes and words, so a lane selecting its own events would leave most lanes
+// idle, hence the queue; a lane's changes are few and uneven too, so each lane writing its
+// own would take several rounds a block for a change or two a lane, hence a change a lane.
+// The queue's picks are ORed into the owner's 64-bit event mask as 32-bit atomics, which
+// compile to one shared-memory OR where a 64-bit one is a compare-and-swap loop. One scan
+// ranks all classes at once, and the event words are read a word a lane, end to end, rather
+// than each lane reading a window of each class's bits.
 // Compiled for the stage's blocks (a lane has at most 64 elements) and up to 16 classes.
 #if (BLOCK == 1024 || BLOCK == 2048) && NCP <= 16
 #define RUN (BLOCK / 32)
@@ -797,7 +794,7 @@ place_lanes(const U* old, const i64* rows, const int* prog, const unsigned char*
     const unsigned* lt32 = sh.lut;
 #if LUT_SHARED
     // the class map's loads are held in registers while the per-class values are read, and
-    // stored after them (18.15 -> 18.03 ms on the H200 against storing each as it comes)
+    // stored after them, so the loads overlap rather than each store waiting for its load
     unsigned char lv[(NK + 31) / 32];
 #pragma unroll
     for (int i = 0; i < (NK + 31) / 32; i++) lv[i] = lane + 32 * i < NK ? lut[bk.tensor * NK + lane + 32 * i] : 0;
@@ -849,8 +846,8 @@ place_lanes(const U* old, const i64* rows, const int* prog, const unsigned char*
     constexpr int WORDS = RUN / PW;
     const bool fast = left >= RUN && ((unsigned long long)run & 15ull) == 0;  // whole, 16-byte aligned
     if (fast) {
-        // through L1, where a 32-byte sector's second half is read by the next load (20.82 -> 20.69 ms
-        // on the H200 against streaming loads)
+        // through L1, not streaming loads: a 32-byte sector's second half is read by the next
+        // load
         const uint4* v = (const uint4*)run;
 #pragma unroll
         for (int v0 = 0; v0 < WORDS / 2; v0 += 4) {

@@ -7,7 +7,8 @@ the events and the placement give each lane a run of consecutive elements whose 
 keeps as bit planes, and work per class and per change, not per element (see warp.cu).
 The Triton kernels (scan.py, ranks.py, sparse_encode.py, sparse_decode.py) compute the same
 outputs and run where these cannot: under Triton's CPU interpreter, or where NVRTC cannot be
-loaded. On the H200 the warp kernels are 3.8-4.8x faster (BENCHMARKS.md)."""
+loaded. Where both can run the warp kernels are used: they are the faster ones, and tests
+hold the two to the same outputs."""
 
 import functools
 from pathlib import Path
@@ -27,9 +28,9 @@ SCAN_COUNTERS = True
 """The scan counts keys in per-lane counters where a type has at most 256 keys (False:
 with `__match_any_sync` and shared bins, as for wider key sets; for comparisons)."""
 SCAN_UNROLL = 8
-"""Words a lane loads at once in the scan with per-lane counters: 13.99 ms against 15.68
-with 4 for the Qwen3-8B-shaped state on the H200, 12.42 with the next round's loaded ahead
-(the scan with shared bins is at its fastest with UNROLL)."""
+"""Words a lane loads at once in the scan with per-lane counters, the next round's loaded
+while this round's are counted: that scan is bound by its loads' latency, and more words
+in flight hide more of it (the scan with shared bins is at its fastest with UNROLL)."""
 
 
 def available(tensor: torch.Tensor) -> bool:
@@ -44,8 +45,8 @@ def _module(defines: tuple) -> nvrtc.Module:
 
 
 def _unroll(info, unroll: int | None = None) -> int:
-    """Slices of a round: `unroll` (UNROLL when None), at least 8 for 8-bit elements (the
-    count the kernels were written and measured with for them)."""
+    """Slices of a round: `unroll` (UNROLL when None), at least the elements of one 8-byte
+    word (8 for 8-bit elements), as UNROLL requires."""
     return max(UNROLL if unroll is None else unroll, 64 // info.bits)
 
 
