@@ -12,14 +12,15 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from weight_teleport.errors import PackFormatError
-from weight_teleport.format import container
+from weight_teleport.format import checks, container
 from weight_teleport.format import (ChunkRef, Group, PackHeader, Stream, TensorRecord, chunk_payload,
                                     read_groups, read_header, write_groups, write_pack)
 
 
 def _header(n_tensors=1):
+    """A snapshot header of tensors whose chunks are b"abc" each, back to back."""
     recs = [TensorRecord(name=f"t{i}", dtype="bfloat16", shape=(4, 4), codec="dense_values",
-                         digest="00" * 8, changed=16, chunks=[ChunkRef(0, 3, 0x352441C2)])
+                         digest="00" * 8, changed=16, chunks=[ChunkRef(3 * i, 3, 0x352441C2)])
             for i in range(n_tensors)]
     return PackHeader(kind="snapshot", version=3, base_version=None, chunk_elems=16, tensors=recs)
 
@@ -32,7 +33,7 @@ def test_header_round_trip():
 
 
 def test_large_header_is_compressed_and_read_back():
-    pack = write_pack(_header(200), [b"abc"])
+    pack = write_pack(_header(200), [b"abc" * 200])
     assert pack[6] == 1
     assert len(read_header(pack).tensors) == 200
 
@@ -46,7 +47,7 @@ def test_headers_are_built_and_parsed_with_the_collector_paused(monkeypatch):
     monkeypatch.setattr(container, "_decode_header", lambda *a: seen.append(gc.isenabled()) or decode(*a))
     monkeypatch.setattr(container, "_encode_json", lambda *a: seen.append(gc.isenabled()) or encode(*a))
     assert gc.isenabled()
-    pack = write_pack(_header(200), [b"abc"])
+    pack = write_pack(_header(200), [b"abc" * 200])
     assert len(read_header(pack).tensors) == 200
     assert seen == [False, False] and gc.isenabled()
     gc.disable()
@@ -227,7 +228,7 @@ def test_threaded_join_of_a_large_pack():
 def test_fill_copies_parts_end_to_end(sizes, threshold, monkeypatch):
     """`fill` writes its parts end to end: one small part in one copy, several parts (or a
     part past the threshold) in spans, on threads from the threshold on."""
-    from weight_teleport.format import container
+    from weight_teleport.format import checks, container
     if threshold:
         monkeypatch.setattr(container, "THREADED_FILL_FROM", threshold)
     rng = np.random.default_rng(sum(sizes))
@@ -316,16 +317,20 @@ _field = st.one_of(st.integers(-2, 40), st.sampled_from([2**32 - 1, 2**32, 2**63
 @example([[(0, 1, -1)]], 5, random.Random(0))
 def test_chunk_table_is_checked_at_once_as_chunk_by_chunk(chunks, payload, rnd):
     """read_header checks every chunk over all chunks at once: it refuses a header exactly
-    when the chunk-by-chunk check does, with its message (chunks outside the payload, CRC-32s
-    out of range, numbers past int64), and keeps the chunks as rows that ChunkSpans.of
+    when the chunk-by-chunk check does, with its message (chunks outside the payload or empty,
+    CRC-32s out of range, numbers past int64, chunks longer together than the payload), and keeps the chunks as rows that ChunkSpans.of
     takes for any records in any order."""
     recs = [TensorRecord(name=f"t{i}", dtype="uint8", shape=(len(c) * 8,), codec="dense_values", digest="00" * 8,
                          chunks=[ChunkRef(*x) for x in c]) for i, c in enumerate(chunks)]
     header = PackHeader(kind="snapshot", version=1, base_version=None, chunk_elems=8, tensors=recs)
     pack = write_pack(header, [bytes(payload)])
+    if sum(map(len, chunks)) > payload:  # refused from the count alone, before the rows are made
+        with pytest.raises(PackFormatError, match="cannot hold them"):
+            read_header(pack)
+        return
     want = None
     try:
-        container._check_chunks_one_by_one(dataclasses.replace(header, payload_length=payload))
+        checks.check_chunks_one_by_one(dataclasses.replace(header, payload_length=payload))
     except PackFormatError as e:
         want = str(e)
     if want is not None:

@@ -9,6 +9,11 @@ class PackFormatError(WeightTeleportError, ValueError):
     """The bytes are not a well-formed pack: bad magic, truncated, corrupted (failed checksum)."""
 
 
+class PackLimitError(PackFormatError):
+    """The pack may be well formed but needs more than a limit the reader set allows
+    (`weight_teleport.format.PackLimits`): a larger header, tensor or state."""
+
+
 class UnsupportedFormatError(PackFormatError):
     """The pack uses a format version or a stream codec this build cannot read."""
 

@@ -12,9 +12,11 @@ from weight_teleport.codec.api import (
     tensor_digest,
 )
 from weight_teleport.codec.patch import ApplyReport, StagedPatch
+from weight_teleport.format.limits import PackLimits
 
 __all__ = [
     "ApplyReport",
+    "PackLimits",
     "StagedPatch",
     "apply_delta",
     "apply_staged",

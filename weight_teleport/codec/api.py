@@ -1,5 +1,6 @@
 """The codec's public functions. Backends are chosen here and nowhere else."""
 
+import os
 import time
 from collections.abc import Iterable, Mapping, MutableMapping
 
@@ -11,8 +12,9 @@ from weight_teleport.codec.dtypes import BY_NAME, dtype_info
 from weight_teleport.codec.patch import ApplyReport, StagedPatch
 from weight_teleport.codec.plan import DEFAULT_CHUNK_ELEMS, check_chunk_elems
 from weight_teleport.errors import PackMismatchError
-from weight_teleport.format import PackHeader, read_header, write_pack, write_pack_into
+from weight_teleport.format import PackHeader, PackLimits, read_header, write_pack, write_pack_into
 from weight_teleport.format.container import collections_paused
+from weight_teleport.format.limits import over_limit
 
 DEFAULT_LEVEL = 3
 
@@ -142,13 +144,14 @@ def pinned_pack(pack) -> np.ndarray:
 @collections_paused()
 def stage_delta(state: Mapping[str, torch.Tensor], pack: bytes, *, base_version: int | None = None,
                 check_base: bool = True, strict: bool = True, threads: int | None = None,
-                device_budget: int | None = None, cuda=None) -> StagedPatch:
+                device_budget: int | None = None, cuda=None, limits: PackLimits | None = None) -> StagedPatch:
     """Decode and verify a pack against `state` without writing anything.
 
     Checks the container (checksums), that the pack fits the state (names, shapes, dtypes,
     `base_version` if given), with `check_base` that the state holds the pack's base weights
     (one read of the state), and that the patched weights will have the promised digests.
-    Raises a typed error (weight_teleport.errors) otherwise.
+    Raises a typed error (weight_teleport.errors) otherwise. `limits`: what the pack may
+    declare beyond the spec's rules (`PackLimits`; its defaults pass any real model's pack).
 
     For a state on a CUDA device, a staged patch of more than `device_budget` bytes is moved
     to pinned host memory (room for the sampler's KV cache; `apply_staged` then copies it
@@ -161,7 +164,7 @@ def stage_delta(state: Mapping[str, torch.Tensor], pack: bytes, *, base_version:
     (lz4, nvcomp-ans) too; `cuda`, a `CudaCodecConfig`, picks nvCOMP's decompression backend
     (`decompress_backend`; its `algorithm` is ignored: each stream names its codec). CPU
     weights decode the portable codecs (raw, zstd) and refuse the others."""
-    header = read_header(pack)
+    header = read_header(pack, limits=limits)
     if header.kind == "delta" and base_version is not None and header.base_version != base_version:
         raise PackMismatchError(f"pack applies to version {header.base_version}, the state is at "
                                 f"version {base_version}")
@@ -187,14 +190,14 @@ def apply_staged(state: MutableMapping[str, torch.Tensor], staged: StagedPatch,
 
 def apply_delta(state: MutableMapping[str, torch.Tensor], pack: bytes, *,
                 base_version: int | None = None, check_base: bool = True, strict: bool = True,
-                threads: int | None = None, cuda=None) -> ApplyReport:
+                threads: int | None = None, cuda=None, limits: PackLimits | None = None) -> ApplyReport:
     """Patch `state` in place with a delta (or overwrite it with a snapshot) pack.
 
     Everything is decoded and verified first (see stage_delta); a pack that does not fit
     raises before any tensor is modified."""
     t0 = time.perf_counter()
     staged = stage_delta(state, pack, base_version=base_version, check_base=check_base,
-                         strict=strict, threads=threads, cuda=cuda)
+                         strict=strict, threads=threads, cuda=cuda, limits=limits)
     t1 = time.perf_counter()
     apply_staged(state, staged, threads)
     t2 = time.perf_counter()
@@ -205,15 +208,38 @@ def apply_delta(state: MutableMapping[str, torch.Tensor], pack: bytes, *,
                        stage_seconds=t1 - t0, apply_seconds=t2 - t1)
 
 
-def decode_snapshot(pack: bytes, *, threads: int | None = None) -> dict[str, torch.Tensor]:
-    """The full weights of a snapshot pack, as new CPU tensors."""
-    header = read_header(pack)
+def decode_snapshot(pack: bytes, *, threads: int | None = None,
+                    limits: PackLimits | None = None) -> dict[str, torch.Tensor]:
+    """The full weights of a snapshot pack, as new CPU tensors. Refused with PackLimitError
+    before anything is allocated where they would take more than `limits.max_bytes` (by
+    default this machine's physical memory), or break another of `limits`."""
+    header = read_header(pack, limits=limits)
     if header.kind != "snapshot":
         raise PackMismatchError(f"pack is a {header.kind} for version {header.base_version}; "
                                 "a receiver with no weights needs a snapshot pack")
+    _check_allocation(header, limits)
     state = {t.name: torch.empty(t.shape, dtype=BY_NAME[t.dtype].torch_dtype) for t in header.tensors}
-    apply_delta(state, pack, threads=threads)
+    apply_delta(state, pack, threads=threads, limits=limits)
     return state
+
+
+def _check_allocation(header: PackHeader, limits: PackLimits | None) -> None:
+    """PackLimitError where the header's tensors take more bytes than `limits` allow."""
+    nbytes = sum(t.numel * BY_NAME[t.dtype].nbytes for t in header.tensors)
+    limit = limits.max_bytes if limits is not None else None
+    setting = "max_bytes"
+    if limit is None:
+        limit, setting = _physical_memory(), "max_bytes (default: this machine's physical memory)"
+    if limit is not None and nbytes > limit:
+        raise over_limit("tensors' bytes", nbytes, limit, setting)
+
+
+def _physical_memory() -> int | None:
+    """Bytes of this machine's memory, or None where the system does not say."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
 
 
 def tensor_digest(tensor: torch.Tensor) -> str:
@@ -229,9 +255,9 @@ def tensor_digests(tensors: list[torch.Tensor]) -> list[str]:
     return _backend(tensors).digests(tensors) if tensors else []
 
 
-def inspect(pack: bytes) -> dict:
+def inspect(pack: bytes, *, limits: PackLimits | None = None) -> dict:
     """Header fields and size statistics of a pack (reads only the preamble and header)."""
-    header = read_header(pack)
+    header = read_header(pack, limits=limits)
     tensors = []
     for t in header.tensors:
         nbytes = sum(c.length for c in t.chunks)

@@ -10,9 +10,9 @@ from typing import NamedTuple
 import numpy as np
 from numba import njit
 
+from weight_teleport.format.limits import MAX_CHUNK_ELEMS
+
 DEFAULT_CHUNK_ELEMS = 1 << 22
-MAX_CHUNK_ELEMS = 1 << 22
-"""Gaps inside a chunk must fit the event symbol's 45 buckets (docs/FORMAT.md)."""
 MAX_CLASSES = 16
 MIN_CLASS_EVENTS = 512
 """A context class must hold at least this many events (changes) in the tensor: smaller

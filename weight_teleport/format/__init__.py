@@ -13,6 +13,7 @@ from weight_teleport.format.container import (
     write_pack_into,
 )
 from weight_teleport.format.groups import Group, Stream, read_groups, write_groups
+from weight_teleport.format.limits import PackLimits
 
 __all__ = [
     "FORMAT_VERSION",
@@ -20,6 +21,7 @@ __all__ = [
     "ChunkRef",
     "Group",
     "PackHeader",
+    "PackLimits",
     "Stream",
     "TensorRecord",
     "chunk_payload",

@@ -16,7 +16,6 @@ its own CRC-32, so a reader can fetch the preamble and header, then any chunk al
 
 import ctypes
 import gc
-import itertools
 import os
 import struct
 import sys
@@ -33,15 +32,17 @@ import numpy as np
 import zstandard
 
 from weight_teleport.errors import PackFormatError, UnsupportedFormatError
+from weight_teleport.format import zstd
+from weight_teleport.format.checks import check_layout
+from weight_teleport.format.limits import DEFAULT_LIMITS, PackLimits, header_bytes_allowed, over_limit
 
 MAGIC = b"WTPK"
 FORMAT_VERSION = 1
 PREAMBLE = struct.Struct("<4sHHIIQ")
-KINDS = ("delta", "snapshot")
 FLAG_HEADER_ZSTD = 1
 COMPRESS_HEADER_FROM = 4096
-"""Headers of at least this many bytes are stored zstd-compressed when that is smaller."""
-MAX_HEADER_BYTES = 1 << 28
+"""Headers of at least this many bytes are stored zstd-compressed when that is smaller and
+within the expansion a reader accepts (limits.header_bytes_allowed)."""
 THREADED_FILL_FROM = 16 << 20
 """`fill` copies at least this many bytes with threads, and packs this large are joined by it:
 below it, starting threads costs more than they save (on the H200's host one thread copied
@@ -199,7 +200,7 @@ def _prefix(header: PackHeader, payload_len: int) -> bytes:
     flags = 0
     if len(head) >= COMPRESS_HEADER_FROM:
         packed = zstandard.ZstdCompressor(level=1, write_checksum=False).compress(head)
-        if len(packed) < len(head):
+        if len(packed) < len(head) and len(head) <= header_bytes_allowed(len(packed)):
             head, flags = packed, FLAG_HEADER_ZSTD
     return PREAMBLE.pack(MAGIC, FORMAT_VERSION, flags, len(head), zlib.crc32(head), payload_len) + head
 
@@ -302,9 +303,13 @@ def fill(dst: np.ndarray, parts: list, threads: int = FILL_THREADS) -> None:
     in_runs(n, span, min(threads, os.cpu_count() or 1) if n >= THREADED_FILL_FROM else 1)
 
 
-def read_header(buf: bytes | memoryview, *, total_length: int | None = None) -> PackHeader:
+def read_header(buf: bytes | memoryview, *, total_length: int | None = None,
+                limits: PackLimits | None = None) -> PackHeader:
     """Parse and check the preamble and header. `buf` needs only the first 24 + H bytes;
-    pass `total_length` when `buf` is a prefix, to check the payload length against it."""
+    pass `total_length` when `buf` is a prefix, to check the payload length against it.
+    `limits`: what the reader accepts beyond the spec's rules (PackLimits' defaults pass any
+    pack of a real model). Raises PackFormatError (or a subclass) for anything else."""
+    limits = limits or DEFAULT_LIMITS
     mv = memoryview(buf)
     if len(mv) < PREAMBLE.size:
         raise PackFormatError(f"pack truncated: {len(mv)} bytes, the preamble alone is {PREAMBLE.size}")
@@ -320,6 +325,8 @@ def read_header(buf: bytes | memoryview, *, total_length: int | None = None) -> 
     end = PREAMBLE.size + hlen
     if len(mv) < end:
         raise PackFormatError(f"pack truncated inside its header ({len(mv)} of {end} bytes)")
+    if hlen > limits.max_header_bytes:
+        raise over_limit("header bytes", hlen, limits.max_header_bytes, "max_header_bytes")
     head = bytes(mv[PREAMBLE.size:end])
     if zlib.crc32(head) != hcrc:
         raise PackFormatError("pack header is corrupted (CRC-32 mismatch)")
@@ -327,64 +334,30 @@ def read_header(buf: bytes | memoryview, *, total_length: int | None = None) -> 
     if total != end + plen:
         raise PackFormatError(f"pack length {total} does not match its header ({end + plen} bytes): "
                               "truncated or padded")
+    if flags & FLAG_HEADER_ZSTD:
+        head = _inflate_header(head, limits)
     try:
-        if flags & FLAG_HEADER_ZSTD:
-            head = zstandard.ZstdDecompressor().decompress(head, max_output_size=MAX_HEADER_BYTES)
         with collections_paused():  # the records' lists are new objects by the thousand
             d = _decode_header(head)
-    except (msgspec.MsgspecError, zstandard.ZstdError) as e:
+    except msgspec.MsgspecError as e:
         raise PackFormatError(f"pack header is malformed: {e}") from None
+    except RecursionError:
+        raise PackFormatError("pack header is malformed: its JSON is nested too deeply") from None
     header = PackHeader(kind=d.kind, version=d.version, base_version=d.base_version, chunk_elems=d.chunk_elems,
                         tensors=d.tensors, stream_codecs=d.stream_codecs, format_version=version,
                         payload_offset=end, payload_length=plen)
-    _check_layout(header)
+    check_layout(header, limits)
     return header
 
 
-def _check_layout(h: PackHeader) -> None:
-    if h.kind not in KINDS:
-        raise PackFormatError(f"unknown pack kind {h.kind!r}")
-    if h.chunk_elems <= 0 or h.chunk_elems % 8:
-        raise PackFormatError(f"chunk_elems {h.chunk_elems} must be a positive multiple of 8")
-    names, counts = set(), []
-    for t in h.tensors:
-        if t.name in names:
-            raise PackFormatError(f"tensor {t.name!r} appears twice in the pack")
-        names.add(t.name)
-        n_chunks = 0 if t.codec == "same" else -(-t.numel // h.chunk_elems)
-        if len(t.chunks) != n_chunks:
-            raise PackFormatError(f"tensor {t.name!r} has {len(t.chunks)} chunks, expected {n_chunks}")
-        counts.append(n_chunks)
-    h.chunk_first = np.zeros(len(h.tensors) + 1, np.int64)
-    np.cumsum(counts, out=h.chunk_first[1:])
-    n = int(h.chunk_first[-1])
-    refs = itertools.chain.from_iterable(itertools.chain.from_iterable(t.chunks for t in h.tensors))
-    try:
-        h.chunk_rows = np.fromiter(refs, np.int64, 3 * n).reshape(n, 3)
-    except OverflowError:  # a number past int64, which no chunk that fits the payload holds
-        h.chunk_rows = None
-    # the chunks inside the payload, their CRC-32s in range: over all chunks at once (with a
-    # loop over the 1,954 chunks of the Qwen3-8B-shaped delta, this check took 0.7-0.8 ms on
-    # the H200's host)
-    if h.chunk_rows is None or not _chunks_fit(h.chunk_rows, h.payload_length):
-        _check_chunks_one_by_one(h)
-        raise PackFormatError("pack header has a malformed chunk table")  # not reached: the loop raises
-
-
-def _chunks_fit(rows: np.ndarray, payload_length: int) -> bool:
-    off, length, crc = rows.T
-    return not ((off < 0) | (length < 0) | (length > payload_length - off) | (crc < 0) | (crc > 0xFFFFFFFF)).any()
-
-
-def _check_chunks_one_by_one(h: PackHeader) -> None:
-    """PackFormatError for the first chunk outside the payload or with a CRC-32 out of range
-    (`_chunks_fit` has found one)."""
-    for t in h.tensors:
-        for offset, length, crc in t.chunks:
-            if offset < 0 or length < 0 or offset + length > h.payload_length:
-                raise PackFormatError(f"tensor {t.name!r} has a chunk outside the payload")
-            if not 0 <= crc <= 0xFFFFFFFF:
-                raise PackFormatError(f"tensor {t.name!r} has a chunk CRC-32 out of range ({crc})")
+def _inflate_header(stored: bytes, limits: PackLimits) -> bytes:
+    """The JSON of a compressed header, refused before it is decoded where it would be larger
+    than the format allows for its stored bytes or than `limits` allow."""
+    allowed = header_bytes_allowed(len(stored))
+    size = zstd.declared_size(stored, "compressed pack header")
+    if size is not None and size > limits.max_header_bytes and size <= allowed:
+        raise over_limit("header bytes", size, limits.max_header_bytes, "max_header_bytes")
+    return zstd.inflate(stored, min(allowed, limits.max_header_bytes), "compressed pack header")
 
 
 def crc32_ranges(data, offsets, lengths, threads: int) -> list[int]:

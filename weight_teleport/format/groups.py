@@ -12,6 +12,10 @@ from dataclasses import dataclass
 
 from weight_teleport.errors import PackFormatError
 
+MAX_VARINT = 1 << 48
+"""Counts and lengths in a chunk table are at most this (no chunk comes near it), so that
+readers hold them in int64 arrays."""
+
 
 @dataclass
 class Stream:
@@ -42,6 +46,8 @@ def _get_varint(buf: memoryview, pos: int) -> tuple[int, int]:
         pos += 1
         v |= (b & 0x7F) << shift
         if b < 0x80:
+            if v > MAX_VARINT:
+                raise PackFormatError(f"chunk table holds a number past {MAX_VARINT} (a count or length no chunk has)")
             return v, pos
         shift += 7
 
