@@ -9,6 +9,8 @@ import numpy as np
 import zstandard
 
 from weight_teleport.errors import PackFormatError
+from weight_teleport.format import zstd
+from weight_teleport.format.limits import ZSTD_MAX_EXPANSION
 
 RAW, ZSTD, LZ4, NVCOMP_ANS = 0, 1, 2, 3
 NAMES = {RAW: "raw", ZSTD: "zstd", LZ4: "lz4", NVCOMP_ANS: "nvcomp-ans"}
@@ -49,10 +51,10 @@ def decode_stream(codec: int, data: bytes | memoryview, raw_len: int) -> np.ndar
     if codec == ZSTD:
         if raw_len == 0:
             raise PackFormatError("empty zstd stream")
-        try:
-            out = zstandard.ZstdDecompressor().decompress(data, max_output_size=raw_len)
-        except zstandard.ZstdError as e:
-            raise PackFormatError(f"zstd stream is corrupted: {e}") from None
+        if raw_len > ZSTD_MAX_EXPANSION * len(data):
+            raise PackFormatError(f"zstd stream is corrupted: its {len(data)} stored bytes cannot hold the "
+                                  f"{raw_len} raw bytes its table says")
+        out = zstd.inflate(data, raw_len, "zstd stream")
         if len(out) != raw_len:
             raise PackFormatError(f"zstd stream decodes to {len(out)} bytes, the table says {raw_len}")
         return np.frombuffer(out, np.uint8)
@@ -61,3 +63,18 @@ def decode_stream(codec: int, data: bytes | memoryview, raw_len: int) -> np.ndar
     name = NAMES.get(codec, f"unknown codec id {codec}")
     raise PackFormatError(f"a chunk uses stream codec {name!r}, which its pack header does not "
                           "list: the chunk is corrupt")
+
+
+def check_sparse_lengths(events: np.ndarray, raw: np.ndarray, elems: np.ndarray, width: int) -> None:
+    """PackFormatError unless the streams of sparse chunks have lengths the format allows:
+    `events` [chunks, classes] are the groups' counts, `raw` [chunks, classes, 4] their
+    streams' raw lengths (zeros for a group without streams), `elems` [chunks] the chunks'
+    elements, `width` the bytes of an element. Checked before any stream is decoded, these
+    bound what decoding allocates by the chunks' elements, whatever the table declares."""
+    bits_cap = 3 * events  # an event has at most 21 extra bits (bucket 44)
+    bad = ((raw[..., 0] != events).any(1)  # a symbol an event; no streams, no events
+           | (events.sum(1) > elems) | (raw[..., 2].sum(1) > elems)  # a class's events and changes are its elements
+           | (raw[..., 1] > bits_cap).any(1)
+           | (raw[..., 3] > width * raw[..., 2]).any(1) | (raw[..., 3] % width != 0).any(1))
+    if bad.any():
+        raise PackFormatError("sparse chunk's streams have lengths its elements cannot need (a corrupt stream table)")

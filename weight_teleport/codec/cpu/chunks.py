@@ -5,7 +5,7 @@ import numpy as np
 from weight_teleport.codec.cpu import kernels as K
 from weight_teleport.codec.dtypes import DtypeInfo
 from weight_teleport.codec.plan import ClassPlan
-from weight_teleport.codec.streams import decode_stream, encode_stream
+from weight_teleport.codec.streams import check_sparse_lengths, decode_stream, encode_stream
 from weight_teleport.errors import PackFormatError
 from weight_teleport.format import Group, Stream, read_groups, write_groups
 
@@ -89,15 +89,11 @@ def encode_sparse(old, new, info: DtypeInfo, plan: ClassPlan, total, changed, le
 
 
 def _class_streams(group: Group, inverted: bool, info: DtypeInfo):
-    """Gaps and residuals of one class from its group."""
+    """Gaps and residuals of one class from its group (`_check_tables` has checked it)."""
     if not group.streams:
         return np.zeros(0, np.int64), np.zeros(0, np.uint64)
-    if len(group.streams) != 4:
-        raise PackFormatError(f"sparse class has {len(group.streams)} streams, expected 4")
     syms, bits, rsyms = (_decoded(s) for s in group.streams[:3])
     esc = _decoded(group.streams[3], info.uint_numpy).astype(np.uint64)
-    if syms.size != group.count:
-        raise PackFormatError("sparse class streams disagree with their event count")
     gaps = np.empty(syms.size, np.int64)
     res = np.empty(rsyms.size if inverted else syms.size, np.uint64)
     if not K.symbols_to_class(syms, bits, rsyms, esc, not inverted, U64((1 << info.bits) - 1), gaps, res):
@@ -111,12 +107,24 @@ def _check_sizes(groups: list[Group], limit: int) -> None:
         raise PackFormatError(f"a stream claims more than the {limit} bytes its chunk can hold")
 
 
+def _check_tables(groups: list[Group], n_classes: int, elems: int, width: int) -> None:
+    """The classes of a sparse chunk of `elems` elements, as the format allows them, before
+    any stream is decoded."""
+    if len(groups) != n_classes:
+        raise PackFormatError(f"sparse chunk has {len(groups)} classes, its tensor {n_classes}")
+    raw = np.zeros((1, n_classes, 4), np.int64)
+    for c, g in enumerate(groups):
+        if len(g.streams) not in (0, 4):
+            raise PackFormatError(f"sparse class has {len(g.streams)} streams, expected 4")
+        raw[0, c, :len(g.streams)] = [s.raw_len for s in g.streams]
+    events = np.array([[g.count for g in groups]], np.int64)
+    check_sparse_lengths(events, raw, np.array([elems], np.int64), width)
+
+
 def decode_sparse(old, chunk, info: DtypeInfo, lut: np.ndarray, inverted: np.ndarray):
     """Positions (ascending) and new bit patterns of the changed elements of a chunk."""
     groups = read_groups(chunk)
-    _check_sizes(groups, old.size * 8 + 64)
-    if len(groups) != inverted.size:
-        raise PackFormatError(f"sparse chunk has {len(groups)} classes, its tensor {inverted.size}")
+    _check_tables(groups, inverted.size, old.size, info.nbytes)
     parts = [_class_streams(g, bool(inv), info) for g, inv in zip(groups, inverted)]
     ev_cnt = np.array([p[0].size for p in parts], np.int64)
     res_cnt = np.array([p[1].size for p in parts], np.int64)

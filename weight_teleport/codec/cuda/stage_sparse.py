@@ -15,11 +15,11 @@ import numpy as np
 import torch
 from numba import njit
 
+from weight_teleport.codec import streams as codecs
 from weight_teleport.codec.cuda import (bitmap, blocks, entropy, inflate, layout, ranks, sparse_decode, tables,
                                         unsymbols)
 from weight_teleport.codec.cuda.config import CudaCodecConfig
 from weight_teleport.codec.cuda.live import Live
-from weight_teleport.errors import PackFormatError
 from weight_teleport.format.container import ChunkSpans
 
 FLAGS = ("a symbol stream failed to decode (corrupt stored stream)",
@@ -136,6 +136,7 @@ class SparseBatch:
         kernels starts there, and the host's work before its launch is the stage's critical
         path, so checks that can wait are made after it."""
         self.streams = streams.table
+        self._check_lengths()  # the lengths size the decode buffers: checked before any is made
         self._inflated = inflate.inflate(pack, streams.table, self.table.base.device, threads, upload, streams.prep)
 
     def decode(self) -> None:
@@ -143,7 +144,6 @@ class SparseBatch:
         st, inf, dev = self.streams, self._inflated, self.table.base.device
         self.inverted = self._inv_tensors[self.table.host[:, blocks.TENSOR]].reshape(-1).astype(bool)
         self.res_cnt = np.where(self.inverted, st.raw[:, 2], st.events)
-        self._check_lengths()
         n_res = int(self.res_cnt.sum())
         ev, res_cnt, inv, raw, res_off = layout.to_device(
             [st.events, self.res_cnt, self.inverted, st.raw, layout.starts(self.res_cnt)], dev)
@@ -168,11 +168,9 @@ class SparseBatch:
         return blocks.build_cached(flats, chunk_elems, ranks.stage_block(flats[0]), self.info)
 
     def _check_lengths(self) -> None:
-        raw = self.streams.raw
-        if (raw[:, 0] != self.streams.events).any():
-            raise PackFormatError("sparse class streams disagree with their event count")
-        if (raw[:, 3] % self.info.nbytes).any():
-            raise PackFormatError("stream length is not a whole number of elements")
+        st, shape = self.streams, (self.table.chunks, self.ncp)
+        codecs.check_sparse_lengths(st.events.reshape(shape), st.raw.reshape(*shape, 4),
+                                    self.table.host[:, blocks.LEN], self.info.nbytes)
 
     @cached_property
     def chunk_changes(self) -> np.ndarray:
