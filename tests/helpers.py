@@ -106,11 +106,14 @@ def inverted_pair(n, seed):
     return old, torch.where(moved, (old.float() * 1.5).bfloat16(), old)
 
 
-def crc_ranges(seed: int = 0):
-    """(bytes, offsets, lengths) of awkward ranges for the GPU CRC-32: empty, single bytes,
-    around the 256-byte piece and the 32 KB program, unaligned starts, one over 100 KB."""
+CRC_LENGTHS = (0, 1, 255, 256, 257, 511, 512, 513, 3000, 32767, 32768, 32769, 17, 0, 100003)
+
+
+def crc_ranges(seed: int = 0, lengths=CRC_LENGTHS):
+    """(bytes, offsets, lengths) of awkward ranges for the GPU CRC-32: by default empty, single
+    bytes, around the 256-byte piece and the 32 KB program, unaligned starts, one over 100 KB."""
     rng = np.random.default_rng(seed)
-    lengths = np.array([0, 1, 255, 256, 257, 511, 512, 513, 3000, 32767, 32768, 32769, 17, 0, 100003])
+    lengths = np.array(lengths)
     offsets = np.concatenate([[0], np.cumsum(lengths)[:-1]]) + 3 * np.arange(lengths.size)
     data = rng.integers(0, 256, int(offsets[-1] + lengths[-1] + 5), dtype=np.uint8)
     return data, offsets, lengths
