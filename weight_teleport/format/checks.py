@@ -5,7 +5,6 @@ the few a record needs run in one loop over the records."""
 
 import itertools
 import math
-import re
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -25,7 +24,8 @@ SNAPSHOT_CODECS = ("dense_values",)
 """A snapshot holds every element of every tensor: the other codecs patch weights a
 receiver already has, and a snapshot's receiver may have none."""
 DENSE_CODECS = ("dense_residual", "dense_values")
-_DIGESTS = re.compile(r"[0-9a-f]*")
+_CODECS, _SNAPSHOT, _DENSE = frozenset(CODECS), frozenset(SNAPSHOT_CODECS), frozenset(DENSE_CODECS)
+_HEX_DIGITS = b"0123456789abcdef"
 
 
 def check_layout(h: "PackHeader", limits: PackLimits) -> None:
@@ -65,58 +65,79 @@ def _check_pack_fields(h: "PackHeader") -> None:
 
 
 def _check_records(h: "PackHeader", limits: PackLimits) -> tuple[list[int], list[int]]:
-    """(chunks of each record, bytes of each dense record's elements (0 for the others))."""
+    """(chunks of each record, bytes of each dense record's elements (0 for the others)). One
+    lean loop: a header holds hundreds to thousands of records."""
     names, counts, dense_bytes = set(), [], []
-    snapshot, max_numel = h.kind == "snapshot", limits.max_numel
+    snapshot, max_numel, chunk_elems = h.kind == "snapshot", limits.max_numel, h.chunk_elems
     for t in h.tensors:
+        shape, codec = t.shape, t.codec
         if t.name in names:
             raise PackFormatError(f"tensor {t.name!r} appears twice in the pack")
         names.add(t.name)
         width = DTYPE_BYTES.get(t.dtype)
-        if width is None:
-            raise UnsupportedFormatError(f"tensor {t.name!r} has dtype {t.dtype!r}, which this build does not "
-                                         f"know ({', '.join(DTYPE_BYTES)}); upgrade weight-teleport to read it")
-        if t.codec not in CODECS:
-            raise UnsupportedFormatError(f"tensor {t.name!r} has codec {t.codec!r}, which this build does not "
-                                         f"know ({', '.join(CODECS)}); upgrade weight-teleport to read it")
-        if snapshot and t.codec not in SNAPSHOT_CODECS:
-            raise PackFormatError(f"tensor {t.name!r} of a snapshot has codec {t.codec!r}: a snapshot holds "
-                                  f"every element ({', '.join(SNAPSHOT_CODECS)})")
-        numel = _numel(t, max_numel)
-        if not 0 <= t.changed <= numel:
+        if width is None or codec not in _CODECS or (snapshot and codec not in _SNAPSHOT):
+            _refuse_names(t, snapshot)
+        # dimensions and `changed` are non-negative (msgspec checked them); a dimension is at
+        # most the elements unless another is 0
+        numel = math.prod(shape) if len(shape) <= 8 else _capped_prod(shape, max_numel)
+        if numel > max_numel or (numel == 0 and shape and max(shape) > max_numel):
+            _refuse_shape(t, max_numel)
+        if t.changed > numel:
             raise PackFormatError(f"tensor {t.name!r} claims {t.changed} changed elements of {numel}")
         if not snapshot and t.base_digest is None:
             raise PackFormatError(f"tensor {t.name!r} of a delta has no base_digest")
-        n_chunks = 0 if t.codec == "same" else -(-numel // h.chunk_elems)
+        n_chunks = 0 if codec == "same" else -(-numel // chunk_elems)
         if len(t.chunks) != n_chunks:
             raise PackFormatError(f"tensor {t.name!r} has {len(t.chunks)} chunks, expected {n_chunks}")
         counts.append(n_chunks)
-        dense_bytes.append(numel * width if t.codec in DENSE_CODECS else 0)
+        dense_bytes.append(numel * width if codec in _DENSE else 0)
     return counts, dense_bytes
 
 
-def _numel(t, max_numel: int) -> int:
-    """The elements of record `t`, within `max_numel` (and each dimension too)."""
-    if t.shape and min(t.shape) < 0:
-        raise PackFormatError(f"tensor {t.name!r} has a negative dimension: shape {list(t.shape)}")
-    if t.shape and max(t.shape) > max_numel:
+def _refuse_names(t, snapshot: bool) -> None:
+    """The error for a record whose dtype or codec is unknown, or whose codec a snapshot
+    cannot hold."""
+    if t.dtype not in DTYPE_BYTES:
+        raise UnsupportedFormatError(f"tensor {t.name!r} has dtype {t.dtype!r}, which this build does not "
+                                     f"know ({', '.join(DTYPE_BYTES)}); upgrade weight-teleport to read it")
+    if t.codec not in CODECS:
+        raise UnsupportedFormatError(f"tensor {t.name!r} has codec {t.codec!r}, which this build does not "
+                                     f"know ({', '.join(CODECS)}); upgrade weight-teleport to read it")
+    raise PackFormatError(f"tensor {t.name!r} of a snapshot has codec {t.codec!r}: a snapshot holds "
+                          f"every element ({', '.join(SNAPSHOT_CODECS)})")
+
+
+def _capped_prod(shape, cap: int) -> int:
+    """The product of non-negative dimensions, or cap + 1 once it passes cap (a shape of many
+    dimensions would otherwise multiply huge integers)."""
+    n = 1
+    for s in shape:
+        n *= s
+        if n > cap:
+            return 0 if 0 in shape else cap + 1
+    return n
+
+
+def _refuse_shape(t, max_numel: int) -> None:
+    """The error for a record past `max_numel`."""
+    if max(t.shape) > max_numel:
         raise over_limit(f"tensor {t.name!r} dimension", max(t.shape), max_numel, "max_numel")
-    numel = math.prod(t.shape)
-    if numel > max_numel:
-        raise over_limit(f"tensor {t.name!r} elements", numel, max_numel, "max_numel")
-    return numel
+    raise over_limit(f"tensor {t.name!r} elements (at least)", _capped_prod(t.shape, max_numel), max_numel,
+                     "max_numel")
 
 
 def _check_digests(h: "PackHeader") -> None:
-    """Every digest (and a delta's every base digest) is 16 lowercase hex digits."""
+    """Every digest (and a delta's every base digest) is 16 lowercase hex digits: checked on
+    all of them joined (no hex digit left once they are deleted), then one by one for the
+    message."""
     fields = [("digest", t.digest) for t in h.tensors]
     if h.kind == "delta":
         fields += [("base_digest", t.base_digest) for t in h.tensors]
-    joined = "".join(text for _, text in fields)
-    if len(joined) == 16 * len(fields) and _DIGESTS.fullmatch(joined):
+    joined = "".join(text for _, text in fields).encode()
+    if len(joined) == 16 * len(fields) and not joined.translate(None, _HEX_DIGITS):
         return
     for (what, text), t in zip(fields, itertools.cycle(h.tensors)):
-        if len(text) != 16 or not _DIGESTS.fullmatch(text):
+        if len(text) != 16 or text.encode().translate(None, _HEX_DIGITS):
             raise PackFormatError(f"tensor {t.name!r} has {what} {text[:40]!r}, not 16 lowercase hex digits")
 
 

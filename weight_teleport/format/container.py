@@ -24,7 +24,7 @@ import zlib
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import Annotated, NamedTuple
 
 import msgspec
 import numpy as np
@@ -70,6 +70,11 @@ class ChunkRef(NamedTuple):
     """CRC-32 (zlib) of the chunk bytes."""
 
 
+Count = Annotated[int, msgspec.Meta(ge=0)]
+"""A field that counts something: read from a header, a negative one is malformed (checked
+by msgspec as it decodes)."""
+
+
 class TensorRecord(msgspec.Struct):
     """One tensor of a pack's header. A msgspec Struct: the header's thousands of fields
     decode into it straight from the JSON, typed on the way, with no intermediate dicts (a
@@ -77,14 +82,14 @@ class TensorRecord(msgspec.Struct):
     path)."""
     name: str
     dtype: str
-    shape: tuple[int, ...]
+    shape: tuple[Count, ...]
     codec: str
     """'same' (unchanged, no chunks), 'sparse', 'dense_residual' or 'dense_values'."""
     digest: str
     """Digest of the tensor's full new bytes, 16 hex digits (codec/digest.py)."""
     base_digest: str | None = None
     """Digest of the base tensor's bytes (deltas only)."""
-    changed: int = 0
+    changed: Count = 0
     """Number of elements whose bit pattern changed (deltas) or all elements (snapshots)."""
     classes: list[tuple[int, int]] = msgspec.field(default_factory=list)
     """Context class map as runs (first key, class): key k maps to the class of the last run
