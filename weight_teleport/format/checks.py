@@ -44,9 +44,8 @@ def check_layout(h: "PackHeader", limits: PackLimits) -> None:
         h.chunk_rows = np.fromiter(refs, np.int64, 3 * n).reshape(n, 3)
     except OverflowError:  # a number past int64, which no chunk that fits the payload holds
         h.chunk_rows = None
-    # the chunks inside the payload, their CRC-32s in range: over all chunks at once (with a
-    # loop over the 1,954 chunks of the Qwen3-8B-shaped delta, this check took 0.7-0.8 ms on
-    # the H200's host)
+    # the chunks inside the payload, their CRC-32s in range: over all chunks at once (a loop
+    # over a large model's thousands of chunks would sit on every stage's host path)
     if h.chunk_rows is None or not chunks_fit(h.chunk_rows, h.payload_length):
         check_chunks_one_by_one(h)
         raise PackFormatError("pack header has a malformed chunk table")  # not reached: the loop raises
