@@ -52,9 +52,9 @@ def test_malformed_manifest_rejected(bad: bytes) -> None:
     (snap(0), delta(2), delta(1)),                       # out of order
     (snap(0), delta(1), delta(1)),                       # duplicated version
     (snap(0), snap(0)),                                  # duplicated anchor
-    (snap(0), Entry(1, "delta", None, "x", 1, "0")),    # delta without base
-    (snap(0), Entry(1, "delta", 3, "x", 1, "0")),       # base after version
-    (snap(0), Entry(1, "delta", 0, "s0", 1, "0")),      # key reused
+    (snap(0), Entry(1, "delta", None, "x", 1, "0" * 64)),    # delta without base
+    (snap(0), Entry(1, "delta", 3, "x", 1, "0" * 64)),       # base after version
+    (snap(0), Entry(1, "delta", 0, "s0", 1, "0" * 64)),      # key reused
 ])
 def test_inconsistent_manifest_rejected(entries) -> None:
     with pytest.raises(ManifestError):

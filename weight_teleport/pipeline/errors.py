@@ -8,7 +8,19 @@ class ConfigError(WeightTeleportError, ValueError):
 
 
 class ManifestError(WeightTeleportError, ValueError):
-    """The store's manifest is malformed or inconsistent (duplicate or unordered versions)."""
+    """The store's manifest is malformed or inconsistent (wrong types, invalid keys,
+    duplicate or unordered versions, too large)."""
+
+
+class ManifestSignatureError(ManifestError):
+    """The manifest is unsigned, signed by an untrusted key, or its signature does not
+    match its contents, and the subscriber requires signatures
+    (`SubscriberConfig.trusted_keys`)."""
+
+
+class ManifestRollback(ManifestError):
+    """The manifest's latest version is older than one the subscriber holds or has seen:
+    the store was rolled back or reset. Refused unless `SubscriberConfig.follow_resets`."""
 
 
 class ObjectRejected(WeightTeleportError):
