@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Callable
 
 from weight_teleport.store import StoreConfig
+
+if TYPE_CHECKING:
+    from weight_teleport.pipeline.health import Health
 
 BACKPRESSURE = ("block", "skip")
 
@@ -72,11 +76,21 @@ class SubscriberConfig:
     watch_timeout_s: float = 5.0
     """Longest single wait for a new manifest before checking again."""
     fetch_attempts: int = 3
-    """Tries to fetch a valid object before it is set aside and another plan is sought."""
+    """Failures of one object (missing, rejected, or failing to stage; counted across
+    fetches until it is staged) before it is set aside and another plan is sought. Also
+    the consecutive failures after which `health` turns from "degraded" to "failing"."""
     retry_backoff_s: float = 0.2
-    """Delay before refetching a rejected object; doubled after each failure."""
+    """Delay after a failure before the next try; doubled after each consecutive failure."""
     retry_backoff_max_s: float = 5.0
-    """Longest delay between two refetches."""
+    """Longest delay between two tries."""
+    give_up_after_s: float | None = 600.0
+    """After this long without progress (every try failing, or a refused manifest
+    standing), the subscriber gives up: it stops following and `wait`/`apply` raise
+    SubscriberFailed with the last error. The target keeps its last version. None: never
+    give up (watch `Subscriber.health` or `on_health` instead)."""
+    on_health: Callable[["Health"], None] | None = None
+    """Called with the new `Health` each time the state changes (starting, healthy,
+    degraded, failing), from the subscriber's thread: keep it short, it must not block."""
     threads: int | None = None
     """Decoder threads; None uses every core."""
     store: StoreConfig = field(default_factory=StoreConfig)
