@@ -324,3 +324,40 @@ def test_origin_that_comes_back_recovers_the_health(tmp_path: Path) -> None:
             until(lambda: sub.health.state == "healthy", "health to recover")
             states = [h.state for h in seen]
     assert "failing" in states and states[-1] == "healthy"
+
+
+# Item 12: a manifest rolled back is refused, unless the subscriber follows resets.
+
+def _store_with_old_manifest(tmp_path: Path) -> tuple[str, bytes]:
+    """A file:// store at version 3, and its manifest as it was at version 1."""
+    url = f"file://{tmp_path}/store"
+    with Publisher(url, PublisherConfig(anchor_every=100)) as pub:
+        publish(pub, range(2))
+        old = open_store(url).get_manifest()
+        publish(pub, range(2, 4))
+    return url, old
+
+
+def test_rolled_back_manifest_is_refused(tmp_path: Path) -> None:
+    url, old = _store_with_old_manifest(tmp_path)
+    live = zeros()
+    with Subscriber(url, TorchTarget(live), FAST) as sub:
+        follow_checked(sub, live, 3)
+        open_store(url).put_manifest(old)
+        until(lambda: sub.health.state == "failing", "health to say failing")
+        assert "older" in sub.health.last_error and "follow_resets" in sub.health.last_error
+        time.sleep(0.3)
+        assert not sub.ready() and sub.version == 3 and same_bits(live, 3)
+        with Publisher(url, PublisherConfig(resume=False, anchor_every=100)) as pub:
+            publish(pub, [4])  # a publisher that writes a manifest at version 4 again
+        follow_checked(sub, live, 4)
+        assert sub.health.state == "healthy"
+
+
+def test_rollback_is_followed_when_told_to(tmp_path: Path) -> None:
+    url, old = _store_with_old_manifest(tmp_path)
+    live = zeros()
+    with Subscriber(url, TorchTarget(live), replace(FAST, follow_resets=True)) as sub:
+        follow_checked(sub, live, 3)
+        open_store(url).put_manifest(old)
+        assert follow_checked(sub, live, 1) == [0, 1]

@@ -91,6 +91,10 @@ class SubscriberConfig:
     on_health: Callable[["Health"], None] | None = None
     """Called with the new `Health` each time the state changes (starting, healthy,
     degraded, failing), from the subscriber's thread: keep it short, it must not block."""
+    follow_resets: bool = False
+    """Follow a store whose latest version went backwards (a deliberate reset or restore):
+    resync from its anchor. False: such a manifest is refused as a rollback (health says
+    so) and the subscriber keeps its weights until the store reaches its version again."""
     threads: int | None = None
     """Decoder threads; None uses every core."""
     store: StoreConfig = field(default_factory=StoreConfig)

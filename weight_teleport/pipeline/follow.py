@@ -1,8 +1,9 @@
 """The subscriber's background loop: watch, plan, fetch, check, stage; recover on failure.
 
 Contracts: the manifest is read again before every step, and refused (kept out of every
-plan) when it is malformed. Each object's failures are counted until it is staged, across
-fetches; at `fetch_attempts` it is set aside and another plan is sought. An object whose checked bytes cannot be staged
+plan) when it is malformed or older than what the subscriber holds. Each
+object's failures are counted until it is staged, across fetches; at `fetch_attempts` it
+is set aside and another plan is sought. An object whose checked bytes cannot be staged
 is broken for good (its bytes will not change). Weights that are not a delta's base cause
 at most one resync per delta. Every failed step backs off, and `HealthMonitor` decides
 when the subscriber gives up."""
@@ -17,7 +18,8 @@ import numpy as np
 
 from weight_teleport.errors import DigestMismatchError, PackFormatError, PackMismatchError
 from weight_teleport.format import read_header
-from weight_teleport.pipeline.errors import ManifestError, NoPlanError, ObjectRejected
+from weight_teleport.pipeline.errors import (ManifestError, ManifestRollback, NoPlanError,
+                                             ObjectRejected)
 from weight_teleport.pipeline.fetch import fetch
 from weight_teleport.pipeline.health import HealthMonitor
 from weight_teleport.pipeline.manifest import Entry, Manifest, from_json
@@ -49,6 +51,9 @@ class Follower:
         """The digests `head_entry` promised for each tensor."""
         self.highest: int | None = None
         """The newest version staged: staging a newer one is progress."""
+        self.floor = head
+        """The newest version held or listed by an accepted manifest: an older latest
+        version is a rollback."""
         self.manifest: Manifest | None = None
         self.etag: str | None = None
         self.refused: str | None = None
@@ -119,14 +124,33 @@ class Follower:
         self.etag = etag
         try:
             manifest = from_json(raw)
+            self._check_not_older(manifest)
         except ManifestError as exc:
             self.refused = f"refusing the store's manifest: {exc}"
             self.sub._event(self.refused)
             return
         self.refused, self.manifest = None, manifest
+        self.floor = _newest(self.floor, manifest.latest)
         listed = {e.key for e in manifest.entries}
         self.strikes = {k: n for k, n in self.strikes.items() if k in listed}
         self.broken = {k: why for k, why in self.broken.items() if k in listed}
+
+    def _check_not_older(self, manifest: Manifest) -> None:
+        """ManifestRollback for a manifest older than what this subscriber holds, unless it
+        follows resets (then it forgets what it held and saw)."""
+        held = _newest(self.floor, self.head, self.sub.version)
+        latest = manifest.latest
+        if held is None or (latest is not None and latest >= held):
+            return
+        if not self.config.follow_resets:
+            raise ManifestRollback(
+                f"its latest version is {latest}, older than version {held} that this subscriber "
+                "holds or saw listed: the store was rolled back or reset (set "
+                "SubscriberConfig.follow_resets=True to follow a deliberate reset)")
+        self.sub._event(f"the store went back from version {held} to {latest}: following the "
+                        "reset (SubscriberConfig.follow_resets)", resync=True)
+        self.floor = self.highest = None
+        self.strikes, self.broken = {}, {}
 
     def _plan(self) -> Plan | None:
         """The plan to follow now, or None (nothing to do, or nothing possible)."""
@@ -247,3 +271,8 @@ class Follower:
         self.sub._event(f"resync from the latest anchor: {reason}", resync=True)
         if failed:
             self.monitor.failure(f"resync: {reason}")
+
+
+def _newest(*versions: int | None) -> int | None:
+    known = [v for v in versions if v is not None]
+    return max(known) if known else None
