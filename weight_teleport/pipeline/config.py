@@ -52,6 +52,12 @@ class PublisherConfig:
     """Encoder threads; None uses every core."""
     retention: RetentionConfig = field(default_factory=RetentionConfig)
     """What to delete as new anchors arrive."""
+    signing_key: bytes | None = None
+    """Ed25519 private key that signs every manifest written (32 raw bytes, or an
+    unencrypted PKCS#8 PEM; `weight_teleport.pipeline.signing.generate_keypair` makes one).
+    Subscribers given the public key in `SubscriberConfig.trusted_keys` refuse manifests
+    it did not sign. Needs `cryptography` (`pip install 'weight-teleport[sign]'`). None:
+    manifests are unsigned."""
     store: StoreConfig = field(default_factory=StoreConfig)
     """Options of the transport (token, endpoint, retries)."""
 
@@ -95,6 +101,10 @@ class SubscriberConfig:
     """Follow a store whose latest version went backwards (a deliberate reset or restore):
     resync from its anchor. False: such a manifest is refused as a rollback (health says
     so) and the subscriber keeps its weights until the store reaches its version again."""
+    trusted_keys: tuple[bytes, ...] = ()
+    """Ed25519 public keys (32 raw bytes, or PEM) whose manifest signatures are accepted
+    (`PublisherConfig.signing_key`); several allow a key rotation. Non-empty: unsigned
+    manifests and manifests signed by other keys are refused. Needs `cryptography`."""
     threads: int | None = None
     """Decoder threads; None uses every core."""
     store: StoreConfig = field(default_factory=StoreConfig)

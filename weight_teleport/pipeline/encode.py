@@ -17,6 +17,7 @@ from weight_teleport.pipeline.anchors import AnchorUploader
 from weight_teleport.pipeline.manifest import KINDS, Entry, Manifest, checked, from_json, make_entry
 from weight_teleport.pipeline.metrics import PublishResult
 from weight_teleport.pipeline.plan import needs_anchor, plan_retention
+from weight_teleport.pipeline.signing import signer
 from weight_teleport.pipeline.snapshots import State, state_nbytes
 from weight_teleport.store import NotFound, Store
 
@@ -140,7 +141,7 @@ class Encoder:
             entries = sorted(self.manifest.entries + (entry,), key=lambda e: (e.version, KINDS.index(e.kind)))
             manifest = checked(replace(self.manifest, entries=tuple(entries)))
             manifest, dropped = plan_retention(manifest, self.config.retention.keep_anchors)
-            self.store.put_manifest(manifest.to_json())
+            self.store.put_manifest(manifest.to_json(sign=signer(self.config.signing_key)))
             self.manifest = manifest
         for entry in dropped:
             try:

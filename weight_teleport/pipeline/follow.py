@@ -1,7 +1,7 @@
 """The subscriber's background loop: watch, plan, fetch, check, stage; recover on failure.
 
 Contracts: the manifest is read again before every step, and refused (kept out of every
-plan) when it is malformed or older than what the subscriber holds. Each
+plan) when it is malformed, badly signed, or older than what the subscriber holds. Each
 object's failures are counted until it is staged, across fetches; at `fetch_attempts` it
 is set aside and another plan is sought. An object whose checked bytes cannot be staged
 is broken for good (its bytes will not change). Weights that are not a delta's base cause
@@ -24,6 +24,7 @@ from weight_teleport.pipeline.fetch import fetch
 from weight_teleport.pipeline.health import HealthMonitor
 from weight_teleport.pipeline.manifest import Entry, Manifest, from_json
 from weight_teleport.pipeline.plan import Plan, plan_avoiding
+from weight_teleport.pipeline.signing import ManifestVerifier
 from weight_teleport.store import InvalidKey, NotFound, StoreError, TooLarge, manifest_etag
 
 if TYPE_CHECKING:
@@ -65,6 +66,9 @@ class Follower:
         self.resync_reason: str | None = None
         self.monitor = HealthMonitor(self.config.fetch_attempts, self.config.give_up_after_s,
                                      self.config.on_health)
+        self.verify = ManifestVerifier(self.config.trusted_keys) if self.config.trusted_keys \
+            else None
+        """Checks the manifest's signature (ConfigError here for an unusable key)."""
 
     def request_resync(self, reason: str) -> None:
         """Restart from an anchor at the next step (called from other threads)."""
@@ -123,7 +127,7 @@ class Follower:
             return
         self.etag = etag
         try:
-            manifest = from_json(raw)
+            manifest = from_json(raw, verify=self.verify)
             self._check_not_older(manifest)
         except ManifestError as exc:
             self.refused = f"refusing the store's manifest: {exc}"
