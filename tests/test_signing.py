@@ -89,6 +89,28 @@ def test_pem_keys_and_configuration_errors() -> None:
                    replace(FAST, trusted_keys=(b"not a key",)))
 
 
+def test_a_signing_publisher_resumes_only_from_its_own_signatures(tmp_path: Path) -> None:
+    """A store writer who appends a forged entry must not get it signed by the next
+    publisher that resumes there."""
+    url, store = f"file://{tmp_path}/store", None
+    config = PublisherConfig(anchor_every=100, signing_key=PRIVATE)
+    with Publisher(url, config) as pub:
+        publish(pub, range(2))
+    with Publisher(url, config) as pub:                  # resumes from a signed manifest
+        publish(pub, [2])
+    store = open_store(url)
+    good = from_json(store.get_manifest())
+    forged = encode_delta(expected(2), zeros(), base_version=2, version=3)
+    entry = make_entry(3, "delta", 2, forged, 0)
+    store.put(entry.key, forged)
+    store.put_manifest(good.with_entries(entry).to_json())
+    with pytest.raises(ManifestSignatureError, match="resume=False"):
+        Publisher(url, config)
+    store.put_manifest(good.with_entries(entry).to_json(sign=ManifestSigner(OTHER_PRIVATE)))
+    with pytest.raises(ManifestSignatureError, match="not by a trusted key"):
+        Publisher(url, config)
+
+
 def test_subscriber_refuses_what_a_store_writer_forges(tmp_path: Path) -> None:
     """Whoever can write the store (not the publisher's key) swaps in an unsigned manifest
     naming a forged pack, then a replayed older signed manifest, then swaps a pack's bytes

@@ -47,7 +47,9 @@ class Encoder:
     def __init__(self, store: Store, config: PublisherConfig):
         self.store, self.config = store, config
         raw = store.get_manifest()
-        self.manifest = from_json(raw) if raw is not None and config.resume else Manifest()
+        sign = signer(config.signing_key)  # a signing publisher builds on signed history only
+        self.manifest = from_json(raw, verify=sign and sign.verifier()) \
+            if raw is not None and config.resume else Manifest()
         self.baseline: State | None = None
         self.baseline_version: int | None = None
         self.stream = torch.cuda.Stream() if config.baseline_device == "cuda" else None

@@ -18,6 +18,11 @@ from weight_teleport.pipeline.errors import ConfigError, ManifestSignatureError
 
 ALGORITHM = "ed25519"
 _INSTALL = "pip install 'weight-teleport[sign]' (the `cryptography` package)"
+_SUBSCRIBE_HINT = ("SubscriberConfig.trusted_keys; the publisher signs with "
+                   "PublisherConfig.signing_key")
+_RESUME_HINT = ("a publisher with PublisherConfig.signing_key resumes only from manifests its "
+                "key signed; to start signing an unsigned store, use resume=False and publish "
+                "at a version after the store's latest")
 
 
 def _ed25519():
@@ -102,6 +107,11 @@ class ManifestSigner:
         signature = base64.b64encode(self._key.sign(canonical)).decode("ascii")
         return {"alg": ALGORITHM, "key_id": self.key_id, "sig": signature}
 
+    def verifier(self) -> "ManifestVerifier":
+        """A verifier of this key's own signatures: what a resumed publisher checks the
+        store's manifest with before building on it."""
+        return ManifestVerifier([_raw_public(self._key.public_key())], hint=_RESUME_HINT)
+
 
 @functools.lru_cache(maxsize=4)
 def signer(private_key: bytes | None) -> ManifestSigner | None:
@@ -113,9 +123,10 @@ class ManifestVerifier:
     """Checks a manifest's signature against trusted public keys (the `verify` of
     `manifest.from_json`); raises ManifestSignatureError."""
 
-    def __init__(self, trusted_keys: Sequence[bytes]):
+    def __init__(self, trusted_keys: Sequence[bytes], hint: str = _SUBSCRIBE_HINT):
         keys = [_load_public(k) for k in trusted_keys]
         self._keys = {key_id(_raw_public(k)): k for k in keys}
+        self._hint = hint
 
     def __call__(self, canonical: bytes, signature: object) -> None:
         key, sig = self._parse(signature)
@@ -132,9 +143,8 @@ class ManifestVerifier:
         trusted = sorted(self._keys)
         if signature is None:
             raise ManifestSignatureError(
-                f"the manifest is unsigned; this subscriber accepts only manifests signed by "
-                f"key(s) {trusted} (SubscriberConfig.trusted_keys; the publisher needs "
-                "PublisherConfig.signing_key)")
+                f"the manifest is unsigned; only manifests signed by key(s) {trusted} are "
+                f"accepted ({self._hint})")
         if not isinstance(signature, dict) or signature.get("alg") != ALGORITHM:
             raise ManifestSignatureError(f"the manifest's signature is not an {ALGORITHM} "
                                          "signature object")
@@ -142,7 +152,7 @@ class ManifestVerifier:
         if key is None:
             raise ManifestSignatureError(
                 f"the manifest is signed by key {str(signature.get('key_id'))[:40]!r}, not by a "
-                f"trusted key {trusted} (SubscriberConfig.trusted_keys)")
+                f"trusted key {trusted} ({self._hint})")
         try:
             sig = base64.b64decode(str(signature.get("sig")), validate=True)
         except (binascii.Error, ValueError):
