@@ -81,7 +81,7 @@ class Follower:
             try:
                 self.step()
             except StoreError as exc:
-                self.monitor.failure(f"the store is unreachable: {exc}")
+                self.monitor.failure(f"cannot read the store: {exc}")
             except Exception as exc:  # keep following: a sampler must not lose its updates
                 log.debug("unexpected error while following the store", exc_info=True)
                 self.monitor.failure(f"unexpected {type(exc).__name__} while following the "
