@@ -16,7 +16,6 @@ from weight_teleport.pipeline.errors import SubscriberFailed
 
 log = logging.getLogger("weight_teleport.pipeline.subscriber")
 
-STATES = ("starting", "healthy", "degraded", "failing")
 _TOLD_MAX = 32  # distinct errors logged per failure streak; later ones go to debug
 
 
@@ -115,8 +114,9 @@ class HealthMonitor:
         self._told.add(shape)
 
     def _set(self, health: Health, state: str) -> None:
-        changed = state != health.state
-        if changed:
+        """Make `health` (in `state`) current; tell `on_change` of a new state or a give-up."""
+        changed = state != health.state or health.gave_up != self.health.gave_up
+        if state != health.state:
             health = replace(health, state=state, since=time.time())
         self.health = health
         if changed and self._on_change is not None:
