@@ -6,7 +6,8 @@ import pytest
 
 from weight_teleport.pipeline.errors import ManifestError, NoPlanError
 from weight_teleport.pipeline.manifest import Entry, Manifest, from_json, make_entry, object_key
-from weight_teleport.pipeline.plan import needs_anchor, plan_catchup, plan_retention
+from weight_teleport.pipeline.plan import (needs_anchor, plan_avoiding, plan_catchup,
+                                           plan_retention)
 
 
 def delta(v: int, size: int = 10, base: int | None = None) -> Entry:
@@ -52,9 +53,9 @@ def test_malformed_manifest_rejected(bad: bytes) -> None:
     (snap(0), delta(2), delta(1)),                       # out of order
     (snap(0), delta(1), delta(1)),                       # duplicated version
     (snap(0), snap(0)),                                  # duplicated anchor
-    (snap(0), Entry(1, "delta", None, "x", 1, "0")),    # delta without base
-    (snap(0), Entry(1, "delta", 3, "x", 1, "0")),       # base after version
-    (snap(0), Entry(1, "delta", 0, "s0", 1, "0")),      # key reused
+    (snap(0), Entry(1, "delta", None, "x", 1, "0" * 64)),    # delta without base
+    (snap(0), Entry(1, "delta", 3, "x", 1, "0" * 64)),       # base after version
+    (snap(0), Entry(1, "delta", 0, "s0", 1, "0" * 64)),      # key reused
 ])
 def test_inconsistent_manifest_rejected(entries) -> None:
     with pytest.raises(ManifestError):
@@ -112,6 +113,14 @@ def test_excluded_keys_are_planned_around() -> None:
     assert keys(plan_catchup(m, 6, exclude={"d7-6"})) == ["s8", "d9-8"]
     with pytest.raises(NoPlanError):
         plan_catchup(m, 6, exclude={"d9-8"})
+
+
+def test_set_aside_keys_are_retried_only_when_no_other_plan_exists() -> None:
+    m = log(10, anchors=(0, 4, 8))
+    assert keys(plan_avoiding(m, 6, {"d7-6"}, set())) == ["s8", "d9-8"]
+    assert keys(plan_avoiding(m, 6, {"d9-8"}, set()))[-1] == "d9-8"  # the store may be repaired
+    with pytest.raises(NoPlanError):
+        plan_avoiding(m, 6, {"d9-8"}, {"d9-8"})                        # broken: never again
 
 
 def test_unreachable_version_raises() -> None:

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Callable
 
 from weight_teleport.store import StoreConfig
+
+if TYPE_CHECKING:
+    from weight_teleport.pipeline.health import Health
 
 BACKPRESSURE = ("block", "skip")
 
@@ -48,6 +52,12 @@ class PublisherConfig:
     """Encoder threads; None uses every core."""
     retention: RetentionConfig = field(default_factory=RetentionConfig)
     """What to delete as new anchors arrive."""
+    signing_key: bytes | None = None
+    """Ed25519 private key that signs every manifest written (32 raw bytes, or an
+    unencrypted PKCS#8 PEM; `weight_teleport.pipeline.signing.generate_keypair` makes one).
+    Subscribers given the public key in `SubscriberConfig.trusted_keys` refuse manifests
+    it did not sign. Needs `cryptography` (`pip install 'weight-teleport[sign]'`). None:
+    manifests are unsigned."""
     store: StoreConfig = field(default_factory=StoreConfig)
     """Options of the transport (token, endpoint, retries)."""
 
@@ -72,11 +82,29 @@ class SubscriberConfig:
     watch_timeout_s: float = 5.0
     """Longest single wait for a new manifest before checking again."""
     fetch_attempts: int = 3
-    """Tries to fetch a valid object before it is set aside and another plan is sought."""
+    """Failures of one object (missing, rejected, or failing to stage; counted across
+    fetches until it is staged) before it is set aside and another plan is sought. Also
+    the consecutive failures after which `health` turns from "degraded" to "failing"."""
     retry_backoff_s: float = 0.2
-    """Delay before refetching a rejected object; doubled after each failure."""
+    """Delay after a failure before the next try; doubled after each consecutive failure."""
     retry_backoff_max_s: float = 5.0
-    """Longest delay between two refetches."""
+    """Longest delay between two tries."""
+    give_up_after_s: float | None = 600.0
+    """After this long without progress (every try failing, or a refused manifest
+    standing), the subscriber gives up: it stops following and `wait`/`apply` raise
+    SubscriberFailed with the last error. The target keeps its last version. None: never
+    give up (watch `Subscriber.health` or `on_health` instead)."""
+    on_health: Callable[["Health"], None] | None = None
+    """Called with the new `Health` each time the state changes (starting, healthy,
+    degraded, failing), from the subscriber's thread: keep it short, it must not block."""
+    follow_resets: bool = False
+    """Follow a store whose latest version went backwards (a deliberate reset or restore):
+    resync from its anchor. False: such a manifest is refused as a rollback (health says
+    so) and the subscriber keeps its weights until the store reaches its version again."""
+    trusted_keys: tuple[bytes, ...] = ()
+    """Ed25519 public keys (32 raw bytes, or PEM) whose manifest signatures are accepted
+    (`PublisherConfig.signing_key`); several allow a key rotation. Non-empty: unsigned
+    manifests and manifests signed by other keys are refused. Needs `cryptography`."""
     threads: int | None = None
     """Decoder threads; None uses every core."""
     store: StoreConfig = field(default_factory=StoreConfig)

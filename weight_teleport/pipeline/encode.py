@@ -17,6 +17,7 @@ from weight_teleport.pipeline.anchors import AnchorUploader
 from weight_teleport.pipeline.manifest import KINDS, Entry, Manifest, checked, from_json, make_entry
 from weight_teleport.pipeline.metrics import PublishResult
 from weight_teleport.pipeline.plan import needs_anchor, plan_retention
+from weight_teleport.pipeline.signing import signer
 from weight_teleport.pipeline.snapshots import State, state_nbytes
 from weight_teleport.store import NotFound, Store
 
@@ -46,7 +47,9 @@ class Encoder:
     def __init__(self, store: Store, config: PublisherConfig):
         self.store, self.config = store, config
         raw = store.get_manifest()
-        self.manifest = from_json(raw) if raw is not None and config.resume else Manifest()
+        sign = signer(config.signing_key)  # a signing publisher builds on signed history only
+        self.manifest = from_json(raw, verify=sign and sign.verifier()) \
+            if raw is not None and config.resume else Manifest()
         self.baseline: State | None = None
         self.baseline_version: int | None = None
         self.stream = torch.cuda.Stream() if config.baseline_device == "cuda" else None
@@ -140,7 +143,7 @@ class Encoder:
             entries = sorted(self.manifest.entries + (entry,), key=lambda e: (e.version, KINDS.index(e.kind)))
             manifest = checked(replace(self.manifest, entries=tuple(entries)))
             manifest, dropped = plan_retention(manifest, self.config.retention.keep_anchors)
-            self.store.put_manifest(manifest.to_json())
+            self.store.put_manifest(manifest.to_json(sign=signer(self.config.signing_key)))
             self.manifest = manifest
         for entry in dropped:
             try:

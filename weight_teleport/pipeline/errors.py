@@ -1,6 +1,13 @@
 """Errors of the publish/subscribe pipeline; each says what to do about it."""
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
 from weight_teleport.errors import WeightTeleportError
+
+if TYPE_CHECKING:
+    from weight_teleport.pipeline.health import Health
 
 
 class ConfigError(WeightTeleportError, ValueError):
@@ -8,7 +15,19 @@ class ConfigError(WeightTeleportError, ValueError):
 
 
 class ManifestError(WeightTeleportError, ValueError):
-    """The store's manifest is malformed or inconsistent (duplicate or unordered versions)."""
+    """The store's manifest is malformed or inconsistent (wrong types, invalid keys,
+    duplicate or unordered versions, too large)."""
+
+
+class ManifestSignatureError(ManifestError):
+    """The manifest is unsigned, signed by an untrusted key, or its signature does not
+    match its contents, and the subscriber requires signatures
+    (`SubscriberConfig.trusted_keys`)."""
+
+
+class ManifestRollback(ManifestError):
+    """The manifest's latest version is older than one the subscriber holds or has seen:
+    the store was rolled back or reset. Refused unless `SubscriberConfig.follow_resets`."""
 
 
 class ObjectRejected(WeightTeleportError):
@@ -19,3 +38,14 @@ class ObjectRejected(WeightTeleportError):
 class NoPlanError(WeightTeleportError):
     """The store holds no chain of objects that reaches the wanted version (it was never
     published, or retention removed its anchor)."""
+
+
+class SubscriberFailed(WeightTeleportError):
+    """The subscriber gave up: it could not make progress for
+    `SubscriberConfig.give_up_after_s`. Raised by `Subscriber.wait` and `apply`; the target
+    keeps the last version applied, and `health` says what went wrong."""
+
+    def __init__(self, message: str, health: "Health"):
+        super().__init__(message)
+        self.health = health
+        """The subscriber's health when it gave up (its `last_error` is the cause)."""

@@ -1,4 +1,12 @@
-"""The subscriber's background loop: watch, plan, fetch, check, stage; retry on failure."""
+"""The subscriber's background loop: watch, plan, fetch, check, stage; recover on failure.
+
+Contracts: the manifest is read again before every step, and refused (kept out of every
+plan) when it is malformed, badly signed, or older than what the subscriber holds. Each
+object's failures are counted until it is staged, across fetches; at `fetch_attempts` it
+is set aside and another plan is sought. An object whose checked bytes cannot be staged
+is broken for good (its bytes will not change). Weights that are not a delta's base cause
+at most one resync per delta. Every failed step backs off, and `HealthMonitor` decides
+when the subscriber gives up."""
 
 from __future__ import annotations
 
@@ -9,16 +17,26 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from weight_teleport.errors import DigestMismatchError, PackFormatError, PackMismatchError
-from weight_teleport.pipeline.errors import ManifestError, NoPlanError, ObjectRejected
+from weight_teleport.format import read_header
+from weight_teleport.pipeline.errors import (ManifestError, ManifestRollback, NoPlanError,
+                                             ObjectRejected)
 from weight_teleport.pipeline.fetch import fetch
+from weight_teleport.pipeline.health import HealthMonitor
 from weight_teleport.pipeline.manifest import Entry, Manifest, from_json
-from weight_teleport.pipeline.plan import Plan, plan_catchup
-from weight_teleport.store import NotFound, StoreError, manifest_etag
+from weight_teleport.pipeline.plan import Plan, plan_avoiding
+from weight_teleport.pipeline.signing import ManifestVerifier
+from weight_teleport.store import InvalidKey, NotFound, StoreError, TooLarge, manifest_etag
 
 if TYPE_CHECKING:
+    from weight_teleport.codec import StagedPatch
     from weight_teleport.pipeline.subscriber import Subscriber
 
 log = logging.getLogger(__name__)
+
+STAGE_ERRORS = (PackFormatError, PackMismatchError, DigestMismatchError)
+"""What staging raises for a pack that does not fit the weights or is malformed."""
+OBJECT_ERRORS = (NotFound, InvalidKey, TooLarge, ObjectRejected)
+"""Fetch failures of one object (other store errors are the store's, not the object's)."""
 
 
 class Follower:
@@ -28,121 +46,237 @@ class Follower:
         self.sub, self.config = sub, sub.config
         self.head = head
         """The version the next object is staged against (None: no usable weights)."""
+        self.head_entry: Entry | None = None
+        """The object that produced `head` (None: a claimed `initial_version`, or none)."""
+        self.head_digests: dict[str, str] | None = None
+        """The digests `head_entry` promised for each tensor."""
+        self.highest: int | None = None
+        """The newest version staged: staging a newer one is progress."""
+        self.floor = head
+        """The newest version held or listed by an accepted manifest: an older latest
+        version is a rollback."""
         self.manifest: Manifest | None = None
         self.etag: str | None = None
-        self.failures: dict[str, int] = {}
+        self.refused: str | None = None
+        """Why the store's current manifest is refused (None: it is the accepted one)."""
+        self.strikes: dict[str, int] = {}
+        """Failures of each key since it was last staged."""
+        self.broken: dict[str, str] = {}
+        """Keys that can never be staged here, and why."""
         self.resync_reason: str | None = None
+        self.monitor = HealthMonitor(self.config.fetch_attempts, self.config.give_up_after_s,
+                                     self.config.on_health)
+        self.verify = ManifestVerifier(self.config.trusted_keys) if self.config.trusted_keys \
+            else None
+        """Checks the manifest's signature (ConfigError here for an unusable key)."""
 
     def request_resync(self, reason: str) -> None:
         """Restart from an anchor at the next step (called from other threads)."""
         self.resync_reason = reason
 
     def run(self) -> None:
-        """Follow the store until the subscriber closes."""
+        """Follow the store until the subscriber closes or gives up."""
         while not self.sub._closed:
+            before = self.monitor.health.consecutive_failures
             try:
                 self.step()
             except StoreError as exc:
-                self.sub._event(f"store unavailable ({exc}); retrying")
-                time.sleep(self.config.retry_backoff_s)
-            except Exception:  # keep following: a sampler must not lose its updates
-                log.exception("unexpected error while following the store; retrying")
-                time.sleep(self.config.retry_backoff_max_s)
+                self.monitor.failure(f"cannot read the store: {exc}")
+            except Exception as exc:  # keep following: a sampler must not lose its updates
+                log.debug("unexpected error while following the store", exc_info=True)
+                self.monitor.failure(f"unexpected {type(exc).__name__} while following the "
+                                     f"store: {exc}")
+            if self.monitor.should_give_up():
+                self.sub._give_up(self.monitor.give_up())
+                return
+            if self.monitor.health.consecutive_failures > before:
+                self.sub._sleep(self.monitor.backoff_s(self.config.retry_backoff_s,
+                                                       self.config.retry_backoff_max_s))
 
     def step(self) -> None:
         """One turn: stage the next object of the plan, or wait for a new manifest."""
         self.sub._verify_applied()
         if self.resync_reason is not None:
             reason, self.resync_reason = self.resync_reason, None
-            self._resync(reason)
-        plan = self._plan()
-        if plan is None or not plan.steps:
-            self._refresh(wait=True)
-            return
-        if plan.chain_broken:
-            self._resync(f"no chain of deltas from version {self.head} to {plan.target} "
-                         "(retention removed it)")
+            self._resync(reason, failed=True)
         if not self.sub._wait_for_room():
             return
         self.sub._verify_applied()
         if self.resync_reason is not None:
             return  # the live weights lack the last patch's digests: resync at the next step
+        self._refresh(self.sub._store.get_manifest())  # between steps: a few KB, parsed if new
+        plan = self._plan()
+        if plan is None:
+            self._refresh(self.sub._store.watch(self.etag, self.config.watch_timeout_s))
+            return
+        if plan.chain_broken:
+            self._resync(f"no chain of deltas from version {self.head} to {plan.target} "
+                         "(retention removed it, or its objects are set aside)")
         entry = plan.steps[0]
         pack = self._fetch(entry)
         if pack is not None:
             self._stage(entry, pack)
 
-    def _plan(self) -> Plan | None:
-        if self.manifest is None:
-            return None
-        avoid = {k for k, n in self.failures.items() if n >= self.config.fetch_attempts}
-        try:
-            return plan_catchup(self.manifest, self.head, exclude=avoid)
-        except NoPlanError:
-            pass
-        try:
-            return plan_catchup(self.manifest, self.head)
-        except NoPlanError as exc:
-            self.sub._event(str(exc))
-            return None
-
-    def _refresh(self, wait: bool) -> None:
-        """Read the manifest: at once, or waiting (bounded) for a new one."""
-        raw = self.sub._store.watch(self.etag, self.config.watch_timeout_s) if wait \
-            else self.sub._store.get_manifest()
+    # The manifest.
+    def _refresh(self, raw: bytes | None) -> None:
+        """Take `raw` as the store's manifest if it is new and acceptable."""
         if raw is None:
             return
-        self.etag = manifest_etag(raw)
+        etag = manifest_etag(raw)
+        if etag == self.etag:
+            return
+        self.etag = etag
         try:
-            self.manifest = from_json(raw)
+            manifest = from_json(raw, verify=self.verify)
+            self._check_not_older(manifest)
         except ManifestError as exc:
-            self.sub._event(f"ignoring the store's manifest: {exc}")
+            self.refused = f"refusing the store's manifest: {exc}"
+            self.sub._event(self.refused)
+            return
+        self.refused, self.manifest = None, manifest
+        self.floor = _newest(self.floor, manifest.latest)
+        listed = {e.key for e in manifest.entries}
+        self.strikes = {k: n for k, n in self.strikes.items() if k in listed}
+        self.broken = {k: why for k, why in self.broken.items() if k in listed}
 
-    def _resync(self, reason: str) -> None:
-        self.head = None
-        self.sub.stats.resyncs += 1
-        self.sub._event(f"resync from the latest anchor: {reason}", resync=True)
+    def _check_not_older(self, manifest: Manifest) -> None:
+        """ManifestRollback for a manifest older than what this subscriber holds, unless it
+        follows resets (then it forgets what it held and saw)."""
+        held = _newest(self.floor, self.head, self.sub.version)
+        latest = manifest.latest
+        if held is None or (latest is not None and latest >= held):
+            return
+        if not self.config.follow_resets:
+            raise ManifestRollback(
+                f"its latest version is {latest}, older than version {held} that this subscriber "
+                "holds or saw listed: the store was rolled back or reset (set "
+                "SubscriberConfig.follow_resets=True to follow a deliberate reset)")
+        self.sub._event(f"the store went back from version {held} to {latest}: following the "
+                        "reset (SubscriberConfig.follow_resets)", resync=True)
+        self.floor = self.highest = None
+        self.strikes, self.broken = {}, {}
 
+    def _plan(self) -> Plan | None:
+        """The plan to follow now, or None (nothing to do, or nothing possible)."""
+        if self.refused is not None:
+            self.monitor.failure(self.refused, permanent=True)
+            return None
+        if self.manifest is None:
+            return None
+        set_aside = {k for k, n in self.strikes.items() if n >= self.config.fetch_attempts}
+        try:
+            plan = plan_avoiding(self.manifest, self.head, set_aside | self.broken.keys(),
+                                 set(self.broken))
+        except NoPlanError as exc:
+            self.monitor.failure(f"{exc}{self._set_aside_note()}", permanent=True)
+            return None
+        if not plan.steps:
+            self.monitor.progress(f"up to date at version {plan.target}")
+            return None
+        return plan
+
+    def _set_aside_note(self) -> str:
+        notes = [f"{k} ({why})" for k, why in self.broken.items()]
+        notes += [f"{k} (failed {n} times)" for k, n in self.strikes.items()
+                  if n >= self.config.fetch_attempts and k not in self.broken]
+        return f"; set aside: {'; '.join(notes[:3])}" if notes else ""
+
+    # Objects.
     def _fetch(self, entry: Entry) -> bytes | np.ndarray | None:
-        """The checked object (in pinned memory for CUDA weights), or None after a rejection
-        (logged, retried later)."""
+        """The checked object (in pinned memory for CUDA weights), or None after a failure."""
         t0 = time.perf_counter()
         try:
             pack = fetch(self.sub._store, entry, pinned=self.sub._stager.on_cuda)
-        except NotFound:
-            self.sub._event(f"{entry.key} is gone from the store; rereading the manifest")
-            self._refresh(wait=False)
+        except OBJECT_ERRORS as exc:
+            if isinstance(exc, ObjectRejected):
+                self.sub.stats.objects_rejected += 1
+                self._strike(entry, f"rejected {exc}")
+            else:
+                self._strike(entry, f"cannot fetch {entry.key}: {exc}")
             return None
-        except ObjectRejected as exc:
-            self._reject(entry, str(exc))
-            return None
-        self.failures.pop(entry.key, None)
         self.sub.stats.fetch_s += time.perf_counter() - t0
         self.sub.stats.bytes_fetched += len(pack)
         self.sub.stats.objects_fetched += 1
         return pack
 
-    def _reject(self, entry: Entry, why: str) -> None:
-        n = self.failures[entry.key] = self.failures.get(entry.key, 0) + 1
-        self.sub.stats.objects_rejected += 1
-        self.sub._event(f"rejected {why}; attempt {n}, retrying")
-        delay = self.config.retry_backoff_s * 2 ** (n - 1)
-        time.sleep(min(delay, self.config.retry_backoff_max_s))
-        self._refresh(wait=False)
+    def _strike(self, entry: Entry, why: str, staging: bool = False) -> None:
+        """Count a failure of `entry`; set it aside at `fetch_attempts` (for good if it was
+        fetched and checked, yet failed to stage: its bytes will not change)."""
+        n = self.strikes[entry.key] = self.strikes.get(entry.key, 0) + 1
+        if n >= self.config.fetch_attempts:
+            if staging:
+                self.broken[entry.key] = why
+            why += f" ({n} failures: set aside, seeking another plan)"
+        self.sub._event(why)
+        self.monitor.failure(why)
 
-    def _stage(self, entry: Entry, pack: bytes) -> None:
+    def _stage(self, entry: Entry, pack: bytes | np.ndarray) -> None:
         t0 = time.perf_counter()
         try:
             staged = self.sub._stager.stage(entry, pack, self.head)
-        except (PackMismatchError, DigestMismatchError) as exc:
-            if entry.kind == "delta":
-                self._resync(f"version {entry.version} does not fit the weights: {exc}")
-            else:
-                self._reject(entry, f"{entry.key}: {exc}")
+        except STAGE_ERRORS as exc:
+            self._stage_failed(entry, pack, exc)
             return
-        except PackFormatError as exc:
-            self._reject(entry, f"{entry.key}: {exc}")
+        except Exception as exc:  # a decoder bug or a resource error: counted, set aside
+            log.debug("staging %s raised", entry.key, exc_info=True)
+            self._strike(entry, f"staging {entry.key} raised {type(exc).__name__}: {exc}", staging=True)
             return
         self.sub.stats.stage_s += time.perf_counter() - t0
-        self.head = entry.version
+        self._staged(entry, staged)
+
+    def _staged(self, entry: Entry, staged: "StagedPatch") -> None:
+        from weight_teleport.codec.digest import to_hex
+
+        self.strikes.pop(entry.key, None)
+        self.head, self.head_entry = entry.version, entry
+        self.head_digests = {t.name: to_hex(t.digest) for t in staged.tensors}
+        if self.highest is None or entry.version > self.highest:
+            self.highest = entry.version
+            self.monitor.progress(f"version {entry.version} staged")
         self.sub._push(entry, staged)
+
+    def _stage_failed(self, entry: Entry, pack, exc: Exception) -> None:
+        """A checked object failed to stage: set it aside for good, or resync when the
+        weights are what is wrong (their digests are not the delta's base digests)."""
+        if entry.kind == "snapshot":
+            self._set_broken(entry, f"snapshot {entry.key} does not fit the target: {exc}")
+            return
+        header = read_header(pack)
+        found = self.sub._stager.base_digests(header)
+        stale = [r.name for r in header.tensors if found.get(r.name) != r.base_digest]
+        if not stale:
+            self._set_broken(entry, f"delta {entry.key} fails on its own base weights: {exc}")
+        elif self._holding_published_head(found):
+            self._set_broken(entry, f"delta {entry.key} was not encoded from version {entry.base} "
+                                    f"as this store published it (tensor {stale[0]!r}): {exc}")
+        else:
+            self._resync(f"the weights are not the base of version {entry.version}'s delta "
+                         f"(tensor {stale[0]!r}, {len(stale)} in all): {exc}", failed=True)
+
+    def _holding_published_head(self, found: dict[str, str]) -> bool:
+        """Whether the weights are exactly what `head_entry` produced and the manifest still
+        lists it: then a delta from `head` that disagrees is the delta's fault."""
+        if self.head_entry is None or self.head_digests is None or self.manifest is None:
+            return False
+        if any(self.head_digests.get(name) != d for name, d in found.items()):
+            return False  # modified since it was staged (the sampler wrote into them)
+        return self.head_entry in self.manifest.entries
+
+    def _set_broken(self, entry: Entry, why: str) -> None:
+        self.broken[entry.key] = why
+        self.sub._event(why)
+        self.monitor.failure(why, permanent=True)
+
+    def _resync(self, reason: str, failed: bool = False) -> None:
+        """Start again from an anchor; `failed`: a failure (the weights were wrong), not a
+        plan's choice (retention removed the chain)."""
+        self.head = self.head_entry = self.head_digests = None
+        self.sub.stats.resyncs += 1
+        self.sub._event(f"resync from the latest anchor: {reason}", resync=True)
+        if failed:
+            self.monitor.failure(f"resync: {reason}")
+
+
+def _newest(*versions: int | None) -> int | None:
+    known = [v for v in versions if v is not None]
+    return max(known) if known else None

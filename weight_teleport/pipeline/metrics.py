@@ -62,7 +62,8 @@ class UpdateReport:
     resynced: bool = False
     """A resync from an anchor happened since the previous apply."""
     events: list[str] = field(default_factory=list)
-    """Resyncs, rejected objects and retries since the previous apply (also logged)."""
+    """Resyncs, rejected objects and other failures since the previous apply, each once
+    (at most 100, the oldest dropped); `Subscriber.health` holds the current state."""
 
 
 @dataclass

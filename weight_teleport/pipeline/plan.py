@@ -64,6 +64,18 @@ def plan_catchup(manifest: Manifest, current: int | None, target: int | None = N
     return Plan(steps, target, from_anchor, broken)
 
 
+def plan_avoiding(manifest: Manifest, current: int | None, set_aside: set[str],
+                  broken: set[str]) -> Plan:
+    """The cheapest plan from `current` to the latest version that avoids the `set_aside`
+    keys; failing that, one that tries set-aside keys again, except `broken` ones (a store
+    can be repaired, an object that cannot be staged stays what it is). Raise NoPlanError
+    if neither exists."""
+    try:
+        return plan_catchup(manifest, current, exclude=set_aside)
+    except NoPlanError:
+        return plan_catchup(manifest, current, exclude=broken)
+
+
 def _chain_exists(manifest: Manifest, current: int, target: int, exclude) -> bool:
     reached = {current}
     for e in manifest.entries:

@@ -15,6 +15,7 @@ import torch
 
 from weight_teleport.pipeline.config import PublisherConfig
 from weight_teleport.pipeline.errors import ConfigError
+from weight_teleport.pipeline.signing import signer
 
 State = dict[str, torch.Tensor]
 
@@ -37,6 +38,7 @@ def check_config(config: PublisherConfig) -> None:
                           "or 'skip'")
     if config.max_pending < 1 or config.anchor_every < 1:
         raise ConfigError("PublisherConfig.max_pending and anchor_every must be >= 1")
+    signer(config.signing_key)  # ConfigError now for a key that cannot sign, not after an encode
 
 
 class SnapshotPool:

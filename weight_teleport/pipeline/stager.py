@@ -14,6 +14,7 @@ from collections.abc import Mapping
 import torch
 
 from weight_teleport.codec import StagedPatch, apply_staged, encode_delta, stage_delta
+from weight_teleport.codec.api import tensor_digests
 from weight_teleport.codec.cuda.config import CudaCodecConfig
 from weight_teleport.codec.dtypes import BY_NAME, dtype_info
 from weight_teleport.codec.plan import DEFAULT_CHUNK_ELEMS
@@ -107,6 +108,19 @@ class Stager:
                 apply_staged(live, staged)
                 assert torch.equal(live["w"].cpu().view(torch.uint8), new.view(torch.uint8))
             self.stream.synchronize()
+
+    def base_digests(self, header) -> dict[str, str]:
+        """Digests of the weights the next pack is staged against (the view, or the shadow),
+        for each tensor of the pack `header` that they hold with its shape and dtype: what
+        its records' `base_digest`s are compared with when staging fails."""
+        base = self.view if self.uses_view else self.shadow
+        if base is None:
+            return {}
+        recs = [r for r in header.tensors if r.name in base and tuple(base[r.name].shape) == r.shape
+                and r.dtype in BY_NAME and base[r.name].dtype == BY_NAME[r.dtype].torch_dtype]
+        with self._on_stream():
+            found = tensor_digests([base[r.name] for r in recs])
+        return {r.name: d for r, d in zip(recs, found)}
 
 
 def _warm_pair(dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:

@@ -10,7 +10,9 @@ import torch
 
 from weight_teleport.codec import StagedPatch
 from weight_teleport.pipeline.config import SubscriberConfig
+from weight_teleport.pipeline.errors import SubscriberFailed
 from weight_teleport.pipeline.follow import Follower
+from weight_teleport.pipeline.health import Health
 from weight_teleport.pipeline.manifest import Entry
 from weight_teleport.pipeline.metrics import UpdateReport, SubscriberStats
 from weight_teleport.pipeline.stager import Stager
@@ -19,6 +21,9 @@ from weight_teleport.targets.base import Target
 
 log = logging.getLogger(__name__)
 
+MAX_EVENTS = 100
+"""Distinct events kept between two `apply` calls (the oldest are dropped)."""
+
 
 class Subscriber:
     """Keeps `target` up to date with the store at `url`.
@@ -26,7 +31,10 @@ class Subscriber:
     A background thread watches the manifest, fetches each object, checks it (size,
     SHA-256, header) and stages it (decoded and digest-checked, nothing written). The
     sampler calls `apply()` when `ready()`: that is the only pause. Rejected objects are
-    fetched again; a broken chain or a digest mismatch resyncs from the latest anchor."""
+    fetched again, with backoff, then set aside for another plan; weights that are not the
+    next delta's base resync from the newest anchor. `health` tells how it goes; after
+    `SubscriberConfig.give_up_after_s` without progress, `wait` and `apply` raise
+    SubscriberFailed."""
 
     def __init__(self, url: str, target: Target, config: SubscriberConfig | None = None, *,
                  store: Store | None = None):
@@ -45,6 +53,7 @@ class Subscriber:
         self._pending: list[tuple[Entry, StagedPatch]] = []
         self._events: list[str] = []
         self._resynced = self._applying = self._closed = False
+        self._failed: SubscriberFailed | None = None
         self._live_version = initial
         self._cond = threading.Condition()
         self._applied: StagedPatch | None = None
@@ -66,21 +75,33 @@ class Subscriber:
         """The version the target holds (None before the first apply)."""
         return self._live_version
 
+    @property
+    def health(self) -> Health:
+        """The state of the follower: "starting", "healthy", "degraded" or "failing", the
+        last error and since when (`Health`)."""
+        return self._follower.monitor.health
+
     def ready(self) -> bool:
         """True when a staged version waits for `apply`."""
         with self._cond:
             return bool(self._pending)
 
     def wait(self, timeout: float | None = None) -> bool:
-        """Block until a staged version waits for `apply`; False on timeout."""
+        """Block until a staged version waits for `apply`; False on timeout. Raises
+        SubscriberFailed once the subscriber gave up and nothing staged is left."""
         with self._cond:
-            return self._cond.wait_for(lambda: self._pending or self._closed, timeout) \
-                and bool(self._pending)
+            self._cond.wait_for(lambda: self._pending or self._closed or self._failed, timeout)
+            if not self._pending and self._failed is not None:
+                raise self._failed
+            return bool(self._pending)
 
     def apply(self) -> UpdateReport:
         """Write every staged version into the target (the pause) and report it.
-        Returns an empty report when nothing is staged."""
+        Returns an empty report when nothing is staged; raises SubscriberFailed once the
+        subscriber gave up and nothing staged is left."""
         with self._cond:
+            if not self._pending and self._failed is not None:
+                raise self._failed
             pending, self._pending = self._pending, []
             report = UpdateReport(resynced=self._resynced, events=self._events)
             self._events, self._resynced, self._applying = [], False, bool(pending)
@@ -117,10 +138,25 @@ class Subscriber:
 
     # Used by the Follower thread.
     def _event(self, message: str, resync: bool = False) -> None:
-        log.warning("%s", message)
+        """Note `message` for the next UpdateReport (each once, at most MAX_EVENTS); the
+        health monitor logs failures, once each."""
+        log.log(logging.INFO if resync else logging.DEBUG, "%s", message)
         with self._cond:
-            self._events.append(message)
+            if message not in self._events:
+                if len(self._events) >= MAX_EVENTS:
+                    del self._events[0]
+                self._events.append(message)
             self._resynced = self._resynced or resync
+
+    def _sleep(self, seconds: float) -> None:
+        """Wait `seconds`, or less if the subscriber closes."""
+        with self._cond:
+            self._cond.wait_for(lambda: self._closed, seconds)
+
+    def _give_up(self, error: SubscriberFailed) -> None:
+        with self._cond:
+            self._failed = error
+            self._cond.notify_all()
 
     def _wait_for_room(self) -> bool:
         """Block until another version may be staged; False once closed."""

@@ -1,0 +1,126 @@
+"""The subscriber's health: its state, what went wrong, and when to give up.
+
+The follower reports each failure and each step of progress here. The log says once what
+is wrong (each distinct error of a failure streak) and once when it recovers; every
+individual attempt goes to the debug level."""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+from dataclasses import dataclass, replace
+from typing import Callable
+
+from weight_teleport.pipeline.errors import SubscriberFailed
+
+log = logging.getLogger("weight_teleport.pipeline.subscriber")
+
+_TOLD_MAX = 32  # distinct errors logged per failure streak; later ones go to debug
+
+
+@dataclass(frozen=True)
+class Health:
+    """A snapshot of a subscriber's state (`Subscriber.health`)."""
+
+    state: str = "starting"
+    """"starting": nothing staged yet and nothing failed. "healthy": the last step made
+    progress (a new version staged, or the store has nothing newer). "degraded": the last
+    tries failed, fewer than `fetch_attempts` in a row. "failing": `fetch_attempts` or more
+    failures in a row, or one that retrying cannot fix (no plan reaches the latest version,
+    a refused manifest, a snapshot that does not fit the target)."""
+    last_error: str | None = None
+    """The latest failure's message; kept after a recovery, for the record."""
+    since: float = 0.0
+    """`time.time()` when the state began."""
+    consecutive_failures: int = 0
+    """Failures since the last progress."""
+    gave_up: bool = False
+    """The subscriber stopped following (`SubscriberConfig.give_up_after_s`)."""
+
+
+def _shape(message: str) -> str:
+    """A message with its numbers blanked: the same error with other timings is not news."""
+    return re.sub(r"\d+(\.\d+)?", "#", message)
+
+
+class HealthMonitor:
+    """Turns the follower's failures and progress into `Health`, logs and a give-up time."""
+
+    def __init__(self, failing_after: int, give_up_after_s: float | None,
+                 on_change: Callable[[Health], None] | None = None):
+        self.health = Health(since=time.time())
+        self._failing_after = max(1, failing_after)
+        self._give_up_after_s = give_up_after_s
+        self._on_change = on_change
+        self._streak_start: float | None = None  # time.monotonic() of the streak's first failure
+        self._told: set[str] = set()
+
+    def failure(self, message: str, permanent: bool = False) -> None:
+        """Record a failed step; `permanent`: retrying alone cannot fix it."""
+        n = self.health.consecutive_failures + 1
+        if self._streak_start is None:
+            self._streak_start = time.monotonic()
+        state = "failing" if permanent or n >= self._failing_after else "degraded"
+        self._tell(state, message)
+        self._set(replace(self.health, last_error=message, consecutive_failures=n), state)
+
+    def progress(self, what: str) -> None:
+        """Record a step that made progress (`what` happened); ends a failure streak."""
+        h = self.health
+        if h.state == "healthy" and not h.consecutive_failures:
+            return
+        if h.consecutive_failures:
+            log.warning("recovered after %d failure(s) in %.1f s: %s", h.consecutive_failures,
+                        time.monotonic() - self._streak_start, what)
+        self._streak_start, self._told = None, set()
+        self._set(replace(h, consecutive_failures=0), "healthy")
+
+    def backoff_s(self, first: float, cap: float) -> float:
+        """The delay before the next try: `first` doubled per consecutive failure, at most `cap`."""
+        n = self.health.consecutive_failures
+        return 0.0 if n == 0 else min(first * 2 ** min(n - 1, 30), cap)
+
+    def should_give_up(self) -> bool:
+        """True once failures have lasted `give_up_after_s` with no progress."""
+        return (self._give_up_after_s is not None and self._streak_start is not None
+                and time.monotonic() - self._streak_start >= self._give_up_after_s)
+
+    def give_up(self) -> SubscriberFailed:
+        """Mark the subscriber as given up; the error `wait` and `apply` raise."""
+        h = self.health
+        elapsed = time.monotonic() - (self._streak_start or time.monotonic())
+        message = (f"the subscriber gave up after {elapsed:.1f} s without progress "
+                   f"(SubscriberConfig.give_up_after_s={self._give_up_after_s}); last error: "
+                   f"{h.last_error}")
+        log.error("%s", message)
+        self._set(replace(h, gave_up=True), "failing")
+        return SubscriberFailed(message, self.health)
+
+    def _tell(self, state: str, message: str) -> None:
+        """Log a failure unless this streak logged the same error already (turning to
+        "failing" is always logged)."""
+        shape = _shape(message)
+        if state == "failing" and self.health.state != "failing":
+            log.error("following the store is failing (%d failures in a row): %s",
+                      self.health.consecutive_failures + 1, message)
+        elif shape in self._told or len(self._told) >= _TOLD_MAX:
+            log.debug("still failing: %s", message)
+            return
+        elif state == "failing":
+            log.error("following the store is failing: %s", message)
+        else:
+            log.warning("following the store: %s; retrying", message)
+        self._told.add(shape)
+
+    def _set(self, health: Health, state: str) -> None:
+        """Make `health` (in `state`) current; tell `on_change` of a new state or a give-up."""
+        changed = state != health.state or health.gave_up != self.health.gave_up
+        if state != health.state:
+            health = replace(health, state=state, since=time.time())
+        self.health = health
+        if changed and self._on_change is not None:
+            try:
+                self._on_change(health)
+            except Exception:  # the host's callback must not stop the follower
+                log.exception("SubscriberConfig.on_health raised; ignored")
