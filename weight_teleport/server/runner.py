@@ -76,8 +76,11 @@ async def _start(config: ServerConfig) -> tuple[web.AppRunner, int]:
     config = _fit_file_limit(config)
     tls = _tls_context(config)
     app = make_app(config)
+    # Lingering: after an early answer (413, 408, 507), the rest of a body is read and
+    # dropped for this long, so that a client still sending gets to read the answer.
     runner = web.AppRunner(app, access_log=ACCESS_LOG, shutdown_timeout=1.0,
-                           keepalive_timeout=config.keepalive_timeout_s)
+                           keepalive_timeout=config.keepalive_timeout_s,
+                           lingering_time=min(10.0, config.body_timeout_s))
     await runner.setup()
     site = _GuardedSite(runner, config, tls)
     await site.start()
