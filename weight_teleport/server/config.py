@@ -57,6 +57,12 @@ class ServerConfig:
         if (self.tls_cert_file is None) != (self.tls_key_file is None):
             raise ValueError("ServerConfig: tls_cert_file and tls_key_file go together "
                              "(--tls-cert and --tls-key)")
+        for name in ("token", "read_token"):
+            value = getattr(self, name)
+            if value is not None and not (value.isascii() and value.isprintable()
+                                          and " " not in value and value):
+                raise ValueError(f"ServerConfig.{name}: a bearer token is printable ASCII "
+                                 f"without spaces (RFC 6750)")
         if self.max_connections < 1:
             raise ValueError(f"ServerConfig.max_connections must be >= 1, not "
                              f"{self.max_connections}")
