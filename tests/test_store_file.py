@@ -30,8 +30,11 @@ def test_layout_and_no_temp_files(tmp_path: Path) -> None:
     assert leftovers(tmp_path) == []
 
 
-def test_bare_path_means_file(tmp_path: Path) -> None:
-    assert isinstance(open_store(str(tmp_path)), FileStore)
+def test_a_url_without_scheme_is_refused(tmp_path: Path) -> None:
+    for url in [str(tmp_path), "origin:8000", "localhost:8000/weights", "weights"]:
+        with pytest.raises(StoreError, match="no scheme: write file:///absolute/path"):
+            open_store(url)
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_failed_write_leaves_nothing(tmp_path: Path) -> None:

@@ -79,8 +79,10 @@ class FsspecStore(Store):
         except FileNotFoundError:
             raise NotFound(f"no object {args[0]!r}") from None
         except PermissionError as exc:
-            raise AuthError(f"{op} {args[0]!r} refused: {exc}; check the credentials "
-                            f"(StoreConfig.key/secret or storage_options)") from exc
+            raise AuthError(f"{op} {args[0]!r} refused: {exc}; check the credentials: "
+                            f"AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY (or ~/.aws) for the "
+                            f"command line, StoreConfig(key=..., secret=...) or "
+                            f"storage_options in Python") from exc
         except (OSError, TimeoutError, ConnectionError) as exc:
             if _precondition_failed(exc):
                 raise ManifestChanged(f"{op} {args[0]!r}: a precondition failed") from None

@@ -264,9 +264,11 @@ class HttpStore(Store):
         return body
 
     def _check_write(self) -> None:
-        """Ask the origin whether the upload token may upload (it writes nothing)."""
+        """Ask the origin whether the upload token may upload (it writes nothing); an
+        origin too old to answer (404) is left to the first upload."""
         status, _, body = self._request("GET", "/auth/upload", headers=self._auth(write=True))
-        self._check(status, body, "check upload access", write=True)
+        if status != 404:
+            self._check(status, body, "check upload access", write=True)
 
     def _watch(self, after: str | None, deadline: float) -> bytes | None:
         """Long-poll the origin until the manifest changes or the deadline passes."""
