@@ -18,7 +18,7 @@ from weight_teleport.pipeline.manifest import KINDS, Entry, Manifest, checked, f
 from weight_teleport.pipeline.metrics import PublishResult
 from weight_teleport.pipeline.plan import needs_anchor, plan_retention
 from weight_teleport.pipeline.snapshots import State, state_nbytes
-from weight_teleport.store import NotFound, Store
+from weight_teleport.store import NotFound, Store, manifest_etag
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +47,9 @@ class Encoder:
         self.store, self.config = store, config
         raw = store.get_manifest()
         self.manifest = from_json(raw) if raw is not None and config.resume else Manifest()
+        self.manifest_etag = None if raw is None else manifest_etag(raw)
+        """The ETag of the store's manifest as last read or written: the next write is
+        conditional on it (ManifestChanged if another writer came between)."""
         self.baseline: State | None = None
         self.baseline_version: int | None = None
         self.stream = torch.cuda.Stream() if config.baseline_device == "cuda" else None
@@ -140,8 +143,9 @@ class Encoder:
             entries = sorted(self.manifest.entries + (entry,), key=lambda e: (e.version, KINDS.index(e.kind)))
             manifest = checked(replace(self.manifest, entries=tuple(entries)))
             manifest, dropped = plan_retention(manifest, self.config.retention.keep_anchors)
-            self.store.put_manifest(manifest.to_json())
-            self.manifest = manifest
+            data = manifest.to_json()
+            self.store.put_manifest(data, if_match=self.manifest_etag)
+            self.manifest, self.manifest_etag = manifest, manifest_etag(data)
         for entry in dropped:
             try:
                 self.store.delete(entry.key)
