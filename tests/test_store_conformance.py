@@ -164,3 +164,8 @@ def test_one_of_racing_conditional_writers_wins(store: Store) -> None:
         won = list(pool.map(write, range(6)))
     assert sum(won) == 1
     assert store.get_manifest() == b"writer %d" % won.index(True)
+
+
+def test_write_access_probe_leaves_nothing(store: Store) -> None:
+    store.check_write_access()
+    assert store.list() == [] and store.get_manifest() is None
