@@ -9,6 +9,7 @@ from __future__ import annotations
 import http.client
 import os
 import shutil
+from contextlib import contextmanager
 import socket
 import subprocess
 import sys
@@ -126,26 +127,48 @@ class Nginx:
     port: int
 
 
-@pytest.fixture
-def nginx(origin: OriginServer, tmp_path: Path) -> Iterator[Nginx]:
-    """A real nginx with proxy_cache in front of `origin`."""
+@contextmanager
+def run_nginx(d: Path, conf: str, port: int, ready: Callable[[], bool] | None = None
+              ) -> Iterator[Nginx]:
+    """Run nginx with the configuration `conf` (its files under `d`) listening on `port`;
+    `ready` says when it serves (default: plain HTTP answers on `port`)."""
     binary = shutil.which("nginx") or next(
         (p for p in ("/usr/sbin/nginx", "/usr/local/sbin/nginx") if os.path.exists(p)), None)
     if binary is None:
         pytest.skip("nginx is not installed (apt-get install nginx): cache fan-out "
                     "tests need a real HTTP cache")
-    d, port = tmp_path / "nginx", free_port()
     d.mkdir()
-    conf = d / "nginx.conf"
-    conf.write_text(_NGINX_CONF.format(d=d, port=port, upstream=origin.port))
-    proc = subprocess.Popen([binary, "-p", str(d), "-c", str(conf)],
+    (d / "nginx.conf").write_text(conf)
+    proc = subprocess.Popen([binary, "-p", str(d), "-c", str(d / "nginx.conf")],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
-        wait_until(lambda: proc.poll() is None and answers_http(port, "/healthz"), 60,
-                   f"nginx ({(d / 'error.log')})")
+        wait_until(lambda: proc.poll() is None and (ready or (lambda: answers_http(
+            port, "/healthz")))(), 60, f"nginx ({(d / 'error.log')})")
         yield Nginx(f"http://127.0.0.1:{port}", port)
     finally:
         stop_process(proc)
+
+
+@pytest.fixture
+def nginx(origin: OriginServer, tmp_path: Path) -> Iterator[Nginx]:
+    """A real nginx with proxy_cache in front of `origin`."""
+    d, port = tmp_path / "nginx", free_port()
+    with run_nginx(d, _NGINX_CONF.format(d=d, port=port, upstream=origin.port), port) as proxy:
+        yield proxy
+
+
+def self_signed_cert(d: Path, name: str = "127.0.0.1") -> tuple[Path, Path]:
+    """A certificate for `name` (an IP address) signed by itself, and its key, made with
+    openssl; the certificate is its own authority (the CA file a client trusts)."""
+    if shutil.which("openssl") is None:
+        pytest.skip("openssl is not installed: TLS tests make their certificate with it")
+    cert, key = d / "cert.pem", d / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt",
+                    "ec_paramgen_curve:P-256", "-nodes", "-keyout", str(key), "-out", str(cert),
+                    "-days", "2", "-subj", f"/CN={name}",
+                    "-addext", f"subjectAltName=IP:{name}"],
+                   check=True, capture_output=True)
+    return cert, key
 
 
 def _weed_binary() -> str | None:

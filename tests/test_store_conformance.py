@@ -5,12 +5,13 @@ from __future__ import annotations
 import threading
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
 from services import S3_BUCKET, TOKEN, origin, s3_config, seaweed_s3  # noqa: F401
-from weight_teleport.store import (Conflict, InvalidKey, NotFound, Store, StoreConfig,
-                                   manifest_etag, open_store)
+from weight_teleport.store import (Conflict, InvalidKey, ManifestChanged, NotFound, Store,
+                                   StoreConfig, TooLarge, manifest_etag, open_store)
 
 BACKENDS = ["memory", "file", "http", "s3"]
 
@@ -83,7 +84,7 @@ def test_objects_are_immutable(store: Store) -> None:
 
 
 @pytest.mark.parametrize("key", ["", "/abs", "../up", "a/../../b", "a//b", "a/./b",
-                                 ".hidden", "a\\b", "sp ace", "x" * 2000])
+                                 ".hidden", "a\\b", "sp ace", "x" * 2000, "v/" + "s" * 300])
 def test_invalid_keys(store: Store, key: str) -> None:
     with pytest.raises(InvalidKey):
         store.put(key, b"x")
@@ -119,3 +120,52 @@ def test_watch_wakes_on_update(store: Store) -> None:
     finally:
         writer.join()
     assert time.monotonic() - started < 2.5  # woken up, not timed out
+
+
+def test_bounded_get(store: Store) -> None:
+    data = bytes(range(256)) * 4000  # 1 MB: more than one read of the http store
+    store.put("k", data)
+    store.put("empty", b"")
+    assert store.get("k", max_bytes=len(data)) == data
+    assert store.get("empty", max_bytes=0) == b""
+    for limit in (0, 100, len(data) - 1):
+        with pytest.raises(TooLarge, match="larger than"):
+            store.get("k", max_bytes=limit)
+    with pytest.raises(NotFound):
+        store.get("nope", max_bytes=10)
+
+
+def test_conditional_manifest(store: Store) -> None:
+    store.put_manifest(b"m1", if_match=None)  # the first writer expects no manifest
+    with pytest.raises(ManifestChanged, match="another writer"):
+        store.put_manifest(b"other", if_match=None)
+    store.put_manifest(b"m2", if_match=manifest_etag(b"m1"))
+    with pytest.raises(ManifestChanged):
+        store.put_manifest(b"m3", if_match=manifest_etag(b"m1"))  # a stale ETag
+    assert store.get_manifest() == b"m2"
+    # A write repeated after it went through (a lost answer) is not a conflict.
+    store.put_manifest(b"m2", if_match=manifest_etag(b"m1"))
+    store.put_manifest(b"m4")  # unconditional
+    assert store.get_manifest() == b"m4"
+
+
+def test_one_of_racing_conditional_writers_wins(store: Store) -> None:
+    store.put_manifest(b"base")
+    etag = manifest_etag(b"base")
+
+    def write(i: int) -> bool:
+        try:
+            store.put_manifest(b"writer %d" % i, if_match=etag)
+            return True
+        except ManifestChanged:
+            return False
+
+    with ThreadPoolExecutor(6) as pool:
+        won = list(pool.map(write, range(6)))
+    assert sum(won) == 1
+    assert store.get_manifest() == b"writer %d" % won.index(True)
+
+
+def test_write_access_probe_leaves_nothing(store: Store) -> None:
+    store.check_write_access()
+    assert store.list() == [] and store.get_manifest() is None

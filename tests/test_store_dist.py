@@ -8,7 +8,8 @@ import traceback
 import pytest
 
 from services import free_port
-from weight_teleport.store import StoreError, manifest_etag, open_store
+from weight_teleport.store import (ManifestChanged, StoreError, TooLarge, manifest_etag,
+                                   open_store)
 
 WORLD = 3
 OBJECTS = {f"v/{i}": bytes([i]) * (1000 * i + 1) for i in range(1, 6)}
@@ -29,9 +30,14 @@ def _rank_main(rank: int, port: int, errors: "mp.Queue", backend: str = "gloo",
             for key, data in OBJECTS.items():
                 store.put(key, data)
             store.delete("v/5")
-            store.put_manifest(b"latest=4")
+            store.put_manifest(b"latest=3", if_match=None)
+            with pytest.raises(ManifestChanged):
+                store.put_manifest(b"stale", if_match=None)
+            store.put_manifest(b"latest=4", if_match=manifest_etag(b"latest=3"))
         else:
-            assert store.watch(None, timeout=60) == b"latest=4"
+            assert store.watch(manifest_etag(b"latest=3"), timeout=60) == b"latest=4"
+            with pytest.raises(TooLarge):
+                store.get("v/3", max_bytes=len(OBJECTS["v/3"]) - 1)
             assert store.list() == sorted(set(OBJECTS) - {"v/5"})
             for key in store.list():
                 assert store.get(key) == OBJECTS[key]

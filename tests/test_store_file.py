@@ -11,13 +11,13 @@ import pytest
 from weight_teleport.store import (Conflict, MissingDependency, NotFound, RetryConfig, Store,
                                    StoreConfig, StoreError, TransportError, open_store,
                                    register_store)
-from weight_teleport.store.file import AtomicFile, FileStore
+from weight_teleport.store.file import LOCK_NAME, AtomicFile, FileStore
 from weight_teleport.store.memory import MemoryStore
 
 
 def leftovers(root: Path) -> list[str]:
-    """Temp files left anywhere under `root`."""
-    return [str(p) for p in root.rglob(".*")]
+    """Temp files left anywhere under `root` (the manifest's lock file is meant to stay)."""
+    return [str(p) for p in root.rglob(".*") if p.name != LOCK_NAME]
 
 
 def test_layout_and_no_temp_files(tmp_path: Path) -> None:
@@ -30,8 +30,11 @@ def test_layout_and_no_temp_files(tmp_path: Path) -> None:
     assert leftovers(tmp_path) == []
 
 
-def test_bare_path_means_file(tmp_path: Path) -> None:
-    assert isinstance(open_store(str(tmp_path)), FileStore)
+def test_a_url_without_scheme_is_refused(tmp_path: Path) -> None:
+    for url in [str(tmp_path), "origin:8000", "localhost:8000/weights", "weights"]:
+        with pytest.raises(StoreError, match="no scheme: write file:///absolute/path"):
+            open_store(url)
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_failed_write_leaves_nothing(tmp_path: Path) -> None:

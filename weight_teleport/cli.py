@@ -73,6 +73,9 @@ def main(argv: list[str] | None = None) -> int:
     except (WeightTeleportError, OSError, ValueError) as e:
         print(f"weight-teleport {args.command}: {e}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        print(f"weight-teleport {args.command}: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

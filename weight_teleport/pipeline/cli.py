@@ -5,9 +5,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 from pathlib import Path
 
 TOKEN_ENV = "WEIGHT_TELEPORT_TOKEN"
+READ_TOKEN_ENV = "WEIGHT_TELEPORT_READ_TOKEN"
+INTERRUPTED = 130  # the exit status of a command stopped by Ctrl-C (128 + SIGINT)
 
 
 def add_subcommands(sub: argparse._SubParsersAction) -> None:
@@ -36,31 +39,51 @@ def add_subcommands(sub: argparse._SubParsersAction) -> None:
 def _store_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--token-file", type=Path,
                    help=f"file holding the origin's upload token (default: ${TOKEN_ENV})")
+    p.add_argument("--read-token-file", type=Path,
+                   help=f"file holding the origin's read token, where it wants one "
+                        f"(default: ${READ_TOKEN_ENV})")
+    p.add_argument("--ca-file", help="PEM certificate of the authority that signed an "
+                                     "https:// origin's certificate (default: the system's)")
     p.add_argument("--endpoint-url", help="S3-compatible endpoint for s3:// URLs")
+
+
+def _secret(path: Path | None, env: str) -> str | None:
+    return path.read_text().strip() if path else os.environ.get(env) or None
 
 
 def _store_config(args: argparse.Namespace):
     from weight_teleport.store import StoreConfig
 
-    token = args.token_file.read_text().strip() if args.token_file else os.environ.get(TOKEN_ENV)
-    return StoreConfig(token=token or None, endpoint_url=args.endpoint_url)
+    return StoreConfig(token=_secret(args.token_file, TOKEN_ENV),
+                       read_token=_secret(args.read_token_file, READ_TOKEN_ENV),
+                       ca_file=args.ca_file, endpoint_url=args.endpoint_url)
 
 
 def publish_main(args: argparse.Namespace) -> int:
-    """Publish CHECKPOINT as a new version (a delta against the store's latest)."""
+    """Publish CHECKPOINT as a new version (a delta against the store's latest).
+
+    The store's write access is checked before the checkpoint is read. Ctrl-C cancels:
+    nothing more is written, and the message says what was left."""
     from weight_teleport.pipeline import Publisher, PublisherConfig, RetentionConfig
     from weight_teleport.pipeline.checkpoint import load_checkpoint
 
     from tqdm import tqdm
 
-    state = load_checkpoint(args.checkpoint)
     with tqdm(unit="B", unit_scale=True, desc="upload") as bar:
         store = _store_config(args)
         store.upload_progress = bar.update
         config = PublisherConfig(anchor_every=args.anchor_every, store=store,
                                  retention=RetentionConfig(keep_anchors=args.keep_anchors))
-        with Publisher(args.url, config) as publisher:
-            r = publisher.publish(state, args.version).wait()
+        publisher = Publisher(args.url, config)
+        try:
+            r = publisher.publish(load_checkpoint(args.checkpoint), args.version).wait()
+        except KeyboardInterrupt:
+            bar.close()
+            print(f"weight-teleport publish: interrupted; {publisher.cancel()}",
+                  file=sys.stderr)
+            return INTERRUPTED
+        finally:
+            publisher.close()
     kinds = "+".join(e.kind for e in r.objects)
     print(f"version {r.version} ({kinds}, base {r.base_version}): {r.wire_bytes / 1e6:.3f} MB "
           f"on the wire for {r.raw_bytes / 1e6:.1f} MB of weights ({r.ratio:.1f}x); "

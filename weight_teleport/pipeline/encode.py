@@ -19,7 +19,7 @@ from weight_teleport.pipeline.metrics import PublishResult
 from weight_teleport.pipeline.plan import needs_anchor, plan_retention
 from weight_teleport.pipeline.signing import signer
 from weight_teleport.pipeline.snapshots import State, state_nbytes
-from weight_teleport.store import NotFound, Store
+from weight_teleport.store import NotFound, Store, manifest_etag
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +50,9 @@ class Encoder:
         sign = signer(config.signing_key)  # a signing publisher builds on signed history only
         self.manifest = from_json(raw, verify=sign and sign.verifier()) \
             if raw is not None and config.resume else Manifest()
+        self.manifest_etag = None if raw is None else manifest_etag(raw)
+        """The ETag of the store's manifest as last read or written: the next write is
+        conditional on it (ManifestChanged if another writer came between)."""
         self.baseline: State | None = None
         self.baseline_version: int | None = None
         self.stream = torch.cuda.Stream() if config.baseline_device == "cuda" else None
@@ -143,8 +146,9 @@ class Encoder:
             entries = sorted(self.manifest.entries + (entry,), key=lambda e: (e.version, KINDS.index(e.kind)))
             manifest = checked(replace(self.manifest, entries=tuple(entries)))
             manifest, dropped = plan_retention(manifest, self.config.retention.keep_anchors)
-            self.store.put_manifest(manifest.to_json(sign=signer(self.config.signing_key)))
-            self.manifest = manifest
+            data = manifest.to_json(sign=signer(self.config.signing_key))
+            self.store.put_manifest(data, if_match=self.manifest_etag)
+            self.manifest, self.manifest_etag = manifest, manifest_etag(data)
         for entry in dropped:
             try:
                 self.store.delete(entry.key)

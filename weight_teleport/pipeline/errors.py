@@ -49,3 +49,24 @@ class SubscriberFailed(WeightTeleportError):
         super().__init__(message)
         self.health = health
         """The subscriber's health when it gave up (its `last_error` is the cause)."""
+
+
+class PublishConflict(WeightTeleportError):
+    """Another publisher updated the store's manifest since this one read it: the version
+    was not announced, and this publisher publishes nothing more (one publisher per store)."""
+
+
+class PublishCancelled(WeightTeleportError):
+    """The version was not published: the publisher was cancelled (`Publisher.cancel`,
+    Ctrl-C) before it was announced."""
+
+
+class PublishFailed(WeightTeleportError):
+    """Versions failed to publish (`Publisher.flush` / `close`): `versions` lists them,
+    the message says why, the first failure is the cause."""
+
+    def __init__(self, failures: list[tuple[int, BaseException]]):
+        self.versions = [v for v, _ in failures]
+        reasons = "; ".join(f"version {v}: {exc}" for v, exc in failures[:5])
+        more = f" (and {len(failures) - 5} more)" if len(failures) > 5 else ""
+        super().__init__(f"{len(failures)} version(s) failed to publish: {reasons}{more}")

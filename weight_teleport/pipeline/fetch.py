@@ -14,7 +14,7 @@ from weight_teleport.format import read_header
 from weight_teleport.pipeline.errors import ObjectRejected
 from weight_teleport.pipeline.manifest import Entry, Manifest
 from weight_teleport.pipeline.plan import plan_catchup
-from weight_teleport.store import Store
+from weight_teleport.store import Store, TooLarge
 
 Progress = Callable[[int], None]
 
@@ -24,7 +24,10 @@ def fetch(store: Store, entry: Entry, pinned: bool = False) -> bytes | np.ndarra
     base) must match the entry, else ObjectRejected (truncated, corrupted, misplaced).
     `pinned`: returned in pinned host memory (`pinned_pack`), for staging onto CUDA weights,
     or as it came where no page-locked memory can be had (the stage copies from there)."""
-    data = store.get(entry.key)
+    try:
+        data = store.get(entry.key, max_bytes=entry.size)  # never read past the entry's size
+    except TooLarge as exc:
+        raise ObjectRejected(f"{entry.key}: {exc} (the manifest says {entry.size})") from None
     if len(data) != entry.size:
         raise ObjectRejected(f"{entry.key}: {len(data)} bytes, the manifest says {entry.size} "
                              "(truncated or overwritten)")

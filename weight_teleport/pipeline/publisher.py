@@ -8,15 +8,20 @@ import time
 from collections import deque
 from collections.abc import Mapping
 from concurrent.futures import Future
+from concurrent.futures import TimeoutError as WaitTimeout
 from dataclasses import dataclass, field
 
 import torch
 
 from weight_teleport.pipeline.config import PublisherConfig
 from weight_teleport.pipeline.encode import EncodeJob, Encoder
+from weight_teleport.errors import WeightTeleportError
+from weight_teleport.pipeline.errors import PublishCancelled, PublishConflict, PublishFailed
+from weight_teleport.pipeline.manifest import from_json
 from weight_teleport.pipeline.metrics import PublishResult
 from weight_teleport.pipeline.snapshots import SnapshotPool, check_config
-from weight_teleport.store import Store, open_store
+from weight_teleport.pipeline.writes import TrackedWrites, describe_cancel
+from weight_teleport.store import ManifestChanged, Store, open_store
 
 log = logging.getLogger(__name__)
 
@@ -27,6 +32,8 @@ class PublishHandle:
 
     version: int
     future: Future = field(default_factory=Future, repr=False)
+    reported: bool = field(default=False, repr=False)
+    """Whether `wait` raised this version's error (then `flush` does not again)."""
 
     def done(self) -> bool:
         """True once the version is published, skipped, or failed."""
@@ -34,7 +41,11 @@ class PublishHandle:
 
     def wait(self, timeout: float | None = None) -> PublishResult:
         """The PublishResult once the manifest names this version; re-raise its error."""
-        return self.future.result(timeout)
+        try:
+            return self.future.result(timeout)
+        except Exception as exc:
+            self.reported = not isinstance(exc, WaitTimeout)
+            raise
 
 
 @dataclass
@@ -46,21 +57,39 @@ class _Queued:
 class Publisher:
     """Publishes weight versions to the store at `url`: `publish` snapshots and returns,
     a worker thread encodes (a delta against the baseline, a snapshot at anchors),
-    uploads, updates the manifest and applies retention. One publisher per store."""
+    uploads, updates the manifest and applies retention. One publisher per store: a
+    second one makes the later writer fail with PublishConflict.
+
+    Use it as a context manager (`with Publisher(...) as pub:`), or call `close()`:
+    it publishes what is queued, and raises PublishFailed for versions that failed.
+    Ctrl-C inside the `with` block cancels instead (`cancel()`).
+    """
 
     def __init__(self, url: str, config: PublisherConfig | None = None, *,
                  store: Store | None = None):
+        """Open the store and check now that it takes writes (a wrong token, a read-only
+        directory), before anything is encoded: raises the store's AuthError."""
         self.config = config = config or PublisherConfig()
         check_config(config)
+        self.url = url
         self._own_store = store is None
         self._store = store or open_store(url, config.store)
-        self._encoder = Encoder(self._store, config)
+        try:
+            self._store.check_write_access()
+            self._writes = TrackedWrites(self._store)
+            self._encoder = Encoder(self._writes, config)  # type: ignore[arg-type]
+        except BaseException:
+            self._close_store()
+            raise
         self._pool = SnapshotPool(config.memory_budget_bytes, config.max_pending + 2,
                                   config.baseline_device)
         self._next_version = self._encoder.next_version()
         self._queue: deque[_Queued] = deque()
         self._cond = threading.Condition()
-        self._busy = self._closed = False
+        self._current: _Queued | None = None
+        self._closed = self._cancelled = False
+        self._conflict: PublishConflict | None = None
+        self._failed: list[_Queued] = []
         self.results: list[PublishResult] = []
         """Every finished PublishResult, in order (metrics)."""
         self._worker = threading.Thread(target=self._work, daemon=True,
@@ -72,6 +101,8 @@ class Publisher:
         next one) and return at once; the rest runs in the background."""
         t0 = time.perf_counter()
         with self._cond:
+            if self._conflict is not None:
+                raise self._conflict
             if self._closed:
                 raise RuntimeError("the publisher is closed")
             version = self._next_version if version is None else int(version)
@@ -108,43 +139,135 @@ class Publisher:
                 self._cond.wait_for(lambda: self._queue or self._closed)
                 if not self._queue:
                     return
-                item = self._queue.popleft()
-                self._busy = True
+                item = self._current = self._queue.popleft()
                 self._cond.notify_all()
-            try:
-                result = self._encoder.run(item.job)
-                self._pool.give(self._encoder.swap_baseline(item.job.snapshot))
-                self.results.append(result)
-                item.handle.future.set_result(result)
-            except Exception as exc:  # reported through the handle; the baseline is kept
-                log.error("publishing version %d failed: %s", item.handle.version, exc)
-                self._pool.give(item.job.snapshot)
-                item.handle.future.set_exception(exc)
+            self._run(item)
             with self._cond:
-                self._busy = False
+                self._current = None
                 self._cond.notify_all()
+
+    def _run(self, item: _Queued) -> None:
+        """Publish one queued version; its handle gets the result or the error."""
+        self._writes.begin()
+        try:
+            if self._conflict is not None:
+                raise self._conflict
+            result = self._encoder.run(item.job)
+            self._pool.give(self._encoder.swap_baseline(item.job.snapshot))
+            self.results.append(result)
+            item.handle.future.set_result(result)
+            return
+        except ManifestChanged as exc:
+            error: Exception = self._lost_the_store(item.handle.version, exc)
+        except PublishCancelled as exc:
+            error = PublishCancelled(f"version {item.handle.version} was not published: "
+                                     f"the publisher was cancelled")
+            error.__cause__ = exc
+        except Exception as exc:  # reported through the handle and flush; the baseline is kept
+            log.error("publishing version %d failed: %s", item.handle.version, exc)
+            error = exc
+        self._pool.give(item.job.snapshot)
+        item.handle.future.set_exception(error)
+        if not isinstance(error, PublishCancelled):
+            with self._cond:
+                self._failed.append(item)
+
+    def _lost_the_store(self, version: int, exc: ManifestChanged) -> PublishConflict:
+        """The error of the version that found another publisher's manifest; every later
+        version fails with it too."""
+        orphans = self._orphans(self._writes.unannounced())
+        left = f" Uploaded for it and named by no manifest (safe to delete): " \
+               f"{', '.join(orphans)}." if orphans else ""
+        self._conflict = PublishConflict(
+            f"version {version} was not published: another publisher updated the manifest "
+            f"of {self.url} since this one read it ({exc}). Two publishers on one store "
+            f"would orphan each other's versions: run one publisher per store, or give each "
+            f"its own URL; this one publishes nothing more.{left}")
+        log.error("%s", self._conflict)
+        return self._conflict
+
+    def _orphans(self, uploaded: list[str]) -> list[str]:
+        """The keys of `uploaded` that the store's manifest does not name (the other
+        publisher may have written the same bytes under the same key)."""
+        try:
+            raw = self._store.get_manifest()
+            named = {e.key for e in from_json(raw).entries} if raw is not None else set()
+        except WeightTeleportError as exc:  # the conflict is the error to report
+            log.warning("could not tell which uploads are unused: %s", exc)
+            return []
+        return [key for key in uploaded if key not in named]
 
     def flush(self, timeout: float | None = None) -> bool:
         """Wait until every queued version is published and its anchor stored; False on
-        timeout."""
+        timeout.
+
+        Raises PublishFailed naming the versions that failed since the last flush (those
+        whose error `PublishHandle.wait` raised already excepted). An anchor that could
+        not be stored is not a failed version (the next version gets one): it is logged.
+        """
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._cond:
-            if not self._cond.wait_for(lambda: not self._queue and not self._busy, timeout):
-                return False
-        return self._encoder.anchors.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
+            done = self._cond.wait_for(lambda: not self._queue and self._current is None,
+                                       timeout)
+        if done:
+            done = self._encoder.anchors.wait(
+                None if deadline is None else max(0.0, deadline - time.monotonic()))
+        self._raise_failures()
+        return done
+
+    def _raise_failures(self) -> None:
+        with self._cond:
+            failed, self._failed = self._failed, []
+        failures = [(q.handle.version, q.handle.future.exception()) for q in failed
+                    if not q.handle.reported]
+        if failures:
+            raise PublishFailed(failures) from failures[0][1]
+
+    def cancel(self) -> str:
+        """Stop now: drop the queued versions, refuse the version in hand's further
+        writes (waiting for one in flight), and return what was left, in words. The
+        handles of the versions not published raise PublishCancelled."""
+        with self._cond:
+            self._closed = self._cancelled = True
+            dropped, current = list(self._queue), self._current
+            self._queue.clear()
+            self._cond.notify_all()
+        uploaded, announced, stray = self._writes.cancel()
+        for item in dropped:
+            self._pool.give(item.job.snapshot)
+            item.handle.future.set_exception(PublishCancelled(
+                f"version {item.handle.version} was not published: the publisher was "
+                f"cancelled before it was encoded"))
+        return describe_cancel([q.handle.version for q in dropped],
+                               current.handle.version if current else None, uploaded, announced,
+                               stray)
 
     def close(self) -> None:
-        """Publish what is queued, stop the worker and close the store."""
+        """Publish what is queued (unless cancelled), stop the worker and close the
+        store; then raise PublishFailed if versions failed (see `flush`)."""
         with self._cond:
             self._closed = True
             self._cond.notify_all()
-        self._worker.join()
-        self._encoder.close()
+        if not self._cancelled:  # a cancelled worker writes nothing more: not awaited
+            self._worker.join()
+            self._encoder.close()  # the anchor in flight
+        self._close_store()
+        self._raise_failures()
+
+    def _close_store(self) -> None:
         if self._own_store:
             self._store.close()
 
     def __enter__(self) -> "Publisher":
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def __exit__(self, exc_type: type | None, exc: BaseException | None, tb: object) -> None:
+        if exc_type is not None and not issubclass(exc_type, Exception):  # Ctrl-C, exit
+            log.warning("publisher interrupted: %s", self.cancel())
+        if exc_type is None:
+            self.close()
+            return
+        try:  # the exception in flight is the one to see
+            self.close()
+        except PublishFailed as failed:
+            log.error("%s", failed)

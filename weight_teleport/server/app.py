@@ -8,21 +8,31 @@
     GET    /watch?after=ETAG&timeout=S   200 + manifest when it changes, else 304 (204
                                if there is no manifest) at timeout
     GET    /list?prefix=P      {"keys": [...]}
+    GET    /auth/upload        204 if the bearer token may upload (a writer's probe)
+    GET    /healthz            readiness probe (never needs a token)
+
+`PUT /manifest` is conditional with `If-Match: "ETAG"` (the manifest the writer read) or
+`If-None-Match: *` (no manifest yet): 412 if the manifest is another one. With a read
+token configured, every GET needs `Authorization: Bearer` with it (or the upload token).
 """
 
 from __future__ import annotations
 
 import asyncio
+import errno
 import re
 
 from aiohttp import web
 
-from ..store.errors import InvalidKey
-from ..store.file import MISSING
+from ..store.base import UNCONDITIONAL, IfMatch
+from ..store.errors import InvalidKey, ManifestChanged
+from ..store.file import MISSING, NO_SPACE, AtomicFile
 from ..store.keys import validate_prefix
 from .blobs import IMMUTABLE, send_file
 from .config import ServerConfig
-from .origin import ORIGIN, make_origin, receive, request_key, require_token
+from .connections import CONNECTIONS, ConnectionLimits, Handler, track_connections
+from .origin import (ORIGIN, make_origin, open_upload, receive, request_key, require_reader,
+                     require_token)
 
 _HASH = re.compile(r"[0-9a-f]{64}\Z")
 NO_CACHE = {"Cache-Control": "no-cache"}
@@ -65,11 +75,17 @@ async def get_blob(request: web.Request) -> web.StreamResponse:
 async def put_object(request: web.Request) -> web.Response:
     """Upload an object; it is visible only once complete."""
     origin = request.app[ORIGIN]
-    require_token(request, origin.config.token)
+    config = origin.config
+    require_token(request, config.token)
     key = request_key(request)
     path = origin.store.path_of(key)
-    digest, created = await receive(request, path, origin.config.max_object_bytes,
-                                    overwrite=False, chunk=origin.config.chunk_bytes)
+    out = await open_upload(request, path, overwrite=False)
+    try:
+        digest = await receive(request, out, config.max_object_bytes,
+                               chunk=config.chunk_bytes, stall_s=config.body_timeout_s)
+        created = await asyncio.get_running_loop().run_in_executor(None, _link, out)
+    finally:
+        out.abort()
     if not created and (not path.is_file() or await origin.hashes.hash_of(path) != digest):
         raise web.HTTPConflict(text=f"object {key!r} exists with other bytes; objects "
                                     f"are immutable: upload under a new key")
@@ -77,6 +93,15 @@ async def put_object(request: web.Request) -> web.Response:
     origin.stats["upload"] += 1
     return web.Response(status=201 if created else 200,
                         headers={"X-Content-SHA256": digest, "ETag": f'"{digest}"'})
+
+
+def _link(out: AtomicFile) -> bool:
+    """Commit a new object; False if one exists under its key already."""
+    try:
+        out.commit()
+        return True
+    except FileExistsError:
+        return False
 
 
 async def delete_object(request: web.Request) -> web.Response:
@@ -105,14 +130,42 @@ async def get_manifest(request: web.Request) -> web.Response:
 
 
 async def put_manifest(request: web.Request) -> web.Response:
-    """Replace the manifest atomically and wake the long-polls."""
+    """Replace the manifest atomically (if it is the one the writer names) and wake the
+    long-polls."""
     origin = request.app[ORIGIN]
-    require_token(request, origin.config.token)
-    digest, _ = await receive(request, origin.store.manifest_path,
-                              origin.config.max_manifest_bytes, overwrite=True,
-                              chunk=origin.config.chunk_bytes)
+    config = origin.config
+    require_token(request, config.token)
+    if_match = _manifest_condition(request)
+    out = await open_upload(request, origin.store.manifest_path, overwrite=True)
+    try:
+        digest = await receive(request, out, config.max_manifest_bytes,
+                               chunk=config.chunk_bytes, stall_s=config.body_timeout_s)
+        await asyncio.get_running_loop().run_in_executor(
+            None, origin.store.commit_manifest, out, if_match)
+    except ManifestChanged as exc:
+        raise web.HTTPPreconditionFailed(text=str(exc), headers=NO_CACHE) from None
+    finally:
+        out.abort()
     origin.manifest.notify()
     return web.Response(status=204, headers={"ETag": f'"{digest}"'})
+
+
+def _manifest_condition(request: web.Request) -> IfMatch:
+    """The ETag `If-Match` names, None for `If-None-Match: *`, else UNCONDITIONAL."""
+    raw_match, raw_none = request.headers.get("If-Match"), request.headers.get("If-None-Match")
+    if raw_match is not None and raw_none is not None:
+        raise web.HTTPBadRequest(text="send If-Match or If-None-Match, not both")
+    if raw_none is not None:
+        if raw_none.strip() != "*":
+            raise web.HTTPBadRequest(text="a manifest write takes If-None-Match: * only")
+        return None
+    if raw_match is None:
+        return UNCONDITIONAL
+    etags = request.if_match or ()
+    if len(etags) != 1 or etags[0].value == "*" or etags[0].is_weak:
+        raise web.HTTPBadRequest(text='a manifest write takes one If-Match: "ETAG" (the '
+                                      'ETag of the manifest the writer read)')
+    return etags[0].value
 
 
 async def watch(request: web.Request) -> web.Response:
@@ -151,10 +204,43 @@ async def healthz(request: web.Request) -> web.Response:
     return web.Response(text="ok", headers={"Cache-Control": "no-store"})
 
 
+async def check_upload(request: web.Request) -> web.Response:
+    """204 if the request's bearer token may upload: a publisher's probe at start-up."""
+    require_token(request, request.app[ORIGIN].config.token)
+    return web.Response(status=204, headers={"Cache-Control": "no-store"})
+
+
+_OPEN_PATHS = ("/healthz", "/auth/upload")  # no read token asked (the probe checks its own)
+
+
+@web.middleware
+async def check_reader(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Reads need the read token where one is configured."""
+    if request.method in ("GET", "HEAD") and request.path not in _OPEN_PATHS:
+        require_reader(request, request.app[ORIGIN].config)
+    return await handler(request)
+
+
+@web.middleware
+async def disk_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """A full disk or quota is 507 with a message, not a 500."""
+    try:
+        return await handler(request)
+    except OSError as exc:
+        if exc.errno not in NO_SPACE:
+            raise
+        root = request.app[ORIGIN].config.root
+        raise web.HTTPInsufficientStorage(
+            text=f"the origin's disk is full ({errno.errorcode[exc.errno]} under {root}): "
+                 f"nothing was stored; free space there, then upload again") from None
+
+
 def make_app(config: ServerConfig) -> web.Application:
     """The origin as an aiohttp application serving `config.root`."""
-    app = web.Application(client_max_size=config.max_manifest_bytes)
+    app = web.Application(client_max_size=config.max_manifest_bytes,
+                          middlewares=[track_connections, check_reader, disk_errors])
     app[ORIGIN] = make_origin(config)
+    app[CONNECTIONS] = ConnectionLimits(config)
     app.router.add_get("/o/{key:.+}", resolve)
     app.router.add_put("/o/{key:.+}", put_object)
     app.router.add_delete("/o/{key:.+}", delete_object)
@@ -164,4 +250,5 @@ def make_app(config: ServerConfig) -> web.Application:
     app.router.add_get("/watch", watch)
     app.router.add_get("/list", list_keys)
     app.router.add_get("/healthz", healthz)
+    app.router.add_get("/auth/upload", check_upload)
     return app

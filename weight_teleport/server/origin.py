@@ -1,4 +1,4 @@
-"""State shared by the origin's handlers, and the checks every upload goes through."""
+"""State shared by the origin's handlers, and the checks every request goes through."""
 
 from __future__ import annotations
 
@@ -7,7 +7,6 @@ import hashlib
 import hmac
 from collections import Counter
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from aiohttp import web
 
@@ -42,16 +41,37 @@ def request_key(request: web.Request) -> str:
         raise web.HTTPBadRequest(text=str(exc)) from None
 
 
+def _bearer(request: web.Request, what: str) -> str:
+    """The request's bearer token; 401 without one, 400 if it is not ASCII."""
+    scheme, _, given = request.headers.get("Authorization", "").partition(" ")
+    if scheme.lower() != "bearer" or not given.strip():
+        raise web.HTTPUnauthorized(text=f"{what} need 'Authorization: Bearer TOKEN'",
+                                   headers={"WWW-Authenticate": "Bearer"})
+    if not given.isascii():
+        raise web.HTTPBadRequest(text="the Authorization header is not ASCII: a bearer "
+                                      "token is made of ASCII characters (RFC 6750)")
+    return given.strip()
+
+
+def _matches(given: str, token: str | None) -> bool:
+    return token is not None and hmac.compare_digest(given.encode(), token.encode())
+
+
 def require_token(request: web.Request, token: str | None) -> None:
     """401 without a bearer token, 403 with a wrong one (or when uploads are off)."""
     if token is None:
         raise web.HTTPForbidden(text="uploads are disabled: start the server with a token")
-    scheme, _, given = request.headers.get("Authorization", "").partition(" ")
-    if scheme.lower() != "bearer" or not given:
-        raise web.HTTPUnauthorized(text="uploads need 'Authorization: Bearer TOKEN'",
-                                   headers={"WWW-Authenticate": "Bearer"})
-    if not hmac.compare_digest(given.strip().encode(), token.encode()):
+    if not _matches(_bearer(request, "uploads"), token):
         raise web.HTTPForbidden(text="wrong upload token")
+
+
+def require_reader(request: web.Request, config: ServerConfig) -> None:
+    """Where the origin has a read token, reads need it (or the upload token)."""
+    if config.read_token is None:
+        return
+    given = _bearer(request, "reads")
+    if not (_matches(given, config.read_token) or _matches(given, config.token)):
+        raise web.HTTPForbidden(text="wrong read token")
 
 
 def _too_large(limit: int) -> web.HTTPRequestEntityTooLarge:
@@ -60,41 +80,46 @@ def _too_large(limit: int) -> web.HTTPRequestEntityTooLarge:
                                               f"bytes (see ServerConfig)")
 
 
-async def receive(request: web.Request, path: Path, limit: int, *, overwrite: bool,
-                  chunk: int) -> tuple[str, bool]:
-    """Stream the body into `path` atomically; return (sha256, created).
-
-    `created` is False when `overwrite` is False and `path` already existed. Oversized
-    bodies get 413, a body that does not match its X-Content-SHA256 header 400; on any
-    failure, a client disconnect included, nothing is left on disk.
-    """
-    if (request.content_length or 0) > limit:
-        raise _too_large(limit)
+async def open_upload(request: web.Request, target, **kwargs) -> AtomicFile:
+    """A pending file for an upload to `target` (409 where a key is a directory)."""
     loop = asyncio.get_running_loop()
     try:
-        out = await loop.run_in_executor(None, lambda: AtomicFile(path, overwrite=overwrite))
+        return await loop.run_in_executor(None, lambda: AtomicFile(target, **kwargs))
     except (FileExistsError, NotADirectoryError):
         raise web.HTTPConflict(text=f"{request.path} collides with another key used as "
                                     f"a directory (as 'a' and 'a/b' do)") from None
+
+
+async def receive(request: web.Request, out: AtomicFile, limit: int, *, chunk: int,
+                  stall_s: float) -> str:
+    """Stream the body into `out` (not committed) and return its SHA-256.
+
+    Oversized bodies get 413, a body that does not match its X-Content-SHA256 header
+    400, a body with no byte for `stall_s` seconds 408.
+    """
+    if (request.content_length or 0) > limit:
+        raise _too_large(limit)
     sha, size = hashlib.sha256(), 0
-    try:
-        async for data in request.content.iter_chunked(chunk):
-            size += len(data)
-            if size > limit:
-                raise _too_large(limit)
-            sha.update(data)
-            out.write(data)
-        digest = sha.hexdigest()
-        expected = request.headers.get("X-Content-SHA256", digest).lower()
-        if expected != digest:
-            raise web.HTTPBadRequest(text=f"body hash {digest} differs from "
-                                          f"X-Content-SHA256 {expected}: corrupted upload")
-        await loop.run_in_executor(None, out.commit)
-        return digest, True
-    except FileExistsError:
-        return digest, False
-    finally:
-        out.abort()
+    while True:
+        try:
+            data = await asyncio.wait_for(request.content.read(chunk), stall_s)
+        except asyncio.TimeoutError:
+            raise web.HTTPRequestTimeout(
+                text=f"the body stalled: no byte for {stall_s:g} s "
+                     f"(ServerConfig.body_timeout_s); upload again") from None
+        if not data:
+            break
+        size += len(data)
+        if size > limit:
+            raise _too_large(limit)
+        sha.update(data)
+        out.write(data)
+    digest = sha.hexdigest()
+    expected = request.headers.get("X-Content-SHA256", digest).lower()
+    if expected != digest:
+        raise web.HTTPBadRequest(text=f"body hash {digest} differs from "
+                                      f"X-Content-SHA256 {expected}: corrupted upload")
+    return digest
 
 
 def make_origin(config: ServerConfig) -> Origin:

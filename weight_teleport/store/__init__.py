@@ -1,14 +1,15 @@
 """Transports: object stores of immutable blobs plus one small mutable manifest."""
 
-from .base import Store
+from .base import UNCONDITIONAL, Store
 from .config import RetryConfig, StoreConfig
-from .errors import (AuthError, Conflict, InvalidKey, MissingDependency, NotFound,
-                     StoreError, TooLarge, TransportError)
+from .errors import (AuthError, Conflict, InvalidKey, ManifestChanged, MissingDependency,
+                     NotFound, StoreError, StoreFull, TooLarge, TransportError)
 from .keys import manifest_etag
 from .registry import open_store, register_store
 
 __all__ = [
     "Store", "StoreConfig", "RetryConfig", "open_store", "register_store",
-    "manifest_etag", "StoreError", "NotFound", "InvalidKey", "AuthError", "TooLarge",
-    "Conflict", "TransportError", "MissingDependency",
+    "manifest_etag", "UNCONDITIONAL", "StoreError", "NotFound", "InvalidKey", "AuthError",
+    "TooLarge", "Conflict", "ManifestChanged", "StoreFull", "TransportError",
+    "MissingDependency",
 ]

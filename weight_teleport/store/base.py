@@ -1,7 +1,7 @@
 """The store contract: immutable blobs under keys plus one small mutable manifest.
 
-A store implements the underscore primitives only. Key checks, retries with backoff
-and change notification by polling live here, once.
+A store implements the underscore primitives only. Key checks, retries with backoff,
+size bounds and change notification by polling live here, once.
 """
 
 from __future__ import annotations
@@ -9,14 +9,30 @@ from __future__ import annotations
 import logging
 import random
 import time
-from typing import Callable, TypeVar
+from typing import Callable, TypeVar, Union
 
 from .config import StoreConfig
-from .errors import TransportError
+from .errors import ManifestChanged, TooLarge, TransportError
 from .keys import manifest_etag, validate_key, validate_prefix
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
+
+
+class _Unconditional:
+    def __repr__(self) -> str:
+        return "UNCONDITIONAL"
+
+
+UNCONDITIONAL = _Unconditional()
+"""`put_manifest(data, if_match=UNCONDITIONAL)` (the default) replaces any manifest."""
+IfMatch = Union[str, None, _Unconditional]
+
+
+def too_large(key: str, max_bytes: int) -> TooLarge:
+    """The error of a read that got more than `max_bytes` bytes of `key`."""
+    return TooLarge(f"{key!r} is larger than the {max_bytes} bytes allowed; reading "
+                    f"stopped there (a wrong or hostile store)")
 
 
 class Store:
@@ -28,7 +44,9 @@ class Store:
 
     Subclasses implement `_put`, `_get`, `_get_range`, `_list`, `_delete`,
     `_put_manifest` and `_get_manifest`; they raise `TransportError` for failures worth
-    retrying and the other `errors` for the rest. They may override `_watch`.
+    retrying and the other `errors` for the rest. `_put_manifest(data, if_match)`
+    compares and swaps atomically. They may override `_watch`, `_check_write`, and
+    `_get_at_most`, which should stop reading once more than `max_bytes` arrived.
     """
 
     def __init__(self, config: StoreConfig | None = None):
@@ -39,9 +57,20 @@ class Store:
         """Store `data` under `key`; readers see all of it or nothing."""
         self._retry(self._put, validate_key(key), bytes(data))
 
-    def get(self, key: str) -> bytes:
-        """Return the bytes under `key`; raise NotFound if there are none."""
-        return self._retry(self._get, validate_key(key))
+    def get(self, key: str, max_bytes: int | None = None) -> bytes:
+        """Return the bytes under `key`; raise NotFound if there are none.
+
+        With `max_bytes`, raise TooLarge as soon as more than that many bytes arrive
+        (an object bigger than its manifest entry says is refused without reading it).
+        """
+        if max_bytes is not None and max_bytes < 0:
+            raise ValueError(f"max_bytes must be >= 0, not {max_bytes}")
+        if max_bytes is None:
+            return self._retry(self._get, validate_key(key))
+        data = self._retry(self._get_at_most, validate_key(key), max_bytes)
+        if len(data) > max_bytes:
+            raise too_large(key, max_bytes)
+        return data
 
     def get_range(self, key: str, start: int, end: int) -> bytes:
         """Return `get(key)[start:end]` (end exclusive, clipped to the object's size)."""
@@ -59,13 +88,32 @@ class Store:
         """Remove `key`; raise NotFound if it does not exist."""
         self._retry(self._delete, validate_key(key))
 
-    def put_manifest(self, data: bytes) -> None:
-        """Replace the manifest atomically: readers see the old one or the new one."""
-        self._retry(self._put_manifest, bytes(data))
+    def put_manifest(self, data: bytes, *, if_match: IfMatch = UNCONDITIONAL) -> None:
+        """Replace the manifest atomically: readers see the old one or the new one.
+
+        `if_match` makes the write conditional: the ETag (`manifest_etag`) of the
+        manifest the writer read, or None if it read none. If the store holds another
+        one, nothing is written and ManifestChanged is raised: another writer was first.
+        """
+        data = bytes(data)
+        try:
+            self._retry(self._put_manifest, data, if_match)
+        except ManifestChanged:
+            # A retried write whose first try went through (its answer lost) finds itself.
+            if self._retry(self._get_manifest) != data:
+                raise
 
     def get_manifest(self) -> bytes | None:
-        """Return the manifest, or None if none was ever written."""
-        return self._retry(self._get_manifest)
+        """Return the manifest, or None if none was ever written.
+
+        Raises TooLarge above `StoreConfig.max_manifest_bytes`.
+        """
+        return self._check_manifest_size(self._retry(self._get_manifest))
+
+    def check_write_access(self) -> None:
+        """Raise AuthError (or another StoreError) now if this store will refuse writes
+        (a wrong token, a read-only directory): a cheap probe, before any upload."""
+        self._retry(self._check_write)
 
     def watch(self, after: str | None = None, timeout: float = 30.0) -> bytes | None:
         """Wait until the manifest differs from the one whose ETag is `after`.
@@ -73,7 +121,14 @@ class Store:
         `after` is `manifest_etag(old_manifest)`, or None to wait for any manifest.
         Return the new manifest as soon as it is there, or None after `timeout` seconds.
         """
-        return self._watch(after, time.monotonic() + timeout)
+        return self._check_manifest_size(self._watch(after, time.monotonic() + timeout))
+
+    def _check_manifest_size(self, manifest: bytes | None) -> bytes | None:
+        limit = self.config.max_manifest_bytes
+        if manifest is not None and len(manifest) > limit:
+            raise TooLarge(f"the store's manifest has {len(manifest)} bytes, more than "
+                           f"StoreConfig.max_manifest_bytes ({limit})")
+        return manifest
 
     def close(self) -> None:
         """Release connections; the store must not be used afterwards."""
@@ -91,6 +146,11 @@ class Store:
     def _get(self, key: str) -> bytes:
         raise NotImplementedError
 
+    def _get_at_most(self, key: str, max_bytes: int) -> bytes:
+        """The object, or a prefix of it longer than `max_bytes` (then refused); this
+        default reads it all first, stores that stream override it."""
+        return self._get(key)
+
     def _get_range(self, key: str, start: int, end: int) -> bytes:
         raise NotImplementedError
 
@@ -100,11 +160,14 @@ class Store:
     def _delete(self, key: str) -> None:
         raise NotImplementedError
 
-    def _put_manifest(self, data: bytes) -> None:
+    def _put_manifest(self, data: bytes, if_match: IfMatch) -> None:
         raise NotImplementedError
 
     def _get_manifest(self) -> bytes | None:
         raise NotImplementedError
+
+    def _check_write(self) -> None:
+        """Stores whose writes can be refused probe them here."""
 
     def _watch(self, after: str | None, deadline: float) -> bytes | None:
         """Poll the manifest with a doubling interval until it changes or time is up."""

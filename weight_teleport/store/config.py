@@ -31,7 +31,18 @@ class StoreConfig:
     timeout_s: float = 60.0
     """Network timeout of one request (http, s3), in seconds."""
     token: str | None = None
-    """Bearer token for uploads to an HTTP origin (`http://`); reads need none."""
+    """Bearer token for uploads to an HTTP origin (`http://`, `https://`): the origin's
+    upload token. It also reads when `read_token` is None."""
+    read_token: str | None = None
+    """Bearer token for reads from an HTTP origin that requires one (`serve
+    --read-token-file`); sent instead of `token` on every read, so a cache or CDN in
+    front of the origin never sees the upload token."""
+    ca_file: str | None = None
+    """PEM file of the certificate authority that signed an `https://` origin's
+    certificate (a self-signed one included); None trusts the system's authorities
+    (and `SSL_CERT_FILE`)."""
+    max_manifest_bytes: int = 64 << 20
+    """Largest manifest (and key listing) read from a store; more raises TooLarge."""
     endpoint_url: str | None = None
     """Endpoint of an S3-compatible server (`s3://`), e.g. "http://127.0.0.1:8333"."""
     key: str | None = None

@@ -16,6 +16,7 @@ from urllib.parse import parse_qs, urlsplit
 import torch
 import torch.distributed as dist
 
+from .base import UNCONDITIONAL, IfMatch
 from .config import StoreConfig
 from .errors import StoreError
 from .memory import MemoryStore
@@ -40,7 +41,7 @@ class DistStore(MemoryStore):
         self._device = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" \
             else torch.device("cpu")
         self._group = dist.new_group(backend=backend)
-        self._send_lock = threading.Lock()
+        self._send_lock = threading.RLock()  # held across a compare-and-swap and its broadcast
         self._receiver: threading.Thread | None = None
         if dist.get_rank() != src:
             self._receiver = threading.Thread(target=self._receive, daemon=True,
@@ -53,10 +54,13 @@ class DistStore(MemoryStore):
         query = parse_qs(urlsplit(url).query)
         return cls(int(query.get("src", ["0"])[0]), config, query.get("backend", ["gloo"])[0])
 
-    def _broadcast(self, op: int, key: str = "", data: bytes = b"") -> None:
+    def _check_source(self) -> None:
         if dist.get_rank() != self.src:
             raise StoreError(f"only rank {self.src} (the source) writes to this dist:// "
                              f"store; rank {dist.get_rank()} reads it")
+
+    def _broadcast(self, op: int, key: str = "", data: bytes = b"") -> None:
+        self._check_source()
         payload = key.encode() + data
         header = torch.tensor([op, len(key.encode()), len(payload)], dtype=torch.int64, device=self._device)
         with self._send_lock:
@@ -88,7 +92,7 @@ class DistStore(MemoryStore):
         elif op == _DELETE:
             super()._delete(key)
         elif op == _MANIFEST:
-            super()._put_manifest(data)
+            super()._put_manifest(data, UNCONDITIONAL)
         return op != _CLOSE
 
     def _put(self, key: str, data: bytes) -> None:
@@ -99,9 +103,16 @@ class DistStore(MemoryStore):
         super()._delete(key)
         self._broadcast(_DELETE, key)
 
-    def _put_manifest(self, data: bytes) -> None:
-        super()._put_manifest(data)
-        self._broadcast(_MANIFEST, data=data)
+    def _put_manifest(self, data: bytes, if_match: IfMatch = UNCONDITIONAL) -> None:
+        """Compare and swap on the source's replica, then broadcast (only the source
+        writes, so its replica is the truth); the send lock keeps replicas in order."""
+        self._check_source()
+        with self._send_lock:
+            super()._put_manifest(data, if_match)
+            self._broadcast(_MANIFEST, data=data)
+
+    def _check_write(self) -> None:
+        self._check_source()
 
     def close(self) -> None:
         """On the source, tell the other ranks to stop; elsewhere, wait for that."""

@@ -21,15 +21,25 @@ class InvalidKey(StoreError, ValueError):
 
 
 class AuthError(StoreError):
-    """The store refused the credentials (missing or wrong upload token)."""
+    """The store refused the credentials (a missing or wrong token, no write access)."""
 
 
 class TooLarge(StoreError):
-    """The object is larger than the store accepts."""
+    """The object is larger than the store accepts, or than the reader allows
+    (`Store.get(key, max_bytes=...)`): reading stopped there."""
 
 
 class Conflict(StoreError):
     """An immutable object already exists under this key with different bytes."""
+
+
+class ManifestChanged(Conflict):
+    """A conditional manifest write found another manifest than the one it expected:
+    another writer replaced it since it was read."""
+
+
+class StoreFull(StoreError):
+    """The store has no space left (a full disk or quota): free space, then retry."""
 
 
 class TransportError(StoreError):

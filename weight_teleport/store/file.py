@@ -2,26 +2,34 @@
 
 Layout: `PATH/objects/<key>` for objects, `PATH/manifest` for the manifest. Every write
 goes to a temp file in the target directory, is fsynced, then linked or renamed into
-place, so readers never see a partial object.
+place, so readers never see a partial object. Manifest writes hold a POSIX record lock
+on `PATH/.manifest.lock` (fcntl, honoured across processes and over NFS) while they
+compare and replace, so conditional writes are atomic; the origin server takes it too.
 """
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import os
 import tempfile
-from contextlib import suppress
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import BinaryIO
 
-from .base import Store
+from .base import UNCONDITIONAL, IfMatch, Store, too_large
 from .config import StoreConfig
-from .errors import Conflict, NotFound
-from .keys import validate_key
+from .errors import AuthError, Conflict, NotFound, StoreFull
+from .keys import check_manifest_etag, validate_key
 
 # What reading a key that is not a file raises (absent, a directory, under a file).
 MISSING = (FileNotFoundError, IsADirectoryError, NotADirectoryError)
+NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
 OBJECTS_DIR = "objects"
 MANIFEST_NAME = "manifest"
+LOCK_NAME = ".manifest.lock"
 
 
 class AtomicFile:
@@ -34,7 +42,8 @@ class AtomicFile:
 
     def __init__(self, path: Path, *, overwrite: bool):
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, self._tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.",
+        # The name is cut so that the temp name stays within a file name's 255 bytes.
+        fd, self._tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name[:200]}.",
                                          suffix=".tmp")
         self._file: BinaryIO = os.fdopen(fd, "wb")
         self.path, self.overwrite = path, overwrite
@@ -102,7 +111,7 @@ class FileStore(Store):
     def _put(self, key: str, data: bytes) -> None:
         path = self.path_of(key)
         try:
-            with AtomicFile(path, overwrite=False) as f:
+            with self._space_checked(), AtomicFile(path, overwrite=False) as f:
                 f.write(data)
         except (FileExistsError, NotADirectoryError):
             if not path.is_file() or path.read_bytes() != data:
@@ -114,6 +123,15 @@ class FileStore(Store):
     def _get(self, key: str) -> bytes:
         try:
             return self.path_of(key).read_bytes()
+        except MISSING:
+            raise NotFound(f"no object {key!r} under {self.objects}") from None
+
+    def _get_at_most(self, key: str, max_bytes: int) -> bytes:
+        try:
+            with open(self.path_of(key), "rb") as f:
+                if os.fstat(f.fileno()).st_size > max_bytes:
+                    raise too_large(key, max_bytes)
+                return f.read(max_bytes + 1)  # the base refuses it if it grew meanwhile
         except MISSING:
             raise NotFound(f"no object {key!r} under {self.objects}") from None
 
@@ -143,12 +161,79 @@ class FileStore(Store):
         except MISSING:
             raise NotFound(f"no object {key!r} under {self.objects}") from None
 
-    def _put_manifest(self, data: bytes) -> None:
-        with AtomicFile(self.manifest_path, overwrite=True) as f:
-            f.write(data)
+    def _put_manifest(self, data: bytes, if_match: IfMatch = UNCONDITIONAL) -> None:
+        with self._space_checked():
+            out = AtomicFile(self.manifest_path, overwrite=True)
+            try:
+                out.write(data)
+                self.commit_manifest(out, if_match)
+            finally:
+                out.abort()
+
+    def commit_manifest(self, out: AtomicFile, if_match: IfMatch = UNCONDITIONAL) -> None:
+        """Move `out` (a pending manifest) into place under the manifest lock, if the
+        current manifest is the one `if_match` names (else ManifestChanged)."""
+        with self.manifest_lock():
+            if if_match is not UNCONDITIONAL:
+                check_manifest_etag(self._get_manifest(), if_match)
+            out.commit()
+
+    @contextmanager
+    def manifest_lock(self) -> Iterator[None]:
+        """Hold the lock that every manifest write of this directory takes: a thread
+        lock (POSIX record locks exclude other processes only), then the file lock."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        path = self.root / LOCK_NAME
+        with _thread_lock(path):
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.lockf(fd, fcntl.LOCK_EX)
+                yield
+            finally:
+                os.close(fd)  # releases the file lock
 
     def _get_manifest(self) -> bytes | None:
         try:
-            return self.manifest_path.read_bytes()
+            with open(self.manifest_path, "rb") as f:
+                return f.read(self.config.max_manifest_bytes + 1)  # the base refuses more
         except FileNotFoundError:
             return None
+
+    def _check_write(self) -> None:
+        """Create the directory if needed and write (then remove) a temp file in it."""
+        try:
+            with self._space_checked():
+                self.root.mkdir(parents=True, exist_ok=True)
+                fd, probe = tempfile.mkstemp(dir=self.root, prefix=".write-check.")
+                os.close(fd)
+                os.unlink(probe)
+        except OSError as exc:
+            if exc.errno not in (errno.EACCES, errno.EPERM, errno.EROFS):
+                raise
+            raise AuthError(f"cannot write to {self.root}: {exc.strerror}; give this "
+                            f"process write access to the directory or pick another "
+                            f"store") from None
+
+    def _space_checked(self):
+        return _no_space_is_store_full(self.root)
+
+
+_THREAD_LOCKS: dict[str, threading.Lock] = {}
+_THREAD_LOCKS_LOCK = threading.Lock()
+
+
+def _thread_lock(path: Path) -> threading.Lock:
+    with _THREAD_LOCKS_LOCK:
+        return _THREAD_LOCKS.setdefault(os.path.realpath(path), threading.Lock())
+
+
+@contextmanager
+def _no_space_is_store_full(root: Path) -> Iterator[None]:
+    """Turn a full disk or quota (ENOSPC, EDQUOT) into StoreFull."""
+    try:
+        yield
+    except OSError as exc:
+        if exc.errno not in NO_SPACE:
+            raise
+        raise StoreFull(f"no space left under {root} ({exc.strerror}): free space or "
+                        f"lower RetentionConfig.keep_anchors") from None

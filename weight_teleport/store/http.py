@@ -2,25 +2,40 @@
 
 Reads resolve a key to its content-addressed URL once (`/o/KEY` answers 307 with the
 content hash) and then fetch `/b/HASH/KEY`, which any HTTP cache may keep forever.
-Uploads carry a bearer token; `watch` long-polls `/watch`.
+Uploads carry the upload token, reads the read token where the origin wants one;
+`watch` long-polls `/watch`. `https://` verifies the origin's certificate
+(`StoreConfig.ca_file` for a private authority). Every response body is read with a
+bound: an object's by `get(key, max_bytes)`, the rest by `max_manifest_bytes`.
 """
 
 from __future__ import annotations
 
 import http.client
 import json
+import ssl
 import threading
 import time
 from collections import OrderedDict
 from urllib.parse import quote, urlencode, urlsplit
 
-from .base import Store
+from .base import UNCONDITIONAL, IfMatch, Store, too_large
 from .config import StoreConfig
-from .errors import AuthError, Conflict, NotFound, StoreError, TooLarge, TransportError
+from .errors import (AuthError, Conflict, ManifestChanged, NotFound, StoreError, StoreFull,
+                     TooLarge, TransportError)
 from .keys import content_hash
 
 _RESOLVED_KEYS = 4096  # key -> content hash entries remembered per store
 _WATCH_SLICE_S = 30.0  # longest single long-poll request
+_ERROR_BODY = 64 << 10  # the most of an error response's body read (its message)
+UPLOAD_TOKEN_HINT = ("the origin's upload token: --token-file FILE or WEIGHT_TELEPORT_TOKEN "
+                     "on the command line, StoreConfig(token=...) in Python")
+READ_TOKEN_HINT = ("the origin's read token: --read-token-file FILE or "
+                   "WEIGHT_TELEPORT_READ_TOKEN on the command line, "
+                   "StoreConfig(read_token=...) in Python")
+
+
+class _BodyTooLarge(Exception):
+    """A response body went past its bound (the connection is dropped)."""
 
 
 class HttpStore(Store):
@@ -31,7 +46,8 @@ class HttpStore(Store):
         parts = urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise StoreError(f"invalid origin URL {url!r}: expected http://host:port/path")
-        self._https = parts.scheme == "https"
+        self._tls = ssl.create_default_context(cafile=self.config.ca_file) \
+            if parts.scheme == "https" else None
         self._netloc = (parts.hostname, parts.port)
         self._base = parts.path.rstrip("/")
         self._local = threading.local()
@@ -47,8 +63,11 @@ class HttpStore(Store):
     def _connection(self) -> http.client.HTTPConnection:
         conn = getattr(self._local, "conn", None)
         if conn is None:
-            kind = http.client.HTTPSConnection if self._https else http.client.HTTPConnection
-            conn = kind(*self._netloc, timeout=self.config.timeout_s)
+            if self._tls is not None:
+                conn = http.client.HTTPSConnection(*self._netloc, timeout=self.config.timeout_s,
+                                                   context=self._tls)
+            else:
+                conn = http.client.HTTPConnection(*self._netloc, timeout=self.config.timeout_s)
             self._local.conn = conn
         return conn
 
@@ -59,19 +78,24 @@ class HttpStore(Store):
             self._local.conn = None
 
     def _request(self, method: str, path: str, body=None,
-                 headers: dict[str, str] | None = None, timeout: float | None = None
-                 ) -> tuple[int, http.client.HTTPMessage, bytes]:
-        """Send one request; reconnect at once if a kept-alive connection went stale."""
+                 headers: dict[str, str] | None = None, timeout: float | None = None,
+                 limit: int | None = None) -> tuple[int, http.client.HTTPMessage, bytes]:
+        """Send one request; reconnect at once if a kept-alive connection went stale.
+
+        The body of a successful answer is read up to `limit` bytes (None: all of it);
+        more raises _BodyTooLarge.
+        """
         reused = getattr(self._local, "conn", None) is not None
         try:
-            return self._send(method, path, body, headers or {}, timeout)
+            return self._send(method, path, body, headers or {}, timeout, limit)
         except TransportError:
             if not reused:
                 raise
-        return self._send(method, path, body, headers or {}, timeout)
+        return self._send(method, path, body, headers or {}, timeout, limit)
 
     def _send(self, method: str, path: str, body, headers: dict[str, str],
-              timeout: float | None) -> tuple[int, http.client.HTTPMessage, bytes]:
+              timeout: float | None, limit: int | None
+              ) -> tuple[int, http.client.HTTPMessage, bytes]:
         conn = self._connection()
         conn.timeout = timeout or self.config.timeout_s
         if conn.sock is not None:
@@ -79,12 +103,44 @@ class HttpStore(Store):
         try:
             conn.request(method, self._base + path, body=body, headers=headers)
             resp = conn.getresponse()
-            return resp.status, resp.headers, resp.read()
+            if resp.status >= 400:
+                return resp.status, resp.headers, self._read_error(resp)
+            return resp.status, resp.headers, self._read(resp, limit)
+        except ssl.SSLCertVerificationError as exc:
+            self._drop_connection()
+            raise StoreError(
+                f"{method} {path}: the origin's certificate was not verified "
+                f"({exc.verify_message}); if a private authority signed it, pass its "
+                f"certificate: --ca-file FILE on the command line, StoreConfig(ca_file=...) "
+                f"in Python") from None
         except (OSError, http.client.HTTPException) as exc:
             self._drop_connection()
             raise TransportError(f"{method} {path} failed: {exc!r}") from exc
 
-    def _check(self, status: int, body: bytes, what: str) -> None:
+    def _read(self, resp: http.client.HTTPResponse, limit: int | None) -> bytes:
+        """The body, if it has at most `limit` bytes; a declared length is checked
+        before anything is read, a chunked body while it streams in."""
+        if limit is None or (resp.length is not None and resp.length <= limit):
+            return resp.read()  # http.client never reads past Content-Length
+        if resp.length is None:
+            body = bytearray()
+            while piece := resp.read(min(1 << 20, limit + 1 - len(body))):
+                body += piece
+                if len(body) > limit:
+                    break
+            else:
+                return bytes(body)
+        self._drop_connection()  # the rest of the body is never read
+        raise _BodyTooLarge
+
+    def _read_error(self, resp: http.client.HTTPResponse) -> bytes:
+        """The start of an error answer's body (its message)."""
+        try:
+            return self._read(resp, _ERROR_BODY)
+        except _BodyTooLarge:
+            return b"(an error body too long to read)"
+
+    def _check(self, status: int, body: bytes, what: str, write: bool = False) -> None:
         """Raise the store error that matches an unsuccessful status."""
         if status < 400:
             return
@@ -93,25 +149,41 @@ class HttpStore(Store):
         if status == 404:
             raise NotFound(message)
         if status in (401, 403):
-            raise AuthError(f"{message} (uploads need StoreConfig.token set to the "
-                            f"origin's token)")
+            hint = UPLOAD_TOKEN_HINT if write else READ_TOKEN_HINT
+            raise AuthError(f"{message}; {'uploads' if write else 'reads'} need {hint}")
         if status == 409:
             raise Conflict(message)
+        if status == 412:
+            raise ManifestChanged(message)
         if status == 413:
             raise TooLarge(message)
+        if status == 507:
+            raise StoreFull(message)
         if status in (408, 429) or status >= 500:
             raise TransportError(message)
         raise StoreError(message)
 
-    def _auth(self) -> dict[str, str]:
-        return {"Authorization": f"Bearer {self.config.token}"} if self.config.token else {}
+    def _auth(self, write: bool = False) -> dict[str, str]:
+        """Writes carry the upload token; reads the read token, else the upload token."""
+        token = self.config.token if write else self.config.read_token or self.config.token
+        return {"Authorization": f"Bearer {token}"} if token else {}
+
+    def _get_small(self, path: str, what: str) -> tuple[int, http.client.HTTPMessage, bytes]:
+        """GET a manifest-sized answer (the manifest, a listing, a long-poll)."""
+        try:
+            return self._request("GET", path, headers=self._auth(),
+                                 limit=self.config.max_manifest_bytes)
+        except _BodyTooLarge:
+            raise TooLarge(f"{what}: the origin's answer is larger than "
+                           f"StoreConfig.max_manifest_bytes ({self.config.max_manifest_bytes})"
+                           ) from None
 
     def _blob_path(self, key: str) -> str:
         """The content-addressed path of `key`, asking the origin once."""
         with self._hashes_lock:
             digest = self._hashes.get(key)
         if digest is None:
-            status, headers, body = self._request("GET", "/o/" + quote(key))
+            status, headers, body = self._get_small("/o/" + quote(key), f"resolve {key!r}")
             self._check(status, body, f"resolve {key!r}")
             digest = headers.get("X-Content-SHA256", "")
             if status != 307 or not digest:
@@ -133,14 +205,19 @@ class HttpStore(Store):
 
     # Primitives.
     def _put(self, key: str, data: bytes) -> None:
-        headers = {**self._auth(), "Content-Type": "application/octet-stream",
+        headers = {**self._auth(write=True), "Content-Type": "application/octet-stream",
                    "Content-Length": str(len(data)), "X-Content-SHA256": content_hash(data)}
         body = data if self.config.upload_progress is None else _Reporting(data, self.config.upload_progress)
         status, _, body = self._request("PUT", "/o/" + quote(key), body, headers)
-        self._check(status, body, f"put {key!r}")
+        self._check(status, body, f"put {key!r}", write=True)
 
-    def _fetch(self, key: str, headers: dict[str, str]) -> tuple[int, bytes]:
-        status, _, body = self._request("GET", self._blob_path(key), headers=headers)
+    def _fetch(self, key: str, headers: dict[str, str], max_bytes: int | None = None
+               ) -> tuple[int, bytes]:
+        try:
+            status, _, body = self._request("GET", self._blob_path(key),
+                                            headers={**self._auth(), **headers}, limit=max_bytes)
+        except _BodyTooLarge:
+            raise too_large(key, max_bytes) from None
         if status == 404:
             self._forget(key)  # deleted (and perhaps rewritten) since it was resolved
         if status != 416:
@@ -150,6 +227,9 @@ class HttpStore(Store):
     def _get(self, key: str) -> bytes:
         return self._fetch(key, {})[1]
 
+    def _get_at_most(self, key: str, max_bytes: int) -> bytes:
+        return self._fetch(key, {}, max_bytes)[1]
+
     def _get_range(self, key: str, start: int, end: int) -> bytes:
         status, body = self._fetch(key, {"Range": f"bytes={start}-{end - 1}"})
         if status == 416:
@@ -157,37 +237,59 @@ class HttpStore(Store):
         return body if status == 206 else body[start:end]
 
     def _list(self, prefix: str) -> list[str]:
-        status, _, body = self._request("GET", "/list?" + urlencode({"prefix": prefix}))
-        self._check(status, body, f"list {prefix!r}")
+        what = f"list {prefix!r}"
+        status, _, body = self._get_small("/list?" + urlencode({"prefix": prefix}), what)
+        self._check(status, body, what)
         return json.loads(body)["keys"]
 
     def _delete(self, key: str) -> None:
-        status, _, body = self._request("DELETE", "/o/" + quote(key), headers=self._auth())
-        self._check(status, body, f"delete {key!r}")
+        status, _, body = self._request("DELETE", "/o/" + quote(key), headers=self._auth(write=True))
+        self._check(status, body, f"delete {key!r}", write=True)
         self._forget(key)
 
-    def _put_manifest(self, data: bytes) -> None:
-        status, _, body = self._request("PUT", "/manifest", data, self._auth())
-        self._check(status, body, "put manifest")
+    def _put_manifest(self, data: bytes, if_match: IfMatch = UNCONDITIONAL) -> None:
+        headers = self._auth(write=True)
+        if if_match is None:
+            headers["If-None-Match"] = "*"
+        elif if_match is not UNCONDITIONAL:
+            headers["If-Match"] = f'"{if_match}"'
+        status, _, body = self._request("PUT", "/manifest", data, headers)
+        self._check(status, body, "put manifest", write=True)
 
     def _get_manifest(self) -> bytes | None:
-        status, _, body = self._request("GET", "/manifest")
+        status, _, body = self._get_small("/manifest", "get manifest")
         if status == 404:
             return None
         self._check(status, body, "get manifest")
         return body
+
+    def _check_write(self) -> None:
+        """Ask the origin whether the upload token may upload (it writes nothing); an
+        origin too old to answer (404) is left to the first upload."""
+        status, _, body = self._request("GET", "/auth/upload", headers=self._auth(write=True))
+        if status != 404:
+            self._check(status, body, "check upload access", write=True)
 
     def _watch(self, after: str | None, deadline: float) -> bytes | None:
         """Long-poll the origin until the manifest changes or the deadline passes."""
         while (remaining := deadline - time.monotonic()) > 0:
             wait = min(remaining, _WATCH_SLICE_S)
             query = urlencode({"after": after or "", "timeout": f"{wait:.3f}"})
-            status, _, body = self._retry(self._request, "GET", f"/watch?{query}", None,
-                                          None, wait + self.config.timeout_s)
+            status, _, body = self._retry(self._watch_once, query, wait)
             self._check(status, body, "watch")
             if status == 200:
                 return body
         return None
+
+    def _watch_once(self, query: str, wait: float) -> tuple[int, http.client.HTTPMessage, bytes]:
+        try:
+            return self._request("GET", f"/watch?{query}", headers=self._auth(),
+                                 timeout=wait + self.config.timeout_s,
+                                 limit=self.config.max_manifest_bytes)
+        except _BodyTooLarge:
+            raise TooLarge(f"watch: the origin's answer is larger than "
+                           f"StoreConfig.max_manifest_bytes ({self.config.max_manifest_bytes})"
+                           ) from None
 
 
 class _Reporting:

@@ -5,9 +5,12 @@ from __future__ import annotations
 import hashlib
 import re
 
-from .errors import InvalidKey
+from .errors import InvalidKey, ManifestChanged
 
 MAX_KEY_LENGTH = 1024
+MAX_SEGMENT_LENGTH = 255
+"""The longest file name most filesystems take (NAME_MAX): every store refuses longer
+segments, so that a key valid in one store is valid in all."""
 # One path segment: no leading dot (so no "." / ".." and no hidden temp files).
 _SEGMENT = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.=+-]*\Z")
 
@@ -16,7 +19,8 @@ def validate_key(key: str) -> str:
     """Return `key` if it is a valid object key, else raise InvalidKey.
 
     A key is a relative, "/"-separated path of segments made of letters, digits and
-    `_ . = + -`, none starting with a dot: it can never escape a store's root.
+    `_ . = + -`, none starting with a dot nor longer than 255 characters: it can never
+    escape a store's root.
     """
     if not isinstance(key, str) or not key or len(key) > MAX_KEY_LENGTH:
         raise InvalidKey(f"invalid key {key!r}: expected a non-empty str of at most "
@@ -27,6 +31,9 @@ def validate_key(key: str) -> str:
                 f"invalid key {key!r}: segment {segment!r} must match "
                 f"[A-Za-z0-9_][A-Za-z0-9_.=+-]* (no '..', no absolute paths, no empty "
                 f"segments)")
+        if len(segment) > MAX_SEGMENT_LENGTH:
+            raise InvalidKey(f"invalid key {key[:40]!r}...: a segment of {len(segment)} "
+                             f"characters; at most {MAX_SEGMENT_LENGTH} (a file name's limit)")
     return key
 
 
@@ -43,5 +50,23 @@ def content_hash(data: bytes) -> str:
 
 
 def manifest_etag(manifest: bytes) -> str:
-    """The ETag of a manifest: what `Store.watch(after=...)` compares against."""
+    """The ETag of a manifest: what `Store.watch(after=...)` and
+    `Store.put_manifest(if_match=...)` compare against."""
     return content_hash(manifest)
+
+
+def check_manifest_etag(current: bytes | None, if_match: str | None) -> None:
+    """Raise ManifestChanged unless `current` (the stored manifest, None if there is
+    none) is the manifest `if_match` names: its ETag, or None for "no manifest yet"."""
+    found = None if current is None else manifest_etag(current)
+    if found != if_match:
+        raise ManifestChanged(describe_manifest_change(if_match, found))
+
+
+def describe_manifest_change(expected: str | None, found: str | None) -> str:
+    """The message of a failed conditional manifest write."""
+    def name(etag: str | None) -> str:
+        return "no manifest" if etag is None else f"ETag {etag[:16]}..."
+
+    return (f"the manifest changed since it was read (expected {name(expected)}, found "
+            f"{name(found)}): another writer updated the store meanwhile")

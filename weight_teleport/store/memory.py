@@ -6,10 +6,10 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from .base import Store
+from .base import UNCONDITIONAL, IfMatch, Store
 from .config import StoreConfig
 from .errors import Conflict, NotFound
-from .keys import manifest_etag
+from .keys import check_manifest_etag, manifest_etag
 
 
 @dataclass
@@ -65,8 +65,10 @@ class MemoryStore(Store):
             if self._shared.objects.pop(key, None) is None:
                 raise NotFound(f"no object {key!r} in memory store")
 
-    def _put_manifest(self, data: bytes) -> None:
+    def _put_manifest(self, data: bytes, if_match: IfMatch = UNCONDITIONAL) -> None:
         with self._shared.changed:
+            if if_match is not UNCONDITIONAL:
+                check_manifest_etag(self._shared.manifest, if_match)
             self._shared.manifest = data
             self._shared.changed.notify_all()
 

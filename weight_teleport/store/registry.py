@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from .base import Store
 from .config import StoreConfig
-from .errors import MissingDependency
+from .errors import MissingDependency, StoreError
 
 
 @dataclass(frozen=True)
@@ -36,12 +36,15 @@ def register_store(scheme: str, target: str, extra: str | None = None) -> None:
 
 
 def open_store(url: str, config: StoreConfig | None = None) -> Store:
-    """Open the store at `url`: file:///dir, memory://name, http://host:port/prefix,
-    s3://bucket/prefix (or another fsspec protocol), dist://?src=0. A bare path
-    means file://."""
+    """Open the store at `url`: file:///dir, memory://name, http(s)://host:port/prefix,
+    s3://bucket/prefix (or another fsspec protocol), dist://?src=0. A URL without a
+    scheme is refused (a mistyped origin must not become a local directory)."""
     scheme, sep, _ = url.partition("://")
     if not sep:
-        scheme, url = "file", f"file://{url}"
+        raise StoreError(
+            f"store URL {url!r} has no scheme: write file:///absolute/path for a directory, "
+            f"http://host:port (or https://) for an origin, s3://bucket/prefix, "
+            f"memory://name, or dist://?src=RANK")
     entry = _REGISTRY.get(scheme, _FSSPEC_FALLBACK)
     module_name, _, class_name = entry.target.partition(":")
     try:

@@ -1,0 +1,173 @@
+"""What a careful user expects of the publisher: a second publisher on the same store is
+refused, a wrong token is caught before encoding, failures are reported, Ctrl-C stops
+the uploads and says what it left."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from services import TOKEN, origin  # noqa: F401
+from test_pipeline_helpers import expected
+from weight_teleport.pipeline import Publisher, PublisherConfig
+from weight_teleport.pipeline.errors import PublishCancelled, PublishConflict, PublishFailed
+from weight_teleport.pipeline.manifest import from_json
+from weight_teleport.server import OriginServer
+from weight_teleport.store import AuthError, StoreConfig, StoreError, open_store
+from weight_teleport.store.memory import MemoryStore
+
+_names = itertools.count()
+
+
+@pytest.fixture(params=["file", "http"])
+def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if request.param == "file":
+        return f"file://{tmp_path}/store"
+    return request.getfixturevalue("origin").url
+
+
+def test_a_second_publisher_on_the_same_store_is_refused(url: str) -> None:
+    config = PublisherConfig(store=StoreConfig(token=TOKEN), threads=1)
+    with Publisher(url, config) as first, Publisher(url, config) as second:  # both see none
+        first.publish(expected(0), 0).wait(30)
+        with pytest.raises(PublishConflict, match="another publisher updated the manifest") as e:
+            second.publish(expected(1), 0).wait(30)  # other weights: another pack
+        with pytest.raises(PublishConflict):
+            second.publish(expected(2))  # it publishes nothing more
+    store = open_store(url, StoreConfig(token=TOKEN))
+    manifest = from_json(store.get_manifest())
+    assert manifest.latest == 0 and len(manifest.entries) == 1  # the first one's, intact
+    orphans = [k for k in store.list() if k not in {e.key for e in manifest.entries}]
+    assert len(orphans) == 1 and orphans[0] in str(e.value)  # named in the message
+    with Publisher(url, config) as later:  # a publisher started afterwards continues
+        assert later.publish(expected(1)).wait(30).version == 1
+
+
+def test_a_wrong_token_is_refused_before_anything_is_encoded(origin: OriginServer,
+                                                            tmp_path: Path, capsys) -> None:
+    for token in ["wrong", None]:
+        with pytest.raises(AuthError, match=r"--token-file FILE or WEIGHT_TELEPORT_TOKEN on the "
+                                            r"command line, StoreConfig\(token=...\) in Python"):
+            Publisher(origin.url, PublisherConfig(store=StoreConfig(token=token)))
+    from weight_teleport.cli import main
+
+    (tmp_path / "token").write_text("wrong\n")
+    missing = tmp_path / "no-checkpoint-here"  # never read: the token is checked first
+    assert main(["publish", str(missing), "--to", origin.url, "--token-file",
+                 str(tmp_path / "token")]) == 1
+    assert "WEIGHT_TELEPORT_TOKEN" in capsys.readouterr().err
+    assert origin.stats["upload"] == 0
+
+
+def test_a_url_without_scheme_is_refused() -> None:
+    with pytest.raises(StoreError, match="no scheme"):
+        Publisher("localhost:8000")
+
+
+class BrokenStore(MemoryStore):
+    """A memory store whose uploads fail for good."""
+
+    def _put(self, key: str, data: bytes) -> None:
+        raise StoreError(f"cannot store {key}: bucket deleted")
+
+
+def test_flush_and_close_report_failed_versions() -> None:
+    pub = Publisher("memory://", store=BrokenStore(f"broken-{next(_names)}"))
+    pub.publish(expected(0), 0)
+    pub.publish(expected(1), 1)
+    with pytest.raises(PublishFailed, match="bucket deleted") as failed:
+        pub.flush(30)
+    assert failed.value.versions == [0, 1]
+    assert pub.flush(30)  # reported once
+    handle = pub.publish(expected(2), 2)
+    with pytest.raises(StoreError):
+        handle.wait(30)  # seen here: not reported again by close
+    pub.publish(expected(3), 3)
+    with pytest.raises(PublishFailed) as failed:
+        pub.close()
+    assert failed.value.versions == [3]
+
+
+class GatedStore(MemoryStore):
+    """A memory store whose uploads wait for `gate`; `entered` is set when one waits."""
+
+    def __init__(self, name: str):
+        super().__init__(name)
+        self.gate, self.entered = threading.Event(), threading.Event()
+
+    def _put(self, key: str, data: bytes) -> None:
+        self.entered.set()
+        assert self.gate.wait(30)
+        super()._put(key, data)
+
+
+def test_cancel_stops_at_the_upload_and_says_what_it_left() -> None:
+    store = GatedStore(f"gated-{next(_names)}")
+    pub = Publisher("memory://", PublisherConfig(max_pending=2), store=store)
+    first, queued = pub.publish(expected(0), 0), pub.publish(expected(1), 1)
+    assert store.entered.wait(30)
+    threading.Timer(0.2, store.gate.set).start()  # the upload in flight finishes meanwhile
+    left = pub.cancel()
+    assert "version 0 was not published" in left and "packs/0000000000/" in left
+    assert "queued version(s) 1 not published" in left
+    pub.close()
+    for handle in (first, queued):
+        with pytest.raises(PublishCancelled):
+            handle.wait(30)
+    assert store.get_manifest() is None  # nothing announced, now or later
+    time.sleep(0.5)
+    assert store.get_manifest() is None and len(store.list()) == 1
+
+
+def test_ctrl_c_in_a_with_block_publishes_nothing_more() -> None:
+    store = GatedStore(f"gated-{next(_names)}")
+    with pytest.raises(KeyboardInterrupt):
+        with Publisher("memory://", store=store) as pub:
+            pub.publish(expected(0), 0)
+            assert store.entered.wait(30)
+            threading.Timer(0.2, store.gate.set).start()
+            raise KeyboardInterrupt
+    time.sleep(0.5)
+    assert store.get_manifest() is None
+
+
+def test_ctrl_c_during_the_publish_command(tmp_path: Path) -> None:
+    """A real SIGINT to `weight-teleport publish`: no traceback, exit 130, a message that
+    matches what the store holds, and no upload afterwards."""
+    import torch
+    from safetensors.torch import save_file
+
+    g = torch.Generator().manual_seed(0)
+    save_file({f"w{i}": torch.randn(4096, 4096, generator=g).to(torch.bfloat16)
+               for i in range(6)}, str(tmp_path / "model.safetensors"))  # 200 MB
+    store_dir = tmp_path / "store"
+    proc = subprocess.Popen([sys.executable, "-m", "weight_teleport.cli", "publish",
+                             str(tmp_path), "--to", f"file://{store_dir}"],
+                            stderr=subprocess.PIPE, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    err = b""
+    while b"upload:" not in err and proc.poll() is None:  # tqdm's bar: the publisher starts
+        err += proc.stderr.read1(4096)
+    time.sleep(1.0)  # most often lands in the encode; every moment must be handled right
+    proc.send_signal(signal.SIGINT)
+    err += proc.stderr.read()
+    assert proc.wait(60) == 130, err.decode()[-2000:]
+    text = err.decode()
+    assert "Traceback" not in text and "interrupted" in text, text[-2000:]
+    manifest = store_dir / "manifest"
+    time.sleep(1.0)
+    if "published just before" in text:
+        assert from_json(manifest.read_bytes()).latest == 0
+    else:
+        assert not manifest.exists(), text[-500:]
+        named = [k for k in text.split() if k.startswith("packs/")]
+        held = [str(p.relative_to(store_dir / "objects")) for p in
+                (store_dir / "objects").rglob("*.pack")] if (store_dir / "objects").exists() else []
+        assert sorted(k.rstrip(",") for k in named) == sorted(held), text[-500:]
