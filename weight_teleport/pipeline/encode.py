@@ -126,7 +126,10 @@ class Encoder:
             self.last_anchor = job.version
 
     def _options(self) -> dict:
-        opts = {"level": self.config.level, "threads": self.config.threads}
+        # a CUDA baseline's packs are copied from the device into pinned memory directly,
+        # with no copy into a fresh `bytes` after (for an anchor, the whole model's size)
+        opts = {"level": self.config.level, "threads": self.config.threads,
+                "pinned": self.config.baseline_device == "cuda"}
         if self.config.chunk_elems is not None:
             opts["chunk_elems"] = self.config.chunk_elems
         return opts

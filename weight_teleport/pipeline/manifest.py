@@ -215,14 +215,15 @@ def checked(manifest: Manifest) -> Manifest:
     return manifest
 
 
-def object_key(version: int, kind: str, base: int | None, data: bytes) -> str:
-    """A key that names the object's bytes: version, kind, base and a content hash."""
-    digest = hashlib.sha256(data).hexdigest()
+def object_key(version: int, kind: str, base: int | None, data: bytes, digest: str | None = None) -> str:
+    """A key that names the object's bytes: version, kind, base and a content hash
+    (`digest`, the hex SHA-256 of `data`, where the caller has it)."""
+    digest = digest or hashlib.sha256(data).hexdigest()
     middle = f"delta-from-{base:010d}" if kind == "delta" else "snapshot"
     return f"packs/{version:010d}/{middle}-{digest[:20]}.pack"
 
 
 def make_entry(version: int, kind: str, base: int | None, data: bytes, raw_bytes: int) -> Entry:
-    """The manifest entry of a freshly encoded object."""
-    return Entry(version, kind, base, object_key(version, kind, base, data), len(data),
-                 hashlib.sha256(data).hexdigest(), raw_bytes)
+    """The manifest entry of a freshly encoded object (its bytes hashed once)."""
+    digest = hashlib.sha256(data).hexdigest()
+    return Entry(version, kind, base, object_key(version, kind, base, data, digest), len(data), digest, raw_bytes)
