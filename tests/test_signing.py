@@ -124,7 +124,8 @@ def test_subscriber_refuses_what_a_store_writer_forges(tmp_path: Path) -> None:
         old_signed = store.get_manifest()
         publish(pub, [2])
         follow_checked(sub, live, 2)
-        good = from_json(store.get_manifest())
+        good_raw = store.get_manifest()
+        good = from_json(good_raw)
 
         forged = encode_delta(expected(2), zeros(), base_version=2, version=3)
         entry = make_entry(3, "delta", 2, forged, 0)
@@ -137,7 +138,10 @@ def test_subscriber_refuses_what_a_store_writer_forges(tmp_path: Path) -> None:
         assert sub.version == 2 and not sub.ready() and same_bits(live, 2)
         assert sub.health.state == "failing"
 
-        publish(pub, [3])                                               # the publisher goes on
+        # the store is repaired (its writes are conditional on the manifest the publisher
+        # wrote last), and the publisher goes on
+        store.put_manifest(good_raw)
+        publish(pub, [3])
         signed_v3 = from_json(store.get_manifest())
         follow_checked(sub, live, 3)
         assert sub.health.state == "healthy"
