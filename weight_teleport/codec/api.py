@@ -71,7 +71,7 @@ def _pack(kind, backend_items, version, base_version, chunk_elems, level, thread
     header = PackHeader(kind=kind, version=version, base_version=base_version,
                         chunk_elems=chunk_elems, tensors=records, stream_codecs=codecs)
     if pinned:
-        from weight_teleport.codec.cuda.layout import pinned_empty
+        from weight_teleport.codec.cuda.runtime.memory import pinned_empty
         return write_pack_into(header, chunks, pinned_empty, ready)  # the header is written during the copy
     ready()
     return write_pack(header, chunks)
@@ -137,7 +137,7 @@ def pinned_pack(pack) -> np.ndarray:
     to the device from where it is, where a `bytes` pack is first copied into a pinned buffer
     on host threads. The memory comes from torch's caching allocator: freed, it serves the
     next pack. Needs CUDA."""
-    from weight_teleport.codec.cuda.layout import pinned_copy
+    from weight_teleport.codec.cuda.runtime.memory import pinned_copy
     return pinned_copy(pack)
 
 
