@@ -176,7 +176,7 @@ def test_inflate_layout_matches_the_vectorised_layout():
 
 
 def test_size_buckets_are_powers_of_four():
-    """nvCOMP's groups of streams (entropy._buckets, a compiled counting sort): by codec
+    """nvCOMP's groups of streams (nvcomp._buckets, a compiled counting sort): by codec
     (zstd, lz4, nvcomp-ans), then by ceil(log4(length)) (0 for lengths 0 and 1), in a stable
     order, against numpy's; a codec nvCOMP does not decode is refused."""
     from weight_teleport.codec import streams as codecs
@@ -199,9 +199,9 @@ def test_size_buckets_are_powers_of_four():
 
 
 def test_helper_walk_matches_the_tables_and_layout():
-    """The stage's one compiled walk on a helper thread (stage_sparse.StreamsRead: tables,
+    """The stage's one compiled walk on a helper thread (sparse.StreamsRead: tables,
     layout and the zstd streams' size buckets, into arena memory another call left dirty)
-    against tables.read, inflate.prepare and entropy._buckets; a truncated chunk table is
+    against stream_tables.read, decode_streams.prepare and nvcomp._buckets; a truncated chunk table is
     refused once the walk is waited for."""
     from concurrent.futures import ThreadPoolExecutor
 

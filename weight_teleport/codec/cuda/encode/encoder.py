@@ -129,8 +129,8 @@ def _batch_hist(s: _Scan, j: np.ndarray) -> torch.Tensor:
     """The scan's histograms of its items at positions j (ascending), one after the other:
     the scan's own where j is all of them (no copy), else its rows gathered by an index
     made on the device from the items' runs of programs (a few torch calls, however many
-    items are left out: the unchanged and dense ones, a third of a Qwen3-8B-shaped state's
-    tensors). An index made on the host would have a row per block (250,000 here)."""
+    items are left out: the unchanged and dense ones). An index made on the host would have
+    a row per block."""
     if len(j) == len(s.items):
         return s.hist
     count = s.first[j + 1] - s.first[j]

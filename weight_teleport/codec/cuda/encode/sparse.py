@@ -111,7 +111,7 @@ def merge(parts: list[Events]) -> Events:
 def encode(ev: Events, cfg: CudaCodecConfig, level: int, threads: int, room: int | None = None) -> Encoded:
     """The chunks of every tensor of the batch whose events `ev` are (host waits: the symbol
     streams' total, the chunks' lengths and CRCs; the payload's copy is queued, into fresh
-    pinned memory `room` bytes past its start when given: chunk_bytes.assemble)."""
+    pinned memory `room` bytes past its start when given: sparse_chunks.assemble)."""
     st = encode_symbols.encode(ev.ranks, ev.residuals, ev.segments)
     payload = sparse_chunks.assemble(st, sparse_chunks.code(st, cfg, level, threads), ev.n_groups, room)
     return Encoded(payload, ev.first_chunk)

@@ -224,7 +224,7 @@ def assemble(st: encode_symbols.SymbolStreams, coded: Coded, n_groups: np.ndarra
 
 def _side_crcs(out: torch.Tensor, offsets: torch.Tensor, lengths: torch.Tensor,
                bounds: np.ndarray) -> tuple[np.ndarray, torch.cuda.Event | None]:
-    """The chunks' CRC-32s (int32 patterns) as `layout.to_pinned` gives them, computed on the CRC
+    """The chunks' CRC-32s (int32 patterns) as `memory.to_pinned` gives them, computed on the CRC
     stream, which waits for the payload's kernels queued so far: they run beside the
     payload's copy to the host, queued next on the caller's stream."""
     if not out.is_cuda:

@@ -8,8 +8,8 @@ Elements are split into blocks of BLOCK that never straddle a chunk; a chunk tab
 (codec/cuda/kernels/chunk_table.py) says which block each program covers. A class's rank of an element
 is its index among the chunk's elements of the same class (the order its gap stream counts
 in). Kernels work on a [BLOCK // ROW, ROW] tile of a block; the events and placement
-kernels each take the tile rows and warps that ran fastest for them (sparse_encode.ROW,
-sparse_decode.ROW). The shape never changes a pack, only the kernels' speed.
+kernels each take the tile rows and warps that ran fastest for them (encode_events.ROW,
+stage_place.ROW). The shape never changes a pack, only the kernels' speed.
 
 Ranks keep PER_LANE classes' running counts as FIELD-bit fields of an int64 lane. Counts
 alone need less: with rows of COUNT_ROW elements a row's counts of all 16 classes fit one

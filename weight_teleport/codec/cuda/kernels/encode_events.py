@@ -47,7 +47,7 @@ def events(table: chunk_table.ChunkTable, new: chunk_table.Paired, luts, inverte
     """(event ranks int32, residuals of the elements' width, `info.int_torch`) of every
     chunk of a chunk table, grouped by chunk then class at the flat [chunks * NCP] offsets
     `ev_off` / `res_off`. `rbase` / `ebase`
-    are the blocks' class-rank and event-rank bases (ranks.table_bases); `luts` and the
+    are the blocks' class-rank and event-rank bases (class_ranks.table_bases); `luts` and the
     int8 `inverted` flags are per tensor; `n_classes` the most classes of any tensor."""
     memory.require(table.base, info.int_torch)
     memory.require(new.base, info.int_torch)
@@ -63,7 +63,7 @@ def events(table: chunk_table.ChunkTable, new: chunk_table.Paired, luts, inverte
             table.base, table.rows, table.program_chunk, new.base, new.offsets, luts, inverted, rbase, ebase,
             ev_off, res_off, out_ranks, out_res], warps=EVENT_WARPS, NCP=ncp, EVENT_WARPS=EVENT_WARPS)
     elif table.programs:
-        assert table.block == class_ranks.BLOCK, "the Triton events kernel takes blocks of ranks.BLOCK"
+        assert table.block == class_ranks.BLOCK, "the Triton events kernel takes blocks of class_ranks.BLOCK"
         _events_kernel[(table.programs,)](
             table.base, table.rows, table.program_chunk, new.base, new.offsets, luts, inverted, rbase, ebase,
             ev_off, res_off, out_ranks, out_res, NK=luts.shape[1], MANT=info.mantissa_bits,

@@ -117,7 +117,7 @@ def decode(table: chunk_table.ChunkTable, luts, inverted, n_classes: int, counts
     sums) of the changes of a chunk table's sparse tensors, by chunk then position. Per
     tensor: `luts` [T, keys] uint8, `inverted` [T, NCP] int8 (at most `n_classes` classes);
     per block `counts` (class counts) and `base` (class-rank bases) [programs, NCP] int32,
-    and where the warp kernels run `old_sums` (ranks.table_counts', int64); per segment
+    and where the warp kernels run `old_sums` (class_ranks.table_counts', int64); per segment
     (chunk * NCP + class) `seg_word`, `res_off` int64."""
     old = memory.require(table.base, info.int_torch)
     for t, dt in ((bitmap, torch.int32), (pref, torch.int32), (res, torch.int64), (seg_word, torch.int64),

@@ -50,7 +50,7 @@ sooner alone but slow the main thread's launches more, and 4 gave shorter stage 
 
 
 def _upload(pack, lo: int, hi: int, device, pinned: torch.Tensor | None) -> torch.Tensor:
-    """Bytes [lo, hi) of `pack` on `device`; `pinned` is `layout.pinned(pack)`, whose bytes
+    """Bytes [lo, hi) of `pack` on `device`; `pinned` is `memory.pinned(pack)`, whose bytes
     are copied from where they are."""
     size = memoryview(pack).nbytes
     if hi > size:
@@ -119,7 +119,7 @@ class Layout(NamedTuple):
     copies: np.ndarray
     """[n, 3] rows (pack offset - lo, buffer offset, length) of the stored bytes to copy."""
     coded: np.ndarray
-    """Indices of the entropy-coded streams (zstd, lz4, nvcomp-ans: `entropy.CODED`)."""
+    """Indices of the entropy-coded streams (zstd, lz4, nvcomp-ans: `nvcomp.CODED`)."""
     comp_off: np.ndarray
     """Their stored bytes' offsets in the buffer."""
 
@@ -155,7 +155,7 @@ def _plan(codec, raw, stored, at, lo, out_off, copies, coded, comp_off):
 
 
 def layout_arrays(n: int) -> tuple[np.ndarray, ...]:
-    """The arrays `_plan` fills for `n` streams, in the thread's arena (`layout.arena`)."""
+    """The arrays `_plan` fills for `n` streams, in the thread's arena (`memory.arena`)."""
     arena = memory.arena()
     return arena.empty(n, np.int64), arena.empty((n, 3), np.int64), arena.empty(n, np.int64), arena.empty(n, np.int64)
 
@@ -258,7 +258,7 @@ def planned(lay: Layout, lo: int, hi: int | None, codec: np.ndarray, raw: np.nda
             cfg: CudaCodecConfig | None = None, bucketed: tuple | None = None) -> Prepared:
     """`lay` (of streams of `codec`, `raw` and `stored` lengths) and, with nvCOMP, the plan of
     its coded streams' decompression with `cfg`'s backend; `bucketed`: their (order, ranges,
-    table) made already (`entropy.bucket_sort`, `entropy.plan_rows`)."""
+    table) made already (`nvcomp.bucket_sort`, `nvcomp.plan_rows`)."""
     cfg, plan = cfg or CudaCodecConfig(), None
     if nvcomp.available() and lay.coded.size:
         dev = torch.device(device)

@@ -39,10 +39,11 @@ class Streams(NamedTuple):
 @njit(nogil=True, cache=True)
 def _walk(pack, starts, lengths, classes, ncp, events, codec, raw, stored, at, lo, out_off, copies, coded, comp_off,
           coded_raw, coded_stored, coded_dst, coded_group, order, cuts, keys, rows):
-    """In one compiled call: the stream tables of every chunk (`tables._read`, into tables
-    zeroed here but `at`, which it fills), the decode buffer's layout of their streams (`inflate._plan`), and the
-    coded streams sorted by codec and size bucket, with their table for nvCOMP
-    (`entropy.bucket_sort`, `plan_rows`; `rows` holds [4, coded streams] from its front).
+    """In one compiled call: the stream tables of every chunk (`stream_tables._read`, into
+    tables zeroed here but `at`, which it fills), the decode buffer's layout of their streams
+    (`decode_streams._plan`), and the coded streams sorted by codec and size bucket, with
+    their table for nvCOMP
+    (`nvcomp.bucket_sort`, `plan_rows`; `rows` holds [4, coded streams] from its front).
     (The first malformed chunk or -1, then `_plan`'s results, then the number of groups.)"""
     events[:] = 0
     for t in (codec, raw, stored):
@@ -76,8 +77,8 @@ class StreamsRead:
                  pool: Executor):
         """Starts the walk over the records' chunks (`spans`, in order; `n_classes` classes
         per record) on `pool`; its arrays are the calling thread's temporaries
-        (`layout.arena`). [lo, hi) are the pack's bytes that go to the device (hi None: an
-        `inflate.Upload` of them from `lo`)."""
+        (`memory.arena`). [lo, hi) are the pack's bytes that go to the device (hi None: a
+        `decode_streams.Upload` of them from `lo`)."""
         stream_tables.check_lengths(spans.lengths)
         # read_header has checked that each record has the chunks its shape needs, and
         # _lives that each shape is its live tensor's: chunk i is the chunk table's row i

@@ -135,7 +135,7 @@ def _by_type(lives: dict[str, Live], recs) -> list[list]:
 
 
 _helpers = ThreadPoolExecutor(max_workers=2, thread_name_prefix="weight-teleport-stage")
-"""Threads that read a stage call's stream tables (`stage_sparse.StreamsRead`) while its own
+"""Threads that read a stage call's stream tables (`sparse.StreamsRead`) while its own
 thread launches the class counts."""
 
 
@@ -144,7 +144,7 @@ def _start_reads(pack, groups: list[list], runs: list[Runs], spans: ChunkSpans, 
     """Starts each group's stream-table walk on a helper thread (into `reads`), on the classes
     its records' class-map runs give (`runs`): `cpu.class_maps` checks the maps later, and a
     valid map's runs give its count. `spans` holds the groups' chunks end to end, `uploaded`:
-    all of them go to the device in one `inflate.Upload`."""
+    all of them go to the device in one `decode_streams.Upload`."""
     cuts = np.cumsum([0] + [sum(len(r.chunks) for r in rs) for rs in groups]).tolist()
     for rs, rn, a, b in zip(groups, runs, cuts[:-1], cuts[1:]):
         part = spans.part(a, b)
