@@ -24,17 +24,24 @@ RANGE_BYTES = 32 << 20
 """Bytes per ranged read of a large object (a multiple of every piece size up to 32 MiB)."""
 FETCH_THREADS = 8
 """Ranged reads of one object in flight at once."""
+PINNED_MAX_BYTES = 2 << 30
+"""The largest object fetched into pinned memory. torch's pinned allocator rounds a request
+up to a power of two and pins it page by page, seconds for a multi-GB anchor fetched once;
+the stage copies a larger object to the device from pageable memory instead, which costs
+less than pinning it."""
 
 
 def fetch(store: Store, entry: Entry, pinned: bool = False) -> bytes | np.ndarray:
     """The object of `entry`, checked: its size, content hash and pack header (kind,
     version, base) must match the entry, else ObjectRejected (truncated, corrupted,
-    misplaced). `pinned`: returned in pinned host memory, for staging onto CUDA weights, or
-    in pageable memory where no page-locked memory can be had (the stage copies from there).
+    misplaced). `pinned`: returned in pinned host memory, for staging onto CUDA weights,
+    where it has at most PINNED_MAX_BYTES and page-locked memory can be had; else in
+    pageable memory (the stage copies from there).
 
     A large object whose entry has a tree hash comes in piece-aligned ranges read by
     several threads at once from stores that serve ranges, each range copied into the
     result and its pieces hashed by the thread that read it."""
+    pinned = pinned and entry.size <= PINNED_MAX_BYTES
     if entry.piece_bytes and entry.size > RANGE_BYTES and store.parallel_ranges:
         data = _fetch_ranges(store, entry, pinned)
     else:
