@@ -10,6 +10,7 @@ import signal
 import ssl
 import threading
 from collections import Counter
+from collections.abc import Callable
 
 from aiohttp import web
 
@@ -97,21 +98,25 @@ async def _stop(runner: web.AppRunner) -> None:
     await asyncio.gather(*tasks, return_exceptions=True)
 
 
-async def _serve_until_signalled(config: ServerConfig) -> None:
+async def _serve_until_signalled(config: ServerConfig,
+                                 on_ready: Callable[[str], None] | None) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    runner, _ = await _start(config)
+    runner, port = await _start(config)
     try:
+        if on_ready is not None:
+            on_ready(f"{config.scheme}://{config.host}:{port}")
         await stop.wait()
     finally:
         await _stop(runner)
 
 
-def serve_forever(config: ServerConfig) -> None:
-    """Serve until interrupted (Ctrl-C or SIGTERM)."""
-    asyncio.run(_serve_until_signalled(config))
+def serve_forever(config: ServerConfig, on_ready: Callable[[str], None] | None = None) -> None:
+    """Serve until interrupted (Ctrl-C or SIGTERM); `on_ready` hears the base URL (with
+    the port bound, for `port=0`) once the server listens."""
+    asyncio.run(_serve_until_signalled(config, on_ready))
 
 
 class OriginServer:
