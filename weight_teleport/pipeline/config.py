@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable
 
+from weight_teleport.observe.config import MetricsConfig
 from weight_teleport.store import StoreConfig
 
 if TYPE_CHECKING:
@@ -60,6 +61,9 @@ class PublisherConfig:
     manifests are unsigned."""
     store: StoreConfig = field(default_factory=StoreConfig)
     """Options of the transport (token, endpoint, retries)."""
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)
+    """Where the Prometheus metrics are seen (`Publisher.metrics`): a port of their own,
+    or a registry the host process serves."""
 
 
 @dataclass
@@ -109,3 +113,6 @@ class SubscriberConfig:
     """Decoder threads; None uses every core."""
     store: StoreConfig = field(default_factory=StoreConfig)
     """Options of the transport (endpoint, retries)."""
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)
+    """Where the Prometheus metrics are seen (`Subscriber.metrics`): a port of their own,
+    or a registry the host process serves."""

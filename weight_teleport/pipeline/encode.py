@@ -6,6 +6,7 @@ import contextlib
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import torch
@@ -62,6 +63,8 @@ class Encoder:
         """The version of the newest anchor stored or on its way."""
         self._manifest_lock = threading.Lock()
         self.anchors = AnchorUploader(store, self._announce)
+        self.on_announce: Callable[[Entry], None] | None = None
+        """Told of every object announced in the manifest (the publisher's metrics)."""
 
     def next_version(self) -> int:
         """The first version this publisher may use."""
@@ -152,6 +155,8 @@ class Encoder:
             data = manifest.to_json(sign=signer(self.config.signing_key))
             self.store.put_manifest(data, if_match=self.manifest_etag)
             self.manifest, self.manifest_etag = manifest, manifest_etag(data)
+        if self.on_announce is not None:
+            self.on_announce(entry)
         for entry in dropped:
             try:
                 self.store.delete(entry.key)

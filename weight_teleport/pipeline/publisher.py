@@ -16,6 +16,7 @@ import torch
 from weight_teleport.pipeline.config import PublisherConfig
 from weight_teleport.pipeline.encode import EncodeJob, Encoder
 from weight_teleport.errors import WeightTeleportError
+from weight_teleport.observe.publisher import PublisherMetrics
 from weight_teleport.pipeline.errors import PublishCancelled, PublishConflict, PublishFailed
 from weight_teleport.pipeline.manifest import from_json
 from weight_teleport.pipeline.metrics import PublishResult
@@ -90,6 +91,9 @@ class Publisher:
         self._closed = self._cancelled = False
         self._conflict: PublishConflict | None = None
         self._failed: list[_Queued] = []
+        self.metrics = PublisherMetrics(config.metrics, lambda: len(self._queue))
+        """Prometheus metrics (`metrics.registry`; `PublisherConfig.metrics`)."""
+        self._encoder.on_announce = self.metrics.announced
         self.results: list[PublishResult] = []
         """Every finished PublishResult, in order (metrics)."""
         self._worker = threading.Thread(target=self._work, daemon=True,
@@ -130,6 +134,7 @@ class Publisher:
             self._pool.give(dropped.job.snapshot)
             dropped.job.result.skipped = True
             dropped.handle.future.set_result(dropped.job.result)
+            self.metrics.skipped.inc()
             log.info("version %d skipped: the encoder is busy (backpressure='skip')",
                      dropped.handle.version)
 
@@ -155,6 +160,7 @@ class Publisher:
             result = self._encoder.run(item.job)
             self._pool.give(self._encoder.swap_baseline(item.job.snapshot))
             self.results.append(result)
+            self.metrics.published(result)
             item.handle.future.set_result(result)
             return
         except ManifestChanged as exc:
@@ -169,6 +175,7 @@ class Publisher:
         self._pool.give(item.job.snapshot)
         item.handle.future.set_exception(error)
         if not isinstance(error, PublishCancelled):
+            self.metrics.failures.inc()
             with self._cond:
                 self._failed.append(item)
 
@@ -257,6 +264,8 @@ class Publisher:
     def _close_store(self) -> None:
         if self._own_store:
             self._store.close()
+        if hasattr(self, "metrics"):
+            self.metrics.close()
 
     def __enter__(self) -> "Publisher":
         return self
