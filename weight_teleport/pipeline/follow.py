@@ -292,7 +292,7 @@ class Follower:
 
 def _published_s(entry: Entry) -> float | None:
     """When `entry` was published, in Unix seconds (None: its manifest does not say)."""
-    return None
+    return entry.published_at_ms / 1000 if entry.published_at_ms else None
 
 
 def _newest(*versions: int | None) -> int | None:

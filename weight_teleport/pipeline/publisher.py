@@ -100,9 +100,12 @@ class Publisher:
                                         name="weight-teleport-publisher")
         self._worker.start()
 
-    def publish(self, state: Mapping[str, torch.Tensor], version: int | None = None) -> PublishHandle:
+    def publish(self, state: Mapping[str, torch.Tensor], version: int | None = None, *,
+                files: Mapping[str, bytes] | None = None) -> PublishHandle:
         """Snapshot `state` (name -> tensor, checkpoint layout) as `version` (default: the
-        next one) and return at once; the rest runs in the background."""
+        next one) and return at once; the rest runs in the background. `files`: the
+        checkpoint's small side files by name (config.json, tokenizer files), stored with
+        every anchor from this version on, until other files are given."""
         t0 = time.perf_counter()
         with self._cond:
             if self._conflict is not None:
@@ -117,7 +120,7 @@ class Publisher:
             self._next_version = version + 1
         snapshot = self._pool.take(state)
         job = EncodeJob(version, snapshot, PublishResult(version, snapshot_s=time.perf_counter() - t0),
-                        t0)
+                        t0, None if files is None else dict(files))
         queued = _Queued(PublishHandle(version), job)
         with self._cond:
             self._queue.append(queued)

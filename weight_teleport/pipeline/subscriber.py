@@ -9,6 +9,7 @@ import time
 import torch
 
 from weight_teleport.codec import StagedPatch
+from weight_teleport.observe.heartbeat import heartbeat_for
 from weight_teleport.observe.subscriber import SubscriberMetrics, Where
 from weight_teleport.pipeline.config import SubscriberConfig
 from weight_teleport.pipeline.errors import SubscriberFailed
@@ -62,6 +63,7 @@ class Subscriber:
         self._follower = Follower(self, initial)
         self.metrics = SubscriberMetrics(config.metrics, self._where)
         """Prometheus metrics (`metrics.registry`; `SubscriberConfig.metrics`)."""
+        self._heartbeat = heartbeat_for(url, config, self.metrics.position)
         self._thread = threading.Thread(target=self._follow, daemon=True,
                                         name="weight-teleport-subscriber")
         self._thread.start()
@@ -132,6 +134,8 @@ class Subscriber:
             report.version = self._live_version
             self._applying = False
             self._cond.notify_all()
+        if pending and self._heartbeat is not None:
+            self._heartbeat.nudge()
         return report
 
     def _verify_applied(self) -> None:
@@ -197,6 +201,8 @@ class Subscriber:
         if self._own_store:
             self._store.close()
         self.metrics.close()
+        if self._heartbeat is not None:
+            self._heartbeat.close()
 
     def __enter__(self) -> "Subscriber":
         return self

@@ -11,6 +11,7 @@
     GET    /auth/upload        204 if the bearer token may upload (a writer's probe)
     GET    /healthz            readiness probe (never needs a token)
     GET    /metrics            Prometheus metrics (text exposition format)
+    PUT    /samplers/ID        a sampler's heartbeat (samplers.py; the read token)
 
 `PUT /manifest` is conditional with `If-Match: "ETAG"` (the manifest the writer read) or
 `If-None-Match: *` (no manifest yet): 412 if the manifest is another one. With a read
@@ -32,6 +33,7 @@ from ..store.keys import validate_prefix
 from .blobs import IMMUTABLE, send_file
 from .config import ServerConfig
 from .metrics import METRICS, OriginMetrics, count_requests, get_metrics
+from .samplers import BOOK, make_book, put_sampler
 from .connections import CONNECTIONS, ConnectionLimits, Handler, track_connections
 from .origin import (ORIGIN, make_origin, open_upload, receive, request_key, require_reader,
                      require_token)
@@ -245,6 +247,7 @@ def make_app(config: ServerConfig) -> web.Application:
                                        disk_errors])
     app[ORIGIN] = make_origin(config)
     app[METRICS] = OriginMetrics()
+    app[BOOK] = make_book(config)
     app[CONNECTIONS] = ConnectionLimits(config)
     app.router.add_get("/o/{key:.+}", resolve)
     app.router.add_put("/o/{key:.+}", put_object)
@@ -257,4 +260,5 @@ def make_app(config: ServerConfig) -> web.Application:
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/auth/upload", check_upload)
     app.router.add_get("/metrics", get_metrics)
+    app.router.add_put("/samplers/{id}", put_sampler)
     return app

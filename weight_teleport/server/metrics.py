@@ -11,6 +11,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
 from ..observe.prom import NAMESPACE, SECONDS_BUCKETS
 from .connections import Handler
+from .samplers import BOOK
 
 _WRITES = ("PUT", "POST", "DELETE")
 
@@ -78,5 +79,7 @@ async def count_requests(request: web.Request, handler: Handler) -> web.StreamRe
 async def get_metrics(request: web.Request) -> web.Response:
     """The origin's metrics in the Prometheus text format."""
     metrics = request.app[METRICS]
+    for state, n in request.app[BOOK].counts().items():
+        metrics.samplers.labels(state).set(n)
     return web.Response(body=generate_latest(metrics.registry),
                         headers={"Content-Type": CONTENT_TYPE_LATEST, "Cache-Control": "no-store"})

@@ -18,6 +18,7 @@ from .app import make_app
 from .config import ServerConfig
 from .connections import CONNECTIONS, ConnectionLimits
 from .origin import ORIGIN
+from .samplers import BOOK
 
 log = logging.getLogger(__name__)
 ACCESS_LOG = logging.getLogger("weight_teleport.server.access")
@@ -143,6 +144,12 @@ class OriginServer:
         """Requests served by kind ("blob_get", "blob_bytes", "upload", "watch")."""
         assert self._runner is not None, "the server is not running"
         return self._runner.app[ORIGIN].stats
+
+    @property
+    def samplers(self):
+        """The samplers heard from (`samplers.Book`)."""
+        assert self._runner is not None, "the server is not running"
+        return self._runner.app[BOOK]
 
     @property
     def connection_stats(self) -> Counter:
