@@ -35,7 +35,7 @@ def publish_main(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from weight_teleport.pipeline import Publisher, PublisherConfig, RetentionConfig
-    from weight_teleport.pipeline.checkpoint import load_checkpoint
+    from weight_teleport.pipeline.checkpoint import load_checkpoint, load_side_files
 
     with tqdm(unit="B", unit_scale=True, desc="upload") as bar:
         store = store_config(args)
@@ -44,7 +44,8 @@ def publish_main(args: argparse.Namespace) -> int:
                                  retention=RetentionConfig(keep_anchors=args.keep_anchors))
         publisher = Publisher(args.url, config)
         try:
-            r = publisher.publish(load_checkpoint(args.checkpoint), args.version).wait()
+            r = publisher.publish(load_checkpoint(args.checkpoint), args.version,
+                                  files=load_side_files(args.checkpoint)).wait()
         except KeyboardInterrupt:
             bar.close()
             print(f"weight-teleport publish: interrupted; {publisher.cancel()}",
@@ -60,21 +61,30 @@ def publish_main(args: argparse.Namespace) -> int:
 
 
 def pull_main(args: argparse.Namespace) -> int:
-    """Write a version of the store as OUT/model.safetensors."""
+    """Write a version of the store as OUT/model.safetensors, with the side files its
+    anchor carries (config.json, tokenizer files): a checkpoint an engine starts from."""
     from tqdm import tqdm
 
-    from weight_teleport.pipeline.checkpoint import save_checkpoint
-    from weight_teleport.pipeline.fetch import materialize
+    from weight_teleport.observe.status import missing_version
+    from weight_teleport.pipeline.checkpoint import save_checkpoint, save_side_files
+    from weight_teleport.pipeline.errors import NoPlanError
+    from weight_teleport.pipeline.fetch import fetch_side_files, materialize
     from weight_teleport.pipeline.plan import plan_catchup
     from weight_teleport.store import open_store
 
     with open_store(args.url, store_config(args)) as store:
         manifest = read_manifest(store, args.url)
+        why = None if args.version is None else missing_version(manifest, args.version)
+        if why is not None:
+            raise NoPlanError(why)
         plan = plan_catchup(manifest, None, args.version)
         with tqdm(total=plan.nbytes, unit="B", unit_scale=True, desc="pull") as bar:
             state, version = materialize(store, manifest, args.version, progress=bar.update)
+        files = fetch_side_files(store, manifest, version)
     path = save_checkpoint(state, args.out, {"weight_teleport_version": str(version)})
-    print(f"version {version}: {len(state)} tensors written to {path} "
+    save_side_files(files, args.out)
+    extra = f" and {', '.join(sorted(files))}" if files else " (no side files were published)"
+    print(f"version {version}: {len(state)} tensors written to {path}{extra} "
           f"({len(plan.steps)} objects, {plan.nbytes / 1e6:.2f} MB fetched)")
     return 0
 

@@ -52,6 +52,25 @@ def fetch(store: Store, entry: Entry, pinned: bool = False) -> bytes | np.ndarra
         return data
 
 
+def fetch_side_files(store: Store, manifest: Manifest, version: int) -> dict[str, bytes]:
+    """The side files of the newest anchor at or before `version` that lists any, each
+    checked against its record (size, SHA-256), else ObjectRejected."""
+    anchors = [e for e in manifest.anchors if e.version <= version and e.files]
+    if not anchors:
+        return {}
+    out = {}
+    for f in anchors[-1].files:
+        try:
+            data = store.get(f.key, max_bytes=f.size)
+        except TooLarge as exc:
+            raise ObjectRejected(f"side file {f.name} ({f.key}): {exc}") from None
+        if len(data) != f.size or hashlib.sha256(data).hexdigest() != f.sha256:
+            raise ObjectRejected(f"side file {f.name} ({f.key}): not the bytes the manifest "
+                                 f"names ({len(data)} bytes, the manifest says {f.size})")
+        out[f.name] = data
+    return out
+
+
 def materialize(store: Store, manifest: Manifest, version: int | None = None,
                 progress: Progress | None = None,
                 threads: int | None = None) -> tuple[dict[str, torch.Tensor], int]:

@@ -12,6 +12,8 @@
     GET    /healthz            readiness probe (never needs a token)
     GET    /metrics            Prometheus metrics (text exposition format)
     PUT    /samplers/ID        a sampler's heartbeat (samplers.py; the read token)
+    GET    /status.json        versions, samplers, chart series (status.py)
+    GET    / and /status       the status page (status_page.py)
 
 `PUT /manifest` is conditional with `If-Match: "ETAG"` (the manifest the writer read) or
 `If-None-Match: *` (no manifest yet): 412 if the manifest is another one. With a read
@@ -34,6 +36,7 @@ from .blobs import IMMUTABLE, send_file
 from .config import ServerConfig
 from .metrics import METRICS, OriginMetrics, count_requests, get_metrics
 from .samplers import BOOK, make_book, put_sampler
+from .status import get_status_json, get_status_page
 from .connections import CONNECTIONS, ConnectionLimits, Handler, track_connections
 from .origin import (ORIGIN, make_origin, open_upload, receive, request_key, require_reader,
                      require_token)
@@ -261,4 +264,7 @@ def make_app(config: ServerConfig) -> web.Application:
     app.router.add_get("/auth/upload", check_upload)
     app.router.add_get("/metrics", get_metrics)
     app.router.add_put("/samplers/{id}", put_sampler)
+    app.router.add_get("/status.json", get_status_json)
+    app.router.add_get("/status", get_status_page)
+    app.router.add_get("/", get_status_page)
     return app
