@@ -32,6 +32,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     from weight_teleport.errors import WeightTeleportError
+    from weight_teleport.observe.logs import configure
+
+    configure(getattr(args, "log_level", "warning"))
 
     try:
         return args.func(args)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import logging
 from pathlib import Path
 
 from weight_teleport.cli.common import READ_TOKEN_ENV, TOKEN_ENV, add_command, secret
@@ -39,6 +38,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="seconds an upload may stall (408), or a response stay unread")
     p.add_argument("--keepalive-timeout", type=float, default=d.keepalive_timeout_s,
                    help="seconds an idle connection is kept open")
+    p.add_argument("--sampler-stale", type=float, default=d.sampler_stale_s,
+                   help="seconds without a heartbeat after which a sampler shows as stale")
+    p.add_argument("--sampler-expiry", type=float, default=d.sampler_expiry_s,
+                   help="seconds without a heartbeat after which a sampler is forgotten")
     p.add_argument("--log-level", default="warning",
                    help="logging level; 'info' logs every request")
 
@@ -46,9 +49,6 @@ def register(sub: argparse._SubParsersAction) -> None:
 def serve_main(args: argparse.Namespace) -> int:
     """Run the origin with parsed `args` until interrupted; say where it listens."""
     from weight_teleport.server import ServerConfig, serve_forever
-
-    logging.basicConfig(level=args.log_level.upper(),
-                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
     token = secret(args.token_file, TOKEN_ENV)
     read_token = secret(args.read_token_file, READ_TOKEN_ENV)
     config = ServerConfig(root=args.root, host=args.host, port=args.port, token=token,
@@ -57,7 +57,9 @@ def serve_main(args: argparse.Namespace) -> int:
                           max_connections=args.max_connections,
                           header_timeout_s=args.header_timeout,
                           body_timeout_s=args.body_timeout,
-                          keepalive_timeout_s=args.keepalive_timeout)
+                          keepalive_timeout_s=args.keepalive_timeout,
+                          sampler_stale_s=args.sampler_stale,
+                          sampler_expiry_s=args.sampler_expiry)
     serve_forever(config, on_ready=lambda url: print(describe(config, url), flush=True))
     return 0
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from weight_teleport.codec import encode_delta, encode_snapshot
+from weight_teleport.observe.logs import kv
 from weight_teleport.pipeline.config import PublisherConfig
 from weight_teleport.pipeline.fetch import materialize
 from weight_teleport.pipeline.anchors import AnchorUploader
@@ -127,8 +128,8 @@ class Encoder:
         """Encode the anchor of `job`'s version (while the snapshot is still held) and hand
         it to the anchor thread; postponed to a later version while another uploads."""
         if self.anchors.busy:
-            log.info("anchor of version %d postponed: the previous anchor is still uploading",
-                     job.version)
+            log.info("%s", kv("anchor_postponed", version=job.version,
+                              why="the previous anchor is still uploading"))
             return
         t0 = time.perf_counter()
         with _side_stream(self.stream):

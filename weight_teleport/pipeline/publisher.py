@@ -16,6 +16,7 @@ import torch
 from weight_teleport.pipeline.config import PublisherConfig
 from weight_teleport.pipeline.encode import EncodeJob, Encoder
 from weight_teleport.errors import WeightTeleportError
+from weight_teleport.observe.logs import kv
 from weight_teleport.observe.publisher import PublisherMetrics
 from weight_teleport.pipeline.errors import PublishCancelled, PublishConflict, PublishFailed
 from weight_teleport.pipeline.manifest import from_json
@@ -138,8 +139,8 @@ class Publisher:
             dropped.job.result.skipped = True
             dropped.handle.future.set_result(dropped.job.result)
             self.metrics.skipped.inc()
-            log.info("version %d skipped: the encoder is busy (backpressure='skip')",
-                     dropped.handle.version)
+            log.info("%s", kv("version_skipped", version=dropped.handle.version,
+                              why="the encoder is busy (backpressure='skip')"))
 
     def _work(self) -> None:
         while True:
@@ -173,7 +174,8 @@ class Publisher:
                                      f"the publisher was cancelled")
             error.__cause__ = exc
         except Exception as exc:  # reported through the handle and flush; the baseline is kept
-            log.error("publishing version %d failed: %s", item.handle.version, exc)
+            log.error("%s", kv("publish_failed", version=item.handle.version,
+                               error=f"{type(exc).__name__}: {exc}"))
             error = exc
         self._pool.give(item.job.snapshot)
         item.handle.future.set_exception(error)

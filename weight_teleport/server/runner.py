@@ -14,6 +14,7 @@ from collections.abc import Callable
 
 from aiohttp import web
 
+from ..observe.logs import kv
 from .app import make_app
 from .config import ServerConfig
 from .connections import CONNECTIONS, ConnectionLimits
@@ -22,6 +23,7 @@ from .samplers import BOOK
 
 log = logging.getLogger(__name__)
 ACCESS_LOG = logging.getLogger("weight_teleport.server.access")
+ACCESS_FORMAT = 'event=request remote=%a request="%r" status=%s bytes=%b seconds=%Tf'
 _SPARE_FILES = 64  # descriptors beyond the connections' (listening socket, logs, hashing)
 
 
@@ -80,13 +82,16 @@ async def _start(config: ServerConfig) -> tuple[web.AppRunner, int]:
     app = make_app(config)
     # Lingering: after an early answer (413, 408, 507), the rest of a body is read and
     # dropped for this long, so that a client still sending gets to read the answer.
-    runner = web.AppRunner(app, access_log=ACCESS_LOG, shutdown_timeout=1.0,
+    runner = web.AppRunner(app, access_log=ACCESS_LOG, access_log_format=ACCESS_FORMAT,
+                           shutdown_timeout=1.0,
                            keepalive_timeout=config.keepalive_timeout_s,
                            lingering_time=min(10.0, config.body_timeout_s))
     await runner.setup()
     site = _GuardedSite(runner, config, tls)
     await site.start()
-    log.info("serving %s on %s", config.root, site.name)
+    log.info("%s", kv("origin_listening", url=site.name, root=config.root,
+                      uploads="token" if config.token else "refused",
+                      reads="token" if config.read_token else "open"))
     return runner, site.port
 
 
