@@ -20,9 +20,12 @@ from weight_teleport.store import StoreConfig, open_store
 
 
 def publish(url: str, versions, **config) -> None:
+    """Publish `versions` one at a time, each with its anchor stored (an anchor is never
+    postponed, so which versions retention keeps does not depend on the machine's speed)."""
     with Publisher(url, PublisherConfig(store=StoreConfig(token=TOKEN), **config)) as pub:
         for v in versions:
             pub.publish(expected(v))
+            assert pub.flush()
 
 
 def heartbeat(server, sampler: str, **report) -> None:
