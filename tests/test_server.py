@@ -185,18 +185,20 @@ def test_watch_sees_writers_that_bypass_the_server(origin: OriginServer) -> None
 
 
 def test_serve_command(tmp_path: Path) -> None:
-    port, token_file = free_port(), tmp_path / "token"
+    """`serve --port 0` says where it listens (the port bound), the root, and who may
+    upload and read."""
+    token_file = tmp_path / "token"
     token_file.write_text("file-token\n")
-    code = ("import argparse, sys; from weight_teleport.server import add_serve_arguments, "
-            "serve_main; p = argparse.ArgumentParser(); add_serve_arguments(p); "
-            "sys.exit(serve_main(p.parse_args(sys.argv[1:])))")
-    proc = subprocess.Popen([sys.executable, "-c", code, "--root", str(tmp_path / "root"),
-                             "--port", str(port), "--token-file", str(token_file)],
-                            stderr=subprocess.PIPE)
+    proc = subprocess.Popen([sys.executable, "-m", "weight_teleport.cli", "serve", "--root",
+                             str(tmp_path / "root"), "--port", "0", "--token-file",
+                             str(token_file)], stdout=subprocess.PIPE, text=True)
     try:
-        wait_until(lambda: proc.poll() is None and answers_http(port, "/healthz"), 60,
-                   "weight-teleport serve")
-        store = open_store(f"http://127.0.0.1:{port}", StoreConfig(token="file-token"))
+        said = [proc.stdout.readline() for _ in range(4)]
+        url = said[0].split()[-1]
+        assert url.startswith("http://127.0.0.1:") and not url.endswith(":0"), said
+        assert str((tmp_path / "root").resolve()) in said[1]
+        assert "need the upload token" in said[2] and "open to anyone" in said[3]
+        store = open_store(url, StoreConfig(token="file-token"))
         store.put("k", b"v")
         assert store.get("k") == b"v"
         assert (tmp_path / "root" / "objects" / "k").read_bytes() == b"v"

@@ -21,9 +21,7 @@ from weight_teleport.server import OriginServer, ServerConfig
 from weight_teleport.store import StoreConfig, open_store
 
 # `weight-teleport serve` without the CLI's other commands (which import torch: seconds).
-SERVE = ("import argparse, sys; from weight_teleport.server import add_serve_arguments, "
-         "serve_main; p = argparse.ArgumentParser(); add_serve_arguments(p); "
-         "sys.exit(serve_main(p.parse_args(sys.argv[1:])))")
+SERVE = ("-m", "weight_teleport.cli", "serve")
 PATIENCE_S = 30.0  # how long a test waits for a cut that the server makes after ~1 s
 HEAD = b"GET /healthz HTTP/1.1\r\nHost: x\r\n"
 
@@ -125,7 +123,7 @@ def test_default_limits_survive_1100_idle_connections(tmp_path: Path) -> None:
         pytest.skip(f"this test opens 1,100 sockets; the open-file limit is {hard}")
     resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 1400), hard))
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-c", SERVE, "--root", str(tmp_path / "root"),
+    proc = subprocess.Popen([sys.executable, *SERVE, "--root", str(tmp_path / "root"),
                              "--port", str(port)],
                             stderr=subprocess.PIPE, preexec_fn=_low_file_limit)
     try:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
@@ -130,6 +131,25 @@ def _pinned(data: bytes) -> bytes | np.ndarray:
         return pinned_pack(data)
     except RuntimeError:  # page-locked memory refused (a limit): the stage copies from the bytes
         return data
+
+
+def fetch_side_files(store: Store, manifest: Manifest, version: int) -> dict[str, bytes]:
+    """The side files of the newest anchor at or before `version` that lists any, each
+    checked against its record (size, SHA-256), else ObjectRejected."""
+    anchors = [e for e in manifest.anchors if e.version <= version and e.files]
+    if not anchors:
+        return {}
+    out = {}
+    for f in anchors[-1].files:
+        try:
+            data = store.get(f.key, max_bytes=f.size)
+        except TooLarge as exc:
+            raise ObjectRejected(f"side file {f.name} ({f.key}): {exc}") from None
+        if len(data) != f.size or hashlib.sha256(data).hexdigest() != f.sha256:
+            raise ObjectRejected(f"side file {f.name} ({f.key}): not the bytes the manifest "
+                                 f"names ({len(data)} bytes, the manifest says {f.size})")
+        out[f.name] = data
+    return out
 
 
 def materialize(store: Store, manifest: Manifest, version: int | None = None,

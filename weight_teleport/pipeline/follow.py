@@ -74,6 +74,14 @@ class Follower:
             else None
         """Checks the manifest's signature (ConfigError here for an unusable key)."""
 
+    def published_after(self, version: int | None) -> float | None:
+        """When the oldest version after `version` was published (Unix seconds; None if
+        there is none, or the manifest does not say)."""
+        if self.manifest is None:
+            return None
+        newer = [e for e in self.manifest.entries if version is None or e.version > version]
+        return _published_s(newer[0]) if newer else None
+
     def request_resync(self, reason: str) -> None:
         """Restart from an anchor at the next step (called from other threads)."""
         self.resync_reason = reason
@@ -101,6 +109,7 @@ class Follower:
                 self.sub._give_up(self.monitor.give_up())
                 return
             if self.monitor.health.consecutive_failures > before:
+                self.sub.metrics.retries.inc()
                 self.sub._sleep(self.monitor.backoff_s(self.config.retry_backoff_s,
                                                        self.config.retry_backoff_max_s))
 
@@ -218,11 +227,13 @@ class Follower:
         except OBJECT_ERRORS as exc:
             if isinstance(exc, ObjectRejected):
                 self.sub.stats.objects_rejected += 1
+                self.sub.metrics.rejected.inc()
                 self._strike(entry, f"rejected {exc}")
             else:
                 self._strike(entry, f"cannot fetch {entry.key}: {exc}")
             return None
         self.sub.stats.fetch_s += seconds
+        self.sub.metrics.fetched_one(len(pack), seconds)
         self.sub.stats.bytes_fetched += len(pack)
         self.sub.stats.objects_fetched += 1
         return pack
@@ -250,6 +261,7 @@ class Follower:
             self._strike(entry, f"staging {entry.key} raised {type(exc).__name__}: {exc}", staging=True)
             return
         self.sub.stats.stage_s += time.perf_counter() - t0
+        self.sub.metrics.staged(time.perf_counter() - t0, _published_s(entry))
         self._staged(entry, staged)
 
     def _staged(self, entry: Entry, staged: "StagedPatch") -> None:
@@ -300,9 +312,15 @@ class Follower:
         plan's choice (retention removed the chain)."""
         self.head = self.head_entry = self.head_digests = None
         self.sub.stats.resyncs += 1
+        self.sub.metrics.resynced()
         self.sub._event(f"resync from the latest anchor: {reason}", resync=True)
         if failed:
             self.monitor.failure(f"resync: {reason}")
+
+
+def _published_s(entry: Entry) -> float | None:
+    """When `entry` was published, in Unix seconds (None: its manifest does not say)."""
+    return entry.published_at_ms / 1000 if entry.published_at_ms else None
 
 
 def _newest(*versions: int | None) -> int | None:

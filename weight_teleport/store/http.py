@@ -265,6 +265,16 @@ class HttpStore(Store):
         self._check(status, body, "get manifest")
         return body
 
+    def get_status(self, query: str = "") -> dict | None:
+        """The origin's status document (`/status.json?QUERY`: versions, samplers); None
+        from an origin that serves none."""
+        status, _, body = self._retry(self._get_small, "/status.json" + (f"?{query}" if query else ""),
+                                      "get status")
+        if status == 404:
+            return None
+        self._check(status, body, "get status")
+        return json.loads(body)
+
     def _check_write(self) -> None:
         """Ask the origin whether the upload token may upload (it writes nothing); an
         origin too old to answer (404) is left to the first upload."""
