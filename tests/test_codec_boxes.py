@@ -63,7 +63,7 @@ def test_slice_holders_stage_only_their_chunks(order, dim):
     old, new = _pair(1)
     trainer = _shards(old, 2, 0)[1][1]  # the trainer rank holding rows 16..31
     o_part, n_part = old[16:], new[16:]
-    bounds = (COLS // 2,) if order == "cols" else (ROWS * 3 // 4,)
+    bounds = ((COLS // 2) * ROWS,) if order == "cols" else ((ROWS * 3 // 4) * COLS,)
     pack = wt.encode_delta({"w": o_part.contiguous()}, {"w": n_part.contiguous()}, base_version=1, version=2,
                            chunk_elems=64, slices={"w": trainer}, hints={"w": wt.Hint(order, bounds)})
     for mine in _shards(old, 2, dim):
@@ -85,7 +85,7 @@ def test_a_slice_across_chunks_is_refused_and_a_bad_chunk_named():
     local = old[: ROWS // 2].clone()
     local.view(torch.int16)[0] ^= 1
     pack = wt.encode_delta({"w": old}, {"w": new}, base_version=1, version=2, chunk_elems=64,
-                           hints={"w": wt.Hint("rows", (ROWS // 2,))})
+                           hints={"w": wt.Hint("rows", ((ROWS // 2) * COLS,))})
     held = {"w": wt.TensorSlice(old.shape, [(0, ROWS // 2), (0, COLS)])}
     with pytest.raises(PackMismatchError, match="chunk 0"):
         wt.stage_delta({"w": local}, pack, held=held)
@@ -118,3 +118,28 @@ def test_odd_shapes_and_dtypes_round_trip_through_shards():
             wt.apply_delta(live, wt.encode_delta({"w": o}, {"w": nw}, base_version=1, version=2, chunk_elems=8,
                                                  slices={"w": sl}, hints={"w": wt.Hint("cols")}))
         assert_bits_equal(live, {"w": new})
+
+
+def test_stage_chunks_gives_positions_in_the_whole_tensors_walk():
+    """The low-level form a sampler rank uses: chunks [i, j) of a trainer rank's record,
+    fetched alone, decoded against the rank's local walk elements."""
+    from weight_teleport.codec.api import chunk_byte_range, stage_chunks
+    from weight_teleport.codec.walks import walk_view
+    old, new = _pair(4)
+    box = ((8, 16), (0, COLS))
+    sl = wt.TensorSlice(old.shape, box)
+    bound = (COLS // 2) * ROWS  # the start of column 12 in the whole tensor's column walk
+    pack = wt.encode_delta({"w": old[8:24].contiguous()}, {"w": new[8:24].contiguous()}, base_version=1,
+                           version=2, chunk_elems=64, slices={"w": sl}, hints={"w": wt.Hint("cols", (bound,))})
+    h = read_header(pack)
+    rec = h.tensors[0]
+    spans = rec.chunk_spans(h.chunk_elems)
+    i = next(k for k, (s, _) in enumerate(spans) if s == (COLS // 2) * 16)
+    lo, hi = chunk_byte_range(h, rec, i, len(spans))
+    local = walk_view(old, ((0, ROWS), (0, COLS)), box, "cols").contiguous().reshape(-1)[spans[i][0]:]
+    pos, val = stage_chunks(h, rec, (i, len(spans)), local, pack[lo:hi], walk_start=spans[i][0])
+    whole_walk = old.T.contiguous().reshape(-1)
+    whole_walk[pos] = val
+    want = old.clone()
+    want[8:24, COLS // 2:] = new[8:24, COLS // 2:]
+    assert_bits_equal({"w": whole_walk}, {"w": want.T.contiguous().reshape(-1)})

@@ -1,5 +1,6 @@
 """The codec's public functions. Backends are chosen here and nowhere else."""
 
+import dataclasses
 import os
 import time
 from collections.abc import Iterable, Mapping, MutableMapping
@@ -215,6 +216,47 @@ def _window(rec, box, order: str, sub, chunk_elems: int) -> tuple[int, int, int]
         raise PackMismatchError(f"tensor {rec.name!r}: the pack's chunks are not cut at the bounds of this "
                                 f"slice (walk elements {a}..{b}); publish with a Hint giving its bounds")
     return (a, inside[0], inside[-1] + 1) if inside else (a, 0, 0)
+
+
+def stage_chunks(header: PackHeader, rec, chunk_range: tuple[int, int], local_walk: torch.Tensor,
+                 chunk_bytes, *, walk_start: int, check_base: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """Decode chunks [i, j) of record `rec` (of `header`, from `read_header`) against a
+    receiver's elements of the record's walk: `local_walk` (1-D, CPU) holds walk elements
+    `walk_start`.. of the record, every element of those chunks. `chunk_bytes`: the bytes
+    of the chunks, back to back as the pack lays them (pack bytes
+    `chunk_byte_range(header, rec, i, j)`). Each chunk is checked against its CRC and its
+    chunk digests (with `check_base`, the base ones against `local_walk`). Returns
+    (positions in the walk of the WHOLE tensor, int64; new bit patterns), nothing written;
+    `walks.tensor_positions` is the mapping used."""
+    i, j = chunk_range
+    if not 0 <= i <= j <= len(rec.chunks):
+        raise ValueError(f"chunks [{i}, {j}) of a record of {len(rec.chunks)}")
+    if i == j:
+        return torch.zeros(0, dtype=torch.int64), torch.zeros(0, dtype=local_walk.dtype)
+    shifted = dataclasses.replace(header, tensors=[rec], payload_offset=-rec.chunks[i].offset)
+    live = cpu.Live(local_walk, BY_NAME[rec.dtype])
+    staged = cpu.stage({rec.name: live}, shifted, chunk_bytes, check_base and header.kind == "delta", 1,
+                       windows={rec.name: (walk_start, i, j)})
+    pos, val = [], []
+    for c in staged.tensors[0].chunks:
+        n = c.values.size
+        p = np.arange(n, dtype=np.int64) if c.positions is None else c.positions.astype(np.int64)
+        pos.append(p + c.start + walk_start)
+        val.append(c.values)
+    box = tuple(map(tuple, rec.box)) if rec.box is not None else W.whole(rec.shape)
+    positions = W.tensor_positions(box, rec.order or "rows", rec.shape, torch.from_numpy(np.concatenate(pos)))
+    bits = np.concatenate(val)
+    values = torch.from_numpy(bits.view(bits.dtype.str.replace("u", "i"))).view(local_walk.dtype)
+    return positions, values
+
+
+def chunk_byte_range(header: PackHeader, rec, i: int, j: int) -> tuple[int, int]:
+    """[start, stop) of the pack's bytes holding chunks [i, j) of `rec` (a writer lays a
+    record's chunks back to back; ValueError where this pack's are not)."""
+    refs = rec.chunks[i:j]
+    if any(b.offset != a.offset + a.length for a, b in zip(refs, refs[1:])):
+        raise ValueError(f"tensor {rec.name!r}: chunks {i}..{j} are not back to back in the pack")
+    return header.payload_offset + refs[0].offset, header.payload_offset + refs[-1].offset + refs[-1].length
 
 
 def pinned_pack(pack) -> np.ndarray:

@@ -41,13 +41,15 @@ class Hint:
     order: str = "rows"
     """'rows' or 'cols' (receivers holding column ranges of a row-parallel tensor)."""
     bounds: tuple[int, ...] = ()
-    """Where receivers' slices start or end, in checkpoint coordinates along the walk's
-    outer axis: rows (dim 0) for 'rows', columns of the 2-D view [d0, d1*d2*...] for 'cols'.
-    Chunks are cut there; the elements between two cuts are a multiple of 8 (else ValueError)."""
+    """Where receivers' slices start or end: positions in the walk of the WHOLE checkpoint
+    tensor in this order, each at a row start ('rows') or a column start of the 2-D view
+    [d0, d1*d2*...] ('cols'). A record over a box is cut where the bounds fall inside it;
+    the elements between two cuts are a multiple of 8 (else ValueError)."""
 
     def __post_init__(self):
         if self.order not in ORDERS:
             raise ValueError(f"walk order {self.order!r} is not one of {ORDERS}")
+        object.__setattr__(self, "bounds", tuple(int(b) for b in self.bounds))
 
 
 def whole(shape: Sequence[int]) -> Box:
@@ -132,12 +134,17 @@ def cut_spans(sl: TensorSlice, hint: Hint, chunk_elems: int) -> list[tuple[int, 
         ext = (1,)
     if hint.order == "cols" and len(sl.box) >= 2:
         inner = math.prod(sl.shape[2:])
-        if any(e != d for e, d in zip(ext[2:], sl.shape[2:])):
+        if hint.bounds and any(e != d for e, d in zip(ext[2:], sl.shape[2:])):
             raise ValueError(f"column bounds need a box covering dims 2.. whole ({sl.box} of {sl.shape})")
-        first, width, step = sl.box[1][0] * inner, ext[1] * inner, ext[0]
+        first, width, step, line = sl.box[1][0] * inner, ext[1] * inner, ext[0], sl.shape[0]
     else:
         first, width, step = sl.box[0][0] if sl.box else 0, ext[0], n // max(ext[0], 1)
-    points = sorted({(b - first) * step for b in hint.bounds if first < b < first + width})
+        line = math.prod(sl.shape[1:])
+    if any(b % max(line, 1) for b in hint.bounds):
+        raise ValueError(f"bounds {hint.bounds} of a {hint.order} walk over {sl.shape} are not all at the "
+                         f"start of a {'row' if hint.order == 'rows' else 'column'} ({line} elements)")
+    outer = [b // max(line, 1) for b in hint.bounds]
+    points = sorted({(b - first) * step for b in outer if first < b < first + width})
     spans = []
     for lo, hi in zip([0, *points], [*points, n]):
         spans += [(s, min(s + chunk_elems, hi)) for s in range(lo, hi, chunk_elems)]
@@ -145,3 +152,28 @@ def cut_spans(sl: TensorSlice, hint: Hint, chunk_elems: int) -> list[tuple[int, 
         raise ValueError(f"cannot cut a box {sl.box} of {sl.shape} at bounds {hint.bounds}: the chunks "
                          "between them are not multiples of 8 elements")
     return spans
+
+
+def tensor_positions(box: Box, order: str, shape: Sequence[int], positions: torch.Tensor) -> torch.Tensor:
+    """Positions in a record's walk over `box` as positions in the walk (same order) of the
+    whole tensor of `shape` (int64)."""
+    if box == whole(shape):
+        return positions
+    ext = extents(box)
+    if order == "cols" and len(shape) >= 2:
+        col, row = positions // ext[0], positions % ext[0]
+        inner = _unravel(col, [(o, e) for o, e in box[1:]], shape[1:])
+        return inner * shape[0] + row + box[0][0]
+    return _unravel(positions, list(box), shape)
+
+
+def _unravel(positions: torch.Tensor, box, shape) -> torch.Tensor:
+    """Row-major positions inside `box` as row-major positions in `shape`."""
+    out = torch.zeros_like(positions)
+    rest = positions.clone()
+    for k in range(len(shape) - 1, -1, -1):
+        e = box[k][1]
+        idx = rest % e if e else rest
+        rest = rest // e if e else rest
+        out += (idx + box[k][0]) * math.prod(shape[k + 1:])
+    return out
