@@ -153,10 +153,11 @@ class Encoder:
             self.store.put_manifest(data, if_match=self.manifest_etag)
             self.manifest, self.manifest_etag = manifest, manifest_etag(data)
         for entry in dropped:
-            try:
-                self.store.delete(entry.key)
-            except NotFound:
-                pass
+            for key in entry.keys:
+                try:
+                    self.store.delete(key)
+                except NotFound:
+                    pass
 
     def close(self) -> None:
         """Wait for the anchor in flight."""

@@ -14,11 +14,14 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Callable
 
 from weight_teleport.pipeline.errors import ManifestError
+from weight_teleport.pipeline.parts import Part, check_covers, parse_part
 from weight_teleport.store.errors import InvalidKey
 from weight_teleport.store.hashing import PIECE_BYTES, tree_sha256
 from weight_teleport.store.keys import validate_key
 
 FORMAT = "weight-teleport-manifest/1"
+FORMAT_PARTS = "weight-teleport-manifest/2"
+"""The format of a manifest with an entry made of parts (a version of several writers)."""
 KINDS = ("delta", "snapshot")
 MAX_MANIFEST_BYTES = 16 << 20
 """Largest manifest parsed (the origin's default `max_manifest_bytes`): about 60 k entries."""
@@ -53,10 +56,32 @@ class Entry:
     piece_bytes: int = 0
     """How `sha256` was taken: 0, the SHA-256 of the bytes; else the SHA-256 tree over
     pieces of this many bytes (`store.hashing`), which readers check in parallel."""
+    parts: tuple[Part, ...] = ()
+    """The packs of a version made of parts (several writers); then `key`, `size` and
+    `sha256` are those of the first part and of all of them together (`parts_entry`),
+    in memory only: the stored entry lists its parts alone."""
+
+    @property
+    def keys(self) -> tuple[str, ...]:
+        """The store keys of the entry's objects."""
+        return tuple(p.key for p in self.parts) if self.parts else (self.key,)
+
+    def to_doc(self) -> dict:
+        if not self.parts:
+            return {k: v for k, v in asdict(self).items() if k != "parts"}
+        return {"version": self.version, "kind": self.kind, "base": self.base, "raw_bytes": self.raw_bytes,
+                "parts": [p.to_doc() for p in self.parts]}
 
 
-_FIELDS = {f.name for f in fields(Entry)}
+def parts_entry(version: int, kind: str, base: int | None, parts: tuple[Part, ...], raw_bytes: int) -> Entry:
+    """The entry of a version made of `parts` (at least one)."""
+    return Entry(version, kind, base, parts[0].key, sum(p.size for p in parts), parts[0].sha256, raw_bytes,
+                 0, tuple(parts))
+
+
+_FIELDS = {f.name for f in fields(Entry)} - {"parts"}
 _REQUIRED = _FIELDS - {"raw_bytes", "piece_bytes"}
+_PARTS_FIELDS = {"version", "kind", "base", "raw_bytes", "parts"}
 MIN_PIECE, MAX_PIECE = 1 << 16, 1 << 30
 """The piece sizes a reader accepts (powers of two)."""
 
@@ -89,8 +114,9 @@ class Manifest:
     def to_json(self, sign: Signer | None = None) -> bytes:
         """The manifest as the bytes stored in the store; `sign` (signing.ManifestSigner)
         adds a "signature" member over its canonical bytes (docs/FORMAT.md, Manifest)."""
-        doc = {"format": FORMAT, "latest": self.latest, "model": self.model,
-               "entries": [asdict(e) for e in self.entries]}
+        fmt = FORMAT_PARTS if any(e.parts for e in self.entries) else FORMAT
+        doc = {"format": fmt, "latest": self.latest, "model": self.model,
+               "entries": [e.to_doc() for e in self.entries]}
         if sign is not None:
             doc["signature"] = sign(canonical_bytes(doc))
         return json.dumps(doc, indent=1, sort_keys=True).encode()
@@ -124,6 +150,8 @@ def from_json(data: bytes, *, verify: Verifier | None = None,
         raise ManifestError(f"malformed manifest: entries is a {type(entries).__name__}, not a list")
     manifest = checked(Manifest(tuple(_entry(i, e) for i, e in enumerate(entries)),
                                 _model(doc["model"])))
+    if doc["format"] == FORMAT and any(e.parts for e in manifest.entries):
+        raise ManifestError(f"malformed manifest: a {FORMAT} manifest with an entry made of parts")
     if doc["latest"] != manifest.latest or isinstance(doc["latest"], bool):
         raise ManifestError(f"malformed manifest: latest is {str(doc['latest'])[:40]!r}, its last "
                             f"entry is version {manifest.latest}")
@@ -142,8 +170,9 @@ def _parse(data: bytes) -> dict:
                             f"{str(exc)[:200]})") from None
     if not isinstance(doc, dict):
         raise ManifestError(f"malformed manifest: a JSON {type(doc).__name__}, not an object")
-    if doc.get("format") != FORMAT:
-        raise ManifestError(f"not a {FORMAT} manifest (format {str(doc.get('format'))[:100]!r})")
+    if doc.get("format") not in (FORMAT, FORMAT_PARTS):
+        raise ManifestError(f"not a {FORMAT} or {FORMAT_PARTS} manifest (format "
+                            f"{str(doc.get('format'))[:100]!r}): a newer writer's? upgrade weight-teleport")
     missing, unknown = _TOP_REQUIRED - doc.keys(), doc.keys() - _TOP_REQUIRED - {"signature"}
     if missing or unknown:
         raise ManifestError(f"malformed manifest: missing {sorted(missing)}, unknown "
@@ -174,6 +203,8 @@ def _entry(index: int, raw: object) -> Entry:
     """One entry, every field checked (types, ranges, key syntax, digest form)."""
     if not isinstance(raw, dict):
         raise ManifestError(f"manifest entry {index} is a {type(raw).__name__}, not an object")
+    if "parts" in raw:
+        return _parts_entry(index, raw)
     missing, unknown = _REQUIRED - raw.keys(), raw.keys() - _FIELDS
     if missing or unknown:
         raise ManifestError(f"manifest entry {index}: missing {sorted(missing)}, unknown "
@@ -190,11 +221,34 @@ def _entry(index: int, raw: object) -> Entry:
                             "lowercase hex digits")
     base = None if raw["base"] is None else _int(raw, "base", 0)
     piece = _int(raw, "piece_bytes", 0) if "piece_bytes" in raw else 0
-    if piece and not (MIN_PIECE <= piece <= MAX_PIECE and piece & (piece - 1) == 0):
-        raise ManifestError(f"manifest entry {key!r}: piece_bytes {piece} is not 0 or a power "
-                            f"of two in [{MIN_PIECE}, {MAX_PIECE}]")
+    _check_piece(piece, f"manifest entry {key!r}")
     return Entry(_int(raw, "version", 0), kind, base, key, _int(raw, "size", 1), sha,
                  _int(raw, "raw_bytes", 0) if "raw_bytes" in raw else 0, piece)
+
+
+def _check_piece(piece: int, where: str) -> None:
+    if piece and not (MIN_PIECE <= piece <= MAX_PIECE and piece & (piece - 1) == 0):
+        raise ManifestError(f"{where}: piece_bytes {piece} is not 0 or a power of two in "
+                            f"[{MIN_PIECE}, {MAX_PIECE}]")
+
+
+def _parts_entry(index: int, raw: dict) -> Entry:
+    """An entry made of parts, every field checked (the parts' covers disjoint)."""
+    missing, unknown = (_PARTS_FIELDS - {"raw_bytes"}) - raw.keys(), raw.keys() - _PARTS_FIELDS
+    if missing or unknown:
+        raise ManifestError(f"manifest entry {index} (with parts): missing {sorted(missing)}, unknown "
+                            f"{sorted(unknown)[:5]} (an entry has parts or a key, not both)")
+    kind, parts = raw["kind"], raw["parts"]
+    if kind not in KINDS:
+        raise ManifestError(f"manifest entry {index}: kind {str(kind)[:40]!r} is not one of {KINDS}")
+    if not isinstance(parts, list) or not parts:
+        raise ManifestError(f"manifest entry {index}: parts is not a non-empty list")
+    where = f"manifest entry {index}"
+    parsed = tuple(parse_part(p, where, _check_piece) for p in parts)
+    check_covers(parsed, where)
+    base = None if raw["base"] is None else _int(raw, "base", 0)
+    return parts_entry(_int(raw, "version", 0), kind, base, parsed,
+                       _int(raw, "raw_bytes", 0) if "raw_bytes" in raw else 0)
 
 
 def _model(model: object) -> dict:
@@ -218,9 +272,10 @@ def checked(manifest: Manifest) -> Manifest:
         if i and _order(e) <= _order(manifest.entries[i - 1]):
             raise ManifestError(f"entry {e.key!r} (version {e.version} {e.kind}) is out of order "
                                 "or duplicated")
-        if e.key in keys:
-            raise ManifestError(f"key {e.key!r} is listed twice")
-        keys.add(e.key)
+        for key in e.keys:
+            if key in keys:
+                raise ManifestError(f"key {key!r} is listed twice")
+            keys.add(key)
     return manifest
 
 
