@@ -11,7 +11,7 @@ from weight_teleport.codec.api import (
     stage_delta,
     tensor_digest,
 )
-from weight_teleport.codec.patch import ApplyReport, StagedPatch
+from weight_teleport.codec.patch import ApplyReport, StagedParts, StagedPatch
 from weight_teleport.codec.walks import Hint, TensorSlice
 from weight_teleport.format.limits import PackLimits
 
@@ -19,6 +19,7 @@ __all__ = [
     "ApplyReport",
     "Hint",
     "PackLimits",
+    "StagedParts",
     "StagedPatch",
     "TensorSlice",
     "apply_delta",

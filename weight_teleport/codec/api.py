@@ -12,7 +12,7 @@ from weight_teleport.codec.cpu import backend as cpu
 from weight_teleport.codec.slices import chunk_window
 from weight_teleport.codec.walks import Hint, TensorSlice
 from weight_teleport.codec.dtypes import BY_NAME, dtype_info
-from weight_teleport.codec.patch import ApplyReport, StagedPatch
+from weight_teleport.codec.patch import ApplyReport, StagedParts, StagedPatch
 from weight_teleport.codec.plan import DEFAULT_CHUNK_ELEMS, check_chunk_elems
 from weight_teleport.errors import PackMismatchError, UnsupportedFormatError
 from weight_teleport.format import PackHeader, PackLimits, read_header, write_pack, write_pack_into
@@ -264,9 +264,13 @@ def stage_delta(state: Mapping[str, torch.Tensor], pack: bytes, *, base_version:
 
 
 @collections_paused()
-def apply_staged(state: MutableMapping[str, torch.Tensor], staged: StagedPatch,
+def apply_staged(state: MutableMapping[str, torch.Tensor], staged: StagedPatch | StagedParts,
                  threads: int | None = None) -> None:
     """Write a staged patch into `state` in place (the only step that modifies weights)."""
+    if isinstance(staged, StagedParts):
+        for patch in staged.patches:
+            apply_staged(state, patch, threads)
+        return
     backend = _backend(state[t.name] for t in staged.tensors)
     walks = getattr(staged, "walks", {})
     lives = {t.name: backend.Live(W.walk_view(state[t.name], *walks[t.name]) if t.name in walks
