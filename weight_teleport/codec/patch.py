@@ -45,6 +45,9 @@ class StagedPatch:
     tensors: list[TensorPatch]
     base_checked: bool
     """Whether the live weights were checked against the pack's base digests while staging."""
+    walks: dict = field(default_factory=dict)
+    """name -> (held box, staged box, order) of records over boxes: `apply_staged` writes
+    them through the same walk views (codec/walks.py)."""
 
     @property
     def changed(self) -> int:
@@ -75,3 +78,42 @@ class ApplyReport:
     """The result's digests were checked (before any weight was written)."""
     stage_seconds: float
     apply_seconds: float
+
+
+@dataclass
+class StagedParts:
+    """The staged patches of the parts of one version (packs over disjoint boxes of the
+    same tensors, from several writers): `apply_staged` writes them all."""
+    patches: list[StagedPatch]
+
+    @property
+    def kind(self) -> str:
+        return self.patches[0].kind
+
+    @property
+    def version(self) -> int:
+        return self.patches[0].version
+
+    @property
+    def base_version(self) -> int | None:
+        return self.patches[0].base_version
+
+    @property
+    def base_checked(self) -> bool:
+        return all(p.base_checked for p in self.patches)
+
+    @property
+    def tensors(self) -> list[TensorPatch]:
+        return [t for p in self.patches for t in p.tensors]
+
+    @property
+    def changed(self) -> int:
+        return sum(p.changed for p in self.patches)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(p.nbytes for p in self.patches)
+
+    def offload(self) -> "StagedParts":
+        self.patches = [p.offload() for p in self.patches]
+        return self

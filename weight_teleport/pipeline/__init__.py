@@ -7,10 +7,12 @@ import importlib
 
 _WHERE = {
     "Health": "health",
+    "PartResult": "group",
     "PublishHandle": "publisher",
     "PublishResult": "metrics",
     "Publisher": "publisher",
     "PublisherConfig": "config",
+    "PublisherGroup": "group",
     "RetentionConfig": "config",
     "Subscriber": "subscriber",
     "SubscriberConfig": "config",

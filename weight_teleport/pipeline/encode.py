@@ -70,7 +70,7 @@ class Encoder:
         self.last_anchor: int | None = anchors[-1].version if anchors else None
         """The version of the newest anchor stored or on its way."""
         self._manifest_lock = threading.Lock()
-        self.anchors = AnchorUploader(store, self._announce)
+        self.anchors = AnchorUploader(store, self.announce)
         self.files: dict[str, bytes] = {}
         """The side files every snapshot carries (the latest a `publish` gave)."""
         self._stored_files = {f.key for e in self.manifest.entries for f in e.files}
@@ -113,7 +113,7 @@ class Encoder:
         t1 = time.perf_counter()
         entry = self._stamped(make_entry(job.version, kind, base, pack, state_nbytes(job.snapshot)), job)
         self.store.put(entry.key, pack)
-        self._announce(entry)
+        self.announce(entry)
         t2 = time.perf_counter()
         if kind == "snapshot":
             self.last_anchor = job.version
@@ -173,7 +173,7 @@ class Encoder:
     def _encode_snapshot(self, job: EncodeJob):
         return encode_snapshot(job.snapshot, version=job.version, **self._options())
 
-    def _announce(self, entry: Entry) -> None:
+    def announce(self, entry: Entry) -> None:
         """Write the manifest with `entry` in its place (an anchor may follow deltas of later
         versions), then delete what retention dropped from it. One writer at a time: the
         worker and the anchor thread both announce."""

@@ -160,6 +160,9 @@ def materialize(store: Store, manifest: Manifest, version: int | None = None,
     plan = plan_catchup(manifest, None, version)
     state: dict[str, torch.Tensor] = {}
     for entry in plan.steps:
+        if entry.parts:
+            state = _apply_parts(store, entry, state, progress, threads)
+            continue
         pack = fetch(store, entry)
         if progress is not None:
             progress(len(pack))
@@ -168,3 +171,19 @@ def materialize(store: Store, manifest: Manifest, version: int | None = None,
         else:
             apply_delta(state, pack, base_version=entry.base, threads=threads)
     return state, plan.target
+
+
+def _apply_parts(store: Store, entry: Entry, state: dict, progress: Progress | None,
+                 threads: int | None) -> dict[str, torch.Tensor]:
+    """`state` advanced by a version made of parts (a snapshot's parts build a new state)."""
+    from weight_teleport.pipeline import assemble
+
+    packs = assemble.fetch_parts(store, entry)
+    if progress is not None:
+        progress(sum(len(p) for p in packs))
+    if entry.kind == "snapshot":
+        state = assemble.empty_state(packs)
+    staged = assemble.stage_parts(state, packs, threads=threads,
+                                  base_version=entry.base if entry.kind == "delta" else None)
+    assemble.apply_parts(state, staged, threads)
+    return state

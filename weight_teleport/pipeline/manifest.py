@@ -15,11 +15,14 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Callable
 
 from weight_teleport.pipeline.errors import ManifestError
+from weight_teleport.pipeline.parts import Part, check_covers, parse_part
 from weight_teleport.store.errors import InvalidKey
 from weight_teleport.store.hashing import PIECE_BYTES, tree_sha256
 from weight_teleport.store.keys import validate_key
 
 FORMAT = "weight-teleport-manifest/1"
+FORMAT_PARTS = "weight-teleport-manifest/2"
+"""The format of a manifest with an entry made of parts (a version of several writers)."""
 KINDS = ("delta", "snapshot")
 MAX_MANIFEST_BYTES = 16 << 20
 """Largest manifest parsed (the origin's default `max_manifest_bytes`): about 60 k entries."""
@@ -86,22 +89,46 @@ class Entry:
     """When the publisher announced the object: Unix time in milliseconds (0: unknown)."""
     files: tuple[SideFile, ...] = ()
     """Snapshots: the checkpoint's side files published with it (`pull` writes them)."""
+    parts: tuple[Part, ...] = ()
+    """The packs of a version made of parts (several writers); then `key`, `size` and
+    `sha256` are those of the first part and of all of them together (`parts_entry`),
+    in memory only: the stored entry lists its parts alone."""
+
+    @property
+    def keys(self) -> tuple[str, ...]:
+        """The store keys of the entry's objects."""
+        return tuple(p.key for p in self.parts) if self.parts else (self.key,)
 
     def to_dict(self) -> dict:
         """The entry as stored (the optional members only where they say something)."""
-        d = asdict(self)
-        if not self.published_at_ms:
-            del d["published_at_ms"]
-        if not self.files:
-            del d["files"]
+        if self.parts:
+            d = {"version": self.version, "kind": self.kind, "base": self.base,
+                 "raw_bytes": self.raw_bytes, "parts": [p.to_doc() for p in self.parts]}
         else:
-            d["files"] = [asdict(f) for f in self.files]
+            d = asdict(self)
+            del d["parts"]
+            if not self.files:
+                del d["files"]
+            else:
+                d["files"] = [asdict(f) for f in self.files]
+        if self.published_at_ms:
+            d["published_at_ms"] = self.published_at_ms
+        else:
+            d.pop("published_at_ms", None)
         return d
 
 
-_FIELDS = {f.name for f in fields(Entry)}
+def parts_entry(version: int, kind: str, base: int | None, parts: tuple[Part, ...], raw_bytes: int,
+                published_at_ms: int = 0) -> Entry:
+    """The entry of a version made of `parts` (at least one)."""
+    return Entry(version, kind, base, parts[0].key, sum(p.size for p in parts), parts[0].sha256, raw_bytes,
+                 0, published_at_ms, parts=tuple(parts))
+
+
+_FIELDS = {f.name for f in fields(Entry)} - {"parts"}
 _REQUIRED = _FIELDS - {"raw_bytes", "piece_bytes", "published_at_ms", "files"}
 _FILE_FIELDS = {f.name for f in fields(SideFile)}
+_PARTS_FIELDS = {"version", "kind", "base", "raw_bytes", "parts", "published_at_ms"}
 MIN_PIECE, MAX_PIECE = 1 << 16, 1 << 30
 """The piece sizes a reader accepts (powers of two)."""
 
@@ -136,7 +163,8 @@ class Manifest:
     def to_json(self, sign: Signer | None = None) -> bytes:
         """The manifest as the bytes stored in the store; `sign` (signing.ManifestSigner)
         adds a "signature" member over its canonical bytes (docs/FORMAT.md, Manifest)."""
-        doc = {"format": FORMAT, "latest": self.latest, "model": self.model,
+        fmt = FORMAT_PARTS if any(e.parts for e in self.entries) else FORMAT
+        doc = {"format": fmt, "latest": self.latest, "model": self.model,
                "entries": [e.to_dict() for e in self.entries]}
         if self.retention is not None:
             doc["retention"] = asdict(self.retention)
@@ -173,6 +201,8 @@ def from_json(data: bytes, *, verify: Verifier | None = None,
         raise ManifestError(f"malformed manifest: entries is a {type(entries).__name__}, not a list")
     manifest = checked(Manifest(tuple(_entry(i, e) for i, e in enumerate(entries)),
                                 _model(doc["model"]), _retention(doc.get("retention"))))
+    if doc["format"] == FORMAT and any(e.parts for e in manifest.entries):
+        raise ManifestError(f"malformed manifest: a {FORMAT} manifest with an entry made of parts")
     if doc["latest"] != manifest.latest or isinstance(doc["latest"], bool):
         raise ManifestError(f"malformed manifest: latest is {str(doc['latest'])[:40]!r}, its last "
                             f"entry is version {manifest.latest}")
@@ -191,8 +221,9 @@ def _parse(data: bytes) -> dict:
                             f"{str(exc)[:200]})") from None
     if not isinstance(doc, dict):
         raise ManifestError(f"malformed manifest: a JSON {type(doc).__name__}, not an object")
-    if doc.get("format") != FORMAT:
-        raise ManifestError(f"not a {FORMAT} manifest (format {str(doc.get('format'))[:100]!r})")
+    if doc.get("format") not in (FORMAT, FORMAT_PARTS):
+        raise ManifestError(f"not a {FORMAT} or {FORMAT_PARTS} manifest (format "
+                            f"{str(doc.get('format'))[:100]!r}): a newer writer's? upgrade weight-teleport")
     missing, unknown = _TOP_REQUIRED - doc.keys(), doc.keys() - _TOP_REQUIRED - _TOP_OPTIONAL
     if missing or unknown:
         raise ManifestError(f"malformed manifest: missing {sorted(missing)}, unknown "
@@ -223,6 +254,8 @@ def _entry(index: int, raw: object) -> Entry:
     """One entry, every field checked (types, ranges, key syntax, digest form)."""
     if not isinstance(raw, dict):
         raise ManifestError(f"manifest entry {index} is a {type(raw).__name__}, not an object")
+    if "parts" in raw:
+        return _parts_entry(index, raw)
     missing, unknown = _REQUIRED - raw.keys(), raw.keys() - _FIELDS
     if missing or unknown:
         raise ManifestError(f"manifest entry {index}: missing {sorted(missing)}, unknown "
@@ -239,9 +272,7 @@ def _entry(index: int, raw: object) -> Entry:
                             "lowercase hex digits")
     base = None if raw["base"] is None else _int(raw, "base", 0)
     piece = _int(raw, "piece_bytes", 0) if "piece_bytes" in raw else 0
-    if piece and not (MIN_PIECE <= piece <= MAX_PIECE and piece & (piece - 1) == 0):
-        raise ManifestError(f"manifest entry {key!r}: piece_bytes {piece} is not 0 or a power "
-                            f"of two in [{MIN_PIECE}, {MAX_PIECE}]")
+    _check_piece(piece, f"manifest entry {key!r}")
     files = _files(key, kind, raw.get("files", []))
     return Entry(_int(raw, "version", 0), kind, base, key, _int(raw, "size", 1), sha,
                  _int(raw, "raw_bytes", 0) if "raw_bytes" in raw else 0, piece,
@@ -289,6 +320,32 @@ def _retention(raw: object) -> Retention | None:
     return Retention(_int(raw, "keep_anchors", 0), removed)
 
 
+def _check_piece(piece: int, where: str) -> None:
+    if piece and not (MIN_PIECE <= piece <= MAX_PIECE and piece & (piece - 1) == 0):
+        raise ManifestError(f"{where}: piece_bytes {piece} is not 0 or a power of two in "
+                            f"[{MIN_PIECE}, {MAX_PIECE}]")
+
+
+def _parts_entry(index: int, raw: dict) -> Entry:
+    """An entry made of parts, every field checked (the parts' covers disjoint)."""
+    missing, unknown = (_PARTS_FIELDS - {"raw_bytes", "published_at_ms"}) - raw.keys(), raw.keys() - _PARTS_FIELDS
+    if missing or unknown:
+        raise ManifestError(f"manifest entry {index} (with parts): missing {sorted(missing)}, unknown "
+                            f"{sorted(unknown)[:5]} (an entry has parts or a key, not both)")
+    kind, parts = raw["kind"], raw["parts"]
+    if kind not in KINDS:
+        raise ManifestError(f"manifest entry {index}: kind {str(kind)[:40]!r} is not one of {KINDS}")
+    if not isinstance(parts, list) or not parts:
+        raise ManifestError(f"manifest entry {index}: parts is not a non-empty list")
+    where = f"manifest entry {index}"
+    parsed = tuple(parse_part(p, where, _check_piece) for p in parts)
+    check_covers(parsed, where)
+    base = None if raw["base"] is None else _int(raw, "base", 0)
+    return parts_entry(_int(raw, "version", 0), kind, base, parsed,
+                       _int(raw, "raw_bytes", 0) if "raw_bytes" in raw else 0,
+                       _int(raw, "published_at_ms", 0) if "published_at_ms" in raw else 0)
+
+
 def _model(model: object) -> dict:
     if not isinstance(model, dict):
         raise ManifestError(f"malformed manifest: model is a {type(model).__name__}, not an object")
@@ -310,9 +367,10 @@ def checked(manifest: Manifest) -> Manifest:
         if i and _order(e) <= _order(manifest.entries[i - 1]):
             raise ManifestError(f"entry {e.key!r} (version {e.version} {e.kind}) is out of order "
                                 "or duplicated")
-        if e.key in keys:
-            raise ManifestError(f"key {e.key!r} is listed twice")
-        keys.add(e.key)
+        for key in e.keys:
+            if key in keys:
+                raise ManifestError(f"key {key!r} is listed twice")
+            keys.add(key)
     return manifest
 
 

@@ -105,7 +105,7 @@ def unreferenced_keys(kept: Manifest, dropped: list[Entry]) -> list[str]:
     files no kept entry lists (anchors share the files that did not change)."""
     still = {f.key for e in kept.entries for f in e.files}
     files = {f.key for e in dropped for f in e.files} - still
-    return [e.key for e in dropped] + sorted(files)
+    return [k for e in dropped for k in e.keys] + sorted(files)
 
 
 def needs_anchor(last_anchor: int | None, version: int, anchor_every: int) -> bool:

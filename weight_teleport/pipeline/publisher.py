@@ -203,7 +203,7 @@ class Publisher:
         publisher may have written the same bytes under the same key)."""
         try:
             raw = self._store.get_manifest()
-            named = {e.key for e in from_json(raw).entries} if raw is not None else set()
+            named = {k for e in from_json(raw).entries for k in e.keys} if raw is not None else set()
         except WeightTeleportError as exc:  # the conflict is the error to report
             log.warning("could not tell which uploads are unused: %s", exc)
             return []

@@ -1,0 +1,176 @@
+"""Sharded trainers: every rank encodes and uploads its own shard; no rank gathers the
+weights. A version is one manifest entry made of the ranks' parts (docs/FORMAT.md,
+"Versions made of parts"), written by rank 0 once every rank reported its part stored.
+
+Ranks report through torch.distributed object collectives (a gloo group: CPU tensors of
+metadata only). A rank that dies mid-version makes the others' collective fail: rank 0
+writes nothing, so subscribers never see that version, and a new group (restarted ranks)
+publishes its first version whole."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+
+from weight_teleport.codec import TensorSlice, encode_delta, encode_snapshot
+from weight_teleport.format import read_header
+from weight_teleport.pipeline.config import PublisherConfig
+from weight_teleport.pipeline.encode import Encoder
+from weight_teleport.pipeline.errors import PublishFailed
+from weight_teleport.pipeline.manifest import object_key, parts_entry
+from weight_teleport.pipeline.parts import Part
+from weight_teleport.pipeline.plan import needs_anchor
+from weight_teleport.pipeline.shards import local_shards
+from weight_teleport.store import Store, open_store
+from weight_teleport.store.hashing import PIECE_BYTES, tree_sha256
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class PartResult:
+    """What one rank did for one version."""
+
+    version: int
+    kinds: list[str] = field(default_factory=list)
+    """The entries published: "delta" and/or "snapshot" (empty: the version failed)."""
+    part_bytes: dict[str, int] = field(default_factory=dict)
+    """kind -> bytes of this rank's part (0: the rank held nothing to publish)."""
+    raw_bytes: int = 0
+    """Bytes of the weights this rank holds."""
+    encode_s: float = 0.0
+    upload_s: float = 0.0
+    total_s: float = 0.0
+
+
+class PublisherGroup:
+    """One rank's publisher of a group of trainer ranks (every rank of `group` makes one
+    and calls `publish` for every version, in step: it is a collective).
+
+    `hints` (name -> walk order and bounds: `codec.Hint`, a pair, or the sampler layouts'
+    `slice_hints`) cut every rank's records where sampler ranks' slices begin or end.
+    Baselines are each rank's own previous shards, kept where the shards are (a copy)."""
+
+    def __init__(self, url: str, config: PublisherConfig | None = None, *, group=None,
+                 store: Store | None = None, hints: Mapping | None = None):
+        self.config = config = config or PublisherConfig()
+        self.group = group if group is not None else _gloo_group()
+        self.rank = dist.get_rank(self.group)
+        self.hints = dict(hints or {})
+        self._own_store = store is None
+        self.store = store or open_store(url, config.store)
+        self.store.check_write_access()
+        self._encoder = Encoder(self.store, config) if self.rank == 0 else None
+        """Rank 0's: the manifest, its ETag, retention and signing."""
+        latest = self._encoder.manifest.latest if self._encoder and config.resume else None
+        self.baseline: dict[str, torch.Tensor] | None = None
+        self.baseline_version: int | None = None
+        self.last_anchor: int | None = None
+        self.next_version = _broadcast(0 if latest is None else latest + 1, self.group)
+
+    def publish(self, state: Mapping[str, torch.Tensor], version: int | None = None, *,
+                slices: Mapping[str, TensorSlice] | None = None) -> PartResult:
+        """Publish this rank's shards of `state` as `version` (default: the next one), with
+        the other ranks: DTensors give their boxes; plain tensors are the boxes `slices`
+        names (else whole tensors this rank alone holds). Returns once the version is in
+        the manifest; raises PublishFailed on every rank where any rank failed (the version
+        is not published; the next one is encoded against the last published)."""
+        t0 = time.perf_counter()
+        version = self.next_version if version is None else int(version)
+        tensors, boxes = local_shards(state, slices)
+        snapshot = {k: t.clone() for k, t in tensors.items()}
+        r = PartResult(version, raw_bytes=sum(t.numel() * t.element_size() for t in snapshot.values()))
+        kinds = ["delta"] if self.baseline is not None else ["snapshot"]
+        if kinds == ["delta"] and needs_anchor(self.last_anchor, version, self.config.anchor_every):
+            kinds.append("snapshot")
+        parts, error = {}, None
+        try:
+            for kind in kinds:
+                parts[kind] = self._part(kind, version, snapshot, boxes, r)
+        except Exception as exc:  # reported to the group: nobody announces the version
+            log.error("rank %d: encoding or storing version %d failed: %s", self.rank, version, exc)
+            error = f"rank {self.rank}: {type(exc).__name__}: {exc}"
+        outcome = self._commit(version, kinds, parts, error, r)
+        if outcome is not None:
+            raise PublishFailed([(version, RuntimeError(outcome))])
+        self.baseline, self.baseline_version, self.next_version = snapshot, version, version + 1
+        if "snapshot" in kinds:
+            self.last_anchor = version
+        r.kinds, r.total_s = kinds, time.perf_counter() - t0
+        return r
+
+    def _part(self, kind: str, version: int, snapshot: dict, boxes: dict, r: PartResult) -> Part | None:
+        """Encode and store this rank's part of `kind`; None where the rank holds nothing."""
+        if not snapshot:
+            r.part_bytes[kind] = 0
+            return None
+        t0 = time.perf_counter()
+        opts = {"level": self.config.level, "threads": self.config.threads,
+                "slices": boxes or None, "hints": {k: h for k, h in self.hints.items() if k in snapshot} or None}
+        if self.config.chunk_elems is not None:
+            opts["chunk_elems"] = self.config.chunk_elems
+        if kind == "delta":
+            pack = encode_delta(self.baseline, snapshot, base_version=self.baseline_version, version=version, **opts)
+        else:
+            pack = encode_snapshot(snapshot, version=version, **opts)
+        pack = bytes(pack)
+        t1 = time.perf_counter()
+        digest = tree_sha256(pack, PIECE_BYTES)
+        base = self.baseline_version if kind == "delta" else None
+        key = object_key(version, kind, base, pack, digest).replace(
+            ".pack", f"-r{self.rank}.pack")
+        self.store.put(key, pack)
+        r.encode_s += t1 - t0
+        r.upload_s += time.perf_counter() - t1
+        r.part_bytes[kind] = len(pack)
+        covers = tuple((rec.name, tuple(map(tuple, rec.box)) if rec.box is not None
+                        else tuple((0, d) for d in rec.shape)) for rec in read_header(pack).tensors)
+        return Part(key, len(pack), digest, covers, PIECE_BYTES)
+
+    def _commit(self, version: int, kinds: list[str], parts: dict, error: str | None,
+                r: PartResult) -> str | None:
+        """Gather every rank's parts; rank 0 announces the version's entries when all are
+        stored. Returns None when the version is published, else why not (on every rank)."""
+        reports = [None] * dist.get_world_size(self.group)
+        dist.all_gather_object(reports, (parts, error, r.raw_bytes), group=self.group)
+        errors = [e for _, e, _ in reports if e is not None]
+        outcome = "; ".join(errors) if errors else None
+        if self.rank == 0 and outcome is None:
+            try:
+                raw = sum(b for _, _, b in reports)
+                for kind in kinds:
+                    found = tuple(p[kind] for p, _, _ in reports if p.get(kind) is not None)
+                    base = self.baseline_version if kind == "delta" else None
+                    self._encoder.announce(parts_entry(version, kind, base, found, raw))
+            except Exception as exc:  # the other ranks learn it below
+                outcome = f"rank 0: writing the manifest failed: {type(exc).__name__}: {exc}"
+        return _broadcast(outcome, self.group)
+
+    def close(self) -> None:
+        if self._encoder is not None:
+            self._encoder.close()
+        if self._own_store:
+            self.store.close()
+
+    def __enter__(self) -> "PublisherGroup":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _gloo_group():
+    """The default group where it runs gloo, else a gloo group of the same ranks (object
+    collectives of metadata, beside an NCCL training group)."""
+    return None if dist.get_backend() == "gloo" else dist.new_group(backend="gloo")
+
+
+def _broadcast(value, group):
+    box = [value]
+    dist.broadcast_object_list(box, src=dist.get_global_rank(group, 0) if group is not None else 0, group=group)
+    return box[0]
