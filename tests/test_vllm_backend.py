@@ -77,16 +77,19 @@ def stage(llm, config, tp: int, version: int, old, new, ranks=None, corrupt_rank
     return sum(len(w[1]) + len(w[2]) for ws in payload.values() for w in ws)
 
 
-def commit(llm, version: int, wait_s: float = 60.0) -> str | None:
-    """Commit `version`; None when applied, else the error's message (a failed
-    `update_weights` ends vLLM's update session on every worker: no finish then)."""
+def commit(llm, version: int, wait_s: float = 60.0) -> str:
+    """Commit `version` through vLLM's weight-transfer API; the group's outcome, which
+    every rank must report alike."""
+    import msgspec
+
+    info = {"version": version, "wait_s": wait_s}
+    assert len(msgspec.msgpack.encode(info)) < 64  # all that crosses the RPC in the pause
     llm.start_weight_update()
-    try:
-        llm.update_weights({"update_info": {"version": version, "wait_s": wait_s}})
-    except Exception as e:  # vLLM wraps the workers' VersionNotAppliedError
-        return str(e)
+    llm.update_weights({"update_info": info})
     llm.finish_weight_update(weight_version=str(version))
-    return None
+    outcomes = {tuple(s["outcomes"][-1]) for s in llm.collective_rpc("teleport_status")}
+    assert len(outcomes) == 1, outcomes
+    return outcomes.pop()[1]
 
 
 def same_bits(a: list[dict], b: list[dict]) -> bool:
@@ -113,28 +116,28 @@ def scenario(tp: int) -> None:
         gen = torch.Generator().manual_seed(3)
         anchor = mutate(state, 0.5, gen)
         stage(llm, config, tp, 1, None, anchor)
-        assert commit(llm, 1) is None
+        assert commit(llm, 1) == "APPLIED"
         check_loader_equal(target, anchor)
         state = anchor
         for version, density in enumerate(DENSITIES, start=2):
             new = mutate(state, density, gen)
             staged = stage(llm, config, tp, version, state, new)
-            assert commit(llm, version) is None
+            assert commit(llm, version) == "APPLIED"
             check_loader_equal(target, new)
             state = new
             print(f"version {version}: density {density}, {staged} bytes staged")
         before = target.local_weights()
         bad = mutate(state, 0.02, gen)
         stage(llm, config, tp, 10, state, bad, corrupt_rank=tp - 1)
-        assert "resync" in (commit(llm, 10) or "")
+        assert commit(llm, 10) == "RESYNC"
         assert same_bits(target.local_weights(), before), "a rank applied a version the group refused"
         assert all(s["resync_requested"] for s in llm.collective_rpc("teleport_status"))
         lag = mutate(state, 0.02, gen)
         stage(llm, config, tp, 11, state, lag, ranks=range(tp - 1) if tp > 1 else [])
-        assert "not staged" in (commit(llm, 11, wait_s=0.5) or "")
+        assert commit(llm, 11, wait_s=0.5) == "SKIPPED"
         assert same_bits(target.local_weights(), before), "a rank applied a version another lacks"
         stage(llm, config, tp, 11, state, lag, ranks=[tp - 1])
-        assert commit(llm, 11) is None
+        assert commit(llm, 11) == "APPLIED"
         check_loader_equal(target, lag)
         outcomes = [s["outcomes"] for s in llm.collective_rpc("teleport_status")]
         assert all(o == outcomes[0] for o in outcomes), outcomes

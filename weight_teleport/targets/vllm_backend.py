@@ -18,15 +18,17 @@ this module is imported: by the `vllm.general_plugins` entry point of an install
 weight-teleport, or by `worker_extension_cls` naming the extension below.
 
 `update_weights` runs `commit` (targets/commit.py) on every rank over vLLM's own TP CPU
-group: all ranks apply V or none. When none does it raises `VersionNotAppliedError` on
-every rank (vLLM drops return values of these calls, so an error is the only answer the
-caller gets), naming the outcome: skipped (a rank lagged; commit V again later) or resync.
+group: all ranks apply V or none. It does not raise when none does: vLLM 0.32's
+multiprocess executor returns on the first worker's failure and leaves the other workers'
+replies queued, so the next call of any kind would read a stale reply. The outcome
+(applied, skipped: a rank lagged, commit V again later; resync) is logged and kept.
 
-What the weight-transfer API cannot carry stays in the worker extension: staging pushed
-by a driver (`teleport_stage`, outside the pause), the workers' state (`teleport_status`:
-applied version, outcomes, resync requests) and their parameters for checks
-(`teleport_local_weights`): the API's calls return nothing to the caller."""
+What the weight-transfer API cannot carry stays in the worker extension, because its calls
+return nothing to the caller: the outcome of each commit and the workers' state
+(`teleport_status`), staging pushed by a driver (`teleport_stage`, outside the pause) and
+the parameters for checks (`teleport_local_weights`)."""
 
+import logging
 from dataclasses import dataclass
 
 import numpy as np
@@ -40,10 +42,7 @@ from weight_teleport.targets.vllm_layout import Slice, worker_slices
 
 BACKEND = "weight_teleport"
 WORKER_EXTENSION = "weight_teleport.targets.vllm_backend.TeleportBackendExtension"
-
-
-class VersionNotAppliedError(WeightTeleportError):
-    """The TP group did not apply a version (on any rank); the message says why."""
+_log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -106,14 +105,14 @@ class TeleportTransferEngine(_engine_base()):
 
     def receive_weights(self, update_info: TeleportUpdateInfo) -> None:
         if self._wait_s is None:
-            raise VersionNotAppliedError("call init_weight_transfer_engine before update_weights")
+            raise RuntimeError("call init_weight_transfer_engine before update_weights")
         wait_s = self._wait_s if update_info.wait_s is None else update_info.wait_s
         outcome = commit(update_info.version, self.board, self._apply, group=self.group, wait_s=wait_s)
         self.outcomes.append((update_info.version, outcome.name))
         if outcome is not Outcome.APPLIED:
             why = ("a worker has not staged it yet; commit it again later" if outcome is Outcome.SKIPPED
                    else "a worker failed to stage or verify it; the group resyncs")
-            raise VersionNotAppliedError(f"version {update_info.version} was applied on no worker: {why}")
+            _log.warning("version %d was applied on no worker: %s", update_info.version, why)
 
     def stage(self, version: int, writes: list) -> None:
         """Stage `version` on this worker from (checkpoint name, walk positions int64 bytes,
