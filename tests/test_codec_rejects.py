@@ -83,8 +83,8 @@ def test_every_bit_flip_in_a_sample_is_caught(states, pack):
 
 def test_unknown_format_version_refused(pack):
     bad = bytearray(pack)
-    struct.pack_into("<H", bad, 4, 2)
-    with pytest.raises(UnsupportedFormatError, match="version 2"):
+    struct.pack_into("<H", bad, 4, 3)
+    with pytest.raises(UnsupportedFormatError, match="version 3"):
         read_header(bytes(bad))
 
 

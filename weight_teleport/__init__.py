@@ -7,7 +7,7 @@ import importlib
 
 __version__ = "0.1.0"
 
-_CODEC = ["ApplyReport", "PackLimits", "StagedPatch", "apply_delta", "apply_staged", "decode_snapshot",
+_CODEC = ["ApplyReport", "Hint", "PackLimits", "StagedPatch", "TensorSlice", "apply_delta", "apply_staged", "decode_snapshot",
           "encode_delta", "encode_snapshot", "inspect", "pinned_pack", "stage_delta", "tensor_digest"]
 _PIPELINE = ["Publisher", "PublisherConfig", "Subscriber", "SubscriberConfig"]
 

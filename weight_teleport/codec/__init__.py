@@ -12,12 +12,15 @@ from weight_teleport.codec.api import (
     tensor_digest,
 )
 from weight_teleport.codec.patch import ApplyReport, StagedPatch
+from weight_teleport.codec.walks import Hint, TensorSlice
 from weight_teleport.format.limits import PackLimits
 
 __all__ = [
     "ApplyReport",
+    "Hint",
     "PackLimits",
     "StagedPatch",
+    "TensorSlice",
     "apply_delta",
     "apply_staged",
     "decode_snapshot",

@@ -1,5 +1,6 @@
 """The codec's public functions. Backends are chosen here and nowhere else."""
 
+import dataclasses
 import os
 import time
 from collections.abc import Iterable, Mapping, MutableMapping
@@ -7,11 +8,13 @@ from collections.abc import Iterable, Mapping, MutableMapping
 import numpy as np
 import torch
 
+from weight_teleport.codec import walks as W
 from weight_teleport.codec.cpu import backend as cpu
+from weight_teleport.codec.walks import Hint, TensorSlice
 from weight_teleport.codec.dtypes import BY_NAME, dtype_info
 from weight_teleport.codec.patch import ApplyReport, StagedPatch
 from weight_teleport.codec.plan import DEFAULT_CHUNK_ELEMS, check_chunk_elems
-from weight_teleport.errors import PackMismatchError
+from weight_teleport.errors import PackMismatchError, UnsupportedFormatError
 from weight_teleport.format import PackHeader, PackLimits, read_header, write_pack, write_pack_into
 from weight_teleport.format.container import collections_paused
 from weight_teleport.format.limits import over_limit
@@ -34,20 +37,56 @@ def _backend(tensors: Iterable[torch.Tensor]):
     raise ValueError(f"tensors are on {types}; keep a whole state on the CPU or on CUDA devices")
 
 
-def _items(new: Mapping[str, torch.Tensor], old: Mapping[str, torch.Tensor] | None):
+def _items(new: Mapping[str, torch.Tensor], old: Mapping[str, torch.Tensor] | None,
+           slices: Mapping[str, TensorSlice] | None = None, hints: Mapping[str, Hint] | None = None,
+           chunk_elems: int = DEFAULT_CHUNK_ELEMS):
     if old is not None:
         if set(old) != set(new):
             diff = sorted(set(old) ^ set(new))[:5]
             raise ValueError(f"old and new states hold different tensor names, e.g. {diff}")
+    slices, hints = slices or {}, hints or {}
+    unknown = sorted((set(slices) | set(hints)) - set(new))
+    if unknown:
+        raise ValueError(f"slices or hints name tensors the state does not hold, e.g. {unknown[:5]}")
     backend = _backend([*new.values(), *(old.values() if old is not None else [])])
-    items = []
+    items, walks = [], []
     for name, t in new.items():
         info = dtype_info(t.dtype)
         if old is not None and (old[name].shape != t.shape or old[name].dtype != t.dtype):
             raise ValueError(f"tensor {name!r} changed shape or dtype: {tuple(old[name].shape)} "
                              f"{old[name].dtype} -> {tuple(t.shape)} {t.dtype}; publish a snapshot")
-        items.append(backend.item(name, info, t, None if old is None else old[name]))
-    return backend, items
+        sl = slices.get(name) or TensorSlice(tuple(t.shape), W.whole(t.shape))
+        if W.extents(sl.box) != tuple(t.shape):
+            raise ValueError(f"tensor {name!r} is {tuple(t.shape)}, its slice's box is {sl.box}")
+        hint = hints.get(name)
+        if name not in slices and hint is None:
+            items.append(backend.item(name, info, t, None if old is None else old[name]))
+            walks.append(None)
+            continue
+        hint = hint or W.Hint()
+        flat_new = W.flat_walk(t, hint.order)
+        flat_old = None if old is None else W.flat_walk(old[name], hint.order)
+        if backend is cpu:
+            spans = W.cut_spans(sl, hint, chunk_elems)
+            items.append(cpu.item(name, info, flat_new, flat_old, spans, chunk_digests=True))
+        elif hint.bounds:
+            raise ValueError(f"tensor {name!r}: chunk cuts (Hint.bounds) need the CPU encoder; the CUDA "
+                             "encoder cuts regular chunks")
+        else:
+            items.append(backend.item(name, info, flat_new, flat_old))
+        walks.append((sl, hint.order))
+    return backend, items, walks
+
+
+def _placed(records, walks) -> None:
+    """Records of walks (encoded as flat tensors) put back in checkpoint coordinates."""
+    for rec, walk in zip(records, walks):
+        if walk is None:
+            continue
+        sl, order = walk
+        rec.shape = sl.shape
+        rec.box = None if sl.is_whole else [tuple(b) for b in sl.box]
+        rec.order = "cols" if order == "cols" and len(sl.shape) >= 2 else None
 
 
 def _no_cuda_config(cuda) -> None:
@@ -58,7 +97,7 @@ def _no_cuda_config(cuda) -> None:
 
 def _pack(kind, backend_items, version, base_version, chunk_elems, level, threads, cuda=None, pinned=False):
     check_chunk_elems(chunk_elems)
-    backend, items = backend_items
+    backend, items, walks = backend_items
     codecs = ["raw", "zstd"]
     if backend is cpu:
         _no_cuda_config(cuda)
@@ -68,6 +107,7 @@ def _pack(kind, backend_items, version, base_version, chunk_elems, level, thread
         cuda = cuda or backend.DEFAULT_CONFIG
         records, chunks, ready = backend.encode(items, chunk_elems, level, threads, config=cuda, pinned=pinned)
         codecs += backend.extra_stream_codecs(cuda)
+    _placed(records, walks)
     header = PackHeader(kind=kind, version=version, base_version=base_version,
                         chunk_elems=chunk_elems, tensors=records, stream_codecs=codecs)
     if pinned:
@@ -81,7 +121,8 @@ def _pack(kind, backend_items, version, base_version, chunk_elems, level, thread
 def encode_delta(old: Mapping[str, torch.Tensor], new: Mapping[str, torch.Tensor], *,
                  base_version: int, version: int, chunk_elems: int = DEFAULT_CHUNK_ELEMS,
                  level: int = DEFAULT_LEVEL, threads: int | None = None, cuda=None,
-                 pinned: bool = False) -> bytes | np.ndarray:
+                 pinned: bool = False, slices: Mapping[str, TensorSlice] | None = None,
+                 hints: Mapping[str, Hint] | None = None) -> bytes | np.ndarray:
     """A pack that turns `old` (at `base_version`) into `new` (at `version`), bit for bit.
 
     Both states map the same names to tensors of the same shapes and dtypes. `level` is the
@@ -98,37 +139,124 @@ def encode_delta(old: Mapping[str, torch.Tensor], new: Mapping[str, torch.Tensor
     `pinned_pack` gives (needs CUDA). The GPU then copies a CUDA state's payload straight into
     it, where a `bytes` pack costs a host copy into fresh memory after that (11.9-15.5 ms of a
     Qwen3-8B-shaped delta's encode on the H200's host). The memory comes from torch's caching
-    allocator: freed, it serves the next pack."""
-    items = _items(new, old)
+    allocator: freed, it serves the next pack.
+
+    `slices[name]` says that `new[name]` (and `old[name]`) is a box of a larger checkpoint
+    tensor (a trainer rank's shard): its record covers that box (format version 2).
+    `hints[name]` walks and cuts a record for receivers holding slices (`Hint`); cuts need
+    the CPU encoder. Such records carry a digest per chunk (CPU encoder)."""
+    items = _items(new, old, slices, hints, chunk_elems)
     return _pack("delta", items, int(version), int(base_version), chunk_elems, level, threads, cuda, pinned)
 
 
 @collections_paused()
 def encode_snapshot(state: Mapping[str, torch.Tensor], *, version: int,
                     chunk_elems: int = DEFAULT_CHUNK_ELEMS, level: int = DEFAULT_LEVEL,
-                    threads: int | None = None, pinned: bool = False) -> bytes | np.ndarray:
+                    threads: int | None = None, pinned: bool = False,
+                    slices: Mapping[str, TensorSlice] | None = None,
+                    hints: Mapping[str, Hint] | None = None) -> bytes | np.ndarray:
     """A pack holding the full weights of `state` (an anchor a receiver can start from);
-    `pinned` as for `encode_delta`."""
-    return _pack("snapshot", _items(state, None), int(version), None, chunk_elems, level, threads, pinned=pinned)
+    `pinned`, `slices` and `hints` as for `encode_delta` (a rank's slice of an anchor)."""
+    return _pack("snapshot", _items(state, None, slices, hints, chunk_elems), int(version), None, chunk_elems,
+                 level, threads, pinned=pinned)
 
 
-def _lives(state: Mapping[str, torch.Tensor], header: PackHeader, strict: bool):
+def _lives(state: Mapping[str, torch.Tensor], header: PackHeader, strict: bool,
+           held: Mapping[str, TensorSlice] | None = None):
+    """(backend, lives, walks, windows): a live walk view of each record the state holds
+    elements of; `walks[name]` = (held box, staged box, order) for records over boxes, and
+    `windows[name]` = (walk start, first chunk, stop chunk) where the state holds a part of a
+    record (the backends' `stage`)."""
+    held = held or {}
     missing = [t.name for t in header.tensors if t.name not in state]
-    if missing:
+    if missing and not held:
         raise PackMismatchError(f"the state has no tensor {missing[0]!r} ({len(missing)} missing)")
     extra = set(state) - {t.name for t in header.tensors}
     if strict and extra:
         raise PackMismatchError(f"the pack does not cover tensor {sorted(extra)[0]!r} of the state "
                                 f"({len(extra)} more); pass strict=False to leave such tensors alone")
-    backend = _backend(state[t.name] for t in header.tensors)
-    lives = {}
+    backend = _backend(state[t.name] for t in header.tensors if t.name in state)
+    lives, walks, windows = {}, {}, {}
     for rec in header.tensors:
-        t = state[rec.name]
-        if tuple(t.shape) != rec.shape or t.dtype != BY_NAME[rec.dtype].torch_dtype:
+        if rec.name not in state:
+            continue
+        t, sl = state[rec.name], held.get(rec.name)
+        mine = sl.box if sl is not None else W.whole(rec.shape)
+        if (sl is not None and sl.shape != rec.shape) or tuple(t.shape) != W.extents(mine) \
+                or t.dtype != BY_NAME[rec.dtype].torch_dtype:
             raise PackMismatchError(f"tensor {rec.name!r} is {tuple(t.shape)} {t.dtype} in the state "
-                                    f"but {rec.shape} {rec.dtype} in the pack")
+                                    f"(box {mine}) but {rec.shape} {rec.dtype} in the pack")
+        box = tuple(map(tuple, rec.box)) if rec.box is not None else W.whole(rec.shape)
+        order = rec.order or "rows"
+        sub = W.intersect(box, mine) if W.numel(box) else box
+        if sub is None:
+            continue
+        if sub != box:
+            windows[rec.name] = _window(rec, box, order, sub, header.chunk_elems)
+        if rec.box is not None or rec.order is not None or sl is not None:
+            walks[rec.name] = (mine, sub, order)
+            t = W.walk_view(t, mine, sub, order)
         lives[rec.name] = backend.Live(t, BY_NAME[rec.dtype])
-    return backend, lives
+    if backend is not cpu and (windows or any(r.cuts for r in header.tensors)):
+        raise UnsupportedFormatError("staging slices of records, or records with chunk cuts, needs CPU "
+                                     "weights in this build")
+    return backend, lives, walks, windows
+
+
+def _window(rec, box, order: str, sub, chunk_elems: int) -> tuple[int, int, int]:
+    """(walk start, first chunk, stop chunk) of the chunks of `rec` inside `sub`; PackMismatchError
+    where a chunk lies partly inside."""
+    try:
+        a, b = W.walk_range(box, order, sub)
+    except ValueError as e:
+        raise PackMismatchError(f"tensor {rec.name!r}: {e}; publish with a Hint of that order") from None
+    spans = rec.chunk_spans(chunk_elems)
+    inside = [k for k, (s, e) in enumerate(spans) if s < b and e > a]
+    if any(spans[k][0] < a or spans[k][1] > b for k in inside):
+        raise PackMismatchError(f"tensor {rec.name!r}: the pack's chunks are not cut at the bounds of this "
+                                f"slice (walk elements {a}..{b}); publish with a Hint giving its bounds")
+    return (a, inside[0], inside[-1] + 1) if inside else (a, 0, 0)
+
+
+def stage_chunks(header: PackHeader, rec, chunk_range: tuple[int, int], local_walk: torch.Tensor,
+                 chunk_bytes, *, walk_start: int, check_base: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """Decode chunks [i, j) of record `rec` (of `header`, from `read_header`) against a
+    receiver's elements of the record's walk: `local_walk` (1-D, CPU) holds walk elements
+    `walk_start`.. of the record, every element of those chunks. `chunk_bytes`: the bytes
+    of the chunks, back to back as the pack lays them (pack bytes
+    `chunk_byte_range(header, rec, i, j)`). Each chunk is checked against its CRC and its
+    chunk digests (with `check_base`, the base ones against `local_walk`). Returns
+    (positions in the walk of the WHOLE tensor, int64; new bit patterns), nothing written;
+    `walks.tensor_positions` is the mapping used."""
+    i, j = chunk_range
+    if not 0 <= i <= j <= len(rec.chunks):
+        raise ValueError(f"chunks [{i}, {j}) of a record of {len(rec.chunks)}")
+    if i == j:
+        return torch.zeros(0, dtype=torch.int64), torch.zeros(0, dtype=local_walk.dtype)
+    shifted = dataclasses.replace(header, tensors=[rec], payload_offset=-rec.chunks[i].offset)
+    live = cpu.Live(local_walk, BY_NAME[rec.dtype])
+    staged = cpu.stage({rec.name: live}, shifted, chunk_bytes, check_base and header.kind == "delta", 1,
+                       windows={rec.name: (walk_start, i, j)})
+    pos, val = [], []
+    for c in staged.tensors[0].chunks:
+        n = c.values.size
+        p = np.arange(n, dtype=np.int64) if c.positions is None else c.positions.astype(np.int64)
+        pos.append(p + c.start + walk_start)
+        val.append(c.values)
+    box = tuple(map(tuple, rec.box)) if rec.box is not None else W.whole(rec.shape)
+    positions = W.tensor_positions(box, rec.order or "rows", rec.shape, torch.from_numpy(np.concatenate(pos)))
+    bits = np.concatenate(val)
+    values = torch.from_numpy(bits.view(bits.dtype.str.replace("u", "i"))).view(local_walk.dtype)
+    return positions, values
+
+
+def chunk_byte_range(header: PackHeader, rec, i: int, j: int) -> tuple[int, int]:
+    """[start, stop) of the pack's bytes holding chunks [i, j) of `rec` (a writer lays a
+    record's chunks back to back; ValueError where this pack's are not)."""
+    refs = rec.chunks[i:j]
+    if any(b.offset != a.offset + a.length for a, b in zip(refs, refs[1:])):
+        raise ValueError(f"tensor {rec.name!r}: chunks {i}..{j} are not back to back in the pack")
+    return header.payload_offset + refs[0].offset, header.payload_offset + refs[-1].offset + refs[-1].length
 
 
 def pinned_pack(pack) -> np.ndarray:
@@ -144,8 +272,17 @@ def pinned_pack(pack) -> np.ndarray:
 @collections_paused()
 def stage_delta(state: Mapping[str, torch.Tensor], pack: bytes, *, base_version: int | None = None,
                 check_base: bool = True, strict: bool = True, threads: int | None = None,
-                device_budget: int | None = None, cuda=None, limits: PackLimits | None = None) -> StagedPatch:
+                device_budget: int | None = None, cuda=None, limits: PackLimits | None = None,
+                held: Mapping[str, TensorSlice] | None = None) -> StagedPatch:
     """Decode and verify a pack against `state` without writing anything.
+
+    `held[name]` says that `state[name]` holds only a box of the checkpoint tensor (a
+    sampler rank's slice): records over other boxes are skipped, and of a record that covers
+    more than the slice, the chunks inside it alone are staged, each checked against its own
+    digests (a record whose chunks straddle the slice raises PackMismatchError: publish with a
+    `Hint`). Without `held`, state tensors are whole; records over boxes (a trainer rank's
+    part) patch their box. Tensors of the pack missing from the state raise, unless `held` is
+    given (then they are skipped).
 
     Checks the container (checksums), that the pack fits the state (names, shapes, dtypes,
     `base_version` if given), with `check_base` that the state holds the pack's base weights
@@ -168,12 +305,13 @@ def stage_delta(state: Mapping[str, torch.Tensor], pack: bytes, *, base_version:
     if header.kind == "delta" and base_version is not None and header.base_version != base_version:
         raise PackMismatchError(f"pack applies to version {header.base_version}, the state is at "
                                 f"version {base_version}")
-    backend, lives = _lives(state, header, strict)
+    backend, lives, walks, windows = _lives(state, header, strict, held)
     backend.check_readable(header.stream_codecs)
     if backend is cpu:
         _no_cuda_config(cuda)
-    options = {} if backend is cpu else {"config": cuda}
+    options = {"windows": windows} if backend is cpu else {"config": cuda}
     staged = backend.stage(lives, header, pack, check_base and header.kind == "delta", threads, **options)
+    staged.walks = walks  # apply_staged writes records over boxes through the same views
     if device_budget is not None and staged.nbytes > device_budget:
         staged.offload()
     return staged
@@ -184,20 +322,23 @@ def apply_staged(state: MutableMapping[str, torch.Tensor], staged: StagedPatch,
                  threads: int | None = None) -> None:
     """Write a staged patch into `state` in place (the only step that modifies weights)."""
     backend = _backend(state[t.name] for t in staged.tensors)
-    lives = {t.name: backend.Live(state[t.name], t.info) for t in staged.tensors}
+    walks = getattr(staged, "walks", {})
+    lives = {t.name: backend.Live(W.walk_view(state[t.name], *walks[t.name]) if t.name in walks
+                                  else state[t.name], t.info) for t in staged.tensors}
     backend.apply(lives, staged, threads)
 
 
 def apply_delta(state: MutableMapping[str, torch.Tensor], pack: bytes, *,
                 base_version: int | None = None, check_base: bool = True, strict: bool = True,
-                threads: int | None = None, cuda=None, limits: PackLimits | None = None) -> ApplyReport:
+                threads: int | None = None, cuda=None, limits: PackLimits | None = None,
+                held: Mapping[str, TensorSlice] | None = None) -> ApplyReport:
     """Patch `state` in place with a delta (or overwrite it with a snapshot) pack.
 
     Everything is decoded and verified first (see stage_delta); a pack that does not fit
     raises before any tensor is modified."""
     t0 = time.perf_counter()
     staged = stage_delta(state, pack, base_version=base_version, check_base=check_base,
-                         strict=strict, threads=threads, cuda=cuda, limits=limits)
+                         strict=strict, threads=threads, cuda=cuda, limits=limits, held=held)
     t1 = time.perf_counter()
     apply_staged(state, staged, threads)
     t2 = time.perf_counter()

@@ -45,6 +45,9 @@ class StagedPatch:
     tensors: list[TensorPatch]
     base_checked: bool
     """Whether the live weights were checked against the pack's base digests while staging."""
+    walks: dict = field(default_factory=dict)
+    """name -> (held box, staged box, order) of records over boxes: `apply_staged` writes
+    them through the same walk views (codec/walks.py)."""
 
     @property
     def changed(self) -> int:

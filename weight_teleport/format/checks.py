@@ -81,16 +81,81 @@ def _check_records(h: "PackHeader", limits: PackLimits) -> tuple[list[int], list
         numel = math.prod(shape) if len(shape) <= 8 else _capped_prod(shape, max_numel)
         if numel > max_numel or (numel == 0 and shape and max(shape) > max_numel):
             _refuse_shape(t, max_numel)
-        if t.changed > numel:
-            raise PackFormatError(f"tensor {t.name!r} claims {t.changed} changed elements of {numel}")
         if not snapshot and t.base_digest is None:
             raise PackFormatError(f"tensor {t.name!r} of a delta has no base_digest")
-        n_chunks = 0 if codec == "same" else -(-numel // chunk_elems)
+        if t.box is not None or t.order is not None or t.cuts or t.chunk_digests or t.chunk_base_digests:
+            numel = check_v2_record(t, h, limits)
+        if t.changed > numel:
+            raise PackFormatError(f"tensor {t.name!r} claims {t.changed} changed elements of {numel}")
+        n_chunks = 0 if codec == "same" else len(t.cuts) if t.cuts else -(-numel // chunk_elems)
         if len(t.chunks) != n_chunks:
             raise PackFormatError(f"tensor {t.name!r} has {len(t.chunks)} chunks, expected {n_chunks}")
         counts.append(n_chunks)
         dense_bytes.append(numel * width if codec in _DENSE else 0)
     return counts, dense_bytes
+
+
+ORDERS = ("rows", "cols")
+"""Walk orders of a record over its box (docs/FORMAT.md, "Records over boxes")."""
+
+
+def check_v2_record(t, h: "PackHeader", limits: PackLimits) -> int:
+    """PackFormatError for the first rule of version 2 that record `t` breaks (its box, walk
+    order, cuts and chunk digests); returns the record's elements."""
+    if h.format_version < 2:
+        raise PackFormatError(f"tensor {t.name!r} has fields of format version 2 in a version "
+                              f"{h.format_version} pack")
+    if t.order is not None and t.order not in ORDERS:
+        raise UnsupportedFormatError(f"tensor {t.name!r} has walk order {t.order[:40]!r}, which this build "
+                                     f"does not know ({', '.join(ORDERS)}); upgrade weight-teleport to read it")
+    if t.box is not None:  # checked before its elements are counted: then at most the shape's
+        if len(t.box) != len(t.shape):
+            raise PackFormatError(f"tensor {t.name!r} has a box of {len(t.box)} dimensions, its shape "
+                                  f"has {len(t.shape)}")
+        if any(o + e > d for (o, e), d in zip(t.box, t.shape)):
+            raise PackFormatError(f"tensor {t.name!r} has box {str(t.box)[:200]} outside its shape "
+                                  f"{str(list(t.shape))[:200]}")
+    numel = _capped_prod([e for _, e in t.box], limits.max_numel) if t.box is not None else t.numel
+    if t.cuts:
+        _check_cuts(t, numel)
+    n_chunks = len(t.cuts) if t.cuts else (0 if t.codec == "same" else -(-numel // h.chunk_elems))
+    _check_chunk_digests(t, t.chunk_digests, t.digest, "chunk_digests", n_chunks)
+    if h.kind == "delta":
+        if bool(t.chunk_base_digests) != bool(t.chunk_digests):
+            raise PackFormatError(f"tensor {t.name!r} of a delta has chunk_digests and chunk_base_digests "
+                                  "only together")
+        _check_chunk_digests(t, t.chunk_base_digests, t.base_digest, "chunk_base_digests", n_chunks)
+    elif t.chunk_base_digests:
+        raise PackFormatError(f"tensor {t.name!r} of a snapshot has chunk_base_digests")
+    return numel
+
+
+def _check_cuts(t, numel: int) -> None:
+    cuts = t.cuts
+    if t.codec == "same":
+        raise PackFormatError(f"tensor {t.name!r} has codec 'same' and cuts: it has no chunks")
+    if any(type(c) is not int or not 1 <= c <= MAX_CHUNK_ELEMS for c in cuts):
+        raise PackFormatError(f"tensor {t.name!r} has a cut outside [1, {MAX_CHUNK_ELEMS}]")
+    if any(c % 8 for c in cuts[:-1]):
+        raise PackFormatError(f"tensor {t.name!r} has a chunk of a number of elements not a multiple "
+                              "of 8 before its last")
+    if sum(cuts) != numel:
+        raise PackFormatError(f"tensor {t.name!r} has cuts adding up to {sum(cuts)} elements, its record "
+                              f"has {numel}")
+
+
+def _check_chunk_digests(t, digests: list, total: str | None, what: str, n_chunks: int) -> None:
+    """Chunk digests, where a record has them: one a chunk, 16 lowercase hex digits each,
+    adding up to the record's digest `total` mod 2^64."""
+    if not digests:
+        return
+    if len(digests) != n_chunks:
+        raise PackFormatError(f"tensor {t.name!r} has {len(digests)} {what} for {n_chunks} chunks")
+    joined = "".join(digests).encode()
+    if len(joined) != 16 * len(digests) or joined.translate(None, _HEX_DIGITS):
+        raise PackFormatError(f"tensor {t.name!r} has {what} that are not 16 lowercase hex digits each")
+    if total is not None and len(total) == 16 and not total.encode().translate(None, _HEX_DIGITS) and sum(int(d, 16) for d in digests) % (1 << 64) != int(total, 16):
+        raise PackFormatError(f"tensor {t.name!r}: its {what} do not add up to its record's digest")
 
 
 def _refuse_names(t, snapshot: bool) -> None:

@@ -1,4 +1,4 @@
-"""Pack container v1: a fixed preamble, a JSON header, then the chunk payload.
+"""Pack container (versions 1 and 2): a fixed preamble, a JSON header, then the chunk payload.
 
     offset  size  field
     0       4     magic b"WTPK"
@@ -16,6 +16,8 @@ its own CRC-32, so a reader can fetch the preamble and header, then any chunk al
 
 import ctypes
 import gc
+import itertools
+import math
 import os
 import struct
 import sys
@@ -37,7 +39,9 @@ from weight_teleport.format.checks import check_layout
 from weight_teleport.format.limits import DEFAULT_LIMITS, PackLimits, header_bytes_allowed, over_limit
 
 MAGIC = b"WTPK"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+"""The newest container version; a reader reads every version in READ_VERSIONS."""
+READ_VERSIONS = (1, 2)
 PREAMBLE = struct.Struct("<4sHHIIQ")
 FLAG_HEADER_ZSTD = 1
 COMPRESS_HEADER_FROM = 4096
@@ -99,13 +103,48 @@ class TensorRecord(msgspec.Struct):
     chunks: list[ChunkRef] = msgspec.field(default_factory=list)
     """Read from a pack: ChunkRefs. A writer may give plain (offset, length, crc32) tuples,
     which are written the same (the CUDA encoder does)."""
+    box: list[tuple[Count, Count]] | None = None
+    """(Version 2.) (offset, extent) per dimension of `shape`: the part of the checkpoint
+    tensor the record covers. None: the whole tensor."""
+    order: str | None = None
+    """(Version 2.) The walk over the box: 'rows' (None: the default) or 'cols'
+    (column-major over the box's 2-D view [e0, e1*e2*...])."""
+    cuts: list[int] = msgspec.field(default_factory=list)
+    """(Version 2.) Elements of each chunk in walk order; empty: chunks of `chunk_elems`."""
+    chunk_digests: list[str] = msgspec.field(default_factory=list)
+    """(Version 2.) Per chunk, the digest of its new words numbered by their place in the walk
+    (they add up to `digest`)."""
+    chunk_base_digests: list[str] = msgspec.field(default_factory=list)
+    """(Version 2, deltas.) The same over the base words (they add up to `base_digest`)."""
 
     @property
     def numel(self) -> int:
+        """Elements of the record: of its box, or of the whole tensor."""
         n = 1
-        for s in self.shape:
+        for s in (self.shape if self.box is None else (e for _, e in self.box)):
             n *= s
         return n
+
+    @property
+    def full_numel(self) -> int:
+        """Elements of the whole checkpoint tensor."""
+        return math.prod(self.shape)
+
+    @property
+    def is_v2(self) -> bool:
+        """Whether the record uses a field of container version 2."""
+        return (self.box is not None or self.order is not None or bool(self.cuts)
+                or bool(self.chunk_digests) or bool(self.chunk_base_digests))
+
+    def chunk_spans(self, chunk_elems: int) -> list[tuple[int, int]]:
+        """[start, stop) walk ranges of the record's chunks (none for a `same` record)."""
+        if not self.chunks:
+            return []
+        if not self.cuts:
+            n = self.numel
+            return [(s, min(s + chunk_elems, n)) for s in range(0, n, chunk_elems)]
+        ends = list(itertools.accumulate(self.cuts))
+        return list(zip([0, *ends[:-1]], ends))
 
 
 @dataclass
@@ -144,6 +183,15 @@ _decode_header = msgspec.json.Decoder(_Header).decode
 _encode_json = msgspec.json.Encoder().encode
 
 
+_V2_FIELDS = ("box", "order", "cuts", "chunk_digests", "chunk_base_digests")
+
+
+def pack_version(records) -> int:
+    """The container version a pack of `records` is written as: 2 where any record uses a
+    field of version 2, else 1 (whole-tensor packs keep their version 1 bytes)."""
+    return 2 if any(t.is_v2 for t in records) else 1
+
+
 def _header_json(h: PackHeader) -> bytes:
     """Compact JSON; fields at their defaults are left out."""
     tensors = []
@@ -158,6 +206,10 @@ def _header_json(h: PackHeader) -> bytes:
             rec["inverted"] = t.inverted
         if t.chunks:
             rec["chunks"] = t.chunks
+        for name in _V2_FIELDS:
+            value = getattr(t, name)
+            if value is not None and value != []:
+                rec[name] = value
         tensors.append(rec)
     obj = {"kind": h.kind, "version": h.version, "base_version": h.base_version,
            "chunk_elems": h.chunk_elems, "stream_codecs": h.stream_codecs, "tensors": tensors}
@@ -207,7 +259,8 @@ def _prefix(header: PackHeader, payload_len: int) -> bytes:
         packed = zstandard.ZstdCompressor(level=1, write_checksum=False).compress(head)
         if len(packed) < len(head) and len(head) <= header_bytes_allowed(len(packed)):
             head, flags = packed, FLAG_HEADER_ZSTD
-    return PREAMBLE.pack(MAGIC, FORMAT_VERSION, flags, len(head), zlib.crc32(head), payload_len) + head
+    version = pack_version(header.tensors)
+    return PREAMBLE.pack(MAGIC, version, flags, len(head), zlib.crc32(head), payload_len) + head
 
 
 def prefix_bound(records: list[TensorRecord], n_chunks: int) -> int:
@@ -321,12 +374,12 @@ def read_header(buf: bytes | memoryview, *, total_length: int | None = None,
     magic, version, flags, hlen, hcrc, plen = PREAMBLE.unpack_from(mv, 0)
     if magic != MAGIC:
         raise PackFormatError(f"not a weight-teleport pack (magic {bytes(magic)!r}, expected {MAGIC!r})")
-    if version != FORMAT_VERSION:
+    if version not in READ_VERSIONS:
         raise UnsupportedFormatError(
-            f"pack format version {version} is not supported by this build (it reads version "
-            f"{FORMAT_VERSION}); upgrade weight-teleport to read it")
+            f"pack format version {version} is not supported by this build (it reads versions "
+            f"{', '.join(map(str, READ_VERSIONS))}); upgrade weight-teleport to read it")
     if flags & ~FLAG_HEADER_ZSTD:
-        raise UnsupportedFormatError(f"pack flags {flags:#x} are unknown to format version 1")
+        raise UnsupportedFormatError(f"pack flags {flags:#x} are unknown to format version {version}")
     end = PREAMBLE.size + hlen
     if len(mv) < end:
         raise PackFormatError(f"pack truncated inside its header ({len(mv)} of {end} bytes)")

@@ -30,11 +30,18 @@ class EncodeItem:
     new: np.ndarray
     old: np.ndarray | None
     """Base bit patterns; None for snapshots."""
+    spans: list[tuple[int, int]] | None = None
+    """[start, stop) of each chunk in walk order; None: chunks of the pack's chunk_elems."""
+    chunk_digests: bool = False
+    """Whether the record carries a digest per chunk (container version 2)."""
 
 
-def item(name: str, info: DtypeInfo, new: torch.Tensor, old: torch.Tensor | None) -> EncodeItem:
-    """The bit patterns of one tensor (and of its base, for deltas) to encode."""
-    return EncodeItem(name, info, tuple(new.shape), as_uint(new), None if old is None else as_uint(old))
+def item(name: str, info: DtypeInfo, new: torch.Tensor, old: torch.Tensor | None, spans=None,
+         chunk_digests: bool = False) -> EncodeItem:
+    """The bit patterns of one tensor (and of its base, for deltas) to encode, flattened in
+    row-major order (a walk view: codec/walks.py); `spans`, `chunk_digests` as EncodeItem's."""
+    return EncodeItem(name, info, tuple(new.shape), as_uint(new), None if old is None else as_uint(old),
+                      spans, chunk_digests)
 
 
 def digest(tensor: torch.Tensor) -> str:
@@ -82,12 +89,14 @@ def _candidates(item: EncodeItem, changed: int) -> tuple[str, ...]:
 
 def encode(items: list[EncodeItem], chunk_elems: int, level: int, threads: int | None):
     """Records (chunk offsets relative to the returned chunk list) and chunk bytes."""
-    ranges = [chunk_ranges(it.new.size, chunk_elems) for it in items]
+    ranges = [it.spans if it.spans is not None else chunk_ranges(it.new.size, chunk_elems) for it in items]
     with _pool(threads) as pool:
         scans = [list(pool.map(lambda r, it=it: _scan(it, *r), rs)) for it, rs in zip(items, ranges)]
         records, jobs = [], []
         for it, rs, sc in zip(items, ranges, scans):
             rec, plan = _record(it, sc)
+            if it.chunk_digests and (it.old is None or rec.changed):
+                _add_chunk_digests(rec, it, rs, sc, chunk_elems)
             records.append(rec)
             for codec in _candidates(it, rec.changed):
                 for r, s in zip(rs, sc):
@@ -114,6 +123,17 @@ def _record(it: EncodeItem, sc) -> tuple[TensorRecord, object]:
     plan = plan_classes(total, changed)
     rec.classes, rec.inverted = plan.runs, [int(c) for c in np.flatnonzero(plan.inverted)]
     return rec, plan
+
+
+def _add_chunk_digests(rec: TensorRecord, it: EncodeItem, spans, scans, chunk_elems: int) -> None:
+    """A digest per chunk (its words numbered by their place in the walk: they add up to the
+    record's), and the cuts where the chunks are not the regular ones."""
+    nb = it.info.nbytes
+    rec.chunk_digests = [D.to_hex(D.finish(sc[3], (e - s) * nb)) for (s, e), sc in zip(spans, scans)]
+    if it.old is not None:
+        rec.chunk_base_digests = [D.to_hex(D.finish(sc[2], (e - s) * nb)) for (s, e), sc in zip(spans, scans)]
+    if list(spans) != chunk_ranges(it.new.size, chunk_elems):
+        rec.cuts = [e - s for s, e in spans]
 
 
 def _encode_chunk(it: EncodeItem, r, scan, codec: str, plan, level: int) -> bytes:
@@ -165,19 +185,21 @@ class Live:
 
 
 def _stage_chunk(live: Live, rec: TensorRecord, ref: ChunkRef, start: int, stop: int,
-                 pack, header: PackHeader, lut, inverted, check_base: bool):
-    """(ChunkPatch, old digest sum or None, new digest sum or delta) of one chunk."""
+                 pack, header: PackHeader, lut, inverted, check_base: bool, walk_start: int = 0):
+    """(ChunkPatch, old digest sum or None, new digest sum or delta) of one chunk, the walk's
+    elements [start, stop); `live` holds the walk from element `walk_start` on."""
     info = live.info
     data = chunk_payload(pack, header, ref)
-    old = live.u[start:stop]
     fw = _first_word(start, info)
+    start, stop = start - walk_start, stop - walk_start
+    old = live.u[start:stop]
     needs_old = check_base or (rec.codec in DENSE_CODECS and header.kind == "delta")
     s_old = C.digest_sum(old, fw) if needs_old else None
     if rec.codec == "sparse":
         pos, val = C.decode_sparse(old, data, info, lut, inverted)
         wmask = np.uint64((1 << info.bits) - 1)
         delta = int(K.digest_patch_delta(live.words, live.tail, live.n_full, start, info.nbytes,
-                                         pos, val, wmask))
+                                         pos, val, wmask, _first_word(walk_start, info)))
         return ChunkPatch(start, pos, val), s_old, delta
     values = C.decode_dense(old, data, info, rec.codec, stop - start)
     s_new = C.digest_sum(values, fw)
@@ -195,24 +217,58 @@ def check_readable(stream_codecs: list[str]) -> None:
             "weights, or ask its writer for portable packs (CudaCodecConfig(algorithm='zstd'), the default)")
 
 
-def stage(lives: dict[str, Live], header: PackHeader, pack, check_base: bool, threads: int | None):
-    """Decode and verify every chunk against the live weights; nothing is written."""
+def stage(lives: dict[str, Live], header: PackHeader, pack, check_base: bool, threads: int | None,
+          windows: dict | None = None):
+    """Decode and verify every chunk against the live weights; nothing is written. Records
+    named in `lives` only. `windows`: name -> (walk_start, first chunk, stop chunk) of the
+    records a receiver holds a slice of: `lives[name]` holds the walk from `walk_start`, and
+    those chunks alone are staged, each checked against its own digests."""
+    windows = windows or {}
+    recs = [rec for rec in header.tensors if rec.name in lives]
     with _pool(threads) as pool:
         futures = []
-        for rec in header.tensors:
+        for rec in recs:
             live = lives[rec.name]
             lut = inverted = None
             if rec.codec == "sparse":
                 lut, inverted = _class_map(rec, live.info)
-            rs = chunk_ranges(rec.numel, header.chunk_elems) if rec.chunks else []
-            futures.append([pool.submit(_stage_chunk, live, rec, ref, s, e, pack, header, lut,
-                                        inverted, check_base) for ref, (s, e) in zip(rec.chunks, rs)])
-            if check_base and rec.codec == "same":
+            walk_start, lo, hi = windows.get(rec.name, (0, 0, len(rec.chunks)))
+            rs = rec.chunk_spans(header.chunk_elems)[lo:hi]
+            futures.append([pool.submit(_stage_chunk, live, rec, ref, s, e, pack, header, lut, inverted,
+                                        check_base, walk_start) for ref, (s, e) in zip(rec.chunks[lo:hi], rs)])
+            if check_base and rec.codec == "same" and rec.name not in windows:
                 futures[-1].append(pool.submit(_unchanged, live))
         results = [[f.result() for f in fs] for fs in futures]
-    tensors = [_verify(rec, lives[rec.name], res, header, check_base)
-               for rec, res in zip(header.tensors, results)]
+    tensors = [_verify_window(rec, lives[rec.name], res, header, check_base, windows[rec.name])
+               if rec.name in windows else _verify(rec, lives[rec.name], res, header, check_base)
+               for rec, res in zip(recs, results)]
     return StagedPatch(header.kind, header.version, header.base_version, tensors, check_base)
+
+
+def _verify_window(rec: TensorRecord, live: Live, results, header: PackHeader, check_base: bool,
+                   window) -> TensorPatch:
+    """`_verify` for some chunks of a record: each against its chunk digests."""
+    walk_start, lo, hi = window
+    spans = rec.chunk_spans(header.chunk_elems)[lo:hi]
+    if hi > lo and not rec.chunk_digests:
+        raise PackMismatchError(f"tensor {rec.name!r}: the pack has no chunk digests, so a slice of it "
+                                "cannot be verified alone; stage the whole record")
+    for k, ((s, e), res) in enumerate(zip(spans, results)):
+        nbytes = (e - s) * live.info.nbytes
+        if header.kind == "delta":
+            base = D.from_hex(rec.chunk_base_digests[lo + k])
+            if check_base and D.finish(res[1], nbytes) != base:
+                raise PackMismatchError(
+                    f"tensor {rec.name!r}: the slice does not hold the weights of base version "
+                    f"{header.base_version} (chunk {lo + k}); resync from a snapshot")
+            predicted = D.finish(D.word_sum(base, nbytes) + res[2], nbytes)
+        else:
+            predicted = D.finish(res[2], nbytes)
+        if predicted != D.from_hex(rec.chunk_digests[lo + k]):
+            raise DigestMismatchError(f"tensor {rec.name!r}: chunk {lo + k} would not have the digest the "
+                                      "pack promises; the pack is corrupt or was encoded from other weights")
+    chunks = [r[0] for r in results]
+    return TensorPatch(rec.name, BY_NAME[rec.dtype], (live.u.size,), 0, chunks)
 
 
 def _unchanged(live: Live):

@@ -300,10 +300,11 @@ def apply_residual_all(old, zz, signbit, wmask, out):
 
 
 @njit(**KERNEL)
-def digest_patch_delta(words, tail_word, n_full, first_elem, elem_bytes, pos, val, wmask):
+def digest_patch_delta(words, tail_word, n_full, first_elem, elem_bytes, pos, val, wmask, word_base):
     """Change of the digest sum when elements first_elem + pos[k] of a tensor (whose bytes
     are the uint64 `words`, then `tail_word` at index n_full) take the values val[k].
-    `pos` is ascending."""
+    `pos` is ascending. Word j of `words` is word j + word_base of the digested bytes (a
+    receiver holding a slice of a record's walk)."""
     acc = U64(0)
     k = 0
     per_word = 8 // elem_bytes
@@ -315,7 +316,7 @@ def digest_patch_delta(words, tail_word, n_full, first_elem, elem_bytes, pos, va
             sh = U64(((first_elem + pos[k]) % per_word) * elem_bytes * 8)
             new_w = (new_w & ~(wmask << sh)) | ((U64(val[k]) & wmask) << sh)
             k += 1
-        acc += _term(new_w, j) - _term(old_w, j)
+        acc += _term(new_w, j + word_base) - _term(old_w, j + word_base)
     return acc
 
 
