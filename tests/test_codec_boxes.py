@@ -119,27 +119,3 @@ def test_odd_shapes_and_dtypes_round_trip_through_shards():
                                                  slices={"w": sl}, hints={"w": wt.Hint("cols")}))
         assert_bits_equal(live, {"w": new})
 
-
-def test_stage_chunks_gives_positions_in_the_whole_tensors_walk():
-    """The low-level form a sampler rank uses: chunks [i, j) of a trainer rank's record,
-    fetched alone, decoded against the rank's local walk elements."""
-    from weight_teleport.codec.api import chunk_byte_range, stage_chunks
-    from weight_teleport.codec.walks import walk_view
-    old, new = _pair(4)
-    box = ((8, 16), (0, COLS))
-    sl = wt.TensorSlice(old.shape, box)
-    bound = (COLS // 2) * ROWS  # the start of column 12 in the whole tensor's column walk
-    pack = wt.encode_delta({"w": old[8:24].contiguous()}, {"w": new[8:24].contiguous()}, base_version=1,
-                           version=2, chunk_elems=64, slices={"w": sl}, hints={"w": wt.Hint("cols", (bound,))})
-    h = read_header(pack)
-    rec = h.tensors[0]
-    spans = rec.chunk_spans(h.chunk_elems)
-    i = next(k for k, (s, _) in enumerate(spans) if s == (COLS // 2) * 16)
-    lo, hi = chunk_byte_range(h, rec, i, len(spans))
-    local = walk_view(old, ((0, ROWS), (0, COLS)), box, "cols").contiguous().reshape(-1)[spans[i][0]:]
-    pos, val = stage_chunks(h, rec, (i, len(spans)), local, pack[lo:hi], walk_start=spans[i][0])
-    whole_walk = old.T.contiguous().reshape(-1)
-    whole_walk[pos] = val
-    want = old.clone()
-    want[8:24, COLS // 2:] = new[8:24, COLS // 2:]
-    assert_bits_equal({"w": whole_walk}, {"w": want.T.contiguous().reshape(-1)})

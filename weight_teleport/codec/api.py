@@ -1,6 +1,5 @@
 """The codec's public functions. Backends are chosen here and nowhere else."""
 
-import dataclasses
 import os
 import time
 from collections.abc import Iterable, Mapping, MutableMapping
@@ -10,6 +9,7 @@ import torch
 
 from weight_teleport.codec import walks as W
 from weight_teleport.codec.cpu import backend as cpu
+from weight_teleport.codec.slices import chunk_window
 from weight_teleport.codec.walks import Hint, TensorSlice
 from weight_teleport.codec.dtypes import BY_NAME, dtype_info
 from weight_teleport.codec.patch import ApplyReport, StagedPatch
@@ -58,7 +58,7 @@ def _items(new: Mapping[str, torch.Tensor], old: Mapping[str, torch.Tensor] | No
         sl = slices.get(name) or TensorSlice(tuple(t.shape), W.whole(t.shape))
         if W.extents(sl.box) != tuple(t.shape):
             raise ValueError(f"tensor {name!r} is {tuple(t.shape)}, its slice's box is {sl.box}")
-        hint = hints.get(name)
+        hint = None if hints.get(name) is None else W.as_hint(hints[name])
         if name not in slices and hint is None:
             items.append(backend.item(name, info, t, None if old is None else old[name]))
             walks.append(None)
@@ -143,8 +143,10 @@ def encode_delta(old: Mapping[str, torch.Tensor], new: Mapping[str, torch.Tensor
 
     `slices[name]` says that `new[name]` (and `old[name]`) is a box of a larger checkpoint
     tensor (a trainer rank's shard): its record covers that box (format version 2).
-    `hints[name]` walks and cuts a record for receivers holding slices (`Hint`); cuts need
-    the CPU encoder. Such records carry a digest per chunk (CPU encoder)."""
+    `hints[name]` walks and cuts a record for receivers holding slices: a `Hint`, a pair
+    `(order, bounds)` or any object with those two fields (`targets.vllm_layout.SliceHint`);
+    bounds are positions in the walk of the WHOLE tensor, and a record over a box is cut
+    where they fall inside it. Cuts need the CPU encoder. Such records carry a digest per chunk (CPU encoder)."""
     items = _items(new, old, slices, hints, chunk_elems)
     return _pack("delta", items, int(version), int(base_version), chunk_elems, level, threads, cuda, pinned)
 
@@ -192,7 +194,7 @@ def _lives(state: Mapping[str, torch.Tensor], header: PackHeader, strict: bool,
         if sub is None:
             continue
         if sub != box:
-            windows[rec.name] = _window(rec, box, order, sub, header.chunk_elems)
+            windows[rec.name] = chunk_window(header, rec, mine)
         if rec.box is not None or rec.order is not None or sl is not None:
             walks[rec.name] = (mine, sub, order)
             t = W.walk_view(t, mine, sub, order)
@@ -201,62 +203,6 @@ def _lives(state: Mapping[str, torch.Tensor], header: PackHeader, strict: bool,
         raise UnsupportedFormatError("staging slices of records, or records with chunk cuts, needs CPU "
                                      "weights in this build")
     return backend, lives, walks, windows
-
-
-def _window(rec, box, order: str, sub, chunk_elems: int) -> tuple[int, int, int]:
-    """(walk start, first chunk, stop chunk) of the chunks of `rec` inside `sub`; PackMismatchError
-    where a chunk lies partly inside."""
-    try:
-        a, b = W.walk_range(box, order, sub)
-    except ValueError as e:
-        raise PackMismatchError(f"tensor {rec.name!r}: {e}; publish with a Hint of that order") from None
-    spans = rec.chunk_spans(chunk_elems)
-    inside = [k for k, (s, e) in enumerate(spans) if s < b and e > a]
-    if any(spans[k][0] < a or spans[k][1] > b for k in inside):
-        raise PackMismatchError(f"tensor {rec.name!r}: the pack's chunks are not cut at the bounds of this "
-                                f"slice (walk elements {a}..{b}); publish with a Hint giving its bounds")
-    return (a, inside[0], inside[-1] + 1) if inside else (a, 0, 0)
-
-
-def stage_chunks(header: PackHeader, rec, chunk_range: tuple[int, int], local_walk: torch.Tensor,
-                 chunk_bytes, *, walk_start: int, check_base: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
-    """Decode chunks [i, j) of record `rec` (of `header`, from `read_header`) against a
-    receiver's elements of the record's walk: `local_walk` (1-D, CPU) holds walk elements
-    `walk_start`.. of the record, every element of those chunks. `chunk_bytes`: the bytes
-    of the chunks, back to back as the pack lays them (pack bytes
-    `chunk_byte_range(header, rec, i, j)`). Each chunk is checked against its CRC and its
-    chunk digests (with `check_base`, the base ones against `local_walk`). Returns
-    (positions in the walk of the WHOLE tensor, int64; new bit patterns), nothing written;
-    `walks.tensor_positions` is the mapping used."""
-    i, j = chunk_range
-    if not 0 <= i <= j <= len(rec.chunks):
-        raise ValueError(f"chunks [{i}, {j}) of a record of {len(rec.chunks)}")
-    if i == j:
-        return torch.zeros(0, dtype=torch.int64), torch.zeros(0, dtype=local_walk.dtype)
-    shifted = dataclasses.replace(header, tensors=[rec], payload_offset=-rec.chunks[i].offset)
-    live = cpu.Live(local_walk, BY_NAME[rec.dtype])
-    staged = cpu.stage({rec.name: live}, shifted, chunk_bytes, check_base and header.kind == "delta", 1,
-                       windows={rec.name: (walk_start, i, j)})
-    pos, val = [], []
-    for c in staged.tensors[0].chunks:
-        n = c.values.size
-        p = np.arange(n, dtype=np.int64) if c.positions is None else c.positions.astype(np.int64)
-        pos.append(p + c.start + walk_start)
-        val.append(c.values)
-    box = tuple(map(tuple, rec.box)) if rec.box is not None else W.whole(rec.shape)
-    positions = W.tensor_positions(box, rec.order or "rows", rec.shape, torch.from_numpy(np.concatenate(pos)))
-    bits = np.concatenate(val)
-    values = torch.from_numpy(bits.view(bits.dtype.str.replace("u", "i"))).view(local_walk.dtype)
-    return positions, values
-
-
-def chunk_byte_range(header: PackHeader, rec, i: int, j: int) -> tuple[int, int]:
-    """[start, stop) of the pack's bytes holding chunks [i, j) of `rec` (a writer lays a
-    record's chunks back to back; ValueError where this pack's are not)."""
-    refs = rec.chunks[i:j]
-    if any(b.offset != a.offset + a.length for a, b in zip(refs, refs[1:])):
-        raise ValueError(f"tensor {rec.name!r}: chunks {i}..{j} are not back to back in the pack")
-    return header.payload_offset + refs[0].offset, header.payload_offset + refs[-1].offset + refs[-1].length
 
 
 def pinned_pack(pack) -> np.ndarray:

@@ -52,6 +52,17 @@ class Hint:
         object.__setattr__(self, "bounds", tuple(int(b) for b in self.bounds))
 
 
+def as_hint(hint) -> Hint:
+    """A `Hint` from a Hint, any object with `order` and `bounds` (the sampler layouts'
+    `SliceHint`), or a pair `(order, bounds)`."""
+    if isinstance(hint, Hint):
+        return hint
+    if hasattr(hint, "order") and hasattr(hint, "bounds"):
+        return Hint(hint.order, tuple(hint.bounds))
+    order, bounds = hint
+    return Hint(order, tuple(bounds))
+
+
 def whole(shape: Sequence[int]) -> Box:
     return tuple((0, int(d)) for d in shape)
 
