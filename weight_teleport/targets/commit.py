@@ -47,7 +47,11 @@ class StageBoard:
         self._entries: dict[int, _Entry] = {}
         self._cond = threading.Condition()
         self.applied: int | None = None
+        """The version this rank applied last (set by `commit`)."""
         self.resync_requested = False
+        self.resyncs = 0
+        """How many times the group refused a version for a failed rank: each one tells this
+        rank's follower to drop what it staged and stage again."""
 
     def put(self, version: int, patch: Any) -> None:
         """Version `version` is staged and verified on this rank."""
@@ -62,21 +66,39 @@ class StageBoard:
             self._cond.notify_all()
 
     def wait(self, version: int, timeout_s: float) -> _Entry | None:
-        """This rank's entry for `version`, waiting at most `timeout_s`; None if still absent."""
+        """This rank's entry for `version`, waiting at most `timeout_s`; None if still absent.
+        A failed entry of an earlier version answers at once: this rank cannot reach
+        `version` without a resync."""
         deadline = time.monotonic() + timeout_s
         with self._cond:
             while version not in self._entries:
+                failed = [e for v, e in self._entries.items() if v < version and e.error is not None]
+                if failed:
+                    return failed[0]
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return None
                 self._cond.wait(left)
             return self._entries[version]
 
-    def discard_through(self, version: int) -> None:
-        """Forget every entry up to and including `version`."""
+    def wait_change(self, seen: tuple[int | None, int], timeout_s: float) -> tuple[int | None, int]:
+        """Wait at most `timeout_s` until (applied version, resync count) differs from `seen`;
+        returns it (the follower's wake-up after a commit)."""
         with self._cond:
-            for v in [v for v in self._entries if v <= version]:
-                del self._entries[v]
+            self._cond.wait_for(lambda: (self.applied, self.resyncs) != seen, timeout_s)
+            return self.applied, self.resyncs
+
+    def _decided(self, version: int, outcome: Outcome) -> None:
+        with self._cond:
+            if outcome is Outcome.APPLIED:
+                self.applied = version
+            if outcome is not Outcome.SKIPPED:
+                for v in [v for v in self._entries if v <= version or outcome is Outcome.RESYNC]:
+                    del self._entries[v]
+            if outcome is Outcome.RESYNC:
+                self.resync_requested = True
+                self.resyncs += 1
+            self._cond.notify_all()
 
 
 def _vote(state: Outcome, group) -> Outcome:
@@ -96,9 +118,5 @@ def commit(version: int, board: StageBoard, apply: Callable[[Any], None], *,
     outcome = _vote(mine, group)
     if outcome is Outcome.APPLIED:
         apply(entry.patch)
-        board.applied = version
-        board.discard_through(version)
-    elif outcome is Outcome.RESYNC:
-        board.discard_through(version)
-        board.resync_requested = True
+    board._decided(version, outcome)
     return outcome

@@ -1,44 +1,56 @@
-"""weight-teleport as a vLLM weight-transfer backend: each worker stages its own slice, the
-pause is one tiny call, "apply version V", committed across the tensor-parallel group.
+"""weight-teleport as a vLLM weight-transfer backend: each worker follows the store and
+stages its own slice; the pause is one tiny call, "apply version V", committed across the
+tensor-parallel group.
 
     from vllm import LLM
     from weight_teleport.targets.vllm_backend import BACKEND, WORKER_EXTENSION
     llm = LLM(model=path, weight_transfer_config={"backend": BACKEND},
               worker_extension_cls=WORKER_EXTENSION, ...)
-    llm.init_weight_transfer_engine({"init_info": {"wait_s": 30}})
-    ...  # versions are staged on every worker, outside the pause
+    llm.init_weight_transfer_engine({"init_info": {"store_url": "http://origin:8000"}})
+    ...  # every worker stages the versions it finds, while the engine generates
     llm.start_weight_update()
-    llm.update_weights({"update_info": {"version": 7}})   # the pause: < 100 bytes of RPC
+    llm.update_weights({"update_info": {"version": 7}})   # the pause: < 64 bytes of RPC
     llm.finish_weight_update(weight_version="7")
 
-`vllm serve --weight-transfer-config '{"backend": "weight_teleport"}'` reaches the same
-calls through its HTTP routes (`/init_weight_transfer_engine`, `/start_weight_update`,
-`/update_weights`, `/finish_weight_update`). The backend is registered in each worker when
-this module is imported: by the `vllm.general_plugins` entry point of an installed
-weight-teleport, or by `worker_extension_cls` naming the extension below.
+`init` = follow a store URL: each worker (its own thread, `targets/worker_follow.py`) reads
+the manifest, fetches the header and only the chunk byte ranges of its slices, and stages
+them against its own parameters in vLLM's layout (`targets/slice_stage.py`,
+`targets/vllm_layout.py`), each chunk checked against its chunk digests: no full copy of the
+model anywhere. The publisher cuts packs at the ranks' slice bounds
+(`PublisherConfig.hints = slice_hints(config, tp_sizes)`, format version 2); a pack not cut
+for a worker's slice fails its stage there (the group refuses it) unless the worker holds
+the whole tensor (TP=1, replicated tensors).
 
-`update_weights` runs `commit` (targets/commit.py) on every rank over vLLM's own TP CPU
-group: all ranks apply V or none. It does not raise when none does: vLLM 0.32's
+`update` = apply version V: `commit` (targets/commit.py) on every rank over vLLM's own TP
+CPU group: all ranks apply V or none. It does not raise when none does: vLLM 0.32's
 multiprocess executor returns on the first worker's failure and leaves the other workers'
 replies queued, so the next call of any kind would read a stale reply. The outcome
-(applied, skipped: a rank lagged, commit V again later; resync) is logged and kept.
+(applied; skipped: a rank lagged, commit V again later; resync: a rank failed, every rank
+drops what it staged and stages again) is logged and kept.
+
+`vllm serve --weight-transfer-config '{"backend": "weight_teleport"}' --worker-extension-cls
+weight_teleport.targets.vllm_backend.TeleportBackendExtension` reaches the same calls through
+its HTTP routes (`/init_weight_transfer_engine`, `/start_weight_update`, `/update_weights`,
+`/finish_weight_update`). The backend is registered in each worker when this module is
+imported: by `worker_extension_cls` naming the extension below.
 
 What the weight-transfer API cannot carry stays in the worker extension, because its calls
 return nothing to the caller: the outcome of each commit and the workers' state
-(`teleport_status`), staging pushed by a driver (`teleport_stage`, outside the pause) and
-the parameters for checks (`teleport_local_weights`)."""
+(`teleport_status`), holding a worker's staging (`teleport_hold`), the parameters for checks
+(`teleport_local_weights`), and on vLLM's CPU backend, which repacks linear weights for
+oneDNN, the switch to plain, patchable weights (`teleport_attach`, needs the worker)."""
 
 import logging
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 
-from weight_teleport.errors import PackMismatchError, WeightTeleportError
+from weight_teleport.store import StoreConfig, open_store
 from weight_teleport.targets.commit import Outcome, StageBoard, commit
-from weight_teleport.targets.slice_view import scatter_walk
+from weight_teleport.targets.slice_stage import apply_steps
 from weight_teleport.targets.vllm import TeleportWorkerExtension
-from weight_teleport.targets.vllm_layout import Slice, worker_slices
+from weight_teleport.targets.vllm_layout import worker_slices
+from weight_teleport.targets.worker_follow import WorkerFollower
 
 BACKEND = "weight_teleport"
 WORKER_EXTENSION = "weight_teleport.targets.vllm_backend.TeleportBackendExtension"
@@ -47,9 +59,19 @@ _log = logging.getLogger(__name__)
 
 @dataclass
 class TeleportInitInfo:
+    store_url: str
+    """The store every worker follows (file://, http(s)://, s3://, ...)."""
+    initial_version: int | None = None
+    """The version the engine loaded (its checkpoint); None: unknown, start from an anchor."""
     wait_s: float = 30.0
     """How long `update_weights` waits for a worker's own stage of the version before
     voting; a worker still staging then makes the group skip the version."""
+    watch_timeout_s: float = 5.0
+    """Long-poll of the manifest, per request."""
+    max_pending: int = 4
+    """Versions a worker stages ahead of the last commit, at most."""
+    read_token: str | None = None
+    """The store's read token, where it has one."""
 
 
 @dataclass
@@ -57,13 +79,6 @@ class TeleportUpdateInfo:
     version: int
     wait_s: float | None = None
     """Overrides the init's `wait_s` for this call."""
-
-
-@dataclass(frozen=True)
-class _Write:
-    slice: Slice
-    positions: torch.Tensor
-    bits: torch.Tensor
 
 
 def _engine_base():
@@ -87,10 +102,22 @@ class TeleportTransferEngine(_engine_base()):
         self.slices = worker_slices(vllm_config.model_config.hf_config, group.world_size, self.rank)
         self.board = StageBoard()
         self.outcomes: list[tuple[int, str]] = []
+        self.follower: WorkerFollower | None = None
         self._wait_s: float | None = None
 
     def init_transfer_engine(self, init_info: TeleportInitInfo) -> None:
+        """Start following `init_info.store_url` on this worker (again: from scratch)."""
+        self.shutdown()
+        self.board = StageBoard()
+        self.board.applied = init_info.initial_version
+        store = open_store(init_info.store_url, StoreConfig(read_token=init_info.read_token))
+        self.follower = WorkerFollower(store, self._params, self.slices, self.board,
+                                       watch_timeout_s=init_info.watch_timeout_s,
+                                       max_pending=init_info.max_pending)
         self._wait_s = init_info.wait_s
+
+    def _params(self) -> dict[str, torch.Tensor]:
+        return {n: p.data for n, p in self.model.named_parameters()}
 
     def start_weight_update(self) -> None:
         """Patches are applied in place: nothing to prepare."""
@@ -114,48 +141,30 @@ class TeleportTransferEngine(_engine_base()):
                    else "a worker failed to stage or verify it; the group resyncs")
             _log.warning("version %d was applied on no worker: %s", update_info.version, why)
 
-    def stage(self, version: int, writes: list) -> None:
-        """Stage `version` on this worker from (checkpoint name, walk positions int64 bytes,
-        new bit patterns bytes) triples; a triple that does not fit this worker's slices
-        fails the version here, so the group will not apply it."""
-        try:
-            self.board.put(version, [self._checked(*w) for w in writes])
-        except (WeightTeleportError, ValueError, KeyError, IndexError) as e:
-            self.board.fail(version, e)
-
-    def _checked(self, name: str, positions: bytes, bits: bytes) -> _Write:
-        s = self.slices[name]
-        param = dict(self.model.named_parameters())[s.param]
-        pos = torch.from_numpy(np.frombuffer(positions, dtype="<i8").copy())
-        width = param.element_size()
-        val = torch.from_numpy(np.frombuffer(bits, dtype=f"<i{width}").copy())
-        start, stop = s.walk
-        if pos.numel() != val.numel() or (pos.numel() and (int(pos.min()) < start or int(pos.max()) >= stop)):
-            raise PackMismatchError(f"{name!r}: a staged write lies outside this worker's slice")
-        return _Write(s, pos.to(param.device), val.to(param.device))
-
-    def _apply(self, writes: list[_Write]) -> None:
-        params = dict(self.model.named_parameters())
-        for w in writes:
-            scatter_walk(params[w.slice.param].data, w.slice, w.positions, w.bits)
+    def _apply(self, steps) -> None:
+        applied = self.board.applied
+        apply_steps(self._params(), [st for st in steps if applied is None or st.version > applied])
 
     def status(self) -> dict:
+        f = self.follower
         return {"rank": self.rank, "applied": self.board.applied, "outcomes": self.outcomes,
-                "resync_requested": self.board.resync_requested}
+                "resyncs": self.board.resyncs, "staged": [s.version for s in f.chain] if f else [],
+                "fetched": dict(f.fetched) if f else {}, "errors": list(f.errors) if f else []}
 
     def shutdown(self) -> None:
-        self._wait_s = None
+        if self.follower is not None:
+            self.follower.close()
+        self.follower, self._wait_s = None, None
 
 
 class TeleportBackendExtension(TeleportWorkerExtension):
     """Mixed into each vLLM worker (worker_extension_cls): calls the weight-transfer API lacks."""
 
-    def teleport_stage(self, version: int, writes_by_rank: dict) -> None:
-        """Stage `version` from this rank's entry of `writes_by_rank` (keyed by TP rank as
-        a string); a rank without an entry stages nothing (it lags)."""
+    def teleport_hold(self, ranks: list[int], on: bool) -> None:
+        """Stop (on) or restart (off) staging on the workers of TP ranks `ranks`."""
         engine = self.weight_transfer_engine
-        if str(engine.rank) in writes_by_rank:
-            engine.stage(version, writes_by_rank[str(engine.rank)])
+        if engine.rank in ranks and engine.follower is not None:
+            engine.follower.hold(on)
 
     def teleport_status(self) -> dict:
         return self.weight_transfer_engine.status()
