@@ -35,9 +35,9 @@ from weight_teleport.targets.vllm_layout import Slice
 HEADER_PROBE = 16 << 10
 """Bytes read first: the preamble and, for most packs, the whole header (chunks inside
 these bytes are not read again)."""
-MAX_GAP = 64 << 10
-"""Two chunk ranges closer than this are fetched in one read (fewer requests, a few
-bytes of other ranks' chunks)."""
+MAX_GAP = 1 << 10
+"""Two chunk ranges at most this far apart are fetched in one read: fewer requests for a
+few bytes of other ranks' chunks (the small records of replicated tensors lie between)."""
 
 
 @dataclass(frozen=True)
@@ -116,9 +116,13 @@ def _old_walk(param: torch.Tensor, s: Slice, pending: Sequence[Step]) -> torch.T
 def _fetch(store, key: str, ranges: list[tuple[int, int]], prefix: bytes) -> tuple[dict, int]:
     """{(start, stop): bytes} of each range: from `prefix` (the pack's first bytes, read
     already) where they lie inside it, else read, adjacent ones together; bytes read."""
+    total, n = 0, len(prefix)
+    straddle = max((b for a, b in ranges if a < n < b), default=n)
+    if straddle > n:  # a chunk begins inside the first bytes: read on from their end
+        prefix += store.get_range(key, n, straddle)
+        total += straddle - n
     head = memoryview(prefix)
     got = {(a, b): head[a:b] for a, b in ranges if b <= len(head)}
-    total = 0
     spans = sorted(set(ranges) - set(got))
     k = 0
     while k < len(spans):

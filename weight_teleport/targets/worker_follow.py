@@ -68,7 +68,7 @@ class WorkerFollower:
     def _step(self) -> None:
         self._catch_up_with_board()
         if self._failed or self._hold.is_set() or len(self.chain) >= self.max_pending:
-            self._seen = self.board.wait_change(self._seen, 0.2)
+            self.board.wait_change(self._seen, 0.2)  # _catch_up_with_board reads the change
             return
         base = self.chain[-1].version if self.chain else self.board.applied
         try:
