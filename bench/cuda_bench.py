@@ -22,10 +22,10 @@ import torch
 
 import weight_teleport as wt
 from weight_teleport.bench.simulate import make_config, make_state
-from weight_teleport.codec.cuda import blocks, ranks
+from weight_teleport.codec.cuda.kernels import chunk_table, class_ranks
 from weight_teleport.codec.cuda.config import CudaCodecConfig
-from weight_teleport.codec.cuda.digest import word_sums
-from weight_teleport.codec.cuda.scan import SPAN, scan
+from weight_teleport.codec.cuda.kernels.digest import word_sums
+from weight_teleport.codec.cuda.kernels.encode_scan import SPAN, scan
 from weight_teleport.codec.dtypes import dtype_info
 
 
@@ -85,13 +85,13 @@ def gpu_passes(old, new, chunk_elems: int = 1 << 22):
     info = dtype_info(torch.bfloat16)
     olds = [old[k].view(torch.int16).view(-1) for k in old]
     news = [new[k].view(torch.int16).view(-1) for k in old]
-    t_scan = blocks.build(olds, chunk_elems, SPAN)
-    p_scan = blocks.pair(news, t_scan)
-    t_count = blocks.build(olds, chunk_elems, ranks.stage_block(olds[0]))  # the stage's blocks
+    t_scan = chunk_table.build(olds, chunk_elems, SPAN)
+    p_scan = chunk_table.pair(news, t_scan)
+    t_count = chunk_table.build(olds, chunk_elems, class_ranks.stage_block(olds[0]))  # the stage's blocks
     lut = torch.clamp((torch.arange(256) - 100) // 2, 0, 15).to(torch.uint8)  # 16 classes
     luts = lut.repeat(len(olds), 1).cuda().contiguous()
     scan_ms = cuda_ms(lambda: scan(t_scan, p_scan, info))
-    count_ms = cuda_ms(lambda: ranks.table_counts(t_count, luts, info, 16, 16))
+    count_ms = cuda_ms(lambda: class_ranks.table_counts(t_count, luts, info, 16, 16))
     return scan_ms, count_ms
 
 
@@ -130,16 +130,18 @@ def phases(call, spots, repeats: int = 3) -> dict[str, float]:
 def encode_spots() -> list[tuple]:
     """The (owner, function name) phases `encode_phases` times."""
     from weight_teleport.codec import api
-    from weight_teleport.codec.cuda import chunk_bytes, encode, encode_batch, symbols
-    return [(encode, "_launch_scan"), (encode, "_scans"), (encode_batch, "events"), (symbols, "encode"),
-            (chunk_bytes, "code"), (chunk_bytes, "assemble"), (api, "write_pack")]
+    from weight_teleport.codec.cuda.encode import encoder, sparse as encode_sparse, sparse_chunks
+    from weight_teleport.codec.cuda.kernels import encode_symbols
+    return [(encoder, "_launch_scan"), (encoder, "_scans"), (encode_sparse, "events"), (encode_symbols, "encode"),
+            (sparse_chunks, "code"), (sparse_chunks, "assemble"), (api, "write_pack")]
 
 
 def stage_spots() -> list[tuple]:
     """The (owner, function name) phases `stage_phases` times."""
-    from weight_teleport.codec.cuda import inflate, sparse_decode, stage, stage_sparse
-    return [(stage_sparse.StreamsRead, "result"), (inflate, "inflate"), (sparse_decode, "decode"),
-            (stage, "_read_back")]
+    from weight_teleport.codec.cuda.kernels import stage_place
+    from weight_teleport.codec.cuda.stage import decode_streams, sparse as stage_sparse, staging
+    return [(stage_sparse.StreamsRead, "result"), (decode_streams, "inflate"), (stage_place, "decode"),
+            (staging, "_read_back")]
 
 
 def encode_phases(old, new) -> dict[str, float]:

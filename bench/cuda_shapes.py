@@ -1,5 +1,5 @@
 """The CUDA backend's per-element kernels on the Qwen3-8B-shaped delta (one device run):
-the CUDA C warp kernels (codec/cuda/warp.cu) against the Triton kernels in block / row /
+the CUDA C warp kernels (codec/cuda/kernels/warp.cu) against the Triton kernels in block / row /
 warp shapes, as per-kernel device times (torch.profiler) of one encode and one stage each, packs compared
 byte for byte with the warp kernels', stage + apply compared bit for bit with the new
 weights. Each Triton shape (block; rows of both rank kernels; warps of them and of the
@@ -15,7 +15,7 @@ from torch.profiler import ProfilerActivity, profile
 
 import weight_teleport as wt
 from cuda_bench import make_delta
-from weight_teleport.codec.cuda import ranks, sparse_decode, sparse_encode, warp
+from weight_teleport.codec.cuda.kernels import class_ranks, encode_events, stage_place, warp
 
 KERNELS = {"scan": ("scan_words", "_scan_kernel"), "counts": ("class_counts", "hist_counts", "_table_counts_kernel"),
            "events": ("class_events", "_events_kernel"),
@@ -27,9 +27,9 @@ SHAPES = ((2048, 16, 4), (1024, 16, 4), (1024, 8, 4), (2048, 8, 4), (512, 16, 4)
 
 
 def set_shape(block: int, row: int, warps: int) -> None:
-    ranks.BLOCK, ranks.NUM_WARPS = block, warps
-    sparse_encode.ROW = sparse_decode.ROW = row
-    sparse_encode.NUM_WARPS = sparse_decode.NUM_WARPS = warps
+    class_ranks.BLOCK, class_ranks.NUM_WARPS = block, warps
+    encode_events.ROW = stage_place.ROW = row
+    encode_events.NUM_WARPS = stage_place.NUM_WARPS = warps
 
 
 def run_shape(old, new):
@@ -54,7 +54,7 @@ def main() -> None:
     ap.add_argument("--all-shapes", action="store_true", help="every Triton shape, not only the configured one")
     args = ap.parse_args()
     old, new = make_delta("qwen3-8b", 5e-7)
-    configured = (ranks.BLOCK, sparse_encode.ROW, sparse_encode.NUM_WARPS)
+    configured = (class_ranks.BLOCK, encode_events.ROW, encode_events.NUM_WARPS)
     variants = [("warp", None), ("triton", None)] + [("triton", s) for s in SHAPES if args.all_shapes]
     ref, rows = None, []
     for kind, shape in variants:
@@ -67,7 +67,7 @@ def main() -> None:
         rows.append((name, pack is not None and pack == ref, exact, times))
         print(rows[-1], flush=True)
     print(f"configured Triton shapes: block {configured[0]}, events rows {configured[1]} / {configured[2]} warps, "
-          f"placement rows {sparse_decode.ROW} / {sparse_decode.NUM_WARPS} warps")
+          f"placement rows {stage_place.ROW} / {stage_place.NUM_WARPS} warps")
     print(f"{'kernels':>28} {'same pack':>9} {'exact':>5} " + " ".join(f"{k:>12}" for k in KERNELS))
     for name, same, ok, t in rows:
         print(f"{name:>28} {str(same):>9} {str(ok):>5} " + " ".join(f"{t[k]:>9.2f} ms" for k in KERNELS))

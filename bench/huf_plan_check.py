@@ -1,4 +1,4 @@
-"""huf_plan (codec/cuda/huffman.cu) against the kernel it replaced, a CTA of 256 threads a
+"""huf_plan (codec/cuda/zstd_literals/huffman.cu) against the kernel it replaced, a CTA of 256 threads a
 block, on the GPU: the same info, code lengths, codes and tree descriptions on random and
 skewed streams, then both kernels timed (CUDA events, median of 20) on a Qwen3-like launch:
 ~50,000 blocks of ~4 KB median (gap-bucket and residual symbols), empty blocks past them up
@@ -15,7 +15,8 @@ import numpy as np
 import torch
 
 from cuda_bench import cuda_ms
-from weight_teleport.codec.cuda import huffman, nvrtc
+from weight_teleport.codec.cuda.runtime import nvrtc
+from weight_teleport.codec.cuda.zstd_literals import gpu_writer
 
 DEV = "cuda"
 
@@ -88,17 +89,17 @@ def layout(data: torch.Tensor, sizes: torch.Tensor):
 def both(old: nvrtc.Module, buf, offsets, lengths, max_blocks: int):
     """The new plan, the old one's outputs, and a launch of the old kernel and of the new one
     (at `warps` a CTA) into those outputs, for timing."""
-    new = huffman.plan(buf, offsets, lengths, 1, max_blocks)
+    new = gpu_writer.plan(buf, offsets, lengths, 1, max_blocks)
     outs = [torch.empty_like(x) for x in (new.info, new.codes, new.code_lengths, new.trees)]
     args = [buf, new.blocks.src, new.size, *outs, max_blocks]
     run_old = lambda: old.launch("huf_plan", max_blocks, 256, args, buf.device)
-    src = huffman.SOURCE.read_text()
+    src = gpu_writer.SOURCE.read_text()
     mods = {}
 
-    def run_new(warps: int = huffman.PLAN_WARPS):
+    def run_new(warps: int = gpu_writer.PLAN_WARPS):
         if warps not in mods:
-            defines = {"WRITE_THREADS": huffman.THREADS, "PLAN_WARPS": warps}
-            mods[warps] = nvrtc.Module(src, huffman.SOURCE.name, defines)
+            defines = {"WRITE_THREADS": gpu_writer.THREADS, "PLAN_WARPS": warps}
+            mods[warps] = nvrtc.Module(src, gpu_writer.SOURCE.name, defines)
         mods[warps].launch("huf_plan", -(-max_blocks // warps), 32 * warps, args, buf.device)
 
     run_old()
@@ -108,7 +109,7 @@ def both(old: nvrtc.Module, buf, offsets, lengths, max_blocks: int):
 def compare(name: str, new, outs) -> int:
     info, codes, lengths, trees = new.info, new.codes.view(-1, 256), new.code_lengths.view(-1, 256), new.trees
     o_info, o_codes, o_lengths, o_trees = outs[0], outs[1].view(-1, 256), outs[2].view(-1, 256), outs[3]
-    trees, o_trees = trees.view(-1, huffman.TREE_MAX), o_trees.view(-1, huffman.TREE_MAX)
+    trees, o_trees = trees.view(-1, gpu_writer.TREE_MAX), o_trees.view(-1, gpu_writer.TREE_MAX)
     real, rle = new.size > 0, o_info[:, 0] == 1
     col = torch.arange(8, device=DEV)
     cols = torch.where((real & rle)[:, None], col < 2, True)
@@ -118,7 +119,7 @@ def compare(name: str, new, outs) -> int:
     coded = real & ~rle
     bad |= coded & (lengths != o_lengths).any(1)
     bad |= coded & ((codes != o_codes) & (o_lengths > 0)).any(1)
-    bad |= coded & ((trees != o_trees) & (torch.arange(huffman.TREE_MAX, device=DEV) < o_info[:, 6:7])).any(1)
+    bad |= coded & ((trees != o_trees) & (torch.arange(gpu_writer.TREE_MAX, device=DEV) < o_info[:, 6:7])).any(1)
     n_bad = int(bad.sum())
     kinds = torch.bincount(o_info[real, 0], minlength=3).tolist()
     print(f"{name}: {int(real.sum())} blocks (raw, RLE, compressed: {kinds}), {n_bad} differ"
@@ -132,7 +133,7 @@ def main() -> int:
     streams = check_streams(rng)
     sizes = torch.tensor([s.size for s in streams], device=DEV)
     buf, offsets, lengths = layout(torch.from_numpy(np.concatenate(streams)).to(DEV), sizes)
-    n_blocks = int((-(-lengths // huffman.BLOCK_BYTES)).sum())
+    n_blocks = int((-(-lengths // gpu_writer.BLOCK_BYTES)).sum())
     bad = compare("check streams", *both(old, buf, offsets, lengths, n_blocks + 37)[:2])
     blocks = 49_400
     buf, offsets, lengths = layout(*qwen_like(rng, blocks))
@@ -143,7 +144,7 @@ def main() -> int:
     print(f"{'before (a CTA of 256 threads a block)':44s} {t_old:8.3f}")
     for w in (1, 2, 4):
         t = cuda_ms(lambda: run_new(w), 20)
-        mark = " (huffman.py)" if w == huffman.PLAN_WARPS else ""
+        mark = " (gpu_writer.py)" if w == gpu_writer.PLAN_WARPS else ""
         print(f"{f'new, {w} warps (blocks) a CTA{mark}':44s} {t:8.3f}   x{t_old / t:.2f}")
     bad += compare("Qwen3-like, 4 warps a CTA (the last timed)", new, outs)
     print(f"stream bytes {int(lengths.sum()) / 1e6:.0f} MB, median block {int(lengths.median())} bytes")

@@ -1,7 +1,7 @@
 """Huffman-literal zstd frames against the CPU's zstd on real symbol streams: a delta of a
 model config's bf16 weights (AdamW-sized steps, as bench/cuda_bench.py makes them) encoded by
 the CPU backend; every stream of its sparse chunks written again by the reference frame
-writer (codec/huffman_frames.py, the bytes the GPU writes), decoded back by zstandard, and
+writer (codec/cuda/zstd_literals/reference.py, the bytes the GPU writes), decoded back by zstandard, and
 the stored sizes compared (a stream is stored raw where that is smaller, as the encoders do).
 
     python bench/huffman_frames.py [--model qwen3-0.6b] [--lr 5e-7]
@@ -18,9 +18,9 @@ import weight_teleport as wt
 from weight_teleport.bench.simulate import make_config, make_state
 from weight_teleport.codec import streams as codecs
 from weight_teleport.codec.cpu.backend import class_maps
-from weight_teleport.codec.cuda import tables
+from weight_teleport.codec.cuda.kernels import stream_tables
 from weight_teleport.codec.dtypes import BY_NAME
-from weight_teleport.codec.huffman_frames import frame
+from weight_teleport.codec.cuda.zstd_literals.reference import frame
 from weight_teleport.format import read_header
 
 
@@ -51,7 +51,7 @@ def main() -> None:
         starts = header.payload_offset + np.array([c.offset for c in rec.chunks], np.int64)
         lengths = np.array([c.length for c in rec.chunks], np.int64)
         k = int(n_classes[0])
-        st = tables.read(buf, starts, lengths, np.full(starts.size, k), k)
+        st = stream_tables.read(buf, starts, lengths, np.full(starts.size, k), k)
         for codec, raw_len, size, at in zip(*(a.ravel() for a in (st.codec, st.raw, st.stored, st.at))):
             if raw_len == 0:
                 continue

@@ -24,7 +24,8 @@ import torch
 import weight_teleport as wt
 from cuda_bench import make_delta
 from versions import ROOT
-from weight_teleport.codec.cuda import nvrtc, warp
+from weight_teleport.codec.cuda.kernels import warp
+from weight_teleport.codec.cuda.runtime import nvrtc
 
 OUTPUTS = {"class_counts": ("counts", "old_sums"), "hist_counts": ("counts", "events"),
            "class_events": ("ranks_out", "res_out"), "place_lanes": ("pos", "val", "sums")}
@@ -48,11 +49,15 @@ def output_indices(source: str, kernel: str) -> list[int]:
 
 def other_source(version: str) -> str:
     """warp.cu of `version`: a directory holding weight_teleport, or a git revision."""
-    path = Path(version) / "weight_teleport" / "codec" / "cuda" / "warp.cu"
-    if path.is_file():
-        return path.read_text()
-    return subprocess.run(["git", "show", f"{version}:weight_teleport/codec/cuda/warp.cu"], cwd=ROOT, check=True,
-                          capture_output=True, text=True).stdout
+    places = ("weight_teleport/codec/cuda/kernels/warp.cu", "weight_teleport/codec/cuda/warp.cu")  # now, before
+    for place in places:
+        if (Path(version) / place).is_file():
+            return (Path(version) / place).read_text()
+    for place in places:
+        shown = subprocess.run(["git", "show", f"{version}:{place}"], cwd=ROOT, capture_output=True, text=True)
+        if shown.returncode == 0:
+            return shown.stdout
+    raise SystemExit(f"no warp.cu in {version}")
 
 
 class Pair:

@@ -19,7 +19,8 @@ import weight_teleport as wt
 from weight_teleport.bench.simulate import _generator, _init_tensor, make_config, tensor_shapes
 from weight_teleport.codec import digest as D
 from weight_teleport.codec.cpu import backend as cpu
-from weight_teleport.codec.cuda import layout, stage, stage_sparse
+from weight_teleport.codec.cuda.runtime import memory
+from weight_teleport.codec.cuda.stage import sparse, staging
 from weight_teleport.codec.dtypes import BY_NAME
 from weight_teleport.codec.plan import run_arrays
 from weight_teleport.format import read_header
@@ -46,16 +47,16 @@ def passing_sums(rec, nbytes: int) -> tuple[int, int]:
 def record_at_a_time(recs, nbytes, sums, header) -> None:
     """The digest checks as the stage made them before `stage._digest_failures`."""
     for rec, n, (s_old, _) in zip(recs, nbytes.tolist(), sums.tolist()):
-        stage._check_base(rec, n, s_old, header)
+        staging._check_base(rec, n, s_old, header)
     for rec, n, (s_old, s_new) in zip(recs, nbytes.tolist(), sums.tolist()):
-        stage._check_result(rec, n, s_old, s_new)
+        staging._check_result(rec, n, s_old, s_new)
 
 
 def median_ms(fn, repeats: int) -> float:
     fn()
     times = []
     for _ in range(repeats):
-        layout.begin_call()
+        memory.begin_call()
         t0 = time.perf_counter()
         fn()
         times.append(time.perf_counter() - t0)
@@ -79,24 +80,25 @@ def main() -> None:
     checked = [r for r in header.tensors if r.codec in ("sparse", "same")]
     nbytes = np.array([r.numel * BY_NAME[r.dtype].nbytes for r in checked], np.uint64)
     sums = np.array([passing_sums(r, int(n)) for r, n in zip(checked, nbytes)], np.uint64).view(np.int64)
-    digests = stage._record_digests(checked)
+    digests = staging._record_digests(checked)
     rows = {
         "read_header": lambda: read_header(pack),
         "ChunkSpans.of": lambda: ChunkSpans.of(header, recs),
         "class-map runs as arrays and their classes (plan.run_arrays)": lambda: run_arrays(
             [r.classes for r in recs]).top_classes(),
         "class maps from those arrays (cpu.class_maps)": lambda: cpu.class_maps(recs, info, runs),
-        "the stream tables' walk on a helper, waited for (StreamsRead)": lambda: stage_sparse.StreamsRead(
+        "the stream tables' walk on a helper, waited for (StreamsRead)": lambda: sparse.StreamsRead(
             pack, spans, recs, n_classes, *spans.bounds(), pool).done.result(),
-        "the same, then its checks and layout (StreamsRead.result)": lambda: stage_sparse.StreamsRead(
+        "the same, then its checks and layout (StreamsRead.result)": lambda: sparse.StreamsRead(
             pack, spans, recs, n_classes, *spans.bounds(), pool).result("cpu"),
         "digest checks after the read-back, a record at a time": lambda: record_at_a_time(
             checked, nbytes, sums, header),
-        "the same over all records at once (stage._digest_failures)": lambda: stage._digest_failures(
+        "the same over all records at once (stage._digest_failures)": lambda: staging._digest_failures(
             checked, nbytes, sums),
         "the records' sizes and digests, which the stage now reads before the read-back": lambda: (
-            np.array([r.numel * BY_NAME[r.dtype].nbytes for r in checked], np.uint64), stage._record_digests(checked)),
-        "the checks on those, after the read-back": lambda: stage._digest_failures(checked, nbytes, sums, digests),
+            np.array([r.numel * BY_NAME[r.dtype].nbytes for r in checked], np.uint64),
+            staging._record_digests(checked)),
+        "the checks on those, after the read-back": lambda: staging._digest_failures(checked, nbytes, sums, digests),
     }
     print(f"pack {len(pack):,} bytes, {len(header.tensors)} tensors, {len(recs)} sparse, "
           f"{spans.starts.size} sparse chunks (scale 1/{args.scale}); medians of {args.repeats}, ms")

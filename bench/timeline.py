@@ -18,34 +18,40 @@ from torch.profiler import ProfilerActivity, profile
 import weight_teleport as wt
 from cuda_bench import make_delta
 from weight_teleport.codec import api
-from weight_teleport.codec.cuda import (bitmap, blocks, chunk_bytes, encode, encode_batch, entropy, huffman, inflate,
-                                        layout, ranks, sparse_decode, sparse_encode, stage, stage_sparse, symbols, tables,
-                                        unsymbols, warp)
+from weight_teleport.codec.cuda.encode import encoder, sparse as encode_sparse, sparse_chunks
+from weight_teleport.codec.cuda.kernels import (chunk_table, class_ranks, encode_events, encode_symbols, stage_bitmap,
+                                                stage_place, stage_symbols, stream_tables, warp)
+from weight_teleport.codec.cuda.runtime import memory, nvcomp
+from weight_teleport.codec.cuda.stage import decode_streams, sparse as stage_sparse, staging
+from weight_teleport.codec.cuda.zstd_literals import gpu_writer
 from weight_teleport.format import container
 
 SPOTS = {
-    "stage": [(api, "read_header"), (api, "_lives"), (stage, "_batches"), (stage_sparse.SparseBatch, "__init__"),
-              (stage_sparse.StreamsRead, "result"), (stage_sparse.SparseBatch, "decode"), (stage.cpu, "class_maps"),
+    "stage": [(api, "read_header"), (api, "_lives"), (staging, "_batches"), (stage_sparse.SparseBatch, "__init__"),
+              (stage_sparse.StreamsRead, "result"), (stage_sparse.SparseBatch, "decode"), (staging.cpu, "class_maps"),
               (stage_sparse.SparseBatch, "decompress"),
-              (tables, "read"),
-              (blocks, "build"), (ranks, "table_counts"), (inflate, "_on_gpu"), (inflate.Upload, "bytes"),
-              (inflate, "_upload"), (entropy, "decompress"), (layout, "to_device"), (unsymbols, "decode"),
-              (tables, "in_runs"), (inflate, "_plan"), (entropy, "_buckets"), (layout.PinnedRing, "send"),
-              (layout, "fill"),
-              (bitmap, "prefix"), (sparse_decode, "decode"), (stage, "_device_crcs"), (stage, "_patch"),
-              (stage, "word_sums"), (stage, "_read_back"), (inflate, "_layout"), (inflate, "planned"),
+              (stream_tables, "read"),
+              (chunk_table, "build"), (class_ranks, "table_counts"), (decode_streams, "_on_gpu"),
+              (decode_streams.Upload, "bytes"),
+              (decode_streams, "_upload"), (nvcomp, "decompress"), (memory, "to_device"), (stage_symbols, "decode"),
+              (stream_tables, "in_runs"), (decode_streams, "_plan"), (nvcomp, "_buckets"), (memory.PinnedRing, "send"),
+              (memory, "fill"),
+              (stage_bitmap, "prefix"), (stage_place, "decode"), (staging, "_device_crcs"), (staging, "_patch"),
+              (staging, "word_sums"), (staging, "_read_back"), (decode_streams, "_layout"), (decode_streams, "planned"),
               (stage_sparse, "_walk"),
-              (entropy, "plan_decompress"),
-              (stage, "_fused_group")],
-    "encode": [(encode, "_launch_scan"), (encode, "_scans"), (encode_batch, "merge"), (encode, "_plans"),
-               (encode, "_records"), (encode, "plan_table"),
-               (encode_batch, "events"), (encode_batch, "encode"), (encode_batch, "_class_tables"), (blocks, "build"),
-               (blocks, "pair"), (warp, "hist_counts"), (ranks, "table_bases"), (sparse_encode, "events"),
-               (symbols, "encode"), (chunk_bytes, "code"), (huffman, "plan"), (huffman, "frame_sizes"),
-               (huffman, "write"), (chunk_bytes, "assemble"), (tables.Tables, "lengths"), (tables.Tables, "write"),
-               (chunk_bytes, "gather"), (chunk_bytes, "_side_crcs"), (chunk_bytes, "_to_host"), (encode, "_tensor_parts"),
-               (api, "_items"), (container, "_prefix"), (layout, "to_device"),
-               (layout, "upload"), (encode, "_lay_out"), (api, "write_pack"), (container, "_header_json"),
+              (nvcomp, "plan_decompress"),
+              (staging, "_fused_group")],
+    "encode": [(encoder, "_launch_scan"), (encoder, "_scans"), (encode_sparse, "merge"), (encoder, "_plans"),
+               (encoder, "_records"), (encoder, "plan_table"),
+               (encode_sparse, "events"), (encode_sparse, "encode"), (encode_sparse, "_class_tables"),
+               (chunk_table, "build"),
+               (chunk_table, "pair"), (warp, "hist_counts"), (class_ranks, "table_bases"), (encode_events, "events"),
+               (encode_symbols, "encode"), (sparse_chunks, "code"), (gpu_writer, "plan"), (gpu_writer, "frame_sizes"),
+               (gpu_writer, "write"), (sparse_chunks, "assemble"), (stream_tables.Tables, "lengths"),
+               (stream_tables.Tables, "write"), (sparse_chunks, "gather"), (sparse_chunks, "_side_crcs"),
+               (sparse_chunks, "_to_host"), (encoder, "_tensor_parts"),
+               (api, "_items"), (container, "_prefix"), (memory, "to_device"),
+               (memory, "upload"), (encoder, "_lay_out"), (api, "write_pack"), (container, "_header_json"),
                (container, "_join")],
 }
 """(owner, function name) of the host spans traced for each call."""

@@ -23,13 +23,15 @@ from weight_teleport.codec import api, plan  # noqa: E402
 from weight_teleport.codec import digest as D  # noqa: E402
 from weight_teleport.codec.cpu import backend as cpu  # noqa: E402
 from weight_teleport.codec.cuda import backend as gpu  # noqa: E402
-from weight_teleport.codec.cuda import crc, digest, encode, layout  # noqa: E402
+from weight_teleport.codec.cuda.encode import encoder  # noqa: E402
+from weight_teleport.codec.cuda.kernels import crc, digest  # noqa: E402
+from weight_teleport.codec.cuda.runtime import memory  # noqa: E402
 from weight_teleport.codec.cuda.config import CudaCodecConfig  # noqa: E402
 from weight_teleport.errors import WeightTeleportError  # noqa: E402
 from weight_teleport.format import read_header  # noqa: E402
 
-layout.on_device = lambda t: True  # the interpreter runs the kernels on CPU tensors
-layout.pinned_empty = lambda n: np.empty(n, np.uint8)  # no pinned memory without CUDA
+memory.on_device = lambda t: True  # the interpreter runs the kernels on CPU tensors
+memory.pinned_empty = lambda n: np.empty(n, np.uint8)  # no pinned memory without CUDA
 PORTABLE = CudaCodecConfig(use_nvcomp=False)
 
 
@@ -118,11 +120,11 @@ def per_tensor_sums() -> list[str]:
     """ChunkTable.per_tensor (runs of rows, one atomic add per column where a run lies in one
     tensor) against numpy's sums mod 2^64: int32 and int64 rows, values that wrap, tensors
     without chunks, runs across tensor boundaries."""
-    from weight_teleport.codec.cuda import blocks
+    from weight_teleport.codec.cuda.kernels import chunk_table
     out, rng = [], np.random.default_rng(7)
     sizes = [0, 1, 5000, 0, 37, 10000, 3, 0]
     flats = [torch.empty(n, dtype=torch.int16) for n in sizes]
-    table = blocks.build(flats, 64, 16)
+    table = chunk_table.build(flats, 64, 16)
     for dtype, cols in ((np.int32, (1000,)), (np.int64, (2,)), (np.int64, ()), (np.int32, (70,))):
         info = np.iinfo(dtype)
         rows = rng.integers(info.min, info.max, size=(table.programs, *cols), dtype=dtype, endpoint=True)
@@ -142,7 +144,9 @@ def inflate_orchestration() -> list[str]:
     real one)."""
     import zstandard
 
-    from weight_teleport.codec.cuda import entropy, inflate, tables
+    from weight_teleport.codec.cuda.kernels import stream_tables
+    from weight_teleport.codec.cuda.runtime import nvcomp
+    from weight_teleport.codec.cuda.stage import decode_streams
     old, new = pair(torch.float32, 6000, 0.3, 21)
     pack = wt.encode_delta({"w": old}, {"w": new}, base_version=0, version=1, chunk_elems=4096)
     header = read_header(pack)
@@ -150,8 +154,8 @@ def inflate_orchestration() -> list[str]:
     starts = np.array([header.payload_offset + c.offset for c in rec.chunks], np.int64)
     lengths = np.array([c.length for c in rec.chunks], np.int64)
     k = np.full(starts.size, max(c for _, c in rec.classes) + 1, np.int64)
-    st = tables.read(np.frombuffer(pack, np.uint8), starts, lengths, k, 16)
-    want = inflate.inflate(pack, st, "cpu")
+    st = stream_tables.read(np.frombuffer(pack, np.uint8), starts, lengths, k, 16)
+    want = decode_streams.inflate(pack, st, "cpu")
 
     class Done:
         def __init__(self, sizes):
@@ -162,7 +166,7 @@ def inflate_orchestration() -> list[str]:
 
     def plan_decompress(cfg, offsets, stored, dst_offsets, raw, stream, codec=None):
         table = np.stack([offsets, stored, raw, dst_offsets]).astype(np.int64)
-        return entropy.DecompressPlan(np.arange(raw.size), [(0, raw.size, "zstd")], [0], table)
+        return nvcomp.DecompressPlan(np.arange(raw.size), [(0, raw.size, "zstd")], [0], table)
 
     def decompress(cfg, src, dst, plan):
         sizes = []
@@ -172,13 +176,13 @@ def inflate_orchestration() -> list[str]:
             sizes.append(len(out))
         return Done(sizes)
 
-    saved = entropy.available, entropy.plan_decompress, entropy.decompress
-    entropy.available, entropy.plan_decompress, entropy.decompress = (lambda: True), plan_decompress, decompress
+    saved = nvcomp.available, nvcomp.plan_decompress, nvcomp.decompress
+    nvcomp.available, nvcomp.plan_decompress, nvcomp.decompress = (lambda: True), plan_decompress, decompress
     try:
-        got = inflate.inflate(pack, st, "cpu")
+        got = decode_streams.inflate(pack, st, "cpu")
     finally:
-        entropy.available, entropy.plan_decompress, entropy.decompress = saved
-    n = want.buffer.numel() - inflate.PAD
+        nvcomp.available, nvcomp.plan_decompress, nvcomp.decompress = saved
+    n = want.buffer.numel() - decode_streams.PAD
     print(f"inflate orchestration: {int((st.codec == 1).sum())} zstd streams", flush=True)
     if not (st.codec == 1).any() or not np.array_equal(got.offsets, want.offsets) or \
             not torch.equal(got.buffer[:n], want.buffer[:n]) or bool(got.failed):
@@ -189,7 +193,7 @@ def inflate_orchestration() -> list[str]:
 def decoder_edges() -> list[str]:
     """The symbol decoder on one event of gap value 2^22 (the largest a chunk holds: decoded)
     and 2^22 + 1 (malformed), and the bitmap prefix against numpy's."""
-    from weight_teleport.codec.cuda import bitmap
+    from weight_teleport.codec.cuda.kernels import stage_bitmap
     out = []
     for extra, malformed in ((0, False), (1, True)):
         dec, v = decode_one_gap(extra, "cpu")
@@ -197,7 +201,7 @@ def decoder_edges() -> list[str]:
             out.append(f"the decoder on a gap value of 2^22 + {extra}")
     words = torch.from_numpy(np.random.default_rng(3).integers(-2 ** 31, 2 ** 31, 5000, dtype=np.int64).astype(np.int32))
     words[::5], words[1::7] = -1, 0
-    if not np.array_equal(bitmap.prefix(words).numpy(), popcount_prefix(words.numpy())):
+    if not np.array_equal(stage_bitmap.prefix(words).numpy(), popcount_prefix(words.numpy())):
         out.append("the bitmap prefix differs from numpy's")
     print("decoder edges checked", flush=True)
     return out
@@ -220,11 +224,11 @@ def encode_failures(name: str, old: dict, new: dict) -> list[str]:
     if name.startswith(PINNED):
         how, gpu_pack = "written around its payload (pinned=True)", encode_on(gpu, cuda=PORTABLE, pinned=True)
     elif any(k in name for k in TWO_WAVES):
-        waves, encode.WAVE_ELEMS = encode.WAVE_ELEMS, 0
+        waves, encoder.WAVE_ELEMS = encoder.WAVE_ELEMS, 0
         try:
             how, gpu_pack = "scanned in two waves", encode_on(gpu, cuda=PORTABLE, pinned=True)
         finally:
-            encode.WAVE_ELEMS = waves
+            encoder.WAVE_ELEMS = waves
     else:
         how, gpu_pack = "", encode_on(gpu, cuda=PORTABLE)
     failures = [] if gpu_pack == cpu_pack else [f"{name}: GPU-path pack {how} differs from the CPU's"]

@@ -16,11 +16,11 @@ from helpers import with_renewed_crcs  # noqa: E402
 from weight_teleport.codec import api  # noqa: E402
 from weight_teleport.codec.cpu import backend as cpu  # noqa: E402
 from weight_teleport.codec.cuda import backend as gpu  # noqa: E402
-from weight_teleport.codec.cuda import layout  # noqa: E402
+from weight_teleport.codec.cuda.runtime import memory  # noqa: E402
 from weight_teleport.errors import DigestMismatchError  # noqa: E402
 
-layout.on_device = lambda t: True  # the interpreter runs the kernels on CPU tensors
-layout.pinned_empty = lambda n: np.empty(n, np.uint8)  # no pinned memory without CUDA
+memory.on_device = lambda t: True  # the interpreter runs the kernels on CPU tensors
+memory.pinned_empty = lambda n: np.empty(n, np.uint8)  # no pinned memory without CUDA
 
 
 def bits(t: torch.Tensor) -> bytes:

@@ -122,13 +122,13 @@ def crc_ranges(seed: int = 0, lengths=CRC_LENGTHS):
 def decode_one_gap(extra: int, device):
     """(the symbol decoder's output, v) for one segment of one event whose gap value v is
     2^22 + `extra` (bucket 43, rc 0: residual +1): the largest a chunk holds for extra = 0."""
-    from weight_teleport.codec.cuda import unsymbols
+    from weight_teleport.codec.cuda.kernels import stage_symbols
     buf = torch.zeros(96, dtype=torch.uint8, device=device)
     buf[0] = 43 * 5
     buf[16:19] = torch.tensor(list(extra.to_bytes(3, "little")), dtype=torch.uint8)
     ints = lambda *a: torch.tensor(a, dtype=torch.int64, device=device)
     v = (1 << 22) + extra
-    dec = unsymbols.decode(buf, ints(0, 16, 32, 32).view(1, 4), ints(1, 3, 0, 0).view(1, 4), ints(1), ints(1),
+    dec = stage_symbols.decode(buf, ints(0, 16, 32, 32).view(1, 4), ints(1, 3, 0, 0).view(1, 4), ints(1), ints(1),
                            torch.zeros(1, dtype=torch.bool, device=device), ints(0),
                            torch.zeros(v // 32 + 1, dtype=torch.int32, device=device), 1, 16)
     return dec, v
@@ -148,10 +148,10 @@ def popcount_prefix(words: np.ndarray) -> np.ndarray:
 
 
 def chunk_table_failures(device) -> list[str]:
-    """Chunk tables written by the CUDA backend's kernel (codec/cuda/tables.py) on `device`,
+    """Chunk tables written by the CUDA backend's kernel (codec/cuda/kernels/stream_tables.py) on `device`,
     against the format's writer: random group counts, groups with and without streams,
     counts and lengths of 1 to 7 varint bytes. The chunks that differ, as messages."""
-    from weight_teleport.codec.cuda import tables
+    from weight_teleport.codec.cuda.kernels import stream_tables
     from weight_teleport.format import Group, Stream, write_groups
     rng = np.random.default_rng(3)
     n, ncp = 30, 16
@@ -163,7 +163,7 @@ def chunk_table_failures(device) -> list[str]:
     raw = rng.integers(0, 1 << 30, size=(n, ncp, 4)) >> rng.integers(0, 30, size=(n, ncp, 4))
     stored = rng.integers(0, 1 << 15, size=(n, ncp, 4)) >> rng.integers(0, 15, size=(n, ncp, 4))
     on = lambda a: torch.from_numpy(np.ascontiguousarray(a)).to(device)
-    heads = tables.Tables(on(n_groups), on(events), on(has), on(codec), on(raw), on(stored))
+    heads = stream_tables.Tables(on(n_groups), on(events), on(has), on(codec), on(raw), on(stored))
     lengths = heads.lengths()
     out = torch.zeros(int(lengths.sum()), dtype=torch.uint8, device=device)
     heads.write(out, lengths.cumsum(0) - lengths)

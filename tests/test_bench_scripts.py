@@ -43,7 +43,7 @@ def test_kernel_ab_finds_every_kernels_outputs(bench):
     is a pointer the kernel may write, and the Python that launches it passes a tensor there."""
     import kernel_ab
 
-    from weight_teleport.codec.cuda import warp
+    from weight_teleport.codec.cuda.kernels import warp
     source = warp.SOURCE.read_text()
     assert kernel_ab.output_indices(source, "place_lanes") == [14, 15, 16]
     assert kernel_ab.output_indices(source, "class_counts") == [4, 5]

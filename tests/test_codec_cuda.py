@@ -71,13 +71,13 @@ def _raw_streams(pack: bytes) -> list[bytes]:
 @pytest.mark.parametrize("pieces", [(), (17, 0, 23)], ids=["one-piece", "three-pieces"])
 @pytest.mark.parametrize("warp_kernels", [True, False], ids=["cuda-c", "triton"])
 def test_gpu_symbol_streams_match_cpu_kernel(warp_kernels, pieces, monkeypatch):
-    """Both symbol coders (symbols.cu, and the Triton kernel) write the CPU kernel's bytes:
+    """Both symbol coders (encode_symbols.cu, and the Triton kernel) write the CPU kernel's bytes:
     segments from empty to thousands of events (many 32-event steps of a warp, extra bits
     carried across them), gaps from 1 to millions, every residual form; with the ranks and
     residuals in one tensor each, or in a tensor per piece of the segments (an empty one
     among them)."""
     from weight_teleport.codec.cpu import kernels as K
-    from weight_teleport.codec.cuda import symbols, warp
+    from weight_teleport.codec.cuda.kernels import encode_symbols, warp
     monkeypatch.setattr(warp, "enabled", warp_kernels)
     rng = np.random.default_rng(0)
     for width in (8, 16, 32, 64):
@@ -103,11 +103,11 @@ def test_gpu_symbol_streams_match_cpu_kernel(warp_kernels, pieces, monkeypatch):
             ranks.append(r.astype(np.int32))
             res.append(rv.astype(f"u{width // 8}").view(f"i{width // 8}"))  # stored in the elements' width
             ev, rc, inv = ev + [n], rc + [nres], inv + [iv]
-        seg = symbols.Segments(np.array(ev, np.int64), np.array(rc, np.int64), np.array(inv), width, pieces)
+        seg = encode_symbols.Segments(np.array(ev, np.int64), np.array(rc, np.int64), np.array(inv), width, pieces)
         at = np.cumsum([0, *(pieces or (40,))])
         split = lambda arrays, dtype: [torch.from_numpy(np.concatenate([np.zeros(0, dtype), *arrays[a:b]])).cuda()
                                        for a, b in zip(at, at[1:])]
-        out = symbols.encode(split(ranks, np.int32), split(res, f"i{width // 8}"), seg)
+        out = encode_symbols.encode(split(ranks, np.int32), split(res, f"i{width // 8}"), seg)
         buf = out.buffer.cpu().numpy()
         offsets, lengths = out.on_host()
         got = [[buf[o:o + n].tobytes() for o, n in zip(offsets[s], lengths[s])] for s in range(40)]
@@ -118,8 +118,8 @@ def test_gpu_symbol_streams_match_cpu_kernel(warp_kernels, pieces, monkeypatch):
 def test_nvcomp_streams_round_trip_and_cpu_decodes_zstd():
     import zstandard
 
-    from weight_teleport.codec.cuda import entropy
-    if not entropy.available():
+    from weight_teleport.codec.cuda.runtime import nvcomp
+    if not nvcomp.available():
         pytest.skip("nvCOMP (nvidia-libnvcomp-cu13) is not installed")
     rng = np.random.default_rng(1)
     raws = [np.minimum(rng.geometric(0.3, size=int(n)), 255).astype(np.uint8) for n in
@@ -132,7 +132,7 @@ def test_nvcomp_streams_round_trip_and_cpu_decodes_zstd():
     src = torch.from_numpy(host).cuda()
     for alg in ("zstd", "lz4", "ans"):
         cfg = CudaCodecConfig(algorithm=alg)
-        out, out_off, pend = entropy.compress(cfg, src, offs, lengths)
+        out, out_off, pend = nvcomp.compress(cfg, src, offs, lengths)
         sizes, st = (pend.unpermute(t.cpu().numpy()) for t in pend.host())
         assert (st == 0).all()
         comp = out.cpu().numpy()
@@ -140,8 +140,8 @@ def test_nvcomp_streams_round_trip_and_cpu_decodes_zstd():
             for r, o, n in zip(raws, out_off, sizes):
                 assert zstandard.ZstdDecompressor().decompress(comp[o:o + n].tobytes(), max_output_size=r.size) == r.tobytes()
         dst = torch.full_like(src, 7)
-        plan = entropy.plan_decompress(cfg, out_off, sizes, offs, lengths, torch.cuda.current_stream().cuda_stream)
-        back = entropy.decompress(cfg, out, dst, plan)
+        plan = nvcomp.plan_decompress(cfg, out_off, sizes, offs, lengths, torch.cuda.current_stream().cuda_stream)
+        back = nvcomp.decompress(cfg, out, dst, plan)
         got, st = (back.unpermute(t.cpu().numpy()) for t in back.host())
         assert (st == 0).all() and np.array_equal(got, lengths)
         d = dst.cpu().numpy()
@@ -149,8 +149,8 @@ def test_nvcomp_streams_round_trip_and_cpu_decodes_zstd():
 
 
 def test_gpu_only_stream_codec_is_refused_on_cpu():
-    from weight_teleport.codec.cuda import entropy
-    if not entropy.available():
+    from weight_teleport.codec.cuda.runtime import nvcomp
+    if not nvcomp.available():
         pytest.skip("nvCOMP (nvidia-libnvcomp-cu13) is not installed")
     old, new = _pair(2, torch.bfloat16, "density", 0.05, shape=(300, 64))
     pack = wt.encode_delta(_cuda(old), _cuda(new), base_version=0, version=1, cuda=CudaCodecConfig(algorithm="ans"))
@@ -184,8 +184,8 @@ def _refusals(old, new, pack: bytes, mutations) -> int:
 
 
 def _gpu_only_pack(algorithm):
-    from weight_teleport.codec.cuda import entropy
-    if not entropy.available():
+    from weight_teleport.codec.cuda.runtime import nvcomp
+    if not nvcomp.available():
         pytest.skip("nvCOMP (nvidia-libnvcomp-cu13) is not installed")
     old, new = _pair(5, torch.bfloat16, "density", 0.1, shape=(600, 96))
     old["f"], new["f"] = (t["w"].float() for t in (old, new))
@@ -200,13 +200,13 @@ def test_gpu_only_stream_codecs_stage_on_gpu(algorithm, monkeypatch):
     of nvCOMP's software backends; a corrupt chunk under a valid CRC is refused with the
     weights untouched; without nvCOMP they are refused with the install command."""
     from weight_teleport.codec import streams as codecs
-    from weight_teleport.codec.cuda import entropy
+    from weight_teleport.codec.cuda.runtime import nvcomp
     old, new, pack = _gpu_only_pack(algorithm)
     header = read_header(pack)
-    assert codecs.NAMES[entropy.CODEC_ID[algorithm]] in header.stream_codecs
+    assert codecs.NAMES[nvcomp.CODEC_ID[algorithm]] in header.stream_codecs
     used = {s.codec for t in header.tensors for c in t.chunks
             for g in read_groups(pack[header.payload_offset + c.offset:][:c.length]) for s in g.streams}
-    assert entropy.CODEC_ID[algorithm] in used
+    assert nvcomp.CODEC_ID[algorithm] in used
     for backend in ("default", "cuda"):
         state = _cuda(old)
         wt.apply_delta(state, pack, cuda=CudaCodecConfig(decompress_backend=backend))
@@ -214,7 +214,7 @@ def test_gpu_only_stream_codecs_stage_on_gpu(algorithm, monkeypatch):
     n_chunks = sum(len(t.chunks) for t in header.tensors)
     flips = [_flip(ci, lambda n: n - 5, 0x41) for ci in range(n_chunks)]  # in each chunk's last stream
     assert _refusals(old, new, pack, flips) >= n_chunks // 2
-    monkeypatch.setattr(entropy, "available", lambda: False)
+    monkeypatch.setattr(nvcomp, "available", lambda: False)
     with pytest.raises(UnsupportedFormatError, match=r"weight-teleport\[cuda\]"):
         wt.apply_delta(_cuda(old), pack)
 
@@ -264,7 +264,7 @@ def test_snapshot_onto_gpu():
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("n", [0, 1, 3, 8, 1001, 70000])
 def test_gpu_digest_matches_cpu(dtype, n):
-    from weight_teleport.codec.cuda.digest import digest
+    from weight_teleport.codec.cuda.kernels.digest import digest
     old, _ = make_pair(n, dtype, (n,), "random", "none", "ulp", 0.0)
     u8 = bits(old).view(-1).numpy().view(np.uint8)
     assert digest(old.cuda()) == D.finish(C.digest_sum(u8, 0), u8.size)
@@ -278,7 +278,7 @@ def test_gpu_word_sums_of_many_tensors_are_their_digests():
     """One launch over many tensors, whole-word ones read in place and the others (off an
     8-byte boundary, a ragged last word, empty, non-contiguous) as padded copies: each sum
     gives the CPU's digest."""
-    from weight_teleport.codec.cuda.digest import word_sums
+    from weight_teleport.codec.cuda.kernels.digest import word_sums
     big = make_pair(5, torch.bfloat16, (70000,), "random", "none", "ulp", 0.0)[0].cuda()
     tensors = [big, big[4:40004], big[1:3001], big[:1001], big[:0], big[::3][:4000],
                make_pair(6, torch.float64, (1234,), "random", "none", "ulp", 0.0)[0].cuda(),
@@ -291,7 +291,7 @@ def test_gpu_word_sums_of_many_tensors_are_their_digests():
 
 @pytest.mark.parametrize("seed", [0, 1])
 def test_gpu_crc32_of_byte_ranges_is_zlibs(seed):
-    from weight_teleport.codec.cuda.crc import crc32
+    from weight_teleport.codec.cuda.kernels.crc import crc32
     data, offsets, lengths = crc_ranges(seed)
     big = np.random.default_rng(seed).integers(0, 256, 9_000_000, dtype=np.uint8)  # ranges of many programs
     data, offsets, lengths = (np.concatenate([data, big]), np.append(offsets, [data.size, data.size + 1]),
@@ -335,15 +335,16 @@ def test_wrong_base_weights_are_refused():
 def test_pack_in_pinned_memory_is_staged_from_where_it_is(monkeypatch):
     """A pinned pack is copied to the device directly (never through the pinned ring) and
     stages the same patch; a corrupt one is refused and changes nothing."""
-    from weight_teleport.codec.cuda import inflate, layout
+    from weight_teleport.codec.cuda.runtime import memory
+    from weight_teleport.codec.cuda.stage import decode_streams
     old, new = _pair(9, torch.bfloat16, "density", 0.05, shape=(300, 70))
     pack = wt.encode_delta(old, new, base_version=0, version=1, chunk_elems=2048)
     pinned = wt.pinned_pack(pack)
-    assert layout.pinned(pinned) is not None and layout.pinned(pack) is None
+    assert memory.pinned(pinned) is not None and memory.pinned(pack) is None
     assert bytes(pinned) == pack
     state = _cuda(old)
     want = wt.stage_delta(state, pack)
-    monkeypatch.setattr(inflate, "_pack_ring", None)  # the ring is not used: None would raise
+    monkeypatch.setattr(decode_streams, "_pack_ring", None)  # the ring is not used: None would raise
     got = wt.stage_delta(state, pinned)
     assert all(torch.equal(a.offsets, b.offsets) and torch.equal(a.values, b.values)
                for a, b in zip(want.groups, got.groups, strict=True))
@@ -362,16 +363,17 @@ def test_pinned_packs_are_the_bytes_packs(waves, monkeypatch):
     batch's payload (also one merged from two waves) is copied from the GPU behind room for
     the header and not copied again; several batches, dense tensors and snapshots are joined
     into it on the host."""
-    from weight_teleport.codec.cuda import encode, layout
+    from weight_teleport.codec.cuda.encode import encoder
+    from weight_teleport.codec.cuda.runtime import memory
     if waves == 2:
-        monkeypatch.setattr(encode, "WAVE_ELEMS", 0)
+        monkeypatch.setattr(encoder, "WAVE_ELEMS", 0)
     from weight_teleport.format import container
     joins = []
     fill = container.fill
     monkeypatch.setattr(container, "fill", lambda dst, parts, *a: joins.append(len(parts)) or fill(dst, parts, *a))
     old, new = _pair(11, torch.bfloat16, "density", 0.05, shape=(300, 70))
     pack = wt.encode_delta(_cuda(old), _cuda(new), base_version=0, version=1, chunk_elems=2048, pinned=True)
-    assert isinstance(pack, np.ndarray) and layout.pinned(pack) is not None and not joins
+    assert isinstance(pack, np.ndarray) and memory.pinned(pack) is not None and not joins
     assert bytes(pack) == wt.encode_delta(_cuda(old), _cuda(new), base_version=0, version=1, chunk_elems=2048)
     state = _cuda(old)
     wt.apply_delta(state, pack, base_version=0)
@@ -385,7 +387,7 @@ def test_pinned_packs_are_the_bytes_packs(waves, monkeypatch):
     assert bytes(pack) == wt.encode_delta(old, new, base_version=0, version=1, chunk_elems=512) and joins
     joins.clear()
     snap = wt.encode_snapshot(_cuda(new), version=1, pinned=True)
-    assert layout.pinned(snap) is not None and not joins, "the snapshot's payload was copied on the host"
+    assert memory.pinned(snap) is not None and not joins, "the snapshot's payload was copied on the host"
     assert bytes(snap) == wt.encode_snapshot(_cuda(new), version=1)
     assert_bits_equal(wt.decode_snapshot(bytes(snap)), new)
 
@@ -426,11 +428,11 @@ def test_staged_patch_held_on_device_or_in_pinned_host_memory(budget):
     assert_bits_equal(_cpu(state), new)
 
 
-@pytest.mark.parametrize("nvcomp", [True, False])
-def test_corrupt_streams_with_valid_crcs_are_refused_on_gpu(nvcomp, monkeypatch):
-    from weight_teleport.codec.cuda import entropy
-    if not nvcomp:
-        monkeypatch.setattr(entropy, "available", lambda: False)
+@pytest.mark.parametrize("with_nvcomp", [True, False])
+def test_corrupt_streams_with_valid_crcs_are_refused_on_gpu(with_nvcomp, monkeypatch):
+    from weight_teleport.codec.cuda.runtime import nvcomp
+    if not with_nvcomp:
+        monkeypatch.setattr(nvcomp, "available", lambda: False)
     old, new = _pair(4, torch.bfloat16, "density", 0.02, shape=(200, 64))
     pack = wt.encode_delta(old, new, base_version=0, version=1, chunk_elems=1024, level=-5)
     n_chunks = sum(len(t.chunks) for t in read_header(pack).tensors)
@@ -456,9 +458,9 @@ def test_mixed_batches_match_cpu_pack(waves, monkeypatch):
     """Several dtypes, unchanged, empty and dense tensors in one pack: one batch per dtype;
     with two waves (each dtype's batches of the two merged), in one part or in pinned
     memory."""
-    from weight_teleport.codec.cuda import encode
+    from weight_teleport.codec.cuda.encode import encoder
     if waves == 2:
-        monkeypatch.setattr(encode, "WAVE_ELEMS", 0)
+        monkeypatch.setattr(encoder, "WAVE_ELEMS", 0)
     old, new = {}, {}
     for i, (dt, mode, p) in enumerate([(torch.bfloat16, "density", 0.02), (torch.float32, "density", 0.05),
                                        (torch.bfloat16, "none", 0.0), (torch.int8, "density", 0.5),
@@ -536,7 +538,7 @@ def test_stage_onto_live_views_off_word_boundaries(offset):
 def test_warp_kernels_match_triton_kernels(case, monkeypatch):
     """The CUDA C warp kernels and the Triton kernels write the same packs and stage patches
     that apply to the same bits, over several chunks of several blocks with ragged ends."""
-    from weight_teleport.codec.cuda import warp
+    from weight_teleport.codec.cuda.kernels import warp
     if case == "inverted":
         o, m = inverted_pair(50_001, 4)
         old, new = {"w": o}, {"w": m}
@@ -562,7 +564,8 @@ def test_warp_kernels_match_triton_kernels(case, monkeypatch):
 def test_warp_kernels_from_ptx_of_an_older_architecture(monkeypatch):
     """A GPU newer than its NVRTC gets PTX of the newest architecture NVRTC knows, which the
     driver compiles for it: pretend this GPU is unknown to NVRTC and compare the packs."""
-    from weight_teleport.codec.cuda import nvrtc, warp
+    from weight_teleport.codec.cuda.kernels import warp
+    from weight_teleport.codec.cuda.runtime import nvrtc
     major, minor = torch.cuda.get_device_capability()
     older = [a for a in nvrtc._supported_archs() if a < 10 * major + minor]
     if not older:
@@ -584,8 +587,8 @@ def test_warp_kernels_from_ptx_of_an_older_architecture(monkeypatch):
 def test_pinned_ring_rewinds_at_a_call_instead_of_growing():
     """Tables of calls whose copies are still queued behind kernels when the buffer fills:
     rewound at each call's start, the ring keeps its first buffer and delivers every byte."""
-    from weight_teleport.codec.cuda import layout
-    ring, n = layout.PinnedRing(), 1 << 20
+    from weight_teleport.codec.cuda.runtime import memory
+    ring, n = memory.PinnedRing(), 1 << 20
     first = None
     for call in range(6):
         ring.rewind()
@@ -611,10 +614,10 @@ def test_decoder_refuses_a_gap_past_the_largest_chunk(extra, malformed):
 
 @pytest.mark.parametrize("n", [0, 1, 33, 8192, 100_003])
 def test_bitmap_prefix_is_the_exclusive_popcount_prefix(n):
-    from weight_teleport.codec.cuda import bitmap
+    from weight_teleport.codec.cuda.kernels import stage_bitmap
     words = torch.randint(-2 ** 31, 2 ** 31 - 1, (n,), dtype=torch.int32, device="cuda")
     words[::5] = -1
     words[1::7] = 0
-    got = bitmap.prefix(words)
+    got = stage_bitmap.prefix(words)
     assert got.dtype == torch.int32 and got.is_contiguous()
     assert np.array_equal(got.cpu().numpy(), popcount_prefix(words.cpu().numpy()))

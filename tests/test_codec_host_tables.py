@@ -11,16 +11,18 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from weight_teleport.codec.cuda import blocks, encode, encode_batch, layout, scatter, symbols
+from weight_teleport.codec.cuda.encode import encoder, sparse
+from weight_teleport.codec.cuda.kernels import chunk_table, encode_symbols, stage_scatter
+from weight_teleport.codec.cuda.runtime import memory
 from weight_teleport.codec import digest as D
-from weight_teleport.codec.cuda import stage
-from weight_teleport.codec.cuda.stage import _program_rows
+from weight_teleport.codec.cuda.stage import staging
+from weight_teleport.codec.cuda.stage.staging import _program_rows
 from weight_teleport.codec.dtypes import dtype_info
 from weight_teleport.errors import DigestMismatchError, PackMismatchError
 
 
 def test_arena_arrays_are_aligned_apart_and_reused_after_a_rewind():
-    arena = layout.HostArena()
+    arena = memory.HostArena()
     a = arena.zeros(1000, np.int64)
     b = arena.empty((300, 3), np.int32)
     b.fill(7)
@@ -35,7 +37,7 @@ def test_arena_arrays_are_aligned_apart_and_reused_after_a_rewind():
 def test_arena_grows_to_a_whole_call_and_keeps_what_it_gave():
     """Full, the arena takes a buffer as large as the call has taken so far; arrays already
     taken keep their bytes, and the next call fits in the new buffer."""
-    arena = layout.HostArena()
+    arena = memory.HostArena()
     a = arena.empty(100_000, np.int64)  # 800 KB of the first 1 MB buffer
     a[:] = np.arange(a.size)
     b = arena.zeros(50_000, np.int64)  # does not fit: a new buffer
@@ -51,7 +53,7 @@ def test_arena_holds_a_call_that_filled_several_buffers_from_the_next_call_on():
     """A call whose tables outgrow the arena's buffer more than once: at the rewind the
     buffer becomes as large as the whole call took, so the next call that takes as much
     replaces nothing (nor the one after)."""
-    arena = layout.HostArena()
+    arena = memory.HostArena()
     sizes = [300_000 + 37 * k for k in range(12)]  # int64 tables of 2.4 MB, 29 MB a call
     replaced = []
     for _ in range(3):
@@ -67,7 +69,7 @@ def test_arena_holds_a_call_that_filled_several_buffers_from_the_next_call_on():
 
 
 def test_zeros_from_the_arena_are_zero_after_reuse():
-    arena = layout.HostArena()
+    arena = memory.HostArena()
     arena.empty(4096, np.uint8).fill(255)
     arena.rewind()
     assert not arena.zeros(4096, np.uint8).any()
@@ -78,10 +80,10 @@ def test_tables_uploaded_from_the_arena_are_copies():
     the CPU, where an upload is a copy) keeps its values after the arena is reused."""
     arrays = [np.array([True, False, True]), np.arange(12, dtype=np.int32).reshape(3, 4),
               np.array([-(1 << 40), 5], np.int64), np.zeros(0, np.int64)]
-    layout.begin_call()
-    got = layout.to_device(arrays, "cpu")
-    layout.begin_call()
-    layout.arena().empty(4096, np.int64).fill(-1)
+    memory.begin_call()
+    got = memory.to_device(arrays, "cpu")
+    memory.begin_call()
+    memory.arena().empty(4096, np.int64).fill(-1)
     for a, g in zip(arrays, got):
         assert tuple(g.shape) == a.shape and str(g.dtype) == "torch.int64"
         np.testing.assert_array_equal(g.numpy(), a.astype(np.int64))
@@ -90,14 +92,14 @@ def test_tables_uploaded_from_the_arena_are_copies():
 def _rows_reference(elem, first, n, block):
     """The fused scatter's program rows as vectorised numpy (what the stage computed before
     its compiled walk)."""
-    k, j = layout.items(-(-n // block))
+    k, j = memory.items(-(-n // block))
     lo = first[k] + j * block
     hi = np.minimum(lo + block, first[k] + n[k])
     return np.stack([elem[k], lo, hi], axis=1).astype(np.int64)
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.lists(st.integers(0, 5000), max_size=40), st.sampled_from([1, 7, scatter.BLOCK]),
+@given(st.lists(st.integers(0, 5000), max_size=40), st.sampled_from([1, 7, stage_scatter.BLOCK]),
        st.integers(0, 1 << 40))
 def test_program_rows_match_the_vectorised_rows(counts, block, base):
     n = np.array(counts, np.int64)
@@ -111,19 +113,19 @@ def test_program_rows_match_the_vectorised_rows(counts, block, base):
 def test_chunk_tables_are_reused_for_the_same_pointers_and_sizes():
     info = dtype_info(torch.bfloat16)
     ws = [torch.zeros(n, dtype=torch.bfloat16) for n in (1000, 70, 3000)]
-    first = blocks.build_cached(ws, 256, 128, info)
-    again = blocks.build_cached(ws, 256, 128, info)
+    first = chunk_table.build_cached(ws, 256, 128, info)
+    again = chunk_table.build_cached(ws, 256, 128, info)
     assert again.rows is first.rows and again.base.data_ptr() == min(w.data_ptr() for w in ws)
-    fresh = blocks.build(ws, 256, 128, info)
+    fresh = chunk_table.build(ws, 256, 128, info)
     assert np.array_equal(again.host, fresh.host) and torch.equal(again.program_chunk, fresh.program_chunk)
     grown = ws[:2] + [torch.zeros(3001, dtype=torch.bfloat16)]
-    other = blocks.build_cached(grown, 256, 128, info)
-    assert other.rows is not first.rows and np.array_equal(other.host, blocks.build(grown, 256, 128, info).host)
-    assert blocks.build_cached(ws, 512, 128, info).rows is not first.rows  # another chunk size
+    other = chunk_table.build_cached(grown, 256, 128, info)
+    assert other.rows is not first.rows and np.array_equal(other.host, chunk_table.build(grown, 256, 128, info).host)
+    assert chunk_table.build_cached(ws, 512, 128, info).rows is not first.rows  # another chunk size
 
 
 def test_waves_cut_a_large_state_in_two_halves_of_its_elements():
-    waves = lambda sizes: encode._waves(np.array(sizes, np.int64))
+    waves = lambda sizes: encoder._waves(np.array(sizes, np.int64))
     m = 1 << 20
     # 50 of 105 M elements, then 55
     assert waves([40 * m, 0, 10 * m, 30 * m, 0, 20 * m, 5 * m]) == [[0, 2], [3, 5, 6]]
@@ -140,12 +142,12 @@ def test_merged_events_pad_each_waves_chunks_to_the_most_class_slots():
     def events(chunks, ncp, seed):
         g = torch.Generator().manual_seed(seed)
         ev = torch.randint(0, 50, (chunks * ncp,), generator=g)
-        seg = symbols.Segments(ev, ev // 2, ev % 3 == 0, 16)
+        seg = encode_symbols.Segments(ev, ev // 2, ev % 3 == 0, 16)
         ranks = [torch.arange(int(ev.sum()), dtype=torch.int32)]
-        return encode_batch.Events(ranks, [torch.zeros(int((ev // 2).sum()), dtype=torch.int16)], seg, ncp,
+        return sparse.Events(ranks, [torch.zeros(int((ev // 2).sum()), dtype=torch.int16)], seg, ncp,
                                    np.full(chunks, ncp - 1), np.array([0, 2, chunks]))
     a, b = events(3, 4, 0), events(5, 8, 1)
-    m = encode_batch.merge([a, b])
+    m = sparse.merge([a, b])
     assert m.ncp == 8 and m.segments.pieces == (24, 40) and m.segments.bits == 16
     assert m.ranks == a.ranks + b.ranks and m.residuals == a.residuals + b.residuals
     for which in ("ev_cnt", "res_cnt", "inverted"):
@@ -153,7 +155,7 @@ def test_merged_events_pad_each_waves_chunks_to_the_most_class_slots():
         assert torch.equal(got[:3, :4], getattr(a.segments, which).view(3, 4)) and not got[:3, 4:].any()
         assert torch.equal(got[3:], getattr(b.segments, which).view(5, 8))
     assert m.first_chunk.tolist() == [0, 2, 3, 5, 8] and m.n_groups.tolist() == [3] * 3 + [7] * 5
-    assert encode_batch.merge([a]) is a
+    assert sparse.merge([a]) is a
 
 
 @given(st.data())
@@ -181,15 +183,15 @@ def test_stage_digest_checks_over_all_records_refuse_what_the_scalar_checks_refu
             texts[1] = texts[1][1:]
         recs.append(SimpleNamespace(name=f"t{i}", base_digest=texts[0], digest=texts[1]))
     header = SimpleNamespace(base_version=0)
-    bad_base, bad_result = stage._digest_failures(recs, nbytes, sums)
+    bad_base, bad_result = staging._digest_failures(recs, nbytes, sums)
     for i, rec in enumerate(recs):
         n, s_old, s_new = int(nbytes[i]), int(sums[i, 0]), int(sums[i, 1])
         try:
-            stage._check_base(rec, n, s_old, header)
+            staging._check_base(rec, n, s_old, header)
         except PackMismatchError:
             assert i in bad_base
         try:
-            stage._check_result(rec, n, s_old, s_new)
+            staging._check_result(rec, n, s_old, s_new)
         except (DigestMismatchError, ValueError):  # ValueError: a digest that is not hex
             assert i in bad_result
     canonical = all(len(t) == 16 and t == t.lower() for r in recs for t in (r.base_digest, r.digest))
@@ -198,10 +200,10 @@ def test_stage_digest_checks_over_all_records_refuse_what_the_scalar_checks_refu
             n, s_old, s_new = int(nbytes[i]), int(sums[i, 0]), int(sums[i, 1])
             if i in bad_base:
                 with pytest.raises(PackMismatchError):
-                    stage._check_base(rec, n, s_old, header)
+                    staging._check_base(rec, n, s_old, header)
             if i in bad_result:
                 with pytest.raises(DigestMismatchError):
-                    stage._check_result(rec, n, s_old, s_new)
+                    staging._check_result(rec, n, s_old, s_new)
 
 
 @settings(max_examples=200, deadline=None)
@@ -210,7 +212,7 @@ def test_stage_digest_checks_over_all_records_refuse_what_the_scalar_checks_refu
 def test_gather_rows_inside_both_buffers_as_numpy_says(rows, n_src, n_dst):
     """The gather's check of its rows (one compiled pass) against numpy's reading of it: each
     row copies a non-empty range inside both buffers."""
-    from weight_teleport.codec.cuda.gather import _inside
+    from weight_teleport.codec.cuda.kernels.gather import _inside
     r = np.array(rows, np.int64).reshape(-1, 3)
     ends = r[:, :2] + r[:, 2:]
     want = bool((r[:, 2] > 0).all() and (r[:, :2] >= 0).all() and (ends[:, 0] <= n_src).all()

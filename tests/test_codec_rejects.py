@@ -106,15 +106,15 @@ def test_which_stream_codecs_each_backend_reads(monkeypatch):
     pytest.importorskip("triton", reason="the CUDA backend needs triton")
     from weight_teleport.codec.cpu import backend as cpu
     from weight_teleport.codec.cuda import backend as cuda
-    from weight_teleport.codec.cuda import entropy
+    from weight_teleport.codec.cuda.runtime import nvcomp
     cpu.check_readable(["raw", "zstd"])
     for codec in ("lz4", "nvcomp-ans"):
         with pytest.raises(UnsupportedFormatError, match="algorithm='zstd'"):
             cpu.check_readable(["raw", codec])
-        monkeypatch.setattr(entropy, "available", lambda: False)
+        monkeypatch.setattr(nvcomp, "available", lambda: False)
         with pytest.raises(UnsupportedFormatError, match=r"weight-teleport\[cuda\]"):
             cuda.check_readable(["raw", "zstd", codec])
-        monkeypatch.setattr(entropy, "available", lambda: True)
+        monkeypatch.setattr(nvcomp, "available", lambda: True)
         cuda.check_readable(["raw", "zstd", codec])
     with pytest.raises(UnsupportedFormatError, match="brotli"):
         cuda.check_readable(["raw", "brotli"])

@@ -1,4 +1,4 @@
-"""The vectorised reader of sparse chunks' stream tables (codec/cuda/tables.py, numpy only)
+"""The vectorised reader of sparse chunks' stream tables (codec/cuda/kernels/stream_tables.py, numpy only)
 against the format's own reader."""
 
 import numpy as np
@@ -10,7 +10,7 @@ from helpers import chunk_table_failures
 from test_codec_roundtrip import make_pair
 
 import weight_teleport as wt
-from weight_teleport.codec.cuda import tables
+from weight_teleport.codec.cuda.kernels import stream_tables
 from weight_teleport.errors import PackFormatError
 from weight_teleport.format import read_groups, read_header
 
@@ -28,7 +28,7 @@ def _sparse_refs(pack: bytes):
 def threads(request, monkeypatch):
     """Tables read on the calling thread, or by threads of a few chunks each."""
     if request.param:
-        monkeypatch.setattr(tables, "CHUNKS_A_THREAD", 3)
+        monkeypatch.setattr(stream_tables, "CHUNKS_A_THREAD", 3)
 
 
 @pytest.mark.parametrize("dtype,shape,chunk,p", [(torch.float32, (300, 41), 512, 0.05),
@@ -38,7 +38,7 @@ def test_stream_tables_match_the_format_reader(dtype, shape, chunk, p, threads):
     pack = wt.encode_delta({"w": old}, {"w": new}, base_version=0, version=1, chunk_elems=chunk)
     refs, k, starts, lengths = _sparse_refs(pack)
     assert refs
-    st = tables.read(np.frombuffer(pack, np.uint8), starts, lengths, k, 16)
+    st = stream_tables.read(np.frombuffer(pack, np.uint8), starts, lengths, k, 16)
     for i, (t, ref) in enumerate(refs):
         start = ref.offset + read_header(pack).payload_offset
         for c, g in enumerate(read_groups(pack[start:start + ref.length])):
@@ -54,7 +54,7 @@ def test_truncated_table_is_refused(threads):
     pack = wt.encode_delta({"w": old}, {"w": new}, base_version=0, version=1, chunk_elems=512)
     refs, k, starts, lengths = _sparse_refs(pack)
     with pytest.raises(PackFormatError):
-        tables.read(np.frombuffer(pack, np.uint8), starts, np.minimum(lengths, 3), k, 16)
+        stream_tables.read(np.frombuffer(pack, np.uint8), starts, np.minimum(lengths, 3), k, 16)
 
 
 def _table_rows(pack: bytes, start: int, length: int, k: int):
@@ -88,10 +88,10 @@ def test_corrupt_tables_are_refused_or_read_as_the_format_reader_reads_them(thre
         expect = [_table_rows(bad, s, n, c) for s, n, c in zip(starts, lengths, k)]
         if any(e is None for e in expect):
             with pytest.raises(PackFormatError):
-                tables.read(np.frombuffer(bad, np.uint8), starts, lengths, k, 16)
+                stream_tables.read(np.frombuffer(bad, np.uint8), starts, lengths, k, 16)
             refused += 1
             continue
-        st = tables.read(np.frombuffer(bad, np.uint8), starts, lengths, k, 16)
+        st = stream_tables.read(np.frombuffer(bad, np.uint8), starts, lengths, k, 16)
         for j, groups in enumerate(expect):
             for c, (events, streams) in enumerate(groups):
                 row = j * 16 + c
@@ -113,7 +113,7 @@ def _plan_reference(codec, raw, stored, at, lo):
     """The device buffer's layout as vectorised numpy (what the GPU stage computed before
     its compiled walk)."""
     from weight_teleport.codec import streams as codecs
-    from weight_teleport.codec.cuda.inflate import A
+    from weight_teleport.codec.cuda.stage.decode_streams import A
     slots = lambda n: (np.cumsum(-(-n // A) * A) - -(-n // A) * A, int((-(-n // A) * A).sum()))
     out_off, out_total = slots(raw)
     zs = np.isin(codec, [codecs.ZSTD, codecs.LZ4, codecs.NVCOMP_ANS])
@@ -132,11 +132,11 @@ def test_inflate_layout_matches_the_vectorised_layout():
     of another length than its table's, a coded stream empty either way) raises the CPU
     decoder's error for it (for lz4 and nvcomp-ans, which the CPU does not decode, its own)."""
     from weight_teleport.codec import streams as codecs
-    from weight_teleport.codec.cuda import inflate
+    from weight_teleport.codec.cuda.stage import decode_streams
     old, new = make_pair(14, torch.float32, (300, 41), "weights", "density", "ulp", 0.3)
     pack = wt.encode_delta({"w": old}, {"w": new}, base_version=0, version=1, chunk_elems=512)
     _, k, starts, lengths = _sparse_refs(pack)
-    st = tables.read(np.frombuffer(pack, np.uint8), starts, lengths, k, 16)
+    st = stream_tables.read(np.frombuffer(pack, np.uint8), starts, lengths, k, 16)
     rng = np.random.default_rng(5)
     cases = [(st.codec.ravel(), st.raw.ravel(), st.stored.ravel(), st.at.ravel())]
     for n in (0, 1, 7, 1000):
@@ -147,7 +147,8 @@ def test_inflate_layout_matches_the_vectorised_layout():
         cases.append((codec, raw, stored, np.cumsum(stored) - stored + 7))
     for codec, raw, stored, at in cases:
         lo = int(at.min()) if at.size else 0
-        got, want = inflate._layout(pack, codec, raw, stored, at, lo), _plan_reference(codec, raw, stored, at, lo)
+        got = decode_streams._layout(pack, codec, raw, stored, at, lo)
+        want = _plan_reference(codec, raw, stored, at, lo)
         assert (got.out_total, got.comp_total) == want[1:3]
         for g, w in zip((got.out_off, got.copies, got.coded, got.comp_off), want[:1] + want[3:]):
             np.testing.assert_array_equal(g, w)
@@ -169,42 +170,43 @@ def test_inflate_layout_matches_the_vectorised_layout():
             s[i] = 0
         n = c.size
         outs = (np.empty(n, np.int64), np.empty((n, 3), np.int64), np.empty(n, np.int64), np.empty(n, np.int64))
-        assert inflate._plan(c, r, s, at, 0, *outs)[0] == i
+        assert decode_streams._plan(c, r, s, at, 0, *outs)[0] == i
         with pytest.raises(PackFormatError, match=message):
-            inflate._layout(blob, c, r, s, at, 0)
+            decode_streams._layout(blob, c, r, s, at, 0)
 
 
 def test_size_buckets_are_powers_of_four():
-    """nvCOMP's groups of streams (entropy._buckets, a compiled counting sort): by codec
+    """nvCOMP's groups of streams (nvcomp._buckets, a compiled counting sort): by codec
     (zstd, lz4, nvcomp-ans), then by ceil(log4(length)) (0 for lengths 0 and 1), in a stable
     order, against numpy's; a codec nvCOMP does not decode is refused."""
     from weight_teleport.codec import streams as codecs
-    from weight_teleport.codec.cuda import entropy
+    from weight_teleport.codec.cuda.runtime import nvcomp
     rng = np.random.default_rng(8)
     for n in (0, 1, 9, 5000):
         lengths = np.concatenate([rng.integers(0, 1 << int(rng.integers(1, 41)), n),
                                   [0, 1, 2, 3, 4, 5, 15, 16, 17, 1 << 40, (1 << 40) + 1, 1 << 47]]).astype(np.int64)
         for codec in (None, rng.choice([codecs.ZSTD, codecs.LZ4, codecs.NVCOMP_ANS], lengths.size)):
             group = np.zeros(lengths.size, np.int64) if codec is None else codec - codecs.ZSTD
-            key = group * entropy.MAX_BUCKETS + np.ceil(np.log2(np.maximum(lengths, 1)) / 2).astype(np.int64)
+            key = group * nvcomp.MAX_BUCKETS + np.ceil(np.log2(np.maximum(lengths, 1)) / 2).astype(np.int64)
             order = np.argsort(key, kind="stable")
             bounds = np.concatenate([[0], np.flatnonzero(np.diff(key[order])) + 1, [lengths.size]]).tolist()
-            names = [("zstd", "lz4", "ans")[k // entropy.MAX_BUCKETS] for k in key[order][bounds[:-1]]]
-            got = entropy._buckets(lengths, codec)
+            names = [("zstd", "lz4", "ans")[k // nvcomp.MAX_BUCKETS] for k in key[order][bounds[:-1]]]
+            got = nvcomp._buckets(lengths, codec)
             np.testing.assert_array_equal(got[0], order)
             assert got[1] == list(zip(bounds[:-1], bounds[1:], names))
     with pytest.raises(ValueError, match="nvCOMP"):
-        entropy._buckets(np.ones(3, np.int64), np.array([codecs.ZSTD, codecs.RAW, codecs.LZ4]))
+        nvcomp._buckets(np.ones(3, np.int64), np.array([codecs.ZSTD, codecs.RAW, codecs.LZ4]))
 
 
 def test_helper_walk_matches_the_tables_and_layout():
-    """The stage's one compiled walk on a helper thread (stage_sparse.StreamsRead: tables,
+    """The stage's one compiled walk on a helper thread (sparse.StreamsRead: tables,
     layout and the zstd streams' size buckets, into arena memory another call left dirty)
-    against tables.read, inflate.prepare and entropy._buckets; a truncated chunk table is
+    against stream_tables.read, decode_streams.prepare and nvcomp._buckets; a truncated chunk table is
     refused once the walk is waited for."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from weight_teleport.codec.cuda import entropy, inflate, layout, stage_sparse
+    from weight_teleport.codec.cuda.runtime import memory, nvcomp
+    from weight_teleport.codec.cuda.stage import decode_streams, sparse
     from weight_teleport.format.container import ChunkSpans
     old, new = make_pair(15, torch.float32, (300, 41), "weights", "density", "ulp", 0.3)
     pack = wt.encode_delta({"w": old}, {"w": new}, base_version=0, version=1, chunk_elems=512)
@@ -213,14 +215,14 @@ def test_helper_walk_matches_the_tables_and_layout():
     n_classes = np.array([max(c for _, c in t.classes) + 1 for t in recs], np.int64)
     spans = ChunkSpans.of(header, recs)
     _, k, starts, lengths = _sparse_refs(pack)
-    st = tables.read(np.frombuffer(pack, np.uint8), starts, lengths, k, 16)
-    want = [a.copy() for a in st.arrays()], inflate.prepare(pack, st, "cpu")
+    st = stream_tables.read(np.frombuffer(pack, np.uint8), starts, lengths, k, 16)
+    want = [a.copy() for a in st.arrays()], decode_streams.prepare(pack, st, "cpu")
     want_layout = [np.array(a, copy=True) if isinstance(a, np.ndarray) else a for a in want[1].layout]
     with ThreadPoolExecutor(1) as pool:
-        layout.begin_call()
-        layout.arena().empty(1 << 22, np.uint8).fill(0xA5)
-        layout.begin_call()
-        read = stage_sparse.StreamsRead(pack, spans, recs, n_classes, *spans.bounds(), pool)
+        memory.begin_call()
+        memory.arena().empty(1 << 22, np.uint8).fill(0xA5)
+        memory.begin_call()
+        read = sparse.StreamsRead(pack, spans, recs, n_classes, *spans.bounds(), pool)
         got = read.result("cpu")
         for g, w in zip(got.table.arrays(), want[0]):
             np.testing.assert_array_equal(g, w)
@@ -230,14 +232,14 @@ def test_helper_walk_matches_the_tables_and_layout():
             np.testing.assert_array_equal(g, w)
         assert got.prep.lo == spans.bounds()[0] and got.prep.hi == spans.bounds()[1]
         lay, zs = got.prep.layout, got.prep.layout.coded
-        order, ranges = entropy._buckets(raw := st.raw.ravel()[zs], st.codec.ravel()[zs])
+        order, ranges = nvcomp._buckets(raw := st.raw.ravel()[zs], st.codec.ravel()[zs])
         assert zs.size and len(ranges) > 1
         rows = np.stack([lay.comp_off, st.stored.ravel()[zs], raw, lay.out_off[zs]])[:, order]
         np.testing.assert_array_equal(read.bucketed[0], order)
         assert read.bucketed[1] == ranges
         np.testing.assert_array_equal(read.bucketed[2], rows)
         short = ChunkSpans(spans.starts, np.minimum(spans.lengths, 3), spans.crcs, spans.payload_offset)
-        read = stage_sparse.StreamsRead(pack, short, recs, n_classes, *short.bounds(), pool)
+        read = sparse.StreamsRead(pack, short, recs, n_classes, *short.bounds(), pool)
         with pytest.raises(PackFormatError, match="chunk table"):
             read.result("cpu")
 
@@ -246,12 +248,12 @@ def _varint_reference(data: bytes, p: int, end: int) -> tuple[int, int]:
     """LEB128 as docs/FORMAT.md defines it, with the reader's limits: at most VARINT_MAX
     bytes, inside [p, end), a value of at most MAX_VALUE; (-1, end) or (-1, next) otherwise."""
     value = 0
-    for k in range(tables.VARINT_MAX):
+    for k in range(stream_tables.VARINT_MAX):
         if p + k >= end:
             return -1, end
         value |= (data[p + k] & 0x7F) << (7 * k)
         if data[p + k] < 0x80:
-            return (value if value <= tables.MAX_VALUE else -1), p + k + 1
+            return (value if value <= stream_tables.MAX_VALUE else -1), p + k + 1
     return -1, end
 
 
@@ -269,14 +271,16 @@ def test_varints_read_as_the_format_defines_them(data, p, end):
     the reference's, also for varints too long, past their end or above MAX_VALUE."""
     data = bytes(data)
     p, end = min(p, len(data)), min(end, len(data))
-    assert tables._varint(np.frombuffer(data, np.uint8), p, end) == _varint_reference(data, p, end)
+    assert stream_tables._varint(np.frombuffer(data, np.uint8), p, end) == _varint_reference(data, p, end)
 
 
-@pytest.mark.parametrize("value", [0, 1, 127, 128, 300, 1 << 35, tables.MAX_VALUE, tables.MAX_VALUE + 1, (1 << 63) - 1])
+@pytest.mark.parametrize("value", [0, 1, 127, 128, 300, 1 << 35, stream_tables.MAX_VALUE, stream_tables.MAX_VALUE + 1,
+                                   (1 << 63) - 1])
 def test_varint_limits(value):
     """Written by the format's encoder: read back, or refused (-1) above MAX_VALUE."""
     from weight_teleport.format.groups import _put_varint
     out = bytearray()
     _put_varint(out, value)
     n = len(out)
-    assert tables._varint(np.frombuffer(bytes(out), np.uint8), 0, n) == ((value if value <= tables.MAX_VALUE else -1), n)
+    want = value if value <= stream_tables.MAX_VALUE else -1
+    assert stream_tables._varint(np.frombuffer(bytes(out), np.uint8), 0, n) == (want, n)

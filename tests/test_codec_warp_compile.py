@@ -1,6 +1,6 @@
-"""The CUDA C warp kernels (codec/cuda/warp.cu) and symbol coder (codec/cuda/symbols.cu)
+"""The CUDA C warp kernels (codec/cuda/kernels/warp.cu) and symbol coder (codec/cuda/kernels/encode_symbols.cu)
 compile with NVRTC for every element type, and the Huffman frame writer
-(codec/cuda/huffman.cu) and the CRC kernel (codec/cuda/crc.cu) compile, no GPU needed (NVRTC comes
+(codec/cuda/zstd_literals/huffman.cu) and the CRC kernel (codec/cuda/kernels/crc.cu) compile, no GPU needed (NVRTC comes
 with the test extra's `nvidia-cuda-nvrtc` wheel): a slip in the CUDA source fails here, not
 only on a GPU."""
 
@@ -8,9 +8,11 @@ import pytest
 import torch
 from helpers import DTYPES
 
-from weight_teleport.codec.cuda import crc, huffman, nvrtc, symbols, warp
-from weight_teleport.codec.cuda.ranks import WARP_BLOCK, pow2
-from weight_teleport.codec.cuda.scan import SPAN
+from weight_teleport.codec.cuda.kernels import crc, encode_symbols, warp
+from weight_teleport.codec.cuda.runtime import nvrtc
+from weight_teleport.codec.cuda.zstd_literals import gpu_writer
+from weight_teleport.codec.cuda.kernels.class_ranks import WARP_BLOCK, pow2
+from weight_teleport.codec.cuda.kernels.encode_scan import SPAN
 from weight_teleport.codec.dtypes import dtype_info
 
 
@@ -41,15 +43,15 @@ def test_every_kernel_compiles_for_every_element_type(dtype, nvrtc_found):
             for kernel in (b"class_counts", b"hist_counts", b"class_events", b"scan_words"):
                 assert kernel in image
             assert (b"place_lanes" in image) == (block in (1024, 2048))  # the stage's blocks
-    options = symbols._module(info.bits).options  # the defines symbols.py launches it with
+    options = encode_symbols._module(info.bits).options  # the defines encode_symbols.py launches it with
     for capability in (75, 90):
-        image = nvrtc.compile_image(symbols.SOURCE.read_text(), "symbols.cu", capability, options)
+        image = nvrtc.compile_image(encode_symbols.SOURCE.read_text(), "encode_symbols.cu", capability, options)
         assert image[:4] == b"\x7fELF" and b"segment_counts" in image and b"segment_symbols" in image
 
 
 @pytest.mark.parametrize("capability", [75, 90])  # warp reductions by shuffles before 8.0
 def test_the_huffman_writer_compiles(capability, nvrtc_found):
-    image = nvrtc.compile_image(huffman.SOURCE.read_text(), "huffman.cu", capability, huffman._module().options)
+    image = nvrtc.compile_image(gpu_writer.SOURCE.read_text(), "huffman.cu", capability, gpu_writer._module().options)
     assert image[:4] == b"\x7fELF" and b"huf_plan" in image and b"huf_write" in image
 
 

@@ -1,4 +1,4 @@
-"""The host-side tables and arithmetic the CUDA C CRC kernel (codec/cuda/crc.cu) relies on, on
+"""The host-side tables and arithmetic the CUDA C CRC kernel (codec/cuda/kernels/crc.cu) relies on, on
 the CPU: its slicing-by-8 tables, and pieces' CRCs moved into place by x^(8 * bytes after
 them) and XORed, which must give zlib's CRC of the whole range (the kernel itself runs in the
 GPU tests)."""
@@ -7,7 +7,7 @@ import zlib
 
 import numpy as np
 
-from weight_teleport.codec.cuda import crc
+from weight_teleport.codec.cuda.kernels import crc
 
 
 def _register(reg: int, data) -> int:

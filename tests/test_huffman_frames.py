@@ -1,6 +1,6 @@
-"""Zstandard frames of Huffman-coded literals (codec/huffman_frames.py): every frame decodes
+"""Zstandard frames of Huffman-coded literals (codec/cuda/zstd_literals/reference.py): every frame decodes
 with the zstd library to its stream, on random and adversarial streams; the GPU writes the
-same bytes (codec/cuda/huffman.py)."""
+same bytes (codec/cuda/zstd_literals/gpu_writer.py)."""
 
 import ctypes
 import shutil
@@ -13,7 +13,7 @@ import zstandard
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from weight_teleport.codec import huffman_frames as H
+from weight_teleport.codec.cuda.zstd_literals import reference as H
 
 SIZES = [16, 17, 255, 256, 1023, 1024, 1025, 16383, 16384, 65791, 65792, H.BLOCK_BYTES, H.BLOCK_BYTES + 1,
          3 * H.BLOCK_BYTES + 7]
@@ -95,8 +95,8 @@ def host_writer(tmp_path_factory):
     """huffman.cu's code_lengths() and describe(), compiled for the host."""
     if shutil.which("g++") is None:
         pytest.skip("needs a host C++ compiler")
-    from weight_teleport.codec.cuda import huffman
-    src = huffman.SOURCE.read_text()
+    from weight_teleport.codec.cuda.zstd_literals import gpu_writer
+    src = gpu_writer.SOURCE.read_text()
     part = src[src.index("// HOST-TESTED BEGIN"):src.index("// HOST-TESTED END")]
     head = src[src.index("typedef long long i64;"):src.index("__device__ __forceinline__ void put_byte")]
     d = tmp_path_factory.mktemp("huffman")
@@ -108,7 +108,7 @@ def host_writer(tmp_path_factory):
         "{ int cnt[511]; short parent[511]; unsigned char depth[511]; "
         "code_lengths(total, order, m, cnt, parent, depth, L); }\n")
     lib = d / "writer.so"
-    defines = huffman._module().options  # the CTA shapes huffman.py launches with
+    defines = gpu_writer._module().options  # the CTA shapes gpu_writer.py launches with
     subprocess.run(["g++", "-O1", "-std=c++17", "-shared", "-fPIC", *defines, "-o", str(lib), str(d / "writer.cpp")],
                    check=True)
     return ctypes.CDLL(str(lib))
@@ -138,7 +138,7 @@ def _histograms(rng, n: int):
 def test_cuda_code_lengths_and_trees_equal_the_reference(host_writer):
     """The CUDA plan's code lengths and tree descriptions (huffman.cu's code_lengths() and
     describe(), compiled for the host) against the reference's `code_lengths` and `_tree`."""
-    from weight_teleport.codec.cuda import huffman
+    from weight_teleport.codec.cuda.zstd_literals import gpu_writer
     fse = 0
     for hist in _histograms(np.random.default_rng(5), 400):
         order = np.array(sorted(np.flatnonzero(hist), key=lambda s: (hist[s], s)), np.int32)
@@ -148,7 +148,7 @@ def test_cuda_code_lengths_and_trees_equal_the_reference(host_writer):
         expect = H.code_lengths(hist)
         assert list(lengths) == expect.tolist()
         last = int(np.flatnonzero(hist).max())
-        out = (ctypes.c_ubyte * huffman.TREE_MAX)()
+        out = (ctypes.c_ubyte * gpu_writer.TREE_MAX)()
         k = host_writer.describe_c(lengths, last, int(expect.max()), out)
         assert (bytes(out[:k]) if k else None) == H._tree(expect, last)
         fse += last > H.MAX_SYMBOL and k > 0
@@ -158,7 +158,7 @@ def test_cuda_code_lengths_and_trees_equal_the_reference(host_writer):
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU (torch.cuda)")
 def test_gpu_frames_equal_the_reference():
-    from weight_teleport.codec.cuda import huffman
+    from weight_teleport.codec.cuda.zstd_literals import gpu_writer
     streams = [d.astype(np.uint8) for _, d in _streams(np.random.default_rng(2))]
     lengths = np.array([s.size for s in streams], np.int64)
     offsets = np.cumsum(-(-lengths // 64) * 64) - -(-lengths // 64) * 64
@@ -168,14 +168,14 @@ def test_gpu_frames_equal_the_reference():
     buffer = torch.from_numpy(host).cuda()
     blocks = int((-(-lengths // H.BLOCK_BYTES)).sum())
     on_gpu = lambda a: torch.from_numpy(a).cuda()
-    p = huffman.plan(buffer, on_gpu(offsets), on_gpu(lengths), 1, blocks + 7)  # 7 empty blocks past the streams'
-    sizes = huffman.frame_sizes(p).cpu().numpy()
+    p = gpu_writer.plan(buffer, on_gpu(offsets), on_gpu(lengths), 1, blocks + 7)  # 7 empty blocks past the streams'
+    sizes = gpu_writer.frame_sizes(p).cpu().numpy()
     refs = [H.frame(s.tobytes()) for s in streams]
     assert sizes.tolist() == [len(r) for r in refs]
     take = np.arange(lengths.size) % 3 != 1  # the others left out, as streams stored raw are
     at = np.cumsum(np.where(take, sizes, 0) + 5) - np.where(take, sizes, 0)  # 5 bytes before each frame
     out = torch.zeros(-(-int(at[-1] + sizes[-1]) // 4), dtype=torch.int32, device="cuda")
-    huffman.write(buffer, p, on_gpu(take), on_gpu(at), out)
+    gpu_writer.write(buffer, p, on_gpu(take), on_gpu(at), out)
     got = out.view(torch.uint8).cpu().numpy()
     written = np.zeros(got.size, bool)
     for k in np.flatnonzero(take):
@@ -189,11 +189,11 @@ def test_block_table_matches_the_streams(min_length, extra):
     """The device-made block table (torch, run here on CPU tensors): every stream of at least
     min_length bytes cut into BLOCK_BYTES blocks in order, with its frame and last flags,
     then `extra` empty blocks."""
-    from weight_teleport.codec.cuda import huffman
+    from weight_teleport.codec.cuda.zstd_literals import gpu_writer
     B = H.BLOCK_BYTES
     lengths = np.array([0, 15, 16, 1, B - 1, B, B + 1, 3 * B, 0, 17, 2 * B + 5, 255, 256, 65791, 65792], np.int64)
     offsets = np.cumsum(lengths + 7) * 16
-    bl = huffman.blocks(torch.from_numpy(offsets), torch.from_numpy(lengths), min_length,
+    bl = gpu_writer.blocks(torch.from_numpy(offsets), torch.from_numpy(lengths), min_length,
                         int((-(-lengths[lengths >= min_length] // B)).sum()) + extra)
     want = [(s, k) for s in range(lengths.size) if lengths[s] >= min_length for k in range(-(-lengths[s] // B))]
     n = len(want)

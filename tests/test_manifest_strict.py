@@ -96,6 +96,56 @@ def test_hostile_bytes_raise_manifest_error(data: bytes, why: str) -> None:
         from_json(data)
 
 
+def with_files(*files: dict, on: int = 0) -> dict:
+    d = doc()
+    d["entries"][on]["files"] = list(files)
+    return d
+
+
+def side(name: str = "config.json", **changes) -> dict:
+    return {"name": name, "key": "files/ab/" + "config.json", "size": 2, "sha256": SHA, **changes}
+
+
+def test_side_files_and_retention_parse_and_sign() -> None:
+    from weight_teleport.pipeline.signing import ManifestSigner, generate_keypair
+
+    d = with_files(side(), side("tokenizer.json"))
+    d["retention"] = {"keep_anchors": 2, "removed_through": None}
+    d["entries"][1]["published_at_ms"] = 1_700_000_000_000
+    m = from_json(raw(d))
+    assert [f.name for f in m.entries[0].files] == ["config.json", "tokenizer.json"]
+    assert m.retention.keep_anchors == 2 and m.entries[1].published_at_ms == 1_700_000_000_000
+    signer = ManifestSigner(generate_keypair()[0])
+    signed = m.to_json(sign=signer)
+    assert from_json(signed, verify=signer.verifier()) == m
+    tampered = json.loads(signed)
+    tampered["entries"][0]["files"][0]["name"] = "generation_config.json"
+    with pytest.raises(ManifestError, match="signature"):
+        from_json(raw(tampered), verify=signer.verifier())
+
+
+@pytest.mark.parametrize("bad, why", [
+    (with_files(side("../config.json")), "plain file name"),
+    (with_files(side("a/b")), "plain file name"),
+    (with_files(side(".hidden")), "plain file name"),
+    (with_files(side("model.safetensors")), "plain file name"),
+    (with_files(side(7)), "plain file name"),
+    (with_files(side(), side()), "twice"),
+    (with_files(side(), on=1), "only snapshots"),
+    (with_files(side(key="../x")), "invalid key"),
+    (with_files(side(sha256="x")), "sha256"),
+    (with_files(side(size=-1)), "size"),
+    (with_files({"name": "config.json"}), "a file is not"),
+    (with_files(*[side(f"f{i}") for i in range(65)]), "at most"),
+    (doc(retention={"keep_anchors": -1, "removed_through": None}), "keep_anchors"),
+    (doc(retention={"keep_anchors": 1}), "retention"),
+    (entry(published_at_ms=1.5), "not an integer"),
+])
+def test_malformed_side_files_and_retention_raise(bad, why: str) -> None:
+    with pytest.raises(ManifestError, match=why):
+        from_json(raw(bad))
+
+
 def test_size_is_bounded_before_parsing() -> None:
     with pytest.raises(ManifestError, match="limit"):
         from_json(b" " * (MAX_MANIFEST_BYTES + 1))

@@ -216,7 +216,7 @@ def test_cli_publish_pull_status_round_trip(tmp_path, capsys) -> None:
     for v in range(3):
         save_file(expected(v), str(tmp_path / "model.safetensors"))
         assert main(["publish", str(tmp_path), "--to", url, "--anchor-every", "2"]) == 0
-    assert main(["status", url, "--json"]) == 0
+    assert main(["status", url, "--manifest"]) == 0
     doc = json.loads(capsys.readouterr().out.split("\n", 3)[3])
     assert doc["latest"] == 2 and [e["kind"] for e in doc["entries"]] == \
         ["snapshot", "delta", "delta", "snapshot"]

@@ -5,8 +5,11 @@ from __future__ import annotations
 import pytest
 
 from weight_teleport.pipeline.errors import ManifestError, NoPlanError
-from weight_teleport.pipeline.manifest import Entry, Manifest, from_json, make_entry, object_key
-from weight_teleport.pipeline.plan import (needs_anchor, plan_avoiding, plan_catchup,
+from dataclasses import replace
+
+from weight_teleport.pipeline.manifest import (Entry, Manifest, Retention, from_json, make_entry,
+                                               object_key, side_file)
+from weight_teleport.pipeline.plan import (needs_anchor, plan_avoiding, plan_catchup, unreferenced_keys,
                                            plan_retention)
 
 
@@ -134,8 +137,21 @@ def test_retention_keeps_the_newest_anchors_and_what_follows() -> None:
     kept, dropped = plan_retention(m, keep_anchors=2)
     assert min(e.version for e in kept.entries) == 4 and kept.anchors[0].version == 4
     assert {e.key for e in dropped} == {"s0", "d1-0", "d2-1", "d3-2"}
-    assert plan_retention(m, keep_anchors=0) == (m, [])
-    assert plan_retention(m, keep_anchors=3) == (m, [])
+    assert kept.retention == Retention(keep_anchors=2, removed_through=3)
+    assert plan_retention(kept, keep_anchors=2)[0].retention.removed_through == 3
+    for keep in (0, 3):
+        same, none = plan_retention(m, keep_anchors=keep)
+        assert same.entries == m.entries and none == []
+        assert same.retention == Retention(keep_anchors=keep, removed_through=None)
+
+
+def test_retention_deletes_side_files_no_kept_anchor_lists() -> None:
+    shared, old = side_file("config.json", b"{}"), side_file("tokenizer.json", b"old")
+    m = log(10, anchors=(0, 4, 8))
+    entries = tuple(replace(e, files=(shared, old) if e.version == 0 else (shared,))
+                    if e.kind == "snapshot" else e for e in m.entries)
+    kept, dropped = plan_retention(replace(m, entries=entries), keep_anchors=2)
+    assert unreferenced_keys(kept, dropped) == [e.key for e in dropped] + [old.key]
 
 
 def test_anchor_cadence() -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import http.client
 import socket
 import subprocess
@@ -14,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from services import TOKEN, answers_http, free_port, origin, stop_process, wait_until  # noqa: F401
+from weight_teleport.store.keys import content_hash
 from weight_teleport.server import OriginServer, ServerConfig
 from weight_teleport.store import (AuthError, StoreConfig, TooLarge, manifest_etag,
                                    open_store)
@@ -109,19 +109,19 @@ def test_disconnect_mid_upload_leaves_nothing(origin: OriginServer) -> None:
 
 
 def test_corrupted_upload_is_refused(origin: OriginServer) -> None:
-    headers = {**AUTH, "X-Content-SHA256": hashlib.sha256(b"other").hexdigest()}
+    headers = {**AUTH, "X-Content-Tree-SHA256": content_hash(b"other")}
     assert request(origin, "PUT", "/o/k", b"data", headers)[0] == 400
     assert stored_files(origin) == []
 
 
 def test_objects_are_content_addressed_and_immutable(origin: OriginServer) -> None:
     data = bytes(range(256)) * 100
-    digest = hashlib.sha256(data).hexdigest()
+    digest = content_hash(data)
     assert request(origin, "PUT", "/o/v/1", data, AUTH)[0] == 201
     assert request(origin, "PUT", "/o/v/1", data, AUTH)[0] == 200
     assert request(origin, "PUT", "/o/v/1", b"other", AUTH)[0] == 409
     status, headers, _ = request(origin, "GET", "/o/v/1")
-    assert status == 307 and headers["X-Content-SHA256"] == digest
+    assert status == 307 and headers["X-Content-Tree-SHA256"] == digest
     assert headers["Location"] == f"../../b/{digest}/v/1"
     assert headers["Cache-Control"] == "no-cache"
     status, headers, body = request(origin, "GET", f"/b/{digest}/v/1")
@@ -136,7 +136,7 @@ def test_objects_are_content_addressed_and_immutable(origin: OriginServer) -> No
 
 def test_range_requests(origin: OriginServer) -> None:
     data = bytes(range(256)) * 10
-    digest = hashlib.sha256(data).hexdigest()
+    digest = content_hash(data)
     request(origin, "PUT", "/o/r", data, AUTH)
     url = f"/b/{digest}/r"
     status, headers, body = request(origin, "GET", url, headers={"Range": "bytes=10-19"})
@@ -185,18 +185,20 @@ def test_watch_sees_writers_that_bypass_the_server(origin: OriginServer) -> None
 
 
 def test_serve_command(tmp_path: Path) -> None:
-    port, token_file = free_port(), tmp_path / "token"
+    """`serve --port 0` says where it listens (the port bound), the root, and who may
+    upload and read."""
+    token_file = tmp_path / "token"
     token_file.write_text("file-token\n")
-    code = ("import argparse, sys; from weight_teleport.server import add_serve_arguments, "
-            "serve_main; p = argparse.ArgumentParser(); add_serve_arguments(p); "
-            "sys.exit(serve_main(p.parse_args(sys.argv[1:])))")
-    proc = subprocess.Popen([sys.executable, "-c", code, "--root", str(tmp_path / "root"),
-                             "--port", str(port), "--token-file", str(token_file)],
-                            stderr=subprocess.PIPE)
+    proc = subprocess.Popen([sys.executable, "-m", "weight_teleport.cli", "serve", "--root",
+                             str(tmp_path / "root"), "--port", "0", "--token-file",
+                             str(token_file)], stdout=subprocess.PIPE, text=True)
     try:
-        wait_until(lambda: proc.poll() is None and answers_http(port, "/healthz"), 60,
-                   "weight-teleport serve")
-        store = open_store(f"http://127.0.0.1:{port}", StoreConfig(token="file-token"))
+        said = [proc.stdout.readline() for _ in range(4)]
+        url = said[0].split()[-1]
+        assert url.startswith("http://127.0.0.1:") and not url.endswith(":0"), said
+        assert str((tmp_path / "root").resolve()) in said[1]
+        assert "need the upload token" in said[2] and "open to anyone" in said[3]
+        store = open_store(url, StoreConfig(token="file-token"))
         store.put("k", b"v")
         assert store.get("k") == b"v"
         assert (tmp_path / "root" / "objects" / "k").read_bytes() == b"v"

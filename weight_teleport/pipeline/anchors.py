@@ -9,6 +9,7 @@ import threading
 import time
 from collections.abc import Callable
 
+from weight_teleport.observe.logs import kv
 from weight_teleport.pipeline.manifest import Entry
 from weight_teleport.pipeline.metrics import PublishResult
 from weight_teleport.store import Store
@@ -49,7 +50,8 @@ class AnchorUploader:
             result.objects.append(entry)
             result.anchor_s = time.perf_counter() - t0
         except Exception as exc:  # the next version gets an anchor instead
-            log.error("storing the anchor of version %d failed: %s", entry.version, exc)
+            log.error("%s", kv("anchor_failed", version=entry.version,
+                               error=f"{type(exc).__name__}: {exc}", next="the next version gets one"))
             self.failures.append((entry.version, exc))
         finally:
             with self._cond:

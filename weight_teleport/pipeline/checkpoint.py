@@ -2,14 +2,26 @@
 
 from __future__ import annotations
 
+import logging
+import re
 from collections.abc import Mapping
 from pathlib import Path
 
 import torch
 
 from weight_teleport.pipeline.errors import ConfigError
+from weight_teleport.pipeline.manifest import MAX_SIDE_FILES
+
+log = logging.getLogger(__name__)
 
 CHECKPOINT_FILE = "model.safetensors"
+MAX_SIDE_FILE_BYTES = 64 << 20
+"""Largest side file carried with the anchors (a tokenizer.json is a few MB)."""
+WEIGHT_SUFFIXES = (".safetensors", ".safetensors.index.json", ".bin", ".bin.index.json", ".pt",
+                   ".pth", ".ckpt", ".gguf", ".h5", ".msgpack", ".onnx")
+"""Files that hold weights, or index them: never side files (`pull` writes one
+model.safetensors, which a shard index would contradict)."""
+_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.=+-]{0,254}\Z")
 
 
 def load_checkpoint(directory: Path) -> dict[str, torch.Tensor]:
@@ -42,3 +54,34 @@ def save_checkpoint(state: Mapping[str, torch.Tensor], directory: Path,
     save_file({k: t.contiguous() for k, t in state.items()}, str(tmp), metadata=metadata)
     tmp.replace(path)
     return path
+
+
+def load_side_files(directory: Path) -> dict[str, bytes]:
+    """The checkpoint's small side files (config.json, generation_config.json, tokenizer
+    files...): every plain file of `directory` that holds no weights, up to
+    MAX_SIDE_FILE_BYTES each (larger ones are skipped, with a warning)."""
+    files: dict[str, bytes] = {}
+    for path in sorted(Path(directory).iterdir()):
+        name = path.name
+        if not path.is_file() or name.endswith(WEIGHT_SUFFIXES) or not _NAME.match(name):
+            continue
+        size = path.stat().st_size
+        if size > MAX_SIDE_FILE_BYTES:
+            log.warning("side file %s skipped: %d bytes, more than %d", path, size, MAX_SIDE_FILE_BYTES)
+            continue
+        files[name] = path.read_bytes()
+    if len(files) > MAX_SIDE_FILES:
+        raise ConfigError(f"{directory} holds {len(files)} side files; at most {MAX_SIDE_FILES} "
+                          "go with an anchor: move the others out of the checkpoint directory")
+    return files
+
+
+def save_side_files(files: Mapping[str, bytes], directory: Path) -> list[Path]:
+    """Write each side file beside the weights (atomically, each)."""
+    written = []
+    for name, data in files.items():
+        path, tmp = Path(directory) / name, Path(directory) / f".{name}.tmp"
+        tmp.write_bytes(data)
+        tmp.replace(path)
+        written.append(path)
+    return written

@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
+from weight_teleport.observe.config import MetricsConfig
 from weight_teleport.store import StoreConfig
 
 if TYPE_CHECKING:
@@ -66,6 +67,9 @@ class PublisherConfig:
     manifests are unsigned."""
     store: StoreConfig = field(default_factory=StoreConfig)
     """Options of the transport (token, endpoint, retries)."""
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)
+    """Where the Prometheus metrics are seen (`Publisher.metrics`): a port of their own,
+    or a registry the host process serves."""
 
 
 @dataclass
@@ -115,3 +119,17 @@ class SubscriberConfig:
     """Decoder threads; None uses every core."""
     store: StoreConfig = field(default_factory=StoreConfig)
     """Options of the transport (endpoint, retries)."""
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)
+    """Where the Prometheus metrics are seen (`Subscriber.metrics`): a port of their own,
+    or a registry the host process serves."""
+    heartbeat_s: float | None = 5.0
+    """Seconds between two heartbeats (version, state, lag, last pause and error) to the
+    origin's status page, sent from a thread of their own: never on `apply`'s path, and
+    harmless when the origin is unreachable (bounded timeouts, backoff, logged once per
+    backoff step). None: no heartbeat."""
+    report_to: str | None = None
+    """URL of the HTTP origin that hears the heartbeats; None: the subscriber's own URL
+    when it is an http(s):// origin, else none is sent. They carry `store.read_token`
+    (else `store.token`)."""
+    sampler_id: str | None = None
+    """This sampler's name on the status page; None: HOST-PID."""

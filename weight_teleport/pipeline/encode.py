@@ -6,17 +6,20 @@ import contextlib
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import torch
 
 from weight_teleport.codec import encode_delta, encode_snapshot
+from weight_teleport.observe.logs import kv
 from weight_teleport.pipeline.config import PublisherConfig
 from weight_teleport.pipeline.fetch import materialize
 from weight_teleport.pipeline.anchors import AnchorUploader
-from weight_teleport.pipeline.manifest import KINDS, Entry, Manifest, checked, from_json, make_entry
+from weight_teleport.pipeline.manifest import (KINDS, Entry, Manifest, checked, from_json, make_entry,
+                                               side_file)
 from weight_teleport.pipeline.metrics import PublishResult
-from weight_teleport.pipeline.plan import needs_anchor, plan_retention
+from weight_teleport.pipeline.plan import needs_anchor, plan_retention, unreferenced_keys
 from weight_teleport.pipeline.signing import signer
 from weight_teleport.pipeline.snapshots import State, state_nbytes
 from weight_teleport.store import NotFound, Store, manifest_etag
@@ -31,6 +34,12 @@ class EncodeJob:
     result: PublishResult
     t_publish: float
     """perf_counter() when `publish` was called."""
+    files: dict[str, bytes] | None = None
+    """Side files given with this version (None: those given last)."""
+
+    def published_at_ms(self) -> int:
+        """The wall-clock time of the `publish` call, in Unix milliseconds."""
+        return int((time.time() - (time.perf_counter() - self.t_publish)) * 1000)
 
 
 def _layout(state: State) -> dict:
@@ -62,6 +71,11 @@ class Encoder:
         """The version of the newest anchor stored or on its way."""
         self._manifest_lock = threading.Lock()
         self.anchors = AnchorUploader(store, self._announce)
+        self.files: dict[str, bytes] = {}
+        """The side files every snapshot carries (the latest a `publish` gave)."""
+        self._stored_files = {f.key for e in self.manifest.entries for f in e.files}
+        self.on_announce: Callable[[Entry], None] | None = None
+        """Told of every object announced in the manifest (the publisher's metrics)."""
 
     def next_version(self) -> int:
         """The first version this publisher may use."""
@@ -97,7 +111,7 @@ class Encoder:
             kind, pack = ("delta", self._encode_delta(job, base)) if base is not None \
                 else ("snapshot", self._encode_snapshot(job))
         t1 = time.perf_counter()
-        entry = make_entry(job.version, kind, base, pack, state_nbytes(job.snapshot))
+        entry = self._stamped(make_entry(job.version, kind, base, pack, state_nbytes(job.snapshot)), job)
         self.store.put(entry.key, pack)
         self._announce(entry)
         t2 = time.perf_counter()
@@ -114,16 +128,34 @@ class Encoder:
         """Encode the anchor of `job`'s version (while the snapshot is still held) and hand
         it to the anchor thread; postponed to a later version while another uploads."""
         if self.anchors.busy:
-            log.info("anchor of version %d postponed: the previous anchor is still uploading",
-                     job.version)
+            log.info("%s", kv("anchor_postponed", version=job.version,
+                              why="the previous anchor is still uploading"))
             return
         t0 = time.perf_counter()
         with _side_stream(self.stream):
             pack = self._encode_snapshot(job)
         job.result.anchor_encode_s = time.perf_counter() - t0
-        entry = make_entry(job.version, "snapshot", None, pack, state_nbytes(job.snapshot))
+        entry = self._stamped(make_entry(job.version, "snapshot", None, pack,
+                                         state_nbytes(job.snapshot)), job)
         if self.anchors.submit(entry, pack, job.result):
             self.last_anchor = job.version
+
+    def _stamped(self, entry: Entry, job: EncodeJob) -> Entry:
+        """`entry` with its publication time and, for a snapshot, the side files (stored
+        now, where the store does not hold them yet)."""
+        if job.files is not None:
+            self.files = dict(job.files)
+        entry = replace(entry, published_at_ms=job.published_at_ms())
+        if entry.kind != "snapshot" or not self.files:
+            return entry
+        records = []
+        for name, data in sorted(self.files.items()):
+            record = side_file(name, data)
+            if record.key not in self._stored_files:
+                self.store.put(record.key, data)
+                self._stored_files.add(record.key)
+            records.append(record)
+        return replace(entry, files=tuple(records))
 
     def _options(self) -> dict:
         # a CUDA baseline's packs are copied from the device into pinned memory directly,
@@ -154,11 +186,14 @@ class Encoder:
             data = manifest.to_json(sign=signer(self.config.signing_key))
             self.store.put_manifest(data, if_match=self.manifest_etag)
             self.manifest, self.manifest_etag = manifest, manifest_etag(data)
-        for entry in dropped:
+        if self.on_announce is not None:
+            self.on_announce(entry)
+        for key in unreferenced_keys(manifest, dropped):
             try:
-                self.store.delete(entry.key)
+                self.store.delete(key)
             except NotFound:
                 pass
+            self._stored_files.discard(key)
 
     def close(self) -> None:
         """Wait for the anchor in flight."""

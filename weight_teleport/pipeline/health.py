@@ -1,8 +1,10 @@
 """The subscriber's health: its state, what went wrong, and when to give up.
 
 The follower reports each failure and each step of progress here. The log says once what
-is wrong (each distinct error of a failure streak) and once when it recovers; every
-individual attempt goes to the debug level."""
+is wrong (each distinct error of a failure streak), again when a streak's failures reach
+32, 64, 128... (a store down for hours logs a line per doubling, not per attempt), and
+once when it recovers; every other attempt goes to the debug level. Lines are key=value
+events (`observe/logs.py`), without tracebacks: these are expected conditions."""
 
 from __future__ import annotations
 
@@ -12,11 +14,13 @@ import time
 from dataclasses import dataclass, replace
 from typing import Callable
 
+from weight_teleport.observe.logs import kv
 from weight_teleport.pipeline.errors import SubscriberFailed
 
 log = logging.getLogger("weight_teleport.pipeline.subscriber")
 
 _TOLD_MAX = 32  # distinct errors logged per failure streak; later ones go to debug
+_REMIND_FROM = 32  # a streak this long is logged again at each power of two
 
 
 @dataclass(frozen=True)
@@ -71,8 +75,8 @@ class HealthMonitor:
         if h.state == "healthy" and not h.consecutive_failures:
             return
         if h.consecutive_failures:
-            log.warning("recovered after %d failure(s) in %.1f s: %s", h.consecutive_failures,
-                        time.monotonic() - self._streak_start, what)
+            log.warning("%s", kv("subscriber_recovered", failures=h.consecutive_failures,
+                                 seconds=time.monotonic() - self._streak_start, what=what))
         self._streak_start, self._told = None, set()
         self._set(replace(h, consecutive_failures=0), "healthy")
 
@@ -93,24 +97,25 @@ class HealthMonitor:
         message = (f"the subscriber gave up after {elapsed:.1f} s without progress "
                    f"(SubscriberConfig.give_up_after_s={self._give_up_after_s}); last error: "
                    f"{h.last_error}")
-        log.error("%s", message)
+        log.error("%s", kv("subscriber_gave_up", seconds=elapsed, error=h.last_error))
         self._set(replace(h, gave_up=True), "failing")
         return SubscriberFailed(message, self.health)
 
     def _tell(self, state: str, message: str) -> None:
         """Log a failure unless this streak logged the same error already (turning to
         "failing" is always logged)."""
-        shape = _shape(message)
+        shape, n = _shape(message), self.health.consecutive_failures + 1
+        line = kv("subscriber_failing" if state == "failing" else "subscriber_retrying",
+                  failures=n, error=message)
         if state == "failing" and self.health.state != "failing":
-            log.error("following the store is failing (%d failures in a row): %s",
-                      self.health.consecutive_failures + 1, message)
-        elif shape in self._told or len(self._told) >= _TOLD_MAX:
-            log.debug("still failing: %s", message)
-            return
-        elif state == "failing":
-            log.error("following the store is failing: %s", message)
+            log.error("%s", line)
+        elif shape not in self._told and len(self._told) < _TOLD_MAX:
+            log.log(logging.ERROR if state == "failing" else logging.WARNING, "%s", line)
+        elif n >= _REMIND_FROM and n & (n - 1) == 0:
+            log.warning("%s", kv("subscriber_still_failing", failures=n, error=message))
         else:
-            log.warning("following the store: %s; retrying", message)
+            log.debug("%s", line)
+            return
         self._told.add(shape)
 
     def _set(self, health: Health, state: str) -> None:

@@ -16,6 +16,7 @@ from typing import Callable
 
 from weight_teleport.pipeline.errors import ManifestError
 from weight_teleport.store.errors import InvalidKey
+from weight_teleport.store.hashing import PIECE_BYTES, tree_sha256
 from weight_teleport.store.keys import validate_key
 
 FORMAT = "weight-teleport-manifest/1"
@@ -23,13 +24,41 @@ KINDS = ("delta", "snapshot")
 MAX_MANIFEST_BYTES = 16 << 20
 """Largest manifest parsed (the origin's default `max_manifest_bytes`): about 60 k entries."""
 MAX_INT = (1 << 63) - 1
+MAX_SIDE_FILES = 64
+"""Side files an entry may list."""
 _SHA256 = re.compile(r"[0-9a-f]{64}\Z")
+_FILE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.=+-]{0,254}\Z")
 _TOP_REQUIRED = {"format", "latest", "model", "entries"}
+_TOP_OPTIONAL = {"signature", "retention"}
 
 Signer = Callable[[bytes], dict]
 """Canonical bytes -> the manifest's "signature" member."""
 Verifier = Callable[[bytes, object], None]
 """(canonical bytes, the "signature" member or None) -> None, or ManifestSignatureError."""
+
+
+@dataclass(frozen=True)
+class SideFile:
+    """A small file of the checkpoint (config.json, tokenizer files) stored beside an
+    anchor, so that a checkpoint pulled from the store is one an engine starts from."""
+
+    name: str
+    """A plain file name (no directory), never a `.safetensors` file."""
+    key: str
+    """The file's key in the store."""
+    size: int
+    sha256: str
+    """Hex SHA-256 of the file's bytes."""
+
+
+@dataclass(frozen=True)
+class Retention:
+    """What the publisher's retention keeps, and what it removed already."""
+
+    keep_anchors: int
+    """Anchors kept (0: everything); older objects are removed (`RetentionConfig`)."""
+    removed_through: int | None = None
+    """The newest version whose objects retention removed (None: nothing removed)."""
 
 
 @dataclass(frozen=True)
@@ -47,13 +76,34 @@ class Entry:
     size: int
     """The object's length in bytes."""
     sha256: str
-    """Hex SHA-256 of the object's bytes."""
+    """Hex content hash of the object's bytes (`store.hashing.object_hash`)."""
     raw_bytes: int = 0
     """Bytes of the weights the object describes (for ratios)."""
+    piece_bytes: int = 0
+    """How `sha256` was taken: 0, the SHA-256 of the bytes; else the SHA-256 tree over
+    pieces of this many bytes (`store.hashing`), which readers check in parallel."""
+    published_at_ms: int = 0
+    """When the publisher announced the object: Unix time in milliseconds (0: unknown)."""
+    files: tuple[SideFile, ...] = ()
+    """Snapshots: the checkpoint's side files published with it (`pull` writes them)."""
+
+    def to_dict(self) -> dict:
+        """The entry as stored (the optional members only where they say something)."""
+        d = asdict(self)
+        if not self.published_at_ms:
+            del d["published_at_ms"]
+        if not self.files:
+            del d["files"]
+        else:
+            d["files"] = [asdict(f) for f in self.files]
+        return d
 
 
 _FIELDS = {f.name for f in fields(Entry)}
-_REQUIRED = _FIELDS - {"raw_bytes"}
+_REQUIRED = _FIELDS - {"raw_bytes", "piece_bytes", "published_at_ms", "files"}
+_FILE_FIELDS = {f.name for f in fields(SideFile)}
+MIN_PIECE, MAX_PIECE = 1 << 16, 1 << 30
+"""The piece sizes a reader accepts (powers of two)."""
 
 
 @dataclass(frozen=True)
@@ -63,6 +113,8 @@ class Manifest:
     entries: tuple[Entry, ...] = ()
     model: dict = field(default_factory=dict)
     """Free-form description of the weights (names, dtypes), for people and `status`."""
+    retention: Retention | None = None
+    """What retention keeps and removed (None: the publisher did not say)."""
 
     @property
     def latest(self) -> int | None:
@@ -85,7 +137,9 @@ class Manifest:
         """The manifest as the bytes stored in the store; `sign` (signing.ManifestSigner)
         adds a "signature" member over its canonical bytes (docs/FORMAT.md, Manifest)."""
         doc = {"format": FORMAT, "latest": self.latest, "model": self.model,
-               "entries": [asdict(e) for e in self.entries]}
+               "entries": [e.to_dict() for e in self.entries]}
+        if self.retention is not None:
+            doc["retention"] = asdict(self.retention)
         if sign is not None:
             doc["signature"] = sign(canonical_bytes(doc))
         return json.dumps(doc, indent=1, sort_keys=True).encode()
@@ -118,7 +172,7 @@ def from_json(data: bytes, *, verify: Verifier | None = None,
     if not isinstance(entries, list):
         raise ManifestError(f"malformed manifest: entries is a {type(entries).__name__}, not a list")
     manifest = checked(Manifest(tuple(_entry(i, e) for i, e in enumerate(entries)),
-                                _model(doc["model"])))
+                                _model(doc["model"]), _retention(doc.get("retention"))))
     if doc["latest"] != manifest.latest or isinstance(doc["latest"], bool):
         raise ManifestError(f"malformed manifest: latest is {str(doc['latest'])[:40]!r}, its last "
                             f"entry is version {manifest.latest}")
@@ -139,7 +193,7 @@ def _parse(data: bytes) -> dict:
         raise ManifestError(f"malformed manifest: a JSON {type(doc).__name__}, not an object")
     if doc.get("format") != FORMAT:
         raise ManifestError(f"not a {FORMAT} manifest (format {str(doc.get('format'))[:100]!r})")
-    missing, unknown = _TOP_REQUIRED - doc.keys(), doc.keys() - _TOP_REQUIRED - {"signature"}
+    missing, unknown = _TOP_REQUIRED - doc.keys(), doc.keys() - _TOP_REQUIRED - _TOP_OPTIONAL
     if missing or unknown:
         raise ManifestError(f"malformed manifest: missing {sorted(missing)}, unknown "
                             f"{sorted(unknown)[:5]}")
@@ -184,8 +238,55 @@ def _entry(index: int, raw: object) -> Entry:
         raise ManifestError(f"manifest entry {key!r}: sha256 {str(sha)[:80]!r} is not 64 "
                             "lowercase hex digits")
     base = None if raw["base"] is None else _int(raw, "base", 0)
+    piece = _int(raw, "piece_bytes", 0) if "piece_bytes" in raw else 0
+    if piece and not (MIN_PIECE <= piece <= MAX_PIECE and piece & (piece - 1) == 0):
+        raise ManifestError(f"manifest entry {key!r}: piece_bytes {piece} is not 0 or a power "
+                            f"of two in [{MIN_PIECE}, {MAX_PIECE}]")
+    files = _files(key, kind, raw.get("files", []))
     return Entry(_int(raw, "version", 0), kind, base, key, _int(raw, "size", 1), sha,
-                 _int(raw, "raw_bytes", 0) if "raw_bytes" in raw else 0)
+                 _int(raw, "raw_bytes", 0) if "raw_bytes" in raw else 0, piece,
+                 _int(raw, "published_at_ms", 0) if "published_at_ms" in raw else 0, files)
+
+
+def _files(key: str, kind: str, raw: object) -> tuple[SideFile, ...]:
+    """An entry's side files, each checked: a plain name (never a path, never a weights
+    file), a valid key, a size, a digest; at most MAX_SIDE_FILES, names unique."""
+    if not isinstance(raw, list) or len(raw) > MAX_SIDE_FILES:
+        raise ManifestError(f"manifest entry {key!r}: files is not a list of at most "
+                            f"{MAX_SIDE_FILES} objects")
+    if raw and kind != "snapshot":
+        raise ManifestError(f"manifest entry {key!r}: a {kind} lists files; only snapshots do")
+    out = []
+    for f in raw:
+        if not isinstance(f, dict) or f.keys() != _FILE_FIELDS:
+            raise ManifestError(f"manifest entry {key!r}: a file is not an object of "
+                                f"{sorted(_FILE_FIELDS)}")
+        name, sha = f["name"], f["sha256"]
+        if not isinstance(name, str) or not _FILE_NAME.match(name) \
+                or name.endswith(".safetensors"):
+            raise ManifestError(f"manifest entry {key!r}: file name {str(name)[:80]!r} is not "
+                                "a plain file name (letters, digits, _ . = + -; no "
+                                ".safetensors)")
+        if not isinstance(sha, str) or not _SHA256.match(sha):
+            raise ManifestError(f"manifest entry {key!r}: file {name!r} has no valid sha256")
+        try:
+            validate_key(f["key"])
+        except InvalidKey as exc:
+            raise ManifestError(f"manifest entry {key!r}: file {name!r}: {exc}") from None
+        out.append(SideFile(name, f["key"], _int(f, "size", 0), sha))
+    if len({f.name for f in out}) != len(out):
+        raise ManifestError(f"manifest entry {key!r}: a file name is listed twice")
+    return tuple(out)
+
+
+def _retention(raw: object) -> Retention | None:
+    if raw is None:
+        return None
+    if not isinstance(raw, dict) or raw.keys() != {"keep_anchors", "removed_through"}:
+        raise ManifestError("malformed manifest: retention is not an object of keep_anchors "
+                            "and removed_through")
+    removed = None if raw["removed_through"] is None else _int(raw, "removed_through", 0)
+    return Retention(_int(raw, "keep_anchors", 0), removed)
 
 
 def _model(model: object) -> dict:
@@ -217,13 +318,21 @@ def checked(manifest: Manifest) -> Manifest:
 
 def object_key(version: int, kind: str, base: int | None, data: bytes, digest: str | None = None) -> str:
     """A key that names the object's bytes: version, kind, base and a content hash
-    (`digest`, the hex SHA-256 of `data`, where the caller has it)."""
-    digest = digest or hashlib.sha256(data).hexdigest()
+    (`digest`, the object's tree hash, where the caller has it)."""
+    digest = digest or tree_sha256(data)
     middle = f"delta-from-{base:010d}" if kind == "delta" else "snapshot"
     return f"packs/{version:010d}/{middle}-{digest[:20]}.pack"
 
 
 def make_entry(version: int, kind: str, base: int | None, data: bytes, raw_bytes: int) -> Entry:
-    """The manifest entry of a freshly encoded object (its bytes hashed once)."""
+    """The manifest entry of a freshly encoded object (its bytes hashed once, in parallel)."""
+    digest = tree_sha256(data, PIECE_BYTES)
+    return Entry(version, kind, base, object_key(version, kind, base, data, digest), len(data),
+                 digest, raw_bytes, PIECE_BYTES)
+
+
+def side_file(name: str, data: bytes) -> SideFile:
+    """The record of a side file, under a key that names its bytes (shared by every
+    anchor that carries the same file)."""
     digest = hashlib.sha256(data).hexdigest()
-    return Entry(version, kind, base, object_key(version, kind, base, data, digest), len(data), digest, raw_bytes)
+    return SideFile(name, f"files/{digest[:32]}/{name}", len(data), digest)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from weight_teleport.pipeline.errors import NoPlanError
-from weight_teleport.pipeline.manifest import Entry, Manifest
+from weight_teleport.pipeline.manifest import Entry, Manifest, Retention
 
 
 @dataclass(frozen=True)
@@ -86,14 +86,26 @@ def _chain_exists(manifest: Manifest, current: int, target: int, exclude) -> boo
 
 def plan_retention(manifest: Manifest, keep_anchors: int) -> tuple[Manifest, list[Entry]]:
     """Split `manifest` into what to keep and the entries to delete: everything older
-    than the `keep_anchors`-th newest anchor goes (0 keeps everything)."""
+    than the `keep_anchors`-th newest anchor goes (0 keeps everything). The manifest
+    kept records the rule and the newest version removed (`Manifest.retention`)."""
+    removed = manifest.retention.removed_through if manifest.retention else None
     anchors = manifest.anchors
     if keep_anchors <= 0 or len(anchors) <= keep_anchors:
-        return manifest, []
+        return replace(manifest, retention=Retention(max(0, keep_anchors), removed)), []
     oldest = anchors[-keep_anchors].version
     kept = tuple(e for e in manifest.entries if e.version >= oldest)
     dropped = [e for e in manifest.entries if e.version < oldest]
-    return replace(manifest, entries=kept), dropped
+    removed = max(e.version for e in dropped) if removed is None else \
+        max(removed, *(e.version for e in dropped))
+    return replace(manifest, entries=kept, retention=Retention(keep_anchors, removed)), dropped
+
+
+def unreferenced_keys(kept: Manifest, dropped: list[Entry]) -> list[str]:
+    """The keys to delete once `dropped` left the manifest: their objects, and the side
+    files no kept entry lists (anchors share the files that did not change)."""
+    still = {f.key for e in kept.entries for f in e.files}
+    files = {f.key for e in dropped for f in e.files} - still
+    return [e.key for e in dropped] + sorted(files)
 
 
 def needs_anchor(last_anchor: int | None, version: int, anchor_every: int) -> bool:

@@ -16,6 +16,8 @@ import torch
 from weight_teleport.pipeline.config import PublisherConfig
 from weight_teleport.pipeline.encode import EncodeJob, Encoder
 from weight_teleport.errors import WeightTeleportError
+from weight_teleport.observe.logs import kv
+from weight_teleport.observe.publisher import PublisherMetrics
 from weight_teleport.pipeline.errors import PublishCancelled, PublishConflict, PublishFailed
 from weight_teleport.pipeline.manifest import from_json
 from weight_teleport.pipeline.metrics import PublishResult
@@ -90,15 +92,21 @@ class Publisher:
         self._closed = self._cancelled = False
         self._conflict: PublishConflict | None = None
         self._failed: list[_Queued] = []
+        self.metrics = PublisherMetrics(config.metrics, lambda: len(self._queue))
+        """Prometheus metrics (`metrics.registry`; `PublisherConfig.metrics`)."""
+        self._encoder.on_announce = self.metrics.announced
         self.results: list[PublishResult] = []
         """Every finished PublishResult, in order (metrics)."""
         self._worker = threading.Thread(target=self._work, daemon=True,
                                         name="weight-teleport-publisher")
         self._worker.start()
 
-    def publish(self, state: Mapping[str, torch.Tensor], version: int | None = None) -> PublishHandle:
+    def publish(self, state: Mapping[str, torch.Tensor], version: int | None = None, *,
+                files: Mapping[str, bytes] | None = None) -> PublishHandle:
         """Snapshot `state` (name -> tensor, checkpoint layout) as `version` (default: the
-        next one) and return at once; the rest runs in the background."""
+        next one) and return at once; the rest runs in the background. `files`: the
+        checkpoint's small side files by name (config.json, tokenizer files), stored with
+        every anchor from this version on, until other files are given."""
         t0 = time.perf_counter()
         with self._cond:
             if self._conflict is not None:
@@ -113,7 +121,7 @@ class Publisher:
             self._next_version = version + 1
         snapshot = self._pool.take(state)
         job = EncodeJob(version, snapshot, PublishResult(version, snapshot_s=time.perf_counter() - t0),
-                        t0)
+                        t0, None if files is None else dict(files))
         queued = _Queued(PublishHandle(version), job)
         with self._cond:
             self._queue.append(queued)
@@ -130,8 +138,9 @@ class Publisher:
             self._pool.give(dropped.job.snapshot)
             dropped.job.result.skipped = True
             dropped.handle.future.set_result(dropped.job.result)
-            log.info("version %d skipped: the encoder is busy (backpressure='skip')",
-                     dropped.handle.version)
+            self.metrics.skipped.inc()
+            log.info("%s", kv("version_skipped", version=dropped.handle.version,
+                              why="the encoder is busy (backpressure='skip')"))
 
     def _work(self) -> None:
         while True:
@@ -155,6 +164,7 @@ class Publisher:
             result = self._encoder.run(item.job)
             self._pool.give(self._encoder.swap_baseline(item.job.snapshot))
             self.results.append(result)
+            self.metrics.published(result)
             item.handle.future.set_result(result)
             return
         except ManifestChanged as exc:
@@ -164,11 +174,13 @@ class Publisher:
                                      f"the publisher was cancelled")
             error.__cause__ = exc
         except Exception as exc:  # reported through the handle and flush; the baseline is kept
-            log.error("publishing version %d failed: %s", item.handle.version, exc)
+            log.error("%s", kv("publish_failed", version=item.handle.version,
+                               error=f"{type(exc).__name__}: {exc}"))
             error = exc
         self._pool.give(item.job.snapshot)
         item.handle.future.set_exception(error)
         if not isinstance(error, PublishCancelled):
+            self.metrics.failures.inc()
             with self._cond:
                 self._failed.append(item)
 
@@ -257,6 +269,8 @@ class Publisher:
     def _close_store(self) -> None:
         if self._own_store:
             self._store.close()
+        if hasattr(self, "metrics"):
+            self.metrics.close()
 
     def __enter__(self) -> "Publisher":
         return self

@@ -9,6 +9,8 @@ import time
 import torch
 
 from weight_teleport.codec import StagedPatch
+from weight_teleport.observe.heartbeat import heartbeat_for
+from weight_teleport.observe.subscriber import SubscriberMetrics, Where
 from weight_teleport.pipeline.config import SubscriberConfig
 from weight_teleport.pipeline.errors import SubscriberFailed
 from weight_teleport.pipeline.follow import Follower
@@ -59,6 +61,9 @@ class Subscriber:
         self._applied: StagedPatch | None = None
         """The last patch applied to the view, until its digests are checked."""
         self._follower = Follower(self, initial)
+        self.metrics = SubscriberMetrics(config.metrics, self._where)
+        """Prometheus metrics (`metrics.registry`; `SubscriberConfig.metrics`)."""
+        self._heartbeat = heartbeat_for(url, config, self.metrics.position)
         self._thread = threading.Thread(target=self._follow, daemon=True,
                                         name="weight-teleport-subscriber")
         self._thread.start()
@@ -74,6 +79,12 @@ class Subscriber:
     def version(self) -> int | None:
         """The version the target holds (None before the first apply)."""
         return self._live_version
+
+    def _where(self) -> Where:
+        """What the metrics and the heartbeat read (from any thread)."""
+        f = self._follower
+        latest = f.manifest.latest if f.manifest is not None else None
+        return Where(self._live_version, latest, f.published_after(self._live_version), f.monitor.health)
 
     @property
     def health(self) -> Health:
@@ -111,6 +122,7 @@ class Subscriber:
         if pending and self._stager.on_cuda:  # the patch is in place for every stream
             torch.cuda.current_stream(self._stager.device).synchronize()
         report.pause_s = time.perf_counter() - t0
+        self.metrics.paused(len(pending), report.pause_s)
         report.versions = [e.version for e, _ in pending]
         report.bytes_fetched = sum(e.size for e, _ in pending)
         with self._cond:
@@ -122,6 +134,8 @@ class Subscriber:
             report.version = self._live_version
             self._applying = False
             self._cond.notify_all()
+        if pending and self._heartbeat is not None:
+            self._heartbeat.nudge()
         return report
 
     def _verify_applied(self) -> None:
@@ -186,6 +200,9 @@ class Subscriber:
         self._thread.join()
         if self._own_store:
             self._store.close()
+        self.metrics.close()
+        if self._heartbeat is not None:
+            self._heartbeat.close()
 
     def __enter__(self) -> "Subscriber":
         return self

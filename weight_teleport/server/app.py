@@ -1,6 +1,6 @@
 """The origin's routes: content-addressed objects, the manifest, long-poll, listing.
 
-    GET    /o/KEY              307 to /b/HASH/KEY (no-cache), X-Content-SHA256: HASH
+    GET    /o/KEY              307 to /b/HASH/KEY (no-cache), X-Content-Tree-SHA256: HASH
     PUT    /o/KEY              upload (bearer token); 201, or 200 if identical, 409 if not
     DELETE /o/KEY              delete (bearer token); 204
     GET    /b/HASH/KEY         the bytes, Range supported, cacheable forever
@@ -10,6 +10,10 @@
     GET    /list?prefix=P      {"keys": [...]}
     GET    /auth/upload        204 if the bearer token may upload (a writer's probe)
     GET    /healthz            readiness probe (never needs a token)
+    GET    /metrics            Prometheus metrics (text exposition format)
+    PUT    /samplers/ID        a sampler's heartbeat (samplers.py; the read token)
+    GET    /status.json        versions, samplers, chart series (status.py)
+    GET    / and /status       the status page (status_page.py)
 
 `PUT /manifest` is conditional with `If-Match: "ETAG"` (the manifest the writer read) or
 `If-None-Match: *` (no manifest yet): 412 if the manifest is another one. With a read
@@ -30,6 +34,9 @@ from ..store.file import MISSING, NO_SPACE, AtomicFile
 from ..store.keys import validate_prefix
 from .blobs import IMMUTABLE, send_file
 from .config import ServerConfig
+from .metrics import METRICS, OriginMetrics, count_requests, get_metrics
+from .samplers import BOOK, make_book, put_sampler
+from .status import get_status_json, get_status_page
 from .connections import CONNECTIONS, ConnectionLimits, Handler, track_connections
 from .origin import (ORIGIN, make_origin, open_upload, receive, request_key, require_reader,
                      require_token)
@@ -48,7 +55,7 @@ async def resolve(request: web.Request) -> web.Response:
     # Relative, so that it stays right behind a proxy that mounts the origin on a path.
     location = "../" * key.count("/") + f"../b/{digest}/{key}"
     return web.Response(status=307, headers={"Location": location,
-                                             "X-Content-SHA256": digest, **NO_CACHE})
+                                             "X-Content-Tree-SHA256": digest, **NO_CACHE})
 
 
 async def get_blob(request: web.Request) -> web.StreamResponse:
@@ -92,7 +99,7 @@ async def put_object(request: web.Request) -> web.Response:
     origin.hashes.remember(path, digest)
     origin.stats["upload"] += 1
     return web.Response(status=201 if created else 200,
-                        headers={"X-Content-SHA256": digest, "ETag": f'"{digest}"'})
+                        headers={"X-Content-Tree-SHA256": digest, "ETag": f'"{digest}"'})
 
 
 def _link(out: AtomicFile) -> bool:
@@ -179,7 +186,8 @@ async def watch(request: web.Request) -> web.Response:
     if not 0 <= timeout < float("inf"):
         raise web.HTTPBadRequest(text="timeout must be a non-negative number of seconds")
     origin.stats["watch"] += 1
-    manifest = await origin.manifest.wait_change(after, min(timeout, origin.config.max_watch_s))
+    with request.app[METRICS].watchers.track_inprogress():
+        manifest = await origin.manifest.wait_change(after, min(timeout, origin.config.max_watch_s))
     headers = {"Cache-Control": "no-store"}
     if manifest is None:
         return web.Response(status=304 if origin.manifest.current() else 204, headers=headers)
@@ -238,8 +246,11 @@ async def disk_errors(request: web.Request, handler: Handler) -> web.StreamRespo
 def make_app(config: ServerConfig) -> web.Application:
     """The origin as an aiohttp application serving `config.root`."""
     app = web.Application(client_max_size=config.max_manifest_bytes,
-                          middlewares=[track_connections, check_reader, disk_errors])
+                          middlewares=[track_connections, count_requests, check_reader,
+                                       disk_errors])
     app[ORIGIN] = make_origin(config)
+    app[METRICS] = OriginMetrics()
+    app[BOOK] = make_book(config)
     app[CONNECTIONS] = ConnectionLimits(config)
     app.router.add_get("/o/{key:.+}", resolve)
     app.router.add_put("/o/{key:.+}", put_object)
@@ -251,4 +262,9 @@ def make_app(config: ServerConfig) -> web.Application:
     app.router.add_get("/list", list_keys)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/auth/upload", check_upload)
+    app.router.add_get("/metrics", get_metrics)
+    app.router.add_put("/samplers/{id}", put_sampler)
+    app.router.add_get("/status.json", get_status_json)
+    app.router.add_get("/status", get_status_page)
+    app.router.add_get("/", get_status_page)
     return app

@@ -52,6 +52,13 @@ class ServerConfig:
     the server (a publisher writing the same directory through `file://`)."""
     chunk_bytes: int = 1 << 20
     """Size of the reads and writes that stream objects to and from disk."""
+    sampler_stale_s: float = 30.0
+    """A sampler whose last heartbeat is older than this shows as "stale" on the status
+    page (a few of its heartbeats were missed: stopped, or cut off)."""
+    sampler_expiry_s: float = 3600.0
+    """A sampler unheard for this long is forgotten."""
+    max_samplers: int = 10_000
+    """Samplers kept in memory at most; a heartbeat from a new one beyond gets 503."""
 
     def __post_init__(self) -> None:
         if (self.tls_cert_file is None) != (self.tls_key_file is None):

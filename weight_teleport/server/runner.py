@@ -10,16 +10,20 @@ import signal
 import ssl
 import threading
 from collections import Counter
+from collections.abc import Callable
 
 from aiohttp import web
 
+from ..observe.logs import kv
 from .app import make_app
 from .config import ServerConfig
 from .connections import CONNECTIONS, ConnectionLimits
 from .origin import ORIGIN
+from .samplers import BOOK
 
 log = logging.getLogger(__name__)
 ACCESS_LOG = logging.getLogger("weight_teleport.server.access")
+ACCESS_FORMAT = 'event=request remote=%a request="%r" status=%s bytes=%b seconds=%Tf'
 _SPARE_FILES = 64  # descriptors beyond the connections' (listening socket, logs, hashing)
 
 
@@ -78,13 +82,16 @@ async def _start(config: ServerConfig) -> tuple[web.AppRunner, int]:
     app = make_app(config)
     # Lingering: after an early answer (413, 408, 507), the rest of a body is read and
     # dropped for this long, so that a client still sending gets to read the answer.
-    runner = web.AppRunner(app, access_log=ACCESS_LOG, shutdown_timeout=1.0,
+    runner = web.AppRunner(app, access_log=ACCESS_LOG, access_log_format=ACCESS_FORMAT,
+                           shutdown_timeout=1.0,
                            keepalive_timeout=config.keepalive_timeout_s,
                            lingering_time=min(10.0, config.body_timeout_s))
     await runner.setup()
     site = _GuardedSite(runner, config, tls)
     await site.start()
-    log.info("serving %s on %s", config.root, site.name)
+    log.info("%s", kv("origin_listening", url=site.name, root=config.root,
+                      uploads="token" if config.token else "refused",
+                      reads="token" if config.read_token else "open"))
     return runner, site.port
 
 
@@ -97,21 +104,25 @@ async def _stop(runner: web.AppRunner) -> None:
     await asyncio.gather(*tasks, return_exceptions=True)
 
 
-async def _serve_until_signalled(config: ServerConfig) -> None:
+async def _serve_until_signalled(config: ServerConfig,
+                                 on_ready: Callable[[str], None] | None) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    runner, _ = await _start(config)
+    runner, port = await _start(config)
     try:
+        if on_ready is not None:
+            on_ready(f"{config.scheme}://{config.host}:{port}")
         await stop.wait()
     finally:
         await _stop(runner)
 
 
-def serve_forever(config: ServerConfig) -> None:
-    """Serve until interrupted (Ctrl-C or SIGTERM)."""
-    asyncio.run(_serve_until_signalled(config))
+def serve_forever(config: ServerConfig, on_ready: Callable[[str], None] | None = None) -> None:
+    """Serve until interrupted (Ctrl-C or SIGTERM); `on_ready` hears the base URL (with
+    the port bound, for `port=0`) once the server listens."""
+    asyncio.run(_serve_until_signalled(config, on_ready))
 
 
 class OriginServer:
@@ -138,6 +149,12 @@ class OriginServer:
         """Requests served by kind ("blob_get", "blob_bytes", "upload", "watch")."""
         assert self._runner is not None, "the server is not running"
         return self._runner.app[ORIGIN].stats
+
+    @property
+    def samplers(self):
+        """The samplers heard from (`samplers.Book`)."""
+        assert self._runner is not None, "the server is not running"
+        return self._runner.app[BOOK]
 
     @property
     def connection_stats(self) -> Counter:

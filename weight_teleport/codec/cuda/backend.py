@@ -2,15 +2,15 @@
 
 from weight_teleport.codec import digest as D
 from weight_teleport.codec import streams
-from weight_teleport.codec.cuda import entropy
-from weight_teleport.codec.cuda.apply import apply
-from weight_teleport.codec.cuda.chunk_bytes import CODEC_ID
+from weight_teleport.codec.cuda.runtime import nvcomp
+from weight_teleport.codec.cuda.stage.apply import apply
+from weight_teleport.codec.cuda.encode.sparse_chunks import CODEC_ID
 from weight_teleport.codec.cuda.config import CudaCodecConfig
-from weight_teleport.codec.cuda.digest import digest as _digest
-from weight_teleport.codec.cuda.digest import word_sums
-from weight_teleport.codec.cuda.encode import DEFAULT_CONFIG, encode
+from weight_teleport.codec.cuda.kernels.digest import digest as _digest
+from weight_teleport.codec.cuda.kernels.digest import word_sums
+from weight_teleport.codec.cuda.encode.encoder import DEFAULT_CONFIG, encode
 from weight_teleport.codec.cuda.live import EncodeItem, Live
-from weight_teleport.codec.cuda.stage import stage
+from weight_teleport.codec.cuda.stage.staging import stage
 from weight_teleport.errors import UnsupportedFormatError
 
 item = EncodeItem.of
@@ -39,12 +39,12 @@ def check_readable(stream_codecs: list[str]) -> None:
     """UnsupportedFormatError unless every stream codec named decodes here: the portable ones
     always (the CPU's zstd where nvCOMP is missing), the GPU-only ones with nvCOMP."""
     portable = {streams.NAMES[c] for c in streams.CPU_READABLE}
-    unknown = set(stream_codecs) - portable - {streams.NAMES[c] for c in entropy.CODED}
+    unknown = set(stream_codecs) - portable - {streams.NAMES[c] for c in nvcomp.CODED}
     if unknown:
         raise UnsupportedFormatError(f"pack uses stream codecs {sorted(unknown)} that this build cannot decode; "
                                      "upgrade weight-teleport to read it")
     gpu_only = set(stream_codecs) - portable
-    if gpu_only and not entropy.available():
+    if gpu_only and not nvcomp.available():
         raise UnsupportedFormatError(f"pack uses the GPU-only stream codecs {sorted(gpu_only)}, which need "
                                      "nvCOMP: pip install 'weight-teleport[cuda]'")
 

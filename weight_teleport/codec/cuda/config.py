@@ -22,7 +22,7 @@ class CudaCodecConfig:
     the CPU backend's."""
     huffman: bool = True
     """With 'zstd': write each stream as zstd frames of Huffman-coded literals on the GPU
-    (codec/huffman_frames.py; no nvCOMP needed). False: nvCOMP's zstd compressor."""
+    (codec/cuda/zstd_literals/reference.py; no nvCOMP needed). False: nvCOMP's zstd compressor."""
 
     def __post_init__(self):
         if self.algorithm not in ALGORITHMS:

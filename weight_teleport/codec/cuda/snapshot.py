@@ -22,9 +22,9 @@ import triton
 import triton.language as tl
 
 from weight_teleport.codec import digest as D
-from weight_teleport.codec.cuda import layout
-from weight_teleport.codec.cuda.crc import crc32
-from weight_teleport.codec.cuda.digest import word_sums
+from weight_teleport.codec.cuda.runtime import memory
+from weight_teleport.codec.cuda.kernels.crc import crc32
+from weight_teleport.codec.cuda.kernels.digest import word_sums
 from weight_teleport.codec.cuda.live import EncodeItem, Live
 from weight_teleport.codec.streams import RAW
 from weight_teleport.errors import DigestMismatchError, PackFormatError
@@ -62,7 +62,7 @@ def _transpose(tensor_bytes: torch.Tensor, buffer: torch.Tensor, planes: np.ndar
                width: int, to_planes: bool) -> None:
     if not len(planes):
         return
-    plane_at = layout.upload(np.asarray(planes, np.int64), buffer.device)
+    plane_at = memory.upload(np.asarray(planes, np.int64), buffer.device)
     grid = (len(planes), triton.cdiv(min(chunk_elems, n), BLOCK))
     _planes_kernel[grid](tensor_bytes, buffer, plane_at, n, chunk_elems, WIDTH=width, TO_PLANES=to_planes,
                          BLOCK=BLOCK)
@@ -120,7 +120,7 @@ def _wave_tables(wave: list[_Chunk], lo: int, buffer: torch.Tensor) -> None:
     """Write the wave's chunk tables into `buffer` (the wave's bytes from payload offset lo)."""
     data = np.frombuffer(bytearray(b"".join(ch.table for ch in wave)), np.uint8)
     at = np.concatenate([np.arange(len(ch.table)) + ch.offset - lo for ch in wave])
-    data_d, at_d = layout.upload(data, buffer.device), layout.to_device([at], buffer.device)[0]
+    data_d, at_d = memory.upload(data, buffer.device), memory.to_device([at], buffer.device)[0]
     buffer.index_copy_(0, at_d, data_d)
 
 
@@ -143,7 +143,7 @@ class _Ring:
         self.cuda = device.type == "cuda"
         self.buffers = [torch.empty(size, dtype=torch.uint8, device=device) for _ in range(2 if self.cuda else 1)]
         self.done: list[torch.cuda.Event | None] = [None] * len(self.buffers)
-        self.copier = layout.side_stream(device, "dense-copy") if self.cuda else None
+        self.copier = memory.side_stream(device, "dense-copy") if self.cuda else None
         self.turn = 0
 
     def take(self) -> tuple[int, torch.Tensor]:
@@ -214,7 +214,7 @@ def encode(items: list[EncodeItem], chunk_elems: int, pinned: bool, host_empty):
 def _host_bytes(pack) -> torch.Tensor:
     """The pack's bytes as a uint8 tensor without a copy (pinned memory where it lies there:
     the device then copies from it directly)."""
-    pinned = layout.pinned(pack)
+    pinned = memory.pinned(pack)
     if pinned is not None:
         return pinned
     with warnings.catch_warnings():  # read only: torch warns that the buffer is not writable

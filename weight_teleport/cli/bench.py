@@ -1,0 +1,25 @@
+"""`weight-teleport bench`: compression and speed against peer codecs (`weight_teleport.bench`)."""
+
+from __future__ import annotations
+
+import argparse
+
+from weight_teleport.cli.common import add_command
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = add_command(sub, "bench", "compression and speed against peer codecs on simulated "
+                                  "RL deltas", _main)
+    p.add_argument("--config", default="small", help="model config: tiny, small, qwen3-0.6b, qwen3-8b")
+    p.add_argument("--lrs", type=float, nargs="+", default=[1e-6, 3e-6, 1e-5], help="learning rates")
+    p.add_argument("--steps", type=int, default=2, help="optimizer steps measured per learning rate")
+    p.add_argument("--seed", type=int, default=0, help="simulation seed")
+    p.add_argument("--out-dir", default="out/bench", help="where bench.json and bench.png go")
+    p.add_argument("--threads", type=int, default=None, help="threads for our codec (default: every core)")
+    p.add_argument("--repeats", type=int, default=2, help="timed repeats per step and codec")
+
+
+def _main(args: argparse.Namespace) -> int:
+    from weight_teleport.bench.run import main
+
+    return main(args)

@@ -1,0 +1,277 @@
+"""Encoding deltas of CUDA tensors, batched per element type: a scan launch over every
+chunk (histograms and digests, read back in one transfer), the class plans on the CPU (the
+CPU backend's code), then per element type one launch each of the class-count and events
+kernels, symbol and stream coding of all segments, and the payload gathered on the GPU
+(codec/cuda/encode/sparse.py). A large state is scanned in two waves, each planned and its
+events launched while the device works on the one before (`_waves`); a wave's records are
+made on the host while its events run. Snapshots are written on the device as raw byte
+planes (codec/cuda/snapshot.py); dense tensors of a delta go through the CPU backend."""
+
+import os
+import zlib
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from weight_teleport.codec import digest as D
+from weight_teleport.codec.cpu import backend as cpu
+from weight_teleport.codec.cuda import snapshot
+from weight_teleport.codec.cuda.encode import sparse, sparse_chunks
+from weight_teleport.codec.cuda.kernels import chunk_table
+from weight_teleport.codec.cuda.runtime import memory
+from weight_teleport.codec.cuda.config import CudaCodecConfig
+from weight_teleport.codec.cuda.live import EncodeItem, flat_bits, grouped
+from weight_teleport.codec.cuda.kernels.encode_scan import SPAN, aligned, scan
+from weight_teleport.codec.plan import SPARSE_MAX_DENSITY, PlanTable, plan_table
+from weight_teleport.format import ChunkRef, TensorRecord, prefix_bound
+
+DEFAULT_CONFIG = CudaCodecConfig()
+
+
+def _pageable(n: int) -> np.ndarray:
+    return np.empty(n, np.uint8)
+
+
+def _host_item(it: EncodeItem) -> cpu.EncodeItem:
+    to_np = lambda t: flat_bits(t, it.info).cpu().numpy().view(it.info.uint_numpy)
+    return cpu.EncodeItem(it.name, it.info, it.shape, to_np(it.new), None if it.old is None else to_np(it.old))
+
+
+def _on_cpu(items: list[EncodeItem], chunk_elems: int, level: int, threads):
+    """(records, per-record chunk lists) through the CPU backend."""
+    records, chunks = cpu.encode([_host_item(it) for it in items], chunk_elems, level, threads)
+    parts, at = [], 0
+    for rec in records:
+        parts.append(chunks[at:at + len(rec.chunks)])
+        at += len(rec.chunks)
+        rec.chunks = []
+    return records, parts
+
+
+def _by_type(items: list[EncodeItem], which) -> list[list[int]]:
+    """Indices of `which` items grouped by dtype, in item order within a group."""
+    return grouped(which, lambda i: items[i].info.name)
+
+
+@dataclass
+class _Scan:
+    """The scan of one element type's items (those with elements)."""
+    items: list[int]
+    rows: np.ndarray
+    """[items, 2 * n_keys + 2] int64: per item its key counts, changed key counts, old and new
+    word sums."""
+    hist: torch.Tensor
+    """The per-block histograms of the items' programs (device)."""
+    first: np.ndarray
+    """Each item's first program in `hist`, then the number of programs."""
+
+
+WAVE_ELEMS = 1 << 26
+"""Items of at least this many elements in all are scanned in two waves (`_waves`)."""
+
+
+def _waves(numel: np.ndarray) -> list[list[int]]:
+    """Of items of `numel` elements each, those with elements in one run, or, where they hold
+    WAVE_ELEMS or more, in two
+    runs, cut after the item where the first comes closest to half of the elements: the
+    second wave's scan runs while the host plans the first's classes and launches its events,
+    and the host plans the second's while the first's events run, so the device does not
+    wait for the host's plans between the scan and the events."""
+    which = np.flatnonzero(numel)
+    if numel.sum() < WAVE_ELEMS or which.size < 2:
+        return [which.tolist()]
+    cum = np.cumsum(numel[which])
+    cut = int(np.argmin(np.abs(2 * cum[:-1] - cum[-1]))) + 1
+    return [which[:cut].tolist(), which[cut:].tolist()]
+
+
+@dataclass
+class _Launched:
+    """The scans of a wave's items, per element type, queued on the device with the copy of
+    their rows to the host."""
+    groups: list
+    """(item indices, scan.Scanned, each item's first program then the programs) per type."""
+    rows: np.ndarray | None
+    """The rows of every type end to end, once `copied` has passed (None: no scan)."""
+    copied: torch.cuda.Event | None
+
+
+def _launch_scan(items: list[EncodeItem], which: list[int], chunk_elems: int) -> _Launched:
+    """The scan of items `which` (with elements), each element type launched before the
+    rows of all are queued to the host in one transfer."""
+    groups = []
+    for g in _by_type(items, which):
+        olds, news = [aligned(items[i].old) for i in g], [aligned(items[i].new) for i in g]  # alive until launched
+        info = items[g[0]].info
+        table = chunk_table.build_cached(olds, chunk_elems, SPAN, info)
+        done = scan(table, chunk_table.pair(news, table, info), info)
+        per = np.bincount(table.host[:, chunk_table.TENSOR], -(-table.host[:, chunk_table.LEN] // SPAN),
+                          len(g)).astype(np.int64)
+        groups.append((g, done, np.concatenate([[0], np.cumsum(per)])))
+    if not groups:
+        return _Launched(groups, None, None)
+    return _Launched(groups, *memory.to_pinned(torch.cat([done.rows.view(-1) for _, done, _ in groups])))
+
+
+def _scans(w: _Launched) -> list[_Scan]:
+    """The scans of a launched wave, its rows waited for."""
+    memory.wait(w.copied)
+    scans, at = [], 0
+    for g, done, first in w.groups:
+        n = done.rows.numel()
+        scans.append(_Scan(g, w.rows[at:at + n].reshape(done.rows.shape), done.hist, first))
+        at += n
+    return scans
+
+
+def _batch_hist(s: _Scan, j: np.ndarray) -> torch.Tensor:
+    """The scan's histograms of its items at positions j (ascending), one after the other:
+    the scan's own where j is all of them (no copy), else its rows gathered by an index
+    made on the device from the items' runs of programs (a few torch calls, however many
+    items are left out: the unchanged and dense ones). An index made on the host would have
+    a row per block."""
+    if len(j) == len(s.items):
+        return s.hist
+    count = s.first[j + 1] - s.first[j]
+    shift, repeats = memory.to_device([s.first[j] - memory.starts(count), count], s.hist.device)
+    n = int(count.sum())
+    idx = torch.repeat_interleave(shift, repeats, output_size=n) + torch.arange(n, device=s.hist.device)
+    return s.hist.index_select(0, idx)
+
+
+def _plans(scans: list[_Scan], changed: np.ndarray) -> list[PlanTable]:
+    """Each scan's class plans, a row per item (those of items without changes are not
+    used), from the scan rows as the CPU backend makes them; the items' changed elements
+    into `changed`."""
+    plans = []
+    for s in scans:
+        nk = (s.rows.shape[1] - 2) // 2
+        changed[s.items] = s.rows[:, nk:2 * nk].sum(1)
+        plans.append(plan_table(s.rows[:, :nk], s.rows[:, nk:2 * nk]))
+    return plans
+
+
+def _record(it: EncodeItem, s_old: int, s_new: int, changed: int, plan) -> TensorRecord:
+    """An item's record (without chunks) as the CPU backend makes it, from its old and new
+    digest word sums and its class plan (None: unchanged)."""
+    nbytes = it.new.numel() * it.info.nbytes
+    rec = TensorRecord(name=it.name, dtype=it.info.name, shape=it.shape, codec="same",
+                       digest=D.to_hex(D.finish(s_new & D.MASK64, nbytes)),
+                       base_digest=D.to_hex(D.finish(s_old & D.MASK64, nbytes)), changed=changed)
+    if changed:
+        rec.codec, rec.classes, rec.inverted = "sparse", plan.runs, np.flatnonzero(plan.inverted).tolist()
+    return rec
+
+
+def _records(items: list[EncodeItem], scans: list[_Scan], plans: list[PlanTable], changed: np.ndarray,
+             out: list) -> None:
+    """The records of the scans' items into `out`, but where `out` has one already (the CPU
+    backend's, of a dense tensor)."""
+    for s, p in zip(scans, plans):
+        for j, (i, (s_old, s_new)) in enumerate(zip(s.items, s.rows[:, -2:].tolist())):
+            if out[i] is None:
+                out[i] = _record(items[i], s_old, s_new, int(changed[i]), p[j] if changed[i] else None)
+
+
+def encode(items: list[EncodeItem], chunk_elems: int, level: int, threads: int | None,
+           config: CudaCodecConfig = DEFAULT_CONFIG, pinned: bool = False):
+    """Records (chunk offsets into the concatenation of the returned parts), the payload as
+    bytes-like parts (valid until this thread's next encode call) and `ready()`, which waits
+    for the parts' copies from the device: call it before reading them (the pack's header
+    can be made first, during the copy). Dense and snapshot
+    tensors are coded by the CPU backend. With `pinned`, a payload that is one batch's alone
+    (every changed tensor sparse and of one element type) is copied from the device into
+    fresh pinned host memory with room for the pack's preamble and header before it, and is
+    the one part (format.write_pack_into writes the pack around it)."""
+    sparse_chunks.begin_encode()
+    memory.begin_call()
+    if any(it.old is None for it in items):  # a snapshot: raw byte planes, written on the device
+        return snapshot.encode(items, chunk_elems, pinned, memory.pinned_empty if pinned else _pageable)
+    numel = np.fromiter((it.new.numel() for it in items), np.int64, len(items))
+    launched = [_launch_scan(items, w, chunk_elems) for w in _waves(numel)]
+    changed = np.zeros(len(items), np.int64)
+    records, parts, cpu_coded = [None] * len(items), [[] for _ in items], False
+    by_type: dict[str, list] = {}  # per element type, the (item indices, events) of each wave's sparse items
+    for w in launched:
+        scans = _scans(w)
+        plans = _plans(scans, changed)
+        dense = changed > SPARSE_MAX_DENSITY * numel  # the wave's items, and those before it
+        at = [i for s in scans for i in s.items if dense[i]]
+        if at:
+            for i, rec, ch in zip(at, *_on_cpu([items[i] for i in at], chunk_elems, level, threads)):
+                records[i], parts[i], cpu_coded = rec, ch, True
+        for s, p in zip(scans, plans):
+            j = np.flatnonzero((changed[s.items] > 0) & ~dense[s.items])
+            if not len(j):
+                continue
+            g = [s.items[k] for k in j.tolist()]
+            b = sparse.Batch([items[i] for i in g], p if len(j) == len(p) else p.take(j),
+                                   int(p.events[j].sum()), int(changed[g].sum()), _batch_hist(s, j))
+            by_type.setdefault(items[g[0]].info.name, []).append((g, sparse.events(b, chunk_elems)))
+        _records(items, scans, plans, changed, records)  # while the device works on the events
+    for i in np.flatnonzero(numel == 0).tolist():
+        records[i] = _record(items[i], 0, 0, 0, None)
+    room, copies = None, []
+    for waves in by_type.values():  # the sparse items of one element type
+        g = [i for g, _ in waves for i in g]
+        ev = sparse.merge([ev for _, ev in waves])
+        if pinned and len(by_type) == 1 and not cpu_coded:
+            room = prefix_bound(records, int(ev.first_chunk[-1]))
+        done = sparse.encode(ev, config, level, threads or os.cpu_count() or 1, room)
+        copies.append(done.payload.copied)
+        for i, part in zip(g, _tensor_parts(done, len(g))):
+            parts[i] = part
+    records, parts = _lay_out(records, parts)  # while the payloads are copied to the host
+
+    def ready() -> None:
+        for copied in copies:
+            memory.wait(copied)
+    return records, parts if room is None else [done.payload.data], ready
+
+
+@dataclass
+class _Part:
+    """A tensor's chunks in a batch's payload: their bytes, and per chunk its offset in the
+    payload and length (lists: a header holds thousands of chunk references, a few per
+    tensor, where numpy's cost per call outweighs its speed); their CRCs are the payload's from
+    chunk `first` on, which may still be on their way."""
+    view: memoryview
+    start: int
+    """The offset of the first chunk in the payload."""
+    offsets: list
+    lengths: list
+    payload: sparse_chunks.Payload
+    first: int
+
+
+def _tensor_parts(done: sparse.Encoded, n: int) -> list[_Part]:
+    """The parts of a batch's n tensors."""
+    p = done.payload
+    offsets, lengths = p.offsets.tolist(), p.lengths.tolist()
+    data, out = memoryview(p.data), []
+    for a, b in zip(done.first_chunk[:n].tolist(), done.first_chunk[1:n + 1].tolist()):
+        start = offsets[a] if b > a else 0
+        stop = offsets[b - 1] + lengths[b - 1] if b > a else 0
+        out.append(_Part(data[start:stop], start, offsets[a:b], lengths[a:b], p, a))
+    return out
+
+
+def _lay_out(records: list[TensorRecord], parts: list):
+    """Chunk references of every record, and the payload's parts in record order."""
+    out, offset = [], 0
+    for rec, ps in zip(records, parts):
+        if isinstance(ps, _Part):
+            shift = offset - ps.start
+            crcs = ps.payload.crc_list[ps.first:ps.first + len(ps.offsets)]
+            # plain tuples, made by zip: ChunkRef's constructor is Python and much slower,
+            # and the header writes both the same
+            rec.chunks = list(zip([o + shift for o in ps.offsets], ps.lengths, crcs))
+            out.append(ps.view)
+            offset += len(ps.view)
+            continue
+        for p in ps:
+            rec.chunks.append(ChunkRef(offset, len(p), zlib.crc32(p)))
+            out.append(p)
+            offset += len(p)
+    return records, out

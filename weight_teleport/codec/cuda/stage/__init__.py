@@ -1,0 +1,1 @@
+"""The sampler's side of the CUDA backend: packs decoded and verified on the GPU, then applied."""

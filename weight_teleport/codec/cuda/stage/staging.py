@@ -1,0 +1,325 @@
+"""Staging a pack against live CUDA weights: decode and verify, write nothing.
+
+Sparse tensors are staged on the GPU, batched per element type (codec/cuda/stage/sparse.py);
+the checks of all batches and the digests are read back in one transfer. Snapshots of raw
+byte planes (the CUDA encoder's) are staged on the GPU too (codec/cuda/snapshot.py); other
+snapshots and the dense chunks of a delta, rare in a delta stream, go through the CPU
+backend on host tensors."""
+
+import dataclasses
+import os
+import re
+from concurrent.futures import ThreadPoolExecutor, wait
+
+import numpy as np
+import torch
+from numba import njit
+
+from weight_teleport.codec import digest as D
+from weight_teleport.codec.cpu import backend as cpu
+from weight_teleport.codec.cuda import snapshot
+from weight_teleport.codec.cuda.kernels import chunk_table, stage_scatter
+from weight_teleport.codec.cuda.runtime import memory, nvcomp
+from weight_teleport.codec.cuda.stage import decode_streams, sparse
+from weight_teleport.codec.cuda.config import CudaCodecConfig
+from weight_teleport.codec.cuda.kernels.crc import crc32
+from weight_teleport.codec.cuda.kernels.digest import word_sums
+from weight_teleport.codec.cuda.live import Live, grouped
+from weight_teleport.codec.cuda.stage.patch import DevicePatch, DeviceTensorPatch, FusedGroup
+from weight_teleport.codec.cuda.stage.sparse import FLAGS, SparseBatch
+from weight_teleport.codec.plan import Runs, run_arrays
+from weight_teleport.errors import DigestMismatchError, PackFormatError, PackMismatchError
+from weight_teleport.format.container import ChunkSpans, crc32_ranges
+
+
+def _dense(lives: dict[str, Live], recs, header, pack, check_base: bool, threads) -> dict:
+    """Dense and snapshot tensors: a snapshot's raw byte planes on the device
+    (codec/cuda/snapshot.py), the rest through the CPU backend on host copies (of the live
+    tensors for a delta's dense chunks, which decode against them)."""
+    if not recs:
+        return {}
+    if header.kind == "snapshot" and snapshot.raw_planes(header, pack, recs):
+        return snapshot.stage(lives, header, pack, recs, header.chunk_elems)
+    if header.kind == "snapshot":
+        host = {r.name: cpu.Live(torch.empty(lives[r.name].tensor.shape, dtype=lives[r.name].tensor.dtype),
+                                 lives[r.name].info) for r in recs}
+    else:
+        host = {r.name: cpu.Live(lives[r.name].tensor.detach().cpu(), lives[r.name].info) for r in recs}
+    sub = dataclasses.replace(header, tensors=recs)
+    staged = cpu.stage(host, sub, pack, check_base, threads)
+    return {t.name: [(c.start, _upload(c.values, lives[t.name])) for c in t.chunks] for t in staged.tensors}
+
+
+def _upload(values: np.ndarray, live: Live) -> torch.Tensor:
+    signed = np.dtype(f"<i{live.info.nbytes}") if live.info.nbytes > 1 else np.dtype(np.uint8)
+    return torch.from_numpy(np.ascontiguousarray(values).view(signed)).to(live.tensor.device)
+
+
+def _check_crcs(pack, spans: ChunkSpans, threads) -> None:
+    """Every chunk's CRC-32 on host threads."""
+    # read_header has checked that every chunk lies inside the pack
+    spans.compare(crc32_ranges(pack, spans.starts, spans.lengths, threads or os.cpu_count() or 1))
+
+
+def _device_crcs(upload: decode_streams.Upload, spans: ChunkSpans) -> torch.Tensor:
+    """The chunks' CRC-32s computed on the device from their uploaded bytes (int32), on a
+    stream of their own that starts once the decompression is done: no decoding kernel
+    needs them, and queued ahead of the decompression they delayed it. The caller's stream
+    waits for them."""
+    main = torch.cuda.current_stream(upload.device)
+    side = memory.side_stream(upload.device, "crc")
+    side.wait_stream(decode_streams.stream(upload.device))
+    with torch.cuda.stream(side):
+        crcs = crc32(upload.bytes(), spans.starts - upload.lo, spans.lengths)
+    main.wait_stream(side)
+    crcs.record_stream(main)
+    return crcs
+
+
+def _check_base(rec, nbytes: int, s_old: int, header) -> None:
+    if D.to_hex(D.finish(s_old, nbytes)) != rec.base_digest:
+        raise PackMismatchError(
+            f"tensor {rec.name!r} does not hold the weights of base version {header.base_version} "
+            f"(digest {D.to_hex(D.finish(s_old, nbytes))}, expected {rec.base_digest}): the state is at "
+            "another version or was modified; resync from a snapshot")
+
+
+def _check_result(rec, nbytes: int, s_old: int, s_new: int) -> None:
+    predicted = D.finish(D.word_sum(D.from_hex(rec.base_digest), nbytes) + s_new - s_old, nbytes)
+    if predicted != D.from_hex(rec.digest):
+        raise DigestMismatchError(
+            f"tensor {rec.name!r}: the patched weights would have digest {D.to_hex(predicted)}, "
+            f"the pack promises {rec.digest}; the pack is corrupt or was encoded from other weights")
+
+
+_HEX = re.compile(r"[0-9a-f]*")
+
+
+def _digest_words(texts: list) -> np.ndarray | None:
+    """The digests as uint64, or None unless every one is 16 lowercase hex digits (the form
+    the writers produce)."""
+    joined = "".join(t if isinstance(t, str) else "" for t in texts)
+    if len(joined) != 16 * len(texts) or not _HEX.fullmatch(joined):
+        return None
+    return np.frombuffer(bytes.fromhex(joined), ">u8").astype(np.uint64)
+
+
+def _record_digests(recs) -> tuple[np.ndarray | None, np.ndarray | None]:
+    """(base digests, digests) of the records as `_digest_words`: made before the read-back,
+    while the device works."""
+    return _digest_words([r.base_digest for r in recs]), _digest_words([r.digest for r in recs])
+
+
+def _digest_failures(recs, nbytes: np.ndarray, sums: np.ndarray, digests: tuple | None = None
+                     ) -> tuple[list[int], list[int]]:
+    """(the records whose base digest the old weights miss, those whose promised digest the
+    patched weights would miss), from the device's word sums (`sums` [records, 2] int64: old,
+    new) in uint64 arithmetic over all records at once; every record where a digest is not in
+    the writers' form. `_check_base` and `_check_result` then judge only these and raise, so
+    the errors are theirs, while the call's tail after the device's work stays one vectorised
+    pass instead of a Python loop over the records (bench/stage_host.py times both).
+    `digests`: `_record_digests(recs)`, made already."""
+    base, new = digests or _record_digests(recs)
+    if base is None or new is None:
+        return list(range(len(recs))), list(range(len(recs)))
+    s = sums.view(np.uint64)
+    with np.errstate(over="ignore"):  # mod 2^64, as codec/digest.py
+        old = s[:, 0] + nbytes * np.uint64(D.LENGTH_MULT)
+        patched = base + s[:, 1] - s[:, 0]  # finish(word_sum(base) + new - old)
+    return np.flatnonzero(old != base).tolist(), np.flatnonzero(patched != new).tolist()
+
+
+def _by_type(lives: dict[str, Live], recs) -> list[list]:
+    """The records grouped by dtype (a batch each), in header order within a group."""
+    return grouped(recs, lambda r: lives[r.name].info.name)
+
+
+_helpers = ThreadPoolExecutor(max_workers=2, thread_name_prefix="weight-teleport-stage")
+"""Threads that read a stage call's stream tables (`sparse.StreamsRead`) while its own
+thread launches the class counts."""
+
+
+def _start_reads(pack, groups: list[list], runs: list[Runs], spans: ChunkSpans, uploaded: bool,
+                 reads: list) -> None:
+    """Starts each group's stream-table walk on a helper thread (into `reads`), on the classes
+    its records' class-map runs give (`runs`): `cpu.class_maps` checks the maps later, and a
+    valid map's runs give its count. `spans` holds the groups' chunks end to end, `uploaded`:
+    all of them go to the device in one `decode_streams.Upload`."""
+    cuts = np.cumsum([0] + [sum(len(r.chunks) for r in rs) for rs in groups]).tolist()
+    for rs, rn, a, b in zip(groups, runs, cuts[:-1], cuts[1:]):
+        part = spans.part(a, b)
+        lo, hi = (spans.bounds()[0], None) if uploaded else part.bounds()
+        reads.append(sparse.StreamsRead(pack, part, rs, rn.top_classes() + 1, lo, hi, _helpers))
+
+
+def _batches(lives: dict[str, Live], groups: list[list], runs: list[Runs], header, spans: ChunkSpans, pack, threads,
+             upload, reads: list, config: CudaCodecConfig | None) -> tuple[list[SparseBatch], torch.Tensor | None]:
+    """(a SparseBatch per group, the chunks' CRC-32s where the pack was copied to the device,
+    else None); `reads`: the groups' stream-table walks (`_start_reads`). The device runs
+    what is queued in order, each kernel's blocks before the next one's, and the class
+    counts fill every SM until their last blocks start: they are launched first, then the
+    pack's copy is queued,
+    then the decompression is launched once the walk is done, then the rest of the decoding,
+    then the CRCs, which wait for the decompression (`_device_crcs`)."""
+    maps = [cpu.class_maps(rs, lives[rs[0].name].info, rn) for rs, rn in zip(groups, runs)]
+    # the walk's tables have the shape of the classes it was given: those of the maps, once checked
+    assert all(np.array_equal(m[2], r.n_classes) for m, r in zip(maps, reads))
+    batches = [SparseBatch([lives[r.name] for r in rs], rs, header, m) for rs, m in zip(groups, maps)]
+    if upload is not None:
+        upload.start()
+    for b, r in zip(batches, reads):
+        b.decompress(pack, r.result(b.table.base.device, config), threads, upload)
+    for b in batches:
+        b.decode()
+    crcs = _device_crcs(upload, spans) if upload is not None else None
+    return batches, crcs
+
+
+def _read_back(batches: list[SparseBatch], same_sums: torch.Tensor | None, crcs: torch.Tensor | None):
+    """(flags [batches, 3], digest sums [tensors, 2] int64 (old, new) per sparse tensor then
+    per `same` tensor (its word sum twice), chunk CRC-32s or None): one transfer."""
+    n_crcs = 0 if crcs is None else crcs.numel()
+    parts = [b.flags.long() for b in batches] + [b.sums.view(-1) for b in batches] + \
+        ([] if same_sums is None else [same_sums.repeat_interleave(2)]) + \
+        ([] if crcs is None else [crcs.long() & 0xFFFFFFFF])
+    host = torch.cat(parts).cpu().numpy() if parts else np.zeros(0, np.int64)
+    n = 3 * len(batches)
+    sums = host[n:host.size - n_crcs].reshape(-1, 2)
+    return host[:n].reshape(-1, 3), sums, None if crcs is None else host[host.size - n_crcs:]
+
+
+def _launched(lives: dict[str, Live], groups: list[list], runs: list[Runs], header, spans: ChunkSpans, pack, threads,
+              reads: list, uploaded: bool, config: CudaCodecConfig | None) -> tuple[list[SparseBatch], torch.Tensor | None]:
+    """`_batches`, with the pack's bytes on their way to the device (`uploaded`: to be
+    decompressed there by nvCOMP)."""
+    # the sparse chunks' bytes go to the device on a host thread while this thread launches
+    # the class counts; their CRC-32s are computed there from the uploaded bytes (on host
+    # threads where nvCOMP is missing and the GPU gets decoded streams instead) and checked
+    # first after the one read-back: nothing is written before they pass, and a corrupt
+    # chunk is reported as such, whatever else it broke
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        upload, on_host = None, None
+        if uploaded:
+            device = lives[groups[0][0].name].tensor.device
+            upload = decode_streams.Upload(pack, *spans.bounds(), device, pool)  # past the pack: raises, as the CRCs do
+        else:
+            on_host = pool.submit(_check_crcs, pack, spans, threads)
+        try:
+            batches, crcs = _batches(lives, groups, runs, header, spans, pack, threads, upload, reads, config)
+        except Exception:
+            _check_crcs(pack, spans, threads)  # bytes that fail their CRC explain any error
+            raise
+        if on_host:
+            on_host.result()
+    return batches, crcs
+
+
+def stage(lives: dict[str, Live], header, pack, check_base: bool, threads: int | None,
+          config: CudaCodecConfig | None = None) -> DevicePatch:
+    """Decode and verify every chunk against the live weights; nothing is written. `config`:
+    nvCOMP's decompression backend (`decompress_backend`)."""
+    memory.begin_call()
+    check = check_base and header.kind == "delta"
+    sparse_recs = [r for r in header.tensors if r.codec == "sparse"]
+    groups = _by_type(lives, sparse_recs)
+    spans = ChunkSpans.of(header, [r for rs in groups for r in rs])
+    uploaded, reads = bool(groups) and nvcomp.available(), []
+    runs = [run_arrays([r.classes for r in rs]) for rs in groups]
+    try:
+        _start_reads(pack, groups, runs, spans, uploaded, reads)
+        dense = _dense(lives, [r for r in header.tensors if r.codec not in ("sparse", "same")], header, pack,
+                       check, threads)
+        batches, crcs = _launched(lives, groups, runs, header, spans, pack, threads, reads, uploaded, config)
+    finally:
+        wait([r.done for r in reads])  # they fill this thread's arena, which its next call rewinds
+    patch = _patch(lives, header, batches, dense, check)  # host work while the device decodes
+    same = [r for r in header.tensors if r.codec == "same" and check]
+    same_sums = word_sums([lives[r.name].tensor for r in same]) if same else None
+    # what the digest checks need of the records, made while the device works, not on the
+    # call's tail after the read-back (bench/stage_host.py times the host's steps)
+    recs = [r for b in batches for r in b.recs] + same
+    nbytes = np.array([r.numel * lives[r.name].info.nbytes for r in recs], np.uint64)
+    digests = _record_digests(recs)
+    flags, sums, crcs = _read_back(batches, same_sums, crcs)
+    if crcs is not None:
+        spans.compare(crcs)
+    pack_flags = flags.any(0)
+    for i in (0, 1):
+        if pack_flags[i]:
+            raise PackFormatError(FLAGS[i])
+    bad_base, bad_result = _digest_failures(recs, nbytes, sums, digests)
+    if check:
+        for i in bad_base:
+            _check_base(recs[i], int(nbytes[i]), int(sums[i, 0]), header)
+    if pack_flags[2]:
+        raise PackFormatError(FLAGS[2])
+    for i in bad_result:
+        _check_result(recs[i], int(nbytes[i]), int(sums[i, 0]), int(sums[i, 1]))
+    return patch
+
+
+@njit(nogil=True, cache=True)
+def _program_rows(elem, first, n, block, out) -> None:
+    """Fills `out` with a row (chunk's first element from the base, first change, stop) per
+    `block` changes of every chunk (its first change `first`, `n` changes)."""
+    p = 0
+    for c in range(elem.size):
+        for lo in range(first[c], first[c] + n[c], block):
+            out[p, 0], out[p, 1], out[p, 2] = elem[c], lo, min(lo + block, first[c] + n[c])
+            p += 1
+
+
+def _fused_rows(b: SparseBatch, chunks: np.ndarray, base_ptr: int) -> np.ndarray:
+    """[programs, 3] (chunk's first element from the base, first change, stop) of `chunks`,
+    in the thread's arena, by one compiled walk (in numpy it takes a dozen temporaries the
+    size of the rows, a large share of the host's work for a large patch)."""
+    n, first = b.chunk_changes[chunks], b.chunk_first_change[chunks]
+    ptrs = np.array([lv.tensor.data_ptr() for lv in b.lives], np.int64)  # `chunks` are in-place tensors'
+    rows = b.table.host[chunks]
+    elem = (ptrs[rows[:, chunk_table.TENSOR]] - base_ptr) // b.info.nbytes + rows[:, chunk_table.START]
+    out = memory.arena().empty((int((-(-n // stage_scatter.BLOCK)).sum()), 3), np.int64)
+    _program_rows(elem, first, n, stage_scatter.BLOCK, out)
+    return out
+
+
+def _tensor_patches(b: SparseBatch) -> list[DeviceTensorPatch]:
+    """Patches of a batch's tensors; those not patched in place get int64 positions. A
+    tensor's chunks are consecutive rows of the chunk table."""
+    n, first = b.chunk_changes, b.chunk_first_change
+    bounds = np.searchsorted(b.table.host[:, chunk_table.TENSOR], np.arange(len(b.recs) + 1)).tolist()
+    changed = np.concatenate([[0], np.cumsum(n)])[bounds]
+    out = []
+    for i, (rec, live) in enumerate(zip(b.recs, b.lives)):
+        t = DeviceTensorPatch(rec.name, live.info, rec.shape, D.from_hex(rec.digest),
+                              changed=int(changed[i + 1] - changed[i]), fused=live.in_place)
+        if not live.in_place and t.changed:
+            ks = slice(bounds[i], bounds[i + 1])
+            r0, dev = int(first[ks][0]), live.u.device
+            starts, counts = memory.to_device([b.table.host[ks, chunk_table.START], n[ks]], dev)
+            rep = torch.repeat_interleave(starts, counts, output_size=t.changed)
+            t.positions = b.pos[r0:r0 + t.changed].long() + rep
+            t.values = b.val[r0:r0 + t.changed]
+        out.append(t)
+    return out
+
+
+def _fused_group(b: SparseBatch) -> FusedGroup | None:
+    """One scatter over the changes of every in-place tensor of a batch."""
+    members = [i for i, lv in enumerate(b.lives) if lv.in_place]
+    if not members:
+        return None
+    ptrs = {b.recs[i].name: b.lives[i].tensor.data_ptr() for i in members}
+    base = min(ptrs, key=ptrs.get)
+    chunks = np.flatnonzero(np.isin(b.table.host[:, chunk_table.TENSOR], members))
+    rows = _fused_rows(b, chunks, ptrs[base])
+    return FusedGroup(base, ptrs, memory.upload(rows, b.pos.device), b.pos, b.val)
+
+
+def _patch(lives: dict[str, Live], header, batches: list[SparseBatch], dense: dict, check: bool) -> DevicePatch:
+    by_name = {t.name: t for b in batches for t in _tensor_patches(b)}
+    tensors = [by_name.get(rec.name) or DeviceTensorPatch(rec.name, lives[rec.name].info, rec.shape,
+                                                          D.from_hex(rec.digest), dense=dense.get(rec.name, []))
+               for rec in header.tensors]
+    patch = DevicePatch(header.kind, header.version, header.base_version, tensors, check)
+    patch.groups = [g for g in (_fused_group(b) for b in batches) if g is not None]
+    return patch

@@ -1,0 +1,3 @@
+"""What an operator sees: Prometheus metrics, sampler heartbeats, structured logs.
+
+`config.py` is plain dataclasses; the rest needs `prometheus_client` (a dependency)."""
