@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from weight_teleport.observe.config import MetricsConfig
 from weight_teleport.store import StoreConfig
@@ -47,6 +48,11 @@ class PublisherConfig:
     latest version there (fetched once). False: start with a fresh anchor."""
     chunk_elems: int | None = None
     """Codec chunk size in elements; None takes the codec's default."""
+    hints: Mapping[str, Any] | None = None
+    """Per tensor name, how packs walk and cut it for samplers that hold slices (a
+    `codec.Hint`, an (order, bounds) pair, or `targets.vllm_layout.slice_hints(config,
+    tp_sizes)` as it is): then each sampler rank fetches and stages only its chunks (format
+    version 2; needs the CPU encoder). None: regular chunks (format version 1)."""
     level: int = 3
     """Zstd level of the pack streams."""
     threads: int | None = None

@@ -164,6 +164,8 @@ class Encoder:
                 "pinned": self.config.baseline_device == "cuda"}
         if self.config.chunk_elems is not None:
             opts["chunk_elems"] = self.config.chunk_elems
+        if self.config.hints:
+            opts["hints"] = self.config.hints
         return opts
 
     def _encode_delta(self, job: EncodeJob, base: int):

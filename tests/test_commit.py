@@ -1,0 +1,57 @@
+"""The cross-rank commit over a real gloo process group of two ranks: a version is applied
+on both ranks or on none; one rank failing makes both resync; a lagging rank makes both
+skip (and a later commit of the same version, once staged, applies it)."""
+
+import os
+import socket
+import threading
+import time
+
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from weight_teleport.errors import DigestMismatchError
+from weight_teleport.targets.commit import Outcome, StageBoard, commit
+
+
+def _rank(rank: int, port: int, results) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    board, applied, log = StageBoard(), [], []
+
+    def step(version, *, wait_s=0.2):
+        log.append((version, commit(version, board, applied.append, wait_s=wait_s).name, list(applied)))
+
+    board.put(1, "v1")
+    step(1)                                        # both ready: applied on both
+    board.put(2, "v2") if rank == 0 else board.fail(2, DigestMismatchError("corrupt chunk"))
+    step(2)                                        # rank 1's copy is corrupt: nobody applies
+    log.append(board.resync_requested)
+    board.resync_requested = False
+    if rank == 0:
+        board.put(3, "v3")
+    step(3)                                        # rank 1 lags: both skip
+    if rank == 1:                                  # rank 1 catches up while rank 0 waits
+        threading.Thread(target=lambda: (time.sleep(0.2), board.put(3, "v3"))).start()
+    step(3, wait_s=120)
+    results.put((rank, log))
+    dist.destroy_process_group()
+
+
+def test_commit_is_all_or_nothing_across_ranks():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    procs = [ctx.Process(target=_rank, args=(r, port, results)) for r in range(2)]
+    for p in procs:
+        p.start()
+    logs = dict(results.get(timeout=300) for _ in procs)
+    for p in procs:
+        p.join(timeout=60)
+        assert p.exitcode == 0
+    expected = [(1, "APPLIED", ["v1"]), (2, "RESYNC", ["v1"]), True,
+                (3, "SKIPPED", ["v1"]), (3, "APPLIED", ["v1", "v3"])]
+    assert logs[0] == logs[1] == expected
+    assert Outcome.RESYNC > Outcome.SKIPPED > Outcome.APPLIED  # the vote takes the worst

