@@ -47,7 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("demo", help="publish simulated RL steps and follow them bit-exactly")
     demo.add_arguments(p)
     p.set_defaults(func=demo.main)
-    p = sub.add_parser("bench", help="compression and speed against peer codecs on simulated RL deltas")
+    p = sub.add_parser("bench", help="compression and speed against peer codecs on simulated or real RL deltas")
     bench.add_arguments(p)
     p.set_defaults(func=bench.main)
     p = sub.add_parser("inspect", help="print a pack's header and statistics")
