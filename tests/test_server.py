@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import http.client
 import socket
 import subprocess
@@ -14,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from services import TOKEN, answers_http, free_port, origin, stop_process, wait_until  # noqa: F401
+from weight_teleport.store.keys import content_hash
 from weight_teleport.server import OriginServer, ServerConfig
 from weight_teleport.store import (AuthError, StoreConfig, TooLarge, manifest_etag,
                                    open_store)
@@ -109,19 +109,19 @@ def test_disconnect_mid_upload_leaves_nothing(origin: OriginServer) -> None:
 
 
 def test_corrupted_upload_is_refused(origin: OriginServer) -> None:
-    headers = {**AUTH, "X-Content-SHA256": hashlib.sha256(b"other").hexdigest()}
+    headers = {**AUTH, "X-Content-Tree-SHA256": content_hash(b"other")}
     assert request(origin, "PUT", "/o/k", b"data", headers)[0] == 400
     assert stored_files(origin) == []
 
 
 def test_objects_are_content_addressed_and_immutable(origin: OriginServer) -> None:
     data = bytes(range(256)) * 100
-    digest = hashlib.sha256(data).hexdigest()
+    digest = content_hash(data)
     assert request(origin, "PUT", "/o/v/1", data, AUTH)[0] == 201
     assert request(origin, "PUT", "/o/v/1", data, AUTH)[0] == 200
     assert request(origin, "PUT", "/o/v/1", b"other", AUTH)[0] == 409
     status, headers, _ = request(origin, "GET", "/o/v/1")
-    assert status == 307 and headers["X-Content-SHA256"] == digest
+    assert status == 307 and headers["X-Content-Tree-SHA256"] == digest
     assert headers["Location"] == f"../../b/{digest}/v/1"
     assert headers["Cache-Control"] == "no-cache"
     status, headers, body = request(origin, "GET", f"/b/{digest}/v/1")
@@ -136,7 +136,7 @@ def test_objects_are_content_addressed_and_immutable(origin: OriginServer) -> No
 
 def test_range_requests(origin: OriginServer) -> None:
     data = bytes(range(256)) * 10
-    digest = hashlib.sha256(data).hexdigest()
+    digest = content_hash(data)
     request(origin, "PUT", "/o/r", data, AUTH)
     url = f"/b/{digest}/r"
     status, headers, body = request(origin, "GET", url, headers={"Range": "bytes=10-19"})

@@ -4,7 +4,6 @@ short configured limits, generous waits, outcomes asserted (not durations)."""
 
 from __future__ import annotations
 
-import hashlib
 import resource
 import socket
 import subprocess
@@ -17,6 +16,7 @@ from typing import Iterator
 import pytest
 
 from services import TOKEN, answers_http, free_port, stop_process, wait_until
+from weight_teleport.store.keys import content_hash
 from weight_teleport.server import OriginServer, ServerConfig
 from weight_teleport.store import StoreConfig, open_store
 
@@ -107,7 +107,7 @@ def test_a_response_nobody_reads_is_cut(strict: OriginServer) -> None:
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
     with sock:
         sock.connect(("127.0.0.1", strict.port))
-        blob = f"/b/{hashlib.sha256(data).hexdigest()}/big"
+        blob = f"/b/{content_hash(data)}/big"
         sock.sendall(f"GET {blob} HTTP/1.1\r\nHost: x\r\n\r\n".encode())  # never read
         wait_until(lambda: strict.connection_stats["stalled_write"] == 1, PATIENCE_S,
                    "the cut of a response nobody reads")

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import hashlib
 import http.client
 import threading
 import time
 
 from services import TOKEN, Nginx, nginx, origin  # noqa: F401
+from weight_teleport.store.keys import content_hash
 from weight_teleport.server import OriginServer
 from weight_teleport.store import StoreConfig, manifest_etag, open_store
 
@@ -25,7 +25,7 @@ def get(proxy: Nginx, path: str, headers: dict[str, str] | None = None
 
 def publish(origin: OriginServer, key: str, data: bytes) -> str:
     open_store(origin.url, StoreConfig(token=TOKEN)).put(key, data)
-    return f"/b/{hashlib.sha256(data).hexdigest()}/{key}"
+    return f"/b/{content_hash(data)}/{key}"
 
 
 def test_second_subscriber_is_served_by_the_cache(origin: OriginServer, nginx: Nginx) -> None:

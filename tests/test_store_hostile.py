@@ -9,6 +9,7 @@ from typing import Iterator
 
 import pytest
 
+from weight_teleport.store.keys import content_hash
 from weight_teleport.pipeline.errors import ObjectRejected
 from weight_teleport.pipeline.fetch import fetch
 from weight_teleport.pipeline.manifest import make_entry
@@ -28,7 +29,7 @@ class _Hostile(BaseHTTPRequestHandler):
         if self.path.startswith("/o/"):
             self.send_response(307)
             self.send_header("Location", "/b/" + "a" * 64 + self.path[2:])
-            self.send_header("X-Content-SHA256", "a" * 64)
+            self.send_header("X-Content-Tree-SHA256", "a" * 64)
             self.send_header("Content-Length", "0")
             self.end_headers()
             return

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import torch
@@ -15,15 +15,44 @@ from weight_teleport.pipeline.errors import ObjectRejected
 from weight_teleport.pipeline.manifest import Entry, Manifest
 from weight_teleport.pipeline.plan import plan_catchup
 from weight_teleport.store import Store, TooLarge
+from weight_teleport.store.hashing import object_hash, piece_digest, root_of
 
 Progress = Callable[[int], None]
 
 
+RANGE_BYTES = 32 << 20
+"""Bytes per ranged read of a large object (a multiple of every piece size up to 32 MiB)."""
+FETCH_THREADS = 8
+"""Ranged reads of one object in flight at once."""
+PINNED_MAX_BYTES = 2 << 30
+"""The largest object fetched into pinned memory. torch's pinned allocator rounds a request
+up to a power of two and pins it page by page, seconds for a multi-GB anchor fetched once;
+the stage copies a larger object to the device from pageable memory instead, which costs
+less than pinning it."""
+
+
 def fetch(store: Store, entry: Entry, pinned: bool = False) -> bytes | np.ndarray:
-    """The object of `entry`, checked: its size, SHA-256 and pack header (kind, version,
-    base) must match the entry, else ObjectRejected (truncated, corrupted, misplaced).
-    `pinned`: returned in pinned host memory (`pinned_pack`), for staging onto CUDA weights,
-    or as it came where no page-locked memory can be had (the stage copies from there)."""
+    """The object of `entry`, checked: its size, content hash and pack header (kind,
+    version, base) must match the entry, else ObjectRejected (truncated, corrupted,
+    misplaced). `pinned`: returned in pinned host memory, for staging onto CUDA weights,
+    where it has at most PINNED_MAX_BYTES and page-locked memory can be had; else in
+    pageable memory (the stage copies from there).
+
+    A large object whose entry has a tree hash comes in piece-aligned ranges read by
+    several threads at once from stores that serve ranges, each range copied into the
+    result and its pieces hashed by the thread that read it."""
+    pinned = pinned and entry.size <= PINNED_MAX_BYTES
+    if entry.piece_bytes and entry.size > RANGE_BYTES and store.parallel_ranges:
+        data = _fetch_ranges(store, entry, pinned)
+    else:
+        data = _fetch_whole(store, entry)
+    _check_header(entry, data)
+    if pinned and not isinstance(data, np.ndarray):
+        data = _pinned(data)
+    return data
+
+
+def _fetch_whole(store: Store, entry: Entry) -> bytes:
     try:
         data = store.get(entry.key, max_bytes=entry.size)  # never read past the entry's size
     except TooLarge as exc:
@@ -31,10 +60,50 @@ def fetch(store: Store, entry: Entry, pinned: bool = False) -> bytes | np.ndarra
     if len(data) != entry.size:
         raise ObjectRejected(f"{entry.key}: {len(data)} bytes, the manifest says {entry.size} "
                              "(truncated or overwritten)")
-    digest = hashlib.sha256(data).hexdigest()
+    _check_hash(entry, object_hash(data, entry.piece_bytes))
+    return data
+
+
+def _fetch_ranges(store: Store, entry: Entry, pinned: bool) -> np.ndarray:
+    """The object read in ranges in parallel into one buffer, checked. The last range is
+    read first: an object shorter than its entry says is refused before the buffer of the
+    entry's size is allocated."""
+    span = max(entry.piece_bytes, RANGE_BYTES - RANGE_BYTES % entry.piece_bytes)
+    starts = range(0, entry.size, span)
+
+    def read(start: int) -> bytes:
+        stop = min(start + span, entry.size)
+        part = store.get_range(entry.key, start, stop)
+        if len(part) != stop - start:
+            raise ObjectRejected(f"{entry.key}: bytes [{start}, {stop}) came back as "
+                                 f"{len(part)} bytes; the manifest says the object has "
+                                 f"{entry.size} (truncated or overwritten)")
+        return part
+
+    last = read(starts[-1])
+    out = _buffer(entry.size, pinned)
+
+    def place(start: int, part: bytes | None = None) -> list[bytes]:
+        part = read(start) if part is None else part
+        out[start:start + len(part)] = np.frombuffer(part, np.uint8)
+        view = memoryview(out)[start:start + len(part)]
+        return [piece_digest(view[at:at + entry.piece_bytes])
+                for at in range(0, len(view), entry.piece_bytes)]
+
+    with ThreadPoolExecutor(min(FETCH_THREADS, len(starts)), thread_name_prefix="wt-fetch") as pool:
+        tail = pool.submit(place, starts[-1], last)
+        digests = [d for part in pool.map(place, starts[:-1]) for d in part] + tail.result()
+    _check_hash(entry, root_of(digests))
+    return out
+
+
+def _check_hash(entry: Entry, digest: str) -> None:
     if digest != entry.sha256:
-        raise ObjectRejected(f"{entry.key}: SHA-256 {digest[:16]}..., the manifest says "
+        raise ObjectRejected(f"{entry.key}: content hash {digest[:16]}..., the manifest says "
                              f"{entry.sha256[:16]}... (corrupted)")
+
+
+def _check_header(entry: Entry, data) -> None:
     try:
         header = read_header(data)
     except PackFormatError as exc:
@@ -44,8 +113,19 @@ def fetch(store: Store, entry: Entry, pinned: bool = False) -> bytes | np.ndarra
             f"{entry.key}: holds a {header.kind} to version {header.version} from "
             f"{header.base_version}, the manifest lists a {entry.kind} to {entry.version} from "
             f"{entry.base} (duplicated or out-of-order object)")
-    if not pinned:
-        return data
+
+
+def _buffer(size: int, pinned: bool) -> np.ndarray:
+    """`size` bytes to fetch into: pinned host memory where asked and available."""
+    if pinned:
+        try:
+            return torch.empty(size, dtype=torch.uint8, pin_memory=True).numpy()
+        except RuntimeError:  # page-locked memory refused (a limit)
+            pass
+    return np.empty(size, np.uint8)
+
+
+def _pinned(data: bytes) -> bytes | np.ndarray:
     try:
         return pinned_pack(data)
     except RuntimeError:  # page-locked memory refused (a limit): the stage copies from the bytes

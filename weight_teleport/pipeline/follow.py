@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -64,6 +65,9 @@ class Follower:
         self.broken: dict[str, str] = {}
         """Keys that can never be staged here, and why."""
         self.resync_reason: str | None = None
+        self.prefetcher = ThreadPoolExecutor(1, thread_name_prefix="wt-prefetch")
+        self.ahead: tuple[Entry, Future] | None = None
+        """The next object of the plan, being fetched while the current one stages."""
         self.monitor = HealthMonitor(self.config.fetch_attempts, self.config.give_up_after_s,
                                      self.config.on_health)
         self.verify = ManifestVerifier(self.config.trusted_keys) if self.config.trusted_keys \
@@ -76,6 +80,13 @@ class Follower:
 
     def run(self) -> None:
         """Follow the store until the subscriber closes or gives up."""
+        try:
+            self._run()
+        finally:
+            self.ahead = None
+            self.prefetcher.shutdown(wait=True, cancel_futures=True)
+
+    def _run(self) -> None:
         while not self.sub._closed:
             before = self.monitor.health.consecutive_failures
             try:
@@ -115,6 +126,8 @@ class Follower:
         entry = plan.steps[0]
         pack = self._fetch(entry)
         if pack is not None:
+            if len(plan.steps) > 1:
+                self._prefetch(plan.steps[1])  # fetched while this one stages
             self._stage(entry, pack)
 
     # The manifest.
@@ -182,11 +195,26 @@ class Follower:
         return f"; set aside: {'; '.join(notes[:3])}" if notes else ""
 
     # Objects.
-    def _fetch(self, entry: Entry) -> bytes | np.ndarray | None:
-        """The checked object (in pinned memory for CUDA weights), or None after a failure."""
+    def _prefetch(self, entry: Entry) -> None:
+        """Start fetching `entry` on the prefetch thread (one object ahead at most)."""
+        if self.ahead is None or self.ahead[0] != entry:
+            self.ahead = (entry, self.prefetcher.submit(self._timed_fetch, entry))
+
+    def _timed_fetch(self, entry: Entry) -> tuple[bytes | np.ndarray, float]:
         t0 = time.perf_counter()
+        pack = fetch(self.sub._store, entry, pinned=self.sub._stager.on_cuda)
+        return pack, time.perf_counter() - t0
+
+    def _fetch(self, entry: Entry) -> bytes | np.ndarray | None:
+        """The checked object (in pinned memory for CUDA weights), or None after a failure;
+        taken from the prefetch thread where it fetched `entry` (another prefetched object
+        is dropped: the plan changed)."""
+        ahead, self.ahead = self.ahead, None
         try:
-            pack = fetch(self.sub._store, entry, pinned=self.sub._stager.on_cuda)
+            if ahead is not None and ahead[0] == entry:
+                pack, seconds = ahead[1].result()
+            else:
+                pack, seconds = self._timed_fetch(entry)
         except OBJECT_ERRORS as exc:
             if isinstance(exc, ObjectRejected):
                 self.sub.stats.objects_rejected += 1
@@ -194,7 +222,7 @@ class Follower:
             else:
                 self._strike(entry, f"cannot fetch {entry.key}: {exc}")
             return None
-        self.sub.stats.fetch_s += time.perf_counter() - t0
+        self.sub.stats.fetch_s += seconds
         self.sub.stats.bytes_fetched += len(pack)
         self.sub.stats.objects_fetched += 1
         return pack

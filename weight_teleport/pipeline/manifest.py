@@ -8,7 +8,6 @@ and content-addressed, so a key is never reused for other bytes.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 from dataclasses import asdict, dataclass, field, fields, replace
@@ -16,6 +15,7 @@ from typing import Callable
 
 from weight_teleport.pipeline.errors import ManifestError
 from weight_teleport.store.errors import InvalidKey
+from weight_teleport.store.hashing import PIECE_BYTES, tree_sha256
 from weight_teleport.store.keys import validate_key
 
 FORMAT = "weight-teleport-manifest/1"
@@ -47,13 +47,18 @@ class Entry:
     size: int
     """The object's length in bytes."""
     sha256: str
-    """Hex SHA-256 of the object's bytes."""
+    """Hex content hash of the object's bytes (`store.hashing.object_hash`)."""
     raw_bytes: int = 0
     """Bytes of the weights the object describes (for ratios)."""
+    piece_bytes: int = 0
+    """How `sha256` was taken: 0, the SHA-256 of the bytes; else the SHA-256 tree over
+    pieces of this many bytes (`store.hashing`), which readers check in parallel."""
 
 
 _FIELDS = {f.name for f in fields(Entry)}
-_REQUIRED = _FIELDS - {"raw_bytes"}
+_REQUIRED = _FIELDS - {"raw_bytes", "piece_bytes"}
+MIN_PIECE, MAX_PIECE = 1 << 16, 1 << 30
+"""The piece sizes a reader accepts (powers of two)."""
 
 
 @dataclass(frozen=True)
@@ -184,8 +189,12 @@ def _entry(index: int, raw: object) -> Entry:
         raise ManifestError(f"manifest entry {key!r}: sha256 {str(sha)[:80]!r} is not 64 "
                             "lowercase hex digits")
     base = None if raw["base"] is None else _int(raw, "base", 0)
+    piece = _int(raw, "piece_bytes", 0) if "piece_bytes" in raw else 0
+    if piece and not (MIN_PIECE <= piece <= MAX_PIECE and piece & (piece - 1) == 0):
+        raise ManifestError(f"manifest entry {key!r}: piece_bytes {piece} is not 0 or a power "
+                            f"of two in [{MIN_PIECE}, {MAX_PIECE}]")
     return Entry(_int(raw, "version", 0), kind, base, key, _int(raw, "size", 1), sha,
-                 _int(raw, "raw_bytes", 0) if "raw_bytes" in raw else 0)
+                 _int(raw, "raw_bytes", 0) if "raw_bytes" in raw else 0, piece)
 
 
 def _model(model: object) -> dict:
@@ -217,13 +226,14 @@ def checked(manifest: Manifest) -> Manifest:
 
 def object_key(version: int, kind: str, base: int | None, data: bytes, digest: str | None = None) -> str:
     """A key that names the object's bytes: version, kind, base and a content hash
-    (`digest`, the hex SHA-256 of `data`, where the caller has it)."""
-    digest = digest or hashlib.sha256(data).hexdigest()
+    (`digest`, the object's tree hash, where the caller has it)."""
+    digest = digest or tree_sha256(data)
     middle = f"delta-from-{base:010d}" if kind == "delta" else "snapshot"
     return f"packs/{version:010d}/{middle}-{digest[:20]}.pack"
 
 
 def make_entry(version: int, kind: str, base: int | None, data: bytes, raw_bytes: int) -> Entry:
-    """The manifest entry of a freshly encoded object (its bytes hashed once)."""
-    digest = hashlib.sha256(data).hexdigest()
-    return Entry(version, kind, base, object_key(version, kind, base, data, digest), len(data), digest, raw_bytes)
+    """The manifest entry of a freshly encoded object (its bytes hashed once, in parallel)."""
+    digest = tree_sha256(data, PIECE_BYTES)
+    return Entry(version, kind, base, object_key(version, kind, base, data, digest), len(data),
+                 digest, raw_bytes, PIECE_BYTES)

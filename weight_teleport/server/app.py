@@ -1,6 +1,6 @@
 """The origin's routes: content-addressed objects, the manifest, long-poll, listing.
 
-    GET    /o/KEY              307 to /b/HASH/KEY (no-cache), X-Content-SHA256: HASH
+    GET    /o/KEY              307 to /b/HASH/KEY (no-cache), X-Content-Tree-SHA256: HASH
     PUT    /o/KEY              upload (bearer token); 201, or 200 if identical, 409 if not
     DELETE /o/KEY              delete (bearer token); 204
     GET    /b/HASH/KEY         the bytes, Range supported, cacheable forever
@@ -48,7 +48,7 @@ async def resolve(request: web.Request) -> web.Response:
     # Relative, so that it stays right behind a proxy that mounts the origin on a path.
     location = "../" * key.count("/") + f"../b/{digest}/{key}"
     return web.Response(status=307, headers={"Location": location,
-                                             "X-Content-SHA256": digest, **NO_CACHE})
+                                             "X-Content-Tree-SHA256": digest, **NO_CACHE})
 
 
 async def get_blob(request: web.Request) -> web.StreamResponse:
@@ -92,7 +92,7 @@ async def put_object(request: web.Request) -> web.Response:
     origin.hashes.remember(path, digest)
     origin.stats["upload"] += 1
     return web.Response(status=201 if created else 200,
-                        headers={"X-Content-SHA256": digest, "ETag": f'"{digest}"'})
+                        headers={"X-Content-Tree-SHA256": digest, "ETag": f'"{digest}"'})
 
 
 def _link(out: AtomicFile) -> bool:

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import os
 from pathlib import Path
 
 from aiohttp import web
+
+from ..store.hashing import PIECE_BYTES, TreeHasher
 
 IMMUTABLE = "public, max-age=31536000, immutable"
 
@@ -15,8 +16,7 @@ IMMUTABLE = "public, max-age=31536000, immutable"
 class HashIndex:
     """Content hashes of files, remembered until the file changes (inode, size, mtime)."""
 
-    def __init__(self, chunk_bytes: int):
-        self._chunk = chunk_bytes
+    def __init__(self):
         self._known: dict[Path, tuple[tuple[int, int, int], str]] = {}
 
     @staticmethod
@@ -42,9 +42,9 @@ class HashIndex:
         return digest
 
     def _hash(self, path: Path) -> str:
-        sha = hashlib.sha256()
+        sha = TreeHasher()
         with open(path, "rb") as f:
-            while chunk := f.read(self._chunk):
+            while chunk := f.read(PIECE_BYTES):
                 sha.update(chunk)
         return sha.hexdigest()
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import hmac
 from collections import Counter
 from dataclasses import dataclass, field
@@ -12,6 +11,7 @@ from aiohttp import web
 
 from ..store.errors import InvalidKey
 from ..store.file import AtomicFile, FileStore
+from ..store.hashing import TreeHasher
 from ..store.keys import validate_key
 from .blobs import HashIndex
 from .config import ServerConfig
@@ -92,14 +92,15 @@ async def open_upload(request: web.Request, target, **kwargs) -> AtomicFile:
 
 async def receive(request: web.Request, out: AtomicFile, limit: int, *, chunk: int,
                   stall_s: float) -> str:
-    """Stream the body into `out` (not committed) and return its SHA-256.
+    """Stream the body into `out` (not committed) and return its content hash (the SHA-256
+    tree of `store.hashing`, its pieces hashed on threads while the body streams in).
 
-    Oversized bodies get 413, a body that does not match its X-Content-SHA256 header
+    Oversized bodies get 413, a body that does not match its X-Content-Tree-SHA256 header
     400, a body with no byte for `stall_s` seconds 408.
     """
     if (request.content_length or 0) > limit:
         raise _too_large(limit)
-    sha, size = hashlib.sha256(), 0
+    sha, size = TreeHasher(), 0
     while True:
         try:
             data = await asyncio.wait_for(request.content.read(chunk), stall_s)
@@ -115,10 +116,10 @@ async def receive(request: web.Request, out: AtomicFile, limit: int, *, chunk: i
         sha.update(data)
         out.write(data)
     digest = sha.hexdigest()
-    expected = request.headers.get("X-Content-SHA256", digest).lower()
+    expected = request.headers.get("X-Content-Tree-SHA256", digest).lower()
     if expected != digest:
         raise web.HTTPBadRequest(text=f"body hash {digest} differs from "
-                                      f"X-Content-SHA256 {expected}: corrupted upload")
+                                      f"X-Content-Tree-SHA256 {expected}: corrupted upload")
     return digest
 
 
@@ -126,5 +127,5 @@ def make_origin(config: ServerConfig) -> Origin:
     """The shared state of an origin serving `config.root` (created if missing)."""
     config.root.mkdir(parents=True, exist_ok=True)
     store = FileStore(config.root)
-    return Origin(config, store, HashIndex(config.chunk_bytes),
+    return Origin(config, store, HashIndex(),
                   ManifestWatch(store.manifest_path, config.disk_check_s))

@@ -49,13 +49,19 @@ class Store:
     `_get_at_most`, which should stop reading once more than `max_bytes` arrived.
     """
 
+    parallel_ranges = False
+    """Whether ranged reads of one object may run on several threads at once and cost no
+    more in all than one read of it (readers then fetch large objects in parallel ranges)."""
+
     def __init__(self, config: StoreConfig | None = None):
         self.config = config or StoreConfig()
 
     # Public API: checks, retries, then the primitive.
     def put(self, key: str, data: bytes) -> None:
-        """Store `data` under `key`; readers see all of it or nothing."""
-        self._retry(self._put, validate_key(key), bytes(data))
+        """Store `data` (any bytes-like object) under `key`; readers see all of it or
+        nothing. Stores that keep the bytes copy them; the others send them from where
+        they are (a pack in pinned memory is not copied into a `bytes` first)."""
+        self._retry(self._put, validate_key(key), memoryview(data).cast("B"))
 
     def get(self, key: str, max_bytes: int | None = None) -> bytes:
         """Return the bytes under `key`; raise NotFound if there are none.

@@ -93,6 +93,8 @@ def _fsync_dir(path: Path) -> None:
 class FileStore(Store):
     """A store in a directory; objects are written once, the manifest is replaced."""
 
+    parallel_ranges = True
+
     def __init__(self, root: str | os.PathLike, config: StoreConfig | None = None):
         super().__init__(config)
         self.root = Path(root)

@@ -43,6 +43,8 @@ def _storage_options(protocol: str, config: StoreConfig) -> dict[str, Any]:
 class FsspecStore(Store):
     """A store on any fsspec filesystem; S3-compatible servers via s3fs."""
 
+    parallel_ranges = True
+
     def __init__(self, fs: fsspec.AbstractFileSystem, root: str,
                  config: StoreConfig | None = None):
         super().__init__(config)
@@ -89,6 +91,7 @@ class FsspecStore(Store):
             raise TransportError(f"{op} {args[0]!r} failed: {exc}") from exc
 
     def _put(self, key: str, data: bytes) -> None:
+        data = bytes(data)
         path = self._path(key)
         try:
             existing = self._call("cat_file", path)

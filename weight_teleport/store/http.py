@@ -41,6 +41,8 @@ class _BodyTooLarge(Exception):
 class HttpStore(Store):
     """A store served by the origin server over HTTP(S), with keep-alive connections."""
 
+    parallel_ranges = True
+
     def __init__(self, url: str, config: StoreConfig | None = None):
         super().__init__(config)
         parts = urlsplit(url)
@@ -185,7 +187,7 @@ class HttpStore(Store):
         if digest is None:
             status, headers, body = self._get_small("/o/" + quote(key), f"resolve {key!r}")
             self._check(status, body, f"resolve {key!r}")
-            digest = headers.get("X-Content-SHA256", "")
+            digest = headers.get("X-Content-Tree-SHA256", "")
             if status != 307 or not digest:
                 raise StoreError(f"resolve {key!r}: {self._base or '/'} is not a "
                                  f"weight-teleport origin (HTTP {status})")
@@ -206,7 +208,7 @@ class HttpStore(Store):
     # Primitives.
     def _put(self, key: str, data: bytes) -> None:
         headers = {**self._auth(write=True), "Content-Type": "application/octet-stream",
-                   "Content-Length": str(len(data)), "X-Content-SHA256": content_hash(data)}
+                   "Content-Length": str(len(data)), "X-Content-Tree-SHA256": content_hash(data)}
         body = data if self.config.upload_progress is None else _Reporting(data, self.config.upload_progress)
         status, _, body = self._request("PUT", "/o/" + quote(key), body, headers)
         self._check(status, body, f"put {key!r}", write=True)

@@ -6,6 +6,7 @@ import hashlib
 import re
 
 from .errors import InvalidKey, ManifestChanged
+from .hashing import tree_sha256
 
 MAX_KEY_LENGTH = 1024
 MAX_SEGMENT_LENGTH = 255
@@ -44,15 +45,16 @@ def validate_prefix(prefix: str) -> str:
     return prefix
 
 
-def content_hash(data: bytes) -> str:
-    """Hex SHA-256 of `data`: content addresses and manifest ETags."""
-    return hashlib.sha256(data).hexdigest()
+def content_hash(data) -> str:
+    """The content address of an object's bytes: their hex SHA-256 tree (`hashing`), what
+    the origin's URLs and the X-Content-Tree-SHA256 header carry."""
+    return tree_sha256(data)
 
 
 def manifest_etag(manifest: bytes) -> str:
     """The ETag of a manifest: what `Store.watch(after=...)` and
-    `Store.put_manifest(if_match=...)` compare against."""
-    return content_hash(manifest)
+    `Store.put_manifest(if_match=...)` compare against: the manifest's hex SHA-256."""
+    return hashlib.sha256(manifest).hexdigest()
 
 
 def check_manifest_etag(current: bytes | None, if_match: str | None) -> None:

@@ -26,6 +26,8 @@ _NAMES_LOCK = threading.Lock()
 class MemoryStore(Store):
     """A store held in this process's memory, for tests and same-process use."""
 
+    parallel_ranges = True
+
     def __init__(self, name: str | None, config: StoreConfig | None = None):
         """Open the store called `name` (created empty if new); None makes a private one."""
         super().__init__(config)
@@ -41,6 +43,7 @@ class MemoryStore(Store):
         return cls(url.partition("://")[2], config)
 
     def _put(self, key: str, data: bytes) -> None:
+        data = bytes(data)  # kept: the caller may reuse its buffer
         with self._shared.changed:
             if self._shared.objects.setdefault(key, data) != data:
                 raise Conflict(f"object {key!r} already exists with different bytes; "
