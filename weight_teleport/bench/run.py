@@ -118,9 +118,14 @@ def _add_ratios(row: dict) -> None:
 
 def bench_lr(master: State, lr: float, steps: int, seed: int, codec_list: list[Codec], repeats: int) -> dict:
     """Benchmark every codec on ``steps`` simulated steps at ``lr``; ``master`` advances."""
+    return bench_pairs(lr, delta_pairs(master, lr, steps, seed), codec_list, repeats)
+
+
+def bench_pairs(lr: float, pairs, codec_list: list[Codec], repeats: int) -> dict:
+    """Benchmark every codec on the (old, new) states of ``pairs``, one row."""
     runs = {c.name: [] for c in codec_list}
     unavailable, entropies = {}, []
-    for old, new in delta_pairs(master, lr, steps, seed):
+    for old, new in pairs:
         entropies.append(delta_entropy(old, new))
         for codec in codec_list:
             if codec.name in unavailable:
@@ -135,6 +140,7 @@ def bench_lr(master: State, lr: float, steps: int, seed: int, codec_list: list[C
         "lr": lr,
         "elements": elements,
         "density": statistics.mean(e.density for e in entropies),
+        "densities": [e.density for e in entropies],
         "residual_bits": statistics.mean(e.residual_bits for e in entropies),
         "bound_bits_per_element": statistics.mean(e.bound_bits_per_element for e in entropies),
         "codecs": {
@@ -162,17 +168,19 @@ def _machine() -> dict:
 
 
 def _print_row(row: dict) -> None:
+    loss = f" {row['loss']}" if "loss" in row else ""
     print(
-        f"lr {row['lr']:.0e}: density {row['density']:.3%}, residual {row['residual_bits']:.2f} bits,"
+        f"lr {row['lr']:.0e}{loss}: density {row['density']:.3%}, residual {row['residual_bits']:.2f} bits,"
         f" order-0 bound {row['bound_bits_per_element']:.4f} bits/elem"
     )
-    print(f"  {'codec':<16}{'bits/elem':>10}{'x bound':>9}{'xor/this':>10}{'enc GB/s':>10}{'dec GB/s':>10}")
+    print(f"  {'codec':<16}{'bits/elem':>10}{'bits/chg':>10}{'x bound':>9}{'xor/this':>10}{'enc GB/s':>10}{'dec GB/s':>10}")
     for name, s in row["codecs"].items():
         if not s["available"]:
             print(f"  {name:<16}not available: {s['reason']}")
             continue
         print(
-            f"  {name:<16}{s['bits_per_element']:>10.4f}{s['ratio_to_bound']:>9.2f}"
+            f"  {name:<16}{s['bits_per_element']:>10.4f}{s['bits_per_element'] / max(row['density'], 1e-12):>10.2f}"
+            f"{s['ratio_to_bound']:>9.2f}"
             f"{s.get('xor_zstd1_over_this', float('nan')):>10.2f}"
             f"{s['encode_gbps']:>10.3f}{s['decode_gbps']:>10.3f}"
         )
@@ -200,6 +208,21 @@ def _plot(rows: list[dict], path: Path) -> None:
     plt.close(fig)
 
 
+def _sim_rows(config_name: str, lrs, steps: int, seed: int, codec_list, repeats: int):
+    config = make_config(config_name)
+    initial = make_state(config, seed)
+    for lr in lrs:
+        master = {n: w.clone() for n, w in initial.items()}
+        yield bench_lr(master, lr, steps, seed, codec_list, repeats)
+
+
+def _real_rows(real_config, cache_dir, codec_list, repeats: int):
+    from weight_teleport.bench.real import real_runs
+
+    for lr, loss, pairs in real_runs(real_config, cache_dir):
+        yield bench_pairs(lr, pairs, codec_list, repeats) | {"loss": loss}
+
+
 def run_bench(
     config_name: str = "small",
     lrs: tuple[float, ...] = (1e-6, 3e-6, 1e-5),
@@ -208,23 +231,37 @@ def run_bench(
     out_dir: str | Path = "out/bench",
     threads: int | None = None,
     repeats: int = 2,
+    data: str = "sim",
+    real_config=None,
+    cache_dir: str | Path = "out/bench-real",
 ) -> dict:
     """Run the benchmark, print a table, write ``bench.json`` and ``bench.png`` into
     ``out_dir`` and return the results. ``threads`` goes to our codec; baselines run on
-    one thread. Every lr starts from the same weights and optimizer seed."""
+    one thread. ``data`` "sim": simulated steps of ``config_name`` (every lr starts from the
+    same weights and optimizer seed); "real": real steps of a real model
+    (``weight_teleport.bench.real``, settings ``real_config``, trained once into ``cache_dir``)."""
     if steps < 1 or repeats < 1:
         raise ValueError(f"steps and repeats must be at least 1, got {steps} and {repeats}")
-    config = make_config(config_name)
     codec_list = codecs(threads)
-    initial = make_state(config, seed)
+    if data == "sim":
+        rows_iter = _sim_rows(config_name, lrs, steps, seed, codec_list, repeats)
+        described = {"config": dataclasses.asdict(make_config(config_name))}
+    elif data == "real":
+        from weight_teleport.bench.real import RealConfig
+
+        real_config = real_config or RealConfig(lrs=tuple(lrs), steps=steps, seed=seed)
+        rows_iter = _real_rows(real_config, cache_dir, codec_list, repeats)
+        described = {"real": dataclasses.asdict(real_config)}
+    else:
+        raise ValueError(f"data must be 'sim' or 'real', got {data!r}")
     rows = []
-    for lr in lrs:
-        master = {n: w.clone() for n, w in initial.items()}
-        rows.append(bench_lr(master, lr, steps, seed, codec_list, repeats))
-        _print_row(rows[-1])
+    for row in rows_iter:
+        rows.append(row)
+        _print_row(row)
     result = {
         "machine": _machine(),
-        "config": dataclasses.asdict(config),
+        "data": data,
+        **described,
         "params": {"lrs": list(lrs), "steps": steps, "seed": seed, "threads": threads, "repeats": repeats},
         "results": rows,
     }
@@ -237,9 +274,15 @@ def run_bench(
 
 
 def main(args: argparse.Namespace) -> int:
-    """Run the benchmark from parsed options (`weight_teleport.cli.bench`); return the
-    exit status."""
-    run_bench(args.config, tuple(args.lrs), args.steps, args.seed, args.out_dir, args.threads, args.repeats)
+    """Run the benchmark from parsed options (`weight_teleport.cli.bench`); return the exit
+    status."""
+    real_config = None
+    if args.data == "real":
+        from weight_teleport.bench.real import RealConfig
+
+        real_config = RealConfig(model=args.model, lrs=tuple(args.lrs), steps=args.steps, seed=args.seed)
+    run_bench(args.config, tuple(args.lrs), args.steps, args.seed, args.out_dir, args.threads, args.repeats,
+              args.data, real_config, args.cache_dir)
     return 0
 
 

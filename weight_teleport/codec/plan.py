@@ -14,10 +14,10 @@ from weight_teleport.format.limits import MAX_CHUNK_ELEMS
 
 DEFAULT_CHUNK_ELEMS = 1 << 22
 MAX_CLASSES = 16
-MIN_CLASS_EVENTS = 512
-"""A context class must hold at least this many events (changes) in the tensor: smaller
-classes do not pay for their streams' own overhead and are merged with a neighbour."""
-BANDS_PER_OCTAVE = 2
+CLASS_COST_BITS = 400.0
+"""What a context class is taken to cost in every chunk beyond its events' entropy: its
+four streams' table entries and the Huffman table and frame of its symbol streams (about
+50 bytes). The planner splits keys into another class only where the split saves more."""
 SPARSE_MAX_DENSITY = 0.3
 """Above this density the dense codecs are tried as well and the smallest output kept."""
 
@@ -57,9 +57,12 @@ class ClassPlan:
 def plan_classes(total: np.ndarray, changed: np.ndarray) -> ClassPlan:
     """Group context keys whose change rates are alike into classes.
 
-    Keys are banded by log2 of their change rate (half-octave bands); keys that never
-    changed form a class of their own (it costs nothing to code); adjacent bands are merged
-    until each class holds MIN_CLASS_EVENTS changes, at most MAX_CLASSES classes."""
+    Keys that never changed form a class of their own (it costs nothing to code). The keys
+    that changed, in order of falling change rate, are cut into at most MAX_CLASSES runs
+    (one class each) that minimise the estimated size: per class the entropy of its change
+    mask, T * H(C / T) bits for T elements of which C changed (what its gap coding comes
+    close to), plus CLASS_COST_BITS in each of the tensor's chunks of DEFAULT_CHUNK_ELEMS
+    (an estimate when a pack's chunks differ: every plan decodes, this one is smaller)."""
     return plan_table(total[None], changed[None])[0]
 
 
@@ -93,92 +96,89 @@ def plan_table(total: np.ndarray, changed: np.ndarray) -> PlanTable:
         raise ValueError("changed counts must lie between 0 and the element counts")
     plans = PlanTable(np.zeros(total.shape, np.uint8), np.zeros((total.shape[0], MAX_CLASSES), np.bool_),
                       np.zeros(total.shape[0], np.int64), np.zeros(total.shape[0], np.int64))
-    _plan_rows(total, changed, MIN_CLASS_EVENTS, plans.lut, plans.inverted, plans.n_classes, plans.events)
+    _plan_rows(total, changed, CLASS_COST_BITS, DEFAULT_CHUNK_ELEMS,
+               plans.lut, plans.inverted, plans.n_classes, plans.events)
     return plans
 
 
-_LOW = np.uint64(0xFFFFFFFF)
-_32 = np.uint64(32)
+@njit(nogil=True, cache=True)
+def _mask_bits(c: float, t: float) -> float:
+    """t * H(c / t): bits of a change mask of t elements of which c changed."""
+    if c <= 0 or c >= t:
+        return 0.0
+    return -(c * np.log2(c / t) + (t - c) * np.log2((t - c) / t))
 
 
 @njit(nogil=True, cache=True)
-def _square(a):
-    """(high, low) 64-bit halves of a * a for an unsigned 64-bit a."""
-    lo, hi = a & _LOW, a >> _32
-    p0, p1, p3 = lo * lo, lo * hi, hi * hi
-    mid = (p0 >> _32) + (p1 & _LOW) + (p1 & _LOW)
-    return p3 + (p1 >> _32) + (p1 >> _32) + (mid >> _32), (p0 & _LOW) | (mid << _32)
+def _cut(t_cum, c_cum, n, k_max, class_bits):
+    """Optimal cut of n sorted keys (prefix sums t_cum, c_cum) into at most k_max runs:
+    the runs' ends in order."""
+    cost = np.empty((n + 1, n + 1), np.float64)
+    for i in range(n):
+        for j in range(i + 1, n + 1):
+            cost[i, j] = _mask_bits(c_cum[j] - c_cum[i], t_cum[j] - t_cum[i]) + class_bits
+    best = np.full((k_max + 1, n + 1), np.inf)
+    arg = np.zeros((k_max + 1, n + 1), np.int64)
+    best[0, 0] = 0.0
+    for k in range(1, k_max + 1):
+        for j in range(k, n + 1):
+            for i in range(k - 1, j):
+                v = best[k - 1, i] + cost[i, j]
+                if v < best[k, j]:
+                    best[k, j], arg[k, j] = v, i
+    k = 1
+    for kk in range(2, k_max + 1):
+        if best[kk, n] < best[k, n]:
+            k = kk
+    ends = np.empty(k, np.int64)
+    j = n
+    for r in range(k - 1, -1, -1):
+        ends[r] = j
+        j = arg[r + 1, j]
+    return ends
 
 
 @njit(nogil=True, cache=True)
-def band(total: int, changed: int) -> int:
-    """floor(BANDS_PER_OCTAVE * log2(total / changed)) for 0 < changed <= total, in exact
-    integers: the largest b with changed**2 * 2**b <= total**2."""
-    t, c = np.uint64(total), np.uint64(changed)
-    b = 0
-    while (c << np.uint64(b + 1)) <= t:
-        b += 1
-    th, tl = _square(t)
-    mh, ml = _square(c << np.uint64(b))
-    mh, ml = (mh << np.uint64(1)) | (ml >> np.uint64(63)), ml << np.uint64(1)
-    return 2 * b + (1 if th > mh or (th == mh and tl >= ml) else 0)
-
-
-_BANDS = 2 * 64 + 2
-"""More than the largest band of 64-bit counts."""
-
-
-@njit(nogil=True, cache=True)
-def _plan_rows(total, changed, min_events, lut, inverted, n_classes, events) -> None:
-    """Fills lut, inverted, n_classes and events of every row (see plan_classes), in
-    O(keys + bands) a row: keys in (band, key) order are walked as bands."""
+def _plan_rows(total, changed, class_bits, chunk_elems, lut, inverted, n_classes, events) -> None:
+    """Fills lut, inverted, n_classes and events of every row (see plan_classes)."""
     rows, keys = total.shape
-    band_of = np.empty(keys, np.int64)
-    band_keys = np.empty(_BANDS, np.int64)
-    band_changed = np.empty(_BANDS, np.int64)
-    group = np.empty(_BANDS, np.int64)
     for r in range(rows):
-        top, still = 0, 0
-        band_keys[:] = 0
-        band_changed[:] = 0
+        still = 0
+        moving = np.empty(keys, np.int64)
+        n = 0
         for k in range(keys):
-            band_of[k] = -1
             if total[r, k] > 0 and changed[r, k] > 0:
-                b = band(total[r, k], changed[r, k])
-                band_of[k] = b
-                band_keys[b] += 1
-                band_changed[b] += changed[r, k]
-                top = max(top, b + 1)
+                moving[n] = k
+                n += 1
             elif total[r, k] > 0:
                 still = 1
-        # moving keys in (band, key) order, bands merged until a group holds enough events
-        g, count, open_keys = still, 0, 0
-        for b in range(top):
-            group[b] = g
-            count += band_changed[b]
-            open_keys += band_keys[b]
-            if band_keys[b] and count >= min_events:
-                g, count, open_keys = g + 1, 0, 0
-        if open_keys and g > still:  # the last keys join the last group
-            for b in range(top):
-                if group[b] == g:
-                    group[b] = g - 1
-        elif open_keys:
-            g += 1
-        n = min(max(g, 1), MAX_CLASSES)
-        t_sum = np.zeros(MAX_CLASSES, np.int64)
-        c_sum = np.zeros(MAX_CLASSES, np.int64)
-        for k in range(keys):
-            if total[r, k] > 0:
-                c = 0 if band_of[k] < 0 else min(group[band_of[k]], MAX_CLASSES - 1)
-                lut[r, k] = c
-                t_sum[c] += total[r, k]
-                c_sum[c] += changed[r, k]
-        ev = 0
-        for c in range(n):
-            inverted[r, c] = 2 * c_sum[c] > t_sum[c]
-            ev += t_sum[c] - c_sum[c] if inverted[r, c] else c_sum[c]
-        n_classes[r], events[r] = n, ev
+        n_classes[r], events[r] = 1, 0
+        if n == 0:
+            continue
+        moving = moving[:n]
+        rate = np.empty(n, np.float64)
+        for i in range(n):
+            rate[i] = -changed[r, moving[i]] / total[r, moving[i]]
+        moving = moving[np.argsort(rate, kind="mergesort")]
+        t_cum = np.zeros(n + 1, np.float64)
+        c_cum = np.zeros(n + 1, np.float64)
+        for i in range(n):
+            t_cum[i + 1] = t_cum[i] + total[r, moving[i]]
+            c_cum[i + 1] = c_cum[i] + changed[r, moving[i]]
+        chunks = (total[r].sum() + chunk_elems - 1) // chunk_elems
+        ends = _cut(t_cum, c_cum, n, MAX_CLASSES - still, class_bits * chunks)
+        start, ev = 0, 0
+        for c in range(ends.size):
+            cls = c + still
+            t_sum, c_sum = 0, 0
+            for i in range(start, ends[c]):
+                lut[r, moving[i]] = cls
+                t_sum += total[r, moving[i]]
+                c_sum += changed[r, moving[i]]
+            inverted[r, cls] = 2 * c_sum > t_sum
+            ev += t_sum - c_sum if inverted[r, cls] else c_sum
+            start = ends[c]
+        n_classes[r], events[r] = ends.size + still, ev
 
 
 def lut_to_runs(lut: np.ndarray) -> list[tuple[int, int]]:
