@@ -47,19 +47,20 @@ def test_manifest_refuses_bad_piece_sizes(piece) -> None:
         from_json(doc.encode())
 
 
-def _stored(tmp_path, data: bytes, piece: int) -> tuple[str, Entry]:
-    url = f"file://{tmp_path}"
+def _stored(tmp_path, data: bytes, piece: int, scheme: str = "file") -> tuple[str, Entry]:
+    url = f"file://{tmp_path}" if scheme == "file" else f"memory://hashing-{tmp_path.name}"
     with open_store(url) as store:
         store.put("packs/big", data)
     entry = Entry(0, "snapshot", None, "packs/big", len(data), tree_sha256(data, piece), 0, piece)
     return url, entry
 
 
-def test_ranged_fetch_is_exact_and_refuses_short_or_corrupted_objects(tmp_path, monkeypatch) -> None:
+@pytest.mark.parametrize("scheme", ["file", "memory"])  # memory: ranges copied straight in
+def test_ranged_fetch_is_exact_and_refuses_short_or_corrupted_objects(tmp_path, monkeypatch, scheme) -> None:
     monkeypatch.setattr(F, "RANGE_BYTES", 1 << 16)
     monkeypatch.setattr(F, "_check_header", lambda entry, data: None)  # not a pack: bytes only
     data = os.urandom((1 << 18) + 12345)
-    url, entry = _stored(tmp_path, data, 1 << 14)
+    url, entry = _stored(tmp_path, data, 1 << 14, scheme)
     with open_store(url) as store:
         got = F.fetch(store, entry)
         assert isinstance(got, np.ndarray) and got.tobytes() == data

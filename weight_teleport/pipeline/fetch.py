@@ -75,19 +75,19 @@ def _fetch_ranges(store: Store, entry: Entry, pinned: bool) -> np.ndarray:
     def read(start: int) -> bytes:
         stop = min(start + span, entry.size)
         part = store.get_range(entry.key, start, stop)
-        if len(part) != stop - start:
-            raise ObjectRejected(f"{entry.key}: bytes [{start}, {stop}) came back as "
-                                 f"{len(part)} bytes; the manifest says the object has "
-                                 f"{entry.size} (truncated or overwritten)")
+        _check_range(entry, start, stop, len(part))
         return part
 
     last = read(starts[-1])
     out = _buffer(entry.size, pinned)
 
     def place(start: int, part: bytes | None = None) -> list[bytes]:
-        part = read(start) if part is None else part
-        out[start:start + len(part)] = np.frombuffer(part, np.uint8)
-        view = memoryview(out)[start:start + len(part)]
+        stop = min(start + span, entry.size)
+        if part is None:  # read straight into the result
+            _check_range(entry, start, stop, store.get_range_into(entry.key, start, out[start:stop]))
+        else:
+            out[start:stop] = np.frombuffer(part, np.uint8)
+        view = memoryview(out)[start:stop]
         return [piece_digest(view[at:at + entry.piece_bytes])
                 for at in range(0, len(view), entry.piece_bytes)]
 
@@ -96,6 +96,13 @@ def _fetch_ranges(store: Store, entry: Entry, pinned: bool) -> np.ndarray:
         digests = [d for part in pool.map(place, starts[:-1]) for d in part] + tail.result()
     _check_hash(entry, root_of(digests))
     return out
+
+
+def _check_range(entry: Entry, start: int, stop: int, came: int) -> None:
+    if came != stop - start:
+        raise ObjectRejected(f"{entry.key}: bytes [{start}, {stop}) came back as {came} bytes; "
+                             f"the manifest says the object has {entry.size} (truncated or "
+                             "overwritten)")
 
 
 def _check_hash(entry: Entry, digest: str) -> None:

@@ -11,6 +11,8 @@ import random
 import time
 from typing import Callable, TypeVar, Union
 
+import numpy as np
+
 from .config import StoreConfig
 from .errors import ManifestChanged, TooLarge, TransportError
 from .keys import manifest_etag, validate_key, validate_prefix
@@ -86,6 +88,17 @@ class Store:
             return b""
         return self._retry(self._get_range, validate_key(key), start, end)
 
+    def get_range_into(self, key: str, start: int, out: np.ndarray) -> int:
+        """Read `get(key)[start:start + len(out)]` into `out` (a writable uint8 array) and
+        return how many bytes came (fewer at the object's end). Stores that hold the bytes
+        copy them straight in, on the calling thread without the GIL; the others read the
+        range first."""
+        if start < 0:
+            raise ValueError(f"invalid range start {start}: need 0 <= start")
+        if len(out) == 0:
+            return 0
+        return self._retry(self._get_range_into, validate_key(key), start, out)
+
     def list(self, prefix: str = "") -> list[str]:
         """Return the sorted keys that start with `prefix`."""
         return sorted(self._retry(self._list, validate_prefix(prefix)))
@@ -159,6 +172,11 @@ class Store:
 
     def _get_range(self, key: str, start: int, end: int) -> bytes:
         raise NotImplementedError
+
+    def _get_range_into(self, key: str, start: int, out: np.ndarray) -> int:
+        part = self._get_range(key, start, start + len(out))
+        out[:len(part)] = np.frombuffer(part, np.uint8)
+        return len(part)
 
     def _list(self, prefix: str) -> list[str]:
         raise NotImplementedError

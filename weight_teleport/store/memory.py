@@ -6,6 +6,8 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from .base import UNCONDITIONAL, IfMatch, Store
 from .config import StoreConfig
 from .errors import Conflict, NotFound
@@ -58,6 +60,13 @@ class MemoryStore(Store):
 
     def _get_range(self, key: str, start: int, end: int) -> bytes:
         return self._get(key)[start:end]
+
+    def _get_range_into(self, key: str, start: int, out: np.ndarray) -> int:
+        data = self._get(key)  # immutable bytes: copied after the lock is released
+        count = max(0, min(len(out), len(data) - start))
+        if count:
+            out[:count] = np.frombuffer(data, np.uint8, count, start)  # numpy drops the GIL
+        return count
 
     def _list(self, prefix: str) -> list[str]:
         with self._shared.changed:
