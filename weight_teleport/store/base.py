@@ -9,9 +9,10 @@ from __future__ import annotations
 import logging
 import random
 import time
-from typing import Callable, TypeVar, Union
+from typing import TYPE_CHECKING, Callable, TypeVar, Union
 
-import numpy as np
+if TYPE_CHECKING:  # numpy is imported where ranges are read (the CLI starts without it)
+    import numpy as np
 
 from .config import StoreConfig
 from .errors import ManifestChanged, TooLarge, TransportError
@@ -174,6 +175,8 @@ class Store:
         raise NotImplementedError
 
     def _get_range_into(self, key: str, start: int, out: np.ndarray) -> int:
+        import numpy as np
+
         part = self._get_range(key, start, start + len(out))
         out[:len(part)] = np.frombuffer(part, np.uint8)
         return len(part)

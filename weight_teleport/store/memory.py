@@ -5,8 +5,10 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-import numpy as np
+if TYPE_CHECKING:  # numpy is imported where ranges are read (the CLI starts without it)
+    import numpy as np
 
 from .base import UNCONDITIONAL, IfMatch, Store
 from .config import StoreConfig
@@ -62,6 +64,8 @@ class MemoryStore(Store):
         return self._get(key)[start:end]
 
     def _get_range_into(self, key: str, start: int, out: np.ndarray) -> int:
+        import numpy as np
+
         data = self._get(key)  # immutable bytes: copied after the lock is released
         count = max(0, min(len(out), len(data) - start))
         if count:
