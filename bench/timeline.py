@@ -52,7 +52,7 @@ SPOTS = {
                (sparse_chunks, "_to_host"), (encoder, "_tensor_parts"),
                (api, "_items"), (container, "_prefix"), (memory, "to_device"),
                (memory, "upload"), (encoder, "_lay_out"), (api, "write_pack"), (container, "_header_json"),
-               (container, "_join")],
+               (container, "join")],
 }
 """(owner, function name) of the host spans traced for each call."""
 

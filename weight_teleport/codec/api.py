@@ -16,8 +16,8 @@ from weight_teleport.codec.patch import ApplyReport, StagedParts, StagedPatch
 from weight_teleport.codec.plan import DEFAULT_CHUNK_ELEMS, check_chunk_elems
 from weight_teleport.errors import PackMismatchError, UnsupportedFormatError
 from weight_teleport.format import PackHeader, PackLimits, read_header, write_pack, write_pack_into
-from weight_teleport.format.container import collections_paused
 from weight_teleport.format.limits import over_limit
+from weight_teleport.host_memory import collections_paused
 
 DEFAULT_LEVEL = 3
 
