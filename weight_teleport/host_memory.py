@@ -40,8 +40,8 @@ def collections_paused():
     freed soon after, count towards CPython's next full collection of the whole process
     (torch, numba and triton loaded: a call holding one takes several times its median).
     A header of thousands of chunks is tens of thousands of JSON lists, and an encode or
-    stage call makes as many containers again, so both are paused (bench/header_gc.py and
-    bench/call_gc.py count the collections a call holds, paused and not).
+    stage call makes as many containers again, so both are paused (bench/investigations/header_gc.py and
+    bench/investigations/call_gc.py count the collections a call holds, paused and not).
     Reentrant and thread-safe: the collector runs again when the last pause ends, if it ran
     before the first."""
     with _paused_lock:

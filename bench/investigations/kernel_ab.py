@@ -6,7 +6,7 @@ their outputs are compared byte for byte. A kernel timed on inputs captured afte
 returned reads buffers the call's next steps have reused: inside the call they are the
 call's own.
 
-    python bench/kernel_ab.py OTHER [--kernel place_lanes] [--what stage] [--calls 6]
+    python bench/investigations/kernel_ab.py OTHER [--kernel place_lanes] [--what stage] [--calls 6]
 
 OTHER: a git revision of this repository or a directory holding a `weight_teleport` package,
 as for versions.py. Run on the H200 for `place_lanes` in stage calls (BENCHMARKS.md, twenty-
@@ -17,11 +17,13 @@ import argparse
 import re
 import statistics
 import subprocess
+import sys
 from pathlib import Path
 
 import torch
 
 import weight_teleport as wt
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # bench/: cuda_bench, versions
 from cuda_bench import make_delta
 from versions import ROOT
 from weight_teleport.codec.cuda.kernels import warp
