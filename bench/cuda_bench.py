@@ -197,9 +197,9 @@ def main() -> None:
     enc_pinned_s, pinned_out = wall_s(lambda: wt.encode_delta(old, new, base_version=0, version=1, pinned=True), 9)
     assert bytes(pinned_out) == pack
     nvz_s, nvz_pack = wall_s(lambda: wt.encode_delta(old, new, base_version=0, version=1,
-                                                     cuda=CudaCodecConfig(huffman=False)), 5)
+                                                     cuda=CudaCodecConfig(stream_coder="nvcomp-zstd")), 5)
     ans_s, ans_pack = wall_s(lambda: wt.encode_delta(old, new, base_version=0, version=1,
-                                                     cuda=CudaCodecConfig(algorithm="ans")), 5)
+                                                     cuda=CudaCodecConfig(stream_coder="nvcomp-ans")), 5)
     enc_phases = encode_phases(old, new)
     info = wt.inspect(pack)
     changed = info["changed"]
@@ -222,7 +222,7 @@ def main() -> None:
                                base_version=0, version=1)
     gpu_pack = wt.encode_delta({k: old[k] for k in subset}, {k: new[k] for k in subset}, base_version=0, version=1)
     cpu_zstd_gpu = wt.encode_delta({k: old[k] for k in subset}, {k: new[k] for k in subset}, base_version=0,
-                                   version=1, cuda=CudaCodecConfig(use_nvcomp=False))
+                                   version=1, cuda=CudaCodecConfig(stream_coder="cpu-zstd"))
     floor = lambda nbytes: nbytes / bw * 1e3
     rows = [
         ("copy bandwidth (read+write)", f"{bw / 1e12:.2f} TB/s", "", ""),

@@ -32,7 +32,7 @@ from weight_teleport.format import read_header  # noqa: E402
 
 memory.on_device = lambda t: True  # the interpreter runs the kernels on CPU tensors
 memory.pinned_empty = lambda n: np.empty(n, np.uint8)  # no pinned memory without CUDA
-PORTABLE = CudaCodecConfig(use_nvcomp=False)
+PORTABLE = CudaCodecConfig(stream_coder="cpu-zstd")
 
 
 def pair(dtype, n, density, seed):
@@ -169,7 +169,7 @@ def inflate_orchestration() -> list[str]:
         def host(self):
             return torch.tensor(self.sizes, dtype=torch.int64), torch.zeros(len(self.sizes), dtype=torch.int32)
 
-    def plan_decompress(cfg, offsets, stored, dst_offsets, raw, stream, codec=None):
+    def plan_decompress(cfg, offsets, stored, dst_offsets, raw, stream, codec):
         table = np.stack([offsets, stored, raw, dst_offsets]).astype(np.int64)
         return nvcomp.DecompressPlan(np.arange(raw.size), [(0, raw.size, "zstd")], [0], table)
 

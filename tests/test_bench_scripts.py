@@ -1,5 +1,5 @@
-"""The GPU benchmark scripts under bench/ run only on a GPU; the functions they time by name
-must exist on every machine."""
+"""The GPU benchmark scripts under bench/ and bench/investigations/ run only on a GPU; the
+functions they time by name must exist on every machine."""
 
 import importlib.util
 import sys
@@ -13,7 +13,9 @@ pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None,
 
 @pytest.fixture
 def bench(monkeypatch):
-    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parent.parent / "bench"))
+    bench = Path(__file__).resolve().parent.parent / "bench"
+    monkeypatch.syspath_prepend(str(bench))
+    monkeypatch.syspath_prepend(str(bench / "investigations"))
     yield
     for name in ("cuda_bench", "timeline", "stage_host", "kernel_ab", "versions"):
         sys.modules.pop(name, None)
@@ -30,7 +32,7 @@ def test_timed_functions_exist(bench):
 
 
 def test_stage_host_bench_runs(bench, monkeypatch, capsys):
-    """bench/stage_host.py (the stage's host path on the CPU) on a small structured pack."""
+    """bench/investigations/stage_host.py (the stage's host path on the CPU) on a small structured pack."""
     import stage_host
     monkeypatch.setattr(sys, "argv", ["stage_host.py", "--scale", "512", "--repeats", "1"])
     stage_host.main()
@@ -39,7 +41,7 @@ def test_stage_host_bench_runs(bench, monkeypatch, capsys):
 
 
 def test_kernel_ab_finds_every_kernels_outputs(bench):
-    """bench/kernel_ab.py reads each kernel's output parameters off warp.cu's signatures: each
+    """bench/investigations/kernel_ab.py reads each kernel's output parameters off warp.cu's signatures: each
     is a pointer the kernel may write, and the Python that launches it passes a tensor there."""
     import kernel_ab
 

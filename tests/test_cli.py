@@ -49,3 +49,14 @@ def test_help_imports_nothing_heavy() -> None:
             "print(sorted(m for m in %r if m in sys.modules))" % (COMMANDS, heavy))
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_serve_without_aiohttp_says_what_to_install(tmp_path) -> None:
+    """A missing optional package is an error message with the install line, not a traceback."""
+    code = ("import sys; sys.modules['aiohttp'] = None\n"
+            "from weight_teleport.cli import main\n"
+            f"sys.exit(main(['serve', '--root', {str(tmp_path / 'root')!r}, '--port', '0']))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 1
+    assert out.stderr.strip() == ("weight-teleport serve: the origin server needs 'aiohttp': "
+                                  'pip install "weight-teleport[http]"')

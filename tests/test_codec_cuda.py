@@ -43,7 +43,7 @@ def test_gpu_round_trip_and_identical_packs(dtype, mode, p, change):
     old, new = _pair(7, dtype, mode, p, change)
     cpu_pack = wt.encode_delta(old, new, base_version=1, version=2, chunk_elems=256)
     gpu_zstd = wt.encode_delta(_cuda(old), _cuda(new), base_version=1, version=2, chunk_elems=256,
-                               cuda=CudaCodecConfig(use_nvcomp=False))
+                               cuda=CudaCodecConfig(stream_coder="cpu-zstd"))
     assert gpu_zstd == cpu_pack
     pack = wt.encode_delta(_cuda(old), _cuda(new), base_version=1, version=2, chunk_elems=256)
     assert _raw_streams(pack) == _raw_streams(cpu_pack)
@@ -131,8 +131,8 @@ def test_nvcomp_streams_round_trip_and_cpu_decodes_zstd():
         host[o:o + r.size] = r
     src = torch.from_numpy(host).cuda()
     for alg in ("zstd", "lz4", "ans"):
-        cfg = CudaCodecConfig(algorithm=alg)
-        out, out_off, pend = nvcomp.compress(cfg, src, offs, lengths)
+        cfg = CudaCodecConfig()  # the decompression backend
+        out, out_off, pend = nvcomp.compress(alg, src, offs, lengths)
         sizes, st = (pend.unpermute(t.cpu().numpy()) for t in pend.host())
         assert (st == 0).all()
         comp = out.cpu().numpy()
@@ -140,7 +140,9 @@ def test_nvcomp_streams_round_trip_and_cpu_decodes_zstd():
             for r, o, n in zip(raws, out_off, sizes):
                 assert zstandard.ZstdDecompressor().decompress(comp[o:o + n].tobytes(), max_output_size=r.size) == r.tobytes()
         dst = torch.full_like(src, 7)
-        plan = nvcomp.plan_decompress(cfg, out_off, sizes, offs, lengths, torch.cuda.current_stream().cuda_stream)
+        codec = np.full(lengths.size, nvcomp.CODEC_ID[alg], np.int64)
+        plan = nvcomp.plan_decompress(cfg, out_off, sizes, offs, lengths, torch.cuda.current_stream().cuda_stream,
+                                      codec)
         back = nvcomp.decompress(cfg, out, dst, plan)
         got, st = (back.unpermute(t.cpu().numpy()) for t in back.host())
         assert (st == 0).all() and np.array_equal(got, lengths)
@@ -153,9 +155,9 @@ def test_gpu_only_stream_codec_is_refused_on_cpu():
     if not nvcomp.available():
         pytest.skip("nvCOMP (nvidia-libnvcomp-cu13) is not installed")
     old, new = _pair(2, torch.bfloat16, "density", 0.05, shape=(300, 64))
-    pack = wt.encode_delta(_cuda(old), _cuda(new), base_version=0, version=1, cuda=CudaCodecConfig(algorithm="ans"))
+    pack = wt.encode_delta(_cuda(old), _cuda(new), base_version=0, version=1, cuda=CudaCodecConfig(stream_coder="nvcomp-ans"))
     assert "nvcomp-ans" in read_header(pack).stream_codecs
-    with pytest.raises(UnsupportedFormatError, match="algorithm='zstd'"):
+    with pytest.raises(UnsupportedFormatError, match="stream_coder='huffman'"):
         wt.apply_delta(clone_state(old), pack)
 
 
@@ -190,7 +192,7 @@ def _gpu_only_pack(algorithm):
     old, new = _pair(5, torch.bfloat16, "density", 0.1, shape=(600, 96))
     old["f"], new["f"] = (t["w"].float() for t in (old, new))
     pack = wt.encode_delta(_cuda(old), _cuda(new), base_version=0, version=1, chunk_elems=4096,
-                           cuda=CudaCodecConfig(algorithm=algorithm))
+                           cuda=CudaCodecConfig(stream_coder=f"nvcomp-{algorithm}"))
     return old, new, pack
 
 
@@ -382,7 +384,7 @@ def test_pinned_packs_are_the_bytes_packs(waves, monkeypatch):
     for i, (dt, mode, p) in enumerate([(torch.bfloat16, "density", 0.02), (torch.float32, "density", 0.05),
                                        (torch.float16, "all", 0.0)]):
         old[f"t{i}"], new[f"t{i}"] = make_pair(30 + i, dt, (70, 33), "weights", mode, "ulp", p)
-    cfg = CudaCodecConfig(use_nvcomp=False)
+    cfg = CudaCodecConfig(stream_coder="cpu-zstd")
     pack = wt.encode_delta(_cuda(old), _cuda(new), base_version=0, version=1, chunk_elems=512, cuda=cfg, pinned=True)
     assert bytes(pack) == wt.encode_delta(old, new, base_version=0, version=1, chunk_elems=512) and joins
     joins.clear()
@@ -470,7 +472,7 @@ def test_mixed_batches_match_cpu_pack(waves, monkeypatch):
     cpu_pack = wt.encode_delta(old, new, base_version=0, version=1, chunk_elems=512)
     for pinned in (False, True):
         gpu_pack = wt.encode_delta(_cuda(old), _cuda(new), base_version=0, version=1, chunk_elems=512,
-                                   cuda=CudaCodecConfig(use_nvcomp=False), pinned=pinned)
+                                   cuda=CudaCodecConfig(stream_coder="cpu-zstd"), pinned=pinned)
         assert bytes(gpu_pack) == cpu_pack
     state = clone_state(old)
     wt.apply_delta(state, wt.encode_delta(_cuda(old), _cuda(new), base_version=0, version=1, chunk_elems=512))
@@ -487,7 +489,7 @@ def test_unaligned_views_in_a_batch_match_cpu_pack():
     cpu_pack = wt.encode_delta(_cpu(old), _cpu(new), base_version=0, version=1, chunk_elems=512)
     for _ in range(2):  # the second call reuses the first one's staging buffers
         assert wt.encode_delta(old, new, base_version=0, version=1, chunk_elems=512,
-                               cuda=CudaCodecConfig(use_nvcomp=False)) == cpu_pack
+                               cuda=CudaCodecConfig(stream_coder="cpu-zstd")) == cpu_pack
     state = {k: v.clone() for k, v in old.items()}
     wt.apply_delta(state, cpu_pack, base_version=0)
     assert_bits_equal(_cpu(state), _cpu(new))
@@ -507,7 +509,7 @@ def test_stage_of_dtypes_sharing_a_width():
     assert report.digest_verified
     assert_bits_equal(_cpu(state), new)
     assert wt.encode_delta(_cuda(old), _cuda(new), base_version=0, version=1, chunk_elems=2056,
-                           cuda=CudaCodecConfig(use_nvcomp=False)) == pack  # the CPU's zstd: the same bytes
+                           cuda=CudaCodecConfig(stream_coder="cpu-zstd")) == pack  # the CPU's zstd: the same bytes
 
 
 @pytest.mark.parametrize("offset", [1, 3])
@@ -545,7 +547,7 @@ def test_warp_kernels_match_triton_kernels(case, monkeypatch):
     else:
         old, new = _pair(3, case, "density", 0.05, shape=(301, 70))
     old, new = _cuda(old), _cuda(new)
-    portable = CudaCodecConfig(use_nvcomp=False)
+    portable = CudaCodecConfig(stream_coder="cpu-zstd")
     runs = []
     for enabled in (True, False):
         monkeypatch.setattr(warp, "enabled", enabled)
@@ -575,7 +577,7 @@ def test_warp_kernels_from_ptx_of_an_older_architecture(monkeypatch):
     try:
         old, new = _pair(5, torch.bfloat16, "density", 0.05, shape=(301, 70))
         pack = wt.encode_delta(_cuda(old), _cuda(new), base_version=1, version=2, chunk_elems=4104,
-                               cuda=CudaCodecConfig(use_nvcomp=False))
+                               cuda=CudaCodecConfig(stream_coder="cpu-zstd"))
         assert pack == wt.encode_delta(old, new, base_version=1, version=2, chunk_elems=4104)
         state = _cuda(old)
         assert wt.apply_delta(state, pack, base_version=1).digest_verified

@@ -32,7 +32,7 @@ def nvrtc_found(monkeypatch):
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_every_kernel_compiles_for_every_element_type(dtype, nvrtc_found):
     info = dtype_info(dtype)
-    source = warp.SOURCE.read_text()
+    source = warp.source()  # with the static_asserts of its parameter structs' host mirrors
     nb = pow2(2 * (1 << info.exponent_bits))
     for block, unroll in ((1024, None), (WARP_BLOCK, None), (SPAN, None), (SPAN, 8)):  # 8: the scan's
         options = [f"-D{k}={int(v)}" for k, v in warp._defines(info, block, unroll, NCP=16, NB=nb)]
@@ -47,6 +47,16 @@ def test_every_kernel_compiles_for_every_element_type(dtype, nvrtc_found):
     for capability in (75, 90):
         image = nvrtc.compile_image(encode_symbols.SOURCE.read_text(), "encode_symbols.cu", capability, options)
         assert image[:4] == b"\x7fELF" and b"segment_counts" in image and b"segment_symbols" in image
+
+
+def test_a_drifted_parameter_struct_fails_to_compile(nvrtc_found):
+    """The static_asserts appended to warp.cu catch a struct whose fields moved."""
+    info = dtype_info(torch.bfloat16)
+    options = [f"-D{k}={int(v)}" for k, v in warp._defines(info, 1024, None, NCP=16, NB=512)]
+    drifted = warp.source().replace("    int* pos;\n    U* val;\n", "    U* val;\n    int* pos;\n", 1)
+    assert drifted != warp.source()
+    with pytest.raises(RuntimeError, match="PlaceParams.pos: offset differs from its host mirror"):
+        nvrtc.compile_image(drifted, "warp.cu", 90, options)
 
 
 @pytest.mark.parametrize("capability", [75, 90])  # warp reductions by shuffles before 8.0

@@ -11,6 +11,7 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+from weight_teleport import host_memory
 from weight_teleport.errors import PackFormatError
 from weight_teleport.format import checks, container
 from weight_teleport.format import (ChunkRef, Group, PackHeader, Stream, TensorRecord, chunk_payload,
@@ -68,12 +69,12 @@ def test_pauses_nest_across_threads():
     entered, release = threading.Event(), threading.Event()
 
     def other():
-        with container.collections_paused():
+        with host_memory.collections_paused():
             entered.set()
             release.wait()
 
     t = threading.Thread(target=other)
-    with container.collections_paused():
+    with host_memory.collections_paused():
         t.start()
         entered.wait()
     assert not gc.isenabled()  # the other thread's pause still holds
@@ -204,17 +205,17 @@ def test_threaded_join_writes_the_same_bytes(parts, kind):
     """A large pack is filled by threads into a new bytes object: the same bytes as a plain
     join, whatever the parts' sizes, types and the threads' spans across them."""
     chunks = [p[kind] for p in parts]
-    threshold = container.THREADED_FILL_FROM
+    threshold = host_memory.THREADED_FILL_FROM
     try:
-        container.THREADED_FILL_FROM = 0  # the threads' spans, however small the parts
-        out = container._join(chunks)
+        host_memory.THREADED_FILL_FROM = 0  # the threads' spans, however small the parts
+        out = host_memory.join(chunks)
     finally:
-        container.THREADED_FILL_FROM = threshold
+        host_memory.THREADED_FILL_FROM = threshold
     assert type(out) is bytes and out == b"".join(chunks)
 
 
 def test_threaded_join_of_a_large_pack():
-    payload = np.random.default_rng(0).integers(0, 256, container.THREADED_FILL_FROM + 12345, np.uint8)
+    payload = np.random.default_rng(0).integers(0, 256, host_memory.THREADED_FILL_FROM + 12345, np.uint8)
     chunks = [memoryview(payload)[i:i + (1 << 20)] for i in range(0, payload.size, 1 << 20)]
     header = _header()
     header.tensors[0].chunks = [ChunkRef(0, 3, 0)]
@@ -228,17 +229,16 @@ def test_threaded_join_of_a_large_pack():
 def test_fill_copies_parts_end_to_end(sizes, threshold, monkeypatch):
     """`fill` writes its parts end to end: one small part in one copy, several parts (or a
     part past the threshold) in spans, on threads from the threshold on."""
-    from weight_teleport.format import checks, container
     if threshold:
-        monkeypatch.setattr(container, "THREADED_FILL_FROM", threshold)
+        monkeypatch.setattr(host_memory, "THREADED_FILL_FROM", threshold)
     rng = np.random.default_rng(sum(sizes))
     parts = [rng.integers(0, 256, n, dtype=np.uint8) for n in sizes]
     parts[0] = bytes(parts[0])  # any bytes-like part
     dst = np.zeros(sum(sizes), np.uint8)
-    container.fill(dst, parts, threads=4)
+    host_memory.fill(dst, parts, threads=4)
     assert dst.tobytes() == b"".join(bytes(p) for p in parts)
     with pytest.raises(AssertionError):
-        container.fill(np.zeros(sum(sizes) + 1, np.uint8), parts)
+        host_memory.fill(np.zeros(sum(sizes) + 1, np.uint8), parts)
 
 
 @settings(max_examples=60, deadline=None)

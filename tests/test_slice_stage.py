@@ -2,7 +2,8 @@
 (fused qkv_proj / gate_up_proj, column-, row- and vocab-parallel shards) each stage the
 packs a real Publisher writes to a file store, from their own slices alone, chained ahead
 of applying; after applying, each rank's parameters hold exactly the trainer's weights in
-that layout. A chunk corrupted in the store fails only the rank that fetches it."""
+that layout, on the CPU and (marked `cuda`) in plain CUDA tensors. A chunk corrupted in the
+store fails only the rank that fetches it."""
 
 import torch
 import pytest
@@ -57,7 +58,14 @@ def _entries(store) -> list:
     return list(from_json(store.get_manifest()).entries)
 
 
-def test_two_ranks_stage_their_slices_of_chained_versions(tmp_path):
+DEVICES = ["cpu", pytest.param("cuda", marks=[pytest.mark.cuda, pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs an NVIDIA GPU (torch.cuda)")])]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_two_ranks_stage_their_slices_of_chained_versions(tmp_path, device):
+    """Rows (fused qkv / gate_up parts, column- and vocab-parallel shards) and columns of
+    row-parallel layers (o_proj, down_proj), staged against the worker's own tensors."""
     gen = torch.Generator().manual_seed(0)
     url = f"file://{tmp_path}"
     states = [_state(gen)]
@@ -70,7 +78,8 @@ def test_two_ranks_stage_their_slices_of_chained_versions(tmp_path):
     entries = [e for e in _entries(store) if e.version == 1 or e.kind == "delta"]
     for rank in range(TP):
         slices = worker_slices(CONFIG, TP, rank)
-        params = engine_params(_state(torch.Generator().manual_seed(9)), rank)  # not the trainer's
+        params = {n: p.to(device) for n, p in  # not the trainer's weights
+                  engine_params(_state(torch.Generator().manual_seed(9)), rank).items()}
         chain = []
         for e in entries:  # all staged before any is applied
             chain.append(stage_entry(store, e, params, slices, pending=chain))
@@ -78,7 +87,8 @@ def test_two_ranks_stage_their_slices_of_chained_versions(tmp_path):
         apply_steps(params, chain)
         want = engine_params(states[-1], rank)
         for name in want:
-            assert torch.equal(bits(params[name]), bits(want[name])), (rank, name)
+            assert params[name].device.type == device
+            assert torch.equal(bits(params[name].cpu()), bits(want[name])), (rank, name)
 
 
 def test_a_corrupt_chunk_fails_only_the_rank_that_fetches_it(tmp_path):

@@ -23,7 +23,7 @@ import torch
 
 from weight_teleport.bench.baselines import BASELINES, BaselineUnavailable, State
 from weight_teleport.bench.entropy import bit_view, delta_entropy
-from weight_teleport.bench.simulate import delta_pairs, make_config, make_state
+from weight_teleport.bench.simulate import REAL_STEPS, UNCALIBRATED, Calibration, delta_pairs, make_config, make_state
 
 OURS = "weight_teleport"
 REFERENCE = "xor_zstd1"
@@ -116,9 +116,11 @@ def _add_ratios(row: dict) -> None:
                 stats["xor_zstd1_over_this"] = reference["bytes_per_step"] / stats["bytes_per_step"]
 
 
-def bench_lr(master: State, lr: float, steps: int, seed: int, codec_list: list[Codec], repeats: int) -> dict:
-    """Benchmark every codec on ``steps`` simulated steps at ``lr``; ``master`` advances."""
-    return bench_pairs(lr, delta_pairs(master, lr, steps, seed), codec_list, repeats)
+def bench_lr(master: State, lr: float, steps: int, seed: int, codec_list: list[Codec], repeats: int,
+             calibration: Calibration = UNCALIBRATED) -> dict:
+    """Benchmark every codec on ``steps`` simulated steps at ``lr``; ``master`` (made with
+    the same ``calibration``) advances."""
+    return bench_pairs(lr, delta_pairs(master, lr, steps, seed, calibration), codec_list, repeats)
 
 
 def bench_pairs(lr: float, pairs, codec_list: list[Codec], repeats: int) -> dict:
@@ -208,12 +210,12 @@ def _plot(rows: list[dict], path: Path) -> None:
     plt.close(fig)
 
 
-def _sim_rows(config_name: str, lrs, steps: int, seed: int, codec_list, repeats: int):
+def _sim_rows(config_name: str, lrs, steps: int, seed: int, codec_list, repeats: int, calibration):
     config = make_config(config_name)
-    initial = make_state(config, seed)
+    initial = make_state(config, seed, calibration=calibration)
     for lr in lrs:
         master = {n: w.clone() for n, w in initial.items()}
-        yield bench_lr(master, lr, steps, seed, codec_list, repeats)
+        yield bench_lr(master, lr, steps, seed, codec_list, repeats, calibration)
 
 
 def _real_rows(real_config, cache_dir, codec_list, repeats: int):
@@ -234,18 +236,21 @@ def run_bench(
     data: str = "sim",
     real_config=None,
     cache_dir: str | Path = "out/bench-real",
+    calibration: Calibration = REAL_STEPS,
 ) -> dict:
     """Run the benchmark, print a table, write ``bench.json`` and ``bench.png`` into
     ``out_dir`` and return the results. ``threads`` goes to our codec; baselines run on
     one thread. ``data`` "sim": simulated steps of ``config_name`` (every lr starts from the
-    same weights and optimizer seed); "real": real steps of a real model
+    same weights and optimizer seed; ``calibration`` scales them, `REAL_STEPS` by default:
+    changes as frequent as real steps' at the same lr); "real": real steps of a real model
     (``weight_teleport.bench.real``, settings ``real_config``, trained once into ``cache_dir``)."""
     if steps < 1 or repeats < 1:
         raise ValueError(f"steps and repeats must be at least 1, got {steps} and {repeats}")
     codec_list = codecs(threads)
     if data == "sim":
-        rows_iter = _sim_rows(config_name, lrs, steps, seed, codec_list, repeats)
-        described = {"config": dataclasses.asdict(make_config(config_name))}
+        rows_iter = _sim_rows(config_name, lrs, steps, seed, codec_list, repeats, calibration)
+        described = {"config": dataclasses.asdict(make_config(config_name)),
+                     "calibration": dataclasses.asdict(calibration)}
     elif data == "real":
         from weight_teleport.bench.real import RealConfig
 
@@ -281,8 +286,9 @@ def main(args: argparse.Namespace) -> int:
         from weight_teleport.bench.real import RealConfig
 
         real_config = RealConfig(model=args.model, lrs=tuple(args.lrs), steps=args.steps, seed=args.seed)
+    calibration = UNCALIBRATED if args.uncalibrated else REAL_STEPS
     run_bench(args.config, tuple(args.lrs), args.steps, args.seed, args.out_dir, args.threads, args.repeats,
-              args.data, real_config, args.cache_dir)
+              args.data, real_config, args.cache_dir, calibration)
     return 0
 
 

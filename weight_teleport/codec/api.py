@@ -16,8 +16,8 @@ from weight_teleport.codec.patch import ApplyReport, StagedParts, StagedPatch
 from weight_teleport.codec.plan import DEFAULT_CHUNK_ELEMS, check_chunk_elems
 from weight_teleport.errors import PackMismatchError, UnsupportedFormatError
 from weight_teleport.format import PackHeader, PackLimits, read_header, write_pack, write_pack_into
-from weight_teleport.format.container import collections_paused
 from weight_teleport.format.limits import over_limit
+from weight_teleport.host_memory import collections_paused
 
 DEFAULT_LEVEL = 3
 
@@ -244,7 +244,7 @@ def stage_delta(state: Mapping[str, torch.Tensor], pack: bytes, *, base_version:
 
     CUDA weights decode every stream codec a pack may use with nvCOMP, the GPU-only ones
     (lz4, nvcomp-ans) too; `cuda`, a `CudaCodecConfig`, picks nvCOMP's decompression backend
-    (`decompress_backend`; its `algorithm` is ignored: each stream names its codec). CPU
+    (`decompress_backend`; its `stream_coder` is ignored: each stream names its codec). CPU
     weights decode the portable codecs (raw, zstd) and refuse the others."""
     header = read_header(pack, limits=limits)
     if header.kind == "delta" and base_version is not None and header.base_version != base_version:

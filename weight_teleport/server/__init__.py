@@ -13,8 +13,10 @@ def _runner():
     try:
         from . import runner
     except ImportError as exc:
-        raise ImportError(f"the origin server needs {exc.name!r}: "
-                          f'pip install "weight-teleport[http]"') from exc
+        from ..store.errors import MissingDependency  # an ImportError the CLI reports plainly
+
+        raise MissingDependency(f"the origin server needs {exc.name!r}: "
+                                f'pip install "weight-teleport[http]"') from exc
     return runner
 
 

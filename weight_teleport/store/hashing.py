@@ -1,7 +1,7 @@
 """The content hash of stored objects: a SHA-256 tree over fixed-size pieces.
 
-A plain SHA-256 is one sequential pass (about 2 GB/s on one core), which made hashing the
-largest cost of storing and fetching a multi-GB pack. The tree hash is the SHA-256 of the
+A plain SHA-256 is one sequential pass on one core: for a multi-GB pack it would cost more
+than storing or fetching the bytes. The tree hash is the SHA-256 of the
 concatenated SHA-256 digests of the object's consecutive `PIECE_BYTES`-byte pieces (the
 last one shorter; an empty object has no pieces). Its pieces are hashed on all cores at
 once, and a reader that fetches an object in piece-aligned ranges hashes each range as

@@ -12,6 +12,10 @@ Each worker's follower stages versions into its `StageBoard` while the engine ge
    (every rank's follower restages from the next snapshot); else (a rank lags): no rank
    applies V, and V stays staged where it was, for a later `commit(V)` or a newer version.
 
+A failure answers a vote only if its attempt began after the vote's wait began: a store can
+be repaired, so an older failure makes the rank's follower try again at once, and the vote
+waits (at most `wait_s`) for that attempt; at the deadline the older failure stands.
+
 A rank applies only what it staged and verified before the vote, and staging checks every
 index and shape, so after a unanimous vote applying is plain writes: the engine never
 serves a mix of versions."""
@@ -38,6 +42,8 @@ class Outcome(enum.IntEnum):
 class _Entry:
     patch: Any = None
     error: BaseException | None = None
+    epoch: int = 0
+    """The board's epoch when the attempt began (see `StageBoard.epoch`)."""
 
 
 class StageBoard:
@@ -48,10 +54,16 @@ class StageBoard:
         self._cond = threading.Condition()
         self.applied: int | None = None
         """The version this rank applied last (set by `commit`)."""
-        self.resync_requested = False
         self.resyncs = 0
         """How many times the group refused a version for a failed rank: each one tells this
         rank's follower to drop what it staged and stage again."""
+        self.epoch = 0
+        """Counts the votes' waits: a failed stage whose attempt began in an earlier epoch is
+        tried again by the follower, and only an attempt of the current epoch answers."""
+
+    def state(self) -> tuple[int | None, int, int]:
+        """(applied version, resyncs, epoch): what the follower waits on."""
+        return self.applied, self.resyncs, self.epoch
 
     def put(self, version: int, patch: Any) -> None:
         """Version `version` is staged and verified on this rank."""
@@ -59,34 +71,44 @@ class StageBoard:
             self._entries[version] = _Entry(patch=patch)
             self._cond.notify_all()
 
-    def fail(self, version: int, error: BaseException) -> None:
-        """Staging or verifying `version` failed on this rank."""
+    def fail(self, version: int, error: BaseException, epoch: int | None = None) -> None:
+        """Staging or verifying `version` failed on this rank, in an attempt begun in `epoch`
+        (default: the current one)."""
         with self._cond:
-            self._entries[version] = _Entry(error=error)
+            self._entries[version] = _Entry(error=error, epoch=self.epoch if epoch is None else epoch)
             self._cond.notify_all()
+
+    def _entry(self, version: int) -> _Entry | None:
+        """The entry for `version`, or else a failed one of an earlier version: this rank
+        cannot reach `version` without a resync or a successful retry of that one."""
+        if version in self._entries:
+            return self._entries[version]
+        return next((e for v, e in sorted(self._entries.items()) if v < version and e.error is not None), None)
 
     def wait(self, version: int, timeout_s: float) -> _Entry | None:
         """This rank's entry for `version`, waiting at most `timeout_s`; None if still absent.
-        A failed entry of an earlier version answers at once: this rank cannot reach
-        `version` without a resync."""
+        Begins a new epoch: a failure from an earlier one is tried again (the follower wakes
+        on it) and answers only if no later attempt has answered by the deadline."""
         deadline = time.monotonic() + timeout_s
         with self._cond:
-            while version not in self._entries:
-                failed = [e for v, e in self._entries.items() if v < version and e.error is not None]
-                if failed:
-                    return failed[0]
+            self.epoch += 1
+            epoch = self.epoch
+            self._cond.notify_all()
+            while True:
+                entry = self._entry(version)
+                if entry is not None and (entry.error is None or entry.epoch >= epoch):
+                    return entry
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    return None
+                    return entry
                 self._cond.wait(left)
-            return self._entries[version]
 
-    def wait_change(self, seen: tuple[int | None, int], timeout_s: float) -> tuple[int | None, int]:
-        """Wait at most `timeout_s` until (applied version, resync count) differs from `seen`;
-        returns it (the follower's wake-up after a commit)."""
+    def wait_change(self, seen: tuple[int | None, int, int], timeout_s: float) -> tuple[int | None, int, int]:
+        """Wait at most `timeout_s` until `state()` differs from `seen`; returns it (the
+        follower's wake-up after a commit or at a vote's new epoch)."""
         with self._cond:
-            self._cond.wait_for(lambda: (self.applied, self.resyncs) != seen, timeout_s)
-            return self.applied, self.resyncs
+            self._cond.wait_for(lambda: self.state() != seen, timeout_s)
+            return self.state()
 
     def _decided(self, version: int, outcome: Outcome) -> None:
         with self._cond:
@@ -96,7 +118,6 @@ class StageBoard:
                 for v in [v for v in self._entries if v <= version or outcome is Outcome.RESYNC]:
                     del self._entries[v]
             if outcome is Outcome.RESYNC:
-                self.resync_requested = True
                 self.resyncs += 1
             self._cond.notify_all()
 

@@ -109,7 +109,7 @@ def _old_walk(param: torch.Tensor, s: Slice, pending: Sequence[Step]) -> torch.T
         if w.slice.order != s.order:
             raise PackMismatchError(f"tensor {s.name!r}: versions staged in two walk orders; resync")
         pos = w.positions if w.positions is not None else torch.arange(w.start, w.start + w.bits.numel())
-        ints[pos - s.walk[0]] = w.bits
+        ints[(pos - s.walk[0]).to(ints.device)] = w.bits.to(ints.device)
     return walk
 
 
@@ -168,11 +168,13 @@ def _stage_record(header: PackHeader, job, data, pending: Sequence[Step]) -> Sli
     rec, layout, s, param, i, j, _ = job
     walk = _old_walk(param, s, pending)
     first, stop = layout.spans[i][0], layout.spans[j - 1][1]
+    # A CUDA worker's old elements of the chunks come to the host for decoding (its writes go
+    # back in `apply_steps`): the chunk window of one slice at a time, never the model.
     if layout.box == W.whole(layout.shape):
-        local = walk[first - s.walk[0]:stop - s.walk[0]]
+        local = walk[first - s.walk[0]:stop - s.walk[0]].cpu()
         pos, val = stage_chunks(header, rec, (i, j), local, data, walk_start=first)
     else:  # a trainer rank's part: its walk is not a run of this slice's walk
-        local = walk[chunk_positions(header, rec, i, j) - s.walk[0]]
+        local = walk[(chunk_positions(header, rec, i, j) - s.walk[0]).to(walk.device)].cpu()
         pos, val = stage_chunks(header, rec, (i, j), local, data)
     bits = val.view(BY_TORCH[val.dtype].int_torch)
     if pos.numel() == stop - first and layout.box == W.whole(layout.shape):

@@ -41,6 +41,7 @@ return nothing to the caller: the outcome of each commit and the workers' state
 oneDNN, the switch to plain, patchable weights (`teleport_attach`, needs the worker)."""
 
 import logging
+import time
 from dataclasses import dataclass
 
 import torch
@@ -102,6 +103,8 @@ class TeleportTransferEngine(_engine_base()):
         self.slices = worker_slices(vllm_config.model_config.hf_config, group.world_size, self.rank)
         self.board = StageBoard()
         self.outcomes: list[tuple[int, str]] = []
+        self.apply_s: dict[int, float] = {}
+        """Seconds this worker spent writing each applied version (its own scatter)."""
         self.follower: WorkerFollower | None = None
         self._wait_s: float | None = None
 
@@ -142,14 +145,18 @@ class TeleportTransferEngine(_engine_base()):
             _log.warning("version %d was applied on no worker: %s", update_info.version, why)
 
     def _apply(self, steps) -> None:
-        applied = self.board.applied
+        applied, t0 = self.board.applied, time.perf_counter()
         apply_steps(self._params(), [st for st in steps if applied is None or st.version > applied])
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        self.apply_s[steps[-1].version] = time.perf_counter() - t0
 
     def status(self) -> dict:
         f = self.follower
         return {"rank": self.rank, "applied": self.board.applied, "outcomes": self.outcomes,
                 "resyncs": self.board.resyncs, "staged": [s.version for s in f.chain] if f else [],
-                "fetched": dict(f.fetched) if f else {}, "errors": list(f.errors) if f else []}
+                "fetched": dict(f.fetched) if f else {}, "apply_s": dict(self.apply_s),
+                "errors": list(f.errors) if f else []}
 
     def shutdown(self) -> None:
         if self.follower is not None:

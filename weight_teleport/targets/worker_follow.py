@@ -7,11 +7,14 @@ pending steps are applied (`pipeline.plan.plan_avoiding`), stage the plan's firs
 (`slice_stage.stage_entry`), post the chain of pending steps for its version, repeat; at
 most `max_pending` steps ahead of the last commit. A failed stage is posted as failed (the
 group will refuse that version and every later one: a resync) and this rank stages nothing
-more until the group has decided; then it drops its pending steps and plans again,
-avoiding the object that failed here where another path exists."""
+more until the group has decided, a vote has begun a new epoch of the board (it waits for a
+fresh attempt: targets/commit.py), or a backoff (RETRY_S, doubling to RETRY_MAX_S) has
+passed, since a store can be repaired; then it plans again, avoiding the object that failed
+here where another path exists. A retry that stages replaces the failed post."""
 
 import logging
 import threading
+import time
 
 from weight_teleport.errors import WeightTeleportError
 from weight_teleport.pipeline.errors import NoPlanError
@@ -25,6 +28,8 @@ from weight_teleport.targets.slice_stage import Step, stage_entry
 _log = logging.getLogger(__name__)
 STAGE_ERRORS = (WeightTeleportError, StoreError, ValueError, KeyError, IndexError, RuntimeError)
 """What a stage may raise for bad bytes, a bad store or a pack of another model."""
+RETRY_S, RETRY_MAX_S = 1.0, 30.0
+"""The first wait before a failed stage is tried again, and the longest."""
 
 
 class WorkerFollower:
@@ -42,7 +47,8 @@ class WorkerFollower:
         self.errors: list[str] = []
         self._failed_keys: set[str] = set()
         self._failed = False
-        self._seen = (board.applied, board.resyncs)
+        self._retry_at, self._backoff, self._failed_epoch = 0.0, RETRY_S, 0
+        self._seen = board.state()
         self._manifest, self._etag = Manifest(), None
         self._stop, self._hold = threading.Event(), threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True, name="weight-teleport-worker")
@@ -67,6 +73,8 @@ class WorkerFollower:
 
     def _step(self) -> None:
         self._catch_up_with_board()
+        if self._failed and (time.monotonic() >= self._retry_at or self.board.epoch != self._failed_epoch):
+            self._failed = False  # the group has not decided yet: try again
         if self._failed or self._hold.is_set() or len(self.chain) >= self.max_pending:
             self.board.wait_change(self._seen, 0.2)  # _catch_up_with_board reads the change
             return
@@ -78,26 +86,31 @@ class WorkerFollower:
         if plan is None or not plan.steps:
             self._refresh()
             return
-        entry = plan.steps[0]
+        entry, epoch = plan.steps[0], self.board.epoch
         try:
             step = stage_entry(self.store, entry, self.params(), self.slices, pending=self.chain)
         except STAGE_ERRORS as e:
             _log.warning("staging version %d (%s) failed on this worker: %s", entry.version, entry.key, e)
             self.errors.append(f"{entry.key}: {e}")
             self._failed_keys.add(entry.key)
-            self._failed = True
-            self.board.fail(entry.version, e)
+            self._failed, self._failed_epoch = True, epoch
+            self._retry_at = time.monotonic() + self._backoff
+            self._backoff = min(2 * self._backoff, RETRY_MAX_S)
+            self.board.fail(entry.version, e, epoch)
             return
+        self._backoff = RETRY_S
+        self._failed_keys.discard(entry.key)
         self.chain.append(step)
         self.fetched[step.version] = step.fetched
         self.board.put(step.version, tuple(self.chain))
 
     def _catch_up_with_board(self) -> None:
-        applied, resyncs = self.board.applied, self.board.resyncs
+        state = self.board.state()
+        applied, resyncs, _ = state
         if resyncs != self._seen[1]:  # the group refused a version: stage again from what is applied
             self.chain, self._failed = [], False
         self.chain = [s for s in self.chain if applied is None or s.version > applied]
-        self._seen = (applied, resyncs)
+        self._seen = state
 
     def _refresh(self) -> None:
         try:

@@ -214,7 +214,7 @@ def check_readable(stream_codecs: list[str]) -> None:
     if unknown:
         raise UnsupportedFormatError(
             f"pack uses stream codecs {sorted(unknown)} that the CPU cannot decode; stage it onto CUDA "
-            "weights, or ask its writer for portable packs (CudaCodecConfig(algorithm='zstd'), the default)")
+            "weights, or ask its writer for portable zstd packs (CudaCodecConfig(stream_coder='huffman'), the default)")
 
 
 def stage(lives: dict[str, Live], header: PackHeader, pack, check_base: bool, threads: int | None,

@@ -5,7 +5,7 @@ from weight_teleport.codec import streams
 from weight_teleport.codec.cuda.runtime import nvcomp
 from weight_teleport.codec.cuda.stage.apply import apply
 from weight_teleport.codec.cuda.encode.sparse_chunks import CODEC_ID
-from weight_teleport.codec.cuda.config import CudaCodecConfig
+from weight_teleport.codec.cuda.config import NVCOMP_ALGORITHM, CudaCodecConfig
 from weight_teleport.codec.cuda.kernels.digest import digest as _digest
 from weight_teleport.codec.cuda.kernels.digest import word_sums
 from weight_teleport.codec.cuda.encode.encoder import DEFAULT_CONFIG, encode
@@ -51,7 +51,7 @@ def check_readable(stream_codecs: list[str]) -> None:
 
 def extra_stream_codecs(config: CudaCodecConfig) -> list[str]:
     """Stream codec names a pack written with `config` may use beyond raw and zstd."""
-    return [] if config.portable else [streams.NAMES[CODEC_ID[config.algorithm]]]
+    return [] if config.portable else [streams.NAMES[CODEC_ID[NVCOMP_ALGORITHM[config.stream_coder]]]]
 
 
 __all__ = ["DEFAULT_CONFIG", "EncodeItem", "Live", "apply", "check_readable", "digest", "digests", "encode", "extra_stream_codecs",

@@ -17,7 +17,8 @@ from weight_teleport.codec import streams as codecs
 from weight_teleport.codec.cuda.kernels import encode_symbols, stream_tables
 from weight_teleport.codec.cuda.runtime import memory, nvcomp
 from weight_teleport.codec.cuda.zstd_literals import gpu_writer
-from weight_teleport.codec.cuda.config import CudaCodecConfig
+from weight_teleport.codec.cuda import choice
+from weight_teleport.codec.cuda.config import NVCOMP_ALGORITHM, CudaCodecConfig
 from weight_teleport.codec.cuda.kernels.crc import crc32
 from weight_teleport.codec.cuda.kernels.gather import gather
 from weight_teleport.codec.cuda.zstd_literals.reference import BLOCK_BYTES
@@ -67,18 +68,18 @@ def _to_code(st: encode_symbols.SymbolStreams) -> tuple[np.ndarray, np.ndarray, 
     return todo, offsets[todo], lengths[todo]
 
 
-def _code_nvcomp(cfg: CudaCodecConfig, st: encode_symbols.SymbolStreams) -> Coded:
+def _code_nvcomp(algorithm: str, st: encode_symbols.SymbolStreams) -> Coded:
     todo, off, ln = _to_code(st)
     if not todo.size:
         return _raw(st)
-    out, out_off, pending = nvcomp.compress(cfg, st.buffer, off, ln)
+    out, out_off, pending = nvcomp.compress(algorithm, st.buffer, off, ln)
     sizes, statuses = pending.host()
     host = torch.cat([sizes, statuses.long()]).cpu().numpy()
     sizes, statuses = pending.unpermute(host[:ln.size]), pending.unpermute(host[ln.size:])
     if (statuses != 0).any():
-        raise RuntimeError(f"nvCOMP {cfg.algorithm} failed on {int((statuses != 0).sum())} streams")
+        raise RuntimeError(f"nvCOMP {algorithm} failed on {int((statuses != 0).sum())} streams")
     smaller = sizes < ln
-    return _use(_raw(st), todo[smaller], CODEC_ID[cfg.algorithm], sizes[smaller], out_off[smaller], out)
+    return _use(_raw(st), todo[smaller], CODEC_ID[algorithm], sizes[smaller], out_off[smaller], out)
 
 
 def _code_cpu(level: int, st: encode_symbols.SymbolStreams, threads: int) -> Coded:
@@ -109,15 +110,15 @@ def _code_huffman(st: encode_symbols.SymbolStreams) -> Coded:
 
 
 def code(st: encode_symbols.SymbolStreams, cfg: CudaCodecConfig, level: int, threads: int) -> Coded:
-    """The stored form of every stream: Huffman-literal frames (GPU), nvCOMP or the CPU's
-    zstd where that is smaller, raw otherwise and for streams shorter than MIN_CODED."""
-    if not cfg.portable and not nvcomp.available():
-        raise RuntimeError(f"stream codec {cfg.algorithm!r} needs nvCOMP: pip install 'weight-teleport[cuda]'")
-    if cfg.algorithm == "zstd" and cfg.huffman and cfg.use_nvcomp and gpu_writer.available(st.buffer):
+    """The stored form of every stream, by the stream coder `choice.stream_coder` picks:
+    Huffman-literal frames (GPU), nvCOMP or the CPU's zstd where that is smaller, raw
+    otherwise and for streams shorter than MIN_CODED."""
+    coder = choice.stream_coder(cfg, st.buffer)
+    if coder == "huffman":
         return _code_huffman(st)
-    if cfg.use_nvcomp and nvcomp.available():
-        return _code_nvcomp(cfg, st)
-    return _code_cpu(level, st, threads)
+    if coder == "cpu-zstd":
+        return _code_cpu(level, st, threads)
+    return _code_nvcomp(NVCOMP_ALGORITHM[coder], st)
 
 
 class _Staging(threading.local):

@@ -135,13 +135,15 @@ def decode(table: chunk_table.ChunkTable, luts, inverted, n_classes: int, counts
     starts = block_starts(table, counts, base, seg_word, inverted, bitmap, pref)
     if table.programs and warp.available(old):
         assert old_sums is not None and old_sums.dtype == torch.int64 and old_sums.shape == (table.programs,)
-        warp.launch("place_lanes", table, info, [
-            old, table.rows, table.program_chunk, luts, inverted, counts, base, seg_word, bitmap, pref, res_off, res,
-            starts, old_sums, pos, val, sums, bitmap.numel(), n], NCP=ncp)
+        warp.launch("place_lanes", table, info, warp.PlaceParams.of(
+            old=old, rows=table.rows, prog=table.program_chunk, lut=luts, inv_tab=inverted, counts=counts, base=base,
+            seg_word=seg_word, bitmap=bitmap, pref=pref, roff=res_off, res=res, starts=starts, old_sums=old_sums,
+            pos=pos, val=val, sums=sums, n_words=bitmap.numel(), n_res=n, programs=table.programs), NCP=ncp)
     elif table.programs:
         _decode_kernel[(table.programs,)](
-            old, table.rows, table.program_chunk, luts, inverted, base, seg_word, bitmap, pref, res_off, res,
-            starts, pos, val, sums, n, NK=luts.shape[1], MANT=info.mantissa_bits, KMASK=(1 << info.exponent_bits) - 1,
-            BITS=info.bits, IS_FLOAT=info.is_float, NCP=ncp, N_LANES=class_ranks.lanes(n_classes),
-            BLOCK=class_ranks.BLOCK, ROW=ROW, num_warps=NUM_WARPS)
+            old_ptr=old, rows_ptr=table.rows, prog_ptr=table.program_chunk, lut_ptr=luts, inv_ptr=inverted,
+            base_ptr=base, seg_ptr=seg_word, bitmap_ptr=bitmap, pref_ptr=pref, roff_ptr=res_off, res_ptr=res,
+            start_ptr=starts, pos_ptr=pos, val_ptr=val, sums_ptr=sums, n_res=n, NK=luts.shape[1],
+            MANT=info.mantissa_bits, KMASK=(1 << info.exponent_bits) - 1, BITS=info.bits, IS_FLOAT=info.is_float,
+            NCP=ncp, N_LANES=class_ranks.lanes(n_classes), BLOCK=class_ranks.BLOCK, ROW=ROW, num_warps=NUM_WARPS)
     return pos, val, sums

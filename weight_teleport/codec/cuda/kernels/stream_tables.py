@@ -17,7 +17,7 @@ from numba import njit
 
 from weight_teleport.codec.cuda.runtime import memory
 from weight_teleport.errors import PackFormatError
-from weight_teleport.format.container import in_runs
+from weight_teleport.host_memory import in_runs
 
 VARINT_MAX = 10
 MAX_VALUE = 1 << 48

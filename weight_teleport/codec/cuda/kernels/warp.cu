@@ -100,6 +100,50 @@ __device__ __forceinline__ Block table_block(i64 pid, const i64* rows, const int
     return b;
 }
 
+// The parameters of the events and the placement kernels, each taken as one struct by
+// value; kernels/warp.py's EventParams and PlaceParams mirror them field for field (the
+// module's source ends with static_asserts of their offsets from the host mirrors). Every
+// field is 8 bytes: a device pointer or an i64.
+struct EventParams {
+    const U* old;
+    const i64* rows;
+    const int* prog;
+    const U* nw;
+    const i64* new_off;
+    const unsigned char* lut;
+    const signed char* inv_tab;
+    const int* rbase;
+    const int* ebase;
+    const i64* eoff;
+    const i64* roff;
+    int* ranks_out;
+    U* res_out;
+    i64 programs;
+};
+
+struct PlaceParams {
+    const U* old;
+    const i64* rows;
+    const int* prog;
+    const unsigned char* lut;
+    const signed char* inv_tab;
+    const int* counts;
+    const int* base;
+    const i64* seg_word;
+    const int* bitmap;
+    const int* pref;
+    const i64* roff;
+    const i64* res;
+    const i64* starts;
+    const i64* old_sums;
+    int* pos;
+    U* val;
+    i64* sums;
+    i64 n_words;
+    i64 n_res;
+    i64 programs;
+};
+
 // Elements s0 + u * 32 + lane (u < UNROLL) of a block, 0 past its end; read once, so
 // streamed past the caches.
 __device__ __forceinline__ void load_slices(W* out, const U* p, int s0, int lane, int n) {
@@ -392,9 +436,21 @@ __device__ __forceinline__ void copies_wait_but_last() {}
 #endif
 
 extern "C" __global__ void __launch_bounds__(EVENT_WARPS * 32)
-class_events(const U* old, const i64* rows, const int* prog, const U* nw, const i64* new_off,
-             const unsigned char* lut, const signed char* inv_tab, const int* rbase, const int* ebase,
-             const i64* eoff, const i64* roff, int* ranks_out, U* res_out, i64 programs) {
+class_events(const EventParams prm) {
+    const U* old = prm.old;
+    const i64* rows = prm.rows;
+    const int* prog = prm.prog;
+    const U* nw = prm.nw;
+    const i64* new_off = prm.new_off;
+    const unsigned char* lut = prm.lut;
+    const signed char* inv_tab = prm.inv_tab;
+    const int* rbase = prm.rbase;
+    const int* ebase = prm.ebase;
+    const i64* eoff = prm.eoff;
+    const i64* roff = prm.roff;
+    int* ranks_out = prm.ranks_out;
+    U* res_out = prm.res_out;
+    const i64 programs = prm.programs;
     __shared__ RunShared shared[EVENT_WARPS];
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
     const i64 pid = (i64)blockIdx.x * EVENT_WARPS + w;
@@ -776,10 +832,27 @@ __device__ __forceinline__ int bits_before(const int* bitmap, const int* pref, i
 }
 
 extern "C" __global__ void __launch_bounds__(WARPS * 32)
-place_lanes(const U* old, const i64* rows, const int* prog, const unsigned char* lut, const signed char* inv_tab,
-            const int* counts, const int* base, const i64* seg_word, const int* bitmap, const int* pref,
-            const i64* roff, const i64* res, const i64* starts, const i64* old_sums, int* pos, U* val, i64* sums,
-            i64 n_words, i64 n_res, i64 programs) {
+place_lanes(const PlaceParams prm) {
+    const U* old = prm.old;
+    const i64* rows = prm.rows;
+    const int* prog = prm.prog;
+    const unsigned char* lut = prm.lut;
+    const signed char* inv_tab = prm.inv_tab;
+    const int* counts = prm.counts;
+    const int* base = prm.base;
+    const i64* seg_word = prm.seg_word;
+    const int* bitmap = prm.bitmap;
+    const int* pref = prm.pref;
+    const i64* roff = prm.roff;
+    const i64* res = prm.res;
+    const i64* starts = prm.starts;
+    const i64* old_sums = prm.old_sums;
+    int* pos = prm.pos;
+    U* val = prm.val;
+    i64* sums = prm.sums;
+    const i64 n_words = prm.n_words;
+    const i64 n_res = prm.n_res;
+    const i64 programs = prm.programs;
     __shared__ LaneShared shared[WARPS];
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
     const i64 pid = (i64)blockIdx.x * WARPS + w;

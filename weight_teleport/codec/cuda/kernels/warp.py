@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 
 from weight_teleport.codec.cuda.runtime import nvrtc
+from weight_teleport.codec.cuda.runtime.params import I64, POINTER, KernelParams
 
 SOURCE = Path(__file__).with_name("warp.cu")
 """The kernels' CUDA C source (tests/test_codec_warp_compile.py compiles it without a GPU)."""
@@ -33,6 +34,32 @@ while this round's are counted: that scan is bound by its loads' latency, and mo
 in flight hide more of it (the scan with shared bins is at its fastest with UNROLL)."""
 
 
+class EventParams(KernelParams):
+    """class_events' parameters (warp.cu's struct EventParams, in its order)."""
+
+    CUDA_NAME = "EventParams"
+    _fields_ = [(name, POINTER) for name in ("old", "rows", "prog", "nw", "new_off", "lut", "inv_tab", "rbase",
+                                             "ebase", "eoff", "roff", "ranks_out", "res_out")] + [("programs", I64)]
+
+
+class PlaceParams(KernelParams):
+    """place_lanes' parameters (warp.cu's struct PlaceParams, in its order)."""
+
+    CUDA_NAME = "PlaceParams"
+    _fields_ = [(name, POINTER) for name in ("old", "rows", "prog", "lut", "inv_tab", "counts", "base", "seg_word",
+                                             "bitmap", "pref", "roff", "res", "starts", "old_sums", "pos", "val",
+                                             "sums")] + [(name, I64) for name in ("n_words", "n_res", "programs")]
+
+
+PARAMS = (EventParams, PlaceParams)
+"""The structs of warp.cu mirrored here; their layout checks end every module's source."""
+
+
+def source() -> str:
+    """warp.cu with the static_asserts that its parameter structs match their host mirrors."""
+    return SOURCE.read_text() + "".join(p.layout_checks() for p in PARAMS)
+
+
 def available(tensor: torch.Tensor) -> bool:
     """Whether the warp kernels can run on `tensor`'s device: one that NVRTC compiles for,
     with __match_any_sync (compute capability 7.0 on)."""
@@ -41,7 +68,7 @@ def available(tensor: torch.Tensor) -> bool:
 
 @functools.cache
 def _module(defines: tuple) -> nvrtc.Module:
-    return nvrtc.Module(SOURCE.read_text(), SOURCE.name, dict(defines))
+    return nvrtc.Module(source(), SOURCE.name, dict(defines))
 
 
 def _unroll(info, unroll: int | None = None) -> int:
@@ -58,15 +85,20 @@ def _defines(info, block: int, unroll: int | None = None, **extra) -> tuple:
                              BLOCK=block, WARPS=WARPS, UNROLL=u, **extra).items()))
 
 
-def launch(kernel: str, table, info, args: list, shared: int = 0, unroll: int | None = None, warps: int = WARPS,
-           **defines) -> None:
+def launch(kernel: str, table, info, args: list | KernelParams, shared: int = 0, unroll: int | None = None,
+           warps: int = WARPS, **defines) -> None:
     """Run `kernel` with a warp per program of the chunk table `table`, `warps` warps a CTA
     (elements of `info`'s type; `defines` such as NCP, the class slots), `unroll` slices a
-    round (UNROLL when None) and `shared` bytes of dynamic shared memory a warp; `args`
+    round (UNROLL when None) and `shared` bytes of dynamic shared memory a warp. `args`: the
+    kernel's parameter struct (its `programs` the table's), or a list of the parameters that
     precede the program count."""
     module = _module(_defines(info, table.block, unroll, **defines))
-    module.launch(kernel, -(-table.programs // warps), warps * 32, [*args, table.programs], table.base.device,
-                  shared * warps)
+    if isinstance(args, KernelParams):
+        assert args.programs == table.programs, "the parameter struct is for another chunk table"
+        params = [args]
+    else:
+        params = [*args, table.programs]
+    module.launch(kernel, -(-table.programs // warps), warps * 32, params, table.base.device, shared * warps)
 
 
 def scan(table, info, nb: int, args: list) -> None:

@@ -9,7 +9,7 @@ import torch
 import triton
 import triton.language as tl
 
-from weight_teleport.format.container import FILL_THREADS, fill
+from weight_teleport.host_memory import FILL_THREADS, fill
 
 
 def on_device(tensor: torch.Tensor) -> bool:

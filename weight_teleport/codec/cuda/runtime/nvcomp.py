@@ -7,7 +7,7 @@ its scratch by the largest input of a call."""
 import ctypes
 import importlib.util
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
@@ -48,8 +48,8 @@ def available() -> bool:
     return library() is not None
 
 
-def _fn(cfg: CudaCodecConfig, suffix: str, argtypes):
-    f = getattr(library(), f"nvcompBatched{_NAMES[cfg.algorithm]}{suffix}")
+def _fn(algorithm: str, suffix: str, argtypes):
+    f = getattr(library(), f"nvcompBatched{_NAMES[algorithm]}{suffix}")
     f.argtypes, f.restype = argtypes, ctypes.c_int
     return f
 
@@ -60,12 +60,12 @@ def _call(f, *args) -> None:
         raise RuntimeError(f"{f.__name__} failed with nvcompStatus {status}")
 
 
-def _compress_opts(cfg: CudaCodecConfig) -> _Opts:
+def _compress_opts() -> _Opts:
     return _Opts()
 
 
-def _decompress_opts(cfg: CudaCodecConfig) -> _Opts:
-    return _Opts(_BACKEND[cfg.decompress_backend], 0xFF if cfg.algorithm == "ans" else 0)
+def _decompress_opts(cfg: CudaCodecConfig, algorithm: str) -> _Opts:
+    return _Opts(_BACKEND[cfg.decompress_backend], 0xFF if algorithm == "ans" else 0)
 
 
 MAX_BUCKETS = 33
@@ -73,7 +73,7 @@ MAX_BUCKETS = 33
 CODED = (codecs.ZSTD, codecs.LZ4, codecs.NVCOMP_ANS)
 """The stream codecs nvCOMP decodes, as the groups of a decompression (`bucket_sort`)."""
 CODEC_ID = {"zstd": codecs.ZSTD, "lz4": codecs.LZ4, "ans": codecs.NVCOMP_ANS}
-"""The stream codec id of each nvCOMP algorithm (CudaCodecConfig.algorithm)."""
+"""The stream codec id of each nvCOMP algorithm (config.NVCOMP_ALGORITHM's values)."""
 ALGORITHM = {i: a for a, i in CODEC_ID.items()}
 """The nvCOMP algorithm of each stream codec id nvCOMP decodes."""
 N_KEYS = len(CODED) * MAX_BUCKETS
@@ -198,16 +198,17 @@ class Pending:
         return out
 
 
-def compress(cfg: CudaCodecConfig, src: torch.Tensor, offsets: np.ndarray, lengths: np.ndarray):
+def compress(algorithm: str, src: torch.Tensor, offsets: np.ndarray, lengths: np.ndarray):
     """Compress the streams src[offsets[i]:offsets[i] + lengths[i]] (offsets SLOT_ALIGN-aligned)
-    into one new device buffer. Returns (buffer, host slot offsets, Pending); nothing syncs."""
+    with nvCOMP's `algorithm` ('zstd', 'lz4', 'ans') into one new device buffer. Returns
+    (buffer, host slot offsets, Pending); nothing syncs."""
     assert src.dtype == torch.uint8 and src.is_cuda and src.is_contiguous()
     assert (offsets % SLOT_ALIGN == 0).all() and src.data_ptr() % SLOT_ALIGN == 0
     order, ranges = _buckets(lengths)
     ranges = [(a, b) for a, b, _ in ranges]
-    opts = _compress_opts(cfg)
-    max_out = _fn(cfg, "CompressGetMaxOutputChunkSize", [S, _Opts, ctypes.POINTER(S)])
-    temp_size = _fn(cfg, "CompressGetTempSize", [S, S, _Opts, ctypes.POINTER(S), S, P])
+    opts = _compress_opts()
+    max_out = _fn(algorithm, "CompressGetMaxOutputChunkSize", [S, _Opts, ctypes.POINTER(S)])
+    temp_size = _fn(algorithm, "CompressGetTempSize", [S, S, _Opts, ctypes.POINTER(S), S, P])
     slot = np.empty(lengths.size, np.int64)
     temp = 0
     for a, b in ranges:
@@ -224,7 +225,7 @@ def compress(cfg: CudaCodecConfig, src: torch.Tensor, offsets: np.ndarray, lengt
     sizes = torch.empty(lengths.size, dtype=torch.int64, device=src.device)
     statuses = torch.empty(lengths.size, dtype=torch.int32, device=src.device)
     scratch = torch.empty(max(temp, 1), dtype=torch.uint8, device=src.device)
-    run = _fn(cfg, "CompressAsync", [P, P, S, S, P, S, P, P, _Opts, P, P])
+    run = _fn(algorithm, "CompressAsync", [P, P, S, S, P, S, P, P, _Opts, P, P])
     for a, b in ranges:
         biggest = int(lengths[order[a:b]].max())
         _call(run, table[0, a:].data_ptr(), table[2, a:].data_ptr(), biggest, b - a, scratch.data_ptr(),
@@ -248,13 +249,11 @@ class DecompressPlan:
 
 
 def plan_decompress(cfg: CudaCodecConfig, offsets: np.ndarray, stored: np.ndarray, dst_offsets: np.ndarray,
-                    raw: np.ndarray, stream: int, codec: np.ndarray | None = None) -> DecompressPlan:
+                    raw: np.ndarray, stream: int, codec: np.ndarray) -> DecompressPlan:
     """The plan of `decompress`ing streams at `offsets` (SLOT_ALIGN-aligned, `stored` bytes)
     of a source buffer into `dst_offsets` (aligned, `raw` bytes each) of a destination,
-    each of stream codec `codec` (None: all of `cfg.algorithm`'s); nvCOMP's scratch sizes
-    are queried for `stream` (a handle; nothing is queued on it)."""
-    if codec is None:
-        codec = np.full(raw.size, CODEC_ID[cfg.algorithm], np.int64)
+    each of stream codec `codec` (CODED's ids); nvCOMP's scratch sizes are queried for
+    `stream` (a handle; nothing is queued on it)."""
     order, ranges = _buckets(raw, codec)
     table = memory.arena().empty((4, raw.size), np.int64)
     plan_rows(order, *(np.asarray(a, np.int64) for a in (offsets, stored, raw, dst_offsets)), table)
@@ -269,10 +268,9 @@ def sized_plan(cfg: CudaCodecConfig, order: np.ndarray, ranges: list[tuple[int, 
     assert (table[0] % SLOT_ALIGN == 0).all() and (table[3] % SLOT_ALIGN == 0).all()
     temps = []
     for a, b, algorithm in ranges:
-        c = replace(cfg, algorithm=algorithm)
-        temp_size = _fn(c, "DecompressGetTempSize", [S, S, _Opts, ctypes.POINTER(S), S, P])
+        temp_size = _fn(algorithm, "DecompressGetTempSize", [S, S, _Opts, ctypes.POINTER(S), S, P])
         t = S()
-        _call(temp_size, b - a, int(table[2, a:b].max()), _decompress_opts(c), ctypes.byref(t),
+        _call(temp_size, b - a, int(table[2, a:b].max()), _decompress_opts(cfg, algorithm), ctypes.byref(t),
               int(table[2, a:b].sum()), P(stream))
         temps.append(_aligned(max(t.value, 1), 256))  # each group's own scratch, 256-byte aligned
     return DecompressPlan(order, ranges, temps, table)
@@ -293,9 +291,8 @@ def decompress(cfg: CudaCodecConfig, src: torch.Tensor, dst: torch.Tensor, plan:
     scratch = torch.empty(max(int(scratch_at[-1]), 1), dtype=torch.uint8, device=src.device)
     with _fanned(len(ranges)) as streams:  # each group its own scratch
         for (a, b, algorithm), t, at, stream in zip(ranges, temps, scratch_at, streams):
-            c = replace(cfg, algorithm=algorithm)
-            run = _fn(c, "DecompressAsync", [P, P, P, P, S, P, S, P, _Opts, P, P])
+            run = _fn(algorithm, "DecompressAsync", [P, P, P, P, S, P, S, P, _Opts, P, P])
             _call(run, table[0, a:].data_ptr(), table[1, a:].data_ptr(), table[2, a:].data_ptr(),
                   sizes[a:].data_ptr(), b - a, scratch.data_ptr() + int(at), t, table[3, a:].data_ptr(),
-                  _decompress_opts(c), statuses[a:].data_ptr(), stream)
+                  _decompress_opts(cfg, algorithm), statuses[a:].data_ptr(), stream)
     return Pending(order, sizes, statuses, (table, scratch))

@@ -2,7 +2,8 @@
 ship, `nvidia-cuda-nvrtc`) and launched through the driver API on torch's current stream.
 
 Scalars a kernel takes are `long long` (Python ints pass as int64); tensors pass as their
-data pointers. A module is compiled once per device and set of defines."""
+data pointers; a `ctypes.Structure` (runtime/params.py) passes by value, as the struct the
+kernel takes. A module is compiled once per device and set of defines."""
 
 import ctypes
 import functools
@@ -155,8 +156,8 @@ class Module:
         `shared` bytes of dynamic shared memory (at most 48 KB)."""
         index = torch.device(device).index
         index = torch.cuda.current_device() if index is None else index
-        keep = [ctypes.c_void_p(a.data_ptr()) if isinstance(a, torch.Tensor) else ctypes.c_longlong(int(a))
-                for a in args]
+        keep = [a if isinstance(a, ctypes.Structure) else ctypes.c_void_p(a.data_ptr())
+                if isinstance(a, torch.Tensor) else ctypes.c_longlong(int(a)) for a in args]
         params = (ctypes.c_void_p * len(keep))(*[ctypes.cast(ctypes.byref(k), ctypes.c_void_p) for k in keep])
         with torch.cuda.device(index):
             _make_current(index)

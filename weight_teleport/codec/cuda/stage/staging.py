@@ -117,7 +117,7 @@ def _digest_failures(recs, nbytes: np.ndarray, sums: np.ndarray, digests: tuple 
     new) in uint64 arithmetic over all records at once; every record where a digest is not in
     the writers' form. `_check_base` and `_check_result` then judge only these and raise, so
     the errors are theirs, while the call's tail after the device's work stays one vectorised
-    pass instead of a Python loop over the records (bench/stage_host.py times both).
+    pass instead of a Python loop over the records (bench/investigations/stage_host.py times both).
     `digests`: `_record_digests(recs)`, made already."""
     base, new = digests or _record_digests(recs)
     if base is None or new is None:
@@ -236,7 +236,7 @@ def stage(lives: dict[str, Live], header, pack, check_base: bool, threads: int |
     same = [r for r in header.tensors if r.codec == "same" and check]
     same_sums = word_sums([lives[r.name].tensor for r in same]) if same else None
     # what the digest checks need of the records, made while the device works, not on the
-    # call's tail after the read-back (bench/stage_host.py times the host's steps)
+    # call's tail after the read-back (bench/investigations/stage_host.py times the host's steps)
     recs = [r for b in batches for r in b.recs] + same
     nbytes = np.array([r.numel * lives[r.name].info.nbytes for r in recs], np.uint64)
     digests = _record_digests(recs)

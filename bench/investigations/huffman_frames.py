@@ -4,7 +4,7 @@ the CPU backend; every stream of its sparse chunks written again by the referenc
 writer (codec/cuda/zstd_literals/reference.py, the bytes the GPU writes), decoded back by zstandard, and
 the stored sizes compared (a stream is stored raw where that is smaller, as the encoders do).
 
-    python bench/huffman_frames.py [--model qwen3-0.6b] [--lr 5e-7]
+    python bench/investigations/huffman_frames.py [--model qwen3-0.6b] [--lr 5e-7]
 """
 
 import argparse

@@ -4,16 +4,19 @@ running (the undecorated functions, the header's own pause a no-op), alternated 
 process. Prints per-call medians and maxima and the full collections that landed inside
 the calls. On CUDA the Qwen3-8B-shaped state of cuda_bench.py; on the CPU a smaller model.
 
-    python bench/call_gc.py [--calls 50] [--model qwen3-0.6b]
+    python bench/investigations/call_gc.py [--calls 50] [--model qwen3-0.6b]
 """
 
 import argparse
 import contextlib
+import sys
+from pathlib import Path
 
 import numpy as np
 import torch
 
 import weight_teleport as wt
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # bench/: cuda_bench, versions
 from cuda_bench import make_delta
 from header_gc import run
 from weight_teleport.format import container

@@ -6,7 +6,7 @@ their outputs are compared byte for byte. A kernel timed on inputs captured afte
 returned reads buffers the call's next steps have reused: inside the call they are the
 call's own.
 
-    python bench/kernel_ab.py OTHER [--kernel place_lanes] [--what stage] [--calls 6]
+    python bench/investigations/kernel_ab.py OTHER [--kernel place_lanes] [--what stage] [--calls 6]
 
 OTHER: a git revision of this repository or a directory holding a `weight_teleport` package,
 as for versions.py. Run on the H200 for `place_lanes` in stage calls (BENCHMARKS.md, twenty-
@@ -17,15 +17,17 @@ import argparse
 import re
 import statistics
 import subprocess
+import sys
 from pathlib import Path
 
 import torch
 
 import weight_teleport as wt
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # bench/: cuda_bench, versions
 from cuda_bench import make_delta
 from versions import ROOT
 from weight_teleport.codec.cuda.kernels import warp
-from weight_teleport.codec.cuda.runtime import nvrtc
+from weight_teleport.codec.cuda.runtime import nvrtc, params
 
 OUTPUTS = {"class_counts": ("counts", "old_sums"), "hist_counts": ("counts", "events"),
            "class_events": ("ranks_out", "res_out"), "place_lanes": ("pos", "val", "sums")}
@@ -35,10 +37,20 @@ CALLS = {"stage": ("class_counts", "place_lanes"), "encode": ("hist_counts", "cl
 
 
 def parameters(source: str, kernel: str) -> list[str]:
-    """The declarations of `kernel`'s parameters in `source`, such as "int* pos"."""
+    """The declarations of `kernel`'s parameters in `source`, such as "int* pos": of the
+    fields of its parameter struct where it takes one (runtime/params.py)."""
     m = re.search(rf"\b{kernel}\s*\(([^)]*)\)\s*{{", source)
     assert m, f"no kernel {kernel} in the source"
+    struct = struct_of(source, kernel)
+    if struct:
+        return [f"{ctype} {name}" for ctype, name in params.declared_fields(source, struct)]
     return [p.strip() for p in m.group(1).split(",")]
+
+
+def struct_of(source: str, kernel: str) -> str | None:
+    """The parameter struct `kernel` takes in `source`, or None where it takes a list."""
+    m = re.search(rf"\b{kernel}\s*\(\s*const (\w+) prm\s*\)\s*{{", source)
+    return m.group(1) if m else None
 
 
 def output_indices(source: str, kernel: str) -> list[int]:
@@ -66,7 +78,9 @@ class Pair:
     def __init__(self, kernel: str, source: str):
         self.kernel, self.source, self.modules, self.runs = kernel, source, {}, []
         self.outs = output_indices(source, kernel)
-        assert self.outs == output_indices(warp.SOURCE.read_text(), kernel), "the versions' outputs differ in place"
+        ours = warp.SOURCE.read_text()
+        assert self.outs == output_indices(ours, kernel), "the versions' outputs differ in place"
+        assert struct_of(source, kernel) == struct_of(ours, kernel), "the versions take their parameters differently"
         self.launch = warp.launch
 
     def __call__(self, kernel, table, info, args, shared=0, unroll=None, warps=warp.WARPS, **defines):
@@ -74,20 +88,26 @@ class Pair:
             return self.launch(kernel, table, info, args, shared, unroll, warps, **defines)
         key = warp._defines(info, table.block, unroll, **defines)
         other = self.modules.setdefault(key, nvrtc.Module(self.source, "warp.cu", dict(key)))
-        copies = [torch.empty_like(args[i]) for i in self.outs]
+        struct = isinstance(args, params.KernelParams)
+        values = list(args.values.values()) if struct else list(args)  # in the struct's field order
+        ours = [values[i] for i in self.outs]
+        copies = [torch.empty_like(t) for t in ours]
         for t in copies:
             t.view(torch.uint8).fill_(0xA5)
-        theirs = list(args)
+        theirs = list(values)
         for i, t in zip(self.outs, copies):
             theirs[i] = t
+        if struct:  # the other version takes the same struct: same outputs in the same places
+            theirs = [type(args).of(**dict(zip(args.values, theirs)))]
+        else:
+            theirs.append(table.programs)
         events = [torch.cuda.Event(enable_timing=True) for _ in range(3)]
         events[0].record()
-        other.launch(kernel, -(-table.programs // warps), warps * 32, [*theirs, table.programs], table.base.device,
-                     shared * warps)
+        other.launch(kernel, -(-table.programs // warps), warps * 32, theirs, table.base.device, shared * warps)
         events[1].record()
         self.launch(kernel, table, info, args, shared, unroll, warps, **defines)
         events[2].record()
-        self.runs.append((events, copies, [args[i] for i in self.outs]))
+        self.runs.append((events, copies, ours))
 
     def report(self) -> str:
         torch.cuda.synchronize()

@@ -5,15 +5,18 @@ byte for byte with the warp kernels', stage + apply compared bit for bit with th
 weights. Each Triton shape (block; rows of both rank kernels; warps of them and of the
 class-count kernel) is set on the modules before its calls.
 
-    python bench/cuda_shapes.py [--all-shapes]
+    python bench/investigations/cuda_shapes.py [--all-shapes]
 """
 
 import argparse
+import sys
+from pathlib import Path
 
 import torch
 from torch.profiler import ProfilerActivity, profile
 
 import weight_teleport as wt
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # bench/: cuda_bench, versions
 from cuda_bench import make_delta
 from weight_teleport.codec.cuda.kernels import class_ranks, encode_events, stage_place, warp
 

@@ -4,18 +4,21 @@ kernels and copies (torch.profiler), each as milliseconds from the call's start.
 kernel queued just before the call on an idle device ties the two clocks. Rows shorter than
 --min-ms are left out; spans nested in another span are indented.
 
-    python bench/timeline.py --what stage [--model qwen3-8b] [--lr 5e-7] [--min-ms 0.3] [--pinned] [--warm 2]
+    python bench/investigations/timeline.py --what stage [--model qwen3-8b] [--lr 5e-7] [--min-ms 0.3] [--pinned] [--warm 2]
 """
 
 import argparse
 import contextlib
+import sys
 import threading
 import time
+from pathlib import Path
 
 import torch
 from torch.profiler import ProfilerActivity, profile
 
 import weight_teleport as wt
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # bench/: cuda_bench, versions
 from cuda_bench import make_delta
 from weight_teleport.codec import api
 from weight_teleport.codec.cuda.encode import encoder, sparse as encode_sparse, sparse_chunks
@@ -52,7 +55,7 @@ SPOTS = {
                (sparse_chunks, "_to_host"), (encoder, "_tensor_parts"),
                (api, "_items"), (container, "_prefix"), (memory, "to_device"),
                (memory, "upload"), (encoder, "_lay_out"), (api, "write_pack"), (container, "_header_json"),
-               (container, "_join")],
+               (container, "join")],
 }
 """(owner, function name) of the host spans traced for each call."""
 

@@ -4,7 +4,7 @@ them). On a pack with the Qwen3-8B-shaped delta's structure (its 399 tensors and
 sparse chunks: every tensor has 1/SCALE of its rows and a chunk 2^22/SCALE elements), so
 that this path can be worked on without a GPU. Medians of repeats, in ms.
 
-    python bench/stage_host.py [--scale 32] [--repeats 50] [--lr 5e-7]
+    python bench/investigations/stage_host.py [--scale 32] [--repeats 50] [--lr 5e-7]
 """
 
 import argparse

@@ -4,7 +4,7 @@ triton, with the collector paused around the header's JSON (as the container doe
 without (the pause replaced by a no-op), alternated in one process. Prints per-call medians
 and maxima and the full collections that landed inside the calls.
 
-    python bench/header_gc.py [--calls 60]
+    python bench/investigations/header_gc.py [--calls 60]
 """
 
 import argparse

@@ -1,6 +1,6 @@
 """Where the bits go on real steps: a pack's parts against adaptive context models.
 
-    python bench/where_bits.py [--cache-dir out/bench-real] [--lrs 1e-6 3e-6 1e-5]
+    python bench/investigations/where_bits.py [--cache-dir out/bench-real] [--lrs 1e-6 3e-6 1e-5]
 
 Reads the real-data benchmark's cached versions (`weight-teleport bench --data real` makes
 them), takes each run's last step (the step before it is the "previous change"), and prints

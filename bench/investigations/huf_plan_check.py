@@ -4,7 +4,7 @@ skewed streams, then both kernels timed (CUDA events, median of 20) on a Qwen3-l
 ~50,000 blocks of ~4 KB median (gap-bucket and residual symbols), empty blocks past them up
 to the launch's bound. Exits non-zero on any difference.
 
-    python bench/huf_plan_check.py [ORIGINAL.cu]   (default: git show 67916b7:...huffman.cu)
+    python bench/investigations/huf_plan_check.py [ORIGINAL.cu]   (default: git show 67916b7:...huffman.cu)
 """
 
 import subprocess
@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # bench/: cuda_bench, versions
 from cuda_bench import cuda_ms
 from weight_teleport.codec.cuda.runtime import nvrtc
 from weight_teleport.codec.cuda.zstd_literals import gpu_writer

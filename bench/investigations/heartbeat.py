@@ -5,7 +5,7 @@ heartbeats without rest: the worst case for the GIL), in one process, modes inte
 The origin that hears the heartbeats runs in a process of its own (`weight-teleport
 serve --port 0`), as it would in a deployment; the packs come from a memory:// store,
 published before any subscriber starts, so that nothing else competes for the CPU.
-Run: `python bench/heartbeat.py [--versions 20] [--mb 64] [--rounds 2]` (prints JSON)."""
+Run: `python bench/investigations/heartbeat.py [--versions 20] [--mb 64] [--rounds 2]` (prints JSON)."""
 
 from __future__ import annotations
 
