@@ -1,6 +1,9 @@
-"""Sharded trainers (torch.distributed, gloo, real processes): each rank encodes and
-uploads its own shards and no rank gathers the weights; the weights a subscriber
-assembles from the parts are bit-exact against an unsharded run with the same seed."""
+"""Sharded trainers (torch.distributed, gloo, real processes, 2 and 4 ranks): each rank
+encodes and uploads its own shards and no rank gathers the weights. A subscriber with a
+full model (TorchTarget) follows the group while it trains, through the file store and the
+HTTP origin: every version it applies, and every version read back from the store, is
+bit-exact against an unsharded run with the same seed. A rank SIGKILLed mid-version leaves
+no partial version, and a restarted group goes on."""
 
 from __future__ import annotations
 
@@ -10,29 +13,34 @@ import signal
 import traceback
 from datetime import timedelta
 
+import time
+
 import pytest
 import torch
 
-from services import free_port
+from services import TOKEN, free_port, origin  # noqa: F401
 
 VERSIONS = 5
-WORLD = 2
 KILLED_AT = 2
+WAIT_S = 300
 
 
 class TinyLM(torch.nn.Module):
-    """An embedding tied to the output head, uneven dims (13 rows over 2 ranks), a
-    column-parallel and a row-parallel linear."""
+    """An embedding tied to the output head, uneven dims (13 rows, 11 columns over 2 or 4
+    ranks; 3 elements over 4: one rank holds none), a column-parallel and a row-parallel
+    linear."""
 
     def __init__(self):
         super().__init__()
         self.emb = torch.nn.Embedding(13, 8)
         self.up, self.down = torch.nn.Linear(8, 11), torch.nn.Linear(11, 8)
+        self.gain = torch.nn.Parameter(torch.ones(3))
         self.head = torch.nn.Linear(8, 13, bias=False)
         self.head.weight = self.emb.weight
 
     def forward(self, tokens):
-        return self.head(self.down(torch.relu(self.up(self.emb(tokens)))))
+        h = self.down(torch.relu(self.up(self.emb(tokens))))
+        return self.head(h * self.gain.repeat(3)[:8])
 
 
 def _model() -> torch.nn.Module:
@@ -60,19 +68,19 @@ def reference_states() -> list[dict[str, torch.Tensor]]:
     return out
 
 
-def _tp_shards(state: dict, rank: int):
+def _tp_shards(state: dict, rank: int, world: int):
     """A hand-sharded tensor-parallel layout: `up` column-parallel (rows), `down` row-parallel
     (columns), its bias and the embedding on rank 0 alone, the head's rows split."""
     import weight_teleport as wt
 
     out, slices = {}, {}
     for name, t in state.items():
-        dim = {"up.weight": 0, "up.bias": 0, "down.weight": 1, "head.weight": 0}.get(name)
+        dim = {"up.weight": 0, "up.bias": 0, "down.weight": 1, "head.weight": 0, "gain": 0}.get(name)
         if dim is None:
             if rank == 0:
                 out[name] = t
             continue
-        parts = torch.tensor_split(t, WORLD, dim)
+        parts = torch.tensor_split(t, world, dim)
         start = sum(p.shape[dim] for p in parts[:rank])
         box = [(0, d) for d in t.shape]
         box[dim] = (start, parts[rank].shape[dim])
@@ -80,13 +88,14 @@ def _tp_shards(state: dict, rank: int):
     return out, slices
 
 
-def _rank_main(rank: int, port: int, url: str, layout: str, errors) -> None:
+def _rank_main(rank: int, world: int, port: int, url: str, layout: str, errors) -> None:
     import torch.distributed as dist
 
     from weight_teleport.pipeline import PublisherConfig, PublisherGroup
+    from weight_teleport.store import StoreConfig
 
     try:
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD,
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
                                 timeout=timedelta(seconds=120))
         torch.set_num_threads(1)
         m = _model()
@@ -94,12 +103,15 @@ def _rank_main(rank: int, port: int, url: str, layout: str, errors) -> None:
             from torch.distributed.device_mesh import init_device_mesh
             from torch.distributed.fsdp import fully_shard
 
-            mesh = init_device_mesh("cpu", (WORLD,))
+            mesh = init_device_mesh("cpu", (world,))
             for name in ("up", "down"):
                 fully_shard(getattr(m, name), mesh=mesh)
             fully_shard(m, mesh=mesh)
-        hints = {"down.weight": ("cols", (6 * 8,))}  # a sampler split at column 6
-        config = PublisherConfig(anchor_every=3, threads=1, chunk_elems=64)
+        # a sampler split at column 6; under FSDP over 4 ranks a box of 2 rows would be cut
+        # into chunks of 2 x 6 elements, not the multiple of 8 that chunks must be
+        hints = {"down.weight": ("cols", (6 * 8,))} if layout != "fsdp" or world == 2 else {}
+        store = StoreConfig(token=TOKEN) if url.startswith("http") else None
+        config = PublisherConfig(anchor_every=3, threads=1, chunk_elems=64, store=store)
         with PublisherGroup(url, config, hints=hints) as group:
             for step, _ in enumerate(_train(m, VERSIONS)):
                 if layout == "killed" and step == KILLED_AT and rank == 1:
@@ -109,7 +121,7 @@ def _rank_main(rank: int, port: int, url: str, layout: str, errors) -> None:
                 if layout == "fsdp":
                     group.publish(m.state_dict(), step)
                 else:
-                    local, slices = _tp_shards(m.state_dict(), rank)
+                    local, slices = _tp_shards(m.state_dict(), rank, world)
                     try:
                         group.publish(local, step, slices=slices)
                     except Exception:
@@ -122,21 +134,60 @@ def _rank_main(rank: int, port: int, url: str, layout: str, errors) -> None:
         raise
 
 
-def _run_group(url: str, layout: str) -> None:
+def _run_group(url: str, layout: str, world: int, sub=None, want=None) -> list[int]:
+    """Run the ranks to the end; meanwhile apply what `sub` stages, each version checked
+    bit for bit against `want`. Returns the versions applied."""
     ctx = mp.get_context("spawn")
     errors, port = ctx.Queue(), free_port()
-    procs = [ctx.Process(target=_rank_main, args=(r, port, url, layout, errors)) for r in range(WORLD)]
+    procs = [ctx.Process(target=_rank_main, args=(r, world, port, url, layout, errors)) for r in range(world)]
     for p in procs:
         p.start()
+    applied, deadline = [], time.monotonic() + WAIT_S
+    while any(p.is_alive() for p in procs) and time.monotonic() < deadline:
+        if sub is not None and sub.wait(0.1):
+            applied += _apply_checked(sub, want)
+        elif sub is None:
+            time.sleep(0.1)
     for p in procs:
-        p.join(300)
+        p.join(5)
     found = [errors.get() for _ in range(errors.qsize())] if not errors.empty() else []
     assert not found, "\n".join(found)
     codes = [p.exitcode for p in procs]
     if layout == "killed":
         assert codes[1] == -signal.SIGKILL and codes[0] == 0, codes
     else:
-        assert codes == [0] * WORLD, codes
+        assert codes == [0] * world, codes
+    return applied
+
+
+def _apply_checked(sub, want) -> list[int]:
+    report = sub.apply()
+    if report.versions:
+        live = sub.target.tensors
+        for k, t in want[sub.version].items():
+            assert torch.equal(live[k].view(torch.int16), t.view(torch.int16)), (sub.version, k)
+    return report.versions
+
+
+def _follow_to(sub, want, version) -> list[int]:
+    applied, deadline = [], time.monotonic() + 60
+    while sub.version != version:
+        assert time.monotonic() < deadline, f"stuck at {sub.version}: {sub.health}"
+        if sub.wait(0.1):
+            applied += _apply_checked(sub, want)
+    return applied
+
+
+def _subscriber(url):
+    from weight_teleport.pipeline import Subscriber, SubscriberConfig
+    from weight_teleport.targets.torch import TorchTarget
+
+    m = _model()
+    with torch.no_grad():
+        for p in m.parameters():
+            p.zero_()
+    config = SubscriberConfig(watch_timeout_s=0.2, retry_backoff_s=0.02, retry_backoff_max_s=0.2, threads=1)
+    return Subscriber(url, TorchTarget(m), config)
 
 
 def _manifest(url):
@@ -160,23 +211,35 @@ def _check_every_version(url, want, versions):
     return manifest
 
 
-@pytest.mark.parametrize("layout", ["tp", "fsdp"])
-def test_sharded_trainers_publish_parts_that_assemble_bit_exact(tmp_path, layout):
+@pytest.mark.parametrize("layout, world, transport", [("fsdp", 2, "http"), ("fsdp", 4, "file"), ("tp", 4, "http")])
+def test_sharded_trainers_publish_parts_that_assemble_bit_exact(tmp_path, request, layout, world, transport):
     url = f"file://{tmp_path}/store"
-    _run_group(url, layout)
-    manifest = _check_every_version(url, reference_states(), list(range(VERSIONS)))
+    if transport == "http":
+        url = f"http://127.0.0.1:{request.getfixturevalue('origin').port}"
+    want = reference_states()
+    with _subscriber(url) as sub:
+        applied = _run_group(url, layout, world, sub, want)
+        applied += _follow_to(sub, want, VERSIONS - 1)
+        assert applied == sorted(set(applied)) and applied[-1] == VERSIONS - 1
+        assert sub.stats.resyncs == 0 and sub.stats.objects_rejected == 0
+    manifest = _check_every_version(url, want, list(range(VERSIONS)))
     deltas = [e for e in manifest.entries if e.kind == "delta"]
-    assert deltas and all(len(e.parts) == WORLD for e in deltas)
+    assert deltas and all(len(e.parts) == world for e in deltas)
     assert [e.version for e in manifest.anchors] == [0, 3]
+    assert all(len(e.parts) == world for e in manifest.anchors)
 
 
 def test_a_rank_killed_mid_version_leaves_no_partial_version(tmp_path):
     url = f"file://{tmp_path}/store"
-    _run_group(url, "killed")
-    _, manifest = _manifest(url)
-    assert manifest.latest == KILLED_AT - 1
     want = reference_states()
-    _check_every_version(url, want, list(range(KILLED_AT)))
-    _run_group(url, "tp")  # the group restarted: its first version is published whole
+    with _subscriber(url) as sub:
+        applied = _run_group(url, "killed", 2, sub, want)
+        _, manifest = _manifest(url)
+        assert manifest.latest == KILLED_AT - 1
+        applied += _follow_to(sub, want, KILLED_AT - 1)
+        _check_every_version(url, want, list(range(KILLED_AT)))
+        applied += _run_group(url, "tp", 2, sub, want)  # restarted: its first version is published whole
+        applied += _follow_to(sub, want, VERSIONS - 1)
+        assert applied == sorted(set(applied))
     manifest = _check_every_version(url, want, list(range(VERSIONS)))
     assert [e.kind for e in manifest.entries if e.version == KILLED_AT] == ["snapshot"]

@@ -6,17 +6,24 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, MutableMapping
+from dataclasses import dataclass, field
 from types import SimpleNamespace
 
+import numpy as np
 import torch
 
-from weight_teleport.codec import StagedPatch, apply_staged, stage_delta
+from weight_teleport.codec import StagedParts, StagedPatch, apply_staged, stage_delta
+from weight_teleport.codec import walks as W
 from weight_teleport.codec.api import _check_allocation as check_allocation
+from weight_teleport.codec.api import tensor_digests
+from weight_teleport.codec.digest import from_hex
 from weight_teleport.codec.dtypes import BY_NAME
+from weight_teleport.codec.patch import ChunkPatch, TensorPatch
 from weight_teleport.format import read_header
 from weight_teleport.pipeline.errors import ManifestError, ObjectRejected
 from weight_teleport.pipeline.manifest import Entry
 from weight_teleport.pipeline.parts import Part, check_whole
+from weight_teleport.pipeline.verify import patch_records
 from weight_teleport.store import Store
 
 
@@ -52,15 +59,59 @@ def fetch_parts(store: Store, entry: Entry, pinned: bool = False) -> list:
     return packs
 
 
-def stage_parts(state: Mapping[str, torch.Tensor], packs: list, **options) -> list[StagedPatch]:
+def stage_parts(state: Mapping[str, torch.Tensor], packs: list, **options) -> StagedParts:
     """Each part's pack staged against `state` (whole tensors); nothing written. Parts hold
-    disjoint boxes, so each stages against the same weights."""
-    return [stage_delta(state, pack, strict=False, **options) for pack in packs]
+    disjoint boxes, so each stages against the same weights, and each record is checked
+    against its own digests before anything is written."""
+    options = {"strict": False, **options}
+    return StagedParts([stage_delta(state, pack, **options) for pack in packs])
 
 
-def apply_parts(state: MutableMapping[str, torch.Tensor], staged: list[StagedPatch], threads: int | None = None):
-    for patch in staged:
-        apply_staged(state, patch, threads)
+def apply_parts(state: MutableMapping[str, torch.Tensor], staged: StagedParts, threads: int | None = None):
+    apply_staged(state, staged, threads)
+
+
+@dataclass
+class FlatParts(StagedPatch):
+    """A version made of parts as one patch in flat row-major positions of whole tensors
+    (what targets without a checkpoint view write), with the records it was staged from."""
+
+    records: list = field(default_factory=list)
+    """(record key, digest, touched) of every record of the parts (`verify.patch_records`)."""
+
+
+def flat_patch(staged: StagedParts, state: Mapping[str, torch.Tensor]) -> FlatParts:
+    """`staged` (already applied to `state`, whole tensors) as one patch of flat row-major
+    chunks per tensor; each tensor's digest is read from `state`."""
+    chunks: dict[str, list[ChunkPatch]] = {}
+    infos = {}
+    for p in staged.patches:
+        for t in p.tensors:
+            infos[t.name] = t
+            out = chunks.setdefault(t.name, [])
+            sub, order = (p.walks[t.name][1], p.walks[t.name][2]) if t.name in p.walks else (None, "rows")
+            out += [_flat_chunk(c, sub, order, tuple(state[t.name].shape)) for c in t.chunks]
+    names = [n for n in infos if chunks[n]]
+    digests = dict(zip(names, tensor_digests([state[n] for n in names])))
+    tensors = [TensorPatch(n, infos[n].info, tuple(state[n].shape), from_hex(digests[n]) if n in digests else 0,
+                           chunks[n]) for n in infos]
+    return FlatParts(staged.kind, staged.version, staged.base_version, tensors, staged.base_checked,
+                     records=patch_records(staged))
+
+
+def _flat_chunk(c: ChunkPatch, box, order: str, shape: tuple[int, ...]) -> ChunkPatch:
+    """A chunk of a record over `box` (None: the whole tensor, rows) in the record's walk,
+    as positions in the whole tensor's row-major order (ascending)."""
+    if box is None or (order == "rows" and tuple(map(tuple, box)) == W.whole(shape)):
+        return c
+    walk = torch.arange(c.values.size, dtype=torch.int64) if c.positions is None \
+        else torch.from_numpy(c.positions.astype(np.int64))
+    pos = W.tensor_positions(tuple(map(tuple, box)), order, shape, walk + c.start)
+    if order == "cols" and len(shape) >= 2:
+        rows = shape[0]
+        pos = (pos % rows) * (math.prod(shape) // max(rows, 1)) + pos // rows
+    pos, perm = torch.sort(pos)
+    return ChunkPatch(0, pos.numpy(), c.values[perm.numpy()])
 
 
 def empty_state(packs: list) -> dict[str, torch.Tensor]:

@@ -21,11 +21,13 @@ from weight_teleport.errors import DigestMismatchError, PackFormatError, PackMis
 from weight_teleport.format import read_header
 from weight_teleport.pipeline.errors import (ManifestError, ManifestRollback, NoPlanError,
                                              ObjectRejected)
+from weight_teleport.pipeline.assemble import fetch_parts
 from weight_teleport.pipeline.fetch import fetch
 from weight_teleport.pipeline.health import HealthMonitor
 from weight_teleport.pipeline.manifest import Entry, Manifest, from_json
 from weight_teleport.pipeline.plan import Plan, plan_avoiding
 from weight_teleport.pipeline.signing import ManifestVerifier
+from weight_teleport.pipeline.verify import patch_records, record_key
 from weight_teleport.store import InvalidKey, NotFound, StoreError, TooLarge, manifest_etag
 
 if TYPE_CHECKING:
@@ -49,8 +51,8 @@ class Follower:
         """The version the next object is staged against (None: no usable weights)."""
         self.head_entry: Entry | None = None
         """The object that produced `head` (None: a claimed `initial_version`, or none)."""
-        self.head_digests: dict[str, str] | None = None
-        """The digests `head_entry` promised for each tensor."""
+        self.head_digests: dict | None = None
+        """The digests `head_entry` promised for each record (by `verify.record_key`)."""
         self.highest: int | None = None
         """The newest version staged: staging a newer one is progress."""
         self.floor = head
@@ -211,11 +213,15 @@ class Follower:
 
     def _timed_fetch(self, entry: Entry) -> tuple[bytes | np.ndarray, float]:
         t0 = time.perf_counter()
-        pack = fetch(self.sub._store, entry, pinned=self.sub._stager.on_cuda)
+        pinned = self.sub._stager.on_cuda
+        pack = fetch_parts(self.sub._store, entry, pinned) if entry.parts \
+            else fetch(self.sub._store, entry, pinned=pinned)
         return pack, time.perf_counter() - t0
 
-    def _fetch(self, entry: Entry) -> bytes | np.ndarray | None:
-        """The checked object (in pinned memory for CUDA weights), or None after a failure;
+    def _fetch(self, entry: Entry) -> bytes | np.ndarray | list | None:
+        """The checked object (in pinned memory for CUDA weights; a list of packs for an entry
+        made of parts, each checked against its part and all against each other), or None
+        after a failure;
         taken from the prefetch thread where it fetched `entry` (another prefetched object
         is dropped: the plan changed)."""
         ahead, self.ahead = self.ahead, None
@@ -233,8 +239,9 @@ class Follower:
                 self._strike(entry, f"cannot fetch {entry.key}: {exc}")
             return None
         self.sub.stats.fetch_s += seconds
-        self.sub.metrics.fetched_one(len(pack), seconds)
-        self.sub.stats.bytes_fetched += len(pack)
+        nbytes = sum(map(len, pack)) if isinstance(pack, list) else len(pack)
+        self.sub.metrics.fetched_one(nbytes, seconds)
+        self.sub.stats.bytes_fetched += nbytes
         self.sub.stats.objects_fetched += 1
         return pack
 
@@ -265,11 +272,9 @@ class Follower:
         self._staged(entry, staged)
 
     def _staged(self, entry: Entry, staged: "StagedPatch") -> None:
-        from weight_teleport.codec.digest import to_hex
-
         self.strikes.pop(entry.key, None)
         self.head, self.head_entry = entry.version, entry
-        self.head_digests = {t.name: to_hex(t.digest) for t in staged.tensors}
+        self.head_digests = {key: d for key, d, _ in patch_records(staged)}
         if self.highest is None or entry.version > self.highest:
             self.highest = entry.version
             self.monitor.progress(f"version {entry.version} staged")
@@ -281,9 +286,10 @@ class Follower:
         if entry.kind == "snapshot":
             self._set_broken(entry, f"snapshot {entry.key} does not fit the target: {exc}")
             return
-        header = read_header(pack)
-        found = self.sub._stager.base_digests(header)
-        stale = [r.name for r in header.tensors if found.get(r.name) != r.base_digest]
+        headers = [read_header(p) for p in pack] if entry.parts else [read_header(pack)]
+        found = self.sub._stager.base_digests(headers)
+        stale = [r.name for h in headers for r in h.tensors
+                 if found.get(record_key(r.name, r.shape, r.box, r.order)) != r.base_digest]
         if not stale:
             self._set_broken(entry, f"delta {entry.key} fails on its own base weights: {exc}")
         elif self._holding_published_head(found):
@@ -293,12 +299,12 @@ class Follower:
             self._resync(f"the weights are not the base of version {entry.version}'s delta "
                          f"(tensor {stale[0]!r}, {len(stale)} in all): {exc}", failed=True)
 
-    def _holding_published_head(self, found: dict[str, str]) -> bool:
+    def _holding_published_head(self, found: dict) -> bool:
         """Whether the weights are exactly what `head_entry` produced and the manifest still
         lists it: then a delta from `head` that disagrees is the delta's fault."""
         if self.head_entry is None or self.head_digests is None or self.manifest is None:
             return False
-        if any(self.head_digests.get(name) != d for name, d in found.items()):
+        if any(self.head_digests.get(key) != d for key, d in found.items()):
             return False  # modified since it was staged (the sampler wrote into them)
         return self.head_entry in self.manifest.entries
 

@@ -13,14 +13,15 @@ from collections.abc import Mapping
 
 import torch
 
-from weight_teleport.codec import StagedPatch, apply_staged, encode_delta, stage_delta
-from weight_teleport.codec.api import tensor_digests
+from weight_teleport.codec import StagedParts, StagedPatch, apply_staged, encode_delta, stage_delta
 from weight_teleport.codec.cuda.config import CudaCodecConfig
 from weight_teleport.codec.dtypes import BY_NAME, dtype_info
 from weight_teleport.codec.plan import DEFAULT_CHUNK_ELEMS
 from weight_teleport.format import read_header
 from weight_teleport.pipeline.manifest import Entry
-from weight_teleport.pipeline.verify import mismatched
+from weight_teleport.pipeline import assemble
+from weight_teleport.pipeline.assemble import FlatParts
+from weight_teleport.pipeline.verify import mismatched, record_digests, record_key
 
 
 def _empty_like_pack(pack: bytes) -> dict[str, torch.Tensor]:
@@ -65,13 +66,14 @@ class Stager:
     def _on_stream(self):
         return torch.cuda.stream(self.stream) if self.stream is not None else contextlib.nullcontext()
 
-    def stage(self, entry: Entry, pack: bytes, head: int | None) -> StagedPatch:
-        """Decode and verify `pack` against the weights at version `head` (raises the
-        codec's typed errors when they are not the pack's base). In shadow mode the
-        shadow moves to the pack's version."""
+    def stage(self, entry: Entry, pack, head: int | None) -> StagedPatch | StagedParts:
+        """Decode and verify `pack` (a list of packs for an entry made of parts) against the
+        weights at version `head` (raises the codec's typed errors when they are not the
+        pack's base). In shadow mode the shadow moves to the pack's version."""
+        if entry.parts:
+            return self._stage_parts(entry, pack, head)
         base = self.view if self.uses_view else self.shadow
-        options = dict(strict=False, threads=self.threads, device_budget=self.device_budget,
-                       cuda=self.cuda if self.on_cuda else None)
+        options = self._options()
         with self._on_stream():
             if entry.kind == "delta":
                 assert base is not None, "plans from no weights start with a snapshot"
@@ -84,6 +86,26 @@ class Stager:
         if not self.uses_view:
             apply_staged(self.shadow, staged, self.threads)
         return staged
+
+    def _options(self) -> dict:
+        return dict(strict=False, threads=self.threads, device_budget=self.device_budget,
+                    cuda=self.cuda if self.on_cuda else None)
+
+    def _stage_parts(self, entry: Entry, packs: list, head: int | None) -> StagedParts | FlatParts:
+        """Every part staged before any is applied. In shadow mode the shadow (a new one for
+        a snapshot) takes every part, and the target gets one flat patch of whole tensors."""
+        base = self.view if self.uses_view else self.shadow
+        if entry.kind == "snapshot" and not self.uses_view:
+            base = assemble.empty_state(packs)
+        assert base is not None, "plans from no weights start with a snapshot"
+        with self._on_stream():
+            staged = assemble.stage_parts(base, packs, base_version=head if entry.kind == "delta" else None,
+                                          **self._options())
+        if self.uses_view:
+            return staged
+        apply_staged(base, staged, self.threads)
+        self.shadow = base
+        return assemble.flat_patch(staged, base)
 
     def verify(self, staged: StagedPatch) -> list[str]:
         """Names of the view's tensors that lack the digests `staged` promised, once it was
@@ -109,18 +131,21 @@ class Stager:
                 assert torch.equal(live["w"].cpu().view(torch.uint8), new.view(torch.uint8))
             self.stream.synchronize()
 
-    def base_digests(self, header) -> dict[str, str]:
+    def base_digests(self, headers) -> dict:
         """Digests of the weights the next pack is staged against (the view, or the shadow),
-        for each tensor of the pack `header` that they hold with its shape and dtype: what
-        its records' `base_digest`s are compared with when staging fails."""
+        by record key (`verify.record_key`), for each record of the pack `headers` (one
+        header, or a list: a version made of parts) whose tensor they hold with its shape
+        and dtype: what the records' `base_digest`s are compared with when staging fails."""
         base = self.view if self.uses_view else self.shadow
         if base is None:
             return {}
-        recs = [r for r in header.tensors if r.name in base and tuple(base[r.name].shape) == r.shape
+        headers = headers if isinstance(headers, list) else [headers]
+        recs = [r for h in headers for r in h.tensors if r.name in base and tuple(base[r.name].shape) == r.shape
                 and r.dtype in BY_NAME and base[r.name].dtype == BY_NAME[r.dtype].torch_dtype]
+        keys = [record_key(r.name, r.shape, r.box, r.order) for r in recs]
         with self._on_stream():
-            found = tensor_digests([base[r.name] for r in recs])
-        return {r.name: d for r, d in zip(recs, found)}
+            found = record_digests(base, keys)
+        return dict(zip(keys, found))
 
 
 def _warm_pair(dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
