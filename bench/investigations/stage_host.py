@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 import weight_teleport as wt
-from weight_teleport.bench.simulate import _generator, _init_tensor, make_config, tensor_shapes
+from weight_teleport.bench.simulate import UNCALIBRATED, _generator, _init_tensor, make_config, tensor_shapes
 from weight_teleport.codec import digest as D
 from weight_teleport.codec.cpu import backend as cpu
 from weight_teleport.codec.cuda.runtime import memory
@@ -33,7 +33,7 @@ def structured_pack(scale: int, lr: float) -> bytes:
     noise = torch.Generator().manual_seed(0)
     for name, shape in tensor_shapes(make_config("qwen3-8b")).items():
         shape = (max(shape[0] // scale, 8), *shape[1:])
-        w = _init_tensor(name, shape, _generator(torch.device("cpu"), 0, "init", name))
+        w = _init_tensor(name, shape, _generator(torch.device("cpu"), 0, "init", name), UNCALIBRATED)
         old[name] = w.to(torch.bfloat16)
         new[name] = (w - lr * torch.randn(w.shape, generator=noise)).to(torch.bfloat16)
     return wt.encode_delta(old, new, base_version=0, version=1, chunk_elems=(1 << 22) // scale)
