@@ -7,6 +7,7 @@ import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 
+import numpy as np
 import pytest
 
 from services import S3_BUCKET, TOKEN, origin, s3_config, seaweed_s3  # noqa: F401
@@ -48,8 +49,14 @@ def test_large_object_and_ranges(store: Store) -> None:
     for start, end in [(0, 1), (5, 17), (1 << 20, (1 << 20) + 4097), (len(data) - 3, len(data)),
                        (10, len(data) + 100), (len(data), len(data) + 5), (7, 7)]:
         assert store.get_range("big", start, end) == data[start:end], (start, end)
+        out = np.full(max(end - start, 1), 0xAA, np.uint8)  # read straight into a buffer
+        got = store.get_range_into("big", start, out[:end - start])
+        assert got == len(data[start:end]) and out[:got].tobytes() == data[start:end], (start, end)
+        assert (out[got:] == 0xAA).all()  # nothing written past what came
     with pytest.raises(ValueError):
         store.get_range("big", 5, 2)
+    with pytest.raises(NotFound):
+        store.get_range_into("nope", 0, np.zeros(4, np.uint8))
 
 
 def test_missing(store: Store) -> None:

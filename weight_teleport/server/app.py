@@ -73,7 +73,8 @@ async def get_blob(request: web.Request) -> web.StreamResponse:
     headers = {"ETag": f'"{digest}"', "Cache-Control": IMMUTABLE}
     if request.if_none_match and any(e.value == digest for e in request.if_none_match):
         return web.Response(status=304, headers=headers)
-    resp = await send_file(request, path, headers, origin.config.chunk_bytes)
+    resp = await send_file(request, path, headers, origin.config.chunk_bytes,
+                           origin.config.body_timeout_s)
     origin.stats["blob_get"] += 1
     origin.stats["blob_bytes"] += resp.content_length or 0
     return resp

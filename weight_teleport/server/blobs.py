@@ -9,8 +9,11 @@ from pathlib import Path
 from aiohttp import web
 
 from ..store.hashing import PIECE_BYTES, TreeHasher
+from .connections import CONNECTIONS
 
 IMMUTABLE = "public, max-age=31536000, immutable"
+SENDFILE_BYTES = 64 << 20
+"""The most one sendfile call sends: each call gets the stall limit to finish."""
 
 
 class HashIndex:
@@ -66,7 +69,7 @@ def _byte_range(request: web.Request, size: int) -> tuple[int, int] | None:
 
 
 async def send_file(request: web.Request, path: Path, headers: dict[str, str],
-                    chunk_bytes: int) -> web.StreamResponse:
+                    chunk_bytes: int, stall_s: float) -> web.StreamResponse:
     """Stream `path` (or the asked byte range of it) with `headers` added."""
     f = open(path, "rb")
     try:
@@ -81,11 +84,41 @@ async def send_file(request: web.Request, path: Path, headers: dict[str, str],
             resp.headers["Content-Range"] = f"bytes {start}-{stop - 1}/{size}"
         await resp.prepare(request)
         if request.method != "HEAD":
-            await _copy(f, start, stop, resp, chunk_bytes)
+            await _send_span(request, f, start, stop, resp, chunk_bytes, stall_s)
         await resp.write_eof()
         return resp
     finally:
         f.close()
+
+
+async def _send_span(request: web.Request, f, start: int, stop: int,
+                     resp: web.StreamResponse, chunk: int, stall_s: float) -> None:
+    """Send bytes [start, stop) of `f` with the kernel's sendfile where the transport
+    allows it (plain TCP), in pieces of `SENDFILE_BYTES`, each bounded by the stall limit
+    (a client that stops reading is cut, as `connections.Guard` cuts buffered writes);
+    TLS and other transports get the copying loop."""
+    loop = asyncio.get_running_loop()
+    transport = request.transport
+    if transport is None or transport.get_extra_info("sslcontext") is not None:
+        return await _copy(f, start, stop, resp, chunk)
+    at = start
+    while at < stop:
+        count = min(SENDFILE_BYTES, stop - at)
+        try:
+            sent = await asyncio.wait_for(
+                loop.sendfile(transport, f, at, count, fallback=False), stall_s)
+        except (NotImplementedError, RuntimeError):  # no native sendfile here
+            return await _copy(f, at, stop, resp, chunk)
+        except asyncio.TimeoutError:
+            guard = request.app[CONNECTIONS].guard_of(transport)
+            if guard is not None:
+                guard.cut("stalled_write")
+            else:
+                transport.abort()
+            raise ConnectionAbortedError(f"a client stopped reading {f.name}") from None
+        if sent == 0:
+            raise ConnectionAbortedError(f"{f.name} shrank while being served")
+        at += sent
 
 
 async def _copy(f, start: int, stop: int, resp: web.StreamResponse, chunk: int) -> None:

@@ -238,6 +238,59 @@ class HttpStore(Store):
             return b""  # the range starts past the end of the object
         return body if status == 206 else body[start:end]
 
+    def _get_range_into(self, key: str, start: int, out) -> int:
+        """The range's body read straight into `out` by the socket (no `bytes` of its size)."""
+        headers = {**self._auth(), "Range": f"bytes={start}-{start + len(out) - 1}"}
+        path = self._blob_path(key)
+        try:
+            return self._request_into(path, headers, memoryview(out).cast("B"), key)
+        except _BodyTooLarge:
+            raise TransportError(f"get {key!r}: the origin answered a range with more bytes "
+                                 f"than asked") from None
+
+    def _request_into(self, path: str, headers: dict[str, str], out: memoryview, key: str) -> int:
+        """GET `path` into `out`, reconnecting once if a kept-alive connection went stale."""
+        reused = getattr(self._local, "conn", None) is not None
+        try:
+            return self._send_into(path, headers, out, key)
+        except TransportError:
+            if not reused:
+                raise
+        return self._send_into(path, headers, out, key)
+
+    def _send_into(self, path: str, headers: dict[str, str], out: memoryview, key: str) -> int:
+        conn = self._connection()
+        conn.timeout = self.config.timeout_s
+        if conn.sock is not None:
+            conn.sock.settimeout(conn.timeout)
+        try:
+            conn.request("GET", self._base + path, headers=headers)
+            resp = conn.getresponse()
+            if resp.status >= 400 or resp.status not in (200, 206):
+                body = self._read_error(resp)
+                if resp.status == 404:
+                    self._forget(key)
+                if resp.status == 416:
+                    return 0  # the range starts past the end of the object
+                self._check(resp.status, body, f"get {key!r}")
+                raise StoreError(f"get {key!r}: unexpected HTTP {resp.status}")
+            if resp.status == 200:  # a cache that ignored the Range header sends it all
+                self._drop_connection()
+                return super()._get_range_into(key, int(headers["Range"][6:].split("-")[0]), out)
+            if resp.length is not None and resp.length > len(out):
+                self._drop_connection()
+                raise _BodyTooLarge
+            got = 0
+            while got < len(out) and (n := resp.readinto(out[got:])):
+                got += n
+            if resp.read(1):  # a chunked body longer than asked
+                self._drop_connection()
+                raise _BodyTooLarge
+            return got
+        except (OSError, http.client.HTTPException) as exc:
+            self._drop_connection()
+            raise TransportError(f"GET {path} failed: {exc!r}") from exc
+
     def _list(self, prefix: str) -> list[str]:
         what = f"list {prefix!r}"
         status, _, body = self._get_small("/list?" + urlencode({"prefix": prefix}), what)
