@@ -243,22 +243,24 @@ class HttpStore(Store):
         headers = {**self._auth(), "Range": f"bytes={start}-{start + len(out) - 1}"}
         path = self._blob_path(key)
         try:
-            return self._request_into(path, headers, memoryview(out).cast("B"), key)
+            return self._request_into(path, headers, key, start, memoryview(out).cast("B"))
         except _BodyTooLarge:
             raise TransportError(f"get {key!r}: the origin answered a range with more bytes "
                                  f"than asked") from None
 
-    def _request_into(self, path: str, headers: dict[str, str], out: memoryview, key: str) -> int:
+    def _request_into(self, path: str, headers: dict[str, str], key: str, start: int,
+                      out: memoryview) -> int:
         """GET `path` into `out`, reconnecting once if a kept-alive connection went stale."""
         reused = getattr(self._local, "conn", None) is not None
         try:
-            return self._send_into(path, headers, out, key)
+            return self._send_into(path, headers, key, start, out)
         except TransportError:
             if not reused:
                 raise
-        return self._send_into(path, headers, out, key)
+        return self._send_into(path, headers, key, start, out)
 
-    def _send_into(self, path: str, headers: dict[str, str], out: memoryview, key: str) -> int:
+    def _send_into(self, path: str, headers: dict[str, str], key: str, start: int,
+                   out: memoryview) -> int:
         conn = self._connection()
         conn.timeout = self.config.timeout_s
         if conn.sock is not None:
@@ -276,7 +278,7 @@ class HttpStore(Store):
                 raise StoreError(f"get {key!r}: unexpected HTTP {resp.status}")
             if resp.status == 200:  # a cache that ignored the Range header sends it all
                 self._drop_connection()
-                return super()._get_range_into(key, int(headers["Range"][6:].split("-")[0]), out)
+                return super()._get_range_into(key, start, out)
             if resp.length is not None and resp.length > len(out):
                 self._drop_connection()
                 raise _BodyTooLarge

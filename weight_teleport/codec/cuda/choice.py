@@ -1,19 +1,11 @@
-"""What the CUDA backend runs, decided in one place from what this machine has: the stream
-coder an encode call uses (once per call, from its CudaCodecConfig and the libraries found)
-and whether the CUDA C warp kernels or their Triton twins run (`warp_kernels`, the check
-every kernel wrapper asks; the twins compute the same outputs)."""
+"""The stream coder an encode call uses, decided once per call from its CudaCodecConfig and
+the libraries this machine has."""
 
 import torch
 
 from weight_teleport.codec.cuda.config import CudaCodecConfig
-from weight_teleport.codec.cuda.kernels import warp
 from weight_teleport.codec.cuda.runtime import nvcomp
 from weight_teleport.codec.cuda.zstd_literals import gpu_writer
-
-
-def warp_kernels(tensor: torch.Tensor) -> bool:
-    """Whether the warp kernels (NVRTC) run on `tensor`'s device; else the Triton twins."""
-    return warp.available(tensor)
 
 
 def nvcomp_found() -> bool:
