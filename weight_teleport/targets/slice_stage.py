@@ -27,8 +27,10 @@ from weight_teleport.codec.dtypes import BY_NAME, BY_TORCH
 from weight_teleport.codec.slices import chunk_byte_range, chunk_positions, chunk_window, record_layout, stage_chunks
 from weight_teleport.errors import PackMismatchError
 from weight_teleport.format import PackHeader, read_header
-from weight_teleport.pipeline.errors import ObjectRejected
+from weight_teleport.pipeline.assemble import part_entry
+from weight_teleport.pipeline.errors import ManifestError, ObjectRejected
 from weight_teleport.pipeline.manifest import Entry
+from weight_teleport.pipeline.parts import check_whole
 from weight_teleport.targets.slice_view import gather_walk, scatter_walk
 from weight_teleport.targets.vllm_layout import Slice
 
@@ -143,8 +145,45 @@ def stage_entry(store, entry: Entry, params: Mapping[str, torch.Tensor], slices:
                 pending: Sequence[Step] = ()) -> Step:
     """Stage `entry`'s pack on this worker (parameters `params` by name, its `slices` by
     checkpoint name), after the `pending` steps. Raises a typed error where the pack does
-    not fit this worker or a chunk fails its checks; nothing is written."""
+    not fit this worker or a chunk fails its checks; nothing is written. An entry made of
+    parts (trainer ranks' packs) is staged from the parts whose boxes overlap this worker's
+    slices alone: the others are never read."""
+    if entry.parts:
+        return _stage_parts(store, entry, params, slices, pending)
     header, prefix = read_pack_header(store, entry)
+    writes, read = _stage_pack(store, entry.key, header, prefix, params, slices, pending)
+    return Step(entry.version, entry.kind, writes, read)
+
+
+def _stage_parts(store, entry: Entry, params, slices, pending: Sequence[Step]) -> Step:
+    """The parts of `entry` that hold elements of this worker's slices, each header checked
+    against its part's covers (the manifest's, checked disjoint and here covering every
+    tensor whole), so that every element of a slice lies in exactly one staged record."""
+    extra = sorted({name for p in entry.parts for name, _ in p.covers} - set(slices))
+    if extra:
+        raise PackMismatchError(f"the version holds tensor {extra[0]!r}, which this engine's model lacks")
+    try:
+        check_whole(entry.parts, {n: s.shape for n, s in slices.items()}, f"version {entry.version}")
+    except ManifestError as e:
+        raise ObjectRejected(str(e)) from None
+    writes, read = [], 0
+    for part in entry.parts:
+        if not any(W.intersect(box, held_box(slices[name])) for name, box in part.covers):
+            continue
+        header, prefix = read_pack_header(store, part_entry(entry, part))
+        found = tuple((r.name, record_layout(header, r).box) for r in header.tensors)
+        if found != part.covers:
+            raise ObjectRejected(f"{part.key}: its records cover {found[:3]}..., the manifest lists "
+                                 f"{part.covers[:3]}... (a pack of another part or writer)")
+        got, n = _stage_pack(store, part.key, header, prefix, params, slices, pending)
+        writes += got
+        read += n
+    return Step(entry.version, entry.kind, tuple(writes), read)
+
+
+def _stage_pack(store, key: str, header: PackHeader, prefix: bytes, params, slices,
+                pending: Sequence[Step]) -> tuple[tuple[SliceWrite, ...], int]:
+    """(writes, bytes read) of one pack whose header and first bytes are read already."""
     extra = sorted({r.name for r in header.tensors} - set(slices))
     if extra:
         raise PackMismatchError(f"the pack holds tensor {extra[0]!r}, which this engine's model lacks")
@@ -159,9 +198,9 @@ def stage_entry(store, entry: Entry, params: Mapping[str, torch.Tensor], slices:
         _, i, j = chunk_window(header, rec, held_box(s))
         if i < j:
             jobs.append((rec, layout, s, param, i, j, chunk_byte_range(header, rec, i, j)))
-    blobs, read = _fetch(store, entry.key, [job[-1] for job in jobs], prefix)
+    blobs, read = _fetch(store, key, [job[-1] for job in jobs], prefix)
     writes = [_stage_record(header, job, blobs[job[-1]], pending) for job in jobs]
-    return Step(entry.version, entry.kind, tuple(w for w in writes if w.bits.numel()), len(prefix) + read)
+    return tuple(w for w in writes if w.bits.numel()), len(prefix) + read
 
 
 def _stage_record(header: PackHeader, job, data, pending: Sequence[Step]) -> SliceWrite:
