@@ -299,16 +299,101 @@ def corruption_failures(tries: int = 6) -> list[str]:
     return failures
 
 
+PART_SHAPES = {"rows": (40, 24), "cols": (24, 40), "tile": (30, 20), "norm": (50,)}
+"""Tensors of a version made of two trainer ranks' parts: row shards cut by a sampler's
+bound, column shards walked by columns, a rectangular tile each rank (rows and columns
+split), a tensor on one rank alone."""
+
+
+def part_boxes(rank: int) -> dict:
+    """Rank `rank`'s box of each tensor it holds (uneven)."""
+    boxes = {"rows": ((0, 16), (0, 24)) if rank == 0 else ((16, 24), (0, 24)),
+             "cols": ((0, 24), (0, 16)) if rank == 0 else ((0, 24), (16, 24)),
+             "tile": ((0, 12), (0, 8)) if rank == 0 else ((12, 18), (8, 12))}
+    if rank == 0:
+        boxes["norm"] = ((0, 50),)
+    return boxes
+
+
+def parts_failures() -> list[str]:
+    """Versions made of parts staged on the GPU path against whole tensors (what a CUDA
+    TorchTarget's subscriber does: each record against the walk view of its box, chunks cut
+    where the records' cuts say), snapshot and delta, then applied: bit-exact, each record's
+    digest checked after; a part corrupted behind renewed CRCs is refused, nothing written.
+    The tile's other corners stay at the base (each rank's box of it only)."""
+    from weight_teleport.codec.walks import Hint, TensorSlice
+    from weight_teleport.pipeline import assemble, verify
+
+    hints = {"rows": Hint("rows", (20 * 24,)), "cols": Hint("cols", (24 * 4, 24 * 30))}  # off the 64s
+    g = torch.Generator().manual_seed(5)
+    old = {k: (torch.randn(s, generator=g) * 0.02).bfloat16() for k, s in PART_SHAPES.items()}
+    new = {}
+    for k, t in old.items():
+        u = t.view(torch.int16).clone()
+        u[torch.rand(t.shape, generator=g) < 0.1] += 1
+        new[k] = u.view(torch.bfloat16)
+
+    def packs(kind):
+        out = []
+        for rank in (0, 1):
+            boxes = part_boxes(rank)
+            cut = lambda st: {k: st[k][tuple(slice(o, o + e) for o, e in b)].contiguous() for k, b in boxes.items()}
+            slices = {k: TensorSlice(PART_SHAPES[k], b) for k, b in boxes.items()}
+            opts = dict(version=1, chunk_elems=64, threads=1, slices=slices, hints={k: h for k, h in hints.items()})
+            out.append(on(cpu, lambda: wt.encode_delta(cut(old), cut(new), base_version=0, **opts) if kind == "delta"
+                          else wt.encode_snapshot(cut(new), **opts)))
+        return out
+
+    failures = []
+    for kind in ("delta", "snapshot"):
+        parts = packs(kind)
+        if not any(t.cuts for p in parts for t in read_header(p).tensors):
+            failures.append(f"{kind} parts: no record has cuts")
+        state = {k: v.clone() for k, v in old.items()}
+        staged = on(gpu, lambda: assemble.stage_parts(state, parts, base_version=0 if kind == "delta" else None))
+        on(gpu, lambda: assemble.apply_parts(state, staged))
+        want = {k: v.clone() for k, v in old.items()}
+        for rank in (0, 1):
+            for k, b in part_boxes(rank).items():
+                sl = tuple(slice(o, o + e) for o, e in b)
+                want[k][sl] = new[k][sl]
+        if not same_state(state, want):
+            failures.append(f"{kind} parts: GPU-path stage + apply is not bit-exact")
+        if on(gpu, lambda: verify.mismatched(state, staged)):
+            failures.append(f"{kind} parts: the records' digests do not check after apply")
+        refused = 0
+        for k in range(4):  # a part's chunk corrupted behind renewed CRCs: refused, or (a byte no decoder reads) right
+            bad = corrupt(parts[k % 2], k, 7 * k + 3, (91 * k + 17) % 256)
+            state = {k: v.clone() for k, v in old.items()}
+            try:
+                staged = on(gpu, lambda: assemble.stage_parts(state, [bad, parts[1]] if k % 2 == 0 else [parts[0], bad],
+                                                              base_version=0 if kind == "delta" else None))
+            except WeightTeleportError:
+                refused += 1
+                if not same_state(state, old):
+                    failures.append(f"{kind} parts: corruption {k} refused but the state changed")
+                continue
+            on(gpu, lambda: assemble.apply_parts(state, staged))
+            if not same_state(state, want):
+                failures.append(f"{kind} parts: corruption {k} accepted and the result is wrong")
+        if refused < 2:
+            failures.append(f"{kind} parts: only {refused} of 4 corrupt parts refused")
+    print("parts staged on the GPU path", flush=True)
+    return failures
+
+
 DEFAULT_CLASS_COST_BITS = plan.CLASS_COST_BITS
 
 
 def main(part: str) -> int:
     """Runs one part of the checks (PARTS: the GPU path's packs and stages of states;
-    "kernels": digests, CRCs, chunk tables, corrupt chunks, sums, inflate, decoder edges), so
+    "parts": versions made of parts staged against whole tensors; "kernels": digests, CRCs, chunk tables, corrupt chunks, sums, inflate, decoder edges), so
     that processes can share them."""
     plan.CLASS_COST_BITS = 0.0  # many classes from small tensors
     if part in PARTS:
         failures = [f for name, old, new in states(PARTS[part]) for f in encode_failures(name, old, new)]
+    elif part == "parts":
+        failures = parts_failures()
     else:
         failures = digest_failures() + crc_failures() + chunk_table_failures("cpu") + corruption_failures()
         failures += per_tensor_sums() + inflate_orchestration() + decoder_edges()

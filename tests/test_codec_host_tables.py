@@ -1,6 +1,6 @@
 """The CUDA backend's host helpers, which need no GPU: the per-thread arena of a call's
 temporary tables, the upload of host tables, the fused scatter's program rows, the cache
-of chunk tables, the encoder's two waves (their cut, and their events merged), and the
+of chunk tables and their records' cuts, the encoder's two waves (their cut, and their events merged), and the
 stage's digest checks over all records at once."""
 
 from types import SimpleNamespace
@@ -122,6 +122,22 @@ def test_chunk_tables_are_reused_for_the_same_pointers_and_sizes():
     other = chunk_table.build_cached(grown, 256, 128, info)
     assert other.rows is not first.rows and np.array_equal(other.host, chunk_table.build(grown, 256, 128, info).host)
     assert chunk_table.build_cached(ws, 512, 128, info).rows is not first.rows  # another chunk size
+
+
+def test_chunk_tables_follow_records_cuts():
+    """Records over boxes cut where a sampler's slice ends (`cuts`) get those chunks, beside
+    tensors of regular chunks; a table of other cuts is another table."""
+    info = dtype_info(torch.bfloat16)
+    ws = [torch.zeros(n, dtype=torch.bfloat16) for n in (1000, 70, 600)]
+    cuts = [None, [24, 46], [256, 8, 256, 80]]
+    tensor, start, length = chunk_table.chunk_rows(np.array([1000, 70, 600]), 256, cuts)
+    assert tensor.tolist() == [0, 0, 0, 0, 1, 1, 2, 2, 2, 2]
+    assert length.tolist() == [256, 256, 256, 232, 24, 46, 256, 8, 256, 80]
+    assert start.tolist() == [0, 256, 512, 768, 0, 24, 0, 256, 264, 520]
+    table = chunk_table.build_cached(ws, 256, 128, info, cuts)
+    assert table.host[:, chunk_table.LEN].tolist() == length.tolist()
+    assert chunk_table.build_cached(ws, 256, 128, info).chunks == 8  # regular chunks: another table
+    assert chunk_table.build_cached(ws, 256, 128, info, cuts).rows is table.rows
 
 
 def test_waves_cut_a_large_state_in_two_halves_of_its_elements():

@@ -22,26 +22,26 @@ TRAINERS = 3
 HINTS = slice_hints(CONFIG, [1, TP])
 
 
-def trainer_split(name: str, shape: tuple) -> tuple[int, list[tuple[int, int]]] | None:
+def trainer_split(name: str, shape: tuple, hints: dict, trainers: int) -> tuple[int, list] | None:
     """(dim, [(rank, extent), ...]) of a tensor split over trainer ranks; None: on one rank.
-    What the engine splits by rows the trainers split by columns, and the other way round
-    (3/8 : 5/8); gate_proj's rows go to ranks 0 and 2, so that rank 2's part holds rows of
-    the second sampler rank alone."""
+    What the engine splits by rows (`hints`: walked by rows) the trainers split by columns,
+    and the other way round (3/8 : 5/8, ranks 0 and 1); with 3 trainers gate_proj's rows go
+    to ranks 0 and 2, so that rank 2's part holds rows of the second sampler rank alone."""
     if len(shape) == 1:
         return None
-    if name.endswith("gate_proj.weight"):
+    if trainers == 3 and name.endswith("gate_proj.weight"):
         return 0, [(0, shape[0] // 2), (2, shape[0] - shape[0] // 2)]
-    dim = 0 if HINTS[name].order == "cols" else 1
+    dim = 0 if hints[name].order == "cols" else 1
     first = shape[dim] * 3 // 8
     return dim, [(0, first), (1, shape[dim] - first)]
 
 
-def trainer_shard(state: dict, rank: int) -> tuple[dict, dict]:
+def trainer_shard(state: dict, rank: int, hints: dict = HINTS, trainers: int = TRAINERS) -> tuple[dict, dict]:
     """Trainer rank `rank`'s local tensors and their slices (norms on rank 0, q_norm and
     k_norm on rank 1)."""
     local, slices = {}, {}
     for name, t in state.items():
-        split = trainer_split(name, tuple(t.shape))
+        split = trainer_split(name, tuple(t.shape), hints, trainers)
         if split is None:
             if rank == (1 if "_norm" in name and "self_attn" in name else 0):
                 local[name] = t

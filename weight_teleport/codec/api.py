@@ -198,9 +198,10 @@ def _lives(state: Mapping[str, torch.Tensor], header: PackHeader, strict: bool,
             walks[rec.name] = (mine, sub, order)
             t = W.walk_view(t, mine, sub, order)
         lives[rec.name] = backend.Live(t, BY_NAME[rec.dtype])
-    if backend is not cpu and (windows or any(r.cuts for r in header.tensors)):
-        raise UnsupportedFormatError("staging slices of records, or records with chunk cuts, needs CPU "
-                                     "weights in this build")
+    if backend is not cpu and windows:
+        raise UnsupportedFormatError("staging a slice of a record (`held`) needs CPU weights in this build; "
+                                     "a worker holding slices of CUDA weights stages through "
+                                     "targets.slice_stage")
     return backend, lives, walks, windows
 
 

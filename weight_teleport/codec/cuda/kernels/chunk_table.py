@@ -79,11 +79,26 @@ def _per_tensor_kernel(rows_ptr, tensor_ptr, out_ptr, programs, k, G: tl.constex
         tl.atomic_add(out_ptr + t[:, None] * k + c[None, :], x, mask=live[:, None] & cols[None, :], sem="relaxed")
 
 
-def chunk_rows(numels: np.ndarray, chunk_elems: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(tensor of each chunk, first element of each chunk in its tensor, its length)."""
+def chunk_rows(numels: np.ndarray, chunk_elems: int, cuts=None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(tensor of each chunk, first element of each chunk in its tensor, its length): chunks
+    of `chunk_elems`, or where `cuts[i]` is given (a record's `cuts`, which read_header has
+    checked to add up to its elements) the chunks of tensor i it lists."""
     tensor, chunk = memory.items(-(-numels // chunk_elems))
     start = chunk * chunk_elems
-    return tensor, start, np.minimum(numels[tensor] - start, chunk_elems)
+    length = np.minimum(numels[tensor] - start, chunk_elems)
+    if cuts is None or not any(cuts):
+        return tensor, start, length
+    lengths = [np.asarray(c, np.int64) if c else length[tensor == i] for i, c in enumerate(cuts)]
+    length = np.concatenate(lengths) if lengths else length
+    tensor = np.repeat(np.arange(len(lengths)), [x.size for x in lengths])
+    return tensor, _starts_within(tensor, length), length
+
+
+def _starts_within(tensor: np.ndarray, length: np.ndarray) -> np.ndarray:
+    """Each chunk's first element in its tensor, from the lengths of every tensor's chunks."""
+    ends = np.cumsum(length)
+    first = np.searchsorted(tensor, tensor, side="left")  # each chunk's tensor's first chunk
+    return ends - length - (ends - length)[first]
 
 
 def _elements_from_base(flats: list[torch.Tensor]) -> tuple[np.ndarray, int]:
@@ -96,12 +111,13 @@ def _elements_from_base(flats: list[torch.Tensor]) -> tuple[np.ndarray, int]:
     return (ptrs - ptrs[base]) // size, base
 
 
-def build(flats: list[torch.Tensor], chunk_elems: int, block: int, info=None) -> ChunkTable:
+def build(flats: list[torch.Tensor], chunk_elems: int, block: int, info=None, cuts=None) -> ChunkTable:
     """The chunk table of the contiguous tensors `flats` (one element size, one device), of
     which only pointers and sizes are read; its base is the lowest-addressed one as given,
-    or its flat bit patterns of element type `info` (a DtypeInfo) when given."""
+    or its flat bit patterns of element type `info` (a DtypeInfo) when given. `cuts`: per
+    tensor, its chunks' lengths, or None for chunks of `chunk_elems` (`chunk_rows`)."""
     elem, base = _elements_from_base(flats)
-    tensor, start, length = chunk_rows(np.array([t.numel() for t in flats], np.int64), chunk_elems)
+    tensor, start, length = chunk_rows(np.array([t.numel() for t in flats], np.int64), chunk_elems, cuts)
     progs = -(-length // block)
     rows = np.stack([elem[tensor] + start, length, start, tensor, memory.starts(progs)], axis=1).astype(np.int64)
     dev = flats[0].device
@@ -119,18 +135,19 @@ a block: 48 MB for the 4.0 M blocks of 2048 elements of the 16 GB Qwen3-8B-shape
 _cached: dict = {}
 
 
-def build_cached(flats: list[torch.Tensor], chunk_elems: int, block: int, info=None) -> ChunkTable:
+def build_cached(flats: list[torch.Tensor], chunk_elems: int, block: int, info=None, cuts=None) -> ChunkTable:
     """`build`, reusing a table built before for the same pointers and sizes (a sampler
     stages every version onto the same weights, a trainer keeps its published weights in
     the same memory), of which a table reads nothing else; only its base is made anew.
     The stage's host path before the decompression's launch is its first link, and building
     a table is a millisecond-scale part of it for a large state."""
     key = (flats[0].device, flats[0].dtype, chunk_elems, block, None if info is None else info.name,
-           tuple((t.data_ptr(), t.numel()) for t in flats))
+           tuple((t.data_ptr(), t.numel()) for t in flats),
+           None if cuts is None or not any(cuts) else tuple(tuple(c) if c else None for c in cuts))
     if key not in _cached:
         if len(_cached) >= CACHED:
             _cached.clear()
-        table = build(flats, chunk_elems, block, info)
+        table = build(flats, chunk_elems, block, info, cuts)
         _cached[key] = dataclasses.replace(table, base=None), _elements_from_base(flats)[1]
         return table
     table, base = _cached[key]

@@ -166,11 +166,15 @@ class SparseBatch:
         self.flags = torch.stack([inf.failed, dec.malformed, unfit])
 
     def _chunk_table(self, chunk_elems: int) -> chunk_table.ChunkTable:
-        """The chunk table of the batch's live tensors. A contiguous tensor's rows need only
-        its pointer and size: only the base, and tensors that are not contiguous (copies),
-        get flat views (a flat view costs four torch calls, on the stage's host path)."""
+        """The chunk table of the batch's live tensors (their records' walks: a record over a
+        box stages against a walk view of its box), cut as their records are (regular
+        chunks, or a record's `cuts`). A contiguous tensor's rows need only its pointer and
+        size: only the base, and tensors that are not contiguous (copies), get flat views (a
+        flat view costs four torch calls, on the stage's host path)."""
         flats = [lv.tensor if lv.in_place else lv.u for lv in self.lives]
-        return chunk_table.build_cached(flats, chunk_elems, class_ranks.stage_block(flats[0]), self.info)
+        cuts = [r.cuts for r in self.recs]
+        return chunk_table.build_cached(flats, chunk_elems, class_ranks.stage_block(flats[0]), self.info,
+                                        cuts if any(cuts) else None)
 
     def _check_lengths(self) -> None:
         st, shape = self.streams, (self.table.chunks, self.ncp)

@@ -33,12 +33,13 @@ from weight_teleport.format.container import ChunkSpans, crc32_ranges
 
 
 def _dense(lives: dict[str, Live], recs, header, pack, check_base: bool, threads) -> dict:
-    """Dense and snapshot tensors: a snapshot's raw byte planes on the device
-    (codec/cuda/snapshot.py), the rest through the CPU backend on host copies (of the live
-    tensors for a delta's dense chunks, which decode against them)."""
+    """Dense and snapshot tensors: a snapshot's raw byte planes of regular chunks on the
+    device (codec/cuda/snapshot.py), the rest (records with cuts too) through the CPU
+    backend on host copies (of the live tensors for a delta's dense chunks, which decode
+    against them)."""
     if not recs:
         return {}
-    if header.kind == "snapshot" and snapshot.raw_planes(header, pack, recs):
+    if header.kind == "snapshot" and not any(r.cuts for r in recs) and snapshot.raw_planes(header, pack, recs):
         return snapshot.stage(lives, header, pack, recs, header.chunk_elems)
     if header.kind == "snapshot":
         host = {r.name: cpu.Live(torch.empty(lives[r.name].tensor.shape, dtype=lives[r.name].tensor.dtype),

