@@ -1,7 +1,8 @@
 """The CUDA backend's Triton kernels run by Triton's interpreter on CPU tensors, no GPU
 needed: GPU-path packs are byte-identical to the CPU backend's, GPU-path stage + apply is
-bit-exact, digests match the CPU's, and corrupt chunks behind valid CRCs are refused with
-the state untouched.
+bit-exact (versions made of parts too: records over boxes, cut where a sampler's slice
+ends), digests match the CPU's, and corrupt chunks behind valid CRCs are refused with the
+state untouched.
 
 Run by tests/test_codec_cuda_interpreter.py in a subprocess (TRITON_INTERPRET=1 must be set
 before triton is imported). Exits 1 and prints the failing cases on a mismatch."""

@@ -3,13 +3,14 @@ the two ranks of a TP=2 Qwen3-shaped layout each stage a chain of versions whose
 trainer ranks wrote in a layout unlike the engine's (columns of what the engine splits by
 rows and the other way round, uneven, tensors on one rank alone), reading only the parts
 that overlap their slices; after applying, each rank holds exactly the trainer's weights in
-its layout. A version with a part missing from the manifest is refused, nothing written."""
+its layout, on the CPU and (marked `cuda`) in plain CUDA tensors. A version with a part
+missing from the manifest is refused, nothing written."""
 
 import pytest
 import torch
 
 from helpers import bits
-from test_slice_stage import CONFIG, TP, _mutate, _state, engine_params
+from test_slice_stage import CONFIG, DEVICES, TP, _mutate, _state, engine_params
 from test_subscriber_parts import part
 from weight_teleport.codec import TensorSlice, encode_delta, encode_snapshot
 from weight_teleport.pipeline.errors import ObjectRejected
@@ -77,9 +78,10 @@ def publish_parts(store, states: list) -> list:
     return entries
 
 
-def _stage_chain(store, entries, rank: int) -> dict:
+def _stage_chain(store, entries, rank: int, device: str = "cpu") -> dict:
     slices = worker_slices(CONFIG, TP, rank)
-    params = engine_params(_state(torch.Generator().manual_seed(9)), rank)  # not the trainer's weights
+    params = {n: p.to(device) for n, p in  # not the trainer's weights
+              engine_params(_state(torch.Generator().manual_seed(9)), rank).items()}
     chain = []
     for e in entries:  # all staged before any is applied
         chain.append(stage_entry(store, e, params, slices, pending=chain))
@@ -89,7 +91,8 @@ def _stage_chain(store, entries, rank: int) -> dict:
     return params
 
 
-def test_two_ranks_stage_their_slices_of_versions_made_of_parts(tmp_path):
+@pytest.mark.parametrize("device", DEVICES)
+def test_two_ranks_stage_their_slices_of_versions_made_of_parts(tmp_path, device):
     gen = torch.Generator().manual_seed(0)
     states = [_state(gen)]
     for density in (0.02, 0.2, 0.01):
@@ -98,10 +101,11 @@ def test_two_ranks_stage_their_slices_of_versions_made_of_parts(tmp_path):
     entries = publish_parts(store, states)
     assert all(len(e.parts) == TRAINERS for e in entries)
     for rank in (1, 0):  # rank 0 last: after rank 2's parts are gone
-        params = _stage_chain(store, entries, rank)
+        params = _stage_chain(store, entries, rank, device)
         want = engine_params(states[-1], rank)
         for name in want:
-            assert torch.equal(bits(params[name]), bits(want[name])), (rank, name)
+            assert params[name].device.type == device
+            assert torch.equal(bits(params[name].cpu()), bits(want[name])), (rank, name)
         if rank == 1:  # sampler rank 0 holds none of trainer rank 2's rows: it never reads them
             for e in entries:
                 store.delete(e.parts[2].key)

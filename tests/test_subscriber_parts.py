@@ -1,8 +1,9 @@
 """Subscribers following versions made of parts (one process, real file:// stores): parts
-written as trainer ranks write them (uneven row shards, column shards walked by columns, a
-tensor one rank alone holds, tied weights) reassemble bit for bit into a full model, from a
-cold start on anchor parts; malformed parts are refused with typed errors and the target
-never holds a half or mixed version."""
+written as trainer ranks write them (uneven row shards, column shards walked by columns,
+records cut at a sampler's bounds, a tensor one rank alone holds, tied weights) reassemble
+bit for bit into a full model, from a cold start on anchor parts, and on CUDA weights (marked
+`cuda`); malformed parts are refused with typed errors and the target never holds a half or
+mixed version."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import torch
 from helpers import bits
 from test_pipeline_local import FAST
 from weight_teleport.codec import Hint, TensorSlice, encode_delta, encode_snapshot
+from weight_teleport.format import read_header
 from weight_teleport.pipeline import Subscriber
 from weight_teleport.pipeline.assemble import fetch_parts
 from weight_teleport.pipeline.errors import ObjectRejected
@@ -30,7 +32,8 @@ WAIT_S = 30.0
 SHAPES = {"emb": (13, 8), "up": (11, 8), "down": (8, 11), "bias": (5,)}
 SPLIT = {"emb": 0, "up": 0, "down": 1}
 """Tensor -> the dim its ranks split (uneven: 13, 11 over 3); "bias" lives on rank 0 alone."""
-HINTS = {"down": Hint("cols")}
+HINTS = {"down": Hint("cols", (8 * 5,)), "up": Hint("rows", (8 * 5,))}
+"""A sampler's bound at column 5 of "down" and row 5 of "up": rank 1's records are cut there."""
 
 
 def weights(version: int) -> dict[str, torch.Tensor]:
@@ -63,8 +66,6 @@ def shard(state: dict, rank: int) -> tuple[dict, dict]:
 
 
 def part(store, version: int, kind: str, base, pack: bytes, rank: int) -> Part:
-    from weight_teleport.format import read_header
-
     digest = tree_sha256(pack, PIECE_BYTES)
     key = object_key(version, kind, base, pack, digest).replace(".pack", f"-r{rank}.pack")
     store.put(key, pack)
@@ -110,7 +111,7 @@ def zeros() -> dict[str, torch.Tensor]:
 
 
 def same(live: dict, version: int) -> bool:
-    return all(torch.equal(bits(live[k]), bits(t)) for k, t in weights(version).items())
+    return all(torch.equal(bits(live[k].cpu()), bits(t)) for k, t in weights(version).items())
 
 
 def follow(sub: Subscriber, live: dict, version: int) -> list[int]:
@@ -150,6 +151,26 @@ def test_parts_reassemble_bit_exact_from_a_cold_start_on_anchor_parts(tmp_path, 
         assert late.stats.objects_fetched == 2
     state, _ = materialize(store, manifest, 3, threads=1)
     assert all(torch.equal(bits(state[k]), bits(t)) for k, t in weights(3).items())
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU (torch.cuda)")
+def test_parts_stage_on_the_gpu_against_cuda_weights(tmp_path):
+    """A CUDA view: each part's records staged on the GPU against the walk views of their
+    boxes, chunks cut where the records' cuts say."""
+    url = f"file://{tmp_path}/store"
+    store = open_store(url)
+    manifest = publish(store, Manifest(), 0)
+    assert any(r.cuts for p in manifest.entries[-1].parts for r in read_header(store.get(p.key)).tensors)
+    live = {k: t.cuda() for k, t in zeros().items() if k != "head"}
+    live["head"] = live["emb"]
+    with Subscriber(url, TorchTarget(live), FAST) as sub:
+        assert sub._stager.on_cuda
+        follow(sub, live, 0)
+        for v in (1, 2, 3):
+            manifest = publish(store, manifest, v, anchor=v == 2)
+            assert follow(sub, live, v) == [v]
+        assert sub.stats.resyncs == 0 and sub.stats.objects_rejected == 0
 
 
 def _doctored(url, edit) -> None:

@@ -62,6 +62,7 @@ def trainer(rank: int, port: int, url: str, master: dict, config: dict, go, done
     from weight_teleport.targets.vllm_layout import slice_hints
 
     try:
+        master = {k: v.clone() for k, v in master.items()}  # own memory: tensors pass to processes shared
         torch.set_num_threads(1)
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=TRAINERS,
                                 timeout=timedelta(seconds=WAIT_S))
@@ -96,9 +97,9 @@ def scenario() -> None:
         go, done, port = [ctx.Queue() for _ in range(TRAINERS)], ctx.Queue(), free_port()
         procs = [ctx.Process(target=trainer, args=(r, port, url, master, config, go[r], done))
                  for r in range(TRAINERS)]
+        wants = list(versions({k: v.clone() for k, v in master.items()}))
         for p in procs:
             p.start()
-        wants = list(versions({k: v.clone() for k, v in master.items()}))  # before vLLM sets its defaults
         llm = LLM(model=path, skip_tokenizer_init=True, enforce_eager=True, dtype="bfloat16",
                   tensor_parallel_size=TP, max_model_len=128, max_num_seqs=4, seed=0,
                   worker_extension_cls=WORKER_EXTENSION, weight_transfer_config={"backend": BACKEND})
