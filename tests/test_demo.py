@@ -1,5 +1,6 @@
-"""The demo end to end: two processes over a real HTTP origin, checked against a
-colocated run bit for bit (a short run with a small model)."""
+"""The demo end to end: two processes (or two trainer ranks under FSDP2 and a sampler) over a
+real HTTP origin, checked against a colocated run bit for bit (a short run with a small
+model)."""
 
 import pytest
 
@@ -16,9 +17,21 @@ def test_demo_runs_and_matches_colocated(tmp_path, capsys):
     assert out.count(" ok ") == 4
 
 
+@pytest.mark.slow
+def test_demo_with_sharded_trainers_matches_the_unsharded_run(tmp_path, capsys):
+    rc = main(["demo", "--trainer-ranks", "2", "--steps", "2", "--hidden", "64", "--batch", "8",
+               "--out-dir", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    assert "2 trainer ranks (FSDP2, gloo)" in out and out.count(" ok ") == 3
+    assert "sampler weights equal a colocated unsharded run's at every version, bit for bit: yes" in out
+
+
 def test_demo_rejects_bad_options(capsys):
     assert main(["demo", "--hidden", "30"]) == 1
     assert "--hidden" in capsys.readouterr().err
+    assert main(["demo", "--trainer-ranks", "2", "--engine", "vllm"]) == 1
+    assert "--trainer-ranks" in capsys.readouterr().err
 
 
 @pytest.mark.vllm

@@ -95,7 +95,7 @@ def scenario() -> None:
         config = AutoConfig.from_pretrained(path).to_dict()
         url, ctx = f"file://{store}", mp.get_context("spawn")
         go, done, port = [ctx.Queue() for _ in range(TRAINERS)], ctx.Queue(), free_port()
-        procs = [ctx.Process(target=trainer, args=(r, port, url, master, config, go[r], done))
+        procs = [ctx.Process(target=trainer, args=(r, port, url, master, config, go[r], done), daemon=True)
                  for r in range(TRAINERS)]
         wants = list(versions({k: v.clone() for k, v in master.items()}))
         for p in procs:

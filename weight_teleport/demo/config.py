@@ -26,6 +26,9 @@ class DemoConfig:
     """Decoder layers."""
     seed: int = 0
     """Seed of the initial weights, prompts and sampling."""
+    trainer_ranks: int = 1
+    """Trainer processes: 1, a Publisher; more, ranks of a gloo group whose master weights
+    FSDP2 shards, each publishing its own shard (a PublisherGroup)."""
 
     @property
     def target_tokens(self) -> int:

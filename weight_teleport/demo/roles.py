@@ -1,5 +1,6 @@
 """The two processes of the demo. They share nothing but the store at `url`: the trainer
 publishes weight versions there, the sampler follows them and writes its rollouts back.
+(With several trainer ranks, `sharded.trainer_rank` stands in for `trainer`.)
 Each sends one row of measurements per version to the parent's queue for display."""
 
 import time
@@ -15,11 +16,11 @@ FINAL_KEY = "reference/final"
 """The trainer's last published weights, uploaded once at the end for the sampler's check."""
 
 
-def _rollout_key(version: int) -> str:
+def rollout_key(version: int) -> str:
     return f"rollouts/v{version:08d}"
 
 
-def _wait_object(store, key: str, timeout: float) -> bytes:
+def wait_object(store, key: str, timeout: float) -> bytes:
     from weight_teleport.store.errors import NotFound
 
     deadline = time.monotonic() + timeout
@@ -56,7 +57,7 @@ def trainer(url: str, token: str, cfg: DemoConfig, rows, timeout: float = 120.0)
                                            "published": {k: tensor_digest(v) for k, v in weights.items()}}))
             if version == cfg.steps:
                 break
-            tokens = torch.from_numpy(np.frombuffer(_wait_object(store, _rollout_key(version), timeout),
+            tokens = torch.from_numpy(np.frombuffer(wait_object(store, rollout_key(version), timeout),
                                                     np.int64).reshape(cfg.batch, -1).copy())
             train_step(master, opt, tokens, cfg)
             new = published(master)
@@ -92,13 +93,16 @@ def sampler(url: str, token: str, cfg: DemoConfig, rows, engine: str = "hf", tim
                    "ready_at": ready_at, "resynced": report.resynced, "digests": _digests(eng)}
             if version < cfg.steps:
                 tokens = eng.rollout(version)
-                store.put(_rollout_key(version), tokens.numpy().astype(np.int64).tobytes())
+                store.put(rollout_key(version), tokens.numpy().astype(np.int64).tobytes())
                 row["reward"] = float(rewards(tokens, cfg).mean())
             rows.put(("sampler", version, row))
-    from safetensors.torch import load
+    if cfg.trainer_ranks == 1:
+        from safetensors.torch import load
 
-    final = load(_wait_object(store, FINAL_KEY, timeout))
-    rows.put(("check", cfg.steps, {"matches_trainer": _matches(eng, final)}))
+        final = load(wait_object(store, FINAL_KEY, timeout))
+        rows.put(("check", cfg.steps, {"matches_trainer": _matches(eng, final)}))
+    else:  # no trainer rank holds the whole weights: the colocated run checks every version
+        rows.put(("check", cfg.steps, {"matches_trainer": None}))
     eng.close()
     store.close()
 

@@ -4,7 +4,8 @@ A trainer process and a sampler process share nothing but an HTTP origin: the tr
 publishes every weight version as a pack, the sampler follows the packs while it keeps a
 real HF transformers model up to date, generates rollouts and sends them back through the
 same origin. Afterwards the same run is repeated in one process without any transport, and
-the sampler's weights must match it bit for bit at every version."""
+the sampler's weights must match it bit for bit at every version. With `--trainer-ranks N`
+the trainer is N processes under FSDP2, each publishing its own shard (`demo/sharded.py`)."""
 
 import argparse
 import multiprocessing as mp
@@ -28,8 +29,10 @@ def _config(args: argparse.Namespace) -> DemoConfig:
         raise ValueError("--steps, --batch and --layers must be >= 1 and --lr > 0")
     if args.hidden < 16 or args.hidden % 4:
         raise ValueError("--hidden must be a multiple of 4, at least 16")
+    if args.trainer_ranks < 1 or (args.trainer_ranks > 1 and args.engine != "hf"):
+        raise ValueError("--trainer-ranks must be >= 1, and 1 with --engine vllm")
     return DemoConfig(steps=args.steps, lr=args.lr, batch=args.batch, hidden=args.hidden,
-                      layers=args.layers, seed=args.seed)
+                      layers=args.layers, seed=args.seed, trainer_ranks=args.trainer_ranks)
 
 
 def _verdict(t: dict, s: dict) -> str:
@@ -37,7 +40,7 @@ def _verdict(t: dict, s: dict) -> str:
     for an engine with its own layout, when the subscriber verified without resyncing)."""
     if s["resynced"]:
         return "resync"
-    if not s["digests"]:
+    if not s["digests"] or t["published"] is None:  # sharded trainers: checked by the colocated run
         return "ok"
     return "ok" if s["digests"] == t["published"] else "DIFF"
 
@@ -84,11 +87,13 @@ def _run(cfg: DemoConfig, engine: str) -> tuple[list[dict], bool]:
             OriginServer(ServerConfig(root=Path(root), port=0, token=token)) as origin:
         ctx = mp.get_context("spawn")
         rows = ctx.Queue()
-        procs = [ctx.Process(target=roles.trainer, args=(origin.url, token, cfg, rows), name="trainer"),
-                 ctx.Process(target=roles.sampler, args=(origin.url, token, cfg, rows, engine), name="sampler")]
+        procs = _trainers(ctx, origin.url, token, cfg, rows)
+        procs.append(ctx.Process(target=roles.sampler, args=(origin.url, token, cfg, rows, engine), name="sampler"))
         for p in procs:
             p.start()
-        print(f"origin {origin.url}; trainer pid {procs[0].pid}, sampler pid {procs[1].pid}")
+        trainers = ", ".join(str(p.pid) for p in procs[:-1])
+        what = "trainer pid" if cfg.trainer_ranks == 1 else f"{cfg.trainer_ranks} trainer ranks (FSDP2, gloo), pids"
+        print(f"origin {origin.url}; {what} {trainers}, sampler pid {procs[-1].pid}")
         print(HEADER)
         try:
             result = _collect(cfg, rows, procs, numel)
@@ -98,6 +103,25 @@ def _run(cfg: DemoConfig, engine: str) -> tuple[list[dict], bool]:
                 if p.is_alive():
                     p.terminate()
     return result
+
+
+def _trainers(ctx, url: str, token: str, cfg: DemoConfig, rows) -> list:
+    """The trainer's process, or the processes of its ranks (`sharded.trainer_rank`)."""
+    if cfg.trainer_ranks == 1:
+        return [ctx.Process(target=roles.trainer, args=(url, token, cfg, rows), name="trainer")]
+    from weight_teleport.demo import sharded
+
+    port = _free_port()
+    return [ctx.Process(target=sharded.trainer_rank, args=(r, cfg.trainer_ranks, port, url, token, cfg, rows),
+                        name=f"trainer rank {r}") for r in range(cfg.trainer_ranks)]
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def _plot(table: list[dict], path: Path) -> None:
@@ -136,13 +160,17 @@ def main(args: argparse.Namespace) -> int:
     print(f"reward curve: {plot}")
     verified = sum(_verdict(r, r) == "ok" for r in table)
     print(f"digests verified at {verified} of {len(table)} versions")
-    matches = matches and verified == len(table)
-    what = "vLLM's own loader of the trainer's" if args.engine == "vllm" else "the trainer's"
-    print(f"sampler weights after the last version equal {what}, bit for bit: {'yes' if matches else 'NO'}")
+    if matches is None:  # sharded trainers hold no whole tensor to compare with: the colocated run does
+        matches = verified == len(table)
+    else:
+        matches = matches and verified == len(table)
+        what = "vLLM's own loader of the trainer's" if args.engine == "vllm" else "the trainer's"
+        print(f"sampler weights after the last version equal {what}, bit for bit: {'yes' if matches else 'NO'}")
     if args.no_check or args.engine != "hf" or not matches:
         return 0 if matches else 1
     reference = roles.colocated(cfg)
     same = all(r["digests"] == ref for r, ref in zip(table, reference))
-    print("sampler weights equal a colocated run's at every version, bit for bit: "
+    print(f"sampler weights equal a colocated{' unsharded' if cfg.trainer_ranks > 1 else ''} run's "
+          "at every version, bit for bit: "
           f"{'yes' if same else 'NO'}")
     return 0 if same else 1
