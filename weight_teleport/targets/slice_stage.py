@@ -4,8 +4,9 @@ The worker reads the pack's header alone (ranged reads), finds per record the ch
 its slice (`codec.slices.chunk_window`), fetches only their bytes (adjacent ranges merged
 into one read) and decodes them against its own elements, each chunk checked against its
 CRC-32 and its chunk digests (format version 2): the proof that the slice's result is the
-trainer's, without the rest of the tensor. What comes out is a `Step`: per slice, the walk
-positions and new bit patterns to write. Nothing touches the parameters until
+trainer's, without the rest of the tensor. A version made of parts (a `PublisherGroup`'s
+trainer ranks' packs) is read from the parts whose boxes overlap the worker's slices alone.
+What comes out is a `Step`: per slice, the walk positions and new bit patterns to write. Nothing touches the parameters until
 `apply_steps`, the pause's only work.
 
 Versions staged but not yet applied are `pending`: a delta staged after them is decoded

@@ -17,7 +17,9 @@ the manifest, fetches the header and only the chunk byte ranges of its slices, a
 them against its own parameters in vLLM's layout (`targets/slice_stage.py`,
 `targets/vllm_layout.py`), each chunk checked against its chunk digests: no full copy of the
 model anywhere. The publisher cuts packs at the ranks' slice bounds
-(`PublisherConfig.hints = slice_hints(config, tp_sizes)`, format version 2); a pack not cut
+(`PublisherConfig.hints = slice_hints(config, tp_sizes)`, or the same `hints` of a
+`PublisherGroup`, whose versions of parts a worker reads from the parts that overlap its
+slices alone; format version 2); a pack not cut
 for a worker's slice fails its stage there (the group refuses it) unless the worker holds
 the whole tensor (TP=1, replicated tensors).
 
