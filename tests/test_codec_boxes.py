@@ -1,5 +1,5 @@
 """Records over boxes (format version 2): trainer ranks' shards encoded alone, assembled by
-a receiver of whole tensors, and slices of records staged by receivers holding slices, bit
+a receiver of whole tensors (CPU or, marked `cuda`, GPU weights), and slices of records staged by receivers holding slices, bit
 for bit, with each chunk checked on its own."""
 
 import pytest
@@ -45,6 +45,30 @@ def test_shards_encoded_alone_assemble_the_whole_tensor(dim, n, order):
         assert h.format_version == 2 and tuple(map(tuple, h.tensors[0].box)) == sl.box
         wt.apply_delta(live, pack)
     assert_bits_equal(live, {"w": new})
+
+
+CUDA = pytest.param("cuda", marks=[pytest.mark.cuda, pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs an NVIDIA GPU (torch.cuda)")])
+
+
+@pytest.mark.parametrize("device", ["cpu", CUDA])
+@pytest.mark.parametrize("dim, order, bound", [(0, "rows", COLS * 13), (1, "cols", ROWS * 5)])
+def test_parts_cut_at_a_samplers_bound_assemble_on_any_device(device, dim, order, bound):
+    """Snapshot then delta parts whose records are cut where a sampler's slice ends, staged
+    against whole tensors on the CPU or on the GPU (a row box is a contiguous view there, a
+    column walk a copy written back)."""
+    old, new = _pair()
+    live, cut = {"w": torch.zeros_like(old).to(device)}, False
+    opts = dict(version=2, chunk_elems=64, hints={"w": wt.Hint(order, (bound,))})
+    for (o, sl), (nw, _) in zip(_shards(old, 3, dim), _shards(new, 3, dim)):
+        wt.apply_delta(live, wt.encode_snapshot({"w": o}, slices={"w": sl}, **{**opts, "version": 1}))
+    assert_bits_equal({"w": live["w"].cpu()}, {"w": old})
+    for (o, sl), (nw, _) in zip(_shards(old, 3, dim), _shards(new, 3, dim)):
+        pack = wt.encode_delta({"w": o}, {"w": nw}, base_version=1, slices={"w": sl}, **opts)
+        cut |= bool(read_header(pack).tensors[0].cuts)
+        wt.apply_delta(live, pack)
+    assert cut and live["w"].device.type == device
+    assert_bits_equal({"w": live["w"].cpu()}, {"w": new})
 
 
 def test_snapshot_parts_assemble_and_whole_packs_stay_version_1():
