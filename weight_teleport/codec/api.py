@@ -187,7 +187,8 @@ def pinned_pack(pack) -> np.ndarray:
 def stage_delta(state: Mapping[str, torch.Tensor], pack: bytes, *, base_version: int | None = None,
                 check_base: bool = True, strict: bool = True, threads: int | None = None,
                 device_budget: int | None = None, cuda=None, limits: PackLimits | None = None,
-                held: Mapping[str, TensorSlice] | None = None) -> StagedPatch:
+                held: Mapping[str, TensorSlice] | None = None,
+                header: PackHeader | None = None) -> StagedPatch:
     """Decode and verify a pack against `state` without writing anything.
 
     `held[name]` says that `state[name]` holds only a box of the checkpoint tensor (a
@@ -214,8 +215,12 @@ def stage_delta(state: Mapping[str, torch.Tensor], pack: bytes, *, base_version:
     CUDA weights decode every stream codec a pack may use with nvCOMP, the GPU-only ones
     (lz4, nvcomp-ans) too; `cuda`, a `CudaCodecConfig`, picks nvCOMP's decompression backend
     (`decompress_backend`; its `stream_coder` is ignored: each stream names its codec). CPU
-    weights decode the portable codecs (raw, zstd) and refuse the others."""
-    header = read_header(pack, limits=limits)
+    weights decode the portable codecs (raw, zstd) and refuse the others.
+
+    `header`: the pack's header as `read_header(pack, limits=limits)` returned it, where the
+    caller parsed it already (a subscriber, when it checked the object); it is not parsed
+    again."""
+    header = read_header(pack, limits=limits) if header is None else header
     if header.kind == "delta" and base_version is not None and header.base_version != base_version:
         raise PackMismatchError(f"pack applies to version {header.base_version}, the state is at "
                                 f"version {base_version}")

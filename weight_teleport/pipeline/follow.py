@@ -15,16 +15,13 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
-import numpy as np
-
 from weight_teleport.errors import DigestMismatchError, PackFormatError, PackMismatchError
-from weight_teleport.format import read_header
 from weight_teleport.observe.subscriber import SubscriberMetrics, Where
 from weight_teleport.pipeline.config import SubscriberConfig
 from weight_teleport.pipeline.errors import (ManifestError, ManifestRollback, NoPlanError,
                                              ObjectRejected)
 from weight_teleport.pipeline.assemble import fetch_parts
-from weight_teleport.pipeline.fetch import fetch
+from weight_teleport.pipeline.fetch import Fetched, fetch_pack
 from weight_teleport.pipeline.handoff import Handoff
 from weight_teleport.pipeline.health import HealthMonitor
 from weight_teleport.pipeline.manifest import Entry, Manifest, from_json
@@ -242,19 +239,18 @@ class Follower:
         if self.ahead is None or self.ahead[0] != entry:
             self.ahead = (entry, self.prefetcher.submit(self._timed_fetch, entry))
 
-    def _timed_fetch(self, entry: Entry) -> tuple[bytes | np.ndarray, float]:
+    def _timed_fetch(self, entry: Entry) -> tuple[Fetched | list[Fetched], float]:
         t0 = time.perf_counter()
         pinned = self.stager.on_cuda
         pack = fetch_parts(self.store, entry, pinned) if entry.parts \
-            else fetch(self.store, entry, pinned=pinned)
+            else fetch_pack(self.store, entry, pinned=pinned)
         return pack, time.perf_counter() - t0
 
-    def _fetch(self, entry: Entry) -> bytes | np.ndarray | list | None:
-        """The checked object (in pinned memory for CUDA weights; a list of packs for an entry
-        made of parts, each checked against its part and all against each other), or None
-        after a failure;
-        taken from the prefetch thread where it fetched `entry` (another prefetched object
-        is dropped: the plan changed)."""
+    def _fetch(self, entry: Entry) -> Fetched | list[Fetched] | None:
+        """The checked object with its header (its bytes in pinned memory for CUDA weights; a
+        list for an entry made of parts, each checked against its part and all against each
+        other), or None after a failure; taken from the prefetch thread where it fetched
+        `entry` (another prefetched object is dropped: the plan changed)."""
         ahead, self.ahead = self.ahead, None
         try:
             if ahead is not None and ahead[0] == entry:
@@ -270,7 +266,7 @@ class Follower:
                 self._strike(entry, f"cannot fetch {entry.key}: {exc}")
             return None
         self.stats.fetch_s += seconds
-        nbytes = sum(map(len, pack)) if isinstance(pack, list) else len(pack)
+        nbytes = sum(len(p.data) for p in pack) if isinstance(pack, list) else len(pack.data)
         self.metrics.fetched_one(nbytes, seconds)
         self.stats.bytes_fetched += nbytes
         self.stats.objects_fetched += 1
@@ -287,7 +283,7 @@ class Follower:
         self.handoff.event(why)
         self.monitor.failure(why)
 
-    def _stage(self, entry: Entry, pack: bytes | np.ndarray) -> None:
+    def _stage(self, entry: Entry, pack: Fetched | list[Fetched]) -> None:
         t0 = time.perf_counter()
         try:
             staged = self.stager.stage(entry, pack, self.head)
@@ -317,7 +313,7 @@ class Follower:
         if entry.kind == "snapshot":
             self._set_broken(entry, f"snapshot {entry.key} does not fit the target: {exc}")
             return
-        headers = [read_header(p) for p in pack] if entry.parts else [read_header(pack)]
+        headers = [p.header for p in pack] if entry.parts else [pack.header]
         found = self.stager.base_digests(headers)
         stale = [r.name for h in headers for r in h.tensors
                  if found.get(record_key(r.name, r.shape, r.box, r.order)) != r.base_digest]
