@@ -130,7 +130,7 @@ class Follower:
             if self.monitor.health.consecutive_failures > before:
                 self.metrics.retries.inc()
                 self.handoff.sleep(self.monitor.backoff_s(self.config.retry_backoff_s,
-                                                       self.config.retry_backoff_max_s))
+                                                          self.config.retry_backoff_max_s))
 
     def step(self) -> None:
         """One turn: stage the next object of the plan, or wait for a new manifest."""
