@@ -45,7 +45,7 @@ class AnchorUploader:
     def _upload(self, entry: Entry, pack, result: PublishResult) -> None:
         t0 = time.perf_counter()
         try:
-            self._store.put(entry.key, pack)
+            self._store.put(entry.key, pack, content_hash=entry.sha256)
             self._announce(entry)
             result.objects.append(entry)
             result.anchor_s = time.perf_counter() - t0

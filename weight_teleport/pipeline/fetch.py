@@ -81,34 +81,24 @@ def _fetch_whole(store: Store, entry: Entry) -> bytes:
 
 
 def _fetch_ranges(store: Store, entry: Entry, pinned: bool) -> np.ndarray:
-    """The object read in ranges in parallel into one buffer, checked. The last range is
-    read first: an object shorter than its entry says is refused before the buffer of the
+    """The object read in ranges in parallel into one buffer, checked. Its last byte is read
+    first: an object shorter than its entry says is refused before the buffer of the
     entry's size is allocated."""
     span = max(entry.piece_bytes, RANGE_BYTES - RANGE_BYTES % entry.piece_bytes)
     starts = range(0, entry.size, span)
-
-    def read(start: int) -> bytes:
-        stop = min(start + span, entry.size)
-        part = store.get_range(entry.key, start, stop)
-        _check_range(entry, start, stop, len(part))
-        return part
-
-    last = read(starts[-1])
+    _check_range(entry, entry.size - 1, entry.size,
+                 len(store.get_range(entry.key, entry.size - 1, entry.size)))
     out = _buffer(entry.size, pinned)
 
-    def place(start: int, part: bytes | None = None) -> list[bytes]:
+    def place(start: int) -> list[bytes]:
         stop = min(start + span, entry.size)
-        if part is None:  # read straight into the result
-            _check_range(entry, start, stop, store.get_range_into(entry.key, start, out[start:stop]))
-        else:
-            out[start:stop] = np.frombuffer(part, np.uint8)
+        _check_range(entry, start, stop, store.get_range_into(entry.key, start, out[start:stop]))
         view = memoryview(out)[start:stop]
         return [piece_digest(view[at:at + entry.piece_bytes])
                 for at in range(0, len(view), entry.piece_bytes)]
 
     with ThreadPoolExecutor(min(FETCH_THREADS, len(starts)), thread_name_prefix="wt-fetch") as pool:
-        tail = pool.submit(place, starts[-1], last)
-        digests = [d for part in pool.map(place, starts[:-1]) for d in part] + tail.result()
+        digests = [d for part in pool.map(place, starts) for d in part]
     _check_hash(entry, root_of(digests))
     return out
 

@@ -60,11 +60,19 @@ class Store:
         self.config = config or StoreConfig()
 
     # Public API: checks, retries, then the primitive.
-    def put(self, key: str, data: bytes) -> None:
+    def put(self, key: str, data: bytes, *, content_hash: str | None = None) -> None:
         """Store `data` (any bytes-like object) under `key`; readers see all of it or
         nothing. Stores that keep the bytes copy them; the others send them from where
-        they are (a pack in pinned memory is not copied into a `bytes` first)."""
-        self._retry(self._put, validate_key(key), memoryview(data).cast("B"))
+        they are (a pack in pinned memory is not copied into a `bytes` first).
+
+        `content_hash`: the tree hash of `data` (`store.hashing`, `PIECE_BYTES` pieces) where
+        the caller has it already: a store that sends one along (HTTP) uses it instead of
+        hashing the bytes again, and its server refuses the upload if it is wrong."""
+        view = memoryview(data).cast("B")
+        if content_hash is None:
+            self._retry(self._put, validate_key(key), view)
+        else:
+            self._retry(self._put_hashed, validate_key(key), view, content_hash)
 
     def get(self, key: str, max_bytes: int | None = None) -> bytes:
         """Return the bytes under `key`; raise NotFound if there are none.
@@ -162,6 +170,10 @@ class Store:
     # Primitives.
     def _put(self, key: str, data: bytes) -> None:
         raise NotImplementedError
+
+    def _put_hashed(self, key: str, data: bytes, content_hash: str) -> None:
+        """`_put` of bytes whose tree hash the caller gives; stores that keep no hash ignore it."""
+        self._put(key, data)
 
     def _get(self, key: str) -> bytes:
         raise NotImplementedError

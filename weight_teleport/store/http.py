@@ -207,8 +207,11 @@ class HttpStore(Store):
 
     # Primitives.
     def _put(self, key: str, data: bytes) -> None:
+        self._put_hashed(key, data, content_hash(data))
+
+    def _put_hashed(self, key: str, data: bytes, digest: str) -> None:
         headers = {**self._auth(write=True), "Content-Type": "application/octet-stream",
-                   "Content-Length": str(len(data)), "X-Content-Tree-SHA256": content_hash(data)}
+                   "Content-Length": str(len(data)), "X-Content-Tree-SHA256": digest}
         body = data if self.config.upload_progress is None else _Reporting(data, self.config.upload_progress)
         status, _, body = self._request("PUT", "/o/" + quote(key), body, headers)
         self._check(status, body, f"put {key!r}", write=True)
