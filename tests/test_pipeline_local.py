@@ -225,6 +225,25 @@ def test_cli_publish_pull_status_round_trip(tmp_path, capsys) -> None:
         assert same_bits(load_file(tmp_path / f"out{v}" / "model.safetensors"), v)
 
 
+def test_an_anchor_upload_pauses_while_a_delta_uploads() -> None:
+    """`DeltasFirst`: the anchor's upload waits between its pieces while a delta is in
+    flight, and goes on once it is announced (or after `max_wait_s`, whatever holds it)."""
+    import threading
+
+    from weight_teleport.pipeline.anchors import DeltasFirst
+
+    gate, passed = DeltasFirst(max_wait_s=600), threading.Event()
+    anchor = threading.Thread(target=lambda: (gate.wait_turn(), passed.set()))
+    with gate.uploading():
+        anchor.start()
+        assert not passed.wait(0.2), "the anchor went on while a delta was uploading"
+    assert passed.wait(60)
+    anchor.join()
+    impatient = DeltasFirst(max_wait_s=0.01)
+    with impatient.uploading():
+        impatient.wait_turn()  # returns: a stuck delta does not stall the anchor for good
+
+
 def test_anchor_follows_its_delta_and_a_cold_start_uses_it() -> None:
     """A version that carries an anchor is announced with its delta alone; the anchor is
     stored and announced after it, in version order, and a new subscriber starts from it."""
