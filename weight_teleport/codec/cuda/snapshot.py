@@ -31,6 +31,7 @@ from weight_teleport.errors import DigestMismatchError, PackFormatError
 from weight_teleport.format import Group, TensorRecord, read_groups
 from weight_teleport.format.groups import write_table
 from weight_teleport.format.container import ChunkSpans, prefix_bound
+from weight_teleport.host_memory import fill
 
 WAVE_BYTES = 1 << 30
 """Bytes of chunks transposed and moved per wave (at least one chunk)."""
@@ -197,28 +198,40 @@ class _Ring:
 class _Inbound:
     """Two device buffers that waves of a pack's bytes fill in turn on a copy stream: the
     kernels of a wave wait for its copy, and a buffer is filled again only once the kernels
-    that read it are done, so the next wave's copy overlaps this wave's kernels. Without
-    CUDA (Triton's interpreter) it is one host buffer."""
+    that read it are done, so the next wave's copy overlaps this wave's kernels. A pack in
+    pageable memory goes through two pinned buffers that host threads fill while the
+    previous wave crosses (a copy from pageable memory is slower and blocks the host).
+    Without CUDA (Triton's interpreter) it is one host buffer."""
 
-    def __init__(self, size: int, device: torch.device):
+    def __init__(self, size: int, device: torch.device, pinned_source: bool):
         self.cuda = device.type == "cuda"
-        self.buffers = [torch.empty(size, dtype=torch.uint8, device=device) for _ in range(2 if self.cuda else 1)]
-        self.read: list[torch.cuda.Event | None] = [None] * len(self.buffers)
+        n = 2 if self.cuda else 1
+        self.buffers = [torch.empty(size, dtype=torch.uint8, device=device) for _ in range(n)]
+        self.read: list[torch.cuda.Event | None] = [None] * n
+        self.staging = None if pinned_source or not self.cuda else \
+            [torch.empty(size, dtype=torch.uint8, pin_memory=True) for _ in range(n)]
+        self.sent: list[torch.cuda.Event | None] = [None] * n
         self.copier = memory.side_stream(device, "dense-copy") if self.cuda else None
         self.turn = 0
 
     def fill(self, src: torch.Tensor) -> torch.Tensor:
         """The next buffer holding `src` (host bytes), for the caller's stream."""
-        buf = self.buffers[self.turn % len(self.buffers)][:src.numel()]
+        k = self.turn % len(self.buffers)
+        buf = self.buffers[k][:src.numel()]
         if not self.cuda:
             buf.copy_(src)
             return buf
-        read = self.read[self.turn % len(self.buffers)]
+        if self.staging is not None:
+            if self.sent[k] is not None:
+                self.sent[k].synchronize()  # the copy out of this staging buffer is done
+            host = self.staging[k][:src.numel()]
+            fill(host.numpy(), [src.numpy()])
+            src = host
         with torch.cuda.stream(self.copier):
-            if read is not None:
-                self.copier.wait_event(read)
+            if self.read[k] is not None:
+                self.copier.wait_event(self.read[k])
             buf.copy_(src, non_blocking=True)
-            filled = torch.cuda.Event()
+            self.sent[k] = filled = torch.cuda.Event()
             filled.record()
         torch.cuda.current_stream().wait_event(filled)
         return buf
@@ -332,7 +345,8 @@ def stage(lives: dict[str, Live], header, pack, recs: list[TensorRecord], chunk_
     spans = ChunkSpans.of(header, recs)
     order = sorted(range(len(chunks)), key=lambda j: chunks[j].offset)
     waves = _spans([chunks[j] for j in order])
-    ring = _Inbound(max(w[-1].offset + w[-1].length - w[0].offset for w in waves), device)
+    ring = _Inbound(max(w[-1].offset + w[-1].length - w[0].offset for w in waves), device,
+                    pinned_source=memory.pinned(pack) is not None)
     crcs = []
     for wave in waves:  # a wave of chunks in payload order: one copy, one CRC launch
         lo, hi = wave[0].offset, wave[-1].offset + wave[-1].length
