@@ -386,10 +386,43 @@ def parts_failures() -> list[str]:
 DEFAULT_CLASS_COST_BITS = plan.CLASS_COST_BITS
 
 
+def refusal_failures() -> list[str]:
+    """What the CUDA backend cannot do it refuses before any kernel runs, the state
+    untouched: chunk cuts when encoding, records staged in part when staging (records with
+    cuts it stages: bit-exact)."""
+    from weight_teleport.errors import UnsupportedFormatError
+    old, new = pair(torch.bfloat16, 64 * 64, 0.05, 7)
+    old, new = old.view(64, 64), new.view(64, 64)
+    failures = []
+    try:
+        on(gpu, lambda: wt.encode_delta({"w": old}, {"w": new}, base_version=0, version=1,
+                                        hints={"w": wt.Hint("rows", (32 * 64,))}))
+        failures.append("the CUDA backend encoded chunk cuts")
+    except ValueError as e:
+        failures += [] if "chunk cuts" in str(e) else [f"chunk cuts refused with {e}"]
+    cut = on(cpu, lambda: wt.encode_delta({"w": old}, {"w": new}, base_version=0, version=1,
+                                          hints={"w": wt.Hint("rows", (32 * 64,))}))
+    whole = on(cpu, lambda: wt.encode_delta({"w": old}, {"w": new}, base_version=0, version=1, chunk_elems=1024))
+    live = {"w": old.clone()}
+    on(gpu, lambda: wt.apply_delta(live, cut))
+    failures += [] if bits(live["w"]) == bits(new) else ["a record with cuts staged on the GPU path is not bit-exact"]
+    top = wt.TensorSlice((64, 64), ((0, 32), (0, 64)))
+    live = {"w": old[:32].clone()}
+    before = bits(live["w"])
+    try:
+        on(gpu, lambda: wt.stage_delta(live, whole, held={"w": top}))
+        failures.append("the CUDA backend staged part of a record")
+    except UnsupportedFormatError as e:
+        failures += [] if "needs CPU weights" in str(e) else [f"part of a record refused with {e}"]
+    failures += [] if bits(live["w"]) == before else ["refusing part of a record changed the state"]
+    return failures
+
+
 def main(part: str) -> int:
     """Runs one part of the checks (PARTS: the GPU path's packs and stages of states;
-    "parts": versions made of parts staged against whole tensors; "kernels": digests, CRCs, chunk tables, corrupt chunks, sums, inflate, decoder edges), so
-    that processes can share them."""
+    "parts": versions made of parts staged against whole tensors; "kernels": digests, CRCs,
+    chunk tables, corrupt chunks, sums, inflate, decoder edges), so that processes can share
+    them."""
     plan.CLASS_COST_BITS = 0.0  # many classes from small tensors
     if part in PARTS:
         failures = [f for name, old, new in states(PARTS[part]) for f in encode_failures(name, old, new)]
@@ -397,7 +430,7 @@ def main(part: str) -> int:
         failures = parts_failures()
     else:
         failures = digest_failures() + crc_failures() + chunk_table_failures("cpu") + corruption_failures()
-        failures += per_tensor_sums() + inflate_orchestration() + decoder_edges()
+        failures += per_tensor_sums() + inflate_orchestration() + decoder_edges() + refusal_failures()
     for f in failures:
         print("FAIL", f)
     print(f"{part}: {len(failures)} failures", flush=True)

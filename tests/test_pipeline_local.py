@@ -263,3 +263,23 @@ def test_anchor_follows_its_delta_and_a_cold_start_uses_it() -> None:
         reports = follow(sub, 5)
     assert same_bits(live, 5)
     assert reports[0].versions[0] == 4, "the cold start should take the newest anchor"
+
+
+@pytest.mark.parametrize("mode", ["view", "shadow"])
+def test_each_pack_header_is_parsed_once(monkeypatch, mode) -> None:
+    """The subscriber parses a pack's header once, when it checks the fetched object; the
+    stage takes that header (a snapshot and deltas, against the view or a shadow)."""
+    from weight_teleport.codec import api
+    from weight_teleport.pipeline import fetch as F
+    url = memory_url()
+    with Publisher(url, PublisherConfig(anchor_every=100)) as pub:
+        publish(pub, range(3))
+        parsed = []
+        for mod in (api, F):
+            real = mod.read_header
+            monkeypatch.setattr(mod, "read_header", lambda *a, real=real, **k: parsed.append(1) or real(*a, **k))
+        target = ShadowedTarget() if mode == "shadow" else \
+            TorchTarget({k: torch.zeros_like(t) for k, t in expected(0).items()})
+        with Subscriber(url, target, FAST) as sub:
+            follow(sub, 2)
+            assert len(parsed) == sub.stats.objects_fetched == 3

@@ -5,13 +5,14 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from weight_teleport.codec import apply_delta, decode_snapshot, pinned_pack
 from weight_teleport.errors import PackFormatError
-from weight_teleport.format import read_header
+from weight_teleport.format import PackHeader, read_header
 from weight_teleport.pipeline.errors import ObjectRejected
 from weight_teleport.pipeline.manifest import Entry, Manifest
 from weight_teleport.pipeline.plan import plan_catchup
@@ -32,7 +33,21 @@ the stage copies a larger object to the device from pageable memory instead, whi
 less than pinning it."""
 
 
+@dataclass(frozen=True)
+class Fetched:
+    """An object fetched and checked against its entry, with its pack header: parsed once,
+    when it was checked, and passed on to the stage (`stage_delta(header=...)`)."""
+
+    data: bytes | np.ndarray
+    header: PackHeader
+
+
 def fetch(store: Store, entry: Entry, pinned: bool = False) -> bytes | np.ndarray:
+    """The bytes of `fetch_pack`."""
+    return fetch_pack(store, entry, pinned).data
+
+
+def fetch_pack(store: Store, entry: Entry, pinned: bool = False) -> Fetched:
     """The object of `entry`, checked: its size, content hash and pack header (kind,
     version, base) must match the entry, else ObjectRejected (truncated, corrupted,
     misplaced). `pinned`: returned in pinned host memory, for staging onto CUDA weights,
@@ -47,10 +62,10 @@ def fetch(store: Store, entry: Entry, pinned: bool = False) -> bytes | np.ndarra
         data = _fetch_ranges(store, entry, pinned)
     else:
         data = _fetch_whole(store, entry)
-    _check_header(entry, data)
+    header = _check_header(entry, data)
     if pinned and not isinstance(data, np.ndarray):
         data = _pinned(data)
-    return data
+    return Fetched(data, header)
 
 
 def _fetch_whole(store: Store, entry: Entry) -> bytes:
@@ -101,7 +116,7 @@ def _check_hash(entry: Entry, digest: str) -> None:
                              f"{entry.sha256[:16]}... (corrupted)")
 
 
-def _check_header(entry: Entry, data) -> None:
+def _check_header(entry: Entry, data) -> PackHeader:
     try:
         header = read_header(data)
     except PackFormatError as exc:
@@ -111,6 +126,7 @@ def _check_header(entry: Entry, data) -> None:
             f"{entry.key}: holds a {header.kind} to version {header.version} from "
             f"{header.base_version}, the manifest lists a {entry.kind} to {entry.version} from "
             f"{entry.base} (duplicated or out-of-order object)")
+    return header
 
 
 def _buffer(size: int, pinned: bool) -> np.ndarray:
@@ -177,9 +193,9 @@ def _apply_parts(store: Store, entry: Entry, state: dict, progress: Progress | N
 
     packs = assemble.fetch_parts(store, entry)
     if progress is not None:
-        progress(sum(len(p) for p in packs))
+        progress(sum(len(p.data) for p in packs))
     if entry.kind == "snapshot":
-        state = assemble.empty_state(packs)
+        state = assemble.empty_state([p.header for p in packs])
     staged = assemble.stage_parts(state, packs, threads=threads,
                                   base_version=entry.base if entry.kind == "delta" else None)
     assemble.apply_parts(state, staged, threads)
