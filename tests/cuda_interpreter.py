@@ -324,6 +324,11 @@ def parts_failures() -> list[str]:
     The tile's other corners stay at the base (each rank's box of it only)."""
     from weight_teleport.codec.walks import Hint, TensorSlice
     from weight_teleport.pipeline import assemble, verify
+    from weight_teleport.pipeline.fetch import Fetched
+
+    def stage(state, packs, kind):  # as the subscriber stages what fetch_parts returns
+        checked = [Fetched(p, read_header(p)) for p in packs]
+        return assemble.stage_parts(state, checked, base_version=0 if kind == "delta" else None)
 
     hints = {"rows": Hint("rows", (20 * 24,)), "cols": Hint("cols", (24 * 4, 24 * 30))}  # off the 64s
     g = torch.Generator().manual_seed(5)
@@ -351,7 +356,7 @@ def parts_failures() -> list[str]:
         if not any(t.cuts for p in parts for t in read_header(p).tensors):
             failures.append(f"{kind} parts: no record has cuts")
         state = {k: v.clone() for k, v in old.items()}
-        staged = on(gpu, lambda: assemble.stage_parts(state, parts, base_version=0 if kind == "delta" else None))
+        staged = on(gpu, lambda: stage(state, parts, kind))
         on(gpu, lambda: assemble.apply_parts(state, staged))
         want = {k: v.clone() for k, v in old.items()}
         for rank in (0, 1):
@@ -367,8 +372,7 @@ def parts_failures() -> list[str]:
             bad = corrupt(parts[k % 2], k, 7 * k + 3, (91 * k + 17) % 256)
             state = {k: v.clone() for k, v in old.items()}
             try:
-                staged = on(gpu, lambda: assemble.stage_parts(state, [bad, parts[1]] if k % 2 == 0 else [parts[0], bad],
-                                                              base_version=0 if kind == "delta" else None))
+                staged = on(gpu, lambda: stage(state, [bad, parts[1]] if k % 2 == 0 else [parts[0], bad], kind))
             except WeightTeleportError:
                 refused += 1
                 if not same_state(state, old):
