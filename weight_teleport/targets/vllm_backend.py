@@ -156,6 +156,7 @@ class TeleportTransferEngine(_engine_base()):
         return {"rank": self.rank, "applied": self.board.applied, "outcomes": self.outcomes,
                 "resyncs": self.board.resyncs, "staged": [s.version for s in f.chain] if f else [],
                 "fetched": dict(f.fetched) if f else {}, "apply_s": dict(self.apply_s),
+                "staged_at": dict(f.staged_at) if f else {},
                 "errors": list(f.errors) if f else []}
 
     def shutdown(self) -> None:
