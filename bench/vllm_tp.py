@@ -136,7 +136,7 @@ class Memory:
 
     def growth(self, start: dict[str, float]) -> dict[str, float]:
         """Peak RSS since `reset` above the RSS at `reset`, GB per process."""
-        return {n: self._kb(pid, "VmHWM") / 1e6 - start[n] for n, pid in self.procs.items()}
+        return {n: max(0.0, self._kb(pid, "VmHWM") / 1e6 - start[n]) for n, pid in self.procs.items()}
 
 
 def patch_bytes(staged) -> int:
