@@ -115,10 +115,8 @@ class Memory:
 
         me = psutil.Process()
         self.procs = {"outside (this process)": me.pid}
-        for i, p in enumerate(me.children(recursive=True)):
-            name = p.name()
-            if "Worker" in name or "EngineCore" in name:
-                self.procs[name] = p.pid
+        self.procs |= {p.name(): p.pid for p in me.children(recursive=True)
+                       if "Worker" in p.name() or "EngineCore" in p.name()}
 
     @staticmethod
     def _kb(pid: int, field: str) -> int:
@@ -145,12 +143,12 @@ def patch_bytes(staged) -> int:
                for t in staged.tensors for c in t.chunks)
 
 
-def wait_staged(llm, version: int, timeout_s: float = 600.0) -> list[dict]:
+def wait_staged(llm, version: int, timeout_s: float = 600.0) -> None:
     deadline = time.monotonic() + timeout_s
     while True:
         status = llm.collective_rpc("teleport_status")
         if all(version in s["staged_at"] for s in status):
-            return status
+            return
         if time.monotonic() > deadline:
             raise TimeoutError(f"version {version} not staged on every rank: {status}")
         time.sleep(0.1)
@@ -162,7 +160,7 @@ def after_route(llm, conn, version: int, mem: Memory) -> dict:
     start = mem.reset()
     conn.send(("publish", 0))
     t_pub, size = conn.recv()
-    status = wait_staged(llm, version)
+    wait_staged(llm, version)
     info = {"update_info": {"version": version, "wait_s": 60.0}}
     t0 = time.perf_counter()
     llm.start_weight_update()
