@@ -302,6 +302,35 @@ def corruption_failures(tries: int = 6) -> list[str]:
 DEFAULT_CLASS_COST_BITS = plan.CLASS_COST_BITS
 
 
+def refusal_failures() -> list[str]:
+    """What the CUDA backend cannot do it refuses before any kernel runs, the state
+    untouched: chunk cuts when encoding, records with cuts or staged in part when staging."""
+    from weight_teleport.errors import UnsupportedFormatError
+    old, new = pair(torch.bfloat16, 64 * 64, 0.05, 7)
+    old, new = old.view(64, 64), new.view(64, 64)
+    failures = []
+    try:
+        on(gpu, lambda: wt.encode_delta({"w": old}, {"w": new}, base_version=0, version=1,
+                                        hints={"w": wt.Hint("rows", (32 * 64,))}))
+        failures.append("the CUDA backend encoded chunk cuts")
+    except ValueError as e:
+        failures += [] if "chunk cuts" in str(e) else [f"chunk cuts refused with {e}"]
+    cut = on(cpu, lambda: wt.encode_delta({"w": old}, {"w": new}, base_version=0, version=1,
+                                          hints={"w": wt.Hint("rows", (32 * 64,))}))
+    whole = on(cpu, lambda: wt.encode_delta({"w": old}, {"w": new}, base_version=0, version=1, chunk_elems=1024))
+    top = wt.TensorSlice((64, 64), ((0, 32), (0, 64)))
+    for what, pack, held, live in [("a record with cuts", cut, None, {"w": old.clone()}),
+                                   ("part of a record", whole, {"w": top}, {"w": old[:32].clone()})]:
+        before = bits(live["w"])
+        try:
+            on(gpu, lambda: wt.stage_delta(live, pack, held=held))
+            failures.append(f"the CUDA backend staged {what}")
+        except UnsupportedFormatError as e:
+            failures += [] if "needs CPU weights" in str(e) else [f"{what} refused with {e}"]
+        failures += [] if bits(live["w"]) == before else [f"refusing {what} changed the state"]
+    return failures
+
+
 def main(part: str) -> int:
     """Runs one part of the checks (PARTS: the GPU path's packs and stages of states;
     "kernels": digests, CRCs, chunk tables, corrupt chunks, sums, inflate, decoder edges), so
@@ -311,7 +340,7 @@ def main(part: str) -> int:
         failures = [f for name, old, new in states(PARTS[part]) for f in encode_failures(name, old, new)]
     else:
         failures = digest_failures() + crc_failures() + chunk_table_failures("cpu") + corruption_failures()
-        failures += per_tensor_sums() + inflate_orchestration() + decoder_edges()
+        failures += per_tensor_sums() + inflate_orchestration() + decoder_edges() + refusal_failures()
     for f in failures:
         print("FAIL", f)
     print(f"{part}: {len(failures)} failures", flush=True)

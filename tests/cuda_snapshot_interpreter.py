@@ -16,6 +16,7 @@ from helpers import with_renewed_crcs  # noqa: E402
 from weight_teleport.codec import api  # noqa: E402
 from weight_teleport.codec.cpu import backend as cpu  # noqa: E402
 from weight_teleport.codec.cuda import backend as gpu  # noqa: E402
+from weight_teleport.codec.cuda import snapshot  # noqa: E402
 from weight_teleport.codec.cuda.runtime import memory  # noqa: E402
 from weight_teleport.errors import DigestMismatchError  # noqa: E402
 
@@ -44,6 +45,13 @@ def main() -> None:
     live = {k: torch.zeros_like(v) for k, v in state.items()}
     wt.apply_staged(live, wt.stage_delta(live, pack))
     assert all(bits(live[k]) == bits(state[k]) for k in state), "GPU stage + apply of a GPU snapshot differs"
+    snapshot.WAVE_BYTES = 5000  # waves of one to a few chunks, cut inside tensors, both ways
+    small = wt.encode_snapshot(state, version=3, chunk_elems=1024)
+    assert small == pack, "the wave size changed the snapshot's bytes"
+    live = {k: torch.zeros_like(v) for k, v in state.items()}
+    wt.apply_staged(live, wt.stage_delta(live, pack))
+    assert all(bits(live[k]) == bits(state[k]) for k in state), "a stage in small waves differs"
+    snapshot.WAVE_BYTES = 1 << 30
     def flip(i: int, chunk: bytearray) -> None:
         if i == 1:  # the second chunk of the first tensor: a byte of its planes
             chunk[50] ^= 0x40

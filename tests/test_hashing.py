@@ -73,3 +73,32 @@ def test_ranged_fetch_is_exact_and_refuses_short_or_corrupted_objects(tmp_path, 
         wrong = Entry(0, "snapshot", None, "packs/big", len(data), "0" * 64, 0, entry.piece_bytes)
         with pytest.raises(ObjectRejected, match="content hash"):
             F.fetch(store, wrong)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.binary(max_size=5000), st.sampled_from([1, 7, 64, 1024]), st.lists(st.integers(0, 700), max_size=8),
+       st.sampled_from(["exact", "unknown", "short"]))
+def test_upload_sink_writes_and_hashes_any_cuts(tmp_path_factory, data: bytes, piece: int, cuts: list[int],
+                                                announced: str) -> None:
+    """The origin's upload path: the file holds the bytes fed, the hash is the tree's, for
+    any cuts, whether the body's length is known, unknown or announced too short."""
+    import asyncio
+
+    from weight_teleport.server.upload import PieceSink
+    from weight_teleport.store.file import AtomicFile
+
+    expected = {"exact": len(data), "unknown": None, "short": len(data) // 2}[announced]
+    path = tmp_path_factory.mktemp("sink") / "object"
+
+    async def feed() -> str:
+        out = AtomicFile(path, overwrite=False)
+        sink, at = PieceSink(out, expected=expected, piece_bytes=piece, depth=2), 0
+        for n in cuts + [len(data)]:
+            await sink.feed(data[at:at + n])
+            at += n
+        digest = await sink.finish()
+        out.commit()
+        return digest
+
+    assert asyncio.run(feed()) == _reference(data, piece)
+    assert path.read_bytes() == data

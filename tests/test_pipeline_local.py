@@ -225,6 +225,25 @@ def test_cli_publish_pull_status_round_trip(tmp_path, capsys) -> None:
         assert same_bits(load_file(tmp_path / f"out{v}" / "model.safetensors"), v)
 
 
+def test_an_anchor_upload_pauses_while_a_delta_uploads() -> None:
+    """`DeltasFirst`: the anchor's upload waits between its pieces while a delta is in
+    flight, and goes on once it is announced (or after `max_wait_s`, whatever holds it)."""
+    import threading
+
+    from weight_teleport.pipeline.anchors import DeltasFirst
+
+    gate, passed = DeltasFirst(max_wait_s=600), threading.Event()
+    anchor = threading.Thread(target=lambda: (gate.wait_turn(), passed.set()))
+    with gate.uploading():
+        anchor.start()
+        assert not passed.wait(0.2), "the anchor went on while a delta was uploading"
+    assert passed.wait(60)
+    anchor.join()
+    impatient = DeltasFirst(max_wait_s=0.01)
+    with impatient.uploading():
+        impatient.wait_turn()  # returns: a stuck delta does not stall the anchor for good
+
+
 def test_anchor_follows_its_delta_and_a_cold_start_uses_it() -> None:
     """A version that carries an anchor is announced with its delta alone; the anchor is
     stored and announced after it, in version order, and a new subscriber starts from it."""
@@ -244,3 +263,23 @@ def test_anchor_follows_its_delta_and_a_cold_start_uses_it() -> None:
         reports = follow(sub, 5)
     assert same_bits(live, 5)
     assert reports[0].versions[0] == 4, "the cold start should take the newest anchor"
+
+
+@pytest.mark.parametrize("mode", ["view", "shadow"])
+def test_each_pack_header_is_parsed_once(monkeypatch, mode) -> None:
+    """The subscriber parses a pack's header once, when it checks the fetched object; the
+    stage takes that header (a snapshot and deltas, against the view or a shadow)."""
+    from weight_teleport.codec import api
+    from weight_teleport.pipeline import fetch as F
+    url = memory_url()
+    with Publisher(url, PublisherConfig(anchor_every=100)) as pub:
+        publish(pub, range(3))
+        parsed = []
+        for mod in (api, F):
+            real = mod.read_header
+            monkeypatch.setattr(mod, "read_header", lambda *a, real=real, **k: parsed.append(1) or real(*a, **k))
+        target = ShadowedTarget() if mode == "shadow" else \
+            TorchTarget({k: torch.zeros_like(t) for k, t in expected(0).items()})
+        with Subscriber(url, target, FAST) as sub:
+            follow(sub, 2)
+            assert len(parsed) == sub.stats.objects_fetched == 3

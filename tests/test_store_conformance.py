@@ -12,7 +12,10 @@ import pytest
 
 from services import S3_BUCKET, TOKEN, origin, s3_config, seaweed_s3  # noqa: F401
 from weight_teleport.store import (Conflict, InvalidKey, ManifestChanged, NotFound, Store,
-                                   StoreConfig, TooLarge, manifest_etag, open_store)
+                                   StoreConfig, StoreError, TooLarge, manifest_etag, open_store)
+from weight_teleport.store import http as http_store
+from weight_teleport.store.http import HttpStore
+from weight_teleport.store.keys import content_hash
 
 BACKENDS = ["memory", "file", "http", "s3"]
 
@@ -40,6 +43,27 @@ def test_round_trip(store: Store) -> None:
     store.put("empty", b"")
     assert store.get("v/000001.pack") == ALL_BYTES
     assert store.get("empty") == b""
+
+
+def test_put_with_its_content_hash(store: Store) -> None:
+    """A caller that hashed the bytes already passes the hash; HTTP checks it, not its own."""
+    store.put("hashed", ALL_BYTES, content_hash=content_hash(ALL_BYTES))
+    assert store.get("hashed") == ALL_BYTES
+    if isinstance(store, HttpStore):
+        with pytest.raises(StoreError, match="X-Content-Tree-SHA256"):
+            store.put("wrong", ALL_BYTES, content_hash=content_hash(b"other"))
+        with pytest.raises(NotFound):
+            store.get("wrong")
+
+
+def test_put_pausing_between_pieces(store: Store, monkeypatch) -> None:
+    """An upload streamed in pieces calls back between them (HTTP); the object is whole."""
+    monkeypatch.setattr(http_store._Pieces, "PIECE", 1 << 20)
+    data = np.random.default_rng(1).integers(0, 256, (5 << 19) + 5, dtype=np.uint8).tobytes()
+    calls = []
+    store.put("paced", data, between_pieces=lambda: calls.append(1))
+    assert store.get("paced") == data
+    assert len(calls) == (2 if isinstance(store, HttpStore) else 0)
 
 
 def test_large_object_and_ranges(store: Store) -> None:

@@ -134,7 +134,11 @@ class ShadowTarget(TorchTarget):
 
 
 @pytest.mark.parametrize("target", [TorchTarget, ShadowTarget])
-def test_parts_reassemble_bit_exact_from_a_cold_start_on_anchor_parts(tmp_path, target):
+def test_parts_reassemble_bit_exact_from_a_cold_start_on_anchor_parts(tmp_path, target, monkeypatch):
+    """Versions made of parts, followed and from a cold start, which parses each part's
+    header once (when it checks it)."""
+    from weight_teleport.codec import api
+    from weight_teleport.pipeline import fetch as F
     url = f"file://{tmp_path}/store"
     store, manifest, live = open_store(url), Manifest(), zeros()
     manifest = publish(store, manifest, 0)
@@ -144,10 +148,16 @@ def test_parts_reassemble_bit_exact_from_a_cold_start_on_anchor_parts(tmp_path, 
             manifest = publish(store, manifest, v, anchor=v == 2)
             assert follow(sub, live, v) == [v]
         assert sub.stats.resyncs == 0 and sub.stats.objects_rejected == 0
-    live2 = zeros()
+    live2, parsed = zeros(), []
+    for mod in (api, F):
+        real = mod.read_header
+        monkeypatch.setattr(mod, "read_header", lambda *a, real=real, **k: parsed.append(1) or real(*a, **k))
     with Subscriber(url, target(live2), FAST) as late:  # a cold start from version 2's anchor parts
         follow(late, live2, 3)
         assert late.stats.objects_fetched == 2
+    fetched = [e for e in manifest.entries if (e.version, e.kind) in ((2, "snapshot"), (3, "delta"))]
+    assert len(parsed) == sum(len(e.parts) for e in fetched) > 2
+    monkeypatch.undo()
     state, _ = materialize(store, manifest, 3, threads=1)
     assert all(torch.equal(bits(state[k]), bits(t)) for k, t in weights(3).items())
 

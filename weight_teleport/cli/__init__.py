@@ -1,8 +1,8 @@
 """The `weight-teleport` command: a thin layer over the library.
 
-Every subcommand is registered here, from one module per command group; each module
-imports nothing heavy at the top (torch, numba, aiohttp load inside the command that
-runs), so that `--help` answers at once."""
+Every subcommand is registered here, from the table COMMANDS; its code lives in the module
+of its group, which imports nothing heavy at the top (torch, numba, aiohttp load inside
+the command that runs), so that `--help` answers at once."""
 
 from __future__ import annotations
 
@@ -11,11 +11,21 @@ import importlib
 import sys
 
 from weight_teleport import __version__
-from weight_teleport.cli.common import INTERRUPTED, HelpFormatter
+from weight_teleport.cli.common import INTERRUPTED, HelpFormatter, add_command
 
-GROUPS = ("demo", "bench", "pipeline", "status", "serve", "codec")
-"""The command groups, in the order `--help` lists their commands: the modules
-`weight_teleport.cli.<group>`, each with `register(subparsers)`."""
+COMMANDS = (
+    ("demo", "demo", "publish RL steps of a small model and follow them bit-exactly in a sampler process"),
+    ("bench", "bench", "compression and speed against peer codecs on simulated or real RL deltas"),
+    ("publish", "pipeline", "publish a safetensors checkpoint as the next version"),
+    ("pull", "pipeline", "materialise a version as a safetensors checkpoint"),
+    ("status", "status", "versions, retention and samplers of a store or origin"),
+    ("serve", "serve", "run the HTTP origin server"),
+    ("inspect", "codec", "print a pack's header and statistics"),
+    ("verify", "codec", "apply a snapshot then deltas, checking every digest"),
+)
+"""(command, group, summary) of every subcommand, in the order `--help` lists them. The
+module `weight_teleport.cli.<group>` holds `<command>_arguments(parser)`, which adds its
+options, and `<command>_main(args)`, which runs it and returns the exit status."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -24,8 +34,10 @@ def build_parser() -> argparse.ArgumentParser:
                                                  "to samplers.")
     parser.add_argument("--version", action="version", version=f"weight-teleport {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for group in GROUPS:
-        importlib.import_module(f"weight_teleport.cli.{group}").register(sub)
+    for command, group, summary in COMMANDS:
+        module = importlib.import_module(f"weight_teleport.cli.{group}")
+        p = add_command(sub, command, summary, getattr(module, f"{command}_main"))
+        getattr(module, f"{command}_arguments")(p)
     return parser
 
 
@@ -46,4 +58,4 @@ def main(argv: list[str] | None = None) -> int:
         return INTERRUPTED
 
 
-__all__ = ["GROUPS", "build_parser", "main"]
+__all__ = ["COMMANDS", "build_parser", "main"]

@@ -4,12 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from weight_teleport.cli.common import add_command
 
-
-def register(sub: argparse._SubParsersAction) -> None:
-    p = add_command(sub, "bench", "compression and speed against peer codecs on simulated "
-                                  "or real RL deltas", _main)
+def bench_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", default="small", help="model config: tiny, small, qwen3-0.6b, qwen3-8b")
     p.add_argument("--lrs", type=float, nargs="+", default=[1e-6, 3e-6, 1e-5], help="learning rates")
     p.add_argument("--steps", type=int, default=2, help="optimizer steps measured per learning rate")
@@ -27,7 +23,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--cache-dir", default="out/bench-real", help="real data: where trained versions are cached")
 
 
-def _main(args: argparse.Namespace) -> int:
+def bench_main(args: argparse.Namespace) -> int:
     from weight_teleport.bench.run import main
 
     return main(args)

@@ -6,15 +6,14 @@ import argparse
 import json
 from pathlib import Path
 
-from weight_teleport.cli.common import add_command
 
 
-def register(sub: argparse._SubParsersAction) -> None:
-    p = add_command(sub, "inspect", "print a pack's header and statistics", inspect_main)
+def inspect_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("pack", help="path of a pack file")
     p.add_argument("--tensors", action="store_true", help="list every tensor")
-    p = add_command(sub, "verify", "apply a snapshot then deltas, checking every digest",
-                    verify_main)
+
+
+def verify_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("packs", nargs="+", help="snapshot pack, then delta packs in order")
 
 

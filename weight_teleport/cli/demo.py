@@ -4,15 +4,11 @@ from __future__ import annotations
 
 import argparse
 
-from weight_teleport.cli.common import add_command
 
-
-def register(sub: argparse._SubParsersAction) -> None:
+def demo_arguments(p: argparse.ArgumentParser) -> None:
     from weight_teleport.demo.config import DemoConfig
 
     d = DemoConfig()
-    p = add_command(sub, "demo", "publish RL steps of a small model and follow them "
-                                 "bit-exactly in a sampler process", _main)
     p.add_argument("--steps", type=int, default=d.steps, help="optimizer steps (versions after the first)")
     p.add_argument("--lr", type=float, default=d.lr, help="AdamW learning rate on the fp32 master weights")
     p.add_argument("--batch", type=int, default=d.batch, help="rollouts per step")
@@ -27,7 +23,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="skip the colocated reference run (and the bit-exactness check)")
 
 
-def _main(args: argparse.Namespace) -> int:
+def demo_main(args: argparse.Namespace) -> int:
     from weight_teleport.demo.run import main
 
     return main(args)

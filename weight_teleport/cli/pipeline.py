@@ -6,21 +6,21 @@ import argparse
 import sys
 from pathlib import Path
 
-from weight_teleport.cli.common import INTERRUPTED, add_command, add_store_arguments, store_config
+from weight_teleport.cli.common import INTERRUPTED, add_store_arguments, store_config
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def publish_arguments(p: argparse.ArgumentParser) -> None:
     from weight_teleport.pipeline.config import PublisherConfig as d, RetentionConfig
 
-    p = add_command(sub, "publish", "publish a safetensors checkpoint as the next version",
-                    publish_main)
     p.add_argument("checkpoint", type=Path, help="directory of an HF-style safetensors checkpoint")
     p.add_argument("--to", required=True, dest="url", help="store URL (file://, http://, s3://)")
     p.add_argument("--version", type=int, help="version number (default: the next one)")
     p.add_argument("--anchor-every", type=int, default=d.anchor_every, help="a full snapshot every N versions")
     p.add_argument("--keep-anchors", type=int, default=RetentionConfig.keep_anchors, help="anchors kept (0: keep everything)")
     add_store_arguments(p)
-    p = add_command(sub, "pull", "materialise a version as a safetensors checkpoint", pull_main)
+
+
+def pull_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("url", help="store URL")
     p.add_argument("--out", required=True, type=Path, help="directory to write model.safetensors to")
     p.add_argument("--version", type=int, help="version to pull (default: the latest)")

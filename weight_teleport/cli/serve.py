@@ -5,13 +5,12 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from weight_teleport.cli.common import READ_TOKEN_ENV, TOKEN_ENV, add_command, secret
+from weight_teleport.cli.common import READ_TOKEN_ENV, TOKEN_ENV, secret
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def serve_arguments(p: argparse.ArgumentParser) -> None:
     from weight_teleport.server.config import ServerConfig as d
 
-    p = add_command(sub, "serve", "run the HTTP origin server", serve_main)
     p.add_argument("--root", type=Path, required=True,
                    help="directory of objects and manifest (created if missing)")
     p.add_argument("--port", type=int, default=d.port, help="TCP port (0: any free one)")

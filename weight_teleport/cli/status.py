@@ -8,15 +8,13 @@ import json
 import sys
 import time
 
-from weight_teleport.cli.common import add_command, add_store_arguments, store_config
+from weight_teleport.cli.common import add_store_arguments, store_config
 
 CLEAR = "\x1b[H\x1b[2J"
 VERSIONS_SHOWN = 20
 
 
-def register(sub: argparse._SubParsersAction) -> None:
-    p = add_command(sub, "status", "versions, retention and samplers of a store or origin",
-                    status_main)
+def status_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("url", help="store URL (an http(s):// origin also lists its samplers)")
     p.add_argument("--json", action="store_true",
                    help="print the status document as JSON (an origin's /status.json)")

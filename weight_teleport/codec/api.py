@@ -1,4 +1,5 @@
-"""The codec's public functions. Backends are chosen here and nowhere else."""
+"""The codec's public functions, over the backend of the tensors' device (the interface
+and the one place that picks it: codec/backend.py)."""
 
 import os
 import time
@@ -8,13 +9,13 @@ import numpy as np
 import torch
 
 from weight_teleport.codec import walks as W
-from weight_teleport.codec.cpu import backend as cpu
+from weight_teleport.codec.backend import Backend, backend_of
 from weight_teleport.codec.slices import chunk_window
 from weight_teleport.codec.walks import Hint, TensorSlice
 from weight_teleport.codec.dtypes import BY_NAME, dtype_info
 from weight_teleport.codec.patch import ApplyReport, StagedParts, StagedPatch
 from weight_teleport.codec.plan import DEFAULT_CHUNK_ELEMS, check_chunk_elems
-from weight_teleport.errors import PackMismatchError, UnsupportedFormatError
+from weight_teleport.errors import PackMismatchError
 from weight_teleport.format import PackHeader, PackLimits, read_header, write_pack, write_pack_into
 from weight_teleport.format.limits import over_limit
 from weight_teleport.host_memory import collections_paused
@@ -22,18 +23,10 @@ from weight_teleport.host_memory import collections_paused
 DEFAULT_LEVEL = 3
 
 
-def _backend(tensors: Iterable[torch.Tensor]):
-    """The backend of the tensors' device type: CPU, or CUDA (CUDA C and Triton kernels).
-    Read from `is_cpu` and `is_cuda`: `t.device` makes a new object per tensor, and this
-    runs over every tensor of both states per call."""
-    tensors = list(tensors)
-    if all(t.is_cpu for t in tensors):
-        return cpu
-    if all(t.is_cuda for t in tensors):
-        from weight_teleport.codec.cuda import backend
-        return backend
-    types = sorted({t.device.type for t in tensors})
-    raise ValueError(f"tensors are on {types}; keep a whole state on the CPU or on CUDA devices")
+def _backend(tensors: Iterable[torch.Tensor]) -> Backend:
+    """The backend of the tensors' device (`codec.backend.backend_of`; the one name here that
+    the CPU-run CUDA tests point at the CUDA backend)."""
+    return backend_of(tensors)
 
 
 def _items(new: Mapping[str, torch.Tensor], old: Mapping[str, torch.Tensor] | None,
@@ -65,14 +58,7 @@ def _items(new: Mapping[str, torch.Tensor], old: Mapping[str, torch.Tensor] | No
         hint = hint or W.Hint()
         flat_new = W.flat_walk(t, hint.order)
         flat_old = None if old is None else W.flat_walk(old[name], hint.order)
-        if backend is cpu:
-            spans = W.cut_spans(sl, hint, chunk_elems)
-            items.append(cpu.item(name, info, flat_new, flat_old, spans, chunk_digests=True))
-        elif hint.bounds:
-            raise ValueError(f"tensor {name!r}: chunk cuts (Hint.bounds) need the CPU encoder; the CUDA "
-                             "encoder cuts regular chunks")
-        else:
-            items.append(backend.item(name, info, flat_new, flat_old))
+        items.append(backend.walk_item(name, info, flat_new, flat_old, sl, hint, chunk_elems))
         walks.append((sl, hint.order))
     return backend, items, walks
 
@@ -88,24 +74,10 @@ def _placed(records, walks) -> None:
         rec.order = "cols" if order == "cols" and len(sl.shape) >= 2 else None
 
 
-def _no_cuda_config(cuda) -> None:
-    if cuda is not None:
-        raise ValueError("a CUDA codec configuration was given for CPU tensors; move the state to a "
-                         "CUDA device or leave `cuda` unset")
-
-
 def _pack(kind, backend_items, version, base_version, chunk_elems, level, threads, cuda=None, pinned=False):
     check_chunk_elems(chunk_elems)
     backend, items, walks = backend_items
-    codecs = ["raw", "zstd"]
-    if backend is cpu:
-        _no_cuda_config(cuda)
-        records, chunks = backend.encode(items, chunk_elems, level, threads)
-        ready = lambda: None
-    else:
-        cuda = cuda or backend.DEFAULT_CONFIG
-        records, chunks, ready = backend.encode(items, chunk_elems, level, threads, config=cuda, pinned=pinned)
-        codecs += backend.extra_stream_codecs(cuda)
+    records, chunks, ready, codecs = backend.encode(items, chunk_elems, level, threads, cuda, pinned)
     _placed(records, walks)
     header = PackHeader(kind=kind, version=version, base_version=base_version,
                         chunk_elems=chunk_elems, tensors=records, stream_codecs=codecs)
@@ -198,9 +170,6 @@ def _lives(state: Mapping[str, torch.Tensor], header: PackHeader, strict: bool,
             walks[rec.name] = (mine, sub, order)
             t = W.walk_view(t, mine, sub, order)
         lives[rec.name] = backend.Live(t, BY_NAME[rec.dtype])
-    if backend is not cpu and (windows or any(r.cuts for r in header.tensors)):
-        raise UnsupportedFormatError("staging slices of records, or records with chunk cuts, needs CPU "
-                                     "weights in this build")
     return backend, lives, walks, windows
 
 
@@ -218,7 +187,8 @@ def pinned_pack(pack) -> np.ndarray:
 def stage_delta(state: Mapping[str, torch.Tensor], pack: bytes, *, base_version: int | None = None,
                 check_base: bool = True, strict: bool = True, threads: int | None = None,
                 device_budget: int | None = None, cuda=None, limits: PackLimits | None = None,
-                held: Mapping[str, TensorSlice] | None = None) -> StagedPatch:
+                held: Mapping[str, TensorSlice] | None = None,
+                header: PackHeader | None = None) -> StagedPatch:
     """Decode and verify a pack against `state` without writing anything.
 
     `held[name]` says that `state[name]` holds only a box of the checkpoint tensor (a
@@ -245,17 +215,18 @@ def stage_delta(state: Mapping[str, torch.Tensor], pack: bytes, *, base_version:
     CUDA weights decode every stream codec a pack may use with nvCOMP, the GPU-only ones
     (lz4, nvcomp-ans) too; `cuda`, a `CudaCodecConfig`, picks nvCOMP's decompression backend
     (`decompress_backend`; its `stream_coder` is ignored: each stream names its codec). CPU
-    weights decode the portable codecs (raw, zstd) and refuse the others."""
-    header = read_header(pack, limits=limits)
+    weights decode the portable codecs (raw, zstd) and refuse the others.
+
+    `header`: the pack's header as `read_header(pack, limits=limits)` returned it, where the
+    caller parsed it already (a subscriber, when it checked the object); it is not parsed
+    again."""
+    header = read_header(pack, limits=limits) if header is None else header
     if header.kind == "delta" and base_version is not None and header.base_version != base_version:
         raise PackMismatchError(f"pack applies to version {header.base_version}, the state is at "
                                 f"version {base_version}")
     backend, lives, walks, windows = _lives(state, header, strict, held)
-    backend.check_readable(header.stream_codecs)
-    if backend is cpu:
-        _no_cuda_config(cuda)
-    options = {"windows": windows} if backend is cpu else {"config": cuda}
-    staged = backend.stage(lives, header, pack, check_base and header.kind == "delta", threads, **options)
+    backend.check_stage(header, windows)
+    staged = backend.stage(lives, header, pack, check_base and header.kind == "delta", threads, windows, cuda)
     staged.walks = walks  # apply_staged writes records over boxes through the same views
     if device_budget is not None and staged.nbytes > device_budget:
         staged.offload()

@@ -1,13 +1,16 @@
 """Anchors off the critical path: a version's snapshot is uploaded and announced by a thread
 of its own, after the version's delta was announced, so that neither that delta nor the
-next versions wait for the anchor's bytes to reach the store."""
+next versions wait for the anchor's bytes to reach the store; and while a delta uploads,
+the anchor's upload pauses between its pieces (`DeltasFirst`), so that the delta does not
+share the link and the store's server with it."""
 
 from __future__ import annotations
 
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 from weight_teleport.observe.logs import kv
 from weight_teleport.pipeline.manifest import Entry
@@ -17,13 +20,42 @@ from weight_teleport.store import Store
 log = logging.getLogger(__name__)
 
 
+class DeltasFirst:
+    """Uploads of deltas go before the anchor's: `uploading()` brackets a delta's upload and
+    announcement; `wait_turn()`, called by the anchor's upload between its pieces, blocks
+    while one is in flight, at most `max_wait_s` at a time (below a server's limit on a
+    stalled body: 30 s for the origin)."""
+
+    def __init__(self, max_wait_s: float = 5.0):
+        self.max_wait_s = max_wait_s
+        self._cond = threading.Condition()
+        self._deltas = 0
+
+    @contextmanager
+    def uploading(self) -> Iterator[None]:
+        with self._cond:
+            self._deltas += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._deltas -= 1
+                self._cond.notify_all()
+
+    def wait_turn(self) -> None:
+        with self._cond:
+            self._cond.wait_for(lambda: self._deltas == 0, self.max_wait_s)
+
+
 class AnchorUploader:
     """One anchor in flight at a time: `submit` hands it over, or returns False while the
     previous one is still uploading (the caller postpones the anchor to a later version;
     memory stays at one encoded anchor)."""
 
-    def __init__(self, store: Store, announce: Callable[[Entry], None]):
+    def __init__(self, store: Store, announce: Callable[[Entry], None],
+                 deltas_first: DeltasFirst | None = None):
         self._store, self._announce = store, announce
+        self.deltas_first = deltas_first or DeltasFirst()
         self._cond = threading.Condition()
         self._busy = False
         self._thread: threading.Thread | None = None
@@ -45,7 +77,8 @@ class AnchorUploader:
     def _upload(self, entry: Entry, pack, result: PublishResult) -> None:
         t0 = time.perf_counter()
         try:
-            self._store.put(entry.key, pack)
+            self._store.put(entry.key, pack, content_hash=entry.sha256,
+                            between_pieces=self.deltas_first.wait_turn)
             self._announce(entry)
             result.objects.append(entry)
             result.anchor_s = time.perf_counter() - t0

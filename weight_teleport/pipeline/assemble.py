@@ -20,7 +20,7 @@ from weight_teleport.codec.api import tensor_digests
 from weight_teleport.codec.digest import from_hex
 from weight_teleport.codec.dtypes import BY_NAME
 from weight_teleport.codec.patch import ChunkPatch, TensorPatch
-from weight_teleport.format import read_header
+from weight_teleport.format import PackHeader
 from weight_teleport.pipeline.errors import ManifestError, ObjectRejected
 from weight_teleport.pipeline.manifest import Entry
 from weight_teleport.pipeline.parts import Part, check_whole
@@ -34,15 +34,15 @@ def part_entry(entry: Entry, part: Part) -> Entry:
 
 
 def fetch_parts(store: Store, entry: Entry, pinned: bool = False) -> list:
-    """Every part's pack of `entry`, each checked as `fetch` checks an object and against
-    its covers (the names and boxes of its records), and all together covering each of
-    their tensors whole: else ObjectRejected."""
-    from weight_teleport.pipeline.fetch import fetch
+    """Every part's pack of `entry` (a `fetch.Fetched` each), each checked as `fetch` checks
+    an object and against its covers (the names and boxes of its records), and all together
+    covering each of their tensors whole: else ObjectRejected."""
+    from weight_teleport.pipeline.fetch import fetch_pack
 
     packs, shapes = [], {}
     for part in entry.parts:
-        pack = fetch(store, part_entry(entry, part), pinned)
-        header = read_header(pack)
+        pack = fetch_pack(store, part_entry(entry, part), pinned)
+        header = pack.header
         found = tuple((r.name, tuple(map(tuple, r.box)) if r.box is not None else tuple((0, d) for d in r.shape))
                       for r in header.tensors)
         if found != part.covers:
@@ -61,11 +61,12 @@ def fetch_parts(store: Store, entry: Entry, pinned: bool = False) -> list:
 
 
 def stage_parts(state: Mapping[str, torch.Tensor], packs: list, **options) -> StagedParts:
-    """Each part's pack staged against `state` (whole tensors); nothing written. Parts hold
-    disjoint boxes, so each stages against the same weights, and each record is checked
-    against its own digests before anything is written."""
+    """Each part's pack (`fetch.Fetched`, as `fetch_parts` returns them) staged against
+    `state` (whole tensors); nothing written. Parts hold disjoint boxes, so each stages
+    against the same weights, and each record is checked against its own digests before
+    anything is written."""
     options = {"strict": False, **options}
-    return StagedParts([stage_delta(state, pack, **options) for pack in packs])
+    return StagedParts([stage_delta(state, p.data, header=p.header, **options) for p in packs])
 
 
 def apply_parts(state: MutableMapping[str, torch.Tensor], staged: StagedParts, threads: int | None = None):
@@ -129,13 +130,13 @@ def _flat_chunk(c: ChunkPatch, box, order: str, shape: tuple[int, ...]) -> Chunk
     return ChunkPatch(0, pos.numpy(), c.values[perm.numpy()])
 
 
-def empty_state(packs: list) -> dict[str, torch.Tensor]:
-    """Uninitialized whole tensors for the records of `packs` (a snapshot made of parts);
-    PackLimitError before anything is allocated where they take more than this machine's
-    memory."""
+def empty_state(headers: list[PackHeader]) -> dict[str, torch.Tensor]:
+    """Uninitialized whole tensors for the records of the packs of `headers` (a snapshot
+    made of parts); PackLimitError before anything is allocated where they take more than
+    this machine's memory."""
     records = {}
-    for pack in packs:
-        for r in read_header(pack).tensors:
+    for header in headers:
+        for r in header.tensors:
             records.setdefault(r.name, r)
     whole = [SimpleNamespace(numel=math.prod(r.shape), dtype=r.dtype) for r in records.values()]
     check_allocation(SimpleNamespace(tensors=whole), None)

@@ -112,8 +112,9 @@ class Encoder:
                 else ("snapshot", self._encode_snapshot(job))
         t1 = time.perf_counter()
         entry = self._stamped(make_entry(job.version, kind, base, pack, state_nbytes(job.snapshot)), job)
-        self.store.put(entry.key, pack)
-        self.announce(entry)
+        with self.anchors.deltas_first.uploading():
+            self.store.put(entry.key, pack, content_hash=entry.sha256)
+            self.announce(entry)
         t2 = time.perf_counter()
         if kind == "snapshot":
             self.last_anchor = job.version

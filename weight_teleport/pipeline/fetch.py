@@ -5,13 +5,14 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from weight_teleport.codec import apply_delta, decode_snapshot, pinned_pack
 from weight_teleport.errors import PackFormatError
-from weight_teleport.format import read_header
+from weight_teleport.format import PackHeader, read_header
 from weight_teleport.pipeline.errors import ObjectRejected
 from weight_teleport.pipeline.manifest import Entry, Manifest
 from weight_teleport.pipeline.plan import plan_catchup
@@ -32,7 +33,21 @@ the stage copies a larger object to the device from pageable memory instead, whi
 less than pinning it."""
 
 
+@dataclass(frozen=True)
+class Fetched:
+    """An object fetched and checked against its entry, with its pack header: parsed once,
+    when it was checked, and passed on to the stage (`stage_delta(header=...)`)."""
+
+    data: bytes | np.ndarray
+    header: PackHeader
+
+
 def fetch(store: Store, entry: Entry, pinned: bool = False) -> bytes | np.ndarray:
+    """The bytes of `fetch_pack`."""
+    return fetch_pack(store, entry, pinned).data
+
+
+def fetch_pack(store: Store, entry: Entry, pinned: bool = False) -> Fetched:
     """The object of `entry`, checked: its size, content hash and pack header (kind,
     version, base) must match the entry, else ObjectRejected (truncated, corrupted,
     misplaced). `pinned`: returned in pinned host memory, for staging onto CUDA weights,
@@ -47,10 +62,10 @@ def fetch(store: Store, entry: Entry, pinned: bool = False) -> bytes | np.ndarra
         data = _fetch_ranges(store, entry, pinned)
     else:
         data = _fetch_whole(store, entry)
-    _check_header(entry, data)
+    header = _check_header(entry, data)
     if pinned and not isinstance(data, np.ndarray):
         data = _pinned(data)
-    return data
+    return Fetched(data, header)
 
 
 def _fetch_whole(store: Store, entry: Entry) -> bytes:
@@ -66,34 +81,24 @@ def _fetch_whole(store: Store, entry: Entry) -> bytes:
 
 
 def _fetch_ranges(store: Store, entry: Entry, pinned: bool) -> np.ndarray:
-    """The object read in ranges in parallel into one buffer, checked. The last range is
-    read first: an object shorter than its entry says is refused before the buffer of the
+    """The object read in ranges in parallel into one buffer, checked. Its last byte is read
+    first: an object shorter than its entry says is refused before the buffer of the
     entry's size is allocated."""
     span = max(entry.piece_bytes, RANGE_BYTES - RANGE_BYTES % entry.piece_bytes)
     starts = range(0, entry.size, span)
-
-    def read(start: int) -> bytes:
-        stop = min(start + span, entry.size)
-        part = store.get_range(entry.key, start, stop)
-        _check_range(entry, start, stop, len(part))
-        return part
-
-    last = read(starts[-1])
+    _check_range(entry, entry.size - 1, entry.size,
+                 len(store.get_range(entry.key, entry.size - 1, entry.size)))
     out = _buffer(entry.size, pinned)
 
-    def place(start: int, part: bytes | None = None) -> list[bytes]:
+    def place(start: int) -> list[bytes]:
         stop = min(start + span, entry.size)
-        if part is None:  # read straight into the result
-            _check_range(entry, start, stop, store.get_range_into(entry.key, start, out[start:stop]))
-        else:
-            out[start:stop] = np.frombuffer(part, np.uint8)
+        _check_range(entry, start, stop, store.get_range_into(entry.key, start, out[start:stop]))
         view = memoryview(out)[start:stop]
         return [piece_digest(view[at:at + entry.piece_bytes])
                 for at in range(0, len(view), entry.piece_bytes)]
 
     with ThreadPoolExecutor(min(FETCH_THREADS, len(starts)), thread_name_prefix="wt-fetch") as pool:
-        tail = pool.submit(place, starts[-1], last)
-        digests = [d for part in pool.map(place, starts[:-1]) for d in part] + tail.result()
+        digests = [d for part in pool.map(place, starts) for d in part]
     _check_hash(entry, root_of(digests))
     return out
 
@@ -111,7 +116,7 @@ def _check_hash(entry: Entry, digest: str) -> None:
                              f"{entry.sha256[:16]}... (corrupted)")
 
 
-def _check_header(entry: Entry, data) -> None:
+def _check_header(entry: Entry, data) -> PackHeader:
     try:
         header = read_header(data)
     except PackFormatError as exc:
@@ -121,6 +126,7 @@ def _check_header(entry: Entry, data) -> None:
             f"{entry.key}: holds a {header.kind} to version {header.version} from "
             f"{header.base_version}, the manifest lists a {entry.kind} to {entry.version} from "
             f"{entry.base} (duplicated or out-of-order object)")
+    return header
 
 
 def _buffer(size: int, pinned: bool) -> np.ndarray:
@@ -187,9 +193,9 @@ def _apply_parts(store: Store, entry: Entry, state: dict, progress: Progress | N
 
     packs = assemble.fetch_parts(store, entry)
     if progress is not None:
-        progress(sum(len(p) for p in packs))
+        progress(sum(len(p.data) for p in packs))
     if entry.kind == "snapshot":
-        state = assemble.empty_state(packs)
+        state = assemble.empty_state([p.header for p in packs])
     staged = assemble.stage_parts(state, packs, threads=threads,
                                   base_version=entry.base if entry.kind == "delta" else None)
     assemble.apply_parts(state, staged, threads)

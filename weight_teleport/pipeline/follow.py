@@ -15,24 +15,25 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
-import numpy as np
-
 from weight_teleport.errors import DigestMismatchError, PackFormatError, PackMismatchError
-from weight_teleport.format import read_header
+from weight_teleport.observe.subscriber import SubscriberMetrics, Where
+from weight_teleport.pipeline.config import SubscriberConfig
 from weight_teleport.pipeline.errors import (ManifestError, ManifestRollback, NoPlanError,
                                              ObjectRejected)
 from weight_teleport.pipeline.assemble import fetch_parts
-from weight_teleport.pipeline.fetch import fetch
+from weight_teleport.pipeline.fetch import Fetched, fetch_pack
+from weight_teleport.pipeline.handoff import Handoff
 from weight_teleport.pipeline.health import HealthMonitor
 from weight_teleport.pipeline.manifest import Entry, Manifest, from_json
+from weight_teleport.pipeline.metrics import SubscriberStats
 from weight_teleport.pipeline.plan import Plan, plan_avoiding
 from weight_teleport.pipeline.signing import ManifestVerifier
+from weight_teleport.pipeline.stager import Stager
 from weight_teleport.pipeline.verify import patch_records, record_key
-from weight_teleport.store import InvalidKey, NotFound, StoreError, TooLarge, manifest_etag
+from weight_teleport.store import InvalidKey, NotFound, Store, StoreError, TooLarge, manifest_etag
 
 if TYPE_CHECKING:
     from weight_teleport.codec import StagedPatch
-    from weight_teleport.pipeline.subscriber import Subscriber
 
 log = logging.getLogger(__name__)
 
@@ -43,10 +44,13 @@ OBJECT_ERRORS = (NotFound, InvalidKey, TooLarge, ObjectRejected)
 
 
 class Follower:
-    """State of the background loop: the manifest seen, the staged head, failed keys."""
+    """State of the background loop: the manifest seen, the staged head, failed keys. It
+    reads `store`, stages with `stager`, hands staged versions to `apply` through
+    `handoff`, and counts in `stats` and its `metrics`."""
 
-    def __init__(self, sub: "Subscriber", head: int | None):
-        self.sub, self.config = sub, sub.config
+    def __init__(self, config: SubscriberConfig, store: Store, stager: Stager, handoff: Handoff,
+                 stats: SubscriberStats, head: int | None):
+        self.config, self.store, self.stager, self.handoff, self.stats = config, store, stager, handoff, stats
         self.head = head
         """The version the next object is staged against (None: no usable weights)."""
         self.head_entry: Entry | None = None
@@ -75,6 +79,15 @@ class Follower:
         self.verify = ManifestVerifier(self.config.trusted_keys) if self.config.trusted_keys \
             else None
         """Checks the manifest's signature (ConfigError here for an unusable key)."""
+        self.metrics = SubscriberMetrics(self.config.metrics, self.where)
+        """The subscriber's Prometheus metrics (`SubscriberConfig.metrics`): its gauges read
+        `where()`."""
+
+    def where(self) -> Where:
+        """What the metrics and the heartbeat read (from any thread)."""
+        live = self.handoff.live_version
+        latest = self.manifest.latest if self.manifest is not None else None
+        return Where(live, latest, self.published_after(live), self.monitor.health)
 
     def published_after(self, version: int | None) -> float | None:
         """When the oldest version after `version` was published (Unix seconds; None if
@@ -85,11 +98,15 @@ class Follower:
         return _published_s(newer[0]) if newer else None
 
     def request_resync(self, reason: str) -> None:
-        """Restart from an anchor at the next step (called from other threads)."""
+        """Restart from an anchor at the next step."""
         self.resync_reason = reason
 
     def run(self) -> None:
         """Follow the store until the subscriber closes or gives up."""
+        try:
+            self.stager.warm_up()
+        except Exception:  # a cold kernel costs the first pause time, nothing else
+            log.exception("warming up the CUDA kernels failed; the first update compiles them")
         try:
             self._run()
         finally:
@@ -97,7 +114,7 @@ class Follower:
             self.prefetcher.shutdown(wait=True, cancel_futures=True)
 
     def _run(self) -> None:
-        while not self.sub._closed:
+        while not self.handoff.closed:
             before = self.monitor.health.consecutive_failures
             try:
                 self.step()
@@ -108,28 +125,28 @@ class Follower:
                 self.monitor.failure(f"unexpected {type(exc).__name__} while following the "
                                      f"store: {exc}")
             if self.monitor.should_give_up():
-                self.sub._give_up(self.monitor.give_up())
+                self.handoff.give_up(self.monitor.give_up())
                 return
             if self.monitor.health.consecutive_failures > before:
-                self.sub.metrics.retries.inc()
-                self.sub._sleep(self.monitor.backoff_s(self.config.retry_backoff_s,
-                                                       self.config.retry_backoff_max_s))
+                self.metrics.retries.inc()
+                self.handoff.sleep(self.monitor.backoff_s(self.config.retry_backoff_s,
+                                                          self.config.retry_backoff_max_s))
 
     def step(self) -> None:
         """One turn: stage the next object of the plan, or wait for a new manifest."""
-        self.sub._verify_applied()
+        self._verify_applied()
         if self.resync_reason is not None:
             reason, self.resync_reason = self.resync_reason, None
             self._resync(reason, failed=True)
-        if not self.sub._wait_for_room():
+        if not self.handoff.wait_for_room():
             return
-        self.sub._verify_applied()
+        self._verify_applied()
         if self.resync_reason is not None:
             return  # the live weights lack the last patch's digests: resync at the next step
-        self._refresh(self.sub._store.get_manifest())  # between steps: a few KB, parsed if new
+        self._refresh(self.store.get_manifest())  # between steps: a few KB, parsed if new
         plan = self._plan()
         if plan is None:
-            self._refresh(self.sub._store.watch(self.etag, self.config.watch_timeout_s))
+            self._refresh(self.store.watch(self.etag, self.config.watch_timeout_s))
             return
         if plan.chain_broken:
             self._resync(f"no chain of deltas from version {self.head} to {plan.target} "
@@ -140,6 +157,17 @@ class Follower:
             if len(plan.steps) > 1:
                 self._prefetch(plan.steps[1])  # fetched while this one stages
             self._stage(entry, pack)
+
+    def _verify_applied(self) -> None:
+        """After a pause: the live weights must carry the last applied patch's digests, else
+        the next step resyncs."""
+        staged = self.handoff.take_applied()
+        if staged is None:
+            return
+        bad = self.stager.verify(staged)
+        if bad:
+            self.request_resync(f"after applying version {staged.version}, tensor "
+                                f"{bad[0]!r} ({len(bad)} in all) lacks its digest")
 
     # The manifest.
     def _refresh(self, raw: bytes | None) -> None:
@@ -155,7 +183,7 @@ class Follower:
             self._check_not_older(manifest)
         except ManifestError as exc:
             self.refused = f"refusing the store's manifest: {exc}"
-            self.sub._event(self.refused)
+            self.handoff.event(self.refused)
             return
         self.refused, self.manifest = None, manifest
         self.floor = _newest(self.floor, manifest.latest)
@@ -166,7 +194,7 @@ class Follower:
     def _check_not_older(self, manifest: Manifest) -> None:
         """ManifestRollback for a manifest older than what this subscriber holds, unless it
         follows resets (then it forgets what it held and saw)."""
-        held = _newest(self.floor, self.head, self.sub.version)
+        held = _newest(self.floor, self.head, self.handoff.live_version)
         latest = manifest.latest
         if held is None or (latest is not None and latest >= held):
             return
@@ -175,7 +203,7 @@ class Follower:
                 f"its latest version is {latest}, older than version {held} that this subscriber "
                 "holds or saw listed: the store was rolled back or reset (set "
                 "SubscriberConfig.follow_resets=True to follow a deliberate reset)")
-        self.sub._event(f"the store went back from version {held} to {latest}: following the "
+        self.handoff.event(f"the store went back from version {held} to {latest}: following the "
                         "reset (SubscriberConfig.follow_resets)", resync=True)
         self.floor = self.highest = None
         self.strikes, self.broken = {}, {}
@@ -211,19 +239,18 @@ class Follower:
         if self.ahead is None or self.ahead[0] != entry:
             self.ahead = (entry, self.prefetcher.submit(self._timed_fetch, entry))
 
-    def _timed_fetch(self, entry: Entry) -> tuple[bytes | np.ndarray, float]:
+    def _timed_fetch(self, entry: Entry) -> tuple[Fetched | list[Fetched], float]:
         t0 = time.perf_counter()
-        pinned = self.sub._stager.on_cuda
-        pack = fetch_parts(self.sub._store, entry, pinned) if entry.parts \
-            else fetch(self.sub._store, entry, pinned=pinned)
+        pinned = self.stager.on_cuda
+        pack = fetch_parts(self.store, entry, pinned) if entry.parts \
+            else fetch_pack(self.store, entry, pinned=pinned)
         return pack, time.perf_counter() - t0
 
-    def _fetch(self, entry: Entry) -> bytes | np.ndarray | list | None:
-        """The checked object (in pinned memory for CUDA weights; a list of packs for an entry
-        made of parts, each checked against its part and all against each other), or None
-        after a failure;
-        taken from the prefetch thread where it fetched `entry` (another prefetched object
-        is dropped: the plan changed)."""
+    def _fetch(self, entry: Entry) -> Fetched | list[Fetched] | None:
+        """The checked object with its header (its bytes in pinned memory for CUDA weights; a
+        list for an entry made of parts, each checked against its part and all against each
+        other), or None after a failure; taken from the prefetch thread where it fetched
+        `entry` (another prefetched object is dropped: the plan changed)."""
         ahead, self.ahead = self.ahead, None
         try:
             if ahead is not None and ahead[0] == entry:
@@ -232,17 +259,17 @@ class Follower:
                 pack, seconds = self._timed_fetch(entry)
         except OBJECT_ERRORS as exc:
             if isinstance(exc, ObjectRejected):
-                self.sub.stats.objects_rejected += 1
-                self.sub.metrics.rejected.inc()
+                self.stats.objects_rejected += 1
+                self.metrics.rejected.inc()
                 self._strike(entry, f"rejected {exc}")
             else:
                 self._strike(entry, f"cannot fetch {entry.key}: {exc}")
             return None
-        self.sub.stats.fetch_s += seconds
-        nbytes = sum(map(len, pack)) if isinstance(pack, list) else len(pack)
-        self.sub.metrics.fetched_one(nbytes, seconds)
-        self.sub.stats.bytes_fetched += nbytes
-        self.sub.stats.objects_fetched += 1
+        self.stats.fetch_s += seconds
+        nbytes = sum(len(p.data) for p in pack) if isinstance(pack, list) else len(pack.data)
+        self.metrics.fetched_one(nbytes, seconds)
+        self.stats.bytes_fetched += nbytes
+        self.stats.objects_fetched += 1
         return pack
 
     def _strike(self, entry: Entry, why: str, staging: bool = False) -> None:
@@ -253,13 +280,13 @@ class Follower:
             if staging:
                 self.broken[entry.key] = why
             why += f" ({n} failures: set aside, seeking another plan)"
-        self.sub._event(why)
+        self.handoff.event(why)
         self.monitor.failure(why)
 
-    def _stage(self, entry: Entry, pack: bytes | np.ndarray) -> None:
+    def _stage(self, entry: Entry, pack: Fetched | list[Fetched]) -> None:
         t0 = time.perf_counter()
         try:
-            staged = self.sub._stager.stage(entry, pack, self.head)
+            staged = self.stager.stage(entry, pack, self.head)
         except STAGE_ERRORS as exc:
             self._stage_failed(entry, pack, exc)
             return
@@ -267,8 +294,8 @@ class Follower:
             log.debug("staging %s raised", entry.key, exc_info=True)
             self._strike(entry, f"staging {entry.key} raised {type(exc).__name__}: {exc}", staging=True)
             return
-        self.sub.stats.stage_s += time.perf_counter() - t0
-        self.sub.metrics.staged(time.perf_counter() - t0, _published_s(entry))
+        self.stats.stage_s += time.perf_counter() - t0
+        self.metrics.staged(time.perf_counter() - t0, _published_s(entry))
         self._staged(entry, staged)
 
     def _staged(self, entry: Entry, staged: "StagedPatch") -> None:
@@ -278,7 +305,7 @@ class Follower:
         if self.highest is None or entry.version > self.highest:
             self.highest = entry.version
             self.monitor.progress(f"version {entry.version} staged")
-        self.sub._push(entry, staged)
+        self.handoff.push(entry, staged)
 
     def _stage_failed(self, entry: Entry, pack, exc: Exception) -> None:
         """A checked object failed to stage: set it aside for good, or resync when the
@@ -286,8 +313,8 @@ class Follower:
         if entry.kind == "snapshot":
             self._set_broken(entry, f"snapshot {entry.key} does not fit the target: {exc}")
             return
-        headers = [read_header(p) for p in pack] if entry.parts else [read_header(pack)]
-        found = self.sub._stager.base_digests(headers)
+        headers = [p.header for p in pack] if entry.parts else [pack.header]
+        found = self.stager.base_digests(headers)
         stale = [r.name for h in headers for r in h.tensors
                  if found.get(record_key(r.name, r.shape, r.box, r.order)) != r.base_digest]
         if not stale:
@@ -310,16 +337,16 @@ class Follower:
 
     def _set_broken(self, entry: Entry, why: str) -> None:
         self.broken[entry.key] = why
-        self.sub._event(why)
+        self.handoff.event(why)
         self.monitor.failure(why, permanent=True)
 
     def _resync(self, reason: str, failed: bool = False) -> None:
         """Start again from an anchor; `failed`: a failure (the weights were wrong), not a
         plan's choice (retention removed the chain)."""
         self.head = self.head_entry = self.head_digests = None
-        self.sub.stats.resyncs += 1
-        self.sub.metrics.resynced()
-        self.sub._event(f"resync from the latest anchor: {reason}", resync=True)
+        self.stats.resyncs += 1
+        self.metrics.resynced()
+        self.handoff.event(f"resync from the latest anchor: {reason}", resync=True)
         if failed:
             self.monitor.failure(f"resync: {reason}")
 

@@ -124,7 +124,7 @@ class PublisherGroup:
         base = self.baseline_version if kind == "delta" else None
         key = object_key(version, kind, base, pack, digest).replace(
             ".pack", f"-r{self.rank}.pack")
-        self.store.put(key, pack)
+        self.store.put(key, pack, content_hash=digest)
         r.encode_s += t1 - t0
         r.upload_s += time.perf_counter() - t1
         r.part_bytes[kind] = len(pack)

@@ -17,15 +17,15 @@ from weight_teleport.codec import StagedParts, StagedPatch, apply_staged, encode
 from weight_teleport.codec.cuda.config import CudaCodecConfig
 from weight_teleport.codec.dtypes import BY_NAME, dtype_info
 from weight_teleport.codec.plan import DEFAULT_CHUNK_ELEMS
-from weight_teleport.format import read_header
+from weight_teleport.format import PackHeader
 from weight_teleport.pipeline.manifest import Entry
 from weight_teleport.pipeline import assemble
 from weight_teleport.pipeline.assemble import FlatParts
+from weight_teleport.pipeline.fetch import Fetched
 from weight_teleport.pipeline.verify import mismatched, record_digests, record_key
 
 
-def _empty_like_pack(pack: bytes) -> dict[str, torch.Tensor]:
-    header = read_header(pack)
+def _empty_like(header: PackHeader) -> dict[str, torch.Tensor]:
     return {t.name: torch.empty(t.shape, dtype=BY_NAME[t.dtype].torch_dtype)
             for t in header.tensors}
 
@@ -66,21 +66,21 @@ class Stager:
     def _on_stream(self):
         return torch.cuda.stream(self.stream) if self.stream is not None else contextlib.nullcontext()
 
-    def stage(self, entry: Entry, pack, head: int | None) -> StagedPatch | StagedParts:
+    def stage(self, entry: Entry, pack: Fetched | list[Fetched], head: int | None) -> StagedPatch | StagedParts:
         """Decode and verify `pack` (a list of packs for an entry made of parts) against the
         weights at version `head` (raises the codec's typed errors when they are not the
         pack's base). In shadow mode the shadow moves to the pack's version."""
         if entry.parts:
             return self._stage_parts(entry, pack, head)
         base = self.view if self.uses_view else self.shadow
-        options = self._options()
+        options = dict(self._options(), header=pack.header)
         with self._on_stream():
             if entry.kind == "delta":
                 assert base is not None, "plans from no weights start with a snapshot"
-                staged = stage_delta(base, pack, base_version=head, **options)
+                staged = stage_delta(base, pack.data, base_version=head, **options)
             else:
-                target = base if self.uses_view else _empty_like_pack(pack)
-                staged = stage_delta(target, pack, **options)
+                target = base if self.uses_view else _empty_like(pack.header)
+                staged = stage_delta(target, pack.data, **options)
                 if not self.uses_view:
                     self.shadow = target
         if not self.uses_view:
@@ -92,12 +92,12 @@ class Stager:
         return dict(strict=False, threads=self.threads, device_budget=self.device_budget,
                     cuda=self.cuda if self.on_cuda else None)
 
-    def _stage_parts(self, entry: Entry, packs: list, head: int | None) -> StagedParts | FlatParts:
+    def _stage_parts(self, entry: Entry, packs: list[Fetched], head: int | None) -> StagedParts | FlatParts:
         """Every part staged before any is applied. In shadow mode the shadow (a new one for
         a snapshot) takes every part, and the target gets one flat patch of whole tensors."""
         base = self.view if self.uses_view else self.shadow
         if entry.kind == "snapshot" and not self.uses_view:
-            base = assemble.empty_state(packs)
+            base = assemble.empty_state([p.header for p in packs])
         assert base is not None, "plans from no weights start with a snapshot"
         with self._on_stream():
             staged = assemble.stage_parts(base, packs, base_version=head if entry.kind == "delta" else None,

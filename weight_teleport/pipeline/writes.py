@@ -39,8 +39,8 @@ class TrackedWrites:
             self._worker = threading.get_ident()
             self.uploaded, self.announced = [], False
 
-    def put(self, key: str, data: bytes) -> None:
-        self._write(self._store.put, (key, data), lambda mine: (
+    def put(self, key: str, data: bytes, **kwargs: Any) -> None:
+        self._write(lambda *a: self._store.put(*a, **kwargs), (key, data), lambda mine: (
             self.uploaded if mine else self._others.setdefault(threading.get_ident(), [])
         ).append(key))
 

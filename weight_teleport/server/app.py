@@ -90,7 +90,7 @@ async def put_object(request: web.Request) -> web.Response:
     out = await open_upload(request, path, overwrite=False)
     try:
         digest = await receive(request, out, config.max_object_bytes,
-                               chunk=config.chunk_bytes, stall_s=config.body_timeout_s)
+                               stall_s=config.body_timeout_s)
         created = await asyncio.get_running_loop().run_in_executor(None, _link, out)
     finally:
         out.abort()
@@ -117,8 +117,8 @@ async def delete_object(request: web.Request) -> web.Response:
     origin = request.app[ORIGIN]
     require_token(request, origin.config.token)
     path = origin.store.path_of(request_key(request))
-    try:
-        path.unlink()
+    try:  # unlinking a multi-GB file takes long enough to stall every other request
+        await asyncio.get_running_loop().run_in_executor(None, path.unlink)
     except MISSING:
         raise web.HTTPNotFound(text=f"no object {request.match_info['key']!r}") from None
     origin.hashes.forget(path)
@@ -147,7 +147,7 @@ async def put_manifest(request: web.Request) -> web.Response:
     out = await open_upload(request, origin.store.manifest_path, overwrite=True)
     try:
         digest = await receive(request, out, config.max_manifest_bytes,
-                               chunk=config.chunk_bytes, stall_s=config.body_timeout_s)
+                               stall_s=config.body_timeout_s)
         await asyncio.get_running_loop().run_in_executor(
             None, origin.store.commit_manifest, out, if_match)
     except ManifestChanged as exc:

@@ -51,7 +51,7 @@ class ServerConfig:
     """How often a long-poll re-reads the manifest file, to notice writers that bypass
     the server (a publisher writing the same directory through `file://`)."""
     chunk_bytes: int = 1 << 20
-    """Size of the reads and writes that stream objects to and from disk."""
+    """Size of the reads that stream objects from disk where `sendfile` cannot (TLS)."""
     sampler_stale_s: float = 30.0
     """A sampler whose last heartbeat is older than this shows as "stale" on the status
     page (a few of its heartbeats were missed: stopped, or cut off)."""

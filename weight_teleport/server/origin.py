@@ -11,10 +11,10 @@ from aiohttp import web
 
 from ..store.errors import InvalidKey
 from ..store.file import AtomicFile, FileStore
-from ..store.hashing import TreeHasher
 from ..store.keys import validate_key
 from .blobs import HashIndex
 from .config import ServerConfig
+from .upload import PieceSink
 from .watch import ManifestWatch
 
 
@@ -90,32 +90,33 @@ async def open_upload(request: web.Request, target, **kwargs) -> AtomicFile:
                                     f"a directory (as 'a' and 'a/b' do)") from None
 
 
-async def receive(request: web.Request, out: AtomicFile, limit: int, *, chunk: int,
-                  stall_s: float) -> str:
+async def receive(request: web.Request, out: AtomicFile, limit: int, *, stall_s: float) -> str:
     """Stream the body into `out` (not committed) and return its content hash (the SHA-256
-    tree of `store.hashing`, its pieces hashed on threads while the body streams in).
+    tree of `store.hashing`; pieces are hashed and written on threads, `upload.PieceSink`).
 
     Oversized bodies get 413, a body that does not match its X-Content-Tree-SHA256 header
     400, a body with no byte for `stall_s` seconds 408.
     """
     if (request.content_length or 0) > limit:
         raise _too_large(limit)
-    sha, size = TreeHasher(), 0
-    while True:
-        try:
-            data = await asyncio.wait_for(request.content.read(chunk), stall_s)
-        except asyncio.TimeoutError:
-            raise web.HTTPRequestTimeout(
-                text=f"the body stalled: no byte for {stall_s:g} s "
-                     f"(ServerConfig.body_timeout_s); upload again") from None
-        if not data:
-            break
-        size += len(data)
-        if size > limit:
-            raise _too_large(limit)
-        sha.update(data)
-        out.write(data)
-    digest = sha.hexdigest()
+    sink, size = PieceSink(out, expected=request.content_length), 0
+    try:
+        while True:
+            try:
+                data = await asyncio.wait_for(request.content.readany(), stall_s)
+            except asyncio.TimeoutError:
+                raise web.HTTPRequestTimeout(
+                    text=f"the body stalled: no byte for {stall_s:g} s "
+                         f"(ServerConfig.body_timeout_s); upload again") from None
+            if not data:
+                break
+            size += len(data)
+            if size > limit:
+                raise _too_large(limit)
+            await sink.feed(data)
+        digest = await sink.finish()
+    finally:
+        await sink.drain()
     expected = request.headers.get("X-Content-Tree-SHA256", digest).lower()
     if expected != digest:
         raise web.HTTPBadRequest(text=f"body hash {digest} differs from "

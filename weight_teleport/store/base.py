@@ -60,11 +60,21 @@ class Store:
         self.config = config or StoreConfig()
 
     # Public API: checks, retries, then the primitive.
-    def put(self, key: str, data: bytes) -> None:
+    def put(self, key: str, data: bytes, *, content_hash: str | None = None,
+            between_pieces: Callable[[], None] | None = None) -> None:
         """Store `data` (any bytes-like object) under `key`; readers see all of it or
         nothing. Stores that keep the bytes copy them; the others send them from where
-        they are (a pack in pinned memory is not copied into a `bytes` first)."""
-        self._retry(self._put, validate_key(key), memoryview(data).cast("B"))
+        they are (a pack in pinned memory is not copied into a `bytes` first).
+
+        `content_hash`: the tree hash of `data` (`store.hashing`, `PIECE_BYTES` pieces) where
+        the caller has it already: a store that sends one along (HTTP) uses it instead of
+        hashing the bytes again, and its server refuses the upload if it is wrong.
+
+        `between_pieces`: called between the pieces of a streamed upload (HTTP), where it
+        may block for a few seconds to let other uploads go first; stores that write in
+        one step do not call it."""
+        self._retry(self._put_with, validate_key(key), memoryview(data).cast("B"), content_hash,
+                    between_pieces)
 
     def get(self, key: str, max_bytes: int | None = None) -> bytes:
         """Return the bytes under `key`; raise NotFound if there are none.
@@ -162,6 +172,12 @@ class Store:
     # Primitives.
     def _put(self, key: str, data: bytes) -> None:
         raise NotImplementedError
+
+    def _put_with(self, key: str, data: bytes, content_hash: str | None,
+                  between_pieces: Callable[[], None] | None) -> None:
+        """`_put` told what the caller knows (see `put`); stores that neither send a hash
+        nor stream an upload in pieces ignore both."""
+        self._put(key, data)
 
     def _get(self, key: str) -> bytes:
         raise NotImplementedError

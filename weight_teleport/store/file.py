@@ -52,6 +52,11 @@ class AtomicFile:
         """Append `data` to the pending file."""
         self._file.write(data)
 
+    def fileno(self) -> int:
+        """The pending file's descriptor, for positional writes (`os.pwrite`); a file
+        written this way takes no `write()` calls. Valid until `commit()` or `abort()`."""
+        return self._file.fileno()
+
     def commit(self) -> None:
         """Make the file durable and move it into place."""
         try:

@@ -28,7 +28,8 @@ def hash_threads() -> int:
     return max(1, min(16, os.cpu_count() or 1))
 
 
-def _executor() -> ThreadPoolExecutor:
+def hash_pool() -> ThreadPoolExecutor:
+    """The threads that hash pieces (`hash_threads()` of them, started on first use)."""
     global _pool
     with _pool_lock:
         if _pool is None:
@@ -52,7 +53,7 @@ def tree_sha256(data, piece_bytes: int = PIECE_BYTES) -> str:
     starts = range(0, len(view), piece_bytes)
     if len(starts) <= 1:
         return root_of([piece_digest(view[s:s + piece_bytes]) for s in starts])
-    pool = _executor()
+    pool = hash_pool()
     futures = [pool.submit(piece_digest, view[s:s + piece_bytes]) for s in starts]
     return root_of([f.result() for f in futures])
 
@@ -83,7 +84,7 @@ class TreeHasher:
             self._partial += data[:take]
             data = data[take:]
             if len(self._partial) == self.piece_bytes:
-                self._futures.append(_executor().submit(piece_digest, bytes(self._partial)))
+                self._futures.append(hash_pool().submit(piece_digest, bytes(self._partial)))
                 self._partial = bytearray()
 
     def hexdigest(self) -> str:

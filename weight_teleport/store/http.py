@@ -207,9 +207,15 @@ class HttpStore(Store):
 
     # Primitives.
     def _put(self, key: str, data: bytes) -> None:
+        self._put_with(key, data, None, None)
+
+    def _put_with(self, key: str, data: bytes, digest: str | None, between_pieces) -> None:
         headers = {**self._auth(write=True), "Content-Type": "application/octet-stream",
-                   "Content-Length": str(len(data)), "X-Content-Tree-SHA256": content_hash(data)}
-        body = data if self.config.upload_progress is None else _Reporting(data, self.config.upload_progress)
+                   "Content-Length": str(len(data)),
+                   "X-Content-Tree-SHA256": digest or content_hash(data)}
+        progress = self.config.upload_progress
+        body = data if progress is None and between_pieces is None else \
+            _Pieces(data, progress, between_pieces)
         status, _, body = self._request("PUT", "/o/" + quote(key), body, headers)
         self._check(status, body, f"put {key!r}", write=True)
 
@@ -359,15 +365,20 @@ class HttpStore(Store):
                            ) from None
 
 
-class _Reporting:
-    """An upload body sent in 1 MiB pieces, reporting each piece to `progress`; iterable
-    again on a retry."""
+class _Pieces:
+    """An upload body sent in 8 MiB pieces, each reported to `progress` once sent, with
+    `between` called before every piece but the first; iterable again on a retry."""
 
-    def __init__(self, data: bytes, progress):
-        self.data, self.progress = memoryview(data), progress
+    PIECE = 8 << 20
+
+    def __init__(self, data: bytes, progress, between):
+        self.data, self.progress, self.between = memoryview(data), progress, between
 
     def __iter__(self):
-        for start in range(0, len(self.data), 1 << 20):
-            piece = self.data[start:start + (1 << 20)]
+        for start in range(0, len(self.data), self.PIECE):
+            if start and self.between is not None:
+                self.between()
+            piece = self.data[start:start + self.PIECE]
             yield piece
-            self.progress(len(piece))
+            if self.progress is not None:
+                self.progress(len(piece))

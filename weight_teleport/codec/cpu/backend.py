@@ -10,6 +10,8 @@ import torch
 
 from weight_teleport.codec import digest as D
 from weight_teleport.codec import streams
+from weight_teleport.codec import walks as W
+from weight_teleport.codec.backend import Encoded
 from weight_teleport.codec.cpu import chunks as C
 from weight_teleport.codec.cpu import kernels as K
 from weight_teleport.codec.dtypes import BY_NAME, DtypeInfo, as_uint
@@ -42,6 +44,19 @@ def item(name: str, info: DtypeInfo, new: torch.Tensor, old: torch.Tensor | None
     row-major order (a walk view: codec/walks.py); `spans`, `chunk_digests` as EncodeItem's."""
     return EncodeItem(name, info, tuple(new.shape), as_uint(new), None if old is None else as_uint(old),
                       spans, chunk_digests)
+
+
+def walk_item(name: str, info: DtypeInfo, new: torch.Tensor, old: torch.Tensor | None, sl: W.TensorSlice,
+              hint: W.Hint, chunk_elems: int) -> EncodeItem:
+    """The item of a record over a walk of the box `sl`, cut where `hint.bounds` fall, with
+    a digest per chunk (receivers holding slices verify the chunks they stage alone)."""
+    return item(name, info, new, old, W.cut_spans(sl, hint, chunk_elems), chunk_digests=True)
+
+
+def _no_config(config) -> None:
+    if config is not None:
+        raise ValueError("a CUDA codec configuration was given for CPU tensors; move the state to a "
+                         "CUDA device or leave `cuda` unset")
 
 
 def digest(tensor: torch.Tensor) -> str:
@@ -87,7 +102,16 @@ def _candidates(item: EncodeItem, changed: int) -> tuple[str, ...]:
     return ("sparse", *DENSE_CODECS)
 
 
-def encode(items: list[EncodeItem], chunk_elems: int, level: int, threads: int | None):
+def encode(items: list[EncodeItem], chunk_elems: int, level: int, threads: int | None, config=None,
+           pinned: bool = False) -> Encoded:
+    """The backend interface's encode (codec/backend.py): zstd streams at `level`; `config`
+    must be None; the chunks are host bytes whatever `pinned` says."""
+    _no_config(config)
+    records, chunks = encode_chunks(items, chunk_elems, level, threads)
+    return Encoded(records, chunks, lambda: None, ["raw", "zstd"])
+
+
+def encode_chunks(items: list[EncodeItem], chunk_elems: int, level: int, threads: int | None):
     """Records (chunk offsets relative to the returned chunk list) and chunk bytes."""
     ranges = [it.spans if it.spans is not None else chunk_ranges(it.new.size, chunk_elems) for it in items]
     with _pool(threads) as pool:
@@ -217,12 +241,20 @@ def check_readable(stream_codecs: list[str]) -> None:
             "weights, or ask its writer for portable zstd packs (CudaCodecConfig(stream_coder='huffman'), the default)")
 
 
+def check_stage(header: PackHeader, windows: dict) -> None:
+    """UnsupportedFormatError unless the CPU decodes the pack's stream codecs (it stages
+    records in part and cut records)."""
+    check_readable(header.stream_codecs)
+
+
 def stage(lives: dict[str, Live], header: PackHeader, pack, check_base: bool, threads: int | None,
-          windows: dict | None = None):
+          windows: dict | None = None, config=None):
     """Decode and verify every chunk against the live weights; nothing is written. Records
     named in `lives` only. `windows`: name -> (walk_start, first chunk, stop chunk) of the
     records a receiver holds a slice of: `lives[name]` holds the walk from `walk_start`, and
-    those chunks alone are staged, each checked against its own digests."""
+    those chunks alone are staged, each checked against its own digests. `config` must be
+    None (ValueError)."""
+    _no_config(config)
     windows = windows or {}
     recs = [rec for rec in header.tensors if rec.name in lives]
     with _pool(threads) as pool:

@@ -1,19 +1,57 @@
-"""The CUDA backend's interface, the same few functions as the CPU backend's."""
+"""The CUDA backend's interface (codec/backend.py), the same few functions as the CPU
+backend's."""
 
 from weight_teleport.codec import digest as D
 from weight_teleport.codec import streams
+from weight_teleport.codec.backend import Encoded
 from weight_teleport.codec.cuda.runtime import nvcomp
+from weight_teleport.codec.cuda.stage import staging
 from weight_teleport.codec.cuda.stage.apply import apply
+from weight_teleport.codec.cuda.encode import encoder
 from weight_teleport.codec.cuda.encode.sparse_chunks import CODEC_ID
 from weight_teleport.codec.cuda.config import NVCOMP_ALGORITHM, CudaCodecConfig
 from weight_teleport.codec.cuda.kernels.digest import digest as _digest
 from weight_teleport.codec.cuda.kernels.digest import word_sums
-from weight_teleport.codec.cuda.encode.encoder import DEFAULT_CONFIG, encode
+from weight_teleport.codec.cuda.encode.encoder import DEFAULT_CONFIG
 from weight_teleport.codec.cuda.live import EncodeItem, Live
-from weight_teleport.codec.cuda.stage.staging import stage
 from weight_teleport.errors import UnsupportedFormatError
 
 item = EncodeItem.of
+
+
+def walk_item(name, info, new, old, sl, hint, chunk_elems: int) -> EncodeItem:
+    """The item of a record over a walk (flat `new` and `old`), cut in regular chunks:
+    ValueError where `hint.bounds` asks for cuts."""
+    if hint.bounds:
+        raise ValueError(f"tensor {name!r}: chunk cuts (Hint.bounds) need the CPU encoder; the CUDA "
+                         "encoder cuts regular chunks")
+    return EncodeItem.of(name, info, new, old)
+
+
+def encode(items: list[EncodeItem], chunk_elems: int, level: int, threads: int | None,
+           config: CudaCodecConfig | None = None, pinned: bool = False) -> Encoded:
+    """The backend interface's encode: `config` (default `DEFAULT_CONFIG`) picks the stream
+    coder; with `pinned` the payload is copied from the device into the pinned pack."""
+    config = config or DEFAULT_CONFIG
+    records, chunks, ready = encoder.encode(items, chunk_elems, level, threads, config=config, pinned=pinned)
+    return Encoded(records, chunks, ready, ["raw", "zstd", *extra_stream_codecs(config)])
+
+
+def check_stage(header, windows: dict) -> None:
+    """UnsupportedFormatError unless this build stages the pack onto CUDA weights: whole
+    records, none cut, of stream codecs it decodes (`check_readable`)."""
+    if windows or any(r.cuts for r in header.tensors):
+        raise UnsupportedFormatError("staging slices of records, or records with chunk cuts, needs CPU "
+                                     "weights in this build")
+    check_readable(header.stream_codecs)
+
+
+def stage(lives: dict[str, Live], header, pack, check_base: bool, threads: int | None,
+          windows: dict | None = None, config: CudaCodecConfig | None = None):
+    """Decode and verify every chunk against the live weights on their device; nothing is
+    written. `windows`: none (`check_stage` refuses them); `config` picks nvCOMP's
+    decompression backend."""
+    return staging.stage(lives, header, pack, check_base, threads, config=config)
 
 
 def digest(tensor) -> str:
@@ -54,5 +92,5 @@ def extra_stream_codecs(config: CudaCodecConfig) -> list[str]:
     return [] if config.portable else [streams.NAMES[CODEC_ID[NVCOMP_ALGORITHM[config.stream_coder]]]]
 
 
-__all__ = ["DEFAULT_CONFIG", "EncodeItem", "Live", "apply", "check_readable", "digest", "digests", "encode", "extra_stream_codecs",
-           "item", "stage"]
+__all__ = ["DEFAULT_CONFIG", "EncodeItem", "Live", "apply", "check_readable", "check_stage", "digest", "digests",
+           "encode", "extra_stream_codecs", "item", "stage", "walk_item"]

@@ -104,9 +104,9 @@ def _lay_out(numels: list[int], widths: list[int], chunk_elems: int) -> list[_Ch
     return out
 
 
-def _waves(chunks: list[_Chunk], limit: int = WAVE_BYTES) -> list[list[_Chunk]]:
-    """Runs of consecutive chunks of at most `limit` bytes (a longer chunk alone)."""
-    waves, cur, size = [], [], 0
+def _waves(chunks: list[_Chunk]) -> list[list[_Chunk]]:
+    """Runs of consecutive chunks of at most WAVE_BYTES bytes (a longer chunk alone)."""
+    waves, cur, size, limit = [], [], 0, WAVE_BYTES
     for ch in chunks:
         if cur and size + ch.length > limit:
             waves.append(cur)
@@ -122,6 +122,29 @@ def _wave_tables(wave: list[_Chunk], lo: int, buffer: torch.Tensor) -> None:
     at = np.concatenate([np.arange(len(ch.table)) + ch.offset - lo for ch in wave])
     data_d, at_d = memory.upload(data, buffer.device), memory.to_device([at], buffer.device)[0]
     buffer.index_copy_(0, at_d, data_d)
+
+
+def _spans(chunks: list[_Chunk]) -> list[list[_Chunk]]:
+    """Runs of chunks in payload order whose span (first offset to last end, gaps
+    included) is at most WAVE_BYTES (a longer chunk alone)."""
+    waves: list[list[_Chunk]] = []
+    for ch in chunks:
+        if waves and ch.offset + ch.length - waves[-1][0].offset <= WAVE_BYTES:
+            waves[-1].append(ch)
+        else:
+            waves.append([ch])
+    return waves
+
+
+def _runs(part: list[_Chunk]) -> list[list[_Chunk]]:
+    """`part` cut where chunk indices stop following each other (one launch per run)."""
+    runs: list[list[_Chunk]] = []
+    for ch in part:
+        if runs and ch.index == runs[-1][-1].index + 1:
+            runs[-1].append(ch)
+        else:
+            runs.append([ch])
+    return runs
 
 
 def _by_item(wave: list[_Chunk]) -> dict[int, list[_Chunk]]:
@@ -169,6 +192,43 @@ class _Ring:
         for ev in self.done:
             if ev is not None:
                 torch.cuda.current_stream().wait_event(ev)
+
+
+class _Inbound:
+    """Two device buffers that waves of a pack's bytes fill in turn on a copy stream: the
+    kernels of a wave wait for its copy, and a buffer is filled again only once the kernels
+    that read it are done, so the next wave's copy overlaps this wave's kernels. Without
+    CUDA (Triton's interpreter) it is one host buffer."""
+
+    def __init__(self, size: int, device: torch.device):
+        self.cuda = device.type == "cuda"
+        self.buffers = [torch.empty(size, dtype=torch.uint8, device=device) for _ in range(2 if self.cuda else 1)]
+        self.read: list[torch.cuda.Event | None] = [None] * len(self.buffers)
+        self.copier = memory.side_stream(device, "dense-copy") if self.cuda else None
+        self.turn = 0
+
+    def fill(self, src: torch.Tensor) -> torch.Tensor:
+        """The next buffer holding `src` (host bytes), for the caller's stream."""
+        buf = self.buffers[self.turn % len(self.buffers)][:src.numel()]
+        if not self.cuda:
+            buf.copy_(src)
+            return buf
+        read = self.read[self.turn % len(self.buffers)]
+        with torch.cuda.stream(self.copier):
+            if read is not None:
+                self.copier.wait_event(read)
+            buf.copy_(src, non_blocking=True)
+            filled = torch.cuda.Event()
+            filled.record()
+        torch.cuda.current_stream().wait_event(filled)
+        return buf
+
+    def release(self) -> None:
+        """The caller's kernels that read the buffer `fill` gave last are all launched."""
+        if self.cuda:
+            self.read[self.turn % len(self.buffers)] = done = torch.cuda.Event()
+            done.record()
+        self.turn += 1
 
 
 def encode(items: list[EncodeItem], chunk_elems: int, pinned: bool, host_empty):
@@ -271,15 +331,20 @@ def stage(lives: dict[str, Live], header, pack, recs: list[TensorRecord], chunk_
     src = _host_bytes(pack)
     spans = ChunkSpans.of(header, recs)
     order = sorted(range(len(chunks)), key=lambda j: chunks[j].offset)
+    waves = _spans([chunks[j] for j in order])
+    ring = _Inbound(max(w[-1].offset + w[-1].length - w[0].offset for w in waves), device)
     crcs = []
-    for j in order:  # chunk by chunk in payload order, each copied to the device and decoded
-        ch = chunks[j]
-        at = header.payload_offset + ch.offset
-        buf = src[at:at + ch.length].to(device, non_blocking=True)
-        crcs.append(crc32(buf, [0], [ch.length]))
-        dst = _bytes_of(values[ch.item])[ch.index * chunk_elems * widths[ch.item]:]
-        _transpose(dst, buf, [len(ch.table)], numels[ch.item] - ch.index * chunk_elems, chunk_elems,
-                   widths[ch.item], False)
+    for wave in waves:  # a wave of chunks in payload order: one copy, one CRC launch
+        lo, hi = wave[0].offset, wave[-1].offset + wave[-1].length
+        buf = ring.fill(src[header.payload_offset + lo:header.payload_offset + hi])
+        crcs.append(crc32(buf, [ch.offset - lo for ch in wave], [ch.length for ch in wave]))
+        for i, part in _by_item(wave).items():
+            for run in _runs(part):
+                first = run[0].index
+                dst = _bytes_of(values[i])[first * chunk_elems * widths[i]:]
+                planes = [ch.offset - lo + len(ch.table) for ch in run]
+                _transpose(dst, buf, planes, numels[i] - first * chunk_elems, chunk_elems, widths[i], False)
+        ring.release()
     sums = word_sums(values)
     back = torch.cat([sums, *[c.long() & 0xFFFFFFFF for c in crcs]]).cpu().numpy()
     got = np.empty(len(chunks), np.int64)

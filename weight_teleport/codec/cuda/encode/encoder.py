@@ -40,7 +40,7 @@ def _host_item(it: EncodeItem) -> cpu.EncodeItem:
 
 def _on_cpu(items: list[EncodeItem], chunk_elems: int, level: int, threads):
     """(records, per-record chunk lists) through the CPU backend."""
-    records, chunks = cpu.encode([_host_item(it) for it in items], chunk_elems, level, threads)
+    records, chunks = cpu.encode_chunks([_host_item(it) for it in items], chunk_elems, level, threads)
     parts, at = [], 0
     for rec in records:
         parts.append(chunks[at:at + len(rec.chunks)])

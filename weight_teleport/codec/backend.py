@@ -1,0 +1,89 @@
+"""The interface every codec backend implements, and the one function that picks one.
+
+A backend is a module (`codec/cpu/backend.py`, `codec/cuda/backend.py`) holding these
+functions; `codec/api.py` checks the caller's arguments, builds the walk views and writes
+the container, and asks the backend of the tensors' device for the rest. What a backend
+cannot do (the CUDA backend: chunk cuts, staging part of a record) it refuses with the
+error a user can act on, here and nowhere else."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any, NamedTuple, Protocol, runtime_checkable
+
+import torch
+
+from weight_teleport.codec.dtypes import DtypeInfo
+from weight_teleport.codec.patch import StagedPatch
+from weight_teleport.codec.walks import Hint, TensorSlice
+from weight_teleport.format import PackHeader, TensorRecord
+
+
+class Encoded(NamedTuple):
+    """What a backend's `encode` returns: the records (chunk offsets relative to `chunks`),
+    the chunks' bytes, `ready()` (returns once the chunks hold their final bytes: the CUDA
+    encoder's copies from the device may still run), and the stream codecs the chunks may
+    name (the header's `stream_codecs`)."""
+
+    records: list[TensorRecord]
+    chunks: list
+    ready: Callable[[], None]
+    stream_codecs: list[str]
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """The functions `codec/api.py` calls on a backend (module-level functions)."""
+
+    Live: Callable[[torch.Tensor, DtypeInfo], Any]
+    """`Live(tensor, info)`: a live tensor as the backend's stage and apply read it (a walk
+    view of the caller's tensor for records over boxes)."""
+
+    def item(self, name: str, info: DtypeInfo, new: torch.Tensor, old: torch.Tensor | None) -> Any:
+        """The encode item of a whole tensor (and of its base; None for snapshots)."""
+
+    def walk_item(self, name: str, info: DtypeInfo, new: torch.Tensor, old: torch.Tensor | None,
+                  sl: TensorSlice, hint: Hint, chunk_elems: int) -> Any:
+        """The encode item of a record over a walk: `new` and `old` are flat walks of the
+        box `sl` in `hint.order`; the record is cut where `hint.bounds` fall (ValueError
+        where the backend cuts regular chunks only)."""
+
+    def encode(self, items: list, chunk_elems: int, level: int, threads: int | None,
+               config: Any, pinned: bool) -> Encoded:
+        """The records and chunks of `items`. `config`: the caller's `cuda` argument
+        (ValueError where the backend takes none); `pinned`: the pack goes to pinned host
+        memory."""
+
+    def check_stage(self, header: PackHeader, windows: dict) -> None:
+        """UnsupportedFormatError unless this backend stages the pack of `header`: its
+        stream codecs, and records staged in part (`windows`) or cut."""
+
+    def stage(self, lives: dict, header: PackHeader, pack, check_base: bool, threads: int | None,
+              windows: dict, config: Any) -> StagedPatch:
+        """Decode and verify the records named in `lives` against them; nothing is written.
+        `windows`: as `_lives` in codec/api.py makes them; `config`: the caller's `cuda`
+        argument (ValueError where the backend takes none)."""
+
+    def apply(self, lives: dict, staged: StagedPatch, threads: int | None) -> None:
+        """Write a patch staged by this backend into the live tensors."""
+
+    def digest(self, tensor: torch.Tensor) -> str:
+        """The pack digest of a tensor's bytes, in hex."""
+
+    def digests(self, tensors: list[torch.Tensor]) -> list[str]:
+        """`digest` of each tensor."""
+
+
+def backend_of(tensors: Iterable[torch.Tensor]) -> Backend:
+    """The backend of the tensors' device type: CPU, or CUDA (CUDA C and Triton kernels).
+    Read from `is_cpu` and `is_cuda`: `t.device` makes a new object per tensor, and this
+    runs over every tensor of both states per call."""
+    tensors = list(tensors)
+    if all(t.is_cpu for t in tensors):
+        from weight_teleport.codec.cpu import backend as cpu
+        return cpu
+    if all(t.is_cuda for t in tensors):
+        from weight_teleport.codec.cuda import backend as cuda
+        return cuda
+    types = sorted({t.device.type for t in tensors})
+    raise ValueError(f"tensors are on {types}; keep a whole state on the CPU or on CUDA devices")
