@@ -9,7 +9,6 @@ its own parameters); `commit(V)` is the pause: the cross-rank vote and apply of
 in a weight update): the outcome is logged and kept in `status()`."""
 
 import logging
-import os
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -101,7 +100,7 @@ class WorkerLocal:
 
     def status(self) -> dict:
         f = self.follower
-        return {"rank": self.rank, "pid": os.getpid(), "applied": self.board.applied, "outcomes": self.outcomes,
+        return {"rank": self.rank, "applied": self.board.applied, "outcomes": self.outcomes,
                 "resyncs": self.board.resyncs, "staged": [s.version for s in f.chain] if f else [],
                 "fetched": dict(f.fetched) if f else {}, "apply_s": dict(self.apply_s),
                 "staged_at": dict(f.staged_at) if f else {}, "errors": list(f.errors) if f else []}
