@@ -4,6 +4,7 @@ or not at all)."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass, field
@@ -98,6 +99,20 @@ def flat_patch(staged: StagedParts, state: Mapping[str, torch.Tensor]) -> FlatPa
                            chunks[n]) for n in infos]
     return FlatParts(staged.kind, staged.version, staged.base_version, tensors, staged.base_checked,
                      records=patch_records(staged))
+
+
+def flat_walks(staged: StagedPatch) -> StagedPatch:
+    """`staged` (one pack) with its records walked by columns or over a box rewritten as
+    flat row-major chunks of whole tensors: the contract of targets without a view
+    (targets/base.py), which know nothing of walks. Packs cut for sliced receivers
+    (`PublisherConfig.hints`) walk row-parallel tensors by columns."""
+    if not staged.walks:
+        return staged
+    tensors = [t if t.name not in staged.walks else
+               dataclasses.replace(t, chunks=[_flat_chunk(c, staged.walks[t.name][1], staged.walks[t.name][2],
+                                                          tuple(t.shape)) for c in t.chunks])
+               for t in staged.tensors]
+    return dataclasses.replace(staged, tensors=tensors, walks={})
 
 
 def _flat_chunk(c: ChunkPatch, box, order: str, shape: tuple[int, ...]) -> ChunkPatch:

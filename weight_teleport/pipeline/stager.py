@@ -85,6 +85,7 @@ class Stager:
                     self.shadow = target
         if not self.uses_view:
             apply_staged(self.shadow, staged, self.threads)
+            return assemble.flat_walks(staged)
         return staged
 
     def _options(self) -> dict:

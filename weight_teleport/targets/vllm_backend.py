@@ -42,46 +42,15 @@ return nothing to the caller: the outcome of each commit and the workers' state
 (`teleport_local_weights`), and on vLLM's CPU backend, which repacks linear weights for
 oneDNN, the switch to plain, patchable weights (`teleport_attach`, needs the worker)."""
 
-import logging
-import time
-from dataclasses import dataclass
-
 import torch
 
-from weight_teleport.store import StoreConfig, open_store
-from weight_teleport.targets.commit import Outcome, StageBoard, commit
-from weight_teleport.targets.slice_stage import apply_steps
 from weight_teleport.targets.vllm import TeleportWorkerExtension
 from weight_teleport.targets.vllm_layout import worker_slices
-from weight_teleport.targets.worker_follow import WorkerFollower
+from weight_teleport.targets.worker_local import TeleportInitInfo, TeleportUpdateInfo, WorkerLocal
 
 BACKEND = "weight_teleport"
 WORKER_EXTENSION = "weight_teleport.targets.vllm_backend.TeleportBackendExtension"
-_log = logging.getLogger(__name__)
-
-
-@dataclass
-class TeleportInitInfo:
-    store_url: str
-    """The store every worker follows (file://, http(s)://, s3://, ...)."""
-    initial_version: int | None = None
-    """The version the engine loaded (its checkpoint); None: unknown, start from an anchor."""
-    wait_s: float = 30.0
-    """How long `update_weights` waits for a worker's own stage of the version before
-    voting; a worker still staging then makes the group skip the version."""
-    watch_timeout_s: float = 5.0
-    """Long-poll of the manifest, per request."""
-    max_pending: int = 4
-    """Versions a worker stages ahead of the last commit, at most."""
-    read_token: str | None = None
-    """The store's read token, where it has one."""
-
-
-@dataclass
-class TeleportUpdateInfo:
-    version: int
-    wait_s: float | None = None
-    """Overrides the init's `wait_s` for this call."""
+__all__ = ["BACKEND", "WORKER_EXTENSION", "TeleportInitInfo", "TeleportUpdateInfo", "TeleportTransferEngine"]
 
 
 def _engine_base():
@@ -90,7 +59,8 @@ def _engine_base():
 
 
 class TeleportTransferEngine(_engine_base()):
-    """One per vLLM worker, made by vLLM's `WeightTransferEngineFactory`."""
+    """One per vLLM worker, made by vLLM's `WeightTransferEngineFactory`: vLLM's calls on
+    a `WorkerLocal` (targets/worker_local.py)."""
 
     init_info_cls = TeleportInitInfo
     update_info_cls = TeleportUpdateInfo
@@ -101,25 +71,13 @@ class TeleportTransferEngine(_engine_base()):
 
         super().__init__(config, vllm_config, device, model)
         group = get_tp_group()
-        self.rank, self.group = group.rank_in_group, group.cpu_group
-        self.slices = worker_slices(vllm_config.model_config.hf_config, group.world_size, self.rank)
-        self.board = StageBoard()
-        self.outcomes: list[tuple[int, str]] = []
-        self.apply_s: dict[int, float] = {}
-        """Seconds this worker spent writing each applied version (its own scatter)."""
-        self.follower: WorkerFollower | None = None
-        self._wait_s: float | None = None
+        self.worker = WorkerLocal(self._params, worker_slices(vllm_config.model_config.hf_config,
+                                                              group.world_size, group.rank_in_group),
+                                  group.rank_in_group, group.cpu_group, torch.device(device))
 
     def init_transfer_engine(self, init_info: TeleportInitInfo) -> None:
         """Start following `init_info.store_url` on this worker (again: from scratch)."""
-        self.shutdown()
-        self.board = StageBoard()
-        self.board.applied = init_info.initial_version
-        store = open_store(init_info.store_url, StoreConfig(read_token=init_info.read_token))
-        self.follower = WorkerFollower(store, self._params, self.slices, self.board,
-                                       watch_timeout_s=init_info.watch_timeout_s,
-                                       max_pending=init_info.max_pending)
-        self._wait_s = init_info.wait_s
+        self.worker.start(init_info)
 
     def _params(self) -> dict[str, torch.Tensor]:
         return {n: p.data for n, p in self.model.named_parameters()}
@@ -132,38 +90,12 @@ class TeleportTransferEngine(_engine_base()):
 
     def update_weights(self, update_info: dict) -> None:
         self.receive_weights(self.parse_update_info(update_info))
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
 
     def receive_weights(self, update_info: TeleportUpdateInfo) -> None:
-        if self._wait_s is None:
-            raise RuntimeError("call init_weight_transfer_engine before update_weights")
-        wait_s = self._wait_s if update_info.wait_s is None else update_info.wait_s
-        outcome = commit(update_info.version, self.board, self._apply, group=self.group, wait_s=wait_s)
-        self.outcomes.append((update_info.version, outcome.name))
-        if outcome is not Outcome.APPLIED:
-            why = ("a worker has not staged it yet; commit it again later" if outcome is Outcome.SKIPPED
-                   else "a worker failed to stage or verify it; the group resyncs")
-            _log.warning("version %d was applied on no worker: %s", update_info.version, why)
-
-    def _apply(self, steps) -> None:
-        applied, t0 = self.board.applied, time.perf_counter()
-        apply_steps(self._params(), [st for st in steps if applied is None or st.version > applied])
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-        self.apply_s[steps[-1].version] = time.perf_counter() - t0
-
-    def status(self) -> dict:
-        f = self.follower
-        return {"rank": self.rank, "applied": self.board.applied, "outcomes": self.outcomes,
-                "resyncs": self.board.resyncs, "staged": [s.version for s in f.chain] if f else [],
-                "fetched": dict(f.fetched) if f else {}, "apply_s": dict(self.apply_s),
-                "errors": list(f.errors) if f else []}
+        self.worker.commit(update_info)
 
     def shutdown(self) -> None:
-        if self.follower is not None:
-            self.follower.close()
-        self.follower, self._wait_s = None, None
+        self.worker.shutdown()
 
 
 class TeleportBackendExtension(TeleportWorkerExtension):
@@ -171,12 +103,12 @@ class TeleportBackendExtension(TeleportWorkerExtension):
 
     def teleport_hold(self, ranks: list[int], on: bool) -> None:
         """Stop (on) or restart (off) staging on the workers of TP ranks `ranks`."""
-        engine = self.weight_transfer_engine
-        if engine.rank in ranks and engine.follower is not None:
-            engine.follower.hold(on)
+        worker = self.weight_transfer_engine.worker
+        if worker.rank in ranks:
+            worker.hold(on)
 
     def teleport_status(self) -> dict:
-        return self.weight_transfer_engine.status()
+        return self.weight_transfer_engine.worker.status()
 
 
 def register() -> None:

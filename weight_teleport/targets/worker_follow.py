@@ -44,6 +44,8 @@ class WorkerFollower:
         self.chain: list[Step] = []
         self.fetched: dict[int, int] = {}
         """Bytes read from the store per staged version (metrics)."""
+        self.staged_at: dict[int, float] = {}
+        """Wall-clock time (`time.time()`) each version was staged here: publish -> ready."""
         self.errors: list[str] = []
         self._failed_keys: set[str] = set()
         self._failed = False
@@ -102,6 +104,7 @@ class WorkerFollower:
         self._failed_keys.discard(entry.key)
         self.chain.append(step)
         self.fetched[step.version] = step.fetched
+        self.staged_at[step.version] = time.time()
         self.board.put(step.version, tuple(self.chain))
 
     def _catch_up_with_board(self) -> None:

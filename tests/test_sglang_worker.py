@@ -1,0 +1,131 @@
+"""The SGLang loader without SGLang (it cannot run here): control messages through the
+pickler SGLang uses, under an allowlist like SGLang's; the loader never raises; and two
+real gloo ranks with parameters in SGLang's (= vLLM's) TP=2 layout follow a real file store,
+commit a version on both, skip one that a held rank lacks, then apply it."""
+
+import io
+import json
+import multiprocessing as mp
+import pickle
+import socket
+import time
+from datetime import timedelta
+
+import pytest
+import torch
+
+from weight_teleport.targets import sglang as S
+
+
+class _AllowlistUnpickler(pickle.Unpickler):
+    """What SGLang's weight-payload unpickler admits, approximately: torch and builtins."""
+
+    def find_class(self, module, name):
+        if module.split(".")[0] in ("torch", "builtins", "collections", "copyreg", "_codecs"):
+            return super().find_class(module, name)
+        raise pickle.UnpicklingError(f"blocked {module}.{name}")
+
+
+def _decode(payload: str) -> list:
+    import base64
+    return _AllowlistUnpickler(io.BytesIO(base64.b64decode(payload, validate=True))).load()
+
+
+def test_control_messages_round_trip_small():
+    engine = S.SglangEngine("http://127.0.0.1:1", tp_size=8)
+    body = engine.request(S.control("update", version=123456, wait_s=30.0), flush_cache=True)
+    assert len(body) < 4096  # all that crosses to the server in the pause, for 8 ranks
+    payloads = json.loads(body)["serialized_named_tensors"]
+    assert len(payloads) == 8
+    assert S.parse(_decode(payloads[0])) == {"command": "update", "version": 123456, "wait_s": 30.0}
+
+
+@pytest.mark.parametrize("named", [[("model.norm.weight", torch.ones(4))],
+                                   [(S.PREFIX + '{"command": "update", "version": 1}', torch.ones(1))],
+                                   [(S.PREFIX + '{"command": "drop"}', torch.empty(0))],
+                                   [(S.PREFIX + "[1]", torch.empty(0))], []])
+def test_loader_refuses_what_is_not_a_control_message_without_raising(named):
+    with pytest.raises(ValueError):
+        S.parse(named)
+    S.teleport_loader(torch.nn.Linear(2, 2), named)  # logged, never raised: SGLang would go down
+
+
+def _module(params: dict, config: dict) -> torch.nn.Module:
+    root = torch.nn.Module()
+    for name, t in params.items():
+        *path, leaf = name.split(".")
+        m = root
+        for part in path:
+            if not hasattr(m, part):
+                m.add_module(part, torch.nn.Module())
+            m = getattr(m, part)
+        m.register_parameter(leaf, torch.nn.Parameter(t, requires_grad=False))
+    root.config = config
+    return root
+
+
+def _wait_staged(worker, version: int) -> None:
+    deadline = time.monotonic() + 120
+    while version not in worker.status()["staged_at"]:
+        assert time.monotonic() < deadline, worker.status()
+        time.sleep(0.05)
+
+
+def _rank(rank: int, port: int, url: str, status_dir: str, states: list) -> None:
+    import torch.distributed as dist
+
+    from test_slice_stage import CONFIG, engine_params
+    from weight_teleport.pipeline import Publisher, PublisherConfig
+    from weight_teleport.targets.vllm_layout import slice_hints
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2,
+                            timeout=timedelta(seconds=120))
+    S._tp_group = lambda: (rank, 2, None)
+    model = _module(engine_params(states[0], rank), CONFIG)
+    send = lambda command, **f: S.teleport_loader(model, S.control(command, **f))  # noqa: E731
+    pub = Publisher(url, PublisherConfig(hints=slice_hints(CONFIG, [2]), threads=1)) if rank == 0 else None
+    if pub:
+        pub.publish(states[0], version=0).wait()
+        pub.publish(states[1], version=1).wait()
+    dist.barrier()
+    send("init", init_info={"store_url": url, "initial_version": 0, "watch_timeout_s": 0.1}, status_dir=status_dir)
+    worker = S._workers[id(model)][0]
+    _wait_staged(worker, 1)
+    send("update", version=1, wait_s=60.0)
+    send("hold", ranks=[1], on=True)
+    dist.barrier()
+    if pub:
+        pub.publish(states[2], version=2).wait()
+        _wait_staged(worker, 2)
+    send("update", version=2, wait_s=1.0)  # rank 1 holds: skipped on both
+    send("hold", ranks=[1], on=False)
+    send("update", version=2, wait_s=60.0)
+    want = engine_params(states[2], rank)
+    for name, p in dict(model.named_parameters()).items():
+        assert torch.equal(p.data.view(torch.int16), want[name].view(torch.int16)), (rank, name)
+    worker.shutdown()
+    if pub:
+        pub.close()
+    dist.destroy_process_group()
+
+
+def test_two_ranks_commit_through_the_loader(tmp_path):
+    from test_slice_stage import _mutate, _state
+
+    gen = torch.Generator().manual_seed(0)
+    states = [_state(gen)]
+    states += [_mutate(states[-1], 0.03, gen) for _ in range(2)]
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ctx = mp.get_context("spawn")
+    url, status_dir = f"file://{tmp_path}/store", str(tmp_path / "status")
+    procs = [ctx.Process(target=_rank, args=(r, port, url, status_dir, states)) for r in range(2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(300)
+    assert [p.exitcode for p in procs] == [0, 0]
+    engine = S.SglangEngine("http://127.0.0.1:1", tp_size=2, status_dir=status_dir)
+    status = engine.status()
+    assert [s["outcomes"] for s in status] == [[[1, "APPLIED"], [2, "SKIPPED"], [2, "APPLIED"]]] * 2
