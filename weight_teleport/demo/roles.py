@@ -33,6 +33,12 @@ def wait_object(store, key: str, timeout: float) -> bytes:
             time.sleep(POLL_S)
 
 
+def rollout_tokens(store, version: int, cfg: DemoConfig, timeout: float) -> torch.Tensor:
+    """The token batch the sampler generated with `version` (waits for it)."""
+    data = wait_object(store, rollout_key(version), timeout)
+    return torch.from_numpy(np.frombuffer(data, np.int64).reshape(cfg.batch, -1).copy())
+
+
 def _changed(old: dict, new: dict) -> int:
     return sum(int((old[k].view(torch.int16) != new[k].view(torch.int16)).sum()) for k in old)
 
@@ -57,9 +63,7 @@ def trainer(url: str, token: str, cfg: DemoConfig, rows, timeout: float = 120.0)
                                            "published": {k: tensor_digest(v) for k, v in weights.items()}}))
             if version == cfg.steps:
                 break
-            tokens = torch.from_numpy(np.frombuffer(wait_object(store, rollout_key(version), timeout),
-                                                    np.int64).reshape(cfg.batch, -1).copy())
-            train_step(master, opt, tokens, cfg)
+            train_step(master, opt, rollout_tokens(store, version, cfg, timeout), cfg)
             new = published(master)
             rows.put(("trainer", version + 1, {"changed": _changed(weights, new)}))
             weights = new

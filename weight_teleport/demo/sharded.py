@@ -8,11 +8,10 @@ reports each version's row for all of them."""
 import time
 from datetime import timedelta
 
-import numpy as np
 import torch
 
 from weight_teleport.demo.policy import DemoConfig, build_model, make_optimizer, published, train_step
-from weight_teleport.demo.roles import rollout_key, wait_object
+from weight_teleport.demo.roles import rollout_tokens
 
 
 def _local(state: dict) -> dict:
@@ -65,9 +64,7 @@ def trainer_rank(rank: int, world: int, port: int, url: str, token: str, cfg: De
                                                "published_at": time.time(), "published": None}))
             if version == cfg.steps:
                 break
-            tokens = torch.from_numpy(np.frombuffer(wait_object(store, rollout_key(version), timeout),
-                                                    np.int64).reshape(cfg.batch, -1).copy())
-            train_step(master, opt, tokens, cfg)
+            train_step(master, opt, rollout_tokens(store, version, cfg, timeout), cfg)
             new = published(master)
             changed = [None] * world
             dist.all_gather_object(changed, _changed(weights, new))
