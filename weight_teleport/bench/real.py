@@ -14,6 +14,7 @@ packs of this codec (a bf16 snapshot, then deltas), so a second run reads a few 
 instead of training; the packs' digests check that the cache decodes to what was trained.
 """
 
+import copy
 import hashlib
 import json
 from dataclasses import asdict, dataclass, field
@@ -25,6 +26,8 @@ import torch
 from weight_teleport.bench import real_train as T
 
 LOSSES = ("ntl", "pg")
+_PROCEDURE = 2
+"""Part of the cache key: bump it when a change to the training makes cached runs stale."""
 State = dict[str, torch.Tensor]
 
 
@@ -90,7 +93,7 @@ def _train_run(cfg: RealConfig, model, tokenizer, opt_state, tokens, lr: float, 
     """The published bf16 versions of one run: the start, then one per step."""
     start = {n: p.detach().clone() for n, p in model.named_parameters()}
     opt = T.make_optimizer(model, lr)
-    opt.load_state_dict(opt_state)
+    opt.load_state_dict(copy.deepcopy(opt_state))  # loading shares the tensors: a run would move the next one's moments
     for group in opt.param_groups:
         group["lr"] = lr
     versions = [T.published(model)]
@@ -139,7 +142,7 @@ def real_runs(cfg: RealConfig, cache_dir: str | Path = "out/bench-real") -> Iter
         if loss not in LOSSES:
             raise ValueError(f"unknown loss {loss!r}; choose from {LOSSES}")
     path = _model_path(cfg)
-    cache = Path(cache_dir) / _key(cfg, path)
+    cache = Path(cache_dir) / _key(cfg, path, _PROCEDURE)
     todo = [(lr, loss) for lr in cfg.lrs for loss in cfg.losses
             if not (_run_dir(cache, lr, loss, cfg.steps) / f"v{cfg.steps}.wtpk").exists()]
     if todo:
