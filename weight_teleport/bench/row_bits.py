@@ -1,24 +1,31 @@
-"""What the row and the column could add to the exponent context, in adaptive code lengths.
+"""What the row, the column and the element's history could add to the exponent context.
 
-A sibling of `bits.context_costs` (same Krichevsky-Trofimov estimators, reset per tensor,
-elements in row-major order) whose contexts use only what a receiver has: the old weights
-(their exponent `key`), the tensor's shape, the previous version's change, and the elements
-of this version decoded before the current one. A tensor is read as rows of its last
-dimension (a matrix's row is an output channel, its column an input feature).
+A sibling of `bits.context_costs`: adaptive code lengths (Krichevsky-Trofimov counts, reset
+per tensor, elements in row-major order) of the change mask and of the residuals, whose
+contexts use only what a receiver has: the old weights (their exponent `key`), the tensor's
+shape, the earlier versions' changes, and the elements of this version decoded before the
+current one. A tensor is read as rows of its last dimension (a matrix's row is an output
+channel, its column an input feature).
 
-Rate contexts compare a count of changes with what the exponent model expected there, as a
-bucket of ``log2((changes + 1) / (expected + 1))`` rounded and clipped to +-`HALF_BINS`
-(one bucket per factor of two, the middle one meaning "as expected"):
+Contexts besides `key`:
 
-* ``rowprev`` / ``colprev``: the row's (column's) changes in the previous version against
-  the previous version's per-key change rates; known before decoding starts.
+* ``prev``: the element's last change (none, up, down); ``hist``: in how many of the
+  earlier versions it changed; ``histsign``: the sum of those changes' signs, clipped to +-2.
+* ``rowprev`` / ``colprev``: the row's (column's) changes in the last version against what
+  that version's per-key change rates predict there; known before decoding starts.
 * ``rowrate``: the changes so far in this row of this version against the sum of the
-  adaptive key model's probabilities over them.
-* ``colrate``: the same for the column, over the rows decoded above.
+  adaptive key model's probabilities over them; ``colrate``: the same for the column, over
+  the rows decoded above.
+  Rate contexts are buckets of ``log2((changes + 1) / (expected + 1))``, rounded and clipped
+  to +-`HALF_BINS` (one bucket per factor of two; the middle one means "as expected").
+* ``row`` / ``col``: the row (column) itself.
 
-``mix`` mixes the models' predictions in the logistic domain with online-learned weights
-(as PAQ's mixers do), an upper reference for combining them; a format would need it in
-fixed point to decode identically on CPU and GPU.
+A model "A>B" counts per context B but starts each context from A's prediction (B's counts
+plus `BACKOFF` pseudo-counts at A's probability), so a rare context costs little to learn.
+``mix`` mixes the mask models' predictions in the logistic domain with online-learned
+weights (as PAQ's mixers do), a reference for combining them; a format would need it in
+fixed point to decode identically on CPU and GPU. ``best`` is, per tensor, the cheapest mask
+model plus the bits to name it (an encoder's per-tensor choice).
 """
 
 import math
@@ -29,14 +36,15 @@ from numba import njit
 from weight_teleport.bench.bits import _RES_ALPHABET, _keys_and_moves, _kt_binary, _kt_symbols
 
 HALF_BINS = 3
+BACKOFF = 8.0
 _BINS = 2 * HALF_BINS + 1
-_MIXED = ("key", "key+prev", "key+rowprev", "key+colprev", "key+rowrate", "key+colrate")
-MASK_MODELS = ("key", "key+prev", "key+rowprev", "key+colprev", "key+rowrate", "key+colrate",
-               "key+rowprev+colprev", "key+rowprev+rowrate", "key+prev+rowprev+rowrate", "mix")
-RES_MODELS = ("key", "key+rowprev", "key+rowrate")
+MASK_MODELS = ("key", "key+prev", "key+hist", "key+colprev", "key+rowprev", "key+rowrate", "key+colrate",
+               "key>key+row", "key>key+col", "key+hist>key+hist+col", "key+hist>key+hist+colprev+rowrate")
+RES_MODELS = ("key", "key+prev", "key+histsign", "key>key+col", "key+prev>key+prev+col")
+_MIXED = ("key", "key+hist", "key+colprev", "key+rowrate", "key+colrate")
 
 
-def _buckets(changes: np.ndarray, expected: np.ndarray) -> np.ndarray:
+def _buckets(changes, expected):
     ratio = np.log2((changes + 1.0) / (expected + 1.0))
     return (np.clip(np.floor(ratio + 0.5), -HALF_BINS, HALF_BINS) + HALF_BINS).astype(np.int64)
 
@@ -74,6 +82,51 @@ def _running_buckets(key, bits, cols, n_key, half_bins):
 
 
 @njit(cache=True, nogil=True)
+def _kt_backoff(parent, child, bits, n_parent, n_child, strength):
+    """Code length (bits) of `bits`: KT counts per parent context, and per child context
+    counts that start from the parent's probability with `strength` pseudo-counts."""
+    p0 = np.zeros(n_parent, np.float64)
+    p1 = np.zeros(n_parent, np.float64)
+    c0 = np.zeros(n_child, np.float64)
+    c1 = np.zeros(n_child, np.float64)
+    total = 0.0
+    for i in range(bits.size):
+        a, c = parent[i], child[i]
+        q = (p1[a] + 0.5) / (p0[a] + p1[a] + 1.0)
+        p = (c1[c] + strength * q) / (c0[c] + c1[c] + strength)
+        if bits[i]:
+            total -= math.log2(p)
+            p1[a] += 1.0
+            c1[c] += 1.0
+        else:
+            total -= math.log2(1.0 - p)
+            p0[a] += 1.0
+            c0[c] += 1.0
+    return total
+
+
+@njit(cache=True, nogil=True)
+def _kt_symbols_backoff(parent, child, syms, n_parent, n_child, alphabet, strength):
+    """`_kt_backoff` for residual symbols (the last symbol is an escape: 16 raw bits)."""
+    pc = np.zeros((n_parent, alphabet), np.float64)
+    ps = np.zeros(n_parent, np.float64)
+    cc = np.zeros((n_child, alphabet), np.float64)
+    cs = np.zeros(n_child, np.float64)
+    total = 0.0
+    for i in range(syms.size):
+        a, c, s = parent[i], child[i], syms[i]
+        q = (pc[a, s] + 0.5) / (ps[a] + 0.5 * alphabet)
+        total -= math.log2((cc[c, s] + strength * q) / (cs[c] + strength))
+        pc[a, s] += 1.0
+        ps[a] += 1.0
+        cc[c, s] += 1.0
+        cs[c] += 1.0
+        if s == alphabet - 1:
+            total += 16.0
+    return total
+
+
+@njit(cache=True, nogil=True)
 def _mix_binary(ctxs, n_ctx, bits, lr):
     """Code length (bits) of `bits` under a logistic mix of one KT model per row of `ctxs`;
     the mixer starts as the first model alone and learns its weights online."""
@@ -91,13 +144,11 @@ def _mix_binary(ctxs, n_ctx, bits, lr):
             p = (c1[m, c] + 0.5) / (c0[m, c] + c1[m, c] + 1.0)
             st[m] = math.log(p / (1.0 - p))
             dot += w[m] * st[m]
-        p = 1.0 / (1.0 + math.exp(-dot))
-        p = min(max(p, 1e-9), 1.0 - 1e-9)
+        p = min(max(1.0 / (1.0 + math.exp(-dot)), 1e-9), 1.0 - 1e-9)
         b = bits[i]
         total -= math.log2(p) if b else math.log2(1.0 - p)
-        err = b - p
         for m in range(m_count):
-            w[m] += lr * err * st[m]
+            w[m] += lr * (b - p) * st[m]
             c = ctxs[m, i]
             if b:
                 c1[m, c] += 1.0
@@ -106,9 +157,9 @@ def _mix_binary(ctxs, n_ctx, bits, lr):
     return total
 
 
-def _prev_buckets(key, prev_move, rows, cols):
+def _prev_buckets(key, last_changed, rows, cols):
     """`rowprev` and `colprev` buckets, per element."""
-    changed = (prev_move > 0).astype(np.float64)
+    changed = last_changed.astype(np.float64)
     rate = np.bincount(key, weights=changed, minlength=256) / np.maximum(np.bincount(key, minlength=256), 1)
     expected = rate[key].reshape(rows, cols)
     changed = changed.reshape(rows, cols)
@@ -117,38 +168,71 @@ def _prev_buckets(key, prev_move, rows, cols):
     return np.repeat(row_b, cols), np.tile(col_b, rows)
 
 
-def _contexts(key, prev, changed, rows, cols):
-    rowprev, colprev = _prev_buckets(key, prev, rows, cols)
+def _history(earlier, old, name, size):
+    """The element's last move (0 none, 1 up, 2 down), its change count and sign sum."""
+    moves = [_keys_and_moves(a[name], b[name])[1] for a, b in zip(earlier, [*earlier[1:], old])]
+    if not moves:
+        zero = np.zeros(size, np.int64)
+        return zero, zero, zero
+    count = sum((m > 0).astype(np.int64) for m in moves)
+    signs = sum(np.where(m == 1, 1, np.where(m == 2, -1, 0)) for m in moves)
+    return moves[-1], count, np.clip(signs, -2, 2) + 2
+
+
+def _contexts(key, earlier, old, name, changed, rows, cols):
+    prev, count, signs = _history(earlier, old, name, key.size)
+    hist = key * (len(earlier) + 1) + count
+    rowprev, colprev = _prev_buckets(key, prev > 0, rows, cols)
     rowrate, colrate = _running_buckets(key, changed, cols, 256, HALF_BINS)
-    return {"key": key, "key+prev": key * 3 + prev, "key+rowprev": key * _BINS + rowprev,
-            "key+colprev": key * _BINS + colprev, "key+rowrate": key * _BINS + rowrate,
-            "key+colrate": key * _BINS + colrate,
-            "key+rowprev+colprev": (key * _BINS + rowprev) * _BINS + colprev,
-            "key+rowprev+rowrate": (key * _BINS + rowprev) * _BINS + rowrate,
-            "key+prev+rowprev+rowrate": ((key * 3 + prev) * _BINS + rowprev) * _BINS + rowrate}
+    idx = np.arange(key.size)
+    return {"key": key, "key+prev": key * 3 + prev, "key+hist": hist, "key+histsign": key * 5 + signs,
+            "key+rowprev": key * _BINS + rowprev, "key+colprev": key * _BINS + colprev,
+            "key+rowrate": key * _BINS + rowrate, "key+colrate": key * _BINS + colrate,
+            "key+row": (idx // cols) * 256 + key, "key+col": (idx % cols) * 256 + key,
+            "key+prev+col": (key * 3 + prev) * cols + idx % cols,
+            "key+hist+col": hist * cols + idx % cols,
+            "key+hist+colprev+rowrate": (hist * _BINS + colprev) * _BINS + rowrate}
 
 
-def structure_costs(prev_old, old, new, mix_lr: float = 0.02) -> dict[str, float]:
+def _mask_cost(model, ctxs, changed):
+    if ">" not in model:
+        c = ctxs[model]
+        return _kt_binary(c, changed, int(c.max()) + 1)
+    a, c = (ctxs[m] for m in model.split(">"))
+    return _kt_backoff(a, c, changed, int(a.max()) + 1, int(c.max()) + 1, BACKOFF)
+
+
+def _res_cost(model, ctxs, sel, syms):
+    if ">" not in model:
+        c = ctxs[model][sel]
+        return _kt_symbols(c, syms, int(c.max(initial=0)) + 1, _RES_ALPHABET)
+    a, c = (ctxs[m][sel] for m in model.split(">"))
+    return _kt_symbols_backoff(a, c, syms, int(a.max(initial=0)) + 1, int(c.max(initial=0)) + 1,
+                               _RES_ALPHABET, BACKOFF)
+
+
+def structure_costs(earlier, old, new, mix_lr: float = 0.002) -> dict[str, float]:
     """Adaptive code lengths in bits of the change old -> new, summed over tensors, per
-    model ("mask:<context>", "res:<context>"); `prev_old` -> `old` is the previous change
-    (None: no previous version, the previous-version contexts then see no change)."""
-    costs = {f"mask:{m}": 0.0 for m in MASK_MODELS} | {f"res:{m}": 0.0 for m in RES_MODELS}
+    model ("mask:<model>", "res:<model>"); `earlier` are the versions before `old`, oldest
+    first (empty: no history, the history contexts then see no change)."""
+    costs = {f"mask:{m}": 0.0 for m in (*MASK_MODELS, "mix", "best")} | {f"res:{m}": 0.0 for m in RES_MODELS}
     for name, t in old.items():
         if t.element_size() != 2 or not t.is_floating_point():
             continue
-        key, move, d = _keys_and_moves(t, new[name])
-        prev = _keys_and_moves(prev_old[name], t)[1] if prev_old is not None else np.zeros_like(move)
+        _, move, d = _keys_and_moves(t, new[name])
+        key = _keys_and_moves(t, t)[0]
         cols = t.shape[-1] if t.dim() > 1 else t.numel()
         changed = (move > 0).astype(np.uint8)
-        ctxs = _contexts(key, prev, changed, key.size // cols, cols)
-        for m in MASK_MODELS[:-1]:
-            costs[f"mask:{m}"] += _kt_binary(ctxs[m], changed, int(ctxs[m].max()) + 1)
-        stacked = np.stack([ctxs[m] for m in _MIXED])
-        costs["mask:mix"] += _mix_binary(stacked, int(stacked.max()) + 1, changed, mix_lr)
+        ctxs = _contexts(key, earlier, old, name, changed, key.size // cols, cols)
+        mask = {m: _mask_cost(m, ctxs, changed) for m in MASK_MODELS}
+        mixed = np.stack([ctxs[m] for m in _MIXED])
+        mask["mix"] = _mix_binary(mixed, int(mixed.max()) + 1, changed, mix_lr)
+        mask["best"] = min(mask.values()) + math.log2(len(mask))
+        for m, v in mask.items():
+            costs[f"mask:{m}"] += v
         sel = changed.astype(bool)
         dz = d[sel]
         syms = np.minimum(np.where(dz > 0, 2 * (dz - 1), 2 * (-dz) - 1), _RES_ALPHABET - 1).astype(np.int64)
         for m in RES_MODELS:
-            c = ctxs[m][sel]
-            costs[f"res:{m}"] += _kt_symbols(c, syms, int(c.max(initial=0)) + 1, _RES_ALPHABET)
+            costs[f"res:{m}"] += _res_cost(m, ctxs, sel, syms)
     return costs
