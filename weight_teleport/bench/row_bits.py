@@ -10,7 +10,8 @@ channel, its column an input feature).
 Contexts besides `key`:
 
 * ``prev``: the element's last change (none, up, down); ``hist``: in how many of the
-  earlier versions it changed; ``histsign``: the sum of those changes' signs, clipped to +-2.
+  earlier versions it changed; ``since``: how many versions ago it last changed;
+  ``histsign``: the sum of those changes' signs, clipped to +-2.
 * ``rowprev`` / ``colprev``: the row's (column's) changes in the last version against what
   that version's per-key change rates predict there; known before decoding starts.
 * ``rowrate``: the changes so far in this row of this version against the sum of the
@@ -38,8 +39,9 @@ from weight_teleport.bench.bits import _RES_ALPHABET, _keys_and_moves, _kt_binar
 HALF_BINS = 3
 BACKOFF = 8.0
 _BINS = 2 * HALF_BINS + 1
-MASK_MODELS = ("key", "key+prev", "key+hist", "key+colprev", "key+rowprev", "key+rowrate", "key+colrate",
-               "key>key+row", "key>key+col", "key+hist>key+hist+col", "key+hist>key+hist+colprev+rowrate")
+MASK_MODELS = ("key", "key+prev", "key+hist", "key+hist+since", "key+hist>key+hist+since",
+               "key+rowprev", "key+colprev", "key+rowrate", "key+colrate", "key>key+row", "key>key+col",
+               "key+hist>key+hist+col", "key+hist>key+hist+colprev+rowrate")
 RES_MODELS = ("key", "key+prev", "key+histsign", "key>key+col", "key+prev>key+prev+col")
 _MIXED = ("key", "key+hist", "key+colprev", "key+rowrate", "key+colrate")
 
@@ -169,18 +171,22 @@ def _prev_buckets(key, last_changed, rows, cols):
 
 
 def _history(earlier, old, name, size):
-    """The element's last move (0 none, 1 up, 2 down), its change count and sign sum."""
+    """The element's last move (0 none, 1 up, 2 down), its change count, sign sum (clipped
+    to +-2, then offset by 2) and the versions since its last change (len(earlier): none)."""
     moves = [_keys_and_moves(a[name], b[name])[1] for a, b in zip(earlier, [*earlier[1:], old])]
+    zero = np.zeros(size, np.int64)
     if not moves:
-        zero = np.zeros(size, np.int64)
-        return zero, zero, zero
+        return zero, zero, zero + 2, zero
     count = sum((m > 0).astype(np.int64) for m in moves)
     signs = sum(np.where(m == 1, 1, np.where(m == 2, -1, 0)) for m in moves)
-    return moves[-1], count, np.clip(signs, -2, 2) + 2
+    since = zero + len(moves)
+    for age, m in enumerate(reversed(moves)):
+        since = np.where((m > 0) & (since == len(moves)), age, since)
+    return moves[-1], count, np.clip(signs, -2, 2) + 2, since
 
 
 def _contexts(key, earlier, old, name, changed, rows, cols):
-    prev, count, signs = _history(earlier, old, name, key.size)
+    prev, count, signs, since = _history(earlier, old, name, key.size)
     hist = key * (len(earlier) + 1) + count
     rowprev, colprev = _prev_buckets(key, prev > 0, rows, cols)
     rowrate, colrate = _running_buckets(key, changed, cols, 256, HALF_BINS)
@@ -190,7 +196,7 @@ def _contexts(key, earlier, old, name, changed, rows, cols):
             "key+rowrate": key * _BINS + rowrate, "key+colrate": key * _BINS + colrate,
             "key+row": (idx // cols) * 256 + key, "key+col": (idx % cols) * 256 + key,
             "key+prev+col": (key * 3 + prev) * cols + idx % cols,
-            "key+hist+col": hist * cols + idx % cols,
+            "key+hist+col": hist * cols + idx % cols, "key+hist+since": hist * (len(earlier) + 1) + since,
             "key+hist+colprev+rowrate": (hist * _BINS + colprev) * _BINS + rowrate}
 
 
