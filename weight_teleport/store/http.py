@@ -87,27 +87,41 @@ class HttpStore(Store):
         The body of a successful answer is read up to `limit` bytes (None: all of it);
         more raises _BodyTooLarge.
         """
+        return self._reconnecting(self._send, method, path, body, headers or {}, timeout, limit)
+
+    def _reconnecting(self, send, *args):
+        """`send(*args)`, sent again at once if it failed on a kept-alive connection (the
+        server may have closed it while it was idle)."""
         reused = getattr(self._local, "conn", None) is not None
         try:
-            return self._send(method, path, body, headers or {}, timeout, limit)
+            return send(*args)
         except TransportError:
             if not reused:
                 raise
-        return self._send(method, path, body, headers or {}, timeout, limit)
+        return send(*args)
 
     def _send(self, method: str, path: str, body, headers: dict[str, str],
               timeout: float | None, limit: int | None
               ) -> tuple[int, http.client.HTTPMessage, bytes]:
+        def read(resp: http.client.HTTPResponse):
+            if resp.status >= 400:
+                return resp.status, resp.headers, self._read_error(resp)
+            return resp.status, resp.headers, self._read(resp, limit)
+
+        return self._exchange(method, path, body, headers, timeout, read)
+
+    def _exchange(self, method: str, path: str, body, headers: dict[str, str],
+                  timeout: float | None, read):
+        """`read(response)` of one request on this thread's connection. A network failure
+        drops the connection and raises TransportError; an unverified certificate raises
+        StoreError with what to do."""
         conn = self._connection()
         conn.timeout = timeout or self.config.timeout_s
         if conn.sock is not None:
             conn.sock.settimeout(conn.timeout)
         try:
             conn.request(method, self._base + path, body=body, headers=headers)
-            resp = conn.getresponse()
-            if resp.status >= 400:
-                return resp.status, resp.headers, self._read_error(resp)
-            return resp.status, resp.headers, self._read(resp, limit)
+            return read(conn.getresponse())
         except ssl.SSLCertVerificationError as exc:
             self._drop_connection()
             raise StoreError(
@@ -257,47 +271,32 @@ class HttpStore(Store):
     def _request_into(self, path: str, headers: dict[str, str], key: str, start: int,
                       out: memoryview) -> int:
         """GET `path` into `out`, reconnecting once if a kept-alive connection went stale."""
-        reused = getattr(self._local, "conn", None) is not None
-        try:
-            return self._send_into(path, headers, key, start, out)
-        except TransportError:
-            if not reused:
-                raise
-        return self._send_into(path, headers, key, start, out)
+        return self._reconnecting(self._exchange, "GET", path, None, headers, None,
+                                  lambda resp: self._read_into(resp, key, start, out))
 
-    def _send_into(self, path: str, headers: dict[str, str], key: str, start: int,
-                   out: memoryview) -> int:
-        conn = self._connection()
-        conn.timeout = self.config.timeout_s
-        if conn.sock is not None:
-            conn.sock.settimeout(conn.timeout)
-        try:
-            conn.request("GET", self._base + path, headers=headers)
-            resp = conn.getresponse()
-            if resp.status >= 400 or resp.status not in (200, 206):
-                body = self._read_error(resp)
-                if resp.status == 404:
-                    self._forget(key)
-                if resp.status == 416:
-                    return 0  # the range starts past the end of the object
-                self._check(resp.status, body, f"get {key!r}")
-                raise StoreError(f"get {key!r}: unexpected HTTP {resp.status}")
-            if resp.status == 200:  # a cache that ignored the Range header sends it all
-                self._drop_connection()
-                return super()._get_range_into(key, start, out)
-            if resp.length is not None and resp.length > len(out):
-                self._drop_connection()
-                raise _BodyTooLarge
-            got = 0
-            while got < len(out) and (n := resp.readinto(out[got:])):
-                got += n
-            if resp.read(1):  # a chunked body longer than asked
-                self._drop_connection()
-                raise _BodyTooLarge
-            return got
-        except (OSError, http.client.HTTPException) as exc:
+    def _read_into(self, resp: http.client.HTTPResponse, key: str, start: int, out: memoryview) -> int:
+        """The bytes of a range's answer `resp` read into `out`; how many came."""
+        if resp.status not in (200, 206):
+            body = self._read_error(resp)
+            if resp.status == 404:
+                self._forget(key)
+            if resp.status == 416:
+                return 0  # the range starts past the end of the object
+            self._check(resp.status, body, f"get {key!r}")
+            raise StoreError(f"get {key!r}: unexpected HTTP {resp.status}")
+        if resp.status == 200:  # a cache that ignored the Range header sends it all
             self._drop_connection()
-            raise TransportError(f"GET {path} failed: {exc!r}") from exc
+            return super()._get_range_into(key, start, out)
+        if resp.length is not None and resp.length > len(out):
+            self._drop_connection()
+            raise _BodyTooLarge
+        got = 0
+        while got < len(out) and (n := resp.readinto(out[got:])):
+            got += n
+        if resp.read(1):  # a chunked body longer than asked
+            self._drop_connection()
+            raise _BodyTooLarge
+        return got
 
     def _list(self, prefix: str) -> list[str]:
         what = f"list {prefix!r}"
