@@ -278,9 +278,9 @@ def test_varints_read_as_the_format_defines_them(data, p, end):
                                    (1 << 63) - 1])
 def test_varint_limits(value):
     """Written by the format's encoder: read back, or refused (-1) above MAX_VALUE."""
-    from weight_teleport.format.groups import _put_varint
+    from weight_teleport.format.groups import put_varint
     out = bytearray()
-    _put_varint(out, value)
+    put_varint(out, value)
     n = len(out)
     want = value if value <= stream_tables.MAX_VALUE else -1
     assert stream_tables._varint(np.frombuffer(bytes(out), np.uint8), 0, n) == (want, n)

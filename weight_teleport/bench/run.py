@@ -26,6 +26,8 @@ from weight_teleport.bench.entropy import bit_view, delta_entropy
 from weight_teleport.bench.simulate import REAL_STEPS, UNCALIBRATED, Calibration, delta_pairs, make_config, make_state
 
 OURS = "weight_teleport"
+OURS_ADAPTIVE = "weight_teleport_adaptive"
+"""Our codec with the adaptive range coder (`encode_delta(coder="adaptive")`)."""
 REFERENCE = "xor_zstd1"
 
 
@@ -40,7 +42,7 @@ class Codec:
     """``decode`` patches the state it is given: it gets a copy made outside the timer."""
 
 
-def _our_codec(threads: int | None) -> Codec | None:
+def _our_codec(threads: int | None, coder: str = "zstd") -> Codec | None:
     try:
         from weight_teleport.codec import apply_delta, encode_delta
     except ImportError as e:
@@ -48,20 +50,20 @@ def _our_codec(threads: int | None) -> Codec | None:
         return None
 
     def encode(old: State, new: State) -> bytes:
-        return encode_delta(old, new, base_version=0, version=1, threads=threads)
+        return encode_delta(old, new, base_version=0, version=1, threads=threads, coder=coder)
 
     def decode(state: State, blob: bytes) -> State:
         apply_delta(state, blob, threads=threads)
         return state
 
-    return Codec(OURS, encode, decode, in_place=True)
+    return Codec(OURS if coder == "zstd" else OURS_ADAPTIVE, encode, decode, in_place=True)
 
 
 def codecs(threads: int | None = None) -> list[Codec]:
-    """Our codec (when importable) followed by every baseline."""
-    ours = _our_codec(threads)
+    """Our codec with each coder (when importable) followed by every baseline."""
+    ours = [c for c in (_our_codec(threads), _our_codec(threads, "adaptive")) if c]
     peers = [Codec(b.name, b.encode, b.decode) for b in BASELINES]
-    return ([ours] if ours else []) + peers
+    return ours + peers
 
 
 def _same_bits(a: State, b: State) -> bool:

@@ -74,10 +74,11 @@ def _placed(records, walks) -> None:
         rec.order = "cols" if order == "cols" and len(sl.shape) >= 2 else None
 
 
-def _pack(kind, backend_items, version, base_version, chunk_elems, level, threads, cuda=None, pinned=False):
+def _pack(kind, backend_items, version, base_version, chunk_elems, level, threads, cuda=None, pinned=False,
+          coder="zstd"):
     check_chunk_elems(chunk_elems)
     backend, items, walks = backend_items
-    records, chunks, ready, codecs = backend.encode(items, chunk_elems, level, threads, cuda, pinned)
+    records, chunks, ready, codecs = backend.encode(items, chunk_elems, level, threads, cuda, pinned, coder)
     _placed(records, walks)
     header = PackHeader(kind=kind, version=version, base_version=base_version,
                         chunk_elems=chunk_elems, tensors=records, stream_codecs=codecs)
@@ -93,11 +94,14 @@ def encode_delta(old: Mapping[str, torch.Tensor], new: Mapping[str, torch.Tensor
                  base_version: int, version: int, chunk_elems: int = DEFAULT_CHUNK_ELEMS,
                  level: int = DEFAULT_LEVEL, threads: int | None = None, cuda=None,
                  pinned: bool = False, slices: Mapping[str, TensorSlice] | None = None,
-                 hints: Mapping[str, Hint] | None = None) -> bytes | np.ndarray:
+                 hints: Mapping[str, Hint] | None = None, coder: str = "zstd") -> bytes | np.ndarray:
     """A pack that turns `old` (at `base_version`) into `new` (at `version`), bit for bit.
 
     Both states map the same names to tensors of the same shapes and dtypes. `level` is the
-    zstd level of the streams (CPU stream coding); `threads` defaults to all cores. `cuda`, a
+    zstd level of the streams (CPU stream coding); `threads` defaults to all cores. `coder`
+    codes the sparse records: "zstd" (codec `sparse`, which every reader stages) or
+    "adaptive" (codec `sparse_ac`: an adaptive range coder, smaller packs, written and
+    staged by the CPU backend only; docs/FORMAT.md). `cuda`, a
     `weight_teleport.codec.cuda.config.CudaCodecConfig`, picks the CUDA backend's stream
     codec (default: zstd frames of Huffman-coded literals written on the GPU, portable).
 
@@ -119,7 +123,8 @@ def encode_delta(old: Mapping[str, torch.Tensor], new: Mapping[str, torch.Tensor
     where they fall inside it. Cuts need the CPU encoder; its cut records carry a digest per
     chunk."""
     items = _items(new, old, slices, hints, chunk_elems)
-    return _pack("delta", items, int(version), int(base_version), chunk_elems, level, threads, cuda, pinned)
+    return _pack("delta", items, int(version), int(base_version), chunk_elems, level, threads, cuda, pinned,
+                 coder)
 
 
 @collections_paused()

@@ -49,10 +49,11 @@ class Backend(Protocol):
         where the backend cuts regular chunks only)."""
 
     def encode(self, items: list, chunk_elems: int, level: int, threads: int | None,
-               config: Any, pinned: bool) -> Encoded:
+               config: Any, pinned: bool, coder: str) -> Encoded:
         """The records and chunks of `items`. `config`: the caller's `cuda` argument
         (ValueError where the backend takes none); `pinned`: the pack goes to pinned host
-        memory."""
+        memory; `coder`: "zstd" or "adaptive", how sparse records are coded (ValueError
+        where the backend does not write it)."""
 
     def check_stage(self, header: PackHeader, windows: dict) -> None:
         """UnsupportedFormatError unless this backend stages the pack of `header`: its

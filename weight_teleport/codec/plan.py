@@ -18,6 +18,10 @@ CLASS_COST_BITS = 400.0
 """What a context class is taken to cost in every chunk beyond its events' entropy: its
 four streams' table entries and the Huffman table and frame of its symbol streams (about
 50 bytes). The planner splits keys into another class only where the split saves more."""
+AC_CLASS_COST_BITS = 60.0
+"""CLASS_COST_BITS for codec `sparse_ac`: a class costs a varint or two of its chunk's table
+and what its adaptive contexts pay to learn (on real training steps, packs shrink as this
+falls from 400 to about 60 and stay flat below)."""
 SPARSE_MAX_DENSITY = 0.3
 """Above this density the dense codecs are tried as well and the smallest output kept."""
 
@@ -54,16 +58,21 @@ class ClassPlan:
         return lut_to_runs(self.lut)
 
 
-def plan_classes(total: np.ndarray, changed: np.ndarray) -> ClassPlan:
+def plan_classes(total: np.ndarray, changed: np.ndarray, codec: str = "sparse") -> ClassPlan:
     """Group context keys whose change rates are alike into classes.
 
     Keys that never changed form a class of their own (it costs nothing to code). The keys
     that changed, in order of falling change rate, are cut into at most MAX_CLASSES runs
     (one class each) that minimise the estimated size: per class the entropy of its change
     mask, T * H(C / T) bits for T elements of which C changed (what its gap coding comes
-    close to), plus CLASS_COST_BITS in each of the tensor's chunks of DEFAULT_CHUNK_ELEMS
+    close to), plus the class cost of `codec` (`class_cost`) in each of the tensor's chunks of DEFAULT_CHUNK_ELEMS
     (an estimate when a pack's chunks differ: every plan decodes, this one is smaller)."""
-    return plan_table(total[None], changed[None])[0]
+    return plan_table(total[None], changed[None], codec)[0]
+
+
+def class_cost(codec: str) -> float:
+    """What a class costs per chunk in records of `codec` ("sparse" or "sparse_ac")."""
+    return AC_CLASS_COST_BITS if codec == "sparse_ac" else CLASS_COST_BITS
 
 
 @dataclass
@@ -89,14 +98,14 @@ class PlanTable:
         return PlanTable(self.lut[rows], self.inverted[rows], self.n_classes[rows], self.events[rows])
 
 
-def plan_table(total: np.ndarray, changed: np.ndarray) -> PlanTable:
+def plan_table(total: np.ndarray, changed: np.ndarray, codec: str = "sparse") -> PlanTable:
     """`plan_classes` of every row of [tensors, keys] count tables, in one compiled walk."""
     total, changed = np.ascontiguousarray(total, np.int64), np.ascontiguousarray(changed, np.int64)
     if (changed < 0).any() or (changed > total).any():
         raise ValueError("changed counts must lie between 0 and the element counts")
     plans = PlanTable(np.zeros(total.shape, np.uint8), np.zeros((total.shape[0], MAX_CLASSES), np.bool_),
                       np.zeros(total.shape[0], np.int64), np.zeros(total.shape[0], np.int64))
-    _plan_rows(total, changed, CLASS_COST_BITS, DEFAULT_CHUNK_ELEMS,
+    _plan_rows(total, changed, class_cost(codec), DEFAULT_CHUNK_ELEMS,
                plans.lut, plans.inverted, plans.n_classes, plans.events)
     return plans
 

@@ -19,7 +19,7 @@ KINDS = ("delta", "snapshot")
 DTYPE_BYTES = {"float64": 8, "float32": 4, "bfloat16": 2, "float16": 2, "float8_e4m3fn": 1, "float8_e5m2": 1,
                "int64": 8, "int32": 4, "int16": 2, "int8": 1, "uint8": 1, "bool": 1}
 """The dtypes of the format, and the bytes of an element of each."""
-CODECS = ("same", "sparse", "dense_residual", "dense_values")
+CODECS = ("same", "sparse", "sparse_ac", "dense_residual", "dense_values")
 SNAPSHOT_CODECS = ("dense_values",)
 """A snapshot holds every element of every tensor: the other codecs patch weights a
 receiver already has, and a snapshot's receiver may have none."""

@@ -30,14 +30,14 @@ class Group:
     streams: list[Stream]
 
 
-def _put_varint(out: bytearray, v: int) -> None:
+def put_varint(out: bytearray, v: int) -> None:
     while v >= 0x80:
         out.append((v & 0x7F) | 0x80)
         v >>= 7
     out.append(v)
 
 
-def _get_varint(buf: memoryview, pos: int) -> tuple[int, int]:
+def get_varint(buf: memoryview, pos: int) -> tuple[int, int]:
     v = shift = 0
     while True:
         if pos >= len(buf) or shift > 63:
@@ -55,14 +55,14 @@ def _get_varint(buf: memoryview, pos: int) -> tuple[int, int]:
 def write_table(groups: list[tuple[int, list[tuple[int, int, int]]]]) -> bytes:
     """The table of a chunk whose groups are (count, [(codec, raw length, stored length)])."""
     table = bytearray()
-    _put_varint(table, len(groups))
+    put_varint(table, len(groups))
     for count, streams in groups:
-        _put_varint(table, count)
-        _put_varint(table, len(streams))
+        put_varint(table, count)
+        put_varint(table, len(streams))
         for codec, raw_len, stored in streams:
             table.append(codec)
-            _put_varint(table, raw_len)
-            _put_varint(table, stored)
+            put_varint(table, raw_len)
+            put_varint(table, stored)
     return bytes(table)
 
 
@@ -75,18 +75,18 @@ def write_groups(groups: list[Group]) -> bytes:
 def read_groups(chunk: bytes | memoryview) -> list[Group]:
     """Parse a chunk; the streams' data are views into `chunk`."""
     buf = memoryview(chunk)
-    n_groups, pos = _get_varint(buf, 0)
+    n_groups, pos = get_varint(buf, 0)
     descs = []
     for _ in range(n_groups):
-        count, pos = _get_varint(buf, pos)
-        n_streams, pos = _get_varint(buf, pos)
+        count, pos = get_varint(buf, pos)
+        n_streams, pos = get_varint(buf, pos)
         streams = []
         for _ in range(n_streams):
             if pos >= len(buf):
                 raise PackFormatError("chunk table is truncated")
             codec = buf[pos]
-            raw_len, pos = _get_varint(buf, pos + 1)
-            stored, pos = _get_varint(buf, pos)
+            raw_len, pos = get_varint(buf, pos + 1)
+            stored, pos = get_varint(buf, pos)
             streams.append((codec, raw_len, stored))
         descs.append((count, streams))
     groups = []

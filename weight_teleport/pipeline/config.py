@@ -55,6 +55,10 @@ class PublisherConfig:
     version 2; needs the CPU encoder). None: regular chunks (format version 1)."""
     level: int = 3
     """Zstd level of the pack streams."""
+    coder: str = "zstd"
+    """How deltas code their sparse records (`encode_delta`'s `coder`): "zstd", which every
+    reader stages, or "adaptive", smaller packs that CPU samplers stage (a CUDA trainer's
+    encoder and a sampler's CUDA weights take "zstd" only)."""
     threads: int | None = None
     """Encoder threads; None uses every core."""
     retention: RetentionConfig = field(default_factory=RetentionConfig)

@@ -115,7 +115,8 @@ class PublisherGroup:
         if self.config.chunk_elems is not None:
             opts["chunk_elems"] = self.config.chunk_elems
         if kind == "delta":
-            pack = encode_delta(self.baseline, snapshot, base_version=self.baseline_version, version=version, **opts)
+            pack = encode_delta(self.baseline, snapshot, base_version=self.baseline_version, version=version,
+                                coder=self.config.coder, **opts)
         else:
             pack = encode_snapshot(snapshot, version=version, **opts)
         pack = bytes(pack)

@@ -22,6 +22,9 @@ from weight_teleport.errors import DigestMismatchError, PackFormatError, PackMis
 from weight_teleport.format import ChunkRef, PackHeader, TensorRecord, chunk_payload
 
 DENSE_CODECS = ("dense_residual", "dense_values")
+SPARSE_CODECS = ("sparse", "sparse_ac")
+CODERS = {"zstd": "sparse", "adaptive": "sparse_ac"}
+"""The `coder` choices of `encode` and the codec of their sparse records."""
 
 
 @dataclass
@@ -92,37 +95,43 @@ def _scan(item: EncodeItem, start: int, stop: int):
     return total, changed, C.digest_sum(old, _first_word(start, item.info)), s_new
 
 
-def _candidates(item: EncodeItem, changed: int) -> tuple[str, ...]:
+def _candidates(item: EncodeItem, changed: int, sparse: str) -> tuple[str, ...]:
     if item.old is None:
         return ("dense_values",)
     if changed == 0:
         return ()
     if changed <= SPARSE_MAX_DENSITY * item.new.size:
-        return ("sparse",)
-    return ("sparse", *DENSE_CODECS)
+        return (sparse,)
+    return (sparse, *DENSE_CODECS)
 
 
 def encode(items: list[EncodeItem], chunk_elems: int, level: int, threads: int | None, config=None,
-           pinned: bool = False) -> Encoded:
-    """The backend interface's encode (codec/backend.py): zstd streams at `level`; `config`
-    must be None; the chunks are host bytes whatever `pinned` says."""
+           pinned: bool = False, coder: str = "zstd") -> Encoded:
+    """The backend interface's encode (codec/backend.py): zstd streams at `level`, sparse
+    records of `coder`'s codec; `config` must be None; the chunks are host bytes whatever
+    `pinned` says."""
     _no_config(config)
-    records, chunks = encode_chunks(items, chunk_elems, level, threads)
+    records, chunks = encode_chunks(items, chunk_elems, level, threads, coder)
     return Encoded(records, chunks, lambda: None, ["raw", "zstd"])
 
 
-def encode_chunks(items: list[EncodeItem], chunk_elems: int, level: int, threads: int | None):
-    """Records (chunk offsets relative to the returned chunk list) and chunk bytes."""
+def encode_chunks(items: list[EncodeItem], chunk_elems: int, level: int, threads: int | None,
+                  coder: str = "zstd"):
+    """Records (chunk offsets relative to the returned chunk list) and chunk bytes; sparse
+    records of codec `sparse` (coder "zstd") or `sparse_ac` ("adaptive")."""
+    if coder not in CODERS:
+        raise ValueError(f"unknown coder {coder!r}; choose one of {sorted(CODERS)}")
+    sparse = CODERS[coder]
     ranges = [it.spans if it.spans is not None else chunk_ranges(it.new.size, chunk_elems) for it in items]
     with _pool(threads) as pool:
         scans = [list(pool.map(lambda r, it=it: _scan(it, *r), rs)) for it, rs in zip(items, ranges)]
         records, jobs = [], []
         for it, rs, sc in zip(items, ranges, scans):
-            rec, plan = _record(it, sc)
+            rec, plan = _record(it, sc, sparse)
             if it.chunk_digests and (it.old is None or rec.changed):
                 _add_chunk_digests(rec, it, rs, sc, chunk_elems)
             records.append(rec)
-            for codec in _candidates(it, rec.changed):
+            for codec in _candidates(it, rec.changed, sparse):
                 for r, s in zip(rs, sc):
                     jobs.append((len(records) - 1, codec, pool.submit(_encode_chunk, it, r, s, codec, plan, level)))
         outputs: dict[tuple[int, str], list[bytes]] = {}
@@ -131,7 +140,7 @@ def encode_chunks(items: list[EncodeItem], chunk_elems: int, level: int, threads
     return _lay_out(records, outputs)
 
 
-def _record(it: EncodeItem, sc) -> tuple[TensorRecord, object]:
+def _record(it: EncodeItem, sc, sparse: str) -> tuple[TensorRecord, object]:
     nbytes = it.new.size * it.info.nbytes
     rec = TensorRecord(name=it.name, dtype=it.info.name, shape=it.shape, codec="dense_values",
                        digest=D.to_hex(D.finish(sum(s[3] for s in sc), nbytes)), changed=it.new.size)
@@ -144,7 +153,7 @@ def _record(it: EncodeItem, sc) -> tuple[TensorRecord, object]:
     rec.codec = "same"
     if rec.changed == 0:
         return rec, None
-    plan = plan_classes(total, changed)
+    plan = plan_classes(total, changed, sparse)
     rec.classes, rec.inverted = plan.runs, [int(c) for c in np.flatnonzero(plan.inverted)]
     return rec, plan
 
@@ -166,6 +175,8 @@ def _encode_chunk(it: EncodeItem, r, scan, codec: str, plan, level: int) -> byte
     old = None if it.old is None else it.old[start:stop]
     if codec == "sparse":
         data = C.encode_sparse(old, new, it.info, plan, scan[0], scan[1], level)
+    elif codec == "sparse_ac":
+        data = C.encode_sparse_ac(old, new, it.info, plan, scan[0], scan[1])
     else:
         data = C.encode_dense(old, new, it.info, codec, level)
     return data
@@ -178,7 +189,7 @@ def _lay_out(records: list[TensorRecord], outputs):
         if not options:
             continue
         codec = min(options, key=lambda c: sum(len(p) for p in options[c]))
-        if codec != "sparse":
+        if codec not in SPARSE_CODECS:
             rec.classes, rec.inverted = [], []
         rec.codec = codec
         for part in options[codec]:
@@ -219,8 +230,9 @@ def _stage_chunk(live: Live, rec: TensorRecord, ref: ChunkRef, start: int, stop:
     old = live.u[start:stop]
     needs_old = check_base or (rec.codec in DENSE_CODECS and header.kind == "delta")
     s_old = C.digest_sum(old, fw) if needs_old else None
-    if rec.codec == "sparse":
-        pos, val = C.decode_sparse(old, data, info, lut, inverted)
+    if rec.codec in SPARSE_CODECS:
+        decode = C.decode_sparse if rec.codec == "sparse" else C.decode_sparse_ac
+        pos, val = decode(old, data, info, lut, inverted)
         wmask = np.uint64((1 << info.bits) - 1)
         delta = int(K.digest_patch_delta(live.words, live.tail, live.n_full, start, info.nbytes,
                                          pos, val, wmask, _first_word(walk_start, info)))
@@ -262,7 +274,7 @@ def stage(lives: dict[str, Live], header: PackHeader, pack, check_base: bool, th
         for rec in recs:
             live = lives[rec.name]
             lut = inverted = None
-            if rec.codec == "sparse":
+            if rec.codec in SPARSE_CODECS:
                 lut, inverted = _class_map(rec, live.info)
             walk_start, lo, hi = windows.get(rec.name, (0, 0, len(rec.chunks)))
             rs = rec.chunk_spans(header.chunk_elems)[lo:hi]

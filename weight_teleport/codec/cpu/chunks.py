@@ -2,12 +2,14 @@
 
 import numpy as np
 
+from weight_teleport.codec.cpu import adaptive as A
 from weight_teleport.codec.cpu import kernels as K
 from weight_teleport.codec.dtypes import DtypeInfo
 from weight_teleport.codec.plan import ClassPlan
 from weight_teleport.codec.streams import check_sparse_lengths, decode_stream, encode_stream
 from weight_teleport.errors import PackFormatError
 from weight_teleport.format import Group, Stream, read_groups, write_groups
+from weight_teleport.format.groups import get_varint, put_varint
 
 U64 = np.uint64
 
@@ -62,14 +64,22 @@ def _offsets(counts: np.ndarray) -> np.ndarray:
     return np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
 
 
-def encode_sparse(old, new, info: DtypeInfo, plan: ClassPlan, total, changed, level: int) -> bytes:
+def _events(old, new, info: DtypeInfo, plan: ClassPlan, total, changed):
+    """(events, changes, gaps, residuals) of a chunk: per class its events' and changes'
+    counts, and the gaps and residuals of every class back to back in class order."""
     shift, kmask, signbit, wmask = consts(info)
     _, chg, events = class_counts(plan, total, changed)
-    ev_off, res_off = _offsets(events), _offsets(chg)
     gaps = np.empty(int(events.sum()), np.int64)
     res = np.empty(int(chg.sum()), np.uint64)
     K.sparse_encode(old, new, shift, kmask, plan.lut, plan.inverted, signbit, wmask,
-                    ev_off, res_off, gaps, res)
+                    _offsets(events), _offsets(chg), gaps, res)
+    return events, chg, gaps, res
+
+
+def encode_sparse(old, new, info: DtypeInfo, plan: ClassPlan, total, changed, level: int) -> bytes:
+    events, chg, gaps, res = _events(old, new, info, plan, total, changed)
+    ev_off, res_off = _offsets(events), _offsets(chg)
+    wmask = U64((1 << info.bits) - 1)
     groups = []
     for c in range(plan.n_classes):
         if events[c] == 0 and chg[c] == 0:
@@ -86,6 +96,59 @@ def encode_sparse(old, new, info: DtypeInfo, plan: ClassPlan, total, changed, le
         streams = [syms, bits[:nbits], rsyms[:n_r], esc[:n_esc].astype(info.uint_numpy)]
         groups.append(Group(int(events[c]), [_stream(s, level) for s in streams]))
     return write_groups(groups)
+
+
+def encode_sparse_ac(old, new, info: DtypeInfo, plan: ClassPlan, total, changed) -> bytes:
+    """A chunk of codec `sparse_ac`: the class table, then one adaptive range-coded stream
+    of every class's gaps and residuals."""
+    events, chg, gaps, res = _events(old, new, info, plan, total, changed)
+    table = bytearray()
+    put_varint(table, plan.n_classes)
+    for c in range(plan.n_classes):
+        put_varint(table, int(events[c]))
+        if plan.inverted[c]:
+            put_varint(table, int(chg[c]))
+    wmask = U64((1 << info.bits) - 1)
+    room = 64 + 2 * gaps.size + res.size
+    while True:
+        out = np.empty(room, np.uint8)
+        n = A.encode_classes(gaps, _offsets(events), events, res, _offsets(chg), chg, plan.inverted,
+                             U64(1 << (info.bits - 1)), wmask, out)
+        if n >= 0:
+            return bytes(table) + out[:n].tobytes()
+        room *= 4
+
+
+def _ac_table(chunk, inverted: np.ndarray, elems: int):
+    """(events, changes, offset of the coded stream) of a `sparse_ac` chunk of `elems`
+    elements, refused unless its counts are ones such a chunk can have."""
+    buf = memoryview(chunk)
+    k, pos = get_varint(buf, 0)
+    if k != inverted.size:
+        raise PackFormatError(f"sparse chunk has {k} classes, its tensor {inverted.size}")
+    events = np.zeros(k, np.int64)
+    changes = np.zeros(k, np.int64)
+    for c in range(k):
+        events[c], pos = get_varint(buf, pos)
+        if inverted[c]:
+            changes[c], pos = get_varint(buf, pos)
+        else:
+            changes[c] = events[c]
+    if events.sum() > elems or changes.sum() > elems:
+        raise PackFormatError("sparse chunk's class table counts more events or changes than its elements")
+    return events, changes, pos
+
+
+def decode_sparse_ac(old, chunk, info: DtypeInfo, lut: np.ndarray, inverted: np.ndarray):
+    """`decode_sparse` for a chunk of codec `sparse_ac`."""
+    events, changes, pos = _ac_table(chunk, inverted, old.size)
+    gaps = np.empty(int(events.sum()), np.int64)
+    res = np.empty(int(changes.sum()), np.uint64)
+    data = np.frombuffer(chunk, np.uint8)[pos:]
+    wmask = U64((1 << info.bits) - 1)
+    if not A.decode_classes(data, _offsets(events), events, _offsets(changes), changes, inverted, wmask, gaps, res):
+        raise PackFormatError("sparse_ac chunk's coded stream is malformed")
+    return _place(old, info, lut, inverted, events, gaps, changes, res)
 
 
 def _class_streams(group: Group, inverted: bool, info: DtypeInfo):
@@ -130,6 +193,11 @@ def decode_sparse(old, chunk, info: DtypeInfo, lut: np.ndarray, inverted: np.nda
     res_cnt = np.array([p[1].size for p in parts], np.int64)
     gaps = np.concatenate([p[0] for p in parts])
     res = np.concatenate([p[1] for p in parts])
+    return _place(old, info, lut, inverted, ev_cnt, gaps, res_cnt, res)
+
+
+def _place(old, info: DtypeInfo, lut, inverted, ev_cnt, gaps, res_cnt, res):
+    """Positions and new bit patterns from every class's gaps and residuals."""
     shift, kmask, signbit, wmask = consts(info)
     pos = np.empty(res.size, np.int64)
     val = np.empty(res.size, info.uint_numpy)

@@ -29,9 +29,13 @@ def walk_item(name, info, new, old, sl, hint, chunk_elems: int) -> EncodeItem:
 
 
 def encode(items: list[EncodeItem], chunk_elems: int, level: int, threads: int | None,
-           config: CudaCodecConfig | None = None, pinned: bool = False) -> Encoded:
+           config: CudaCodecConfig | None = None, pinned: bool = False, coder: str = "zstd") -> Encoded:
     """The backend interface's encode: `config` (default `DEFAULT_CONFIG`) picks the stream
-    coder; with `pinned` the payload is copied from the device into the pinned pack."""
+    coder; with `pinned` the payload is copied from the device into the pinned pack. The
+    CUDA encoder writes `sparse` records only: `coder` must be "zstd" (ValueError)."""
+    if coder != "zstd":
+        raise ValueError(f"coder {coder!r}: the CUDA encoder writes zstd-coded sparse records only "
+                         "(coder='zstd'); the adaptive coder runs on CPU tensors")
     config = config or DEFAULT_CONFIG
     records, chunks, ready = encoder.encode(items, chunk_elems, level, threads, config=config, pinned=pinned)
     return Encoded(records, chunks, ready, ["raw", "zstd", *extra_stream_codecs(config)])
@@ -46,6 +50,11 @@ def check_stage(header, windows: dict) -> None:
                                      "a worker holding slices of CUDA weights stages through "
                                      "targets.slice_stage")
     check_readable(header.stream_codecs)
+    adaptive = [rec.name for rec in header.tensors if rec.codec == "sparse_ac"]
+    if adaptive:
+        raise UnsupportedFormatError(
+            f"tensor {adaptive[0]!r} (and {len(adaptive) - 1} more) uses codec 'sparse_ac', which this "
+            "build stages onto CPU weights only; ask its writer for coder='zstd' packs")
 
 
 def stage(lives: dict[str, Live], header, pack, check_base: bool, threads: int | None,

@@ -1,0 +1,224 @@
+"""Codec `sparse_ac`: the adaptive range coder's round trips (kernels and packs, on random
+and adversarial inputs), its golden bytes, and its refusal of malformed chunks."""
+
+import numpy as np
+import pytest
+import torch
+from helpers import DTYPES, assert_bits_equal, clone_state, from_bits, with_renewed_crcs
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from test_codec_roundtrip import make_pair
+
+import weight_teleport as wt
+from weight_teleport.codec.cpu import adaptive as A
+from weight_teleport.errors import DigestMismatchError, PackFormatError, PackMismatchError, UnsupportedFormatError
+from weight_teleport.format import read_header
+
+U64 = np.uint64
+MAX_GAP = (1 << 22) - 1
+
+
+def _code(classes, bits: int):
+    """encode_classes then decode_classes of `classes`, a list of (inverted, gaps,
+    residuals): (coded bytes, decoded gaps, decoded residuals, decoder's verdict)."""
+    ev = np.array([len(g) for _, g, _ in classes], np.int64)
+    rc = np.array([len(r) for _, _, r in classes], np.int64)
+    inv = np.array([i for i, _, _ in classes], np.bool_)
+    gaps = np.array([x for _, g, _ in classes for x in g], np.int64)
+    res = np.array([x for _, _, r in classes for x in r], np.uint64)
+    off = lambda c: np.concatenate([[0], np.cumsum(c)[:-1]]).astype(np.int64)  # noqa: E731
+    wmask = U64((1 << bits) - 1)
+    room = 16
+    while True:
+        out = np.empty(room, np.uint8)
+        n = A.encode_classes(gaps, off(ev), ev, res, off(rc), rc, inv, U64(1 << (bits - 1)), wmask, out)
+        if n >= 0:
+            break
+        room *= 2  # the retry path is part of what is tested
+    data = out[:n].copy()
+    g2, r2 = np.empty_like(gaps), np.empty_like(res)
+    ok = A.decode_classes(data, off(ev), ev, off(rc), rc, inv, wmask, g2, r2)
+    return data, (gaps, g2), (res, r2), ok
+
+
+def _residuals(bits: int):
+    top = (1 << bits) - 1
+    edges = [1, top, 1 << (bits - 1), (1 << (bits - 1)) - 1, (1 << (bits - 1)) + 1, 2, top - 1]
+    return st.one_of(st.sampled_from(edges), st.integers(1, top))
+
+
+@st.composite
+def _classes(draw):
+    bits = draw(st.sampled_from([8, 16, 32, 64]))
+    out = []
+    for _ in range(draw(st.integers(1, 4))):
+        inverted = draw(st.booleans())
+        gaps = draw(st.lists(st.one_of(st.integers(0, 3), st.integers(0, MAX_GAP), st.just(MAX_GAP)), max_size=40))
+        n_res = draw(st.integers(0, 40)) if inverted else len(gaps)
+        out.append((inverted, gaps, draw(st.lists(_residuals(bits), min_size=n_res, max_size=n_res))))
+    return bits, out
+
+
+@settings(max_examples=300, deadline=None)
+@given(case=_classes())
+def test_coder_round_trips_any_gaps_and_residuals(case):
+    bits, classes = case
+    data, gaps, res, ok = _code(classes, bits)
+    assert ok
+    assert np.array_equal(*gaps) and np.array_equal(*res)
+    assert data.size == 0 or data[-1] != 0  # the writer drops the zeros a reader pads with
+
+
+def test_coder_round_trips_long_skewed_streams():
+    """Many events (carries through long runs of 0xFF bytes, probabilities at their limits)."""
+    rng = np.random.default_rng(0)
+    cases = [(False, [0] * 50_000, [1] * 50_000),
+             (True, [MAX_GAP] * 300, list(rng.integers(1, 1 << 16, 30_000))),
+             (False, list(rng.geometric(0.003, 20_000) - 1), list(rng.choice([1, 65535, 2, 65534], 20_000)))]
+    for case in cases:
+        _, gaps, res, ok = _code([case], 16)
+        assert ok and np.array_equal(*gaps) and np.array_equal(*res)
+
+
+@pytest.mark.parametrize("bits", [8, 16, 64])
+def test_decoder_refuses_codes_no_encoder_writes(bits):
+    """Bytes past the stream and a first word of ones are refused; arbitrary bytes decode
+    (to codes the decoder checks: no gap of 2^22, no second code of -2^(bits-1)) or are
+    refused, and never crash."""
+    data, _, _, _ = _code([(False, [5, 7], [1, 2])], bits)
+    wmask = U64((1 << bits) - 1)
+    one = np.array([0], np.int64), np.array([2], np.int64)
+
+    def decodes(stream) -> bool:
+        g, r = np.empty(2, np.int64), np.empty(2, np.uint64)
+        return A.decode_classes(np.asarray(stream, np.uint8), one[0], one[1], one[0], one[1],
+                                np.array([False]), wmask, g, r)
+
+    assert decodes(data)
+    assert not decodes(np.concatenate([data, [1] * 8]))  # past what the decoder reads
+    assert not decodes([0xFF] * 8)
+    # every 8-byte stream either decodes to codes an encoder writes or is refused: none crashes
+    rng = np.random.default_rng(bits)
+    for _ in range(300):
+        decodes(rng.integers(0, 256, int(rng.integers(0, 12))))
+
+
+@settings(max_examples=120, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), dtype=st.sampled_from(DTYPES),
+       shape=st.lists(st.integers(0, 33), min_size=0, max_size=3).map(tuple),
+       base=st.sampled_from(["weights", "random"]), mode=st.sampled_from(["none", "single", "density", "all"]),
+       change=st.sampled_from(["ulp", "random", "specials"]), p=st.sampled_from([0.003, 0.05, 0.5, 0.95]),
+       chunk=st.sampled_from([8, 24, 1 << 22]))
+def test_adaptive_pack_round_trip(seed, dtype, shape, base, mode, change, p, chunk):
+    old, new = make_pair(seed, dtype, shape, base, mode, change, p)
+    pack = wt.encode_delta({"w": old}, {"w": new}, base_version=3, version=4, chunk_elems=chunk, coder="adaptive")
+    assert all(t.codec in ("same", "sparse_ac", "dense_residual", "dense_values") for t in read_header(pack).tensors)
+    state = {"w": old.clone()}
+    report = wt.apply_delta(state, pack, base_version=3)
+    assert_bits_equal(state, {"w": new})
+    assert report.digest_verified
+
+
+def test_adaptive_packs_are_smaller_on_weight_like_steps():
+    """bf16 copies of fp32 masters before and after a small step (~0.5% of them change): where
+    real training steps live."""
+    g = torch.Generator().manual_seed(3)
+    master = torch.randn(512, 512, generator=g) * 0.02
+    old = master.to(torch.bfloat16)
+    new = (master + 2e-7 * torch.randn(512, 512, generator=g)).to(torch.bfloat16)
+    assert 0.001 < (old != new).float().mean() < 0.02
+    sizes = {c: len(wt.encode_delta({"w": old}, {"w": new}, base_version=0, version=1, coder=c))
+             for c in ("zstd", "adaptive")}
+    assert sizes["adaptive"] < sizes["zstd"]
+
+
+OLD_BITS = [0x3C00, 0xBC00, 0x0000, 0x8000, 0x7F80, 0x7FC1, 0x0001, 0x3F80, 0x4000, 0xC040,
+            0x3A00, 0x1234, 0x4321, 0x0F0F, 0xF0F0, 0x3C01, 0x3C02, 0x3C03]
+CHANGES = {0: 0x3C01, 3: 0x0000, 5: 0x7FC2, 9: 0xC03F, 17: 0x3C02}
+GOLDEN = ["020003012280", "02000108", "0200010a"]
+"""The chunks of the delta of test_format_golden's states: the class table (2 classes,
+their events), then the coded stream."""
+
+
+def _golden_states():
+    old_u = np.array(OLD_BITS, np.uint16)
+    new_u = old_u.copy()
+    for i, v in CHANGES.items():
+        new_u[i] = v
+    return {"w": from_bits(old_u, torch.bfloat16, (3, 6))}, {"w": from_bits(new_u, torch.bfloat16, (3, 6))}
+
+
+def _chunks(pack: bytes) -> list[str]:
+    h = read_header(pack)
+    return [bytes(pack[h.payload_offset + r.offset:h.payload_offset + r.offset + r.length]).hex()
+            for r in h.tensors[0].chunks]
+
+
+def test_golden_chunks():
+    """The exact chunk bytes of a small `sparse_ac` delta: a change here is a format change."""
+    old, new = _golden_states()
+    pack = wt.encode_delta(old, new, base_version=1, version=2, chunk_elems=8, coder="adaptive")
+    assert read_header(pack).tensors[0].codec == "sparse_ac"
+    assert _chunks(pack) == GOLDEN
+
+
+@pytest.fixture(scope="module")
+def states():
+    old, new = make_pair(21, torch.bfloat16, (96, 80), "weights", "density", "ulp", 0.02)
+    inv_old, inv_new = make_pair(22, torch.float32, (4000,), "weights", "density", "ulp", 0.9)
+    return {"w": old, "v": inv_old}, {"w": new, "v": inv_new}
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_corrupt_chunks_behind_valid_checksums_are_refused(states, seed):
+    rng = np.random.default_rng(seed)
+    old, new = states
+    pack = wt.encode_delta(old, new, base_version=1, version=2, chunk_elems=2048, coder="adaptive")
+
+    def mutate(data: bytearray) -> None:
+        for _ in range(int(rng.integers(1, 4))):
+            pos = int(rng.integers(len(data)))
+            data[pos] = int(rng.integers(256)) if rng.random() < 0.5 else data[pos] ^ (1 << int(rng.integers(8)))
+
+    state = clone_state(old)
+    try:
+        wt.apply_delta(state, with_renewed_crcs(pack, lambda i, data: mutate(data)))
+    except (PackFormatError, PackMismatchError, DigestMismatchError):
+        assert_bits_equal(state, old)
+    else:
+        assert_bits_equal(state, new)
+
+
+@pytest.mark.parametrize("kind", ["truncate", "extend", "zero", "one_byte", "counts"])
+def test_resized_or_miscounted_chunks_are_refused(states, kind):
+    old, _ = states
+    pack = wt.encode_delta(old, states[1], base_version=1, version=2, chunk_elems=2048, coder="adaptive")
+    mutate = {"truncate": lambda d: d.__delitem__(slice(len(d) // 2, None)),
+              "extend": lambda d: d.extend(b"\x07" * 9),
+              "zero": lambda d: d.__setitem__(slice(None), bytes(len(d))),
+              "one_byte": lambda d: d.__delitem__(slice(1, None)),
+              "counts": lambda d: d.__setitem__(slice(1, 4), b"\xff\xff\x7f")}[kind]
+    state = clone_state(old)
+    with pytest.raises((PackFormatError, PackMismatchError, DigestMismatchError)):
+        wt.apply_delta(state, with_renewed_crcs(pack, lambda i, data: mutate(data)))
+    assert_bits_equal(state, old)
+
+
+def test_unknown_coder_is_refused():
+    old, new = _golden_states()
+    with pytest.raises(ValueError, match="unknown coder 'ans'"):
+        wt.encode_delta(old, new, base_version=0, version=1, coder="ans")
+
+
+@pytest.mark.cuda
+def test_cuda_refuses_adaptive_packs_and_coder_by_name():
+    """The CUDA backend neither writes nor stages `sparse_ac` yet: both refused, with the fix."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    old, new = make_pair(4, torch.bfloat16, (64, 64), "weights", "density", "ulp", 0.01)
+    pack = wt.encode_delta({"w": old}, {"w": new}, base_version=0, version=1, coder="adaptive")
+    state = {"w": old.cuda()}
+    with pytest.raises(UnsupportedFormatError, match="coder='zstd'"):
+        wt.stage_delta(state, pack)
+    with pytest.raises(ValueError, match="coder='zstd'"):
+        wt.encode_delta(state, {"w": new.cuda()}, base_version=0, version=1, coder="adaptive")

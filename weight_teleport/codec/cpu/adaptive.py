@@ -1,0 +1,339 @@
+"""The adaptive binary range coder of codec `sparse_ac` (docs/FORMAT.md, "Codec
+`sparse_ac`"): numba kernels that code one chunk's classes of gaps and residuals into one
+byte string and back.
+
+The coder is LZMA's binary range coder (32-bit range, carries through a cached byte) with
+16-bit probabilities whose adaptation rate starts fast and slows as a context sees more
+bits (close to the Krichevsky-Trofimov estimator while a context is young, a 1/128 window
+after that): a chunk's classes are short streams, and a fixed slow rate would pay most of
+their bits learning. Every kernel here is mirrored bit for bit by the CUDA backend's."""
+
+import numpy as np
+from numba import njit
+
+U32 = np.uint32
+U64 = np.uint64
+KERNEL = dict(nogil=True, cache=True, boundscheck=False)
+
+PROB_BITS = 16
+RATE_MAX = 7
+"""An adaptive context's rate is 2^-s with s = bit length of (bits seen + 1), at most RATE_MAX."""
+TOP = 1 << 24
+
+GAP_TREE = 32
+"""Nodes of the gap's bit-length tree (5 levels: bit lengths 0..31; a chunk's gaps need <= 22)."""
+GAP_MANT = 23
+"""Bit lengths whose first two mantissa bits have contexts (0..22)."""
+RES_LEN = 16
+"""Contexts of the residual's unary bit length (the last one serves every longer length)."""
+RES_MANT = 65
+N_CONTEXTS = GAP_TREE + 4 * GAP_MANT + RES_LEN + RES_MANT
+_GAP_MANT0 = GAP_TREE
+_RES_LEN0 = _GAP_MANT0 + 4 * GAP_MANT
+_RES_MANT0 = _RES_LEN0 + RES_LEN
+
+
+@njit(inline="always")
+def _bit_length(v):
+    n = 0
+    while v:
+        v >>= U64(1)
+        n += 1
+    return n
+
+
+@njit(inline="always")
+def _adapt(prob, seen, ctx, bit):
+    s = _bit_length(U64(seen[ctx]) + U64(1))
+    if s > RATE_MAX:
+        s = RATE_MAX
+    else:
+        seen[ctx] += 1
+    p = np.int64(prob[ctx])
+    if bit:
+        p -= p >> s
+    else:
+        p += ((1 << PROB_BITS) - p) >> s
+    prob[ctx] = p
+
+
+# ---- encoder: state is (low, range, cache, pending, out position, first) in `st` ----
+
+@njit(inline="always")
+def _shift_low(st, out):
+    """LZMA's carry-aware byte output. st = [low, range, cache, pending, n_out, first].
+    Returns False when `out` is full."""
+    low = st[0]
+    if low < U64(0xFF000000) or low >= U64(1 << 32):
+        carry = low >> U64(32)
+        n = st[4]
+        need = st[3] + (U64(0) if st[5] else U64(1))
+        if n + need > U64(out.size):
+            return False
+        if st[5]:
+            st[5] = U64(0)  # the first cached byte is always 0: it is not written
+        else:
+            out[n] = (st[2] + carry) & U64(0xFF)
+            n += U64(1)
+        for _ in range(st[3]):
+            out[n] = (U64(0xFF) + carry) & U64(0xFF)
+            n += U64(1)
+        st[4] = n
+        st[3] = U64(0)
+        st[2] = (low >> U64(24)) & U64(0xFF)
+    else:
+        st[3] += U64(1)
+    st[0] = (low & U64(0x00FFFFFF)) << U64(8)
+    return True
+
+
+@njit(inline="always")
+def _normalize_enc(st, out):
+    ok = True
+    while st[1] < U64(TOP):
+        st[1] = st[1] << U64(8)
+        ok = _shift_low(st, out) and ok
+    return ok
+
+
+@njit(inline="always")
+def _enc_bit(st, out, prob, seen, ctx, bit):
+    bound = (st[1] >> U64(PROB_BITS)) * U64(prob[ctx])
+    if bit:
+        st[0] += bound
+        st[1] -= bound
+    else:
+        st[1] = bound
+    _adapt(prob, seen, ctx, bit)
+    return _normalize_enc(st, out)
+
+
+@njit(inline="always")
+def _enc_direct(st, out, value, nbits):
+    """The nbits low bits of value, high bit first, each at probability 1/2."""
+    ok = True
+    for k in range(nbits - 1, -1, -1):
+        st[1] = st[1] >> U64(1)
+        if (value >> U64(k)) & U64(1):
+            st[0] += st[1]
+        ok = _normalize_enc(st, out) and ok
+    return ok
+
+
+@njit(inline="always")
+def _enc_gap(st, out, prob, seen, gap):
+    """v = gap + 1: its bit length minus one (nb, a 5-level tree), the two mantissa bits
+    below the leading one (contexts per nb), then the rest at probability 1/2."""
+    v = U64(gap) + U64(1)
+    nb = _bit_length(v) - 1
+    ok = True
+    node = 1
+    for k in range(4, -1, -1):
+        b = (nb >> k) & 1
+        ok = _enc_bit(st, out, prob, seen, node, b) and ok
+        node = 2 * node + b
+    if nb >= 1:
+        b1 = (v >> U64(nb - 1)) & U64(1)
+        base = _GAP_MANT0 + 4 * min(nb, GAP_MANT - 1)
+        ok = _enc_bit(st, out, prob, seen, base, b1) and ok
+        if nb >= 2:
+            b2 = (v >> U64(nb - 2)) & U64(1)
+            ok = _enc_bit(st, out, prob, seen, base + 1 + np.int64(b1), b2) and ok
+            ok = _enc_direct(st, out, v, nb - 2) and ok
+    return ok
+
+
+@njit(inline="always")
+def _enc_residual(st, out, prob, seen, z):
+    """Zigzag residual z: its bit length L in unary (contexts per step), the bit below its
+    leading one (a context per L), then the rest at probability 1/2."""
+    L = _bit_length(z)
+    ok = True
+    for k in range(L):
+        ok = _enc_bit(st, out, prob, seen, _RES_LEN0 + min(k, RES_LEN - 1), 1) and ok
+    if L < 64:
+        ok = _enc_bit(st, out, prob, seen, _RES_LEN0 + min(L, RES_LEN - 1), 0) and ok
+    if L >= 2:
+        ok = _enc_bit(st, out, prob, seen, _RES_MANT0 + L, (z >> U64(L - 2)) & U64(1)) and ok
+        ok = _enc_direct(st, out, z, L - 2) and ok
+    return ok
+
+
+@njit(inline="always")
+def zigzag(r, signbit_w, wmask):
+    """Residual r != 0 (w-bit two's complement) as +1 -> 0, -1 -> 1, +2 -> 2, -2 -> 3, ..."""
+    if r & signbit_w:
+        return (wmask - r) * U64(2) + U64(1)
+    return (r - U64(1)) * U64(2)
+
+
+@njit(inline="always")
+def unzigzag(z, wmask):
+    if z & U64(1):
+        return (wmask - (z >> U64(1))) & wmask
+    return (z >> U64(1)) + U64(1)
+
+
+@njit(inline="always")
+def _reset(prob, seen):
+    for i in range(prob.size):
+        prob[i] = 1 << (PROB_BITS - 1)
+        seen[i] = 0
+
+
+@njit(**KERNEL)
+def encode_classes(gaps, ev_off, ev_cnt, res, res_off, res_cnt, inverted, signbit_w, wmask, out):
+    """Code every class of a chunk, in class order, into `out`: per class, its gaps, each
+    followed by its residual in an ordinary class; in an inverted class, the residuals of
+    its changes after all its gaps. Contexts restart at every class. Returns the bytes
+    written, or -1 when `out` is too small (the caller retries with more room)."""
+    prob = np.empty(N_CONTEXTS, np.int64)
+    seen = np.empty(N_CONTEXTS, np.int64)
+    st = np.zeros(6, np.uint64)
+    st[1] = U64(0xFFFFFFFF)
+    st[5] = U64(1)
+    ok = True
+    for c in range(ev_off.size):
+        _reset(prob, seen)
+        for i in range(ev_cnt[c]):
+            ok = _enc_gap(st, out, prob, seen, gaps[ev_off[c] + i]) and ok
+            if not inverted[c]:
+                ok = _enc_residual(st, out, prob, seen, zigzag(res[res_off[c] + i], signbit_w, wmask)) and ok
+        if inverted[c]:
+            for i in range(res_cnt[c]):
+                ok = _enc_residual(st, out, prob, seen, zigzag(res[res_off[c] + i], signbit_w, wmask)) and ok
+        if not ok:
+            return -1
+    return _flush(st, out)
+
+
+@njit(inline="always")
+def _flush(st, out):
+    """End the stream on the value of [low, low + range) with the most trailing zero bits,
+    and drop the zero bytes it ends with: a decoder reads zeros past the end."""
+    low, rng = st[0], st[1]
+    keep = U64(0xFFFFFFFF)
+    while keep and ((low + keep) & ~keep) + keep >= low + rng:
+        keep >>= U64(1)
+    st[0] = (low + keep) & ~keep
+    for _ in range(5):
+        if not _shift_low(st, out):
+            return -1
+    n = np.int64(st[4])
+    while n > 0 and out[n - 1] == 0:
+        n -= 1
+    return n
+
+
+# ---- decoder: state is (range, code, input position) in `st` ----
+
+@njit(inline="always")
+def _next_byte(data, st):
+    p = st[2]
+    st[2] = p + 1
+    if p < data.size:
+        return U64(data[p])
+    return U64(0)
+
+
+@njit(inline="always")
+def _normalize_dec(data, st):
+    while st[0] < U64(TOP):
+        st[0] = st[0] << U64(8)
+        st[1] = ((st[1] << U64(8)) | _next_byte(data, st)) & U64(0xFFFFFFFF)
+
+
+@njit(inline="always")
+def _dec_bit(data, st, prob, seen, ctx):
+    bound = (st[0] >> U64(PROB_BITS)) * U64(prob[ctx])
+    if st[1] < bound:
+        st[0] = bound
+        bit = 0
+    else:
+        st[1] -= bound
+        st[0] -= bound
+        bit = 1
+    _adapt(prob, seen, ctx, bit)
+    _normalize_dec(data, st)
+    return bit
+
+
+@njit(inline="always")
+def _dec_direct(data, st, nbits):
+    v = U64(0)
+    for _ in range(nbits):
+        st[0] = st[0] >> U64(1)
+        b = U64(0)
+        if st[1] >= st[0]:
+            st[1] -= st[0]
+            b = U64(1)
+        v = (v << U64(1)) | b
+        _normalize_dec(data, st)
+    return v
+
+
+@njit(inline="always")
+def _dec_gap(data, st, prob, seen):
+    node = 1
+    for _ in range(5):
+        node = 2 * node + _dec_bit(data, st, prob, seen, node)
+    nb = node - GAP_TREE
+    if nb == 0:
+        return U64(0)
+    base = _GAP_MANT0 + 4 * min(nb, GAP_MANT - 1)
+    b1 = _dec_bit(data, st, prob, seen, base)
+    v = U64(2 | b1)
+    if nb >= 2:
+        b2 = _dec_bit(data, st, prob, seen, base + 1 + b1)
+        v = (v << U64(1)) | U64(b2)
+        v = (v << U64(nb - 2)) | _dec_direct(data, st, nb - 2)
+    return v - U64(1)
+
+
+@njit(inline="always")
+def _dec_residual(data, st, prob, seen):
+    L = 0
+    while L < 64 and _dec_bit(data, st, prob, seen, _RES_LEN0 + min(L, RES_LEN - 1)):
+        L += 1
+    if L == 0:
+        return U64(0)
+    if L == 1:
+        return U64(1)
+    b = _dec_bit(data, st, prob, seen, _RES_MANT0 + L)
+    return (((U64(2) | U64(b)) << U64(L - 2)) | _dec_direct(data, st, L - 2))
+
+
+@njit(**KERNEL)
+def decode_classes(data, ev_off, ev_cnt, res_off, res_cnt, inverted, wmask, gaps, res):
+    """Inverse of encode_classes: fills `gaps` and `res` (residuals key(new) - key(old)).
+    Returns False when the stream cannot be a coding of these counts: a first byte that no
+    encoder writes, a gap of 2^22 or more, a zigzag residual no residual has (wider than the
+    element, or 2^bits - 2, which would be a second code of -2^(bits-1)), or
+    bytes left unread. Work is bounded by the counts, whatever the bytes."""
+    prob = np.empty(N_CONTEXTS, np.int64)
+    seen = np.empty(N_CONTEXTS, np.int64)
+    st = np.zeros(3, np.uint64)
+    st[0] = U64(0xFFFFFFFF)
+    for _ in range(4):
+        st[1] = (st[1] << U64(8)) | _next_byte(data, st)
+    if st[1] == U64(0xFFFFFFFF):
+        return False
+    for c in range(ev_off.size):
+        _reset(prob, seen)
+        for i in range(ev_cnt[c]):
+            g = _dec_gap(data, st, prob, seen)
+            if g >= U64(1 << 22):
+                return False
+            gaps[ev_off[c] + i] = np.int64(g)
+            if not inverted[c]:
+                z = _dec_residual(data, st, prob, seen)
+                if z > wmask or z == wmask - U64(1):
+                    return False
+                res[res_off[c] + i] = unzigzag(z, wmask)
+        if inverted[c]:
+            for i in range(res_cnt[c]):
+                z = _dec_residual(data, st, prob, seen)
+                if z > wmask or z == wmask - U64(1):
+                    return False
+                res[res_off[c] + i] = unzigzag(z, wmask)
+    return st[2] >= U64(data.size)
