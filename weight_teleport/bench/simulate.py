@@ -27,21 +27,16 @@ gradient scale (sigma 1, around 1e-4). AdamW (betas 0.9/0.999, eps 1e-8, weight 
 then every step updates the fp32 master and publishes a bf16 copy
 (round to nearest even, ``tensor.to(torch.bfloat16)``).
 
-Calibration (`Calibration`; `REAL_STEPS` is the benchmark's default). The first version of
-this model (`UNCALIBRATED`) changed 5-6x more bf16 elements per step than real AdamW steps
-of a real pretrained LM at the same learning rate: real trained weights are larger than
-1/sqrt(fan_in) (SmolLM2-135M's projections have mean |w| ~0.15 at fan-in 576, 4x the
-simulation's), and real minibatch gradients are noise-dominated, so Adam's normalised
-update |m_hat / sqrt(v_hat)| averages ~0.3 after 8-10 steps where the simulation's was
-~0.7. `REAL_STEPS` scales the weights (`weight_gain`, `embed_gain`), lengthens the warm-up
-to the real run's 8 steps and divides the signal-to-noise amplitude by 10. With both gains
-at 4.0 (and warm-up 8, signal 0.1), at lr 1e-6 / 3e-6 / 1e-5 the share of changed matrix
-elements was 0.28 / 0.74 / 2.1%, of embedding elements 0.36 / 0.95 / 2.6% and of one-ULP
-moves among the changes 0.92 / 0.91 / 0.89, against the real steps' 0.22 / 0.58 / 1.8%,
-0.43 / 0.97 / 2.6% and 0.92 / 0.91 / 0.89 (`weight_teleport.bench.real`, next-token loss);
-`REAL_STEPS`' gains (4.8, 3.75) scale those by density ~ 1/gain toward the real shares and
-are to be checked with `python bench/calibrate_sim.py`, which prints both side by side. Not matched:
-real RMSNorm weights (mean ~0.25) move a little; the simulated ones (~1.0) hardly do.
+Calibration (`Calibration`; `REAL_STEPS` is the benchmark's default). `UNCALIBRATED`, the
+first scales, changes several times more bf16 elements per step than real AdamW steps of a
+pretrained LM at the same learning rate: real trained weights are larger than
+1/sqrt(fan_in), and real minibatch gradients are noise-dominated, so Adam's normalised
+update is smaller. `REAL_STEPS` scales the weights (`weight_gain`, `embed_gain`), lengthens
+the warm-up to the real run's 8 steps and divides the signal-to-noise amplitude by 10, so
+that the shares of changed matrix and embedding elements and of one-ULP moves follow the
+real steps (`weight_teleport.bench.real`); `python bench/calibrate_sim.py` prints both side
+by side, and docs/benchmarks/2026-12-04-notes.md has the fit. Not matched: real RMSNorm
+weights move a little; the simulated ones (near 1.0) hardly do.
 
 Everything is deterministic for a given seed and device (each tensor, step and stream has
 its own generator, so the result does not depend on iteration order).
@@ -73,8 +68,8 @@ class Calibration:
 
 UNCALIBRATED = Calibration()
 """The simulator as first written: weights at 1/sqrt(fan_in), signal-dominated gradients.
-Its steps change 5-6x more elements than real ones at the same learning rate; the CUDA,
-end-to-end and slow-link benchmarks were measured with it, and it stays their default."""
+It stays the default of `make_state` and `delta_pairs`, so that the CUDA, end-to-end and
+slow-link benchmarks keep the data their figures were measured on."""
 REAL_STEPS = Calibration(weight_gain=4.8, embed_gain=3.75, warmup=8, signal=0.1)
 """Fit to real AdamW steps (`weight_teleport.bench.real`, SmolLM2-135M on real text), see
 "Calibration" in the module docstring: the default of `weight-teleport bench --data sim`."""

@@ -1,36 +1,33 @@
 """The subscriber's background loop: watch, plan, fetch, check, stage; recover on failure.
 
 Contracts: the manifest is read again before every step, and refused (kept out of every
-plan) when it is malformed, badly signed, or older than what the subscriber holds. Each
-object's failures are counted until it is staged, across fetches; at `fetch_attempts` it
-is set aside and another plan is sought. An object whose checked bytes cannot be staged
-is broken for good (its bytes will not change). Weights that are not a delta's base cause
-at most one resync per delta. Every failed step backs off, and `HealthMonitor` decides
-when the subscriber gives up."""
+plan) when it is malformed, badly signed, or older than what the subscriber holds. Plans
+avoid the objects that `Objects` set aside (`pipeline/objects.py`: failures counted per
+object across fetches). Weights that are not a delta's base cause at most one resync per
+delta. Every failed step backs off, and `HealthMonitor` decides when the subscriber gives
+up."""
 
 from __future__ import annotations
 
 import logging
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
 from weight_teleport.errors import DigestMismatchError, PackFormatError, PackMismatchError
 from weight_teleport.observe.subscriber import SubscriberMetrics, Where
 from weight_teleport.pipeline.config import SubscriberConfig
-from weight_teleport.pipeline.errors import (ManifestError, ManifestRollback, NoPlanError,
-                                             ObjectRejected)
-from weight_teleport.pipeline.assemble import fetch_parts
-from weight_teleport.pipeline.fetch import Fetched, fetch_pack
+from weight_teleport.pipeline.errors import ManifestError, ManifestRollback, NoPlanError
+from weight_teleport.pipeline.fetch import Fetched
 from weight_teleport.pipeline.handoff import Handoff
 from weight_teleport.pipeline.health import HealthMonitor
 from weight_teleport.pipeline.manifest import Entry, Manifest, from_json
 from weight_teleport.pipeline.metrics import SubscriberStats
+from weight_teleport.pipeline.objects import Objects
 from weight_teleport.pipeline.plan import Plan, plan_avoiding
 from weight_teleport.pipeline.signing import ManifestVerifier
 from weight_teleport.pipeline.stager import Stager
 from weight_teleport.pipeline.verify import patch_records, record_key
-from weight_teleport.store import InvalidKey, NotFound, Store, StoreError, TooLarge, manifest_etag
+from weight_teleport.store import Store, StoreError, manifest_etag
 
 if TYPE_CHECKING:
     from weight_teleport.codec import StagedPatch
@@ -39,14 +36,12 @@ log = logging.getLogger(__name__)
 
 STAGE_ERRORS = (PackFormatError, PackMismatchError, DigestMismatchError)
 """What staging raises for a pack that does not fit the weights or is malformed."""
-OBJECT_ERRORS = (NotFound, InvalidKey, TooLarge, ObjectRejected)
-"""Fetch failures of one object (other store errors are the store's, not the object's)."""
 
 
 class Follower:
-    """State of the background loop: the manifest seen, the staged head, failed keys. It
-    reads `store`, stages with `stager`, hands staged versions to `apply` through
-    `handoff`, and counts in `stats` and its `metrics`."""
+    """State of the background loop: the manifest seen, the staged head. It reads `store`
+    (its objects through `objects`), stages with `stager`, hands staged versions to `apply`
+    through `handoff`, and counts in `stats` and its `metrics`."""
 
     def __init__(self, config: SubscriberConfig, store: Store, stager: Stager, handoff: Handoff,
                  stats: SubscriberStats, head: int | None):
@@ -66,14 +61,7 @@ class Follower:
         self.etag: str | None = None
         self.refused: str | None = None
         """Why the store's current manifest is refused (None: it is the accepted one)."""
-        self.strikes: dict[str, int] = {}
-        """Failures of each key since it was last staged."""
-        self.broken: dict[str, str] = {}
-        """Keys that can never be staged here, and why."""
         self.resync_reason: str | None = None
-        self.prefetcher = ThreadPoolExecutor(1, thread_name_prefix="wt-prefetch")
-        self.ahead: tuple[Entry, Future] | None = None
-        """The next object of the plan, being fetched while the current one stages."""
         self.monitor = HealthMonitor(self.config.fetch_attempts, self.config.give_up_after_s,
                                      self.config.on_health)
         self.verify = ManifestVerifier(self.config.trusted_keys) if self.config.trusted_keys \
@@ -82,6 +70,8 @@ class Follower:
         self.metrics = SubscriberMetrics(self.config.metrics, self.where)
         """The subscriber's Prometheus metrics (`SubscriberConfig.metrics`): its gauges read
         `where()`."""
+        self.objects = Objects(config, store, stager.on_cuda, handoff, self.monitor, stats, self.metrics)
+        """The plan's objects: fetched (one ahead), their failures counted, set aside."""
 
     def where(self) -> Where:
         """What the metrics and the heartbeat read (from any thread)."""
@@ -110,8 +100,7 @@ class Follower:
         try:
             self._run()
         finally:
-            self.ahead = None
-            self.prefetcher.shutdown(wait=True, cancel_futures=True)
+            self.objects.close()
 
     def _run(self) -> None:
         while not self.handoff.closed:
@@ -152,10 +141,10 @@ class Follower:
             self._resync(f"no chain of deltas from version {self.head} to {plan.target} "
                          "(retention removed it, or its objects are set aside)")
         entry = plan.steps[0]
-        pack = self._fetch(entry)
+        pack = self.objects.fetch(entry)
         if pack is not None:
             if len(plan.steps) > 1:
-                self._prefetch(plan.steps[1])  # fetched while this one stages
+                self.objects.prefetch(plan.steps[1])  # fetched while this one stages
             self._stage(entry, pack)
 
     def _verify_applied(self) -> None:
@@ -187,9 +176,7 @@ class Follower:
             return
         self.refused, self.manifest = None, manifest
         self.floor = _newest(self.floor, manifest.latest)
-        listed = {e.key for e in manifest.entries}
-        self.strikes = {k: n for k, n in self.strikes.items() if k in listed}
-        self.broken = {k: why for k, why in self.broken.items() if k in listed}
+        self.objects.keep_listed({e.key for e in manifest.entries})
 
     def _check_not_older(self, manifest: Manifest) -> None:
         """ManifestRollback for a manifest older than what this subscriber holds, unless it
@@ -206,7 +193,7 @@ class Follower:
         self.handoff.event(f"the store went back from version {held} to {latest}: following the "
                         "reset (SubscriberConfig.follow_resets)", resync=True)
         self.floor = self.highest = None
-        self.strikes, self.broken = {}, {}
+        self.objects.forget()
 
     def _plan(self) -> Plan | None:
         """The plan to follow now, or None (nothing to do, or nothing possible)."""
@@ -215,74 +202,19 @@ class Follower:
             return None
         if self.manifest is None:
             return None
-        set_aside = {k for k, n in self.strikes.items() if n >= self.config.fetch_attempts}
+        broken = self.objects.broken
         try:
-            plan = plan_avoiding(self.manifest, self.head, set_aside | self.broken.keys(),
-                                 set(self.broken))
+            plan = plan_avoiding(self.manifest, self.head, self.objects.set_aside() | broken.keys(),
+                                 set(broken))
         except NoPlanError as exc:
-            self.monitor.failure(f"{exc}{self._set_aside_note()}", permanent=True)
+            self.monitor.failure(f"{exc}{self.objects.note()}", permanent=True)
             return None
         if not plan.steps:
             self.monitor.progress(f"up to date at version {plan.target}")
             return None
         return plan
 
-    def _set_aside_note(self) -> str:
-        notes = [f"{k} ({why})" for k, why in self.broken.items()]
-        notes += [f"{k} (failed {n} times)" for k, n in self.strikes.items()
-                  if n >= self.config.fetch_attempts and k not in self.broken]
-        return f"; set aside: {'; '.join(notes[:3])}" if notes else ""
-
-    # Objects.
-    def _prefetch(self, entry: Entry) -> None:
-        """Start fetching `entry` on the prefetch thread (one object ahead at most)."""
-        if self.ahead is None or self.ahead[0] != entry:
-            self.ahead = (entry, self.prefetcher.submit(self._timed_fetch, entry))
-
-    def _timed_fetch(self, entry: Entry) -> tuple[Fetched | list[Fetched], float]:
-        t0 = time.perf_counter()
-        pinned = self.stager.on_cuda
-        pack = fetch_parts(self.store, entry, pinned) if entry.parts \
-            else fetch_pack(self.store, entry, pinned=pinned)
-        return pack, time.perf_counter() - t0
-
-    def _fetch(self, entry: Entry) -> Fetched | list[Fetched] | None:
-        """The checked object with its header (its bytes in pinned memory for CUDA weights; a
-        list for an entry made of parts, each checked against its part and all against each
-        other), or None after a failure; taken from the prefetch thread where it fetched
-        `entry` (another prefetched object is dropped: the plan changed)."""
-        ahead, self.ahead = self.ahead, None
-        try:
-            if ahead is not None and ahead[0] == entry:
-                pack, seconds = ahead[1].result()
-            else:
-                pack, seconds = self._timed_fetch(entry)
-        except OBJECT_ERRORS as exc:
-            if isinstance(exc, ObjectRejected):
-                self.stats.objects_rejected += 1
-                self.metrics.rejected.inc()
-                self._strike(entry, f"rejected {exc}")
-            else:
-                self._strike(entry, f"cannot fetch {entry.key}: {exc}")
-            return None
-        self.stats.fetch_s += seconds
-        nbytes = sum(len(p.data) for p in pack) if isinstance(pack, list) else len(pack.data)
-        self.metrics.fetched_one(nbytes, seconds)
-        self.stats.bytes_fetched += nbytes
-        self.stats.objects_fetched += 1
-        return pack
-
-    def _strike(self, entry: Entry, why: str, staging: bool = False) -> None:
-        """Count a failure of `entry`; set it aside at `fetch_attempts` (for good if it was
-        fetched and checked, yet failed to stage: its bytes will not change)."""
-        n = self.strikes[entry.key] = self.strikes.get(entry.key, 0) + 1
-        if n >= self.config.fetch_attempts:
-            if staging:
-                self.broken[entry.key] = why
-            why += f" ({n} failures: set aside, seeking another plan)"
-        self.handoff.event(why)
-        self.monitor.failure(why)
-
+    # Staging.
     def _stage(self, entry: Entry, pack: Fetched | list[Fetched]) -> None:
         t0 = time.perf_counter()
         try:
@@ -292,14 +224,15 @@ class Follower:
             return
         except Exception as exc:  # a decoder bug or a resource error: counted, set aside
             log.debug("staging %s raised", entry.key, exc_info=True)
-            self._strike(entry, f"staging {entry.key} raised {type(exc).__name__}: {exc}", staging=True)
+            self.objects.strike(entry, f"staging {entry.key} raised {type(exc).__name__}: {exc}",
+                                staging=True)
             return
         self.stats.stage_s += time.perf_counter() - t0
         self.metrics.staged(time.perf_counter() - t0, _published_s(entry))
         self._staged(entry, staged)
 
     def _staged(self, entry: Entry, staged: "StagedPatch") -> None:
-        self.strikes.pop(entry.key, None)
+        self.objects.staged(entry)
         self.head, self.head_entry = entry.version, entry
         self.head_digests = {key: d for key, d, _ in patch_records(staged)}
         if self.highest is None or entry.version > self.highest:
@@ -311,17 +244,18 @@ class Follower:
         """A checked object failed to stage: set it aside for good, or resync when the
         weights are what is wrong (their digests are not the delta's base digests)."""
         if entry.kind == "snapshot":
-            self._set_broken(entry, f"snapshot {entry.key} does not fit the target: {exc}")
+            self.objects.set_broken(entry, f"snapshot {entry.key} does not fit the target: {exc}")
             return
         headers = [p.header for p in pack] if entry.parts else [pack.header]
         found = self.stager.base_digests(headers)
         stale = [r.name for h in headers for r in h.tensors
                  if found.get(record_key(r.name, r.shape, r.box, r.order)) != r.base_digest]
         if not stale:
-            self._set_broken(entry, f"delta {entry.key} fails on its own base weights: {exc}")
+            self.objects.set_broken(entry, f"delta {entry.key} fails on its own base weights: {exc}")
         elif self._holding_published_head(found):
-            self._set_broken(entry, f"delta {entry.key} was not encoded from version {entry.base} "
-                                    f"as this store published it (tensor {stale[0]!r}): {exc}")
+            self.objects.set_broken(entry, f"delta {entry.key} was not encoded from version "
+                                           f"{entry.base} as this store published it (tensor "
+                                           f"{stale[0]!r}): {exc}")
         else:
             self._resync(f"the weights are not the base of version {entry.version}'s delta "
                          f"(tensor {stale[0]!r}, {len(stale)} in all): {exc}", failed=True)
@@ -334,11 +268,6 @@ class Follower:
         if any(self.head_digests.get(key) != d for key, d in found.items()):
             return False  # modified since it was staged (the sampler wrote into them)
         return self.head_entry in self.manifest.entries
-
-    def _set_broken(self, entry: Entry, why: str) -> None:
-        self.broken[entry.key] = why
-        self.handoff.event(why)
-        self.monitor.failure(why, permanent=True)
 
     def _resync(self, reason: str, failed: bool = False) -> None:
         """Start again from an anchor; `failed`: a failure (the weights were wrong), not a
