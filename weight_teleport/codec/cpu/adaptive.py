@@ -6,7 +6,8 @@ The coder is LZMA's binary range coder (32-bit range, carries through a cached b
 16-bit probabilities whose adaptation rate starts fast and slows as a context sees more
 bits (close to the Krichevsky-Trofimov estimator while a context is young, a 1/128 window
 after that): a chunk's classes are short streams, and a fixed slow rate would pay most of
-their bits learning. Every kernel here is mirrored bit for bit by the CUDA backend's."""
+their bits learning. The CUDA backend's decoder (codec/cuda/kernels/stage_adaptive.py)
+mirrors the decoder here bit for bit; it has no encoder yet."""
 
 import numpy as np
 from numba import njit
@@ -209,8 +210,9 @@ def encode_classes(gaps, ev_off, ev_cnt, res, res_off, res_cnt, inverted, signbi
 
 @njit(inline="always")
 def _flush(st, out):
-    """End the stream on the value of [low, low + range) with the most trailing zero bits,
-    and drop the zero bytes it ends with: a decoder reads zeros past the end."""
+    """End the stream on the start of the largest aligned block (2^k values at a multiple of
+    2^k) inside [low, low + range), and drop the zero bytes it ends with: a decoder reads
+    zeros past the end, and any value of the interval decodes alike."""
     low, rng = st[0], st[1]
     keep = U64(0xFFFFFFFF)
     while keep and ((low + keep) & ~keep) + keep >= low + rng:
@@ -225,115 +227,116 @@ def _flush(st, out):
     return n
 
 
-# ---- decoder: state is (range, code, input position) in `st` ----
+# ---- decoder: state is (range, code, input position), passed and returned as scalars ----
 
 @njit(inline="always")
-def _next_byte(data, st):
-    p = st[2]
-    st[2] = p + 1
-    if p < data.size:
-        return U64(data[p])
-    return U64(0)
-
-
-@njit(inline="always")
-def _normalize_dec(data, st):
-    while st[0] < U64(TOP):
-        st[0] = st[0] << U64(8)
-        st[1] = ((st[1] << U64(8)) | _next_byte(data, st)) & U64(0xFFFFFFFF)
+def _normalize_dec(data, rng, code, pos):
+    while rng < U64(TOP):
+        b = U64(data[pos]) if pos < data.size else U64(0)  # zeros past the end
+        rng = rng << U64(8)
+        code = ((code << U64(8)) | b) & U64(0xFFFFFFFF)
+        pos += 1
+    return rng, code, pos
 
 
 @njit(inline="always")
-def _dec_bit(data, st, prob, seen, ctx):
-    bound = (st[0] >> U64(PROB_BITS)) * U64(prob[ctx])
-    if st[1] < bound:
-        st[0] = bound
+def _dec_bit(data, rng, code, pos, prob, seen, ctx):
+    bound = (rng >> U64(PROB_BITS)) * U64(prob[ctx])
+    if code < bound:
+        rng = bound
         bit = 0
     else:
-        st[1] -= bound
-        st[0] -= bound
+        code -= bound
+        rng -= bound
         bit = 1
     _adapt(prob, seen, ctx, bit)
-    _normalize_dec(data, st)
-    return bit
+    rng, code, pos = _normalize_dec(data, rng, code, pos)
+    return bit, rng, code, pos
 
 
 @njit(inline="always")
-def _dec_direct(data, st, nbits):
+def _dec_direct(data, rng, code, pos, nbits):
     v = U64(0)
     for _ in range(nbits):
-        st[0] = st[0] >> U64(1)
+        rng = rng >> U64(1)
         b = U64(0)
-        if st[1] >= st[0]:
-            st[1] -= st[0]
+        if code >= rng:
+            code -= rng
             b = U64(1)
         v = (v << U64(1)) | b
-        _normalize_dec(data, st)
-    return v
+        rng, code, pos = _normalize_dec(data, rng, code, pos)
+    return v, rng, code, pos
 
 
 @njit(inline="always")
-def _dec_gap(data, st, prob, seen):
+def _dec_gap(data, rng, code, pos, prob, seen):
     node = 1
     for _ in range(5):
-        node = 2 * node + _dec_bit(data, st, prob, seen, node)
+        b, rng, code, pos = _dec_bit(data, rng, code, pos, prob, seen, node)
+        node = 2 * node + b
     nb = node - GAP_TREE
     if nb == 0:
-        return U64(0)
+        return U64(0), rng, code, pos
     base = _GAP_MANT0 + 4 * min(nb, GAP_MANT - 1)
-    b1 = _dec_bit(data, st, prob, seen, base)
+    b1, rng, code, pos = _dec_bit(data, rng, code, pos, prob, seen, base)
     v = U64(2 | b1)
     if nb >= 2:
-        b2 = _dec_bit(data, st, prob, seen, base + 1 + b1)
-        v = (v << U64(1)) | U64(b2)
-        v = (v << U64(nb - 2)) | _dec_direct(data, st, nb - 2)
-    return v - U64(1)
+        b2, rng, code, pos = _dec_bit(data, rng, code, pos, prob, seen, base + 1 + b1)
+        d, rng, code, pos = _dec_direct(data, rng, code, pos, nb - 2)
+        v = (((v << U64(1)) | U64(b2)) << U64(nb - 2)) | d
+    return v - U64(1), rng, code, pos
 
 
 @njit(inline="always")
-def _dec_residual(data, st, prob, seen):
+def _dec_residual(data, rng, code, pos, prob, seen):
+    """(zigzag residual, its bit length, ...)."""
     L = 0
-    while L < 64 and _dec_bit(data, st, prob, seen, _RES_LEN0 + min(L, RES_LEN - 1)):
+    while L < 64:
+        b, rng, code, pos = _dec_bit(data, rng, code, pos, prob, seen, _RES_LEN0 + min(L, RES_LEN - 1))
+        if b == 0:
+            break
         L += 1
-    if L == 0:
-        return U64(0)
-    if L == 1:
-        return U64(1)
-    b = _dec_bit(data, st, prob, seen, _RES_MANT0 + L)
-    return (((U64(2) | U64(b)) << U64(L - 2)) | _dec_direct(data, st, L - 2))
+    if L < 2:
+        return U64(L), L, rng, code, pos
+    b, rng, code, pos = _dec_bit(data, rng, code, pos, prob, seen, _RES_MANT0 + L)
+    d, rng, code, pos = _dec_direct(data, rng, code, pos, L - 2)
+    return ((U64(2) | U64(b)) << U64(L - 2)) | d, L, rng, code, pos
 
 
 @njit(**KERNEL)
 def decode_classes(data, ev_off, ev_cnt, res_off, res_cnt, inverted, wmask, gaps, res):
     """Inverse of encode_classes: fills `gaps` and `res` (residuals key(new) - key(old)).
-    Returns False when the stream cannot be a coding of these counts: a first byte that no
-    encoder writes, a gap of 2^22 or more, a zigzag residual no residual has (wider than the
-    element, or 2^bits - 2, which would be a second code of -2^(bits-1)), or
-    bytes left unread. Work is bounded by the counts, whatever the bytes."""
+    Returns False when the stream cannot be a coding of these counts: a first word of ones
+    (no encoder writes it), a gap of 2^22 or more, a zigzag residual no residual has (wider
+    than the element, or 2^bits - 2, which would be a second code of -2^(bits-1)), or bytes
+    past the position the decoder reached. Work is bounded by the counts, whatever the bytes."""
     prob = np.empty(N_CONTEXTS, np.int64)
     seen = np.empty(N_CONTEXTS, np.int64)
-    st = np.zeros(3, np.uint64)
-    st[0] = U64(0xFFFFFFFF)
+    bits = _bit_length(wmask)
+    rng, code, pos = U64(0xFFFFFFFF), U64(0), 0
     for _ in range(4):
-        st[1] = (st[1] << U64(8)) | _next_byte(data, st)
-    if st[1] == U64(0xFFFFFFFF):
+        b = U64(data[pos]) if pos < data.size else U64(0)
+        code = (code << U64(8)) | b
+        pos += 1
+    if code == U64(0xFFFFFFFF):
         return False
     for c in range(ev_off.size):
         _reset(prob, seen)
+        joint = not inverted[c]
         for i in range(ev_cnt[c]):
-            g = _dec_gap(data, st, prob, seen)
+            g, rng, code, pos = _dec_gap(data, rng, code, pos, prob, seen)
             if g >= U64(1 << 22):
                 return False
             gaps[ev_off[c] + i] = np.int64(g)
-            if not inverted[c]:
-                z = _dec_residual(data, st, prob, seen)
-                if z > wmask or z == wmask - U64(1):
+            if joint:
+                z, L, rng, code, pos = _dec_residual(data, rng, code, pos, prob, seen)
+                if L > bits or z == wmask - U64(1):
                     return False
                 res[res_off[c] + i] = unzigzag(z, wmask)
-        if inverted[c]:
+        if not joint:
             for i in range(res_cnt[c]):
-                z = _dec_residual(data, st, prob, seen)
-                if z > wmask or z == wmask - U64(1):
+                z, L, rng, code, pos = _dec_residual(data, rng, code, pos, prob, seen)
+                if L > bits or z == wmask - U64(1):
                     return False
                 res[res_off[c] + i] = unzigzag(z, wmask)
-    return st[2] >= U64(data.size)
+    return pos >= data.size

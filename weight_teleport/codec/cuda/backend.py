@@ -50,11 +50,6 @@ def check_stage(header, windows: dict) -> None:
                                      "a worker holding slices of CUDA weights stages through "
                                      "targets.slice_stage")
     check_readable(header.stream_codecs)
-    adaptive = [rec.name for rec in header.tensors if rec.codec == "sparse_ac"]
-    if adaptive:
-        raise UnsupportedFormatError(
-            f"tensor {adaptive[0]!r} (and {len(adaptive) - 1} more) uses codec 'sparse_ac', which this "
-            "build stages onto CPU weights only; ask its writer for coder='zstd' packs")
 
 
 def stage(lives: dict[str, Live], header, pack, check_base: bool, threads: int | None,

@@ -49,7 +49,7 @@ sooner alone but slow the main thread's launches more, and 4 gave shorter stage 
 8 (bench/versions.py)."""
 
 
-def _upload(pack, lo: int, hi: int, device, pinned: torch.Tensor | None) -> torch.Tensor:
+def upload_range(pack, lo: int, hi: int, device, pinned: torch.Tensor | None) -> torch.Tensor:
     """Bytes [lo, hi) of `pack` on `device`; `pinned` is `memory.pinned(pack)`, whose bytes
     are copied from where they are."""
     size = memoryview(pack).nbytes
@@ -93,7 +93,7 @@ class Upload:
     @staticmethod
     def _copy(pack, lo: int, hi: int, device, pinned, stream) -> tuple[torch.Tensor, torch.cuda.Event]:
         with torch.cuda.stream(stream):
-            out = _upload(pack, lo, hi, device, pinned)
+            out = upload_range(pack, lo, hi, device, pinned)
             done = torch.cuda.Event()
             done.record(stream)
         return out, done
@@ -219,7 +219,7 @@ def _decode_on(pack, prep: Prepared, device, upload) -> tuple[torch.Tensor, torc
     """`_on_gpu`'s work, on the current stream."""
     lay = prep.layout
     buf = torch.zeros(lay.out_total + lay.comp_total + PAD, dtype=torch.uint8, device=device)
-    src = upload.bytes() if upload else _upload(pack, prep.lo, prep.hi, device, memory.pinned(pack))
+    src = upload.bytes() if upload else upload_range(pack, prep.lo, prep.hi, device, memory.pinned(pack))
     gather_rows(src, buf, lay.copies)
     if prep.plan is None:
         return buf, torch.zeros((), dtype=torch.bool, device=device)

@@ -1,6 +1,7 @@
 """Staging a pack against live CUDA weights: decode and verify, write nothing.
 
-Sparse tensors are staged on the GPU, batched per element type (codec/cuda/stage/sparse.py);
+Sparse tensors are staged on the GPU, batched per element type and codec
+(codec/cuda/stage/sparse.py, and adaptive.py for `sparse_ac`);
 the checks of all batches and the digests are read back in one transfer. Snapshots of raw
 byte planes (the CUDA encoder's) are staged on the GPU too (codec/cuda/snapshot.py); other
 snapshots and the dense chunks of a delta, rare in a delta stream, go through the CPU
@@ -21,6 +22,7 @@ from weight_teleport.codec.cuda import snapshot
 from weight_teleport.codec.cuda.kernels import chunk_table, stage_scatter
 from weight_teleport.codec.cuda.runtime import memory, nvcomp
 from weight_teleport.codec.cuda.stage import decode_streams, sparse
+from weight_teleport.codec.cuda.stage.adaptive import AdaptiveBatch
 from weight_teleport.codec.cuda.config import CudaCodecConfig
 from weight_teleport.codec.cuda.kernels.crc import crc32
 from weight_teleport.codec.cuda.kernels.digest import word_sums
@@ -176,6 +178,23 @@ def _batches(lives: dict[str, Live], groups: list[list], runs: list[Runs], heade
     return batches, crcs
 
 
+def _adaptive(lives: dict[str, Live], recs: list, header, pack, threads) -> list[AdaptiveBatch]:
+    """The `sparse_ac` records, a batch per element type, launched after the `sparse`
+    batches: their chunks' CRC-32s are checked on the host first, and their bytes go to the
+    device in one copy per batch (not overlapped with the class counts, as the `sparse`
+    batches' are)."""
+    out = []
+    for rs in _by_type(lives, recs):
+        spans = ChunkSpans.of(header, rs)
+        _check_crcs(pack, spans, threads)
+        b = AdaptiveBatch([lives[r.name] for r in rs], rs, header,
+                          cpu.class_maps(rs, lives[rs[0].name].info, run_arrays([r.classes for r in rs])))
+        b.decompress(pack, spans)
+        b.decode()
+        out.append(b)
+    return out
+
+
 def _read_back(batches: list[SparseBatch], same_sums: torch.Tensor | None, crcs: torch.Tensor | None):
     """(flags [batches, 3], digest sums [tensors, 2] int64 (old, new) per sparse tensor then
     per `same` tensor (its word sum twice), chunk CRC-32s or None): one transfer."""
@@ -228,9 +247,10 @@ def stage(lives: dict[str, Live], header, pack, check_base: bool, threads: int |
     runs = [run_arrays([r.classes for r in rs]) for rs in groups]
     try:
         _start_reads(pack, groups, runs, spans, uploaded, reads)
-        dense = _dense(lives, [r for r in header.tensors if r.codec not in ("sparse", "same")], header, pack,
-                       check, threads)
+        dense = _dense(lives, [r for r in header.tensors if r.codec not in ("sparse", "sparse_ac", "same")], header,
+                       pack, check, threads)
         batches, crcs = _launched(lives, groups, runs, header, spans, pack, threads, reads, uploaded, config)
+        batches += _adaptive(lives, [r for r in header.tensors if r.codec == "sparse_ac"], header, pack, threads)
     finally:
         wait([r.done for r in reads])  # they fill this thread's arena, which its next call rewinds
     patch = _patch(lives, header, batches, dense, check)  # host work while the device decodes
