@@ -422,9 +422,55 @@ def refusal_failures() -> list[str]:
     return failures
 
 
+ADAPTIVE_STATES = [(torch.bfloat16, 1500, 0.02, 512), (torch.float32, 400, 0.9, 256), (torch.float16, 300, 0.3, 4096),
+                   (torch.int8, 300, 0.5, 128), (torch.float64, 200, 0.05, 64), (torch.bfloat16, 3000, 0.002, 1 << 22)]
+"""(dtype, elements, density, chunk_elems) of the `sparse_ac` states: every element width,
+inverted classes (density 0.9), several chunks and one."""
+
+
+def adaptive_failures(tries: int = 6) -> list[str]:
+    """`sparse_ac` packs (written by the CPU) staged on the GPU path: bit-exact on states of
+    every width, with a record and its reversal (two tensors of one batch); corrupt chunks
+    behind renewed CRCs refused with the state untouched, or exact."""
+    failures = []
+    for dtype, n, density, chunk in ADAPTIVE_STATES:
+        old, new = pair(dtype, n, density, 1)
+        olds, news = {"a": old, "b": old.flip(0)}, {"a": new, "b": new.flip(0)}
+        pack = on(cpu, lambda: wt.encode_delta(olds, news, base_version=0, version=1, chunk_elems=chunk,
+                                               coder="adaptive"))
+        if {t.codec for t in read_header(pack).tensors} != {"sparse_ac"}:
+            failures.append(f"{dtype} {density}: the pack has no sparse_ac records")
+        state = {k: v.clone() for k, v in olds.items()}
+        on(gpu, lambda: wt.apply_staged(state, wt.stage_delta(state, pack)))
+        failures += [] if same_state(state, news) else [f"sparse_ac {dtype} {density}: GPU stage is not bit-exact"]
+    old, new = pair(torch.bfloat16, 1600, 0.02, 3)
+    pack = on(cpu, lambda: wt.encode_delta({"w": old}, {"w": new}, base_version=0, version=1, chunk_elems=400,
+                                           coder="adaptive"))
+    refused = 0
+    for k in range(tries):
+        bad = corrupt(pack, k % 4, 7 * k + 3, (59 * k + 1) % 256)
+        state = {"w": old.clone()}
+        try:
+            on(gpu, lambda: wt.apply_staged(state, wt.stage_delta(state, bad)))
+        except WeightTeleportError:
+            refused += 1
+            failures += [] if bits(state["w"]) == bits(old) else [f"sparse_ac corruption {k}: the state changed"]
+            continue
+        failures += [] if bits(state["w"]) == bits(new) else [f"sparse_ac corruption {k}: accepted, not exact"]
+    print(f"sparse_ac corruptions refused: {refused} of {tries}", flush=True)
+    failures += [] if refused >= tries // 2 else [f"only {refused} of {tries} corrupt sparse_ac chunks refused"]
+    try:
+        on(gpu, lambda: wt.encode_delta({"w": old}, {"w": new}, base_version=0, version=1, coder="adaptive"))
+        failures.append("the CUDA backend encoded coder='adaptive'")
+    except ValueError as e:
+        failures += [] if "coder='zstd'" in str(e) else [f"coder='adaptive' refused with {e}"]
+    return failures
+
+
 def main(part: str) -> int:
     """Runs one part of the checks (PARTS: the GPU path's packs and stages of states;
-    "parts": versions made of parts staged against whole tensors; "kernels": digests, CRCs,
+    "parts": versions made of parts staged against whole tensors; "adaptive": `sparse_ac`
+    packs staged; "kernels": digests, CRCs,
     chunk tables, corrupt chunks, sums, inflate, decoder edges), so that processes can share
     them."""
     plan.CLASS_COST_BITS = 0.0  # many classes from small tensors
@@ -432,6 +478,8 @@ def main(part: str) -> int:
         failures = [f for name, old, new in states(PARTS[part]) for f in encode_failures(name, old, new)]
     elif part == "parts":
         failures = parts_failures()
+    elif part == "adaptive":
+        failures = adaptive_failures()
     else:
         failures = digest_failures() + crc_failures() + chunk_table_failures("cpu") + corruption_failures()
         failures += per_tensor_sums() + inflate_orchestration() + decoder_edges() + refusal_failures()

@@ -137,7 +137,7 @@ def _chunk_kernel(buf_ptr, start_ptr, end_ptr, ev_ptr, res_cnt_ptr, res_start_pt
         code = (code << 8) | tl.load(buf_ptr + pos, mask=pos < end, other=0).to(tl.int64)
         pos += 1
     bad = code == 0xFFFFFFFF
-    for k in tl.static_range(NCP):
+    for k in range(NCP):
         s = c * NCP + k
         ctx = _reset()
         n_ev = tl.load(ev_ptr + s)

@@ -1,0 +1,70 @@
+"""Codec `sparse_ac` on the GPU: a CPU-written `sparse_ac` pack against the CUDA encoder's
+`sparse` pack of the same delta, staged onto the same CUDA weights (one device run).
+
+The delta is `cuda_bench.make_delta`'s (a Qwen3-8B-shaped bf16 state, new = bf16(master -
+lr * u)) at each learning rate. Per pack: its bytes, `stage_delta` wall time (median of
+repeats after a warm-up, the device synchronised) and whether stage + apply is bit-exact.
+
+    python bench/cuda_adaptive.py [--model qwen3-8b] [--lr 5e-8 5e-7] [--out DIR]
+"""
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import torch
+
+import weight_teleport as wt
+from cuda_bench import make_delta, wall_s
+
+
+def _exact(state: dict, new: dict) -> bool:
+    return all(torch.equal(state[k].view(torch.int16), new[k].view(torch.int16)) for k in new)
+
+
+def run(model: str, lr: float, repeats: int) -> dict:
+    old, new = make_delta(model, lr)
+    n = sum(t.numel() for t in old.values())
+    changed = sum(int((old[k].view(torch.int16) != new[k].view(torch.int16)).sum()) for k in old)
+    packs = {"sparse (CUDA encoder)": bytes(wt.encode_delta(old, new, base_version=0, version=1))}
+    old_c = {k: v.cpu() for k, v in old.items()}
+    new_c = {k: v.cpu() for k, v in new.items()}
+    t0 = time.perf_counter()
+    packs["sparse_ac (CPU encoder)"] = wt.encode_delta(old_c, new_c, base_version=0, version=1, coder="adaptive")
+    cpu_encode_s = time.perf_counter() - t0
+    del old_c, new_c
+    row = {"lr": lr, "elements": n, "density": changed / n, "cpu_encode_s": cpu_encode_s, "packs": {}}
+    for name, pack in packs.items():
+        state = {k: v.clone() for k, v in old.items()}
+        seconds, staged = wall_s(lambda: wt.stage_delta(state, pack), repeats)
+        wt.apply_staged(state, staged)
+        row["packs"][name] = {"bytes": len(pack), "stage_ms": seconds * 1e3,
+                              "stage_gbps": 2 * n / seconds / 1e9, "bit_exact": _exact(state, new)}
+        del state, staged
+        torch.cuda.empty_cache()
+    del old, new
+    torch.cuda.empty_cache()
+    return row
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="qwen3-8b")
+    ap.add_argument("--lr", type=float, nargs="+", default=[5e-8, 5e-7])
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--out", default=".")
+    args = ap.parse_args()
+    rows = [run(args.model, lr, args.repeats) for lr in args.lr]
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    (Path(args.out) / "cuda_adaptive.json").write_text(json.dumps(rows, indent=1))
+    print(f"{'lr':>6} {'density':>8} {'pack':<24} {'bytes':>12} {'stage ms':>9} {'GB/s':>7} exact")
+    for r in rows:
+        for name, p in r["packs"].items():
+            print(f"{r['lr']:>6g} {r['density']:>8.3%} {name:<24} {p['bytes']:>12,} {p['stage_ms']:>9.1f} "
+                  f"{p['stage_gbps']:>7.1f} {p['bit_exact']}")
+        print(f"       CPU encode of the sparse_ac pack: {r['cpu_encode_s']:.1f} s")
+
+
+if __name__ == "__main__":
+    main()
