@@ -281,22 +281,29 @@ def corruption_failures(tries: int = 6) -> list[str]:
     with the state untouched, or (a byte the decoder does not read) the new weights."""
     old, new = pair(torch.bfloat16, 5000, 0.05, 7)
     pack = on(cpu, lambda: wt.encode_delta({"w": old}, {"w": new}, base_version=0, version=1, chunk_elems=4096))
+    return staged_corruptions(pack, old, new, [(k % 2, 37 * k + 11, (59 * k + 1) % 256) for k in range(tries)], "")
+
+
+def staged_corruptions(pack: bytes, old, new, edits: list, label: str) -> list[str]:
+    """`pack` (of tensor "w") with each (chunk, byte, value) of `edits` behind a renewed CRC,
+    staged on the GPU path: refused with the state untouched, or (a byte the decoder does
+    not read) the new weights; at least half of them refused."""
     failures, refused = [], 0
-    for k in range(tries):
-        bad = corrupt(pack, k % 2, 37 * k + 11, (59 * k + 1) % 256)
+    for k, edit in enumerate(edits):
+        bad = corrupt(pack, *edit)
         state = {"w": old.clone()}
         try:
             on(gpu, lambda: wt.apply_staged(state, wt.stage_delta(state, bad)))
         except WeightTeleportError:
             refused += 1
             if bits(state["w"]) != bits(old):
-                failures.append(f"corruption {k}: refused but the state changed")
+                failures.append(f"{label}corruption {k}: refused but the state changed")
             continue
         if bits(state["w"]) != bits(new):
-            failures.append(f"corruption {k}: accepted and the result is not the new weights")
-    print(f"corruptions refused: {refused} of {tries}", flush=True)
-    if refused < tries // 2:
-        failures.append(f"only {refused} of {tries} corrupt chunks refused")
+            failures.append(f"{label}corruption {k}: accepted and the result is not the new weights")
+    print(f"{label}corruptions refused: {refused} of {len(edits)}", flush=True)
+    if refused < len(edits) // 2:
+        failures.append(f"only {refused} of {len(edits)} {label}corrupt chunks refused")
     return failures
 
 
@@ -446,19 +453,8 @@ def adaptive_failures(tries: int = 6) -> list[str]:
     old, new = pair(torch.bfloat16, 1600, 0.02, 3)
     pack = on(cpu, lambda: wt.encode_delta({"w": old}, {"w": new}, base_version=0, version=1, chunk_elems=400,
                                            coder="adaptive"))
-    refused = 0
-    for k in range(tries):
-        bad = corrupt(pack, k % 4, 7 * k + 3, (59 * k + 1) % 256)
-        state = {"w": old.clone()}
-        try:
-            on(gpu, lambda: wt.apply_staged(state, wt.stage_delta(state, bad)))
-        except WeightTeleportError:
-            refused += 1
-            failures += [] if bits(state["w"]) == bits(old) else [f"sparse_ac corruption {k}: the state changed"]
-            continue
-        failures += [] if bits(state["w"]) == bits(new) else [f"sparse_ac corruption {k}: accepted, not exact"]
-    print(f"sparse_ac corruptions refused: {refused} of {tries}", flush=True)
-    failures += [] if refused >= tries // 2 else [f"only {refused} of {tries} corrupt sparse_ac chunks refused"]
+    failures += staged_corruptions(pack, old, new, [(k % 4, 7 * k + 3, (59 * k + 1) % 256) for k in range(tries)],
+                                   "sparse_ac ")
     try:
         on(gpu, lambda: wt.encode_delta({"w": old}, {"w": new}, base_version=0, version=1, coder="adaptive"))
         failures.append("the CUDA backend encoded coder='adaptive'")

@@ -12,6 +12,8 @@ mirrors the decoder here bit for bit; it has no encoder yet."""
 import numpy as np
 from numba import njit
 
+from weight_teleport.codec.cpu.kernels import unzigzag, zigzag
+
 U32 = np.uint32
 U64 = np.uint64
 KERNEL = dict(nogil=True, cache=True, boundscheck=False)
@@ -158,21 +160,6 @@ def _enc_residual(st, out, prob, seen, z):
         ok = _enc_bit(st, out, prob, seen, _RES_MANT0 + L, (z >> U64(L - 2)) & U64(1)) and ok
         ok = _enc_direct(st, out, z, L - 2) and ok
     return ok
-
-
-@njit(inline="always")
-def zigzag(r, signbit_w, wmask):
-    """Residual r != 0 (w-bit two's complement) as +1 -> 0, -1 -> 1, +2 -> 2, -2 -> 3, ..."""
-    if r & signbit_w:
-        return (wmask - r) * U64(2) + U64(1)
-    return (r - U64(1)) * U64(2)
-
-
-@njit(inline="always")
-def unzigzag(z, wmask):
-    if z & U64(1):
-        return (wmask - (z >> U64(1))) & wmask
-    return (z >> U64(1)) + U64(1)
 
 
 @njit(inline="always")

@@ -150,7 +150,7 @@ def sparse_decode(old, shift, kmask, lut, inverted, signbit, wmask,
 
 
 @njit(inline="always")
-def _zigzag(r, signbit_w, wmask):
+def zigzag(r, signbit_w, wmask):
     """Residual r != 0 (w-bit two's complement) as +1 -> 0, -1 -> 1, +2 -> 2, -2 -> 3, ..."""
     if r & signbit_w:
         return (wmask - r) * U64(2) + U64(1)
@@ -158,7 +158,7 @@ def _zigzag(r, signbit_w, wmask):
 
 
 @njit(inline="always")
-def _unzigzag(z, wmask):
+def unzigzag(z, wmask):
     if z & U64(1):
         return (wmask - (z >> U64(1))) & wmask
     return (z >> U64(1)) + U64(1)
@@ -207,7 +207,7 @@ def class_to_symbols(gaps, res, joint, signbit_w, wmask, syms, bits, rsyms, esca
                     nacc -= 8
         rc = U64(0)
         if joint:
-            zz = _zigzag(res[i], signbit_w, wmask)
+            zz = zigzag(res[i], signbit_w, wmask)
             rc = min(zz, U64(RC - 1))
             if rc == U64(RC - 1):
                 n_esc = _put_residual(zz - U64(RC - 1), res[i], rsyms, n_r, escapes, n_esc)
@@ -218,7 +218,7 @@ def class_to_symbols(gaps, res, joint, signbit_w, wmask, syms, bits, rsyms, esca
         nbytes += 1
     if not joint:
         for i in range(res.size):
-            n_esc = _put_residual(_zigzag(res[i], signbit_w, wmask), res[i], rsyms, n_r, escapes, n_esc)
+            n_esc = _put_residual(zigzag(res[i], signbit_w, wmask), res[i], rsyms, n_r, escapes, n_esc)
             n_r += 1
     return nbytes, n_r, n_esc
 
@@ -227,7 +227,7 @@ def class_to_symbols(gaps, res, joint, signbit_w, wmask, syms, bits, rsyms, esca
 def _get_residual(s, base, escapes, e, wmask):
     """(residual, escapes used) for residual symbol s; e = -1 when escapes run out."""
     if s != U64(ESCAPE):
-        return _unzigzag(s + base, wmask), e
+        return unzigzag(s + base, wmask), e
     if e >= escapes.size:
         return U64(0), -1
     return escapes[e], e + 1
@@ -264,7 +264,7 @@ def symbols_to_class(syms, bits, rsyms, escapes, joint, wmask, gaps, res):
         gaps[i] = v - U64(1)
         if joint:
             if rc < U64(RC - 1):
-                res[i] = _unzigzag(rc, wmask)
+                res[i] = unzigzag(rc, wmask)
             else:
                 if n_r >= rsyms.size:
                     return False
