@@ -214,21 +214,24 @@ def test_unknown_coder_is_refused():
 @pytest.mark.parametrize("dtype,density", [(torch.bfloat16, 0.003), (torch.bfloat16, 0.05), (torch.float32, 0.9),
                                            (torch.float16, 0.3), (torch.int8, 0.5), (torch.float64, 0.02)])
 def test_cuda_stages_adaptive_packs_bit_exact(dtype, density):
-    """A CPU-written `sparse_ac` pack staged onto CUDA weights: the new weights, bit for bit."""
+    """`sparse_ac` packs written by the CUDA encoder: byte-identical to the CPU's; staged onto
+    CUDA weights: the new weights, bit for bit."""
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
     old, new = make_pair(4, dtype, (300, 97), "weights", "density", "ulp", density)
     olds, news = {"w": old, "r": old.flip(0)}, {"w": new, "r": new.flip(0)}
     pack = wt.encode_delta(olds, news, base_version=0, version=1, chunk_elems=4096, coder="adaptive")
-    state = {k: v.cuda() for k, v in olds.items()}
-    wt.apply_staged(state, wt.stage_delta(state, pack))
-    assert_bits_equal({k: v.cpu() for k, v in state.items()}, news)
+    on_gpu = {k: v.cuda() for k, v in olds.items()}
+    gpu_pack = wt.encode_delta(on_gpu, {k: v.cuda() for k, v in news.items()}, base_version=0, version=1,
+                               chunk_elems=4096, coder="adaptive")
+    assert bytes(gpu_pack) == pack
+    wt.apply_staged(on_gpu, wt.stage_delta(on_gpu, pack))
+    assert_bits_equal({k: v.cpu() for k, v in on_gpu.items()}, news)
 
 
 @pytest.mark.cuda
-def test_cuda_refuses_corrupt_adaptive_chunks_and_the_coder():
-    """Corrupt chunks behind renewed CRCs: refused with the CUDA weights untouched (or exact);
-    the CUDA encoder refuses coder='adaptive' by name."""
+def test_cuda_refuses_corrupt_adaptive_chunks():
+    """Corrupt chunks behind renewed CRCs: refused with the CUDA weights untouched (or exact)."""
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
     old, new = make_pair(5, torch.bfloat16, (200, 64), "weights", "density", "ulp", 0.02)
@@ -247,22 +250,29 @@ def test_cuda_refuses_corrupt_adaptive_chunks_and_the_coder():
         else:
             assert_bits_equal({"w": state["w"].cpu()}, {"w": new})
     assert refused >= 10
-    with pytest.raises(ValueError, match="coder='zstd'"):
-        wt.encode_delta({"w": old.cuda()}, {"w": new.cuda()}, base_version=0, version=1, coder="adaptive")
 
 
+DECODER_SIGNATURE = dict(buf_ptr="*u8", start_ptr="*i64", end_ptr="*i64", ev_ptr="*i64", res_cnt_ptr="*i64",
+                         res_start_ptr="*i64", inv_ptr="*i8", seg_word_ptr="*i64", top_bit="i64", bitmap_ptr="*i32",
+                         last_ptr="*i64", res_ptr="*i64", n_res="i64", bad_ptr="*i8")
+ENCODER_SIGNATURE = dict(ranks_ptr="*i32", res_ptr="*i16", ev_ptr="*i64", ev_start_ptr="*i64", res_cnt_ptr="*i64",
+                         res_start_ptr="*i64", inv_ptr="*i8", out_ptr="*u8", room_at_ptr="*i64", room_ptr="*i64",
+                         len_ptr="*i64", need_ptr="*i64")
+
+
+@pytest.mark.parametrize("side", ["decoder", "encoder"])
 @pytest.mark.parametrize("bits", [8, 16, 32, 64])
-def test_gpu_decoder_compiles_for_the_h200(bits):
-    """The Triton range decoder compiles to PTX for compute capability 9.0 (no GPU needed):
-    a construct the interpreter runs but the compiler refuses fails here, not only on a GPU."""
+def test_gpu_range_coder_compiles_for_the_h200(side, bits):
+    """The Triton range coder compiles to PTX for compute capability 9.0 (no GPU needed): a
+    construct the interpreter runs but the compiler refuses fails here, not only on a GPU."""
     triton = pytest.importorskip("triton")
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from weight_teleport.codec.cuda.kernels import stage_adaptive
-    pointers = dict(buf_ptr="*u8", start_ptr="*i64", end_ptr="*i64", ev_ptr="*i64", res_cnt_ptr="*i64",
-                    res_start_ptr="*i64", inv_ptr="*i8", seg_word_ptr="*i64", top_bit="i64", bitmap_ptr="*i32",
-                    last_ptr="*i64", res_ptr="*i64", n_res="i64", bad_ptr="*i8", NCP="constexpr", BITS="constexpr")
-    src = ASTSource(fn=stage_adaptive._chunk_kernel, signature=pointers, constexprs={"NCP": 16, "BITS": bits})
-    kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 1})
-    assert ".entry _chunk_kernel" in kernel.asm["ptx"] or "_chunk_kernel" in kernel.asm["ptx"]
+    from weight_teleport.codec.cuda.kernels import encode_adaptive, stage_adaptive
+    kernel, signature = ((stage_adaptive._chunk_kernel, dict(DECODER_SIGNATURE)) if side == "decoder" else
+                         (encode_adaptive._chunk_kernel, dict(ENCODER_SIGNATURE, res_ptr=f"*i{bits}")))
+    signature.update(NCP="constexpr", BITS="constexpr")
+    src = ASTSource(fn=kernel, signature=signature, constexprs={"NCP": 16, "BITS": bits})
+    compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 1})
+    assert "_chunk_kernel" in compiled.asm["ptx"]

@@ -36,7 +36,7 @@ SPOTS = {
               (stream_tables, "read"),
               (chunk_table, "build"), (class_ranks, "table_counts"), (decode_streams, "_on_gpu"),
               (decode_streams.Upload, "bytes"),
-              (decode_streams, "_upload"), (nvcomp, "decompress"), (memory, "to_device"), (stage_symbols, "decode"),
+              (decode_streams, "upload_range"), (nvcomp, "decompress"), (memory, "to_device"), (stage_symbols, "decode"),
               (stream_tables, "in_runs"), (decode_streams, "_plan"), (nvcomp, "_buckets"), (memory.PinnedRing, "send"),
               (memory, "fill"),
               (stage_bitmap, "prefix"), (stage_place, "decode"), (staging, "_device_crcs"), (staging, "_patch"),

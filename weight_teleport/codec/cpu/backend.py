@@ -27,6 +27,13 @@ CODERS = {"zstd": "sparse", "adaptive": "sparse_ac"}
 """The `coder` choices of `encode` and the codec of their sparse records."""
 
 
+def sparse_codec(coder: str) -> str:
+    """The codec of sparse records that `coder` writes; ValueError for an unknown coder."""
+    if coder not in CODERS:
+        raise ValueError(f"unknown coder {coder!r}; choose one of {sorted(CODERS)}")
+    return CODERS[coder]
+
+
 @dataclass
 class EncodeItem:
     name: str
@@ -119,9 +126,7 @@ def encode_chunks(items: list[EncodeItem], chunk_elems: int, level: int, threads
                   coder: str = "zstd"):
     """Records (chunk offsets relative to the returned chunk list) and chunk bytes; sparse
     records of codec `sparse` (coder "zstd") or `sparse_ac` ("adaptive")."""
-    if coder not in CODERS:
-        raise ValueError(f"unknown coder {coder!r}; choose one of {sorted(CODERS)}")
-    sparse = CODERS[coder]
+    sparse = sparse_codec(coder)
     ranges = [it.spans if it.spans is not None else chunk_ranges(it.new.size, chunk_elems) for it in items]
     with _pool(threads) as pool:
         scans = [list(pool.map(lambda r, it=it: _scan(it, *r), rs)) for it, rs in zip(items, ranges)]

@@ -31,13 +31,11 @@ def walk_item(name, info, new, old, sl, hint, chunk_elems: int) -> EncodeItem:
 def encode(items: list[EncodeItem], chunk_elems: int, level: int, threads: int | None,
            config: CudaCodecConfig | None = None, pinned: bool = False, coder: str = "zstd") -> Encoded:
     """The backend interface's encode: `config` (default `DEFAULT_CONFIG`) picks the stream
-    coder; with `pinned` the payload is copied from the device into the pinned pack. The
-    CUDA encoder writes `sparse` records only: `coder` must be "zstd" (ValueError)."""
-    if coder != "zstd":
-        raise ValueError(f"coder {coder!r}: the CUDA encoder writes zstd-coded sparse records only "
-                         "(coder='zstd'); the adaptive coder runs on CPU tensors")
+    coder (of `sparse` records); with `pinned` the payload is copied from the device into the
+    pinned pack (of a `sparse` payload: `sparse_ac` chunks are laid out on the host)."""
     config = config or DEFAULT_CONFIG
-    records, chunks, ready = encoder.encode(items, chunk_elems, level, threads, config=config, pinned=pinned)
+    records, chunks, ready = encoder.encode(items, chunk_elems, level, threads, config=config, pinned=pinned,
+                                            coder=coder)
     return Encoded(records, chunks, ready, ["raw", "zstd", *extra_stream_codecs(config)])
 
 

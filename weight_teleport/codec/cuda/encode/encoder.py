@@ -17,7 +17,7 @@ import torch
 from weight_teleport.codec import digest as D
 from weight_teleport.codec.cpu import backend as cpu
 from weight_teleport.codec.cuda import snapshot
-from weight_teleport.codec.cuda.encode import sparse, sparse_chunks
+from weight_teleport.codec.cuda.encode import adaptive, sparse, sparse_chunks
 from weight_teleport.codec.cuda.kernels import chunk_table
 from weight_teleport.codec.cuda.runtime import memory
 from weight_teleport.codec.cuda.config import CudaCodecConfig
@@ -38,9 +38,9 @@ def _host_item(it: EncodeItem) -> cpu.EncodeItem:
     return cpu.EncodeItem(it.name, it.info, it.shape, to_np(it.new), None if it.old is None else to_np(it.old))
 
 
-def _on_cpu(items: list[EncodeItem], chunk_elems: int, level: int, threads):
+def _on_cpu(items: list[EncodeItem], chunk_elems: int, level: int, threads, coder: str):
     """(records, per-record chunk lists) through the CPU backend."""
-    records, chunks = cpu.encode_chunks([_host_item(it) for it in items], chunk_elems, level, threads)
+    records, chunks = cpu.encode_chunks([_host_item(it) for it in items], chunk_elems, level, threads, coder)
     parts, at = [], 0
     for rec in records:
         parts.append(chunks[at:at + len(rec.chunks)])
@@ -140,7 +140,7 @@ def _batch_hist(s: _Scan, j: np.ndarray) -> torch.Tensor:
     return s.hist.index_select(0, idx)
 
 
-def _plans(scans: list[_Scan], changed: np.ndarray) -> list[PlanTable]:
+def _plans(scans: list[_Scan], changed: np.ndarray, codec: str) -> list[PlanTable]:
     """Each scan's class plans, a row per item (those of items without changes are not
     used), from the scan rows as the CPU backend makes them; the items' changed elements
     into `changed`."""
@@ -148,34 +148,34 @@ def _plans(scans: list[_Scan], changed: np.ndarray) -> list[PlanTable]:
     for s in scans:
         nk = (s.rows.shape[1] - 2) // 2
         changed[s.items] = s.rows[:, nk:2 * nk].sum(1)
-        plans.append(plan_table(s.rows[:, :nk], s.rows[:, nk:2 * nk]))
+        plans.append(plan_table(s.rows[:, :nk], s.rows[:, nk:2 * nk], codec))
     return plans
 
 
-def _record(it: EncodeItem, s_old: int, s_new: int, changed: int, plan) -> TensorRecord:
+def _record(it: EncodeItem, s_old: int, s_new: int, changed: int, plan, codec: str = "sparse") -> TensorRecord:
     """An item's record (without chunks) as the CPU backend makes it, from its old and new
-    digest word sums and its class plan (None: unchanged)."""
+    digest word sums and its class plan (None: unchanged); `codec`: its sparse codec."""
     nbytes = it.new.numel() * it.info.nbytes
     rec = TensorRecord(name=it.name, dtype=it.info.name, shape=it.shape, codec="same",
                        digest=D.to_hex(D.finish(s_new & D.MASK64, nbytes)),
                        base_digest=D.to_hex(D.finish(s_old & D.MASK64, nbytes)), changed=changed)
     if changed:
-        rec.codec, rec.classes, rec.inverted = "sparse", plan.runs, np.flatnonzero(plan.inverted).tolist()
+        rec.codec, rec.classes, rec.inverted = codec, plan.runs, np.flatnonzero(plan.inverted).tolist()
     return rec
 
 
 def _records(items: list[EncodeItem], scans: list[_Scan], plans: list[PlanTable], changed: np.ndarray,
-             out: list) -> None:
+             out: list, codec: str) -> None:
     """The records of the scans' items into `out`, but where `out` has one already (the CPU
     backend's, of a dense tensor)."""
     for s, p in zip(scans, plans):
         for j, (i, (s_old, s_new)) in enumerate(zip(s.items, s.rows[:, -2:].tolist())):
             if out[i] is None:
-                out[i] = _record(items[i], s_old, s_new, int(changed[i]), p[j] if changed[i] else None)
+                out[i] = _record(items[i], s_old, s_new, int(changed[i]), p[j] if changed[i] else None, codec)
 
 
 def encode(items: list[EncodeItem], chunk_elems: int, level: int, threads: int | None,
-           config: CudaCodecConfig = DEFAULT_CONFIG, pinned: bool = False):
+           config: CudaCodecConfig = DEFAULT_CONFIG, pinned: bool = False, coder: str = "zstd"):
     """Records (chunk offsets into the concatenation of the returned parts), the payload as
     bytes-like parts (valid until this thread's next encode call) and `ready()`, which waits
     for the parts' copies from the device: call it before reading them (the pack's header
@@ -183,7 +183,9 @@ def encode(items: list[EncodeItem], chunk_elems: int, level: int, threads: int |
     tensors are coded by the CPU backend. With `pinned`, a payload that is one batch's alone
     (every changed tensor sparse and of one element type) is copied from the device into
     fresh pinned host memory with room for the pack's preamble and header before it, and is
-    the one part (format.write_pack_into writes the pack around it)."""
+    the one part (format.write_pack_into writes the pack around it). `coder`: "zstd" (codec
+    `sparse`, streams as `config` says) or "adaptive" (codec `sparse_ac`)."""
+    codec = cpu.sparse_codec(coder)
     sparse_chunks.begin_encode()
     memory.begin_call()
     if any(it.old is None for it in items):  # a snapshot: raw byte planes, written on the device
@@ -195,11 +197,11 @@ def encode(items: list[EncodeItem], chunk_elems: int, level: int, threads: int |
     by_type: dict[str, list] = {}  # per element type, the (item indices, events) of each wave's sparse items
     for w in launched:
         scans = _scans(w)
-        plans = _plans(scans, changed)
+        plans = _plans(scans, changed, codec)
         dense = changed > SPARSE_MAX_DENSITY * numel  # the wave's items, and those before it
         at = [i for s in scans for i in s.items if dense[i]]
         if at:
-            for i, rec, ch in zip(at, *_on_cpu([items[i] for i in at], chunk_elems, level, threads)):
+            for i, rec, ch in zip(at, *_on_cpu([items[i] for i in at], chunk_elems, level, threads, coder)):
                 records[i], parts[i], cpu_coded = rec, ch, True
         for s, p in zip(scans, plans):
             j = np.flatnonzero((changed[s.items] > 0) & ~dense[s.items])
@@ -209,16 +211,19 @@ def encode(items: list[EncodeItem], chunk_elems: int, level: int, threads: int |
             b = sparse.Batch([items[i] for i in g], p if len(j) == len(p) else p.take(j),
                                    int(p.events[j].sum()), int(changed[g].sum()), _batch_hist(s, j))
             by_type.setdefault(items[g[0]].info.name, []).append((g, sparse.events(b, chunk_elems)))
-        _records(items, scans, plans, changed, records)  # while the device works on the events
+        _records(items, scans, plans, changed, records, codec)  # while the device works on the events
     for i in np.flatnonzero(numel == 0).tolist():
         records[i] = _record(items[i], 0, 0, 0, None)
     room, copies = None, []
     for waves in by_type.values():  # the sparse items of one element type
         g = [i for g, _ in waves for i in g]
         ev = sparse.merge([ev for _, ev in waves])
-        if pinned and len(by_type) == 1 and not cpu_coded:
-            room = prefix_bound(records, int(ev.first_chunk[-1]))
-        done = sparse.encode(ev, config, level, threads or os.cpu_count() or 1, room)
+        if codec == "sparse_ac":
+            done = adaptive.encode(ev)
+        else:
+            if pinned and len(by_type) == 1 and not cpu_coded:
+                room = prefix_bound(records, int(ev.first_chunk[-1]))
+            done = sparse.encode(ev, config, level, threads or os.cpu_count() or 1, room)
         copies.append(done.payload.copied)
         for i, part in zip(g, _tensor_parts(done, len(g))):
             parts[i] = part

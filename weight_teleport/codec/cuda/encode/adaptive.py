@@ -1,0 +1,73 @@
+"""`sparse_ac` chunks of one batch from the GPU's events: the range coder writes every
+chunk's coded stream on the device (kernels/encode_adaptive.py); the host waits for their
+lengths, copies the streams and puts each chunk's class table before its stream, then takes
+the chunks' CRC-32s. The chunks are byte-identical to the CPU backend's."""
+
+import zlib
+
+import numpy as np
+import torch
+from numba import njit
+
+from weight_teleport.codec.cuda.encode import sparse
+from weight_teleport.codec.cuda.encode.sparse_chunks import Payload
+from weight_teleport.codec.cuda.kernels import encode_adaptive
+
+ROOM_BASE, ROOM_EVENT, ROOM_CHANGE = 64, 3, 2
+"""A chunk's first room for its stream: bytes, plus bytes per event and per change (a
+weight-like chunk takes about 1-1.5 bytes a change; one that needs more is coded again)."""
+
+
+@njit(nogil=True, cache=True)
+def _put_varint(out, at, v):
+    while v >= 0x80:
+        out[at] = (v & 0x7F) | 0x80
+        v >>= 7
+        at += 1
+    out[at] = v
+    return at + 1
+
+
+@njit(nogil=True, cache=True)
+def _lay_out(coded, room_at, coded_len, ev_cnt, res_cnt, inverted, n_groups, ncp, out, offsets, lengths):
+    """Every chunk (its class table, then its coded stream) back to back into `out`; returns
+    the bytes written. Chunk c's segments are rows c * ncp ... of the segment tables."""
+    at = 0
+    for c in range(n_groups.size):
+        offsets[c] = at
+        at = _put_varint(out, at, n_groups[c])
+        for j in range(n_groups[c]):
+            s = c * ncp + j
+            at = _put_varint(out, at, ev_cnt[s])
+            if inverted[s]:
+                at = _put_varint(out, at, res_cnt[s])
+        out[at:at + coded_len[c]] = coded[room_at[c]:room_at[c] + coded_len[c]]
+        at += coded_len[c]
+        lengths[c] = at - offsets[c]
+    return at
+
+
+def encode(ev: sparse.Events) -> sparse.Encoded:
+    """The `sparse_ac` chunks of every tensor of the batch whose events `ev` are."""
+    seg = ev.segments
+    ranks = ev.ranks[0] if len(ev.ranks) == 1 else torch.cat(ev.ranks)
+    residuals = ev.residuals[0] if len(ev.residuals) == 1 else torch.cat(ev.residuals)
+    n_chunks = int(ev.first_chunk[-1])
+    host = torch.stack([seg.ev_cnt.long(), seg.res_cnt.long(), seg.inverted.long()]).cpu().numpy()
+    ev_cnt, res_cnt, inverted = host[0], host[1], host[2] != 0
+    per_chunk = (ROOM_EVENT * ev_cnt + ROOM_CHANGE * res_cnt).reshape(n_chunks, ev.ncp).sum(1) + ROOM_BASE
+    room = torch.from_numpy(per_chunk).to(ranks.device)
+    buf, room_at, coded_len = encode_adaptive.encode(ranks, residuals, seg.ev_cnt, seg.res_cnt, seg.inverted,
+                                                     ev.ncp, seg.bits, room)
+    coded_len = coded_len.cpu().numpy()
+    room_at = room_at.cpu().numpy()
+    coded = buf.cpu().numpy()
+    table_bound = 10 * (1 + 2 * ev.n_groups.astype(np.int64))
+    out = np.empty(int(coded_len.sum() + table_bound.sum()), np.uint8)
+    offsets = np.empty(n_chunks, np.int64)
+    lengths = np.empty(n_chunks, np.int64)
+    size = _lay_out(coded, room_at, coded_len, ev_cnt, res_cnt, inverted, ev.n_groups.astype(np.int64), ev.ncp, out,
+                    offsets, lengths)
+    data = out[:size]
+    crcs = np.array([zlib.crc32(data[o:o + n]) for o, n in zip(offsets.tolist(), lengths.tolist())], np.int64)
+    return sparse.Encoded(Payload(data, offsets, lengths, crcs, None, None), ev.first_chunk)
