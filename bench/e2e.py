@@ -169,7 +169,8 @@ def start_origin(root: Path) -> tuple[subprocess.Popen, str]:
     raise RuntimeError("the origin did not start")
 
 
-def run(transport: str, trainer: Trainer, lrs: list[float], versions: int, anchor_every: int) -> dict:
+def run(transport: str, trainer: Trainer, lrs: list[float], versions: int, anchor_every: int,
+        coder: str = "zstd") -> dict:
     tmp = tempfile.mkdtemp(prefix="wt-e2e-")
     origin = None
     if transport == "http":
@@ -177,7 +178,7 @@ def run(transport: str, trainer: Trainer, lrs: list[float], versions: int, ancho
     else:
         url = f"memory://e2e-{time.monotonic_ns()}"
     device = trainer.device
-    config = PublisherConfig(baseline_device=device, anchor_every=anchor_every, resume=False,
+    config = PublisherConfig(baseline_device=device, anchor_every=anchor_every, resume=False, coder=coder,
                              retention=RetentionConfig(keep_anchors=1), store=StoreConfig(token=TOKEN))
     shapes = {k: tuple(v.shape) for k, v in trainer.weights.items()}
     rows, child, sampler, sub = [], None, None, None
@@ -276,9 +277,10 @@ def main() -> None:
     p.add_argument("--transport", action="append", choices=["memory", "http"])
     p.add_argument("--device", default="cuda", help="cuda, or cpu for a quick check of the script")
     p.add_argument("--out", type=Path)
+    p.add_argument("--coder", default="zstd", choices=["zstd", "adaptive"], help="how deltas code sparse records")
     args = p.parse_args()
     trainer = Trainer(args.model, args.device)
-    results = [run(t, trainer, args.lr or [5e-7], args.versions, args.anchor_every)
+    results = [run(t, trainer, args.lr or [5e-7], args.versions, args.anchor_every, args.coder)
                for t in args.transport or ["memory", "http"]]
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
