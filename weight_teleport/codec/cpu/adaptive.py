@@ -46,18 +46,19 @@ def _bit_length(v):
 
 
 @njit(inline="always")
-def _adapt(prob, seen, ctx, bit):
-    s = _bit_length(U64(seen[ctx]) + U64(1))
-    if s > RATE_MAX:
-        s = RATE_MAX
-    else:
-        seen[ctx] += 1
-    p = np.int64(prob[ctx])
+def _adapt(ctxs, ctx, bit):
+    """Context `ctx` of `ctxs` (each p + (bits seen << 16)) after coding `bit`."""
+    w = ctxs[ctx]
+    n = w >> 16
+    # s = bit length of (n + 1), at most RATE_MAX (7): no loop, no table
+    s = 1 + (n >= 1) + (n >= 3) + (n >= 7) + (n >= 15) + (n >= 31) + (n >= 63)
+    n = n + (n < 127)
+    p = w & 0xFFFF
     if bit:
         p -= p >> s
     else:
         p += ((1 << PROB_BITS) - p) >> s
-    prob[ctx] = p
+    ctxs[ctx] = p + (n << 16)
 
 
 # ---- encoder: state is (low, range, cache, pending, out position, first) in `st` ----
@@ -100,14 +101,14 @@ def _normalize_enc(st, out):
 
 
 @njit(inline="always")
-def _enc_bit(st, out, prob, seen, ctx, bit):
-    bound = (st[1] >> U64(PROB_BITS)) * U64(prob[ctx])
+def _enc_bit(st, out, ctxs, ctx, bit):
+    bound = (st[1] >> U64(PROB_BITS)) * U64(ctxs[ctx] & 0xFFFF)
     if bit:
         st[0] += bound
         st[1] -= bound
     else:
         st[1] = bound
-    _adapt(prob, seen, ctx, bit)
+    _adapt(ctxs, ctx, bit)
     return _normalize_enc(st, out)
 
 
@@ -124,7 +125,7 @@ def _enc_direct(st, out, value, nbits):
 
 
 @njit(inline="always")
-def _enc_gap(st, out, prob, seen, gap):
+def _enc_gap(st, out, ctxs, gap):
     """v = gap + 1: its bit length minus one (nb, a 5-level tree), the two mantissa bits
     below the leading one (contexts per nb), then the rest at probability 1/2."""
     v = U64(gap) + U64(1)
@@ -133,40 +134,39 @@ def _enc_gap(st, out, prob, seen, gap):
     node = 1
     for k in range(4, -1, -1):
         b = (nb >> k) & 1
-        ok = _enc_bit(st, out, prob, seen, node, b) and ok
+        ok = _enc_bit(st, out, ctxs, node, b) and ok
         node = 2 * node + b
     if nb >= 1:
         b1 = (v >> U64(nb - 1)) & U64(1)
         base = _GAP_MANT0 + 4 * min(nb, GAP_MANT - 1)
-        ok = _enc_bit(st, out, prob, seen, base, b1) and ok
+        ok = _enc_bit(st, out, ctxs, base, b1) and ok
         if nb >= 2:
             b2 = (v >> U64(nb - 2)) & U64(1)
-            ok = _enc_bit(st, out, prob, seen, base + 1 + np.int64(b1), b2) and ok
+            ok = _enc_bit(st, out, ctxs, base + 1 + np.int64(b1), b2) and ok
             ok = _enc_direct(st, out, v, nb - 2) and ok
     return ok
 
 
 @njit(inline="always")
-def _enc_residual(st, out, prob, seen, z):
+def _enc_residual(st, out, ctxs, z):
     """Zigzag residual z: its bit length L in unary (contexts per step), the bit below its
     leading one (a context per L), then the rest at probability 1/2."""
     L = _bit_length(z)
     ok = True
     for k in range(L):
-        ok = _enc_bit(st, out, prob, seen, _RES_LEN0 + min(k, RES_LEN - 1), 1) and ok
+        ok = _enc_bit(st, out, ctxs, _RES_LEN0 + min(k, RES_LEN - 1), 1) and ok
     if L < 64:
-        ok = _enc_bit(st, out, prob, seen, _RES_LEN0 + min(L, RES_LEN - 1), 0) and ok
+        ok = _enc_bit(st, out, ctxs, _RES_LEN0 + min(L, RES_LEN - 1), 0) and ok
     if L >= 2:
-        ok = _enc_bit(st, out, prob, seen, _RES_MANT0 + L, (z >> U64(L - 2)) & U64(1)) and ok
+        ok = _enc_bit(st, out, ctxs, _RES_MANT0 + L, (z >> U64(L - 2)) & U64(1)) and ok
         ok = _enc_direct(st, out, z, L - 2) and ok
     return ok
 
 
 @njit(inline="always")
-def _reset(prob, seen):
-    for i in range(prob.size):
-        prob[i] = 1 << (PROB_BITS - 1)
-        seen[i] = 0
+def _reset(ctxs):
+    for i in range(ctxs.size):
+        ctxs[i] = 1 << (PROB_BITS - 1)
 
 
 @njit(**KERNEL)
@@ -175,21 +175,20 @@ def encode_classes(gaps, ev_off, ev_cnt, res, res_off, res_cnt, inverted, signbi
     followed by its residual in an ordinary class; in an inverted class, the residuals of
     its changes after all its gaps. Contexts restart at every class. Returns the bytes
     written, or -1 when `out` is too small (the caller retries with more room)."""
-    prob = np.empty(N_CONTEXTS, np.int64)
-    seen = np.empty(N_CONTEXTS, np.int64)
+    ctxs = np.empty(N_CONTEXTS, np.int64)
     st = np.zeros(6, np.uint64)
     st[1] = U64(0xFFFFFFFF)
     st[5] = U64(1)
     ok = True
     for c in range(ev_off.size):
-        _reset(prob, seen)
+        _reset(ctxs)
         for i in range(ev_cnt[c]):
-            ok = _enc_gap(st, out, prob, seen, gaps[ev_off[c] + i]) and ok
+            ok = _enc_gap(st, out, ctxs, gaps[ev_off[c] + i]) and ok
             if not inverted[c]:
-                ok = _enc_residual(st, out, prob, seen, zigzag(res[res_off[c] + i], signbit_w, wmask)) and ok
+                ok = _enc_residual(st, out, ctxs, zigzag(res[res_off[c] + i], signbit_w, wmask)) and ok
         if inverted[c]:
             for i in range(res_cnt[c]):
-                ok = _enc_residual(st, out, prob, seen, zigzag(res[res_off[c] + i], signbit_w, wmask)) and ok
+                ok = _enc_residual(st, out, ctxs, zigzag(res[res_off[c] + i], signbit_w, wmask)) and ok
         if not ok:
             return -1
     return _flush(st, out)
@@ -227,8 +226,8 @@ def _normalize_dec(data, rng, code, pos):
 
 
 @njit(inline="always")
-def _dec_bit(data, rng, code, pos, prob, seen, ctx):
-    bound = (rng >> U64(PROB_BITS)) * U64(prob[ctx])
+def _dec_bit(data, rng, code, pos, ctxs, ctx):
+    bound = (rng >> U64(PROB_BITS)) * U64(ctxs[ctx] & 0xFFFF)
     if code < bound:
         rng = bound
         bit = 0
@@ -236,7 +235,7 @@ def _dec_bit(data, rng, code, pos, prob, seen, ctx):
         code -= bound
         rng -= bound
         bit = 1
-    _adapt(prob, seen, ctx, bit)
+    _adapt(ctxs, ctx, bit)
     rng, code, pos = _normalize_dec(data, rng, code, pos)
     return bit, rng, code, pos
 
@@ -256,36 +255,36 @@ def _dec_direct(data, rng, code, pos, nbits):
 
 
 @njit(inline="always")
-def _dec_gap(data, rng, code, pos, prob, seen):
+def _dec_gap(data, rng, code, pos, ctxs):
     node = 1
     for _ in range(5):
-        b, rng, code, pos = _dec_bit(data, rng, code, pos, prob, seen, node)
+        b, rng, code, pos = _dec_bit(data, rng, code, pos, ctxs, node)
         node = 2 * node + b
     nb = node - GAP_TREE
     if nb == 0:
         return U64(0), rng, code, pos
     base = _GAP_MANT0 + 4 * min(nb, GAP_MANT - 1)
-    b1, rng, code, pos = _dec_bit(data, rng, code, pos, prob, seen, base)
+    b1, rng, code, pos = _dec_bit(data, rng, code, pos, ctxs, base)
     v = U64(2 | b1)
     if nb >= 2:
-        b2, rng, code, pos = _dec_bit(data, rng, code, pos, prob, seen, base + 1 + b1)
+        b2, rng, code, pos = _dec_bit(data, rng, code, pos, ctxs, base + 1 + b1)
         d, rng, code, pos = _dec_direct(data, rng, code, pos, nb - 2)
         v = (((v << U64(1)) | U64(b2)) << U64(nb - 2)) | d
     return v - U64(1), rng, code, pos
 
 
 @njit(inline="always")
-def _dec_residual(data, rng, code, pos, prob, seen):
+def _dec_residual(data, rng, code, pos, ctxs):
     """(zigzag residual, its bit length, ...)."""
     L = 0
     while L < 64:
-        b, rng, code, pos = _dec_bit(data, rng, code, pos, prob, seen, _RES_LEN0 + min(L, RES_LEN - 1))
+        b, rng, code, pos = _dec_bit(data, rng, code, pos, ctxs, _RES_LEN0 + min(L, RES_LEN - 1))
         if b == 0:
             break
         L += 1
     if L < 2:
         return U64(L), L, rng, code, pos
-    b, rng, code, pos = _dec_bit(data, rng, code, pos, prob, seen, _RES_MANT0 + L)
+    b, rng, code, pos = _dec_bit(data, rng, code, pos, ctxs, _RES_MANT0 + L)
     d, rng, code, pos = _dec_direct(data, rng, code, pos, L - 2)
     return ((U64(2) | U64(b)) << U64(L - 2)) | d, L, rng, code, pos
 
@@ -297,8 +296,7 @@ def decode_classes(data, ev_off, ev_cnt, res_off, res_cnt, inverted, wmask, gaps
     (no encoder writes it), a gap of 2^22 or more, a zigzag residual no residual has (wider
     than the element, or 2^bits - 2, which would be a second code of -2^(bits-1)), or bytes
     past the position the decoder reached. Work is bounded by the counts, whatever the bytes."""
-    prob = np.empty(N_CONTEXTS, np.int64)
-    seen = np.empty(N_CONTEXTS, np.int64)
+    ctxs = np.empty(N_CONTEXTS, np.int64)
     bits = _bit_length(wmask)
     rng, code, pos = U64(0xFFFFFFFF), U64(0), 0
     for _ in range(4):
@@ -308,21 +306,21 @@ def decode_classes(data, ev_off, ev_cnt, res_off, res_cnt, inverted, wmask, gaps
     if code == U64(0xFFFFFFFF):
         return False
     for c in range(ev_off.size):
-        _reset(prob, seen)
+        _reset(ctxs)
         joint = not inverted[c]
         for i in range(ev_cnt[c]):
-            g, rng, code, pos = _dec_gap(data, rng, code, pos, prob, seen)
+            g, rng, code, pos = _dec_gap(data, rng, code, pos, ctxs)
             if g >= U64(1 << 22):
                 return False
             gaps[ev_off[c] + i] = np.int64(g)
             if joint:
-                z, L, rng, code, pos = _dec_residual(data, rng, code, pos, prob, seen)
+                z, L, rng, code, pos = _dec_residual(data, rng, code, pos, ctxs)
                 if L > bits or z == wmask - U64(1):
                     return False
                 res[res_off[c] + i] = unzigzag(z, wmask)
         if not joint:
             for i in range(res_cnt[c]):
-                z, L, rng, code, pos = _dec_residual(data, rng, code, pos, prob, seen)
+                z, L, rng, code, pos = _dec_residual(data, rng, code, pos, ctxs)
                 if L > bits or z == wmask - U64(1):
                     return False
                 res[res_off[c] + i] = unzigzag(z, wmask)
