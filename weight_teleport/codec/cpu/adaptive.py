@@ -6,15 +6,14 @@ The coder is LZMA's binary range coder (32-bit range, carries through a cached b
 16-bit probabilities whose adaptation rate starts fast and slows as a context sees more
 bits (close to the Krichevsky-Trofimov estimator while a context is young, a 1/128 window
 after that): a chunk's classes are short streams, and a fixed slow rate would pay most of
-their bits learning. The CUDA backend's decoder (codec/cuda/kernels/stage_adaptive.py)
-mirrors the decoder here bit for bit; it has no encoder yet."""
+their bits learning. The CUDA backend's kernels (codec/cuda/kernels/encode_adaptive.py,
+stage_adaptive.py) mirror the encoder and the decoder here bit for bit."""
 
 import numpy as np
 from numba import njit
 
 from weight_teleport.codec.cpu.kernels import unzigzag, zigzag
 
-U32 = np.uint32
 U64 = np.uint64
 KERNEL = dict(nogil=True, cache=True, boundscheck=False)
 
