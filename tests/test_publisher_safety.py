@@ -149,9 +149,15 @@ def test_ctrl_c_during_the_publish_command(tmp_path: Path) -> None:
     save_file({f"w{i}": torch.randn(4096, 4096, generator=g).to(torch.bfloat16)
                for i in range(6)}, str(tmp_path / "model.safetensors"))  # 200 MB
     store_dir = tmp_path / "store"
-    proc = subprocess.Popen([sys.executable, "-m", "weight_teleport.cli", "publish",
-                             str(tmp_path), "--to", f"file://{store_dir}"],
-                            stderr=subprocess.PIPE, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    # a process started in the background of a script inherits SIGINT ignored, and so
+    # would the command: it gets the disposition a terminal's Ctrl-C meets
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        proc = subprocess.Popen([sys.executable, "-m", "weight_teleport.cli", "publish",
+                                 str(tmp_path), "--to", f"file://{store_dir}"],
+                                stderr=subprocess.PIPE, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    finally:
+        signal.signal(signal.SIGINT, previous)
     err = b""
     while b"upload:" not in err and proc.poll() is None:  # tqdm's bar: the publisher starts
         err += proc.stderr.read1(4096)
