@@ -276,3 +276,28 @@ def test_gpu_range_coder_compiles_for_the_h200(side, bits):
     src = ASTSource(fn=kernel, signature=signature, constexprs={"NCP": 16, "BITS": bits})
     compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 1})
     assert "_chunk_kernel" in compiled.asm["ptx"]
+
+
+def test_publish_command_with_the_adaptive_coder(tmp_path):
+    """`weight-teleport publish --coder adaptive`: the delta's records are `sparse_ac`, and
+    `pull` gives the published weights bit for bit."""
+    from safetensors.torch import load_file, save_file
+
+    from weight_teleport.cli import main
+    from weight_teleport.pipeline.manifest import from_json
+    from weight_teleport.store import open_store
+    g = torch.Generator().manual_seed(0)
+    master = torch.randn(256, 512, generator=g) * 0.02
+    ckpt, url = tmp_path / "ckpt", f"file://{tmp_path}/store"
+    ckpt.mkdir()
+    versions = [master, master + 2e-6 * torch.randn(256, 512, generator=g)]
+    for v, w in enumerate(versions):
+        save_file({"w": w.to(torch.bfloat16)}, str(ckpt / "model.safetensors"))
+        assert main(["publish", str(ckpt), "--to", url, "--coder", "adaptive"]) == 0
+    with open_store(url) as store:
+        entry = from_json(store.get_manifest()).entries[-1]
+        assert entry.kind == "delta"
+        assert read_header(store.get(entry.key)).tensors[0].codec == "sparse_ac"
+    assert main(["pull", url, "--out", str(tmp_path / "out"), "--version", "1"]) == 0
+    got = load_file(str(tmp_path / "out" / "model.safetensors"))["w"]
+    assert torch.equal(got.view(torch.int16), versions[1].to(torch.bfloat16).view(torch.int16))

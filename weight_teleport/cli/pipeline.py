@@ -17,6 +17,8 @@ def publish_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--version", type=int, help="version number (default: the next one)")
     p.add_argument("--anchor-every", type=int, default=d.anchor_every, help="a full snapshot every N versions")
     p.add_argument("--keep-anchors", type=int, default=RetentionConfig.keep_anchors, help="anchors kept (0: keep everything)")
+    p.add_argument("--coder", choices=("zstd", "adaptive"), default=d.coder,
+                   help="how a delta codes its sparse records (adaptive: smaller, slower on dense steps)")
     add_store_arguments(p)
 
 
@@ -40,7 +42,7 @@ def publish_main(args: argparse.Namespace) -> int:
     with tqdm(unit="B", unit_scale=True, desc="upload") as bar:
         store = store_config(args)
         store.upload_progress = bar.update
-        config = PublisherConfig(anchor_every=args.anchor_every, store=store,
+        config = PublisherConfig(anchor_every=args.anchor_every, store=store, coder=args.coder,
                                  retention=RetentionConfig(keep_anchors=args.keep_anchors))
         publisher = Publisher(args.url, config)
         try:
