@@ -100,8 +100,8 @@ def encode_delta(old: Mapping[str, torch.Tensor], new: Mapping[str, torch.Tensor
     Both states map the same names to tensors of the same shapes and dtypes. `level` is the
     zstd level of the streams (CPU stream coding); `threads` defaults to all cores. `coder`
     codes the sparse records: "zstd" (codec `sparse`, which every reader stages) or
-    "adaptive" (codec `sparse_ac`: an adaptive range coder, smaller packs, written and
-    staged by the CPU backend only; docs/FORMAT.md). `cuda`, a
+    "adaptive" (codec `sparse_ac`: an adaptive range coder, smaller packs, slower to code
+    where many elements change; both backends write and stage it; docs/FORMAT.md). `cuda`, a
     `weight_teleport.codec.cuda.config.CudaCodecConfig`, picks the CUDA backend's stream
     codec (default: zstd frames of Huffman-coded literals written on the GPU, portable).
 

@@ -56,9 +56,9 @@ class PublisherConfig:
     level: int = 3
     """Zstd level of the pack streams."""
     coder: str = "zstd"
-    """How deltas code their sparse records (`encode_delta`'s `coder`): "zstd", which every
-    reader stages, or "adaptive", smaller packs that CPU samplers stage (a CUDA trainer's
-    encoder and a sampler's CUDA weights take "zstd" only)."""
+    """How deltas code their sparse records (`encode_delta`'s `coder`): "zstd", or
+    "adaptive", smaller packs, slower to code where many elements change (readers older
+    than codec `sparse_ac` refuse them)."""
     threads: int | None = None
     """Encoder threads; None uses every core."""
     retention: RetentionConfig = field(default_factory=RetentionConfig)

@@ -67,6 +67,9 @@ class AdaptiveBatch(SparseBatch):
     copies the chunks to the device, `decode` launches the range decoder and the rest."""
 
     def decompress(self, pack, spans: ChunkSpans, threads: int | None = None, upload=None) -> None:
+        """Reads the chunks' class tables (`spans`: the batch's chunks in the pack, in order)
+        and queues their bytes' copy to the device; `threads` and `upload` are unused (a
+        `sparse` batch's)."""
         n, ncp = self.table.chunks, self.ncp
         events = np.zeros((n, ncp), np.int64)
         changes = np.zeros((n, ncp), np.int64)
@@ -77,7 +80,8 @@ class AdaptiveBatch(SparseBatch):
         bad = _tables(u8, spans.starts, spans.lengths, k, inv, self.table.host[:, chunk_table.LEN], events, changes,
                       coded)
         if bad >= 0:
-            raise PackFormatError(f"sparse_ac chunk {bad} of its batch has a class table its chunk cannot have")
+            rec = self.recs[int(self.table.host[bad, chunk_table.TENSOR])]
+            raise PackFormatError(f"tensor {rec.name!r}: a sparse_ac chunk's class table is one its chunk cannot have")
         lo, hi = spans.bounds()
         buf = upload_range(pack, lo, hi, self.table.base.device, memory.pinned(pack))
         self.events, self.res_cnt, self.inverted = events.reshape(-1), changes.reshape(-1), inv.reshape(-1)
