@@ -13,6 +13,7 @@ import weight_teleport as wt
 from weight_teleport.codec.cuda.kernels import stream_tables
 from weight_teleport.errors import PackFormatError
 from weight_teleport.format import read_groups, read_header
+from weight_teleport.format.groups import _put_varint, read_varint
 
 
 def _sparse_refs(pack: bytes):
@@ -271,16 +272,15 @@ def test_varints_read_as_the_format_defines_them(data, p, end):
     the reference's, also for varints too long, past their end or above MAX_VALUE."""
     data = bytes(data)
     p, end = min(p, len(data)), min(end, len(data))
-    assert stream_tables._varint(np.frombuffer(data, np.uint8), p, end) == _varint_reference(data, p, end)
+    assert read_varint(np.frombuffer(data, np.uint8), p, end) == _varint_reference(data, p, end)
 
 
 @pytest.mark.parametrize("value", [0, 1, 127, 128, 300, 1 << 35, stream_tables.MAX_VALUE, stream_tables.MAX_VALUE + 1,
                                    (1 << 63) - 1])
 def test_varint_limits(value):
     """Written by the format's encoder: read back, or refused (-1) above MAX_VALUE."""
-    from weight_teleport.format.groups import put_varint
     out = bytearray()
-    put_varint(out, value)
+    _put_varint(out, value)
     n = len(out)
     want = value if value <= stream_tables.MAX_VALUE else -1
-    assert stream_tables._varint(np.frombuffer(bytes(out), np.uint8), 0, n) == (want, n)
+    assert read_varint(np.frombuffer(bytes(out), np.uint8), 0, n) == (want, n)

@@ -9,7 +9,6 @@ from weight_teleport.codec.plan import ClassPlan
 from weight_teleport.codec.streams import check_sparse_lengths, decode_stream, encode_stream
 from weight_teleport.errors import PackFormatError
 from weight_teleport.format import Group, Stream, read_groups, write_groups
-from weight_teleport.format.groups import get_varint, put_varint
 
 U64 = np.uint64
 
@@ -102,51 +101,33 @@ def encode_sparse_ac(old, new, info: DtypeInfo, plan: ClassPlan, total, changed)
     """A chunk of codec `sparse_ac`: the class table, then one adaptive range-coded stream
     of every class's gaps and residuals."""
     events, chg, gaps, res = _events(old, new, info, plan, total, changed)
-    table = bytearray()
-    put_varint(table, plan.n_classes)
-    for c in range(plan.n_classes):
-        put_varint(table, int(events[c]))
-        if plan.inverted[c]:
-            put_varint(table, int(chg[c]))
     wmask = U64((1 << info.bits) - 1)
     room = 64 + 2 * gaps.size + res.size
     while True:
         out = np.empty(room, np.uint8)
+        at = A.write_table(out, 0, plan.n_classes, events, chg, plan.inverted)
         n = A.encode_classes(gaps, _offsets(events), events, res, _offsets(chg), chg, plan.inverted,
-                             U64(1 << (info.bits - 1)), wmask, out)
+                             U64(1 << (info.bits - 1)), wmask, out[at:])
         if n >= 0:
-            return bytes(table) + out[:n].tobytes()
+            return out[:at + n].tobytes()
         room *= 4
-
-
-def _ac_table(chunk, inverted: np.ndarray, elems: int):
-    """(events, changes, offset of the coded stream) of a `sparse_ac` chunk of `elems`
-    elements, refused unless its counts are ones such a chunk can have."""
-    buf = memoryview(chunk)
-    k, pos = get_varint(buf, 0)
-    if k != inverted.size:
-        raise PackFormatError(f"sparse chunk has {k} classes, its tensor {inverted.size}")
-    events = np.zeros(k, np.int64)
-    changes = np.zeros(k, np.int64)
-    for c in range(k):
-        events[c], pos = get_varint(buf, pos)
-        if inverted[c]:
-            changes[c], pos = get_varint(buf, pos)
-        else:
-            changes[c] = events[c]
-    if events.sum() > elems or changes.sum() > elems:
-        raise PackFormatError("sparse chunk's class table counts more events or changes than its elements")
-    return events, changes, pos
 
 
 def decode_sparse_ac(old, chunk, info: DtypeInfo, lut: np.ndarray, inverted: np.ndarray):
     """`decode_sparse` for a chunk of codec `sparse_ac`."""
-    events, changes, pos = _ac_table(chunk, inverted, old.size)
+    data = np.frombuffer(chunk, np.uint8)
+    k = inverted.size
+    events, changes, coded = np.zeros((1, k), np.int64), np.zeros((1, k), np.int64), np.zeros(1, np.int64)
+    if A.read_tables(data, np.zeros(1, np.int64), np.array([data.size], np.int64), np.array([k], np.int64),
+                     inverted[None], np.array([old.size], np.int64), events, changes, coded) >= 0:
+        raise PackFormatError("sparse_ac chunk's class table is one its chunk cannot have (truncated, another "
+                              "class count than its record's, or more events or changes than elements)")
+    events, changes = events[0], changes[0]
     gaps = np.empty(int(events.sum()), np.int64)
     res = np.empty(int(changes.sum()), np.uint64)
-    data = np.frombuffer(chunk, np.uint8)[pos:]
     wmask = U64((1 << info.bits) - 1)
-    if not A.decode_classes(data, _offsets(events), events, _offsets(changes), changes, inverted, wmask, gaps, res):
+    if not A.decode_classes(data[coded[0]:], _offsets(events), events, _offsets(changes), changes, inverted, wmask,
+                            gaps, res):
         raise PackFormatError("sparse_ac chunk's coded stream is malformed")
     return _place(old, info, lut, inverted, events, gaps, changes, res)
 

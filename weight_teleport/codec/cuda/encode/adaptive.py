@@ -3,29 +3,21 @@ chunk's coded stream on the device (kernels/encode_adaptive.py); the host waits 
 lengths, copies the streams and puts each chunk's class table before its stream, then takes
 the chunks' CRC-32s. The chunks are byte-identical to the CPU backend's."""
 
-import zlib
+import os
 
 import numpy as np
 import torch
 from numba import njit
 
+from weight_teleport.codec.cpu.adaptive import write_table
 from weight_teleport.codec.cuda.encode import sparse
 from weight_teleport.codec.cuda.encode.sparse_chunks import Payload
 from weight_teleport.codec.cuda.kernels import encode_adaptive
+from weight_teleport.format.container import crc32_ranges
 
 ROOM_BASE, ROOM_EVENT, ROOM_CHANGE = 64, 3, 2
 """A chunk's first room for its stream: bytes, plus bytes per event and per change (a
 weight-like chunk takes about 1-1.5 bytes a change; one that needs more is coded again)."""
-
-
-@njit(nogil=True, cache=True)
-def _put_varint(out, at, v):
-    while v >= 0x80:
-        out[at] = (v & 0x7F) | 0x80
-        v >>= 7
-        at += 1
-    out[at] = v
-    return at + 1
 
 
 @njit(nogil=True, cache=True)
@@ -35,12 +27,8 @@ def _lay_out(coded, room_at, coded_len, ev_cnt, res_cnt, inverted, n_groups, ncp
     at = 0
     for c in range(n_groups.size):
         offsets[c] = at
-        at = _put_varint(out, at, n_groups[c])
-        for j in range(n_groups[c]):
-            s = c * ncp + j
-            at = _put_varint(out, at, ev_cnt[s])
-            if inverted[s]:
-                at = _put_varint(out, at, res_cnt[s])
+        s = c * ncp
+        at = write_table(out, at, n_groups[c], ev_cnt[s:s + ncp], res_cnt[s:s + ncp], inverted[s:s + ncp])
         out[at:at + coded_len[c]] = coded[room_at[c]:room_at[c] + coded_len[c]]
         at += coded_len[c]
         lengths[c] = at - offsets[c]
@@ -69,5 +57,5 @@ def encode(ev: sparse.Events) -> sparse.Encoded:
     size = _lay_out(coded, room_at, coded_len, ev_cnt, res_cnt, inverted, ev.n_groups.astype(np.int64), ev.ncp, out,
                     offsets, lengths)
     data = out[:size]
-    crcs = np.array([zlib.crc32(data[o:o + n]) for o, n in zip(offsets.tolist(), lengths.tolist())], np.int64)
+    crcs = np.array(crc32_ranges(data, offsets, lengths, os.cpu_count() or 1), np.int64)
     return sparse.Encoded(Payload(data, offsets, lengths, crcs, None, None), ev.first_chunk)

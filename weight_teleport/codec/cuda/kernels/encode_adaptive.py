@@ -13,10 +13,9 @@ import torch
 import triton
 import triton.language as tl
 
-from weight_teleport.codec.cpu import adaptive as A
 from weight_teleport.codec.cuda.kernels.encode_symbols import _residual, _zigzag
-from weight_teleport.codec.cuda.kernels.stage_adaptive import (CTX, GAP_MANT0, GAP_MANT_TOP, N_CTX, RATE_MAX,
-                                                               RES_LEN0, RES_LEN_TOP, RES_MANT0, TOP)
+from weight_teleport.codec.cuda.kernels.stage_adaptive import (GAP_MANT0, GAP_MANT_TOP, RES_LEN0, RES_LEN_TOP,
+                                                               RES_MANT0, TOP, adapted, fresh_contexts, probability)
 from weight_teleport.codec.cuda.runtime import memory
 
 
@@ -58,21 +57,12 @@ def _normalize(out_ptr, room, low, rng, cache, pending, n, first, last):
 
 @triton.jit
 def _bit(out_ptr, room, ctx, c, bit, low, rng, cache, pending, n, first, last):
-    """Bit `bit` (0 or 1, int64) in context `c`, adapting it (as stage_adaptive._bit)."""
-    lane = tl.arange(0, CTX)
-    w = tl.sum(tl.where(lane == c, ctx, 0), 0)
-    p = (w & 0xFFFF).to(tl.int64)
-    seen = w >> 16
-    bound = (rng >> 16) * p
+    """Bit `bit` (0 or 1, int64) in context `c`, adapting it."""
+    bound = (rng >> 16) * probability(ctx, c)
     one = bit != 0
     low = tl.where(one, low + bound, low)
     rng = tl.where(one, rng - bound, bound)
-    s = 1 + (seen >= 1).to(tl.int32) + (seen >= 3).to(tl.int32) + (seen >= 7).to(tl.int32) \
-        + (seen >= 15).to(tl.int32) + (seen >= 31).to(tl.int32) + (seen >= 63).to(tl.int32)
-    s = tl.minimum(s, RATE_MAX).to(tl.int64)
-    p = tl.where(one, p - (p >> s), p + ((65536 - p) >> s))
-    seen = seen + (seen <= 126).to(tl.int32)
-    ctx = tl.where(lane == c, (p + (seen.to(tl.int64) << 16)).to(tl.int32), ctx)
+    ctx = adapted(ctx, c, one)
     low, rng, cache, pending, n, first, last = _normalize(out_ptr, room, low, rng, cache, pending, n, first, last)
     return ctx, low, rng, cache, pending, n, first, last
 
@@ -152,10 +142,9 @@ def _chunk_kernel(ranks_ptr, res_ptr, ev_ptr, ev_start_ptr, res_cnt_ptr, res_sta
     n = tl.zeros((), tl.int64)
     first = tl.full((), 1, tl.int64)
     last = tl.zeros((), tl.int64)
-    lane = tl.arange(0, CTX)
     for k in range(NCP):
         s = c * NCP + k
-        ctx = tl.where(lane < N_CTX, 1 << 15, 0).to(tl.int32)
+        ctx = fresh_contexts()
         n_ev = tl.load(ev_ptr + s)
         e0 = tl.load(ev_start_ptr + s)
         n_rs = tl.load(res_cnt_ptr + s)

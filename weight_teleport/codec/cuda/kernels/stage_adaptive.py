@@ -45,22 +45,35 @@ def _normalize(buf_ptr, end, rng, code, pos):
 
 
 @triton.jit
-def _bit(buf_ptr, end, ctx, c, rng, code, pos):
-    """One adaptive bit of context `c`; `ctx` holds p + (bits seen << 16) per context."""
+def probability(ctx, c):
+    """p of context `c` (int64): `ctx` holds p + (bits seen << 16) per context."""
+    lane = tl.arange(0, CTX)
+    return (tl.sum(tl.where(lane == c, ctx, 0), 0) & 0xFFFF).to(tl.int64)
+
+
+@triton.jit
+def adapted(ctx, c, one):
+    """`ctx` after context `c` coded a bit (`one`: it was 1), as codec/cpu/adaptive._adapt."""
     lane = tl.arange(0, CTX)
     w = tl.sum(tl.where(lane == c, ctx, 0), 0)
     p = (w & 0xFFFF).to(tl.int64)
     n = w >> 16
-    bound = (rng >> 16) * p
-    bit = code >= bound
-    code = tl.where(bit, code - bound, code)
-    rng = tl.where(bit, rng - bound, bound)
     s = 1 + (n >= 1).to(tl.int32) + (n >= 3).to(tl.int32) + (n >= 7).to(tl.int32) + (n >= 15).to(tl.int32) \
         + (n >= 31).to(tl.int32) + (n >= 63).to(tl.int32)
     s = tl.minimum(s, RATE_MAX).to(tl.int64)
-    p = tl.where(bit, p - (p >> s), p + ((65536 - p) >> s))
+    p = tl.where(one, p - (p >> s), p + ((65536 - p) >> s))
     n = n + (n <= 126).to(tl.int32)
-    ctx = tl.where(lane == c, (p + (n.to(tl.int64) << 16)).to(tl.int32), ctx)
+    return tl.where(lane == c, (p + (n.to(tl.int64) << 16)).to(tl.int32), ctx)
+
+
+@triton.jit
+def _bit(buf_ptr, end, ctx, c, rng, code, pos):
+    """One adaptive bit of context `c`."""
+    bound = (rng >> 16) * probability(ctx, c)
+    bit = code >= bound
+    code = tl.where(bit, code - bound, code)
+    rng = tl.where(bit, rng - bound, bound)
+    ctx = adapted(ctx, c, bit)
     rng, code, pos = _normalize(buf_ptr, end, rng, code, pos)
     return bit.to(tl.int64), ctx, rng, code, pos
 
@@ -120,7 +133,8 @@ def _residual(buf_ptr, end, ctx, rng, code, pos, BITS: tl.constexpr):
 
 
 @triton.jit
-def _reset():
+def fresh_contexts():
+    """Every context at p = 1/2, no bit seen: a class's start."""
     lane = tl.arange(0, CTX)
     return tl.where(lane < N_CTX, 1 << 15, 0).to(tl.int32)
 
@@ -139,7 +153,7 @@ def _chunk_kernel(buf_ptr, start_ptr, end_ptr, ev_ptr, res_cnt_ptr, res_start_pt
     bad = code == 0xFFFFFFFF
     for k in range(NCP):
         s = c * NCP + k
-        ctx = _reset()
+        ctx = fresh_contexts()
         n_ev = tl.load(ev_ptr + s)
         n_rs = tl.load(res_cnt_ptr + s)
         r0 = tl.load(res_start_ptr + s)

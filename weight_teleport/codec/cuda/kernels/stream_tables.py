@@ -17,10 +17,11 @@ from numba import njit
 
 from weight_teleport.codec.cuda.runtime import memory
 from weight_teleport.errors import PackFormatError
+from weight_teleport.format.groups import MAX_VARINT, VARINT_BYTES, read_varint
 from weight_teleport.host_memory import in_runs
 
-VARINT_MAX = 10
-MAX_VALUE = 1 << 48
+VARINT_MAX = VARINT_BYTES
+MAX_VALUE = MAX_VARINT
 """Larger lengths and counts are refused (no pack holds them; int64 arithmetic stays exact)."""
 STREAMS = 4
 GROUP_FIELDS = 2 + 3 * STREAMS
@@ -52,39 +53,17 @@ class StreamTable:
         return self.events, self.codec, self.raw, self.stored, self.at
 
 
-@njit(nogil=True, cache=True, inline="always")
-def _varint(pack: np.ndarray, p: int, end: int) -> tuple[int, int]:
-    """(value, next position) of the LEB128 varint at p that ends before `end`; value -1
-    when it runs past `end`, takes more than VARINT_MAX bytes or exceeds MAX_VALUE (also
-    when its value would not fit 64 bits). Inlined, with one bound per byte: the walk over
-    every chunk's table is on the stage's host path, and a call and two bounds a byte made it
-    several times slower."""
-    value, shift, big = 0, 0, False
-    stop = min(end, p + VARINT_MAX)
-    while p < stop:
-        b = pack[p]
-        p += 1
-        if shift < 56:  # bits up to 2^63 at most: no wrap
-            value |= np.int64(b & 0x7F) << shift
-        elif b & 0x7F:
-            big = True
-        if b < 0x80:
-            return (-1 if big or value > MAX_VALUE else value), p
-        shift += 7
-    return -1, end
-
-
 @njit(nogil=True, cache=True)
 def _read_chunk(pack, i, start, end, n_groups_expected, ncp, events, codec, raw, stored, at) -> bool:
     """Fills chunk i's rows of the [chunks * ncp(, 4)] tables; whether it is well formed."""
     p = start
-    n_groups, p = _varint(pack, p, end)
+    n_groups, p = read_varint(pack, p, end)
     if n_groups != n_groups_expected:
         return False
     for g in range(n_groups):
         row = i * ncp + g
-        count, p = _varint(pack, p, end)
-        n_streams, p = _varint(pack, p, end)
+        count, p = read_varint(pack, p, end)
+        n_streams, p = read_varint(pack, p, end)
         if count < 0 or (n_streams != 0 and n_streams != STREAMS):
             return False
         if n_streams == 0:
@@ -94,8 +73,8 @@ def _read_chunk(pack, i, start, end, n_groups_expected, ncp, events, codec, raw,
             if p >= end:
                 return False
             codec[row, j] = pack[p]
-            raw[row, j], p = _varint(pack, p + 1, end)
-            stored[row, j], p = _varint(pack, p, end)
+            raw[row, j], p = read_varint(pack, p + 1, end)
+            stored[row, j], p = read_varint(pack, p, end)
             if raw[row, j] < 0 or stored[row, j] < 0:
                 return False
     for g in range(ncp):  # the streams' bytes follow the table, in order

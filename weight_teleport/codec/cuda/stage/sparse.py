@@ -158,12 +158,19 @@ class SparseBatch:
         words, self.bitmap = self.bitmap, None  # freed with the decoding's other temporaries
         dec = stage_symbols.decode(inf.buffer, memory.to_device([inf.offsets], dev)[0], raw, ev, res_cnt, inv, seg_word,
                                words, n_res, self.info.bits)
+        self.place(dec, ev, res_cnt, inv, res_off, seg_word, inf.failed)
+
+    def place(self, dec: stage_symbols.Decoded, ev, res_cnt, inv, res_off, seg_word, failed) -> None:
+        """Checks the decoded segments (`dec`; per segment, device tensors: events, changes,
+        inverted, first residual, first bitmap word) against the live weights' class counts,
+        places their changes and takes the digest sums; `failed`: the streams' own flag."""
+        tot = self.tot.view(-1)
         unfit = (ev > tot).any() | (inv & (res_cnt != tot - ev)).any() | ((ev > 0) & (dec.last_rank >= tot)).any()
         self.pos, self.val, sums = stage_place.decode(
             self.table, self.luts, self.inv, int(self.n_classes.max()), self.counts, self.base, seg_word, dec.bitmap,
             stage_bitmap.prefix(dec.bitmap), res_off, dec.residuals, self.info, self.old_sums)
         self.sums = self.table.per_tensor(sums)
-        self.flags = torch.stack([inf.failed, dec.malformed, unfit])
+        self.flags = torch.stack([failed, dec.malformed, unfit])
 
     def _chunk_table(self, chunk_elems: int) -> chunk_table.ChunkTable:
         """The chunk table of the batch's live tensors (their records' walks: a record over a
