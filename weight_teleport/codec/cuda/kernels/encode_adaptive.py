@@ -13,7 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
-from weight_teleport.codec.cuda.kernels.encode_symbols import _residual, _zigzag
+from weight_teleport.codec.cuda.kernels.encode_symbols import _residual, _zigzag, segment
 from weight_teleport.codec.cuda.kernels.stage_adaptive import (GAP_MANT0, GAP_MANT_TOP, RES_LEN0, RES_LEN_TOP,
                                                                RES_MANT0, TOP, adapted, fresh_contexts, probability)
 from weight_teleport.codec.cuda.runtime import memory
@@ -145,11 +145,7 @@ def _chunk_kernel(ranks_ptr, res_ptr, ev_ptr, ev_start_ptr, res_cnt_ptr, res_sta
     for k in range(NCP):
         s = c * NCP + k
         ctx = fresh_contexts()
-        n_ev = tl.load(ev_ptr + s)
-        e0 = tl.load(ev_start_ptr + s)
-        n_rs = tl.load(res_cnt_ptr + s)
-        r0 = tl.load(res_start_ptr + s)
-        inv = tl.load(inv_ptr + s) != 0
+        n_ev, e0, n_rs, r0, inv = segment(s, ev_ptr, ev_start_ptr, res_cnt_ptr, res_start_ptr, inv_ptr)
         prev = tl.full((), -1, tl.int64)
         i = tl.zeros((), tl.int64)
         while i < n_ev:
