@@ -1,7 +1,8 @@
 """The CUDA backend's Triton kernels on a machine without a GPU: tests/cuda_interpreter.py
 runs them in Triton's interpreter (GPU-path packs byte-identical to the CPU's, stage + apply
 bit-exact, corrupt chunks refused, versions made of parts staged against whole tensors,
-`sparse_ac` packs staged), in five parts that workers can run side by side.
+`sparse_ac` packs staged, a TP worker's slices staged in part), in six parts that
+workers can run side by side.
 Skipped where triton is not installed.
 
 The interpreter runs a kernel's programs one by one in Python: the script's states are a
@@ -19,7 +20,7 @@ pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None,
                                 reason="triton is not installed (pip install triton)")
 
 
-@pytest.mark.parametrize("part", ["states-a", "states-b", "kernels", "parts", "adaptive"])
+@pytest.mark.parametrize("part", ["states-a", "states-b", "kernels", "parts", "slices", "adaptive"])
 def test_cuda_kernels_in_the_triton_interpreter(part):
     script = Path(__file__).with_name("cuda_interpreter.py")
     # TRITON_INTERPRET must be set before triton is imported; the checkout's package first

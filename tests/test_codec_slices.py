@@ -1,6 +1,7 @@
 """The slice API a sampler rank uses (codec/slices.py): the header alone says where a
 record's chunks lie; chunks [i, j) are fetched as one byte range and staged against the
-rank's own old elements, each chunk checked alone; hostile bytes raise typed errors."""
+rank's own old elements (`stage_delta` with `held`), each chunk checked alone; hostile
+bytes raise typed errors, and nothing is written."""
 
 from collections import namedtuple
 
@@ -8,7 +9,7 @@ import pytest
 import torch
 
 import weight_teleport as wt
-from weight_teleport.codec.slices import chunk_byte_range, chunk_positions, chunk_window, record_layout, stage_chunks
+from weight_teleport.codec.slices import chunk_byte_range, chunk_window, record_layout
 from weight_teleport.errors import DigestMismatchError, PackFormatError, PackMismatchError
 from weight_teleport.format import read_header
 
@@ -36,18 +37,29 @@ def _trainer_part(old, new, hint, snapshot=False):
                            hints={"w": hint})
 
 
+def _held(cols):
+    return {"w": wt.TensorSlice((ROWS, COLS), ((0, ROWS), (cols[0], cols[1] - cols[0])))}
+
+
+def _fetched(pack, held) -> tuple:
+    """The header, and a buffer laid out as the pack holding its first bytes and the rank's
+    chunks alone (what a sampler rank fetches): the rest is garbage."""
+    h = read_header(pack[:1 << 16], total_length=len(pack))
+    _, i, j = chunk_window(h, h.tensors[0], held["w"].box)
+    lo, hi = chunk_byte_range(h, h.tensors[0], i, j)
+    buf = bytearray(b"\xa5" * len(pack))
+    buf[:h.payload_offset] = pack[:h.payload_offset]
+    buf[lo:hi] = pack[lo:hi]
+    return h, buf, (lo, hi)
+
+
 def _sampler_stage(pack, old, cols=(COLS // 2, COLS)):
-    """Sampler rank 1 (columns 12..23): stage its chunks, scatter into its column walk."""
-    h = read_header(pack[:1 << 16])
-    rec = h.tensors[0]
-    walk_start, i, j = chunk_window(h, rec, ((0, ROWS), (cols[0], cols[1] - cols[0])))
-    lo, hi = chunk_byte_range(h, rec, i, j)
-    mine = old[:, cols[0]:cols[1]].T.contiguous().reshape(-1)  # the rank's slice of the column walk
-    first = cols[0] * ROWS
-    local = mine[chunk_positions(h, rec, i, j) - first]
-    pos, val = stage_chunks(h, rec, (i, j), local, pack[lo:hi])
-    mine[pos - first] = val
-    return mine, walk_start
+    """Sampler rank 1 (columns 12..23): stage its chunks against its own columns, write them."""
+    held = _held(cols)
+    mine = {"w": old[:, cols[0]:cols[1]].clone()}
+    h, buf, _ = _fetched(pack, held)
+    wt.apply_staged(mine, wt.stage_delta(mine, bytes(buf), header=h, held=held))
+    return mine["w"], chunk_window(h, h.tensors[0], held["w"].box)[0]
 
 
 @pytest.mark.parametrize("hint", [wt.Hint("cols", (COLS // 2 * ROWS,)), ("cols", [COLS // 2 * ROWS]),
@@ -63,7 +75,7 @@ def test_a_sampler_rank_stages_its_columns_of_a_trainer_ranks_rows(hint, snapsho
     assert walk_start == COLS // 2 * 16
     want = old.clone()
     want[8:24, COLS // 2:] = new[8:24, COLS // 2:]
-    assert torch.equal(got.view(torch.int16), want[:, COLS // 2:].T.contiguous().reshape(-1).view(torch.int16))
+    assert torch.equal(got.view(torch.int16), want[:, COLS // 2:].view(torch.int16))
 
 
 def test_an_uncut_pack_is_refused_for_a_slice_inside_a_chunk():
@@ -74,40 +86,38 @@ def test_an_uncut_pack_is_refused_for_a_slice_inside_a_chunk():
 
 
 def _ready(pack, old):
-    h = read_header(pack)
-    rec = h.tensors[0]
-    _, i, j = chunk_window(h, rec, ((0, ROWS), (COLS // 2, COLS // 2)))
-    lo, hi = chunk_byte_range(h, rec, i, j)
-    local = old.T.contiguous().reshape(-1)[chunk_positions(h, rec, i, j)]
-    return h, rec, (i, j), local, bytearray(pack[lo:hi])
+    held = _held((COLS // 2, COLS))
+    h, buf, span = _fetched(pack, held)
+    return h, buf, span, {"w": old[:, COLS // 2:].clone()}, held
 
 
 def test_hostile_chunk_bytes_and_wrong_base_raise_typed_errors():
     old, new = _pair()
-    h, rec, rng, local, data = _ready(_trainer_part(old, new, wt.Hint("cols", (COLS // 2 * ROWS,))), old)
+    h, data, (lo, hi), mine, held = _ready(_trainer_part(old, new, wt.Hint("cols", (COLS // 2 * ROWS,))), old)
+    before = mine["w"].clone()
     flipped = bytearray(data)
-    flipped[len(data) // 2] ^= 0x10
+    flipped[(lo + hi) // 2] ^= 0x10
     with pytest.raises(PackFormatError, match="CRC"):
-        stage_chunks(h, rec, rng, local, bytes(flipped))
+        wt.stage_delta(mine, bytes(flipped), header=h, held=held)
     with pytest.raises(PackFormatError):
-        stage_chunks(h, rec, rng, local, bytes(data[:-3]))
-    stale = local.clone()
-    stale.view(torch.int16)[3] ^= 1
+        wt.stage_delta(mine, bytes(data[:hi - 3]), held=held)
+    stale = {"w": mine["w"].clone()}
+    stale["w"].view(torch.int16)[10, 2] ^= 1  # a row of the trainer rank's part
     with pytest.raises(PackMismatchError, match="base version"):
-        stage_chunks(h, rec, rng, stale, bytes(data))
-    with pytest.raises(PackMismatchError, match="local_walk"):
-        stage_chunks(h, rec, rng, local[:-8], bytes(data))
-    with pytest.raises(PackMismatchError, match="local_walk"):
-        stage_chunks(h, rec, rng, local.float(), bytes(data))
-    with pytest.raises(ValueError):
-        stage_chunks(h, rec, (rng[0], len(rec.chunks) + 1), local, bytes(data))
+        wt.stage_delta(stale, bytes(data), header=h, held=held)
+    with pytest.raises(PackMismatchError, match="is"):
+        wt.stage_delta({"w": mine["w"][:, 1:]}, bytes(data), header=h, held=held)
+    with pytest.raises(PackMismatchError, match="is"):
+        wt.stage_delta({"w": mine["w"].float()}, bytes(data), header=h, held=held)
+    assert torch.equal(mine["w"].view(torch.int16), before.view(torch.int16))
 
 
 def test_a_chunk_digest_that_does_not_match_its_chunk_is_caught():
     """A writer's wrong digest for one chunk (recomputed so the record sum still adds up)."""
     old, new = _pair()
-    h, rec, rng, local, data = _ready(_trainer_part(old, new, wt.Hint("cols", (COLS // 2 * ROWS,))), old)
-    k = rng[0]
+    h, data, _, mine, held = _ready(_trainer_part(old, new, wt.Hint("cols", (COLS // 2 * ROWS,))), old)
+    rec = h.tensors[0]
+    k = chunk_window(h, rec, held["w"].box)[1]
     rec.chunk_digests[k], rec.chunk_digests[k - 1] = rec.chunk_digests[k - 1], rec.chunk_digests[k]
     with pytest.raises(DigestMismatchError, match=f"chunk {k}"):
-        stage_chunks(h, rec, rng, local, bytes(data))
+        wt.stage_delta(mine, bytes(data), header=h, held=held)

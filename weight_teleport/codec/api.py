@@ -120,8 +120,8 @@ def encode_delta(old: Mapping[str, torch.Tensor], new: Mapping[str, torch.Tensor
     `hints[name]` walks and cuts a record for receivers holding slices: a `Hint`, a pair
     `(order, bounds)` or any object with those two fields (`targets.vllm_layout.SliceHint`);
     bounds are positions in the walk of the WHOLE tensor, and a record over a box is cut
-    where they fall inside it. Cuts need the CPU encoder; its cut records carry a digest per
-    chunk."""
+    where they fall inside it. Records over walks carry a digest per chunk, so that a
+    receiver holding a slice verifies the chunks it stages alone."""
     items = _items(new, old, slices, hints, chunk_elems)
     return _pack("delta", items, int(version), int(base_version), chunk_elems, level, threads, cuda, pinned,
                  coder)
@@ -240,17 +240,20 @@ def stage_delta(state: Mapping[str, torch.Tensor], pack: bytes, *, base_version:
 
 @collections_paused()
 def apply_staged(state: MutableMapping[str, torch.Tensor], staged: StagedPatch | StagedParts,
-                 threads: int | None = None) -> None:
-    """Write a staged patch into `state` in place (the only step that modifies weights)."""
+                 threads: int | None = None, relocate: bool = False) -> None:
+    """Write a staged patch into `state` in place (the only step that modifies weights).
+    `relocate`: `state` holds the weights the patch was staged against, possibly in other
+    memory (a patch staged against a copy of them); without it, a CUDA patch refuses
+    tensors that moved since it was staged."""
     if isinstance(staged, StagedParts):
         for patch in staged.patches:
-            apply_staged(state, patch, threads)
+            apply_staged(state, patch, threads, relocate)
         return
     backend = _backend(state[t.name] for t in staged.tensors)
     walks = getattr(staged, "walks", {})
     lives = {t.name: backend.Live(W.walk_view(state[t.name], *walks[t.name]) if t.name in walks
                                   else state[t.name], t.info) for t in staged.tensors}
-    backend.apply(lives, staged, threads)
+    backend.apply(lives, staged, threads, relocate)
 
 
 def apply_delta(state: MutableMapping[str, torch.Tensor], pack: bytes, *,

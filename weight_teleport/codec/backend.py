@@ -3,8 +3,8 @@
 A backend is a module (`codec/cpu/backend.py`, `codec/cuda/backend.py`) holding these
 functions; `codec/api.py` checks the caller's arguments, builds the walk views and writes
 the container, and asks the backend of the tensors' device for the rest. What a backend
-cannot do (the CUDA backend: encoding chunk cuts, staging part of a record) it refuses with
-the error a user can act on, here and nowhere else."""
+cannot do (the CPU backend: GPU-only stream codecs) it refuses with the error a user can
+act on, here and nowhere else."""
 
 from __future__ import annotations
 
@@ -45,8 +45,8 @@ class Backend(Protocol):
     def walk_item(self, name: str, info: DtypeInfo, new: torch.Tensor, old: torch.Tensor | None,
                   sl: TensorSlice, hint: Hint, chunk_elems: int) -> Any:
         """The encode item of a record over a walk: `new` and `old` are flat walks of the
-        box `sl` in `hint.order`; the record is cut where `hint.bounds` fall (ValueError
-        where the backend cuts regular chunks only)."""
+        box `sl` in `hint.order`; the record is cut where `hint.bounds` fall and carries a
+        digest per chunk."""
 
     def encode(self, items: list, chunk_elems: int, level: int, threads: int | None,
                config: Any, pinned: bool, coder: str) -> Encoded:
@@ -65,8 +65,11 @@ class Backend(Protocol):
         `windows`: as `_lives` in codec/api.py makes them; `config`: the caller's `cuda`
         argument (ValueError where the backend takes none)."""
 
-    def apply(self, lives: dict, staged: StagedPatch, threads: int | None) -> None:
-        """Write a patch staged by this backend into the live tensors."""
+    def apply(self, lives: dict, staged: StagedPatch, threads: int | None, relocate: bool = False) -> None:
+        """Write a patch staged by this backend into the live tensors. `relocate`: they hold
+        the weights the patch was staged against, possibly elsewhere in memory (a patch
+        staged against a copy); else a backend whose patches hold addresses refuses tensors
+        that moved."""
 
     def digest(self, tensor: torch.Tensor) -> str:
         """The pack digest of a tensor's bytes, in hex."""

@@ -52,7 +52,7 @@ class PublisherConfig:
     """Per tensor name, how packs walk and cut it for samplers that hold slices (a
     `codec.Hint`, an (order, bounds) pair, or `targets.vllm_layout.slice_hints(config,
     tp_sizes)` as it is): then each sampler rank fetches and stages only its chunks (format
-    version 2; needs the CPU encoder). None: regular chunks (format version 1)."""
+    version 2). None: regular chunks (format version 1)."""
     level: int = 3
     """Zstd level of the pack streams."""
     coder: str = "zstd"

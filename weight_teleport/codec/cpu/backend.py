@@ -373,8 +373,9 @@ def _verify(rec: TensorRecord, live: Live, results, header: PackHeader, check_ba
     return TensorPatch(rec.name, BY_NAME[rec.dtype], rec.shape, digest, chunks)
 
 
-def apply(lives: dict[str, Live], staged: StagedPatch, threads: int | None) -> None:
-    """Write a staged patch into the live weights."""
+def apply(lives: dict[str, Live], staged: StagedPatch, threads: int | None, relocate: bool = False) -> None:
+    """Write a staged patch into the live weights (its positions are relative to each live
+    tensor, so `relocate` changes nothing)."""
     jobs = [(lives[t.name], c) for t in staged.tensors for c in t.chunks]
     with _pool(threads) as pool:
         list(pool.map(lambda job: _apply_chunk(*job), jobs))

@@ -2,6 +2,7 @@
 backend's."""
 
 from weight_teleport.codec import digest as D
+from weight_teleport.codec import walks as W
 from weight_teleport.codec import streams
 from weight_teleport.codec.backend import Encoded
 from weight_teleport.codec.cuda.runtime import nvcomp
@@ -14,18 +15,19 @@ from weight_teleport.codec.cuda.kernels.digest import digest as _digest
 from weight_teleport.codec.cuda.kernels.digest import word_sums
 from weight_teleport.codec.cuda.encode.encoder import DEFAULT_CONFIG
 from weight_teleport.codec.cuda.live import EncodeItem, Live
+from weight_teleport.codec.plan import chunk_ranges
 from weight_teleport.errors import UnsupportedFormatError
 
 item = EncodeItem.of
 
 
 def walk_item(name, info, new, old, sl, hint, chunk_elems: int) -> EncodeItem:
-    """The item of a record over a walk (flat `new` and `old`), cut in regular chunks:
-    ValueError where `hint.bounds` asks for cuts."""
-    if hint.bounds:
-        raise ValueError(f"tensor {name!r}: chunk cuts (Hint.bounds) need the CPU encoder; the CUDA "
-                         "encoder cuts regular chunks")
-    return EncodeItem.of(name, info, new, old)
+    """The item of a record over a walk (flat `new` and `old`), cut where `hint.bounds`
+    fall, with a digest per chunk (receivers holding slices verify the chunks they stage
+    alone), as the CPU backend's `walk_item`."""
+    spans = W.cut_spans(sl, hint, chunk_elems)
+    cuts = None if spans == chunk_ranges(new.numel(), chunk_elems) else [e - s for s, e in spans]
+    return EncodeItem.of(name, info, new, old, cuts, chunk_digests=True)
 
 
 def encode(items: list[EncodeItem], chunk_elems: int, level: int, threads: int | None,
@@ -40,22 +42,19 @@ def encode(items: list[EncodeItem], chunk_elems: int, level: int, threads: int |
 
 
 def check_stage(header, windows: dict) -> None:
-    """UnsupportedFormatError unless this build stages the pack onto CUDA weights: whole
-    records (cut or not: a record over a box stages against its box's walk view), of stream
-    codecs it decodes (`check_readable`)."""
-    if windows:
-        raise UnsupportedFormatError("staging a slice of a record (`held`) needs CPU weights in this build; "
-                                     "a worker holding slices of CUDA weights stages through "
-                                     "targets.slice_stage")
+    """UnsupportedFormatError unless this build stages the pack onto CUDA weights: records
+    whole (cut or not: a record over a box stages against its box's walk view) or in part
+    (`windows`: a receiver holding a slice, each run of chunks checked against its chunk
+    digests), of stream codecs it decodes (`check_readable`)."""
     check_readable(header.stream_codecs)
 
 
 def stage(lives: dict[str, Live], header, pack, check_base: bool, threads: int | None,
           windows: dict | None = None, config: CudaCodecConfig | None = None):
     """Decode and verify every chunk against the live weights on their device; nothing is
-    written. `windows`: none (`check_stage` refuses them); `config` picks nvCOMP's
+    written. `windows`: the records staged in part (codec/api.py); `config` picks nvCOMP's
     decompression backend."""
-    return staging.stage(lives, header, pack, check_base, threads, config=config)
+    return staging.stage(lives, header, pack, check_base, threads, config=config, windows=windows)
 
 
 def digest(tensor) -> str:

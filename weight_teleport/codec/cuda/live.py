@@ -5,6 +5,7 @@ from functools import cached_property
 
 import torch
 
+from weight_teleport.codec.cuda.kernels.stage_scatter import scatter
 from weight_teleport.codec.dtypes import DtypeInfo, contiguous
 
 
@@ -24,24 +25,60 @@ def flat_bits(tensor: torch.Tensor, info: DtypeInfo) -> torch.Tensor:
 
 class Live:
     """A live tensor and its flat bit patterns (a view when contiguous, else a copy), made
-    on first use: the pause touches only the tensors it writes."""
+    on first use: the pause touches only the tensors it writes.
 
-    def __init__(self, tensor: torch.Tensor, info: DtypeInfo):
-        self.tensor, self.info = tensor, info
+    `origin`: where the tensor's first element lies in its record's walk (a receiver
+    holding some chunks of a record: the digest numbers words by their place in the walk).
+    `window`: (offset, count) of the tensor's flat walk that is staged, for a tensor that
+    is not contiguous (a contiguous one is narrowed by a view: `narrowed`)."""
+
+    def __init__(self, tensor: torch.Tensor, info: DtypeInfo, origin: int = 0,
+                 window: tuple[int, int] | None = None):
+        self.tensor, self.info, self.origin, self.window = tensor, info, origin, window
 
     @cached_property
     def u(self) -> torch.Tensor:
-        return flat_bits(self.tensor, self.info)
+        flat = flat_bits(self.tensor, self.info)
+        return flat if self.window is None else flat[self.window[0]:self.window[0] + self.window[1]]
 
     @property
     def in_place(self) -> bool:
         """Whether writing `u` writes the tensor itself."""
         return self.tensor.is_contiguous()
 
+    def narrowed(self, offset: int, count: int, origin: int) -> "Live":
+        """Elements [offset, offset + count) of this tensor's flat walk, whose first lies at
+        `origin` of its record's walk."""
+        if self.window is not None:
+            offset += self.window[0]
+        if self.tensor.is_contiguous():
+            return Live(self.tensor.reshape(-1)[offset:offset + count], self.info, origin)
+        return Live(self.tensor, self.info, origin, (offset, count))
+
+    def storage_offsets(self, positions: torch.Tensor) -> torch.Tensor:
+        """Offsets (int64, from the tensor's first element in memory) of flat walk
+        positions `positions` of a tensor that is not contiguous: where a scatter writes
+        them in place, with no copy of the tensor."""
+        if self.window is not None:
+            positions = positions + self.window[0]
+        out = torch.zeros_like(positions)
+        for size, stride in zip(reversed(self.tensor.shape), reversed(self.tensor.stride())):
+            out += (positions % size) * stride
+            positions = positions // size
+        return out
+
     def commit(self) -> None:
         """Write a patched copy back into a non-contiguous tensor."""
         if not self.in_place:
-            self.tensor.view(self.info.int_torch).copy_(self.u.view(self.tensor.shape))
+            every = torch.arange(self.u.numel(), device=self.u.device)
+            scatter(storage_view(self.tensor, self.info), self.storage_offsets(every), self.u)
+
+
+def storage_view(tensor: torch.Tensor, info: DtypeInfo) -> torch.Tensor:
+    """A flat integer view from `tensor`'s first element in memory over every element of
+    it, whatever its strides (the base a scatter of `Live.storage_offsets` writes into)."""
+    span = 1 + sum((d - 1) * s for d, s in zip(tensor.shape, tensor.stride())) if tensor.numel() else 0
+    return tensor.view(info.int_torch).as_strided((span,), (1,))
 
 
 @dataclass
@@ -55,13 +92,21 @@ class EncodeItem:
     chunk table's pointers, and only its base gets a flat view (`flat_bits`)."""
     old: torch.Tensor | None
     """The same of the base tensor; None for snapshots."""
+    cuts: list[int] | None = None
+    """Elements of each chunk, where they are not the regular chunks (a record cut at a
+    receiver's slice bounds)."""
+    chunk_digests: bool = False
+    """Whether the record carries a digest per chunk (a record over a walk: container
+    version 2)."""
 
     @classmethod
-    def of(cls, name: str, info: DtypeInfo, new: torch.Tensor, old: torch.Tensor | None) -> "EncodeItem":
+    def of(cls, name: str, info: DtypeInfo, new: torch.Tensor, old: torch.Tensor | None, cuts=None,
+           chunk_digests: bool = False) -> "EncodeItem":
         """An item of the caller's tensors, with no torch call on a contiguous one: a flat
         view costs four torch dispatches, and for every tensor of a large state they would be
         the encode call's first milliseconds of host work, before any launch."""
-        return cls(name, info, tuple(new.shape), _bits(new, info), None if old is None else _bits(old, info))
+        return cls(name, info, tuple(new.shape), _bits(new, info), None if old is None else _bits(old, info),
+                   cuts, chunk_digests)
 
 
 def _bits(tensor: torch.Tensor, info: DtypeInfo) -> torch.Tensor:

@@ -35,7 +35,12 @@ def _pageable(n: int) -> np.ndarray:
 
 def _host_item(it: EncodeItem) -> cpu.EncodeItem:
     to_np = lambda t: flat_bits(t, it.info).cpu().numpy().view(it.info.uint_numpy)
-    return cpu.EncodeItem(it.name, it.info, it.shape, to_np(it.new), None if it.old is None else to_np(it.old))
+    spans = None
+    if it.cuts is not None:
+        ends = np.cumsum(it.cuts).tolist()
+        spans = list(zip([0, *ends[:-1]], ends))
+    return cpu.EncodeItem(it.name, it.info, it.shape, to_np(it.new), None if it.old is None else to_np(it.old),
+                          spans, it.chunk_digests)
 
 
 def _on_cpu(items: list[EncodeItem], chunk_elems: int, level: int, threads, coder: str):
@@ -65,6 +70,9 @@ class _Scan:
     """The per-block histograms of the items' programs (device)."""
     first: np.ndarray
     """Each item's first program in `hist`, then the number of programs."""
+    chunks: np.ndarray | None = None
+    """[chunks, 4] int64 where some item carries a digest per chunk: per chunk of the items,
+    its item (an index into `items`), its length, its old and its new digest word sums."""
 
 
 WAVE_ELEMS = 1 << 26
@@ -104,24 +112,38 @@ def _launch_scan(items: list[EncodeItem], which: list[int], chunk_elems: int) ->
     for g in _by_type(items, which):
         olds, news = [aligned(items[i].old) for i in g], [aligned(items[i].new) for i in g]  # alive until launched
         info = items[g[0]].info
-        table = chunk_table.build_cached(olds, chunk_elems, SPAN, info)
-        done = scan(table, chunk_table.pair(news, table, info), info)
+        table = chunk_table.build_cached(olds, chunk_elems, SPAN, info, _cuts([items[i] for i in g]))
+        done = scan(table, chunk_table.pair(news, table, info), info, any(items[i].chunk_digests for i in g))
         per = np.bincount(table.host[:, chunk_table.TENSOR], -(-table.host[:, chunk_table.LEN] // SPAN),
                           len(g)).astype(np.int64)
-        groups.append((g, done, np.concatenate([[0], np.cumsum(per)])))
+        groups.append((g, done, np.concatenate([[0], np.cumsum(per)]), table.host))
     if not groups:
         return _Launched(groups, None, None)
-    return _Launched(groups, *memory.to_pinned(torch.cat([done.rows.view(-1) for _, done, _ in groups])))
+    rows = [t.view(-1) for _, done, _, _ in groups for t in (done.rows, done.chunk_sums) if t is not None]
+    return _Launched(groups, *memory.to_pinned(torch.cat(rows)))
+
+
+def _cuts(items: list[EncodeItem]) -> list | None:
+    """The items' chunk cuts as a chunk table takes them (None: every item's are regular)."""
+    cuts = [it.cuts for it in items]
+    return cuts if any(cuts) else None
 
 
 def _scans(w: _Launched) -> list[_Scan]:
     """The scans of a launched wave, its rows waited for."""
     memory.wait(w.copied)
     scans, at = [], 0
-    for g, done, first in w.groups:
+    for g, done, first, table in w.groups:
         n = done.rows.numel()
-        scans.append(_Scan(g, w.rows[at:at + n].reshape(done.rows.shape), done.hist, first))
+        scan = _Scan(g, w.rows[at:at + n].reshape(done.rows.shape), done.hist, first)
         at += n
+        if done.chunk_sums is not None:
+            n = done.chunk_sums.numel()
+            sums = w.rows[at:at + n].reshape(-1, 2)
+            tensor = np.asarray(g, np.int64)[table[:, chunk_table.TENSOR]]
+            scan.chunks = np.concatenate([tensor[:, None], table[:, chunk_table.LEN, None], sums], 1)
+            at += n
+        scans.append(scan)
     return scans
 
 
@@ -172,6 +194,19 @@ def _records(items: list[EncodeItem], scans: list[_Scan], plans: list[PlanTable]
         for j, (i, (s_old, s_new)) in enumerate(zip(s.items, s.rows[:, -2:].tolist())):
             if out[i] is None:
                 out[i] = _record(items[i], s_old, s_new, int(changed[i]), p[j] if changed[i] else None, codec)
+                if items[i].chunk_digests and changed[i]:
+                    _add_chunk_digests(out[i], items[i], s.chunks[s.chunks[:, 0] == i])
+
+
+def _add_chunk_digests(rec: TensorRecord, it: EncodeItem, chunks: np.ndarray) -> None:
+    """A digest per chunk (its words numbered by their place in the walk: they add up to
+    the record's) from its rows of `_Scan.chunks`, and the item's cuts, as the CPU backend
+    writes them."""
+    nbytes = (chunks[:, 1] * it.info.nbytes).tolist()
+    rec.chunk_base_digests = [D.to_hex(D.finish(s & D.MASK64, n)) for s, n in zip(chunks[:, 2].tolist(), nbytes)]
+    rec.chunk_digests = [D.to_hex(D.finish(s & D.MASK64, n)) for s, n in zip(chunks[:, 3].tolist(), nbytes)]
+    if it.cuts is not None:
+        rec.cuts = list(it.cuts)
 
 
 def encode(items: list[EncodeItem], chunk_elems: int, level: int, threads: int | None,
@@ -188,8 +223,12 @@ def encode(items: list[EncodeItem], chunk_elems: int, level: int, threads: int |
     codec = cpu.sparse_codec(coder)
     sparse_chunks.begin_encode()
     memory.begin_call()
-    if any(it.old is None for it in items):  # a snapshot: raw byte planes, written on the device
-        return snapshot.encode(items, chunk_elems, pinned, memory.pinned_empty if pinned else _pageable)
+    if any(it.old is None for it in items):  # a snapshot: raw byte planes, written on the device...
+        if not any(it.chunk_digests for it in items):
+            return snapshot.encode(items, chunk_elems, pinned, memory.pinned_empty if pinned else _pageable)
+        records, parts = _on_cpu(items, chunk_elems, level, threads, coder)  # ...or a record per walk on the host
+        records, parts = _lay_out(records, parts)
+        return records, parts, lambda: None
     numel = np.fromiter((it.new.numel() for it in items), np.int64, len(items))
     launched = [_launch_scan(items, w, chunk_elems) for w in _waves(numel)]
     changed = np.zeros(len(items), np.int64)

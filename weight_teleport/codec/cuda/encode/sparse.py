@@ -66,7 +66,9 @@ def events(b: Batch, chunk_elems: int) -> Events:
     luts, inv, k, ncp = _class_tables(b.plans, dev)
     olds = [it.old for it in b.items]
     fast = warp.available(olds[0])  # the scan's blocks, their class counts from its histograms
-    table = chunk_table.build_cached(olds, chunk_elems, encode_scan.SPAN if fast else class_ranks.BLOCK, info)
+    cuts = [it.cuts for it in b.items]
+    table = chunk_table.build_cached(olds, chunk_elems, encode_scan.SPAN if fast else class_ranks.BLOCK, info,
+                                     cuts if any(cuts) else None)
     new = chunk_table.pair([it.new for it in b.items], table, info)
     if fast:
         counts, evc = warp.hist_counts(b.hist, table, luts, inv, info, ncp)
@@ -79,7 +81,7 @@ def events(b: Batch, chunk_elems: int) -> Events:
     ev = ev.view(-1)
     rk, res = encode_events.events(table, new, luts, inv, rbase, ebase, memory.starts(ev), memory.starts(chg),
                                    b.n_events, b.n_changed, int(k.max()), info)
-    n_chunks = np.array([-(-it.new.numel() // chunk_elems) for it in b.items], np.int64)
+    n_chunks = np.bincount(table.host[:, chunk_table.TENSOR], minlength=len(b.items)).astype(np.int64)
     return Events([rk], [res], encode_symbols.Segments(ev, chg, inv_rows.view(-1), info.bits), ncp,
                   k[table.host[:, chunk_table.TENSOR]], np.concatenate([[0], np.cumsum(n_chunks)]))
 

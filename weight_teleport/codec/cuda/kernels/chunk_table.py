@@ -111,15 +111,20 @@ def _elements_from_base(flats: list[torch.Tensor]) -> tuple[np.ndarray, int]:
     return (ptrs - ptrs[base]) // size, base
 
 
-def build(flats: list[torch.Tensor], chunk_elems: int, block: int, info=None, cuts=None) -> ChunkTable:
+def build(flats: list[torch.Tensor], chunk_elems: int, block: int, info=None, cuts=None,
+          origins=None) -> ChunkTable:
     """The chunk table of the contiguous tensors `flats` (one element size, one device), of
     which only pointers and sizes are read; its base is the lowest-addressed one as given,
     or its flat bit patterns of element type `info` (a DtypeInfo) when given. `cuts`: per
-    tensor, its chunks' lengths, or None for chunks of `chunk_elems` (`chunk_rows`)."""
+    tensor, its chunks' lengths, or None for chunks of `chunk_elems` (`chunk_rows`).
+    `origins`: per tensor, where its first element lies in its record's walk (None: 0
+    each), added to the chunks' START, which numbers the digest's words; OFF alone
+    addresses memory."""
     elem, base = _elements_from_base(flats)
     tensor, start, length = chunk_rows(np.array([t.numel() for t in flats], np.int64), chunk_elems, cuts)
     progs = -(-length // block)
-    rows = np.stack([elem[tensor] + start, length, start, tensor, memory.starts(progs)], axis=1).astype(np.int64)
+    at = start if origins is None else start + np.asarray(origins, np.int64)[tensor]
+    rows = np.stack([elem[tensor] + start, length, at, tensor, memory.starts(progs)], axis=1).astype(np.int64)
     dev = flats[0].device
     rows_d, progs_d = memory.to_device([rows, progs], dev)
     prog_chunk = torch.repeat_interleave(torch.arange(rows.shape[0], dtype=torch.int32, device=dev), progs_d,
@@ -135,7 +140,8 @@ a block (about 3 MB per GB of bf16 weights at 2048-element blocks), so the cache
 _cached: dict = {}
 
 
-def build_cached(flats: list[torch.Tensor], chunk_elems: int, block: int, info=None, cuts=None) -> ChunkTable:
+def build_cached(flats: list[torch.Tensor], chunk_elems: int, block: int, info=None, cuts=None,
+                 origins=None) -> ChunkTable:
     """`build`, reusing a table built before for the same pointers and sizes (a sampler
     stages every version onto the same weights, a trainer keeps its published weights in
     the same memory), of which a table reads nothing else; only its base is made anew.
@@ -143,11 +149,12 @@ def build_cached(flats: list[torch.Tensor], chunk_elems: int, block: int, info=N
     a table is a millisecond-scale part of it for a large state."""
     key = (flats[0].device, flats[0].dtype, chunk_elems, block, None if info is None else info.name,
            tuple((t.data_ptr(), t.numel()) for t in flats),
-           None if cuts is None or not any(cuts) else tuple(tuple(c) if c else None for c in cuts))
+           None if cuts is None or not any(cuts) else tuple(tuple(c) if c else None for c in cuts),
+           None if origins is None or not any(origins) else tuple(origins))
     if key not in _cached:
         if len(_cached) >= CACHED:
             _cached.clear()
-        table = build(flats, chunk_elems, block, info, cuts)
+        table = build(flats, chunk_elems, block, info, cuts, origins)
         _cached[key] = dataclasses.replace(table, base=None), _elements_from_base(flats)[1]
         return table
     table, base = _cached[key]

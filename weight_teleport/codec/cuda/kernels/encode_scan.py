@@ -72,11 +72,15 @@ class Scanned:
     hist: torch.Tensor
     """[programs, NB] int32: per program of the chunk table, the counts of key + n_keys *
     changed (the trainer counts its classes from them: warp.hist_counts)."""
+    chunk_sums: torch.Tensor | None = None
+    """[chunks, 2] int64: per chunk of the table, the old and the new digest word sums (when
+    asked for)."""
 
 
-def scan(table: chunk_table.ChunkTable, new: chunk_table.Paired, info) -> Scanned:
+def scan(table: chunk_table.ChunkTable, new: chunk_table.Paired, info, per_chunk: bool = False) -> Scanned:
     """The first pass over every tensor of a chunk table built with block SPAN (`new` the
-    new tensors of the same shapes). No sync."""
+    new tensors of the same shapes). `per_chunk`: the digest word sums of every chunk too
+    (records that carry a digest per chunk). No sync."""
     memory.require(table.base, info.int_torch)
     memory.require(new.base, info.int_torch)
     assert table.block == SPAN and new.offsets.shape == (table.chunks,)
@@ -94,4 +98,8 @@ def scan(table: chunk_table.ChunkTable, new: chunk_table.Paired, info) -> Scanne
                                         BITS=info.bits, BLOCK=BLOCK, TILES=TILES)
     keys = table.per_tensor(hist)
     changed = keys[:, nk:2 * nk]
-    return Scanned(torch.cat([keys[:, :nk] + changed, changed, table.per_tensor(sums)], 1), hist)
+    chunks = None
+    if per_chunk:  # a chunk's programs' sums added up, mod 2^64 as every digest sum
+        chunks = torch.zeros((table.chunks, 2), dtype=torch.int64, device=dev)
+        chunks.index_add_(0, table.program_chunk.long(), sums[:table.programs])
+    return Scanned(torch.cat([keys[:, :nk] + changed, changed, table.per_tensor(sums)], 1), hist, chunks)

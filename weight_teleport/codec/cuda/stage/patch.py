@@ -1,7 +1,9 @@
 """A patch staged on the GPU: what `apply` writes, already verified against its digests."""
 
+import dataclasses
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from weight_teleport.codec.dtypes import DtypeInfo
@@ -31,6 +33,19 @@ class DeviceTensorPatch:
         return self.changed > 0 or bool(self.dense)
 
 
+def _moved(at: torch.Tensor, addresses: dict[str, int], base: str, nbytes: int,
+           to: dict[str, int]) -> tuple[torch.Tensor, str]:
+    """Element offsets `at` (from `base`'s first element, each inside one member of
+    `addresses`) as offsets from the lowest of the members' new addresses `to`, each kept at
+    its place in its member; (offsets, the new base)."""
+    names = sorted(addresses, key=addresses.get)
+    new_base = min(names, key=to.__getitem__)
+    old = torch.tensor([(addresses[n] - addresses[base]) // nbytes for n in names], device=at.device)
+    new = torch.tensor([(to[n] - to[new_base]) // nbytes for n in names], device=at.device)
+    member = torch.searchsorted(old, at, right=True) - 1
+    return at + (new - old)[member], new_base
+
+
 @dataclass
 class FusedGroup:
     """Changes of several contiguous tensors of one element type, addressed from one base:
@@ -45,6 +60,36 @@ class FusedGroup:
     """int32 offsets of the changes in their chunks."""
     values: torch.Tensor
 
+    def arrays(self) -> list[torch.Tensor]:
+        return [self.rows, self.offsets, self.values]
+
+    def moved(self, to: dict[str, int]) -> "FusedGroup":
+        """The same changes written into members now at addresses `to`."""
+        first, base = _moved(self.rows[:, 0].contiguous().to(self.values.device), self.addresses, self.base,
+                             self.values.element_size(), to)
+        rows = self.rows.to(self.values.device).clone()
+        rows[:, 0] = first
+        return FusedGroup(base, {n: to[n] for n in self.addresses}, rows, self.offsets, self.values)
+
+
+@dataclass
+class ScatterGroup:
+    """Changes of tensors of one element type that are not contiguous (walk views by
+    columns), written where they lie in memory: int64 offsets from the base's first
+    element."""
+    base: str
+    addresses: dict[str, int]
+    offsets: torch.Tensor
+    values: torch.Tensor
+
+    def arrays(self) -> list[torch.Tensor]:
+        return [self.offsets, self.values]
+
+    def moved(self, to: dict[str, int]) -> "ScatterGroup":
+        offsets, base = _moved(self.offsets.to(self.values.device), self.addresses, self.base,
+                               self.values.element_size(), to)
+        return ScatterGroup(base, {n: to[n] for n in self.addresses}, offsets, self.values)
+
 
 @dataclass
 class DevicePatch:
@@ -53,7 +98,12 @@ class DevicePatch:
     base_version: int | None
     tensors: list[DeviceTensorPatch]
     base_checked: bool
-    groups: list[FusedGroup] = field(default_factory=list)
+    groups: list[FusedGroup | ScatterGroup] = field(default_factory=list)
+    walks: dict = field(default_factory=dict)
+    """Records over boxes or walked by columns, as `codec.patch.StagedPatch.walks`."""
+    windows: dict[str, tuple[int, int, int]] = field(default_factory=dict)
+    """Records staged in part: name -> (offset, count, origin) of the live tensor's flat
+    walk that the patch writes (`Live.narrowed`); apply narrows the tensor alike."""
 
     @property
     def changed(self) -> int:
@@ -62,7 +112,7 @@ class DevicePatch:
     @property
     def nbytes(self) -> int:
         """Memory held by the staged patch."""
-        arrays = [a for g in self.groups for a in (g.rows, g.offsets, g.values)]
+        arrays = [a for g in self.groups for a in g.arrays()]
         for t in self.tensors:
             arrays += [a for a in (t.positions, t.values) if a is not None] + [v for _, v in t.dense]
         return sum(a.numel() * a.element_size() for a in arrays)
@@ -72,9 +122,37 @@ class DevicePatch:
         it back. Returns self."""
         pin = lambda a: a.cpu().pin_memory()
         for g in self.groups:
-            g.rows, g.offsets, g.values = pin(g.rows), pin(g.offsets), pin(g.values)
+            for name in ("rows", "offsets", "values"):
+                if hasattr(g, name):
+                    setattr(g, name, pin(getattr(g, name)))
         for t in self.tensors:
             if t.positions is not None:
                 t.positions, t.values = pin(t.positions), pin(t.values)
             t.dense = [(s, pin(v)) for s, v in t.dense]
         return self
+
+    @classmethod
+    def of_host(cls, staged) -> "DevicePatch":
+        """A patch the CPU backend staged (against a host copy of CUDA weights) in this
+        backend's form: its changes as positions and values in pinned host memory, which
+        `apply` copies to the device."""
+        tensors = []
+        for t in staged.tensors:
+            signed = np.dtype(f"<i{t.info.nbytes}") if t.info.nbytes > 1 else np.dtype(np.uint8)
+            pin = lambda a: torch.from_numpy(np.ascontiguousarray(a)).pin_memory()
+            sparse = [c for c in t.chunks if c.positions is not None]
+            patch = DeviceTensorPatch(t.name, t.info, t.shape, t.digest, changed=sum(c.values.size for c in sparse),
+                                      dense=[(c.start, pin(c.values.view(signed))) for c in t.chunks
+                                             if c.positions is None])
+            if sparse:
+                patch.positions = pin(np.concatenate([c.positions.astype(np.int64) + c.start for c in sparse]))
+                patch.values = pin(np.concatenate([c.values for c in sparse]).view(signed))
+            tensors.append(patch)
+        return cls(staged.kind, staged.version, staged.base_version, tensors, staged.base_checked,
+                   walks=staged.walks)
+
+    def moved(self, to: dict[str, int]) -> "DevicePatch":
+        """The patch written into tensors of the same shapes and contents as those it was
+        staged against, now at addresses `to` (name -> data_ptr of each group member): a
+        patch staged against a copy of the weights, applied to the weights."""
+        return dataclasses.replace(self, groups=[g.moved(to) for g in self.groups])

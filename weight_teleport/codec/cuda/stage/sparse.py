@@ -177,11 +177,13 @@ class SparseBatch:
         box stages against a walk view of its box), cut as their records are (regular
         chunks, or a record's `cuts`). A contiguous tensor's rows need only its pointer and
         size: only the base, and tensors that are not contiguous (copies), get flat views (a
-        flat view costs four torch calls, on the stage's host path)."""
+        flat view costs four torch calls, on the stage's host path). A live tensor holding
+        some chunks of its record numbers its digest words from its `origin`."""
         flats = [lv.tensor if lv.in_place else lv.u for lv in self.lives]
         cuts = [r.cuts for r in self.recs]
+        origins = [lv.origin for lv in self.lives]
         return chunk_table.build_cached(flats, chunk_elems, class_ranks.stage_block(flats[0]), self.info,
-                                        cuts if any(cuts) else None)
+                                        cuts if any(cuts) else None, origins if any(origins) else None)
 
     def _check_lengths(self) -> None:
         st, shape = self.streams, (self.table.chunks, self.ncp)

@@ -12,6 +12,7 @@ import os
 import re
 from concurrent.futures import ThreadPoolExecutor, wait
 
+import msgspec
 import numpy as np
 import torch
 from numba import njit
@@ -27,29 +28,35 @@ from weight_teleport.codec.cuda.config import CudaCodecConfig
 from weight_teleport.codec.cuda.kernels.crc import crc32
 from weight_teleport.codec.cuda.kernels.digest import word_sums
 from weight_teleport.codec.cuda.live import Live, grouped
-from weight_teleport.codec.cuda.stage.patch import DevicePatch, DeviceTensorPatch, FusedGroup
+from weight_teleport.codec.cuda.stage.patch import DevicePatch, DeviceTensorPatch, FusedGroup, ScatterGroup
 from weight_teleport.codec.cuda.stage.sparse import FLAGS, SparseBatch
 from weight_teleport.codec.plan import Runs, run_arrays
 from weight_teleport.errors import DigestMismatchError, PackFormatError, PackMismatchError
 from weight_teleport.format.container import ChunkSpans, crc32_ranges
 
 
-def _dense(lives: dict[str, Live], recs, header, pack, check_base: bool, threads) -> dict:
+def _dense(lives: dict[str, Live], recs, header, pack, check_base: bool, threads, cut: dict) -> dict:
     """Dense and snapshot tensors: a snapshot's raw byte planes of regular chunks on the
-    device (codec/cuda/snapshot.py), the rest (records with cuts too) through the CPU
-    backend on host copies (of the live tensors for a delta's dense chunks, which decode
-    against them)."""
+    device (codec/cuda/snapshot.py), the rest (records with cuts, and records staged in
+    part, `cut`: `_windowed`'s) through the CPU backend on host copies (of the live
+    tensors for a delta's dense chunks, which decode against them)."""
     if not recs:
         return {}
-    if header.kind == "snapshot" and not any(r.cuts for r in recs) and snapshot.raw_planes(header, pack, recs):
+    if header.kind == "snapshot" and not any(r.cuts or r.name in cut for r in recs) \
+            and snapshot.raw_planes(header, pack, recs):
         return snapshot.stage(lives, header, pack, recs, header.chunk_elems)
-    if header.kind == "snapshot":
-        host = {r.name: cpu.Live(torch.empty(lives[r.name].tensor.shape, dtype=lives[r.name].tensor.dtype),
-                                 lives[r.name].info) for r in recs}
-    else:
-        host = {r.name: cpu.Live(lives[r.name].tensor.detach().cpu(), lives[r.name].info) for r in recs}
-    sub = dataclasses.replace(header, tensors=recs)
-    staged = cpu.stage(host, sub, pack, check_base, threads)
+    host, windows = {}, {}
+    for r in recs:
+        live = lives[r.name]
+        if header.kind == "snapshot":
+            tensor = torch.empty(live.u.numel() if r.name in cut else live.tensor.shape, dtype=live.tensor.dtype)
+        else:
+            tensor = (live.u.view(live.tensor.dtype) if r.name in cut else live.tensor).detach().cpu()
+        host[r.name] = cpu.Live(tensor, live.info)
+        if r.name in cut:
+            windows[r.name] = cut[r.name][1]
+    sub = dataclasses.replace(header, tensors=[cut[r.name][0] if r.name in cut else r for r in recs])
+    staged = cpu.stage(host, sub, pack, check_base, threads, windows)
     return {t.name: [(c.start, _upload(c.values, lives[t.name])) for c in t.chunks] for t in staged.tensors}
 
 
@@ -234,11 +241,62 @@ def _launched(lives: dict[str, Live], groups: list[list], runs: list[Runs], head
     return batches, crcs
 
 
+def _window_digest(digests: list[str], spans, nbytes: int) -> str:
+    """The digest of a run of a record's chunks, from their chunk digests (each over its
+    words numbered by their place in the walk: their word sums add up)."""
+    total = sum((e - s) * nbytes for s, e in spans)
+    return D.to_hex(D.finish(sum(D.word_sum(D.from_hex(d), (e - s) * nbytes) for d, (s, e) in zip(digests, spans)),
+                             total))
+
+
+def _windowed(lives: dict[str, Live], header, windows: dict):
+    """(lives, header, cut): the records of `header` the state holds (`lives`), those staged
+    in part (`windows`: name -> (walk start of the live tensor, first chunk, stop chunk),
+    as codec/api.py makes them) cut to records of their own over the run of those chunks,
+    their digests the chunks' added up, each against its live tensor narrowed to the run's
+    elements (its digest words numbered from the run's first element). `cut`: name ->
+    (the record as the pack holds it, its window) of each record cut."""
+    if not windows and all(rec.name in lives for rec in header.tensors):
+        return lives, header, {}
+    recs, rows, firsts, out, cut = [], [], [0], dict(lives), {}
+    for k, rec in enumerate(header.tensors):
+        lo, hi = int(header.chunk_first[k]), int(header.chunk_first[k + 1])
+        if rec.name not in lives:
+            continue
+        if rec.name in windows:
+            walk_start, i, j = windows[rec.name]
+            if i == j:
+                del out[rec.name]
+                continue
+            spans = rec.chunk_spans(header.chunk_elems)[i:j]
+            if not rec.chunk_digests or (header.kind == "delta" and not rec.chunk_base_digests):
+                raise PackMismatchError(f"tensor {rec.name!r}: the pack has no chunk digests, so a slice of it "
+                                        "cannot be verified alone; stage the whole record")
+            nb, first, stop = lives[rec.name].info.nbytes, spans[0][0], spans[-1][1]
+            base = None if header.kind != "delta" else _window_digest(rec.chunk_base_digests[i:j], spans, nb)
+            cut[rec.name] = (rec, (first, i, j))
+            rec = msgspec.structs.replace(
+                rec, shape=(stop - first,), box=None, order=None, chunks=rec.chunks[i:j],
+                cuts=[e - s for s, e in spans] if rec.cuts else [], chunk_digests=[], chunk_base_digests=[],
+                digest=_window_digest(rec.chunk_digests[i:j], spans, nb), base_digest=base)
+            out[rec.name] = lives[rec.name].narrowed(first - walk_start, stop - first, first)
+            lo, hi = lo + i, lo + j
+        recs.append(rec)
+        rows.append(header.chunk_rows[lo:hi])
+        firsts.append(firsts[-1] + hi - lo)
+    sub = dataclasses.replace(header, tensors=recs, chunk_first=np.array(firsts, np.int64),
+                              chunk_rows=np.concatenate(rows) if rows else header.chunk_rows[:0])
+    return out, sub, cut
+
+
 def stage(lives: dict[str, Live], header, pack, check_base: bool, threads: int | None,
-          config: CudaCodecConfig | None = None) -> DevicePatch:
+          config: CudaCodecConfig | None = None, windows: dict | None = None) -> DevicePatch:
     """Decode and verify every chunk against the live weights; nothing is written. `config`:
-    nvCOMP's decompression backend (`decompress_backend`)."""
+    nvCOMP's decompression backend (`decompress_backend`). `windows`: the records staged in
+    part, as `_windowed` takes them; each such run of chunks is checked against its chunk
+    digests."""
     memory.begin_call()
+    lives, header, cut = _windowed(lives, header, windows or {})
     check = check_base and header.kind == "delta"
     sparse_recs = [r for r in header.tensors if r.codec == "sparse"]
     groups = _by_type(lives, sparse_recs)
@@ -248,13 +306,14 @@ def stage(lives: dict[str, Live], header, pack, check_base: bool, threads: int |
     try:
         _start_reads(pack, groups, runs, spans, uploaded, reads)
         dense = _dense(lives, [r for r in header.tensors if r.codec not in ("sparse", "sparse_ac", "same")], header,
-                       pack, check, threads)
+                       pack, check, threads, cut)
         batches, crcs = _launched(lives, groups, runs, header, spans, pack, threads, reads, uploaded, config)
         batches += _adaptive(lives, [r for r in header.tensors if r.codec == "sparse_ac"], header, pack, threads)
     finally:
         wait([r.done for r in reads])  # they fill this thread's arena, which its next call rewinds
     patch = _patch(lives, header, batches, dense, check)  # host work while the device decodes
-    same = [r for r in header.tensors if r.codec == "same" and check]
+    patch.windows = {name: (w[0] - windows[name][0], lives[name].u.numel(), w[0]) for name, (_, w) in cut.items()}
+    same = [r for r in header.tensors if r.codec == "same" and check and r.name not in cut]
     same_sums = word_sums([lives[r.name].tensor for r in same]) if same else None
     # what the digest checks need of the records, made while the device works, not on the
     # call's tail after the read-back (bench/investigations/stage_host.py times the host's steps)
@@ -296,8 +355,10 @@ def _fused_rows(b: SparseBatch, chunks: np.ndarray, base_ptr: int) -> np.ndarray
     size of the rows, a large share of the host's work for a large patch)."""
     n, first = b.chunk_changes[chunks], b.chunk_first_change[chunks]
     ptrs = np.array([lv.tensor.data_ptr() for lv in b.lives], np.int64)  # `chunks` are in-place tensors'
+    origins = np.array([lv.origin for lv in b.lives], np.int64)
     rows = b.table.host[chunks]
-    elem = (ptrs[rows[:, chunk_table.TENSOR]] - base_ptr) // b.info.nbytes + rows[:, chunk_table.START]
+    tensor = rows[:, chunk_table.TENSOR]
+    elem = (ptrs[tensor] - base_ptr) // b.info.nbytes + rows[:, chunk_table.START] - origins[tensor]
     out = memory.arena().empty((int((-(-n // stage_scatter.BLOCK)).sum()), 3), np.int64)
     _program_rows(elem, first, n, stage_scatter.BLOCK, out)
     return out
@@ -316,7 +377,7 @@ def _tensor_patches(b: SparseBatch) -> list[DeviceTensorPatch]:
         if not live.in_place and t.changed:
             ks = slice(bounds[i], bounds[i + 1])
             r0, dev = int(first[ks][0]), live.u.device
-            starts, counts = memory.to_device([b.table.host[ks, chunk_table.START], n[ks]], dev)
+            starts, counts = memory.to_device([b.table.host[ks, chunk_table.START] - live.origin, n[ks]], dev)
             rep = torch.repeat_interleave(starts, counts, output_size=t.changed)
             t.positions = b.pos[r0:r0 + t.changed].long() + rep
             t.values = b.val[r0:r0 + t.changed]
@@ -336,11 +397,30 @@ def _fused_group(b: SparseBatch) -> FusedGroup | None:
     return FusedGroup(base, ptrs, memory.upload(rows, b.pos.device), b.pos, b.val)
 
 
+def _strided_group(b: SparseBatch, patches: list[DeviceTensorPatch]) -> ScatterGroup | None:
+    """One scatter over the changes of every tensor of a batch that is not contiguous (a
+    walk view by columns), written where they lie in memory: no copy of those tensors,
+    in the stage or in the pause."""
+    members = [(lv, t) for lv, t in zip(b.lives, patches) if not lv.in_place and t.positions is not None]
+    if not members:
+        return None
+    ptrs = {t.name: lv.tensor.data_ptr() for lv, t in members}
+    base = min(ptrs, key=ptrs.get)
+    offsets = torch.cat([lv.storage_offsets(t.positions) + (ptrs[t.name] - ptrs[base]) // b.info.nbytes
+                         for lv, t in members])
+    values = torch.cat([t.values for _, t in members])
+    for _, t in members:
+        t.positions, t.values, t.fused = None, None, True
+    return ScatterGroup(base, ptrs, offsets, values)
+
+
 def _patch(lives: dict[str, Live], header, batches: list[SparseBatch], dense: dict, check: bool) -> DevicePatch:
-    by_name = {t.name: t for b in batches for t in _tensor_patches(b)}
+    patches = [_tensor_patches(b) for b in batches]
+    strided = [g for g in (_strided_group(b, ts) for b, ts in zip(batches, patches)) if g is not None]
+    by_name = {t.name: t for ts in patches for t in ts}
     tensors = [by_name.get(rec.name) or DeviceTensorPatch(rec.name, lives[rec.name].info, rec.shape,
                                                           D.from_hex(rec.digest), dense=dense.get(rec.name, []))
                for rec in header.tensors]
     patch = DevicePatch(header.kind, header.version, header.base_version, tensors, check)
-    patch.groups = [g for g in (_fused_group(b) for b in batches) if g is not None]
+    patch.groups = [g for g in (_fused_group(b) for b in batches) if g is not None] + strided
     return patch
