@@ -7,6 +7,7 @@ state untouched.
 Run by tests/test_codec_cuda_interpreter.py in a subprocess (TRITON_INTERPRET=1 must be set
 before triton is imported). Exits 1 and prints the failing cases on a mismatch."""
 
+import dataclasses
 import os
 import sys
 
@@ -28,7 +29,7 @@ from weight_teleport.codec.cuda.encode import encoder  # noqa: E402
 from weight_teleport.codec.cuda.kernels import crc, digest  # noqa: E402
 from weight_teleport.codec.cuda.runtime import memory  # noqa: E402
 from weight_teleport.codec.cuda.config import CudaCodecConfig  # noqa: E402
-from weight_teleport.errors import WeightTeleportError  # noqa: E402
+from weight_teleport.errors import PackMismatchError, WeightTeleportError  # noqa: E402
 from weight_teleport.format import read_header  # noqa: E402
 
 memory.on_device = lambda t: True  # the interpreter runs the kernels on CPU tensors
@@ -394,38 +395,112 @@ def parts_failures() -> list[str]:
     return failures
 
 
+def slice_failures() -> list[str]:
+    """The two ranks of a TP=2 layout stage their slices on the GPU path (records staged in
+    part: runs of chunks against narrowed live tensors, checked against their chunk
+    digests): rows through contiguous views, columns of row-parallel layers through strided
+    views written in place; a snapshot, sparse and dense deltas, each chained ahead of the
+    pause (staged against a copy of the slices, written with `relocate`): bit-exact. A run
+    of chunks corrupted behind renewed CRCs is refused with nothing written, or (a byte no
+    decoder reads) gives the right weights."""
+    from test_slice_stage import CONFIG, TP, _mutate, _state, engine_params
+    from weight_teleport.pipeline import Publisher, PublisherConfig
+    from weight_teleport.pipeline.manifest import from_json
+    from weight_teleport.store import open_store
+    from weight_teleport.targets.slice_stage import apply_steps, stage_entry
+    from weight_teleport.targets.vllm_layout import slice_hints, worker_slices
+
+    gen = torch.Generator().manual_seed(3)
+    states = [_state(gen)]
+    for density in (0.02, 0.5, 0.01):
+        states.append(_mutate(states[-1], density, gen))
+    url = "memory://interpreter-slices"
+    with Publisher(url, PublisherConfig(hints=slice_hints(CONFIG, [TP]), threads=1)) as pub:
+        for v, st in enumerate(states, start=1):
+            pub.publish(st, version=v).wait()
+    store = open_store(url)
+    entries = [e for e in from_json(store.get_manifest()).entries if e.version == 1 or e.kind == "delta"]
+    failures = []
+    for rank in range(TP):
+        slices = worker_slices(CONFIG, TP, rank)
+        params = engine_params(_state(torch.Generator().manual_seed(9)), rank)
+        chain = []
+        for e in entries:
+            chain.append(on(gpu, lambda: stage_entry(store, e, params, slices, pending=chain)))
+        if not all(type(p).__name__ == "DevicePatch" for step in chain for p in step.patches):
+            failures.append(f"rank {rank}: a step was not staged on the GPU path")
+        on(gpu, lambda: apply_steps(params, chain))
+        want = engine_params(states[-1], rank)
+        failures += [f"rank {rank}: {n} is not the last version's" for n in want
+                     if bits(params[n]) != bits(want[n])]
+    delta = entries[1]
+    data = store.get(delta.key)
+    refused = 0
+    for k in range(6):
+        bad = corrupt(data, k, 5 * k + 1, (37 * k + 11) % 256)
+        store.put(delta.key + f".bad{k}", bad)
+        entry = dataclasses.replace(delta, key=delta.key + f".bad{k}")
+        for rank in range(TP):
+            params = engine_params(states[0], rank)
+            before = {n: t.clone() for n, t in params.items()}
+            try:
+                step = on(gpu, lambda: stage_entry(store, entry, params, worker_slices(CONFIG, TP, rank)))
+            except WeightTeleportError:
+                refused += 1
+                if any(bits(params[n]) != bits(before[n]) for n in params):
+                    failures.append(f"corruption {k}: refused on rank {rank} but its weights changed")
+                continue
+            on(gpu, lambda: apply_steps(params, [step]))
+            want = engine_params(states[1], rank)
+            if any(bits(params[n]) != bits(want[n]) for n in want):
+                failures.append(f"corruption {k}: accepted on rank {rank} and the result is wrong")
+    if refused < 4:
+        failures.append(f"only {refused} of 12 corrupt stages refused")
+    print("slices staged on the GPU path", flush=True)
+    return failures
+
+
 DEFAULT_CLASS_COST_BITS = plan.CLASS_COST_BITS
 
 
 def refusal_failures() -> list[str]:
-    """What the CUDA backend cannot do it refuses before any kernel runs, the state
-    untouched: chunk cuts when encoding, records staged in part when staging (records with
-    cuts it stages: bit-exact)."""
-    from weight_teleport.errors import UnsupportedFormatError
+    """Records over walks written on the GPU path (cut at a receiver's slice bounds, by rows
+    and by columns, or regular chunks; a digest per chunk; deltas and snapshots, sparse and
+    dense): byte-identical to the CPU's packs. Records with cuts staged on the GPU path,
+    whole and in part (a slice's run of chunks, checked against its chunk digests):
+    bit-exact; a record without chunk digests staged in part is refused, the state
+    untouched."""
     old, new = pair(torch.bfloat16, 64 * 64, 0.05, 7)
     old, new = old.view(64, 64), new.view(64, 64)
     failures = []
-    try:
-        on(gpu, lambda: wt.encode_delta({"w": old}, {"w": new}, base_version=0, version=1,
-                                        hints={"w": wt.Hint("rows", (32 * 64,))}))
-        failures.append("the CUDA backend encoded chunk cuts")
-    except ValueError as e:
-        failures += [] if "chunk cuts" in str(e) else [f"chunk cuts refused with {e}"]
+    dense = pair(torch.float32, 48 * 40, 0.5, 8)
+    olds, news = {"w": old, "d": dense[0].view(48, 40)}, {"w": new, "d": dense[1].view(48, 40)}
+    for hints in ({"w": wt.Hint("rows", (32 * 64,)), "d": wt.Hint("cols", (10 * 48, 30 * 48))},
+                  {"w": wt.Hint("cols", ()), "d": wt.Hint("rows", ())}):
+        for kind in ("delta", "snapshot"):
+            encode = lambda: (wt.encode_delta(olds, news, base_version=0, version=1, chunk_elems=512, hints=hints)
+                              if kind == "delta" else wt.encode_snapshot(news, version=1, chunk_elems=512, hints=hints))
+            want, got = on(cpu, encode), bytes(on(gpu, encode))
+            if not all(t.chunk_digests for t in read_header(want).tensors):
+                failures.append(f"{kind} {hints}: the CPU's records carry no chunk digests")
+            failures += [] if got == want else [f"{kind} over walks {hints}: GPU-path pack differs from the CPU's"]
     cut = on(cpu, lambda: wt.encode_delta({"w": old}, {"w": new}, base_version=0, version=1,
                                           hints={"w": wt.Hint("rows", (32 * 64,))}))
     whole = on(cpu, lambda: wt.encode_delta({"w": old}, {"w": new}, base_version=0, version=1, chunk_elems=1024))
     live = {"w": old.clone()}
     on(gpu, lambda: wt.apply_delta(live, cut))
     failures += [] if bits(live["w"]) == bits(new) else ["a record with cuts staged on the GPU path is not bit-exact"]
-    top = wt.TensorSlice((64, 64), ((0, 32), (0, 64)))
-    live = {"w": old[:32].clone()}
-    before = bits(live["w"])
+    bottom = wt.TensorSlice((64, 64), ((32, 32), (0, 64)))
+    live = {"w": old[32:].clone()}
+    on(gpu, lambda: wt.apply_delta(live, cut, held={"w": bottom}))
+    failures += [] if bits(live["w"]) == bits(new[32:]) else ["a slice of a record staged on the GPU path is wrong"]
+    live = {"w": old[32:].clone()}
     try:
-        on(gpu, lambda: wt.stage_delta(live, whole, held={"w": top}))
-        failures.append("the CUDA backend staged part of a record")
-    except UnsupportedFormatError as e:
-        failures += [] if "needs CPU weights" in str(e) else [f"part of a record refused with {e}"]
-    failures += [] if bits(live["w"]) == before else ["refusing part of a record changed the state"]
+        on(gpu, lambda: wt.stage_delta(live, whole, held={"w": bottom}))
+        failures.append("the CUDA backend staged part of a record without chunk digests")
+    except PackMismatchError as e:
+        failures += [] if "no chunk digests" in str(e) else [f"part of a record refused with {e}"]
+    failures += [] if bits(live["w"]) == bits(old[32:]) else ["refusing part of a record changed the state"]
     return failures
 
 
@@ -471,7 +546,8 @@ def adaptive_failures(tries: int = 6) -> list[str]:
 
 def main(part: str) -> int:
     """Runs one part of the checks (PARTS: the GPU path's packs and stages of states;
-    "parts": versions made of parts staged against whole tensors; "adaptive": `sparse_ac`
+    "parts": versions made of parts staged against whole tensors; "slices": a TP worker's
+    slices staged in part; "adaptive": `sparse_ac`
     packs staged; "kernels": digests, CRCs,
     chunk tables, corrupt chunks, sums, inflate, decoder edges), so that processes can share
     them."""
@@ -480,6 +556,8 @@ def main(part: str) -> int:
         failures = [f for name, old, new in states(PARTS[part]) for f in encode_failures(name, old, new)]
     elif part == "parts":
         failures = parts_failures()
+    elif part == "slices":
+        failures = slice_failures()
     elif part == "adaptive":
         failures = adaptive_failures()
     else:

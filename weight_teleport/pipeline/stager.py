@@ -123,7 +123,7 @@ class Stager:
         dtypes = {t.dtype for t in self.view.values()}
         with self._on_stream():
             for dtype in sorted(dtypes, key=str):
-                old, new = _warm_pair(dtype)
+                old, new = warm_pair(dtype)
                 pack = encode_delta({"w": old}, {"w": new}, base_version=0, version=1,
                                     threads=self.threads)
                 live = {"w": old.to(self.device)}
@@ -149,7 +149,7 @@ class Stager:
         return dict(zip(keys, found))
 
 
-def _warm_pair(dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+def warm_pair(dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     """(old, new) CPU tensors of `dtype` over more than two chunks, a few percent of the
     elements changed by one unit in the last place and a few by more: the stage's sparse
     paths with every class kind."""

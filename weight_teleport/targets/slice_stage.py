@@ -2,17 +2,21 @@
 
 The worker reads the pack's header alone (ranged reads), finds per record the chunks inside
 its slice (`codec.slices.chunk_window`), fetches only their bytes (adjacent ranges merged
-into one read) and decodes them against its own elements, each chunk checked against its
-CRC-32 and its chunk digests (format version 2): the proof that the slice's result is the
-trainer's, without the rest of the tensor. A version made of parts (a `PublisherGroup`'s
-trainer ranks' packs) is read from the parts whose boxes overlap the worker's slices alone.
-What comes out is a `Step`: per slice, the walk positions and new bit patterns to write. Nothing touches the parameters until
-`apply_steps`, the pause's only work.
+into one read, into a buffer laid out as the pack: pinned host memory for CUDA parameters)
+and stages them with the codec's own `stage_delta` against its slices (`held`: each slice
+seen as its box of the checkpoint tensor, a view of the parameter), on the parameters'
+device: the CUDA backend decodes on the worker's GPU and keeps the staged patch there, the
+CPU backend on the host. Each run of chunks is checked against its CRC-32s and its chunk
+digests (format version 2): the proof that the slice's result is the trainer's, without
+the rest of the tensor. A version made of parts (a `PublisherGroup`'s trainer ranks' packs)
+is read from the parts whose boxes overlap the worker's slices alone. What comes out is a
+`Step`: staged patches, written by `apply_steps` alone, the pause's only work.
 
-Versions staged but not yet applied are `pending`: a delta staged after them is decoded
-against the parameters as those versions leave them (the parameters with their writes laid
-over a copy of the slice), so a worker can stage a chain of versions ahead of the pause.
-Laying a write over the parameters is idempotent, so a commit that applies a pending version
+Versions staged but not yet applied are `pending`: a delta staged after them is staged
+against a copy of the slices with the pending versions applied (on the parameters' device
+where it has room, else on the host), so a worker can stage a chain of versions ahead of
+the pause; the patches of such a version are written into the parameters with `relocate`.
+Applying a version twice writes the same values, so a commit that applies a pending version
 while a later one stages changes nothing in what that one reads.
 
 Layouts come from `targets.vllm_layout.Slice` (fused qkv_proj / gate_up_proj, column-,
@@ -21,18 +25,19 @@ row- and vocab-parallel shards); this module knows no engine."""
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
+from weight_teleport.codec import apply_staged, stage_delta
 from weight_teleport.codec import walks as W
-from weight_teleport.codec.dtypes import BY_NAME, BY_TORCH
-from weight_teleport.codec.slices import chunk_byte_range, chunk_positions, chunk_window, record_layout, stage_chunks
+from weight_teleport.codec.slices import chunk_byte_range, chunk_window
 from weight_teleport.errors import PackMismatchError
 from weight_teleport.format import PackHeader, read_header
 from weight_teleport.pipeline.assemble import part_entry
 from weight_teleport.pipeline.errors import ManifestError, ObjectRejected
 from weight_teleport.pipeline.manifest import Entry
 from weight_teleport.pipeline.parts import check_whole
-from weight_teleport.targets.slice_view import gather_walk, scatter_walk
+from weight_teleport.targets.slice_view import box_view
 from weight_teleport.targets.vllm_layout import Slice
 
 HEADER_PROBE = 16 << 10
@@ -41,16 +46,8 @@ these bytes are not read again)."""
 MAX_GAP = 1 << 10
 """Two chunk ranges at most this far apart are fetched in one read: fewer requests for a
 few bytes of other ranks' chunks (the small records of replicated tensors lie between)."""
-
-
-@dataclass(frozen=True)
-class SliceWrite:
-    """New bit patterns for one slice: at walk positions `positions` of the whole
-    tensor (int64), or, where `positions` is None, at the run of positions from `start`."""
-    slice: Slice
-    positions: torch.Tensor | None
-    start: int
-    bits: torch.Tensor
+SHADOW_HEADROOM = 1 << 30
+"""Device memory left free when a copy of the slices is made there for a chained stage."""
 
 
 @dataclass(frozen=True)
@@ -58,9 +55,22 @@ class Step:
     """One version staged on one worker."""
     version: int
     kind: str
-    writes: tuple[SliceWrite, ...]
+    slices: Mapping[str, Slice]
+    """The worker's slices the patches were staged for (`held_state`)."""
+    patches: tuple
+    """Staged patches (one per pack read) of the slices, as `held_state` sees them."""
+    packs: tuple
+    """(bytes, header) of each pack read (its chunks outside the slices unread): what a
+    copy of the slices on the host is advanced with (`_shadow`)."""
+    relocate: bool
+    """Staged against a copy of the slices (versions were pending): written with `relocate`."""
     fetched: int
     """Bytes read from the store for it."""
+
+    @property
+    def nbytes(self) -> int:
+        """Memory the staged patches hold."""
+        return sum(p.nbytes for p in self.patches)
 
 
 def read_pack_header(store, entry: Entry) -> tuple[PackHeader, bytes]:
@@ -87,79 +97,116 @@ def held_box(s: Slice) -> W.Box:
     return ((0, s.shape[0]), (s.lo, s.hi - s.lo)) + rest[1:]
 
 
-def _in_order(s: Slice, order: str, name: str) -> Slice:
-    """`s` walked in the record's `order`: the same slice where the orders agree, or a
-    whole unfused tensor (any walk fits it); else the pack was not cut for this layout."""
-    if s.order == order:
-        return s
-    if s.lo == 0 and s.param_shape == s.shape and s.hi == (s.shape[0] if s.order == "rows" else s.shape[1]):
-        return Slice(s.name, s.shape, order, 0, s.shape[0] if order == "rows" else s.shape[1], s.param, 0,
-                     s.param_shape)
-    raise PackMismatchError(f"tensor {name!r}: the pack walks it by {order}, this worker holds {s.order}; "
-                            "publish with PublisherConfig.hints = slice_hints(config, tp_sizes)")
+def held_state(params: Mapping[str, torch.Tensor], slices: Mapping[str, Slice]
+               ) -> tuple[dict[str, torch.Tensor], dict[str, W.TensorSlice]]:
+    """(state, held): each slice as its box of the checkpoint tensor (a view of its
+    parameter), and that box: what `stage_delta` and `apply_staged` take for this worker."""
+    state = {name: box_view(params[s.param], s) for name, s in slices.items()}
+    return state, {name: W.TensorSlice(s.shape, held_box(s)) for name, s in slices.items()}
 
 
-def _old_walk(param: torch.Tensor, s: Slice, pending: Sequence[Step]) -> torch.Tensor:
-    """The slice's elements in walk order as the pending steps leave them: a view of the
-    parameter (rows, nothing pending) or a copy with the pending writes laid over it."""
-    mine = [w for step in pending for w in step.writes if w.slice.name == s.name]
-    walk = gather_walk(param, s)
-    if not mine:
-        return walk
-    walk = walk.clone()
-    ints = walk.view(BY_TORCH[walk.dtype].int_torch)
-    for w in mine:
-        if w.slice.order != s.order:
-            raise PackMismatchError(f"tensor {s.name!r}: versions staged in two walk orders; resync")
-        pos = w.positions if w.positions is not None else torch.arange(w.start, w.start + w.bits.numel())
-        ints[(pos - s.walk[0]).to(ints.device)] = w.bits.to(ints.device)
-    return walk
-
-
-def _fetch(store, key: str, ranges: list[tuple[int, int]], prefix: bytes) -> tuple[dict, int]:
-    """{(start, stop): bytes} of each range: from `prefix` (the pack's first bytes, read
-    already) where they lie inside it, else read, adjacent ones together; bytes read."""
-    total, n = 0, len(prefix)
-    straddle = max((b for a, b in ranges if a < n < b), default=n)
-    if straddle > n:  # a chunk begins inside the first bytes: read on from their end
-        prefix += store.get_range(key, n, straddle)
-        total += straddle - n
-    head = memoryview(prefix)
-    got = {(a, b): head[a:b] for a, b in ranges if b <= len(head)}
-    spans = sorted(set(ranges) - set(got))
-    k = 0
+def _fetch_into(store, key: str, size: int, ranges: list[tuple[int, int]], prefix: bytes,
+                pinned: bool) -> tuple[np.ndarray, int]:
+    """A buffer laid out as the pack (`size` bytes; pinned host memory with `pinned`) holding
+    its first bytes `prefix` and each of `ranges`, read (adjacent ones together) straight
+    into it; the rest is never read. (buffer, bytes read)."""
+    from weight_teleport.codec.cuda.runtime.memory import pinned_empty
+    buf = pinned_empty(size) if pinned else np.empty(size, np.uint8)
+    buf[:len(prefix)] = np.frombuffer(prefix, np.uint8)
+    spans = sorted((max(a, len(prefix)), b) for a, b in set(ranges) if b > len(prefix))
+    total, k = 0, 0
     while k < len(spans):
         lo, hi, m = spans[k][0], spans[k][1], k + 1
         while m < len(spans) and spans[m][0] - hi <= MAX_GAP:
             hi, m = max(hi, spans[m][1]), m + 1
-        blob = memoryview(store.get_range(key, lo, hi))
-        if len(blob) != hi - lo:
-            raise ObjectRejected(f"{key}: a ranged read of [{lo}, {hi}) returned {len(blob)} bytes")
-        total += hi - lo
-        for a, b in spans[k:m]:
-            got[(a, b)] = blob[a - lo:b - lo]
-        k = m
-    return got, total
+        got = store.get_range_into(key, lo, buf[lo:hi])
+        if got != hi - lo:
+            raise ObjectRejected(f"{key}: a ranged read of [{lo}, {hi}) returned {got} bytes")
+        total, k = total + got, m
+    return buf, total
+
+
+def _shadow(state: dict[str, torch.Tensor], held, pending: Sequence[Step]) -> tuple[dict[str, torch.Tensor], bool]:
+    """(a copy of the slices with the pending steps applied, whether it lies on the host
+    while the parameters are on a CUDA device). On the parameters' device where it leaves
+    SHADOW_HEADROOM free (the pending patches written into it), else on the host (the
+    pending packs staged again there: the CPU decodes the chain, a slower stage)."""
+    first = next(iter(state.values()))
+    nbytes = sum(t.numel() * t.element_size() for t in state.values())
+    if not first.is_cuda or torch.cuda.mem_get_info(first.device)[0] >= nbytes + SHADOW_HEADROOM:
+        # each copy keeps its slice's strides: the patches address elements through them
+        copy = {name: torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device).copy_(t)
+                for name, t in state.items()}
+        for step in pending:
+            for patch in step.patches:
+                apply_staged(copy, patch, relocate=True)
+        return copy, False
+    copy = {name: t.cpu() for name, t in state.items()}
+    for step in pending:
+        for data, header in step.packs:
+            apply_staged(copy, stage_delta(copy, data, header=header, held=held, strict=False))
+    return copy, True
 
 
 def stage_entry(store, entry: Entry, params: Mapping[str, torch.Tensor], slices: Mapping[str, Slice],
-                pending: Sequence[Step] = ()) -> Step:
+                pending: Sequence[Step] = (), device_budget: int | None = None) -> Step:
     """Stage `entry`'s pack on this worker (parameters `params` by name, its `slices` by
     checkpoint name), after the `pending` steps. Raises a typed error where the pack does
     not fit this worker or a chunk fails its checks; nothing is written. An entry made of
     parts (trainer ranks' packs) is staged from the parts whose boxes overlap this worker's
-    slices alone: the others are never read."""
-    if entry.parts:
-        return _stage_parts(store, entry, params, slices, pending)
-    header, prefix = read_pack_header(store, entry)
-    writes, read = _stage_pack(store, entry.key, header, prefix, params, slices, pending)
-    return Step(entry.version, entry.kind, writes, read)
+    slices alone: the others are never read. `device_budget`: bytes of device memory the
+    staged patches of CUDA parameters may hold, together with the pending ones'; beyond it
+    they move to pinned host memory (a longer pause)."""
+    state, held = held_state(params, slices)
+    base, on_host = state, False
+    if pending and entry.kind == "delta":  # a snapshot reads none of the weights it replaces
+        base, on_host = _shadow(state, held, pending)
+    pinned = state_on_cuda(state) and not on_host
+    if device_budget is not None:
+        device_budget = max(0, device_budget - sum(s.nbytes for s in pending))
+    patches, packs, read = [], [], 0
+    for e in ([entry] if not entry.parts else _overlapping_parts(entry, slices)):
+        header, prefix = read_pack_header(store, e)
+        _check_names(header, slices)
+        if entry.parts:
+            _check_covers(header, e, entry)
+        data, n = _fetch_into(store, e.key, e.size, _chunk_ranges(header, held), prefix, pinned)
+        patch = stage_delta(base, data, header=header, held=held, strict=False, device_budget=device_budget,
+                            base_version=entry.base if entry.kind == "delta" else None)
+        if on_host:
+            from weight_teleport.codec.cuda.stage.patch import DevicePatch
+            patch = DevicePatch.of_host(patch)
+        patches.append(patch)
+        packs.append((data, header))
+        read += len(prefix) + n
+    return Step(entry.version, entry.kind, slices, tuple(patches), tuple(packs), base is not state, read)
 
 
-def _stage_parts(store, entry: Entry, params, slices, pending: Sequence[Step]) -> Step:
-    """The parts of `entry` that hold elements of this worker's slices, each header checked
-    against its part's covers (the manifest's, checked disjoint and here covering every
-    tensor whole), so that every element of a slice lies in exactly one staged record."""
+def state_on_cuda(state: Mapping[str, torch.Tensor]) -> bool:
+    """Whether a worker's parameters (all on one device) are CUDA tensors."""
+    return next(iter(state.values())).is_cuda
+
+
+def _check_names(header: PackHeader, slices: Mapping[str, Slice]) -> None:
+    extra = sorted({r.name for r in header.tensors} - set(slices))
+    if extra:
+        raise PackMismatchError(f"the pack holds tensor {extra[0]!r}, which this engine's model lacks")
+
+
+def _chunk_ranges(header: PackHeader, held: Mapping[str, W.TensorSlice]) -> list[tuple[int, int]]:
+    """The pack's byte ranges holding the chunks inside this worker's slices, one per record."""
+    out = []
+    for rec in header.tensors:
+        _, i, j = chunk_window(header, rec, held[rec.name].box)
+        if i < j:
+            out.append(chunk_byte_range(header, rec, i, j))
+    return out
+
+
+def _overlapping_parts(entry: Entry, slices: Mapping[str, Slice]) -> list[Entry]:
+    """The parts of `entry` that hold elements of this worker's slices, as entries, after
+    checking the manifest's covers (disjoint, and here covering every tensor whole), so that
+    every element of a slice lies in exactly one staged record."""
     extra = sorted({name for p in entry.parts for name, _ in p.covers} - set(slices))
     if extra:
         raise PackMismatchError(f"the version holds tensor {extra[0]!r}, which this engine's model lacks")
@@ -167,69 +214,48 @@ def _stage_parts(store, entry: Entry, params, slices, pending: Sequence[Step]) -
         check_whole(entry.parts, {n: s.shape for n, s in slices.items()}, f"version {entry.version}")
     except ManifestError as e:
         raise ObjectRejected(str(e)) from None
-    writes, read = [], 0
-    for part in entry.parts:
-        if not any(W.intersect(box, held_box(slices[name])) for name, box in part.covers):
-            continue
-        header, prefix = read_pack_header(store, part_entry(entry, part))
-        found = tuple((r.name, record_layout(header, r).box) for r in header.tensors)
-        if found != part.covers:
-            raise ObjectRejected(f"{part.key}: its records cover {found[:3]}..., the manifest lists "
-                                 f"{part.covers[:3]}... (a pack of another part or writer)")
-        got, n = _stage_pack(store, part.key, header, prefix, params, slices, pending)
-        writes += got
-        read += n
-    return Step(entry.version, entry.kind, tuple(writes), read)
+    return [part_entry(entry, p) for p in entry.parts
+            if any(W.intersect(box, held_box(slices[name])) for name, box in p.covers)]
 
 
-def _stage_pack(store, key: str, header: PackHeader, prefix: bytes, params, slices,
-                pending: Sequence[Step]) -> tuple[tuple[SliceWrite, ...], int]:
-    """(writes, bytes read) of one pack whose header and first bytes are read already."""
-    extra = sorted({r.name for r in header.tensors} - set(slices))
-    if extra:
-        raise PackMismatchError(f"the pack holds tensor {extra[0]!r}, which this engine's model lacks")
-    jobs = []
-    for rec in header.tensors:
-        layout = record_layout(header, rec)
-        s = _in_order(slices[rec.name], layout.order, rec.name)
-        param = params[s.param]
-        if tuple(rec.shape) != s.shape or BY_NAME[rec.dtype].torch_dtype != param.dtype:
-            raise PackMismatchError(f"tensor {rec.name!r} is {rec.shape} {rec.dtype} in the pack, "
-                                    f"{s.shape} {param.dtype} in the engine")
-        _, i, j = chunk_window(header, rec, held_box(s))
-        if i < j:
-            jobs.append((rec, layout, s, param, i, j, chunk_byte_range(header, rec, i, j)))
-    blobs, read = _fetch(store, key, [job[-1] for job in jobs], prefix)
-    writes = [_stage_record(header, job, blobs[job[-1]], pending) for job in jobs]
-    return tuple(w for w in writes if w.bits.numel()), len(prefix) + read
-
-
-def _stage_record(header: PackHeader, job, data, pending: Sequence[Step]) -> SliceWrite:
-    rec, layout, s, param, i, j, _ = job
-    walk = _old_walk(param, s, pending)
-    first, stop = layout.spans[i][0], layout.spans[j - 1][1]
-    # A CUDA worker's old elements of the chunks come to the host for decoding (its writes go
-    # back in `apply_steps`): the chunk window of one slice at a time, never the model.
-    if layout.box == W.whole(layout.shape):
-        local = walk[first - s.walk[0]:stop - s.walk[0]].cpu()
-        pos, val = stage_chunks(header, rec, (i, j), local, data, walk_start=first)
-    else:  # a trainer rank's part: its walk is not a run of this slice's walk
-        local = walk[(chunk_positions(header, rec, i, j) - s.walk[0]).to(walk.device)].cpu()
-        pos, val = stage_chunks(header, rec, (i, j), local, data)
-    bits = val.view(BY_TORCH[val.dtype].int_torch)
-    if pos.numel() == stop - first and layout.box == W.whole(layout.shape):
-        return SliceWrite(s, None, first, bits)  # every element: a run, no positions kept
-    return SliceWrite(s, pos, 0, bits)
+def _check_covers(header: PackHeader, part: Entry, entry: Entry) -> None:
+    """ObjectRejected unless the part's records cover what the manifest lists for it."""
+    covers = next(p.covers for p in entry.parts if p.key == part.key)
+    found = tuple((r.name, tuple(map(tuple, r.box)) if r.box is not None else W.whole(r.shape))
+                  for r in header.tensors)
+    if found != covers:
+        raise ObjectRejected(f"{part.key}: its records cover {found[:3]}..., the manifest lists "
+                             f"{covers[:3]}... (a pack of another part or writer)")
 
 
 def apply_steps(params: Mapping[str, torch.Tensor], steps: Sequence[Step]) -> None:
     """Write the steps into the parameters in place, in order (later writes win)."""
     for step in steps:
-        for w in step.writes:
-            param = params[w.slice.param]
-            if w.positions is None and w.slice.order == "rows":
-                at = w.slice.local_index(w.start)
-                param.view(-1).view(w.bits.dtype)[at:at + w.bits.numel()] = w.bits.to(param.device)
-            else:
-                pos = w.positions if w.positions is not None else torch.arange(w.start, w.start + w.bits.numel())
-                scatter_walk(param, w.slice, pos, w.bits)
+        state, _ = held_state(params, step.slices)
+        for patch in step.patches:
+            apply_staged(state, patch, relocate=step.relocate)
+
+
+def warm_up(device: torch.device, dtypes) -> None:
+    """Stage and apply, on scratch tensors of CUDA `device`, a small delta of each element
+    type of `dtypes` over slices as a worker holds them (a run of rows, and a strided block
+    of columns, each some chunks of a record cut at its bounds), so that no kernel is
+    compiled or loaded in a worker's first pause, nor its first stage."""
+    from weight_teleport.codec import encode_delta
+    from weight_teleport.pipeline.stager import warm_pair
+
+    for dtype in sorted(set(dtypes), key=str):
+        old, new = warm_pair(dtype)
+        rows = old.numel() // 64 // 8 * 8
+        old, new = old[:rows * 64].view(rows, 64), new[:rows * 64].view(rows, 64)
+        for order, bound, box in (("rows", rows // 2 * 64, ((0, rows // 2), (0, 64))),
+                                  ("cols", 32 * rows, ((0, rows), (32, 32)))):
+            pack = encode_delta({"w": old}, {"w": new}, base_version=0, version=1,
+                                hints={"w": W.Hint(order, (bound,))})
+            sub = tuple(slice(o, o + e) for o, e in box)
+            live = {"w": old.to(device)[sub]}  # a view of a larger tensor, as a worker's slice is
+            held = {"w": W.TensorSlice(tuple(old.shape), box)}
+            apply_staged(live, stage_delta(live, pack, base_version=0, held=held))
+            if not torch.equal(live["w"].cpu().view(torch.uint8), new[sub].contiguous().view(torch.uint8)):
+                raise RuntimeError(f"warming up the worker's {order} stage of {dtype} gave other weights")
+    torch.cuda.synchronize(device)

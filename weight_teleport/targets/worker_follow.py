@@ -38,14 +38,18 @@ class WorkerFollower:
     `Slice`); posts to `board`."""
 
     def __init__(self, store, params, slices, board: StageBoard, *, watch_timeout_s: float = 5.0,
-                 max_pending: int = 4, verify=None) -> None:
+                 max_pending: int = 4, verify=None, device_budget: int | None = None) -> None:
         self.store, self.params, self.slices, self.board = store, params, slices, board
         self.watch_timeout_s, self.max_pending, self.verify = watch_timeout_s, max_pending, verify
+        self.device_budget = device_budget
+        """Bytes of device memory the staged versions' patches may hold (`stage_entry`)."""
         self.chain: list[Step] = []
         self.fetched: dict[int, int] = {}
         """Bytes read from the store per staged version (metrics)."""
         self.staged_at: dict[int, float] = {}
         """Wall-clock time (`time.time()`) each version was staged here: publish -> ready."""
+        self.stage_s: dict[int, float] = {}
+        """Seconds each version took to fetch and stage here."""
         self.errors: list[str] = []
         self._failed_keys: set[str] = set()
         self._failed = False
@@ -88,9 +92,10 @@ class WorkerFollower:
         if plan is None or not plan.steps:
             self._refresh()
             return
-        entry, epoch = plan.steps[0], self.board.epoch
+        entry, epoch, t0 = plan.steps[0], self.board.epoch, time.perf_counter()
         try:
-            step = stage_entry(self.store, entry, self.params(), self.slices, pending=self.chain)
+            step = stage_entry(self.store, entry, self.params(), self.slices, pending=self.chain,
+                               device_budget=self.device_budget)
         except STAGE_ERRORS as e:
             _log.warning("staging version %d (%s) failed on this worker: %s", entry.version, entry.key, e)
             self.errors.append(f"{entry.key}: {e}")
@@ -104,6 +109,7 @@ class WorkerFollower:
         self._failed_keys.discard(entry.key)
         self.chain.append(step)
         self.fetched[step.version] = step.fetched
+        self.stage_s[step.version] = time.perf_counter() - t0
         self.staged_at[step.version] = time.time()
         self.board.put(step.version, tuple(self.chain))
 

@@ -17,7 +17,7 @@ import torch
 
 from weight_teleport.store import StoreConfig, open_store
 from weight_teleport.targets.commit import Outcome, StageBoard, commit
-from weight_teleport.targets.slice_stage import apply_steps
+from weight_teleport.targets.slice_stage import apply_steps, warm_up
 from weight_teleport.targets.vllm_layout import Slice
 from weight_teleport.targets.worker_follow import WorkerFollower
 
@@ -39,6 +39,9 @@ class TeleportInitInfo:
     """Versions a worker stages ahead of the last commit, at most."""
     read_token: str | None = None
     """The store's read token, where it has one."""
+    device_staged_bytes: int | None = None
+    """On a CUDA worker: bytes of device memory the staged versions' patches may hold
+    together; beyond it they move to pinned host memory (a longer pause). None: no bound."""
 
 
 @dataclass
@@ -69,8 +72,11 @@ class WorkerLocal:
         self.board = StageBoard()
         self.board.applied = info.initial_version
         store = open_store(info.store_url, StoreConfig(read_token=info.read_token))
+        if self.device.type == "cuda":
+            warm_up(self.device, {p.dtype for p in self.params().values()})
         self.follower = WorkerFollower(store, self.params, self.slices, self.board,
-                                       watch_timeout_s=info.watch_timeout_s, max_pending=info.max_pending)
+                                       watch_timeout_s=info.watch_timeout_s, max_pending=info.max_pending,
+                                       device_budget=info.device_staged_bytes)
         self._wait_s = info.wait_s
 
     def commit(self, update: TeleportUpdateInfo) -> Outcome:
@@ -103,7 +109,8 @@ class WorkerLocal:
         return {"rank": self.rank, "applied": self.board.applied, "outcomes": self.outcomes,
                 "resyncs": self.board.resyncs, "staged": [s.version for s in f.chain] if f else [],
                 "fetched": dict(f.fetched) if f else {}, "apply_s": dict(self.apply_s),
-                "staged_at": dict(f.staged_at) if f else {}, "errors": list(f.errors) if f else []}
+                "staged_at": dict(f.staged_at) if f else {}, "stage_s": dict(f.stage_s) if f else {},
+                "errors": list(f.errors) if f else []}
 
     def shutdown(self) -> None:
         if self.follower is not None:

@@ -1,0 +1,263 @@
+"""Engine workers on one CUDA device, no engine: the parameters laid out exactly as vLLM's
+tensor-parallel workers hold them (`targets.vllm_layout.worker_slices`: fused qkv_proj /
+gate_up_proj, column-, row- and vocab-parallel shards), each rank a `WorkerLocal` (the
+code a vLLM or SGLang worker runs) following a store while a trainer publishes, beside the
+`TorchTarget` route on the same versions as the reference.
+
+Routes, one after another in this process, each with its own trainer and publisher over
+the same versions (seeded): `torch` (a Subscriber with a TorchTarget over the checkpoint's
+tensors), `tp1` (one worker), `tp2` (both ranks of TP=2 on this one GPU). The trainer holds
+bf16 weights on the GPU and moves `density` of them by one unit in the last place per
+version; its publisher encodes on the GPU (`baseline_device="cuda"`, with the slice hints
+of TP=1 and TP=2 for the worker routes). Every sampler starts from version 0 (the
+checkpoint it booted from). Per version: publish -> staged on every rank, each rank's
+stage and bytes fetched, the commit (the pause: the apply and the device synchronisation;
+for the TorchTarget route, `Subscriber.apply`), host and device memory added since the
+workers attached, and bit-exactness against the engine's layout of the trainer's weights.
+
+    python bench/worker_gpu.py [--model qwen3-8b] [--versions 6] [--density 0.027] \\
+        [--transport memory --transport http] [--route torch --route tp1 --route tp2] [--out DIR]
+        [--device cpu]  (a smoke run on a machine without a GPU)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import socket
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from e2e import TOKEN, Sampler, start_origin
+from weight_teleport.bench.simulate import make_config, make_state, tensor_shapes
+from weight_teleport.pipeline import Publisher, PublisherConfig, Subscriber, SubscriberConfig
+from weight_teleport.store import StoreConfig, memory
+from weight_teleport.targets.slice_stage import held_box
+from weight_teleport.targets.slice_view import box_view
+from weight_teleport.targets.torch import TorchTarget
+from weight_teleport.targets.vllm_layout import slice_hints, worker_slices
+from weight_teleport.targets.worker_local import TeleportInitInfo, TeleportUpdateInfo, WorkerLocal
+
+
+DEVICE = "cuda"
+"""Where the weights live (`--device cpu`: a smoke run of the script on a machine without a GPU)."""
+
+
+def sync() -> None:
+    if DEVICE == "cuda":
+        torch.cuda.synchronize()
+
+
+def allocated() -> int:
+    return torch.cuda.memory_allocated() if DEVICE == "cuda" else 0
+
+
+def hf_config(name: str) -> dict:
+    c = make_config(name)
+    return {"model_type": "qwen3", "vocab_size": c.vocab, "hidden_size": c.hidden, "intermediate_size": c.intermediate,
+            "num_hidden_layers": c.layers, "num_attention_heads": c.heads, "num_key_value_heads": c.kv_heads,
+            "head_dim": c.head_dim, "tie_word_embeddings": False}
+
+
+class Trainer:
+    """bf16 weights on the GPU; a step moves `density` of them by one unit in the last place."""
+
+    def __init__(self, model: str, seed: int = 0):
+        master = make_state(make_config(model), seed, device=DEVICE)
+        self.weights = {}
+        for k in list(master):
+            self.weights[k] = master.pop(k).to(torch.bfloat16)
+        self.gen = torch.Generator(device=DEVICE).manual_seed(seed + 1)
+
+    def step(self, density: float) -> None:
+        for w in self.weights.values():
+            u = w.view(torch.int16)
+            r = torch.rand(u.shape, generator=self.gen, device=u.device)
+            u += (r < density / 2).to(torch.int16)
+            u -= (r > 1 - density / 2).to(torch.int16)
+        sync()
+
+
+def engine_params(weights: dict, config: dict, tp: int, rank: int) -> dict:
+    """What a vLLM worker's loader makes of the checkpoint `weights`: its own parameters."""
+    slices = worker_slices(config, tp, rank)
+    params = {}
+    for s in slices.values():
+        params.setdefault(s.param, torch.zeros(s.param_shape, dtype=torch.bfloat16, device=DEVICE))
+    for name, s in slices.items():
+        box_view(params[s.param], s).copy_(weights[name][tuple(slice(o, o + e) for o, e in held_box(s))])
+    return params
+
+
+def exact(params: dict, weights: dict, config: dict, tp: int, rank: int) -> bool:
+    for name, s in worker_slices(config, tp, rank).items():
+        want = weights[name][tuple(slice(o, o + e) for o, e in held_box(s))]
+        if not torch.equal(box_view(params[s.param], s).view(torch.int16), want.view(torch.int16)):
+            return False
+    return True
+
+
+def rss() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def workers_route(url: str, trainer: Trainer, pub: Publisher, config: dict, tp: int, versions: int,
+                  density: float) -> list[dict]:
+    params = [engine_params(trainer.weights, config, tp, r) for r in range(tp)]
+    sync()
+    mem0, host0 = allocated(), rss()
+    workers = []
+    for r in range(tp):
+        w = WorkerLocal(lambda p=params[r]: p, worker_slices(config, tp, r), r, None, torch.device(DEVICE))
+        w.start(TeleportInitInfo(url, initial_version=0, watch_timeout_s=1.0, read_token=None))
+        workers.append(w)
+    rows = []
+    try:
+        for v in range(1, versions + 1):
+            trainer.step(density)
+            t0 = time.time()
+            result = pub.publish(trainer.weights, version=v).wait(600)
+            deadline = time.monotonic() + 600
+            while not all(v in w.status()["staged_at"] for w in workers) and time.monotonic() < deadline:
+                time.sleep(0.001)
+            st = [w.status() for w in workers]
+            ready = max(s["staged_at"][v] for s in st) - t0
+            dev_added = allocated() - mem0
+            host_added = rss() - host0
+            outcomes = [w.commit(TeleportUpdateInfo(v)).name for w in workers]
+            st = [w.status() for w in workers]
+            size = result.objects[0].size
+            rows.append(dict(version=v, pack_bytes=size, ready_s=ready, outcomes=outcomes,
+                             stage_ms=[s["stage_s"][v] * 1e3 for s in st],
+                             pause_ms=[s["apply_s"].get(v, float("nan")) * 1e3 for s in st],
+                             fetched=[s["fetched"][v] for s in st],
+                             fetched_share=[s["fetched"][v] / size for s in st],
+                             device_added=dev_added, host_added=host_added,
+                             exact=all(exact(params[r], trainer.weights, config, tp, r) for r in range(tp))))
+            print(json.dumps(rows[-1]), flush=True)
+    finally:
+        for w in workers:
+            w.shutdown()
+    return rows
+
+
+def torch_route(url: str, trainer: Trainer, pub: Publisher, versions: int, density: float) -> list[dict]:
+    live = {k: v.clone() for k, v in trainer.weights.items()}
+    sync()
+    mem0, host0 = allocated(), rss()
+    rows = []
+    with Subscriber(url, TorchTarget(live), SubscriberConfig(initial_version=0, watch_timeout_s=1.0,
+                                                             retry_backoff_s=0.05, retry_backoff_max_s=0.5)) as sub:
+        sampler = Sampler(sub)
+        try:
+            for v in range(1, versions + 1):
+                trainer.step(density)
+                t0 = time.monotonic()
+                result = pub.publish(trainer.weights, version=v).wait(600)
+                row = sampler.wait_for(v, 600)
+                rows.append(dict(version=v, pack_bytes=result.objects[0].size, ready_s=row["ready"] - t0,
+                                 stage_ms=[row["stage_s"] * 1e3], pause_ms=[row["pause_ms"]],
+                                 fetched=[row["fetched"]], fetched_share=[row["fetched"] / result.objects[0].size],
+                                 device_added=allocated() - mem0, host_added=rss() - host0,
+                                 exact=all(torch.equal(live[k].view(torch.int16), w.view(torch.int16))
+                                           for k, w in trainer.weights.items())))
+                print(json.dumps(rows[-1]), flush=True)
+        finally:
+            sampler.close()
+    return rows
+
+
+def run(route: str, transport: str, args) -> dict:
+    config = hf_config(args.model)
+    trainer = Trainer(args.model)
+    origin, root = None, Path(tempfile.mkdtemp(prefix="wt-worker-"))
+    if transport == "http":
+        origin, url = start_origin(root)
+    else:
+        url = f"memory://worker-{route}-{time.monotonic_ns()}"
+    hints = None if route == "torch" else slice_hints(config, [1, 2])
+    pc = PublisherConfig(baseline_device=DEVICE, anchor_every=1 << 20, resume=False, hints=hints,
+                         store=StoreConfig(token=TOKEN))
+    try:
+        with Publisher(url, pc) as pub:
+            t0 = time.monotonic()
+            pub.publish(trainer.weights, version=0).wait(1200)
+            print(f"{route}/{transport}: version 0 published in {time.monotonic() - t0:.1f} s", flush=True)
+            if route == "torch":
+                rows = torch_route(url, trainer, pub, args.versions, args.density)
+            else:
+                rows = workers_route(url, trainer, pub, config, 1 if route == "tp1" else 2, args.versions,
+                                     args.density)
+    finally:
+        if origin is not None:
+            origin.terminate()
+            origin.wait(30)
+        shutil.rmtree(root, ignore_errors=True)  # the route's store: a version 0 of the model's size
+        memory._NAMES.pop(url.partition("://")[2], None)
+        del trainer
+        if DEVICE == "cuda":
+            torch.cuda.empty_cache()
+    return dict(route=route, transport=transport, rows=rows)
+
+
+def table(results: list[dict], raw_gb: float) -> str:
+    med = lambda xs: sorted(xs)[len(xs) // 2]
+    lines = [f"weights {raw_gb:.1f} GB bf16; medians over versions 2.. (version 1 in brackets)",
+             "| route | transport | pack MB | ready s | stage ms (per rank) | pause ms (per rank) | fetched share | "
+             "device +GB | host +GB | exact |", "|" + "---|" * 10]
+    for r in results:
+        rows = r["rows"][1:] or r["rows"]
+        ranks = len(rows[0]["stage_ms"])
+        per = lambda key: " / ".join(f"{med([x[key][k] for x in rows]):.1f}" for k in range(ranks))
+        share = " / ".join(f"{med([x['fetched_share'][k] for x in rows]):.2f}" for k in range(ranks))
+        first = r["rows"][0]
+        lines.append(f"| {r['route']} | {r['transport']} | {med([x['pack_bytes'] for x in rows]) / 1e6:.0f} "
+                     f"| {med([x['ready_s'] for x in rows]):.3f} ({first['ready_s']:.3f}) | {per('stage_ms')} "
+                     f"| {per('pause_ms')} | {share} | {max(x['device_added'] for x in r['rows']) / 1e9:.2f} "
+                     f"| {max(x['host_added'] for x in r['rows']) / 1e9:.2f} "
+                     f"| {all(x['exact'] for x in r['rows'])} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default="qwen3-8b")
+    ap.add_argument("--versions", type=int, default=6)
+    ap.add_argument("--density", type=float, default=0.027)
+    ap.add_argument("--transport", action="append", choices=["memory", "http"])
+    ap.add_argument("--route", action="append", choices=["torch", "tp1", "tp2"])
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    args = ap.parse_args()
+    global DEVICE
+    DEVICE = args.device
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1)
+    results = []
+    for transport in args.transport or ["memory", "http"]:
+        for route in args.route or ["torch", "tp1", "tp2"]:
+            results.append(run(route, transport, args))
+    raw = sum(torch.Size(s).numel() for s in tensor_shapes(make_config(args.model)).values()) * 2 / 1e9
+    text = table(results, raw)
+    print(text)
+    if args.out:
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        (Path(args.out) / "worker_gpu.json").write_text(json.dumps(results, indent=1))
+        (Path(args.out) / "worker_gpu.md").write_text(text + "\n")
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
