@@ -23,6 +23,7 @@ Layouts come from `targets.vllm_layout.Slice` (fused qkv_proj / gate_up_proj, co
 row- and vocab-parallel shards); this module knows no engine."""
 
 from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -35,6 +36,7 @@ from weight_teleport.errors import PackMismatchError
 from weight_teleport.format import PackHeader, read_header
 from weight_teleport.pipeline.assemble import part_entry
 from weight_teleport.pipeline.errors import ManifestError, ObjectRejected
+from weight_teleport.pipeline.fetch import FETCH_THREADS, RANGE_BYTES
 from weight_teleport.pipeline.manifest import Entry
 from weight_teleport.pipeline.parts import check_whole
 from weight_teleport.targets.slice_view import box_view
@@ -108,22 +110,32 @@ def held_state(params: Mapping[str, torch.Tensor], slices: Mapping[str, Slice]
 def _fetch_into(store, key: str, size: int, ranges: list[tuple[int, int]], prefix: bytes,
                 pinned: bool) -> tuple[np.ndarray, int]:
     """A buffer laid out as the pack (`size` bytes; pinned host memory with `pinned`) holding
-    its first bytes `prefix` and each of `ranges`, read (adjacent ones together) straight
-    into it; the rest is never read. (buffer, bytes read)."""
+    its first bytes `prefix` and each of `ranges`, read straight into it (adjacent ones
+    together, in pieces of at most RANGE_BYTES on FETCH_THREADS threads where the store
+    serves ranges in parallel); the rest is never read. (buffer, bytes read)."""
     from weight_teleport.codec.cuda.runtime.memory import pinned_empty
     buf = pinned_empty(size) if pinned else np.empty(size, np.uint8)
     buf[:len(prefix)] = np.frombuffer(prefix, np.uint8)
     spans = sorted((max(a, len(prefix)), b) for a, b in set(ranges) if b > len(prefix))
-    total, k = 0, 0
-    while k < len(spans):
-        lo, hi, m = spans[k][0], spans[k][1], k + 1
-        while m < len(spans) and spans[m][0] - hi <= MAX_GAP:
-            hi, m = max(hi, spans[m][1]), m + 1
+    merged: list[list[int]] = []
+    for lo, hi in spans:
+        if merged and lo - merged[-1][1] <= MAX_GAP:
+            merged[-1][1] = max(merged[-1][1], hi)
+        else:
+            merged.append([lo, hi])
+    pieces = [(a, min(a + RANGE_BYTES, hi)) for lo, hi in merged for a in range(lo, hi, RANGE_BYTES)]
+
+    def read(piece: tuple[int, int]) -> int:
+        lo, hi = piece
         got = store.get_range_into(key, lo, buf[lo:hi])
         if got != hi - lo:
             raise ObjectRejected(f"{key}: a ranged read of [{lo}, {hi}) returned {got} bytes")
-        total, k = total + got, m
-    return buf, total
+        return got
+
+    if len(pieces) > 1 and store.parallel_ranges:
+        with ThreadPoolExecutor(min(FETCH_THREADS, len(pieces)), thread_name_prefix="wt-worker-fetch") as pool:
+            return buf, sum(pool.map(read, pieces))
+    return buf, sum(map(read, pieces))
 
 
 def _shadow(state: dict[str, torch.Tensor], held, pending: Sequence[Step]) -> tuple[dict[str, torch.Tensor], bool]:
