@@ -3,6 +3,7 @@
 from weight_teleport.codec.api import (
     apply_delta,
     apply_staged,
+    bind_staged,
     decode_snapshot,
     encode_delta,
     encode_snapshot,
@@ -24,6 +25,7 @@ __all__ = [
     "TensorSlice",
     "apply_delta",
     "apply_staged",
+    "bind_staged",
     "decode_snapshot",
     "encode_delta",
     "encode_snapshot",

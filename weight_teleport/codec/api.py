@@ -3,7 +3,7 @@ and the one place that picks it: codec/backend.py)."""
 
 import os
 import time
-from collections.abc import Iterable, Mapping, MutableMapping
+from collections.abc import Callable, Iterable, Mapping, MutableMapping
 
 import numpy as np
 import torch
@@ -238,6 +238,29 @@ def stage_delta(state: Mapping[str, torch.Tensor], pack: bytes, *, base_version:
     return staged
 
 
+def in_turn(writes: list[Callable[[], None]]) -> Callable[[], None]:
+    """One function that calls `writes` in order."""
+    def write() -> None:
+        for w in writes:
+            w()
+    return write
+
+
+def bind_staged(state: MutableMapping[str, torch.Tensor], staged: StagedPatch | StagedParts,
+                threads: int | None = None, relocate: bool = False) -> Callable[[], None]:
+    """`apply_staged`'s host work done now (the views of `state` the patch writes, their
+    addresses checked, a patch staged elsewhere moved onto them with `relocate`), its writes
+    returned as a function: a sampler binds before its pause, which then only writes. The
+    function writes into the tensors `state` held when it was bound."""
+    if isinstance(staged, StagedParts):
+        return in_turn([bind_staged(state, patch, threads, relocate) for patch in staged.patches])
+    backend = _backend(state[t.name] for t in staged.tensors)
+    walks = getattr(staged, "walks", {})
+    lives = {t.name: backend.Live(W.walk_view(state[t.name], *walks[t.name]) if t.name in walks
+                                  else state[t.name], t.info) for t in staged.tensors}
+    return backend.bind(lives, staged, threads, relocate)
+
+
 @collections_paused()
 def apply_staged(state: MutableMapping[str, torch.Tensor], staged: StagedPatch | StagedParts,
                  threads: int | None = None, relocate: bool = False) -> None:
@@ -245,15 +268,7 @@ def apply_staged(state: MutableMapping[str, torch.Tensor], staged: StagedPatch |
     `relocate`: `state` holds the weights the patch was staged against, possibly in other
     memory (a patch staged against a copy of them); without it, a CUDA patch refuses
     tensors that moved since it was staged."""
-    if isinstance(staged, StagedParts):
-        for patch in staged.patches:
-            apply_staged(state, patch, threads, relocate)
-        return
-    backend = _backend(state[t.name] for t in staged.tensors)
-    walks = getattr(staged, "walks", {})
-    lives = {t.name: backend.Live(W.walk_view(state[t.name], *walks[t.name]) if t.name in walks
-                                  else state[t.name], t.info) for t in staged.tensors}
-    backend.apply(lives, staged, threads, relocate)
+    bind_staged(state, staged, threads, relocate)()
 
 
 def apply_delta(state: MutableMapping[str, torch.Tensor], pack: bytes, *,

@@ -71,6 +71,11 @@ class Backend(Protocol):
         staged against a copy); else a backend whose patches hold addresses refuses tensors
         that moved."""
 
+    def bind(self, lives: dict, staged: StagedPatch, threads: int | None, relocate: bool = False
+             ) -> Callable[[], None]:
+        """`apply`'s host work done now (views, address checks, relocation), its writes
+        returned as a function: what a sampler calls in its pause."""
+
     def digest(self, tensor: torch.Tensor) -> str:
         """The pack digest of a tensor's bytes, in hex."""
 

@@ -22,14 +22,15 @@ while a later one stages changes nothing in what that one reads.
 Layouts come from `targets.vllm_layout.Slice` (fused qkv_proj / gate_up_proj, column-,
 row- and vocab-parallel shards); this module knows no engine."""
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from weight_teleport.codec import apply_staged, stage_delta
+from weight_teleport.codec import apply_staged, bind_staged, stage_delta
+from weight_teleport.codec.api import in_turn
 from weight_teleport.codec import walks as W
 from weight_teleport.codec.slices import chunk_byte_range, chunk_window
 from weight_teleport.errors import PackMismatchError
@@ -68,6 +69,11 @@ class Step:
     """Staged against a copy of the slices (versions were pending): written with `relocate`."""
     fetched: int
     """Bytes read from the store for it."""
+    params: Mapping[str, torch.Tensor]
+    """The parameters `write` writes into (by name, as `params()` gave them at staging)."""
+    write: Callable[[], None]
+    """The patches' writes, bound to `params` while staging (`codec.bind_staged`): the pause
+    only launches them."""
 
     @property
     def nbytes(self) -> int:
@@ -191,7 +197,9 @@ def stage_entry(store, entry: Entry, params: Mapping[str, torch.Tensor], slices:
         patches.append(patch)
         packs.append((data, header))
         read += len(prefix) + n
-    return Step(entry.version, entry.kind, slices, tuple(patches), tuple(packs), base is not state, read)
+    relocate = base is not state
+    write = in_turn([bind_staged(state, p, relocate=relocate) for p in patches])
+    return Step(entry.version, entry.kind, slices, tuple(patches), tuple(packs), relocate, read, dict(params), write)
 
 
 def state_on_cuda(state: Mapping[str, torch.Tensor]) -> bool:
@@ -241,8 +249,13 @@ def _check_covers(header: PackHeader, part: Entry, entry: Entry) -> None:
 
 
 def apply_steps(params: Mapping[str, torch.Tensor], steps: Sequence[Step]) -> None:
-    """Write the steps into the parameters in place, in order (later writes win)."""
+    """Write the steps into the parameters in place, in order (later writes win): the
+    writes bound while staging where `params` are the tensors they were bound to, else
+    bound again to these."""
     for step in steps:
+        if step.params.keys() == params.keys() and all(params[n] is t for n, t in step.params.items()):
+            step.write()
+            continue
         state, _ = held_state(params, step.slices)
         for patch in step.patches:
             apply_staged(state, patch, relocate=step.relocate)

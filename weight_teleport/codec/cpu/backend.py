@@ -373,6 +373,12 @@ def _verify(rec: TensorRecord, live: Live, results, header: PackHeader, check_ba
     return TensorPatch(rec.name, BY_NAME[rec.dtype], rec.shape, digest, chunks)
 
 
+def bind(lives: dict[str, Live], staged: StagedPatch, threads: int | None, relocate: bool = False):
+    """The writes of a staged patch into the live weights, as a function (`apply` on lives
+    made when it is called: a Live of a tensor that is not contiguous holds a copy of it)."""
+    return lambda: apply({n: Live(lv.tensor, lv.info) for n, lv in lives.items()}, staged, threads, relocate)
+
+
 def apply(lives: dict[str, Live], staged: StagedPatch, threads: int | None, relocate: bool = False) -> None:
     """Write a staged patch into the live weights (its positions are relative to each live
     tensor, so `relocate` changes nothing)."""

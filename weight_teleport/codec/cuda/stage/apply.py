@@ -1,4 +1,10 @@
-"""Applying a staged patch: the only step that writes live weights (the sampler's pause)."""
+"""Applying a staged patch: the only step that writes live weights (the sampler's pause).
+
+`bind` does the host's work first (the tensors a patch writes narrowed to its windows, their
+addresses checked, a patch staged elsewhere moved onto them) and returns the function that
+writes: a sampler can bind before its pause, which then only launches the writes."""
+
+from collections.abc import Callable
 
 import torch
 
@@ -7,8 +13,12 @@ from weight_teleport.codec.cuda.stage.patch import DevicePatch, FusedGroup
 from weight_teleport.codec.cuda.kernels.stage_scatter import scatter, scatter_chunks
 
 
-def _addresses(lives: dict[str, Live], staged: DevicePatch) -> dict[str, int]:
-    return {name: lives[name].tensor.data_ptr() for g in staged.groups for name in g.addresses}
+def _address(live: Live, window) -> int:
+    """The data_ptr of `live` narrowed to `window` ((offset, count, origin) or None), without
+    making the view: a contiguous tensor moves by the offset, a strided one stays."""
+    if window is not None and live.tensor.is_contiguous():
+        return live.tensor.data_ptr() + (window[0] + (live.window[0] if live.window else 0)) * live.tensor.element_size()
+    return live.tensor.data_ptr()
 
 
 def _check_addresses(found: dict[str, int], staged: DevicePatch) -> None:
@@ -23,31 +33,45 @@ def _device(t: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     return t.to(like.device, non_blocking=True) if t.device != like.device else t
 
 
-def apply(lives: dict[str, Live], staged: DevicePatch, threads: int | None = None, relocate: bool = False) -> None:
-    """Write a staged patch into the live weights: one scatter per element type for all
-    contiguous tensors, one for all walk views by columns, then whole-chunk copies.
-    `relocate`: the lives hold the weights the patch was staged against but may lie
-    elsewhere in memory (a patch staged against a copy); else tensors that moved are refused."""
-    lives = {name: live.narrowed(*staged.windows[name]) if name in staged.windows else live
-             for name, live in lives.items()}
-    found = _addresses(lives, staged)
+def bind(lives: dict[str, Live], staged: DevicePatch, threads: int | None = None,
+         relocate: bool = False) -> Callable[[], None]:
+    """The writes of a staged patch into the live weights, as a function to call in the
+    pause: one scatter per element type for all contiguous tensors, one for all walk views
+    by columns, then whole-chunk copies. `relocate`: the lives hold the weights the patch
+    was staged against but may lie elsewhere in memory (a patch staged against a copy);
+    else tensors that moved are refused (ValueError, here)."""
+    found = {name: _address(lives[name], staged.windows.get(name)) for g in staged.groups for name in g.addresses}
     if relocate:
         staged = staged.moved(found)
     _check_addresses(found, staged)
+    narrow = lambda name: lives[name].narrowed(*staged.windows[name]) if name in staged.windows else lives[name]
+    writes = []
     for g in staged.groups:
-        base = lives[g.base]
+        base = narrow(g.base)
         if isinstance(g, FusedGroup):
-            scatter_chunks(base.u, _device(g.rows, base.u), _device(g.offsets, base.u), _device(g.values, base.u))
+            writes.append(lambda g=g, u=base.u: scatter_chunks(u, _device(g.rows, u), _device(g.offsets, u),
+                                                               _device(g.values, u)))
         else:
             flat = storage_view(base.tensor, base.info)
-            scatter(flat, _device(g.offsets, flat), _device(g.values, flat))
+            writes.append(lambda g=g, flat=flat: scatter(flat, _device(g.offsets, flat), _device(g.values, flat)))
     for t in staged.tensors:
-        if t.fused:
-            continue
-        live = lives[t.name]
-        for start, values in t.dense:
-            live.u[start:start + values.numel()].copy_(values, non_blocking=True)
-        if t.positions is not None:
-            scatter(live.u, _device(t.positions, live.u), _device(t.values, live.u))
-        if t.chunks:
-            live.commit()
+        if not t.fused and t.chunks:
+            writes.append(lambda t=t, live=narrow(t.name): _write_tensor(live, t))
+
+    def write() -> None:
+        for w in writes:
+            w()
+    return write
+
+
+def _write_tensor(live: Live, t) -> None:
+    for start, values in t.dense:
+        live.u[start:start + values.numel()].copy_(values, non_blocking=True)
+    if t.positions is not None:
+        scatter(live.u, _device(t.positions, live.u), _device(t.values, live.u))
+    live.commit()
+
+
+def apply(lives: dict[str, Live], staged: DevicePatch, threads: int | None = None, relocate: bool = False) -> None:
+    """Write a staged patch into the live weights (`bind`, then its writes)."""
+    bind(lives, staged, threads, relocate)()
