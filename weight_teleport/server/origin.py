@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import hmac
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -14,6 +13,7 @@ from ..store.file import AtomicFile, FileStore
 from ..store.keys import validate_key
 from .blobs import HashIndex
 from .config import ServerConfig
+from .tokens import bearer, matches
 from .upload import PieceSink
 from .watch import ManifestWatch
 
@@ -43,25 +43,21 @@ def request_key(request: web.Request) -> str:
 
 def _bearer(request: web.Request, what: str) -> str:
     """The request's bearer token; 401 without one, 400 if it is not ASCII."""
-    scheme, _, given = request.headers.get("Authorization", "").partition(" ")
-    if scheme.lower() != "bearer" or not given.strip():
+    given = bearer(request)
+    if given is None:
         raise web.HTTPUnauthorized(text=f"{what} need 'Authorization: Bearer TOKEN'",
                                    headers={"WWW-Authenticate": "Bearer"})
     if not given.isascii():
         raise web.HTTPBadRequest(text="the Authorization header is not ASCII: a bearer "
                                       "token is made of ASCII characters (RFC 6750)")
-    return given.strip()
-
-
-def _matches(given: str, token: str | None) -> bool:
-    return token is not None and hmac.compare_digest(given.encode(), token.encode())
+    return given
 
 
 def require_token(request: web.Request, token: str | None) -> None:
     """401 without a bearer token, 403 with a wrong one (or when uploads are off)."""
     if token is None:
         raise web.HTTPForbidden(text="uploads are disabled: start the server with a token")
-    if not _matches(_bearer(request, "uploads"), token):
+    if not matches(_bearer(request, "uploads"), token):
         raise web.HTTPForbidden(text="wrong upload token")
 
 
@@ -70,7 +66,7 @@ def require_reader(request: web.Request, config: ServerConfig) -> None:
     if config.read_token is None:
         return
     given = _bearer(request, "reads")
-    if not (_matches(given, config.read_token) or _matches(given, config.token)):
+    if not (matches(given, config.read_token) or matches(given, config.token)):
         raise web.HTTPForbidden(text="wrong read token")
 
 
