@@ -4,7 +4,9 @@ short configured limits, generous waits, outcomes asserted (not durations)."""
 
 from __future__ import annotations
 
+import http.client
 import resource
+import select
 import socket
 import subprocess
 import sys
@@ -16,7 +18,7 @@ from typing import Iterator
 import pytest
 
 from services import TOKEN, answers_http, free_port, stop_process, wait_until
-from weight_teleport.store.keys import content_hash
+from weight_teleport.store.keys import content_hash, manifest_etag
 from weight_teleport.server import OriginServer, ServerConfig
 from weight_teleport.store import StoreConfig, open_store
 
@@ -49,6 +51,39 @@ def answer_or_close(sock: socket.socket) -> bytes:
     except ConnectionResetError:
         pass
     return data
+
+
+def status_of(port: int, path: str, token: str | None = None) -> int:
+    """The status of one GET on a new connection."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=PATIENCE_S)
+    try:
+        conn.request("GET", path, headers={"Authorization": f"Bearer {token}"} if token else {})
+        return conn.getresponse().status
+    finally:
+        conn.close()
+
+
+def hold(server: OriginServer, request: bytes, started) -> socket.socket:
+    """A connection that sends `request` and reads nothing, once the server started on it
+    (`started()`) or answered it at once."""
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.settimeout(PATIENCE_S)
+    sock.connect(("127.0.0.1", server.port))
+    sock.sendall(request)
+    wait_until(lambda: started() or select.select([sock], [], [], 0)[0], PATIENCE_S,
+               "the server's start on a request")
+    return sock
+
+
+def response_of(sock: socket.socket) -> tuple[int, dict[str, str], bytes]:
+    """The status, headers and body of the answer on `sock` (0 if it closed without one)."""
+    resp = http.client.HTTPResponse(sock)
+    try:
+        resp.begin()
+        return resp.status, dict(resp.getheaders()), resp.read()
+    except (http.client.HTTPException, ConnectionResetError):
+        return 0, {}, b""
 
 
 def works(url: str) -> None:
@@ -138,3 +173,45 @@ def test_default_limits_survive_1100_idle_connections(tmp_path: Path) -> None:
         stop_process(proc)
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
     assert b"serving at most 480 connections" in proc.stderr.read()
+
+
+def test_long_polls_leave_room_for_writes_and_probes(strict: OriginServer) -> None:
+    """More anonymous long-polls than connection slots: the publisher still publishes, the
+    health probe answers, and the long-polls the server held are woken by the publish."""
+    writer = open_store(strict.url, StoreConfig(token=TOKEN))
+    writer.put_manifest(b"version 1")
+    poll = (f"GET /watch?after={manifest_etag(b'version 1')}&timeout=60 HTTP/1.1\r\n"
+            f"Host: x\r\n\r\n").encode()
+    with ExitStack() as stack:
+        polls = []
+        for _ in range(60):
+            before = strict.stats["watch"]
+            polls.append(stack.enter_context(hold(strict, poll,
+                                                  lambda: strict.stats["watch"] > before)))
+        assert status_of(strict.port, "/healthz") == 200
+        writer.put_manifest(b"version 2")  # a refused write would raise TransportError
+        answers = [response_of(sock) for sock in polls]
+    woken = [body for status, headers, body in answers if status == 200]
+    assert woken and all(body == b"version 2" for body in woken)
+    early = [(status, headers.get("Retry-After")) for status, headers, _ in answers
+             if status != 200]
+    assert set(early) <= {(304, "1")}, early  # answered at once, told when to come back
+    works(strict.url)
+
+
+def test_downloads_nobody_reads_leave_room_for_writes_and_probes(tmp_path: Path) -> None:
+    """More downloads that never read than connection slots, under a long stall limit:
+    health probes and writes still get in."""
+    config = ServerConfig(root=tmp_path / "origin", port=0, token=TOKEN, max_connections=40,
+                          body_timeout_s=60.0)
+    with OriginServer(config) as server:
+        data = bytes(range(256)) * (48 << 10)  # 12 MiB: more than the sockets buffer
+        open_store(server.url, StoreConfig(token=TOKEN)).put("big", data)
+        get = f"GET /b/{content_hash(data)}/big HTTP/1.1\r\nHost: x\r\n\r\n".encode()
+        with ExitStack() as stack:
+            for _ in range(60):
+                stack.enter_context(hold(server, get, lambda: False))
+            assert status_of(server.port, "/healthz") == 200
+            works(server.url)
+            assert server.connection_stats["stalled_write"] == 0  # still held, not cut
+

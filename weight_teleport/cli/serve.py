@@ -30,7 +30,11 @@ def serve_arguments(p: argparse.ArgumentParser) -> None:
                    help="largest upload accepted (413 above)")
     p.add_argument("--max-connections", type=int, default=d.max_connections,
                    help="open connections at most: the longest idle one is closed for a "
-                        "new one, else the new one gets 503")
+                        "new one, else the oldest long-poll ends, else the new one gets 503")
+    p.add_argument("--reserved-connections", type=int, default=d.reserved_connections,
+                   help="connection slots kept from reads (every request without the upload "
+                        "token but /healthz), for writes and health probes (default: a tenth "
+                        "of --max-connections)")
     p.add_argument("--header-timeout", type=float, default=d.header_timeout_s,
                    help="seconds a client may take to send a request's headers")
     p.add_argument("--body-timeout", type=float, default=d.body_timeout_s,
@@ -54,6 +58,7 @@ def serve_main(args: argparse.Namespace) -> int:
                           read_token=read_token, tls_cert_file=args.tls_cert,
                           tls_key_file=args.tls_key, max_object_bytes=args.max_object_bytes,
                           max_connections=args.max_connections,
+                          reserved_connections=args.reserved_connections,
                           header_timeout_s=args.header_timeout,
                           body_timeout_s=args.body_timeout,
                           keepalive_timeout_s=args.keepalive_timeout,

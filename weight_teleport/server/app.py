@@ -37,7 +37,8 @@ from .config import ServerConfig
 from .metrics import METRICS, OriginMetrics, count_requests, get_metrics
 from .samplers import BOOK, make_book, put_sampler
 from .status import get_status_json, get_status_page
-from .connections import CONNECTIONS, ConnectionLimits, Handler, track_connections
+from .connections import (CONNECTIONS, ConnectionLimits, Handler, poll_over,
+                          track_connections)
 from .origin import (ORIGIN, make_origin, open_upload, receive, request_key, require_reader,
                      require_token)
 
@@ -187,14 +188,21 @@ async def watch(request: web.Request) -> web.Response:
     if not 0 <= timeout < float("inf"):
         raise web.HTTPBadRequest(text="timeout must be a non-negative number of seconds")
     origin.stats["watch"] += 1
+    over = poll_over(request)
     with request.app[METRICS].watchers.track_inprogress():
-        manifest = await origin.manifest.wait_change(after, min(timeout, origin.config.max_watch_s))
+        manifest = await origin.manifest.wait_change(
+            after, min(timeout, origin.config.max_watch_s), over)
     headers = {"Cache-Control": "no-store"}
     if manifest is None:
-        return web.Response(status=304 if origin.manifest.current() else 204, headers=headers)
-    data, etag = manifest
-    return web.Response(body=data, headers={"ETag": f'"{etag}"', **headers},
-                        content_type="application/octet-stream")
+        resp = web.Response(status=304 if origin.manifest.current() else 204, headers=headers)
+    else:
+        data, etag = manifest
+        resp = web.Response(body=data, headers={"ETag": f'"{etag}"', **headers},
+                            content_type="application/octet-stream")
+    if over is not None and over.is_set():  # ended early: its slot was wanted, or none was free
+        resp.headers["Retry-After"] = "1"
+        resp.force_close()
+    return resp
 
 
 async def list_keys(request: web.Request) -> web.Response:
@@ -247,7 +255,7 @@ async def disk_errors(request: web.Request, handler: Handler) -> web.StreamRespo
 def make_app(config: ServerConfig) -> web.Application:
     """The origin as an aiohttp application serving `config.root`."""
     app = web.Application(client_max_size=config.max_manifest_bytes,
-                          middlewares=[track_connections, count_requests, check_reader,
+                          middlewares=[count_requests, track_connections, check_reader,
                                        disk_errors])
     app[ORIGIN] = make_origin(config)
     app[METRICS] = OriginMetrics()

@@ -36,9 +36,17 @@ class ServerConfig:
     """Longest a `/watch` long-poll is held open; longer requested timeouts are cut."""
     max_connections: int = 1000
     """Open client connections at most. At the limit a new connection closes the one
-    idle the longest (between requests, or still sending its request line and headers);
-    if none is idle, it gets 503. The server raises its open-file limit to fit two files
-    per connection where the hard limit allows, else serves fewer (it says so)."""
+    idle the longest (between requests, or still sending its request line and headers),
+    else ends the oldest long-poll early; if neither exists, it gets 503. The server
+    raises its open-file limit to fit two files per connection where the hard limit
+    allows, else serves fewer (it says so)."""
+    reserved_connections: int | None = None
+    """Connection slots that reads cannot hold: requests without the upload token (every
+    read, long-poll and heartbeat; /healthz excepted) hold at most `max_connections -
+    reserved_connections` at once, so that writes and health probes always find room. A
+    read beyond that ends the oldest long-poll early, else gets 503; a long-poll beyond
+    it is answered at once. None: a tenth of `max_connections` (at most
+    `max_connections - 1` in any case)."""
     header_timeout_s: float = 15.0
     """Longest a client may take, from the first byte of a request, to send its request
     line and headers (and a TLS handshake); slower connections are closed."""
@@ -73,6 +81,17 @@ class ServerConfig:
         if self.max_connections < 1:
             raise ValueError(f"ServerConfig.max_connections must be >= 1, not "
                              f"{self.max_connections}")
+        if self.reserved_connections is not None and \
+                not 0 <= self.reserved_connections < self.max_connections:
+            raise ValueError(f"ServerConfig.reserved_connections must be in [0, "
+                             f"max_connections), not {self.reserved_connections}")
+
+    @property
+    def reserve(self) -> int:
+        """The slots reads cannot hold: `reserved_connections` or its default."""
+        wanted = self.max_connections // 10 if self.reserved_connections is None \
+            else self.reserved_connections
+        return min(wanted, self.max_connections - 1)  # max_connections may have been lowered
 
     @property
     def scheme(self) -> str:

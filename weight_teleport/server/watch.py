@@ -35,8 +35,10 @@ class ManifestWatch:
         event, self._event = self._event, asyncio.Event()
         event.set()
 
-    async def wait_change(self, after: str, timeout: float) -> tuple[bytes, str] | None:
-        """Return the manifest once its ETag differs from `after`, or None at timeout.
+    async def wait_change(self, after: str, timeout: float,
+                          over: asyncio.Event | None = None) -> tuple[bytes, str] | None:
+        """Return the manifest once its ETag differs from `after`, or None at timeout or
+        once `over` is set (the long-poll must give its connection up).
 
         Wakes on `notify()` at once, and re-reads the file every `disk_check_s` for
         writers that bypass the server.
@@ -49,9 +51,16 @@ class ManifestWatch:
             if manifest is not None and manifest[1] != after:
                 return manifest
             remaining = deadline - loop.time()
-            if remaining <= 0:
+            if remaining <= 0 or (over is not None and over.is_set()):
                 return None
-            try:
-                await asyncio.wait_for(event.wait(), min(remaining, self.disk_check_s))
-            except asyncio.TimeoutError:
-                pass
+            await _either(event, over, min(remaining, self.disk_check_s))
+
+
+async def _either(a: asyncio.Event, b: asyncio.Event | None, timeout: float) -> None:
+    """Wait until `a` or `b` (None: `a` alone) is set, or `timeout` seconds."""
+    waits = [asyncio.ensure_future(e.wait()) for e in (a, b) if e is not None]
+    try:
+        await asyncio.wait(waits, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for w in waits:
+            w.cancel()
