@@ -10,6 +10,7 @@ import select
 import socket
 import subprocess
 import sys
+import threading
 import time
 from contextlib import ExitStack
 from pathlib import Path
@@ -215,3 +216,27 @@ def test_downloads_nobody_reads_leave_room_for_writes_and_probes(tmp_path: Path)
             works(server.url)
             assert server.connection_stats["stalled_write"] == 0  # still held, not cut
 
+
+def test_a_watch_answered_early_comes_back_when_told(strict: OriginServer) -> None:
+    """A subscriber's watch whose long-poll finds no slot is answered at once: it waits as
+    told (Retry-After) before it polls again, instead of polling in a loop, and still sees
+    the next manifest."""
+    writer = open_store(strict.url, StoreConfig(token=TOKEN))
+    writer.put_manifest(b"version 1")
+    etag = manifest_etag(b"version 1")
+    poll = f"GET /watch?after={etag}&timeout=60 HTTP/1.1\r\nHost: x\r\n\r\n".encode()
+    with ExitStack() as stack:
+        for _ in range(strict.config.max_connections):  # every slot a read may hold
+            before = strict.stats["watch"]
+            stack.enter_context(hold(strict, poll, lambda: strict.stats["watch"] > before))
+        seen: list[bytes | None] = []
+        watcher = threading.Thread(target=lambda: seen.append(
+            open_store(strict.url).watch(etag, timeout=PATIENCE_S)))
+        before = strict.stats["watch"]
+        watcher.start()
+        time.sleep(2.0)
+        polls = strict.stats["watch"] - before
+        writer.put_manifest(b"version 2")
+        watcher.join(PATIENCE_S)
+    assert seen == [b"version 2"]
+    assert polls <= 5, f"{polls} long-polls in 2 s: polling in a loop"

@@ -27,6 +27,7 @@ from .keys import content_hash
 _RESOLVED_KEYS = 4096  # key -> content hash entries remembered per store
 _WATCH_SLICE_S = 30.0  # longest single long-poll request
 _ERROR_BODY = 64 << 10  # the most of an error response's body read (its message)
+_RETRY_AFTER_MAX_S = 60.0  # the longest a Retry-After header makes a watch wait
 UPLOAD_TOKEN_HINT = ("the origin's upload token: --token-file FILE or WEIGHT_TELEPORT_TOKEN "
                      "on the command line, StoreConfig(token=...) in Python")
 READ_TOKEN_HINT = ("the origin's read token: --read-token-file FILE or "
@@ -343,14 +344,19 @@ class HttpStore(Store):
             self._check(status, body, "check upload access", write=True)
 
     def _watch(self, after: str | None, deadline: float) -> bytes | None:
-        """Long-poll the origin until the manifest changes or the deadline passes."""
+        """Long-poll the origin until the manifest changes or the deadline passes. A
+        long-poll the origin ended early to spare its connection (`Retry-After`) is sent
+        again only after the time it names."""
         while (remaining := deadline - time.monotonic()) > 0:
             wait = min(remaining, _WATCH_SLICE_S)
             query = urlencode({"after": after or "", "timeout": f"{wait:.3f}"})
-            status, _, body = self._retry(self._watch_once, query, wait)
+            status, headers, body = self._retry(self._watch_once, query, wait)
             self._check(status, body, "watch")
             if status == 200:
                 return body
+            pause = _retry_after(headers.get("Retry-After"))
+            if pause:
+                time.sleep(min(pause, max(0.0, deadline - time.monotonic())))
         return None
 
     def _watch_once(self, query: str, wait: float) -> tuple[int, http.client.HTTPMessage, bytes]:
@@ -362,6 +368,18 @@ class HttpStore(Store):
             raise TooLarge(f"watch: the origin's answer is larger than "
                            f"StoreConfig.max_manifest_bytes ({self.config.max_manifest_bytes})"
                            ) from None
+
+
+def _retry_after(value: str | None) -> float:
+    """The seconds a `Retry-After` header asks to wait (0 without one; a date, which the
+    origin never sends, or nonsense counts as 1 s), at most _RETRY_AFTER_MAX_S."""
+    if value is None:
+        return 0.0
+    try:
+        seconds = float(value)
+    except ValueError:
+        return 1.0
+    return min(seconds, _RETRY_AFTER_MAX_S) if seconds >= 0 else 1.0
 
 
 class _Pieces:
