@@ -5,9 +5,11 @@ short configured limits, generous waits, outcomes asserted (not durations)."""
 from __future__ import annotations
 
 import http.client
+import logging
 import resource
 import select
 import socket
+import struct
 import subprocess
 import sys
 import threading
@@ -134,7 +136,13 @@ def test_a_stalled_upload_body_is_cut(strict: OriginServer) -> None:
     works(strict.url)
 
 
-def test_a_response_nobody_reads_is_cut(strict: OriginServer) -> None:
+def loud(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
+    return [r for r in caplog.records if r.levelno >= logging.WARNING]
+
+
+def test_a_response_nobody_reads_is_cut(strict: OriginServer,
+                                        caplog: pytest.LogCaptureFixture) -> None:
+    """...and the cut is one log line, without a traceback."""
     data = bytes(range(256)) * (48 << 10)  # 12 MiB: more than the sockets buffer
     open_store(strict.url, StoreConfig(token=TOKEN)).put("big", data)
     sock = socket.socket()
@@ -145,7 +153,24 @@ def test_a_response_nobody_reads_is_cut(strict: OriginServer) -> None:
         sock.sendall(f"GET {blob} HTTP/1.1\r\nHost: x\r\n\r\n".encode())  # never read
         wait_until(lambda: strict.connection_stats["stalled_write"] == 1, PATIENCE_S,
                    "the cut of a response nobody reads")
+    wait_until(lambda: loud(caplog), PATIENCE_S, "the log line of the cut")
+    time.sleep(0.5)  # room for any further line the cut would log
+    (line,) = loud(caplog)
+    assert "stalled_write" in line.getMessage() and line.exc_info is None
     works(strict.url)
+
+
+def test_a_client_leaving_mid_response_logs_no_warning(strict: OriginServer,
+                                                       caplog: pytest.LogCaptureFixture) -> None:
+    data = bytes(range(256)) * (48 << 10)
+    open_store(strict.url, StoreConfig(token=TOKEN)).put("big", data)
+    with connect(strict.port) as sock:
+        sock.sendall(f"GET /b/{content_hash(data)}/big HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+        sock.recv(1 << 16)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    works(strict.url)  # after the server saw the reset
+    time.sleep(0.5)
+    assert not loud(caplog), [r.getMessage() for r in loud(caplog)]
 
 
 def _low_file_limit() -> None:

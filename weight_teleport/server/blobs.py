@@ -3,17 +3,20 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 from pathlib import Path
 
 from aiohttp import web
 
+from ..observe.logs import kv
 from ..store.hashing import PIECE_BYTES, TreeHasher
 from .connections import CONNECTIONS
 
 IMMUTABLE = "public, max-age=31536000, immutable"
 SENDFILE_BYTES = 64 << 20
 """The most one sendfile call sends: each call gets the stall limit to finish."""
+log = logging.getLogger(__name__)
 
 
 class HashIndex:
@@ -84,7 +87,14 @@ async def send_file(request: web.Request, path: Path, headers: dict[str, str],
             resp.headers["Content-Range"] = f"bytes {start}-{stop - 1}/{size}"
         await resp.prepare(request)
         if request.method != "HEAD":
-            await _send_span(request, f, start, stop, resp, chunk_bytes, stall_s)
+            try:
+                await _send_span(request, f, start, stop, resp, chunk_bytes, stall_s)
+            except ConnectionError as exc:
+                # The client left, or was cut for not reading (the guard logs that): an
+                # expected end, not a handler's error. aiohttp's own end of the response
+                # finds the connection closed and says nothing.
+                log.debug("%s", kv("response_ended", path=request.path, error=exc))
+                return resp
         await resp.write_eof()
         return resp
     finally:
@@ -96,7 +106,8 @@ async def _send_span(request: web.Request, f, start: int, stop: int,
     """Send bytes [start, stop) of `f` with the kernel's sendfile where the transport
     allows it (plain TCP), in pieces of `SENDFILE_BYTES`, each bounded by the stall limit
     (a client that stops reading is cut, as `connections.Guard` cuts buffered writes);
-    TLS and other transports get the copying loop."""
+    TLS and other transports get the copying loop. Raises ConnectionError if the client
+    is gone or was cut."""
     loop = asyncio.get_running_loop()
     transport = request.transport
     if transport is None or transport.get_extra_info("sslcontext") is not None:

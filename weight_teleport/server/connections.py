@@ -19,13 +19,17 @@ manifest) with `Retry-After: 1` and the connection closed.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections import Counter, OrderedDict
 from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
+from ..observe.logs import kv
 from .config import ServerConfig
 from .tokens import bearer, matches
+
+log = logging.getLogger(__name__)
 
 RESERVED_PATHS = ("/healthz",)
 """Paths whose requests may use the reserved slots without the upload token."""
@@ -216,8 +220,13 @@ class Guard(asyncio.Protocol):
         return self.transport is not None and self.transport.get_write_buffer_size() > 0
 
     def cut(self, why: str) -> None:
-        """Close the connection now, for the reason `why` (a stats key)."""
+        """Close the connection now, for the reason `why` (a stats key); a client cut for
+        not reading is logged, in one line."""
         self.limits.stats[why] += 1
+        if why == "stalled_write":
+            peer = self.transport.get_extra_info("peername") if self.transport else None
+            log.warning("%s", kv("connection_cut", reason=why, remote=peer and peer[0],
+                                 stall_s=self.limits.write_stall_s))
         self.limits.forget(self)
         self._cancel_timers()
         if self.transport is not None:
