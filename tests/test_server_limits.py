@@ -173,6 +173,37 @@ def test_a_client_leaving_mid_response_logs_no_warning(strict: OriginServer,
     assert not loud(caplog), [r.getMessage() for r in loud(caplog)]
 
 
+def test_a_slow_steady_reader_is_not_cut(tmp_path: Path) -> None:
+    """The stall limit bounds a pause of the client's reads, not the whole transfer: a
+    client that reads steadily for longer than `body_timeout_s` gets every byte."""
+    config = ServerConfig(root=tmp_path / "origin", port=0, token=TOKEN, body_timeout_s=3.0)
+    with OriginServer(config) as server:
+        data = bytes(range(256)) * (80 << 10)  # 20 MiB: 5 s at the reader's 4 MiB/s
+        open_store(server.url, StoreConfig(token=TOKEN)).put("big", data)
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 << 10)
+        with sock:
+            sock.settimeout(PATIENCE_S)
+            sock.connect(("127.0.0.1", server.port))
+            sock.sendall(f"GET /b/{content_hash(data)}/big HTTP/1.1\r\nHost: x\r\n\r\n"
+                         .encode())
+            got, t0 = 0, time.monotonic()
+            while piece := _recv(sock):
+                got += len(piece)
+                time.sleep(max(0.0, t0 + got / (4 << 20) - time.monotonic()))
+                if got >= len(data):  # the head's bytes too: the body is all there
+                    break
+        assert got >= len(data)
+        assert server.connection_stats["stalled_write"] == 0
+
+
+def _recv(sock: socket.socket) -> bytes:
+    try:
+        return sock.recv(64 << 10)
+    except ConnectionResetError:
+        return b""
+
+
 def _low_file_limit() -> None:
     resource.setrlimit(resource.RLIMIT_NOFILE, (1024, 1024))
 

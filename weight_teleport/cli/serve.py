@@ -38,7 +38,8 @@ def serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--header-timeout", type=float, default=d.header_timeout_s,
                    help="seconds a client may take to send a request's headers")
     p.add_argument("--body-timeout", type=float, default=d.body_timeout_s,
-                   help="seconds an upload may stall (408), or a response stay unread")
+                   help="seconds an upload may stall (408), or a response's client pause "
+                        "its reading (less than 1 MiB read: closed)")
     p.add_argument("--keepalive-timeout", type=float, default=d.keepalive_timeout_s,
                    help="seconds an idle connection is kept open")
     p.add_argument("--sampler-stale", type=float, default=d.sampler_stale_s,

@@ -14,8 +14,10 @@ from ..store.hashing import PIECE_BYTES, TreeHasher
 from .connections import CONNECTIONS
 
 IMMUTABLE = "public, max-age=31536000, immutable"
-SENDFILE_BYTES = 64 << 20
-"""The most one sendfile call sends: each call gets the stall limit to finish."""
+SENDFILE_BYTES = 1 << 20
+"""The most one sendfile call sends. Each call gets the stall limit to finish, so a client
+is cut once it reads less than this in `ServerConfig.body_timeout_s`: a pause, never a
+long transfer at any steady rate above that."""
 log = logging.getLogger(__name__)
 
 

@@ -51,8 +51,9 @@ class ServerConfig:
     """Longest a client may take, from the first byte of a request, to send its request
     line and headers (and a TLS handshake); slower connections are closed."""
     body_timeout_s: float = 30.0
-    """Longest an upload's body may stall (no byte received; 408), or a response stay
-    unread by its client (the connection is closed)."""
+    """Longest an upload's body may stall (no byte received; 408), or a response's client
+    pause its reading (less than 1 MiB read in this time: the connection is closed, and
+    the cut logged in one line). It bounds a stall, never a whole transfer."""
     keepalive_timeout_s: float = 30.0
     """Longest an idle connection (no request yet, or between requests) is kept open."""
     disk_check_s: float = 1.0
