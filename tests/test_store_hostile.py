@@ -1,5 +1,6 @@
 """A hostile origin, on real sockets: bodies larger than the reader allows are refused
-while they stream in, never read whole."""
+while they stream in, never read whole; a Range request answered with the whole object is
+read no further than the range."""
 
 from __future__ import annotations
 
@@ -7,13 +8,14 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Iterator
 
+import numpy as np
 import pytest
 
-from weight_teleport.store.keys import content_hash
 from weight_teleport.pipeline.errors import ObjectRejected
 from weight_teleport.pipeline.fetch import fetch
-from weight_teleport.pipeline.manifest import make_entry
-from weight_teleport.store import StoreConfig, TooLarge, open_store
+from weight_teleport.pipeline.manifest import Entry, make_entry
+from weight_teleport.store import RangeIgnored, RetryConfig, StoreConfig, TooLarge, open_store
+from weight_teleport.store.hashing import PIECE_BYTES
 
 GIVE_UP = 64 << 20  # the hostile server stops sending after this many bytes
 PIECE = b"\0" * (64 << 10)
@@ -85,4 +87,27 @@ def test_an_endless_manifest_is_refused(hostile: ThreadingHTTPServer) -> None:
         store.get_manifest()
     with pytest.raises(TooLarge, match="max_manifest_bytes"):
         store.watch(None, timeout=5)
+    assert hostile.sent < GIVE_UP // 2
+
+
+def test_a_range_answered_whole_is_read_no_further(hostile: ThreadingHTTPServer) -> None:
+    """A cache, a proxy or a hostile origin answers a Range request with 200 and the whole
+    (here endless) object: a range from byte 0 is its first bytes, any other is refused."""
+    store = open_store(_url(hostile), StoreConfig(retry=RetryConfig(attempts=1)))
+    assert store.get_range("packs/1.pack", 0, 1) == b"\0"
+    out = np.ones(1000, np.uint8)
+    assert store.get_range_into("packs/1.pack", 0, out) == 1000 and not out.any()
+    with pytest.raises(RangeIgnored, match="whole object"):
+        store.get_range("packs/1.pack", 10, 20)
+    with pytest.raises(RangeIgnored, match="whole object"):
+        store.get_range_into("packs/1.pack", 10, out)
+    assert hostile.sent < GIVE_UP // 2
+
+
+def test_a_large_fetch_answered_whole_is_refused(hostile: ThreadingHTTPServer) -> None:
+    """A 64 MiB entry fetched in ranges from an origin that answers each with everything."""
+    entry = Entry(1, "snapshot", None, "packs/1.pack", 64 << 20, "0" * 64,
+                  piece_bytes=PIECE_BYTES)
+    with pytest.raises(RangeIgnored):
+        fetch(open_store(_url(hostile), StoreConfig(retry=RetryConfig(attempts=1))), entry)
     assert hostile.sent < GIVE_UP // 2

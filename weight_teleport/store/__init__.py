@@ -3,7 +3,8 @@
 from .base import UNCONDITIONAL, Store
 from .config import RetryConfig, StoreConfig
 from .errors import (AuthError, Conflict, InvalidKey, ManifestChanged, MissingDependency,
-                     NotFound, StoreError, StoreFull, TooLarge, TransportError)
+                     NotFound, RangeIgnored, StoreError, StoreFull, TooLarge,
+                     TransportError)
 from .keys import manifest_etag
 from .registry import open_store, register_store
 
@@ -11,5 +12,5 @@ __all__ = [
     "Store", "StoreConfig", "RetryConfig", "open_store", "register_store",
     "manifest_etag", "UNCONDITIONAL", "StoreError", "NotFound", "InvalidKey", "AuthError",
     "TooLarge", "Conflict", "ManifestChanged", "StoreFull", "TransportError",
-    "MissingDependency",
+    "RangeIgnored", "MissingDependency",
 ]

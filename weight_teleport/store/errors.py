@@ -46,5 +46,12 @@ class TransportError(StoreError):
     """A transient failure (network, server busy): the operation may succeed if retried."""
 
 
+class RangeIgnored(TransportError):
+    """A ranged read was answered with the whole object from its first byte (a cache or
+    proxy that ignores `Range`, or a hostile store): refused rather than read through to
+    the range. Retried like any transient failure; a cache that keeps ignoring ranges must
+    be configured to pass them on (docs/DEPLOY.md)."""
+
+
 class MissingDependency(StoreError, ImportError):
     """A store needs an optional package that is not installed."""

@@ -5,7 +5,8 @@ content hash) and then fetch `/b/HASH/KEY`, which any HTTP cache may keep foreve
 Uploads carry the upload token, reads the read token where the origin wants one;
 `watch` long-polls `/watch`. `https://` verifies the origin's certificate
 (`StoreConfig.ca_file` for a private authority). Every response body is read with a
-bound: an object's by `get(key, max_bytes)`, the rest by `max_manifest_bytes`.
+bound: an object's by `get(key, max_bytes)`, a range's by its length (a Range request
+answered with the whole object is read no further), the rest by `max_manifest_bytes`.
 """
 
 from __future__ import annotations
@@ -20,8 +21,8 @@ from urllib.parse import quote, urlencode, urlsplit
 
 from .base import UNCONDITIONAL, IfMatch, Store, too_large
 from .config import StoreConfig
-from .errors import (AuthError, Conflict, ManifestChanged, NotFound, StoreError, StoreFull,
-                     TooLarge, TransportError)
+from .errors import (AuthError, Conflict, ManifestChanged, NotFound, RangeIgnored, StoreError,
+                     StoreFull, TooLarge, TransportError)
 from .keys import content_hash
 
 _RESOLVED_KEYS = 4096  # key -> content hash entries remembered per store
@@ -234,70 +235,84 @@ class HttpStore(Store):
         status, _, body = self._request("PUT", "/o/" + quote(key), body, headers)
         self._check(status, body, f"put {key!r}", write=True)
 
-    def _fetch(self, key: str, headers: dict[str, str], max_bytes: int | None = None
-               ) -> tuple[int, bytes]:
+    def _fetch(self, key: str, max_bytes: int | None = None) -> bytes:
         try:
-            status, _, body = self._request("GET", self._blob_path(key),
-                                            headers={**self._auth(), **headers}, limit=max_bytes)
+            status, _, body = self._request("GET", self._blob_path(key), headers=self._auth(),
+                                            limit=max_bytes)
         except _BodyTooLarge:
             raise too_large(key, max_bytes) from None
         if status == 404:
             self._forget(key)  # deleted (and perhaps rewritten) since it was resolved
-        if status != 416:
-            self._check(status, body, f"get {key!r}")
-        return status, body
+        self._check(status, body, f"get {key!r}")
+        return body
 
     def _get(self, key: str) -> bytes:
-        return self._fetch(key, {})[1]
+        return self._fetch(key)
 
     def _get_at_most(self, key: str, max_bytes: int) -> bytes:
-        return self._fetch(key, {}, max_bytes)[1]
+        return self._fetch(key, max_bytes)
 
     def _get_range(self, key: str, start: int, end: int) -> bytes:
-        status, body = self._fetch(key, {"Range": f"bytes={start}-{end - 1}"})
-        if status == 416:
-            return b""  # the range starts past the end of the object
-        return body if status == 206 else body[start:end]
+        def read(resp: http.client.HTTPResponse, count: int) -> bytes:
+            body = bytearray()
+            while len(body) < count and (piece := resp.read(min(1 << 20, count - len(body)))):
+                body += piece
+            return bytes(body)
+
+        return self._ranged(key, start, end - start, read, b"")
 
     def _get_range_into(self, key: str, start: int, out) -> int:
         """The range's body read straight into `out` by the socket (no `bytes` of its size)."""
-        headers = {**self._auth(), "Range": f"bytes={start}-{start + len(out) - 1}"}
+        view = memoryview(out).cast("B")
+
+        def read(resp: http.client.HTTPResponse, count: int) -> int:
+            got = 0
+            while got < count and (n := resp.readinto(view[got:count])):
+                got += n
+            return got
+
+        return self._ranged(key, start, len(view), read, 0)
+
+    def _ranged(self, key: str, start: int, count: int, read, nothing):
+        """`read(response, count)` of a GET of bytes [start, start + count) of `key`, which
+        reads at most `count` bytes of the body. From a 206 answer, that is the range (a
+        longer one is refused); from a 200 (a cache or proxy that ignored Range) it is the
+        object's first bytes: the range where it starts at 0, else RangeIgnored. The rest
+        of a body is never read. `nothing` for a range past the object's end (416)."""
+        headers = {**self._auth(), "Range": f"bytes={start}-{start + count - 1}"}
         path = self._blob_path(key)
+
+        def answer(resp: http.client.HTTPResponse):
+            if resp.status not in (200, 206):
+                body = self._read_error(resp)
+                if resp.status == 404:
+                    self._forget(key)
+                if resp.status == 416:
+                    return nothing
+                self._check(resp.status, body, f"get {key!r}")
+                raise StoreError(f"get {key!r}: unexpected HTTP {resp.status}")
+            partial = resp.status == 206
+            if not partial and start > 0:
+                self._drop_connection()
+                raise RangeIgnored(
+                    f"get {key!r}: bytes from {start} were asked and the answer is the whole "
+                    f"object (HTTP 200): a cache or proxy in front of the origin ignores "
+                    f"Range requests (or the store is hostile); refused, not read through")
+            if partial and resp.length is not None and resp.length > count:
+                raise _BodyTooLarge
+            data = read(resp, count)
+            if resp.length if resp.length is not None else resp.read(1):  # more than asked
+                self._drop_connection()
+                if partial:
+                    raise _BodyTooLarge
+            return data
+
         try:
-            return self._request_into(path, headers, key, start, memoryview(out).cast("B"))
+            return self._reconnecting(self._exchange, "GET", path, None, headers, None, answer)
         except _BodyTooLarge:
+            self._drop_connection()
             raise TransportError(f"get {key!r}: the origin answered a range with more bytes "
                                  f"than asked") from None
-
-    def _request_into(self, path: str, headers: dict[str, str], key: str, start: int,
-                      out: memoryview) -> int:
-        """GET `path` into `out`, reconnecting once if a kept-alive connection went stale."""
-        return self._reconnecting(self._exchange, "GET", path, None, headers, None,
-                                  lambda resp: self._read_into(resp, key, start, out))
-
-    def _read_into(self, resp: http.client.HTTPResponse, key: str, start: int, out: memoryview) -> int:
-        """The bytes of a range's answer `resp` read into `out`; how many came."""
-        if resp.status not in (200, 206):
-            body = self._read_error(resp)
-            if resp.status == 404:
-                self._forget(key)
-            if resp.status == 416:
-                return 0  # the range starts past the end of the object
-            self._check(resp.status, body, f"get {key!r}")
-            raise StoreError(f"get {key!r}: unexpected HTTP {resp.status}")
-        if resp.status == 200:  # a cache that ignored the Range header sends it all
-            self._drop_connection()
-            return super()._get_range_into(key, start, out)
-        if resp.length is not None and resp.length > len(out):
-            self._drop_connection()
-            raise _BodyTooLarge
-        got = 0
-        while got < len(out) and (n := resp.readinto(out[got:])):
-            got += n
-        if resp.read(1):  # a chunked body longer than asked
-            self._drop_connection()
-            raise _BodyTooLarge
-        return got
 
     def _list(self, prefix: str) -> list[str]:
         what = f"list {prefix!r}"
