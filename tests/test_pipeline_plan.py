@@ -121,9 +121,24 @@ def test_excluded_keys_are_planned_around() -> None:
 def test_set_aside_keys_are_retried_only_when_no_other_plan_exists() -> None:
     m = log(10, anchors=(0, 4, 8))
     assert keys(plan_avoiding(m, 6, {"d7-6"}, set())) == ["s8", "d9-8"]
-    assert keys(plan_avoiding(m, 6, {"d9-8"}, set()))[-1] == "d9-8"  # the store may be repaired
+    assert keys(plan_avoiding(m, 8, {"d9-8"}, set())) == ["d9-8"]  # the store may be repaired
     with pytest.raises(NoPlanError):
-        plan_avoiding(m, 6, {"d9-8"}, {"d9-8"})                        # broken: never again
+        plan_avoiding(m, 8, {"d9-8"}, {"d9-8"})                        # broken: never again
+
+
+def test_an_unreachable_latest_version_plans_the_newest_reachable_one() -> None:
+    """Version 3 is a snapshot alone, set aside (missing): a subscriber at 1 still takes
+    version 2's delta, and one without weights the chain to 2; at 2, it tries version 3
+    again."""
+    m = Manifest((snap(0), delta(1), delta(2), snap(3)))
+    plan = plan_avoiding(m, 1, {"s3"}, set())
+    assert keys(plan) == ["d2-1"] and plan.target == 2
+    assert keys(plan_avoiding(m, None, {"s3"}, set())) == ["s0", "d1-0", "d2-1"]
+    assert keys(plan_avoiding(m, 2, {"s3"}, set())) == ["s3"]
+    with pytest.raises(NoPlanError, match="version 3"):
+        plan_avoiding(m, 2, {"s3"}, {"s3"})
+    m = log(10, anchors=(0, 4, 8))
+    assert keys(plan_avoiding(m, 6, {"d9-8"}, {"d9-8"})) == ["d7-6", "d8-7"]
 
 
 def test_unreachable_version_raises() -> None:

@@ -271,6 +271,34 @@ def test_deleted_object_without_alternative_backs_off_with_bounded_events() -> N
         assert sub.health.state == "healthy"
 
 
+def test_an_unreachable_latest_version_does_not_stop_the_versions_before_it() -> None:
+    """Version 3 is listed as an anchor alone, and its object is missing: the subscriber
+    at version 1 applies version 2's delta, says that version 3 cannot be reached, and
+    takes version 3 once its object is there."""
+    url = memory_url()
+    with Publisher(url, PublisherConfig(anchor_every=100)) as pub:
+        publish(pub, range(3))
+    pack = encode_snapshot(expected(3), version=3)
+    missing = [e for e in _put_object(url, _memory_manifest(url), "snapshot", 3, None, pack)
+               .entries if e.version == 3][0]
+    open_store(url).delete(missing.key)
+    live = {k: t.clone() for k, t in expected(1).items()}
+    with Subscriber(url, TorchTarget(live), replace(FAST, initial_version=1)) as sub:
+        events, deadline = [], time.monotonic() + WAIT_S
+        while sub.version != 2:
+            assert time.monotonic() < deadline, f"stuck at {sub.version}, want 2"
+            if sub.wait(0.2):
+                report = sub.apply()
+                assert report.versions == [2] and same_bits(live, 2)
+                events += report.events
+        until(lambda: sub.health.state == "failing", "health to say failing")
+        assert missing.key in sub.health.last_error
+        events += sub.apply().events
+        assert any("version 3 cannot be reached" in e for e in events), events
+        open_store(url).put(missing.key, pack)
+        assert follow_checked(sub, live, 3) == [3]
+
+
 # Item 4: incompatible snapshots and unreachable stores fail loudly within a bound.
 
 def test_incompatible_snapshot_raises_after_the_give_up_time() -> None:

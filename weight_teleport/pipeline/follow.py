@@ -137,15 +137,16 @@ class Follower:
         if plan is None:
             self._refresh(self.store.watch(self.etag, self.config.watch_timeout_s))
             return
+        entry = plan.steps[0]
+        pack = self.objects.fetch(entry)
+        if pack is None:
+            return  # the weights held stay the head: a failed anchor must not cost them
         if plan.chain_broken:
             self._resync(f"no chain of deltas from version {self.head} to {plan.target} "
                          "(retention removed it, or its objects are set aside)")
-        entry = plan.steps[0]
-        pack = self.objects.fetch(entry)
-        if pack is not None:
-            if len(plan.steps) > 1:
-                self.objects.prefetch(plan.steps[1])  # fetched while this one stages
-            self._stage(entry, pack)
+        if len(plan.steps) > 1:
+            self.objects.prefetch(plan.steps[1])  # fetched while this one stages
+        self._stage(entry, pack)
 
     def _verify_applied(self) -> None:
         """After a pause: the live weights must carry the last applied patch's digests, else
@@ -212,6 +213,10 @@ class Follower:
         if not plan.steps:
             self.monitor.progress(f"up to date at version {plan.target}")
             return None
+        if plan.target != self.manifest.latest:
+            self.handoff.event(f"version {self.manifest.latest} cannot be reached"
+                               f"{self.objects.note()}: following version {plan.target}, the "
+                               f"newest that can be")
         return plan
 
     # Staging.

@@ -38,6 +38,21 @@ def plan_catchup(manifest: Manifest, current: int | None, target: int | None = N
         return Plan((), target, False, False)
     if current is not None and current > target:
         current = None  # ahead of the store (it was reset): start again from an anchor
+    best = _cheapest(manifest, current, target, exclude)
+    if target not in best:
+        raise NoPlanError(f"no anchor or chain of deltas in the store reaches version {target} "
+                          f"(from {current}); publish a new anchor or pick another version")
+    steps = best[target]
+    from_anchor = steps[0].kind == "snapshot"
+    broken = current is not None and from_anchor and not _chain_exists(manifest, current, target,
+                                                                       exclude)
+    return Plan(steps, target, from_anchor, broken)
+
+
+def _cheapest(manifest: Manifest, current: int | None, target: int,
+              exclude) -> dict[int | None, tuple[Entry, ...]]:
+    """The cheapest steps from `current` to every version up to `target` that a plan
+    avoiding `exclude` reaches (`current` itself in no steps)."""
     best: dict[int | None, tuple[int, int, tuple[Entry, ...]]] = {}
     if current is not None:
         best[current] = (0, 0, ())
@@ -54,26 +69,37 @@ def plan_catchup(manifest: Manifest, current: int | None, target: int | None = N
             continue
         if e.version not in best or candidate[:2] < best[e.version][:2]:
             best[e.version] = candidate
-    if target not in best:
-        raise NoPlanError(f"no anchor or chain of deltas in the store reaches version {target} "
-                          f"(from {current}); publish a new anchor or pick another version")
-    steps = best[target][2]
-    from_anchor = steps[0].kind == "snapshot"
-    broken = current is not None and from_anchor and not _chain_exists(manifest, current, target,
-                                                                       exclude)
-    return Plan(steps, target, from_anchor, broken)
+    return {v: steps for v, (_, _, steps) in best.items()}
 
 
 def plan_avoiding(manifest: Manifest, current: int | None, set_aside: set[str],
                   broken: set[str]) -> Plan:
-    """The cheapest plan from `current` to the latest version that avoids the `set_aside`
-    keys; failing that, one that tries set-aside keys again, except `broken` ones (a store
-    can be repaired, an object that cannot be staged stays what it is). Raise NoPlanError
-    if neither exists."""
+    """The plan to follow from `current`: the cheapest to the latest version that avoids
+    the `set_aside` keys; failing that, the cheapest to the newest version that such a plan
+    reaches (its `target` is then older than the latest: what can be applied is, while the
+    latest cannot be reached); failing that, one to the latest that tries set-aside keys
+    again, except `broken` ones (a store can be repaired, an object that cannot be staged
+    stays what it is). Raise NoPlanError if none exists."""
     try:
         return plan_catchup(manifest, current, exclude=set_aside)
     except NoPlanError:
+        nearer = _newest_reachable(manifest, current, set_aside)
+        if nearer is not None:
+            return plan_catchup(manifest, current, nearer, set_aside)
         return plan_catchup(manifest, current, exclude=broken)
+
+
+def _newest_reachable(manifest: Manifest, current: int | None, exclude) -> int | None:
+    """The newest version after `current` that a plan avoiding `exclude` reaches (None if
+    there is none)."""
+    latest = manifest.latest
+    if latest is None:
+        return None
+    if current is not None and current > latest:
+        current = None  # ahead of the store: as plan_catchup
+    newer = [v for v in _cheapest(manifest, current, latest, exclude)
+             if v is not None and (current is None or v > current)]
+    return max(newer, default=None)
 
 
 def _chain_exists(manifest: Manifest, current: int, target: int, exclude) -> bool:
