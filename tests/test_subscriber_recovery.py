@@ -166,6 +166,26 @@ def test_store_reset_under_a_subscriber_resyncs(tmp_path: Path) -> None:
         assert sub.stats.resyncs >= 1
 
 
+def test_store_reset_to_the_version_held_resyncs(tmp_path: Path) -> None:
+    """A new run publishes other weights up to the very version the subscriber holds: the
+    number is the same, the content (the manifest's entries) is not, so the subscriber
+    takes the new run's weights of that version."""
+    url, live = f"file://{tmp_path}/store", zeros()
+    with Publisher(url, PublisherConfig(anchor_every=100)) as pub:
+        publish(pub, range(3))
+    with Subscriber(url, TorchTarget(live), FAST) as sub:
+        follow_checked(sub, live, 2)
+        shutil.rmtree(tmp_path / "store")
+        with Publisher(url, PublisherConfig(anchor_every=2)) as pub:
+            for v in range(3):
+                pub.publish(other(v), v)
+            assert pub.flush(WAIT_S)
+        assert sub.wait(WAIT_S), "the subscriber kept the old run's version 2"
+        report = sub.apply()
+        assert report.version == 2 and report.resynced and same_bits_as(live, other(2))
+        assert sub.stats.resyncs == 1
+
+
 # Item 2: the manifest is re-read between steps; bad entries are set aside, resyncs bounded.
 
 def test_delta_of_another_base_is_set_aside_without_cycling(tmp_path: Path) -> None:

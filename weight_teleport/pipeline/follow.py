@@ -178,6 +178,20 @@ class Follower:
         self.refused, self.manifest = None, manifest
         self.floor = _newest(self.floor, manifest.latest)
         self.objects.keep_listed({e.key for e in manifest.entries})
+        self._check_head_listed(manifest)
+
+    def _check_head_listed(self, manifest: Manifest) -> None:
+        """Resync if `manifest` lists the head's version but not the object that produced
+        it: the number names other weights now (a reset store, another run's history), and
+        a version is known by its content, not by its number. A version no longer listed
+        (retention) says nothing: its successors' base digests are checked when staged."""
+        entry = self.head_entry
+        if entry is None or entry in manifest.entries:
+            return
+        if any(e.version == entry.version for e in manifest.entries):
+            self._resync(f"the store lists version {entry.version} without {entry.key}, the "
+                         f"object the weights held come from: other weights under that "
+                         f"number (a reset store, or another run)")
 
     def _check_not_older(self, manifest: Manifest) -> None:
         """ManifestRollback for a manifest older than what this subscriber holds, unless it
