@@ -23,8 +23,11 @@ workers attached, and bit-exactness against the engine's layout of the trainer's
 from __future__ import annotations
 
 import argparse
+import cProfile
+import gc
 import json
 import os
+import pstats
 import shutil
 import socket
 import tempfile
@@ -38,13 +41,15 @@ from e2e import TOKEN, Sampler, start_origin
 from weight_teleport.bench.simulate import make_config, make_state, tensor_shapes
 from weight_teleport.pipeline import Publisher, PublisherConfig, Subscriber, SubscriberConfig
 from weight_teleport.store import StoreConfig, memory
-from weight_teleport.targets.slice_stage import held_box
+from weight_teleport.targets.slice_stage import held_box, stage_entry
 from weight_teleport.targets.slice_view import box_view
 from weight_teleport.targets.torch import TorchTarget
 from weight_teleport.targets.vllm_layout import slice_hints, worker_slices
 from weight_teleport.targets.worker_local import TeleportInitInfo, TeleportUpdateInfo, WorkerLocal
 
 
+PROFILE = False
+"""`--profile`: print where one worker stage spends its time (cProfile)."""
 DEVICE = "cuda"
 """Where the weights live (`--device cpu`: a smoke run of the script on a machine without a GPU)."""
 
@@ -137,11 +142,20 @@ def workers_route(url: str, trainer: Trainer, pub: Publisher, config: dict, tp: 
             ready = max(s["staged_at"][v] for s in st) - t0
             dev_added = allocated() - mem0
             host_added = rss() - host0
+            if PROFILE and v == versions:  # the version staged once more on rank 0, in this thread, under cProfile
+                entry = next(e for e in workers[0].follower._manifest.entries if e.version == v)
+                prof = cProfile.Profile()
+                prof.enable()
+                stage_entry(workers[0].follower.store, entry, params[0], worker_slices(config, tp, 0))
+                sync()
+                prof.disable()
+                pstats.Stats(prof).sort_stats("cumulative").print_stats(30)
             outcomes = [w.commit(TeleportUpdateInfo(v)).name for w in workers]
             st = [w.status() for w in workers]
             size = result.objects[0].size
             rows.append(dict(version=v, pack_bytes=size, ready_s=ready, outcomes=outcomes,
                              stage_ms=[s["stage_s"][v] * 1e3 for s in st],
+                             fetch_ms=[s["fetch_s"][v] * 1e3 for s in st],
                              pause_ms=[s["apply_s"].get(v, float("nan")) * 1e3 for s in st],
                              fetched=[s["fetched"][v] for s in st],
                              fetched_share=[s["fetched"][v] / size for s in st],
@@ -169,7 +183,8 @@ def torch_route(url: str, trainer: Trainer, pub: Publisher, versions: int, densi
                 result = pub.publish(trainer.weights, version=v).wait(600)
                 row = sampler.wait_for(v, 600)
                 rows.append(dict(version=v, pack_bytes=result.objects[0].size, ready_s=row["ready"] - t0,
-                                 stage_ms=[row["stage_s"] * 1e3], pause_ms=[row["pause_ms"]],
+                                 stage_ms=[(row["fetch_s"] + row["stage_s"]) * 1e3], fetch_ms=[row["fetch_s"] * 1e3],
+                                 pause_ms=[row["pause_ms"]],
                                  fetched=[row["fetched"]], fetched_share=[row["fetched"] / result.objects[0].size],
                                  device_added=allocated() - mem0, host_added=rss() - host0,
                                  exact=all(torch.equal(live[k].view(torch.int16), w.view(torch.int16))
@@ -207,17 +222,14 @@ def run(route: str, transport: str, args) -> dict:
             origin.wait(30)
         shutil.rmtree(root, ignore_errors=True)  # the route's store: a version 0 of the model's size
         memory._NAMES.pop(url.partition("://")[2], None)
-        del trainer
-        if DEVICE == "cuda":
-            torch.cuda.empty_cache()
     return dict(route=route, transport=transport, rows=rows)
 
 
 def table(results: list[dict], raw_gb: float) -> str:
     med = lambda xs: sorted(xs)[len(xs) // 2]
     lines = [f"weights {raw_gb:.1f} GB bf16; medians over versions 2.. (version 1 in brackets)",
-             "| route | transport | pack MB | ready s | stage ms (per rank) | pause ms (per rank) | fetched share | "
-             "device +GB | host +GB | exact |", "|" + "---|" * 10]
+             "| route | transport | pack MB | ready s | fetch + stage ms (per rank) | of which fetch ms "
+             "| pause ms (per rank) | fetched share | device +GB | host +GB | exact |", "|" + "---|" * 11]
     for r in results:
         rows = r["rows"][1:] or r["rows"]
         ranks = len(rows[0]["stage_ms"])
@@ -226,6 +238,7 @@ def table(results: list[dict], raw_gb: float) -> str:
         first = r["rows"][0]
         lines.append(f"| {r['route']} | {r['transport']} | {med([x['pack_bytes'] for x in rows]) / 1e6:.0f} "
                      f"| {med([x['ready_s'] for x in rows]):.3f} ({first['ready_s']:.3f}) | {per('stage_ms')} "
+                     f"| {per('fetch_ms')} "
                      f"| {per('pause_ms')} | {share} | {max(x['device_added'] for x in r['rows']) / 1e9:.2f} "
                      f"| {max(x['host_added'] for x in r['rows']) / 1e9:.2f} "
                      f"| {all(x['exact'] for x in r['rows'])} |")
@@ -241,14 +254,18 @@ def main() -> None:
     ap.add_argument("--route", action="append", choices=["torch", "tp1", "tp2"])
     ap.add_argument("--out", default=None)
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    ap.add_argument("--profile", action="store_true")
     args = ap.parse_args()
-    global DEVICE
-    DEVICE = args.device
+    global DEVICE, PROFILE
+    DEVICE, PROFILE = args.device, args.profile
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1)
     results = []
     for transport in args.transport or ["memory", "http"]:
         for route in args.route or ["torch", "tp1", "tp2"]:
             results.append(run(route, transport, args))
+            gc.collect()  # the route's trainer, publisher baseline and sampler weights, before the next one's
+            if DEVICE == "cuda":
+                torch.cuda.empty_cache()
     raw = sum(torch.Size(s).numel() for s in tensor_shapes(make_config(args.model)).values()) * 2 / 1e9
     text = table(results, raw)
     print(text)

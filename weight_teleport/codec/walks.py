@@ -122,7 +122,7 @@ def walk_view(tensor: torch.Tensor, held: Box, sub: Box, order: str) -> torch.Te
     """A view of the elements of `sub` of `tensor` (which holds box `held`) whose row-major
     order is `sub`'s walk: for 'rows' the sub-box itself, for 'cols' its 2-D view transposed.
     ValueError where no view exists (a tensor whose strides do not allow it)."""
-    view = tensor[tuple(slice(o - ho, o - ho + e) for (o, e), (ho, _) in zip(sub, held))]
+    view = tensor if sub == held else tensor[tuple(slice(o - ho, o - ho + e) for (o, e), (ho, _) in zip(sub, held))]
     if order != "cols" or view.dim() < 2:
         return view
     try:

@@ -22,6 +22,7 @@ while a later one stages changes nothing in what that one reads.
 Layouts come from `targets.vllm_layout.Slice` (fused qkv_proj / gate_up_proj, column-,
 row- and vocab-parallel shards); this module knows no engine."""
 
+import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -69,6 +70,8 @@ class Step:
     """Staged against a copy of the slices (versions were pending): written with `relocate`."""
     fetched: int
     """Bytes read from the store for it."""
+    fetch_s: float
+    """Seconds spent reading them (the rest of the stage decodes, checks and binds)."""
     params: Mapping[str, torch.Tensor]
     """The parameters `write` writes into (by name, as `params()` gave them at staging)."""
     write: Callable[[], None]
@@ -182,13 +185,15 @@ def stage_entry(store, entry: Entry, params: Mapping[str, torch.Tensor], slices:
     pinned = state_on_cuda(state) and not on_host
     if device_budget is not None:
         device_budget = max(0, device_budget - sum(s.nbytes for s in pending))
-    patches, packs, read = [], [], 0
+    patches, packs, read, fetch_s = [], [], 0, 0.0
     for e in ([entry] if not entry.parts else _overlapping_parts(entry, slices)):
+        t0 = time.perf_counter()
         header, prefix = read_pack_header(store, e)
         _check_names(header, slices)
         if entry.parts:
             _check_covers(header, e, entry)
         data, n = _fetch_into(store, e.key, e.size, _chunk_ranges(header, held), prefix, pinned)
+        fetch_s += time.perf_counter() - t0
         patch = stage_delta(base, data, header=header, held=held, strict=False, device_budget=device_budget,
                             base_version=entry.base if entry.kind == "delta" else None)
         if on_host:
@@ -199,7 +204,8 @@ def stage_entry(store, entry: Entry, params: Mapping[str, torch.Tensor], slices:
         read += len(prefix) + n
     relocate = base is not state
     write = in_turn([bind_staged(state, p, relocate=relocate) for p in patches])
-    return Step(entry.version, entry.kind, slices, tuple(patches), tuple(packs), relocate, read, dict(params), write)
+    return Step(entry.version, entry.kind, slices, tuple(patches), tuple(packs), relocate, read, fetch_s, dict(params),
+                write)
 
 
 def state_on_cuda(state: Mapping[str, torch.Tensor]) -> bool:
@@ -217,7 +223,11 @@ def _chunk_ranges(header: PackHeader, held: Mapping[str, W.TensorSlice]) -> list
     """The pack's byte ranges holding the chunks inside this worker's slices, one per record."""
     out = []
     for rec in header.tensors:
-        _, i, j = chunk_window(header, rec, held[rec.name].box)
+        box = W.whole(rec.shape) if rec.box is None else tuple(map(tuple, rec.box))
+        if W.intersect(box, held[rec.name].box) == box:  # all of the record: no walk to look at
+            i, j = 0, len(rec.chunks)
+        else:
+            _, i, j = chunk_window(header, rec, held[rec.name].box)
         if i < j:
             out.append(chunk_byte_range(header, rec, i, j))
     return out

@@ -50,6 +50,8 @@ class WorkerFollower:
         """Wall-clock time (`time.time()`) each version was staged here: publish -> ready."""
         self.stage_s: dict[int, float] = {}
         """Seconds each version took to fetch and stage here."""
+        self.fetch_s: dict[int, float] = {}
+        """Of those, the seconds spent reading from the store."""
         self.errors: list[str] = []
         self._failed_keys: set[str] = set()
         self._failed = False
@@ -110,6 +112,7 @@ class WorkerFollower:
         self.chain.append(step)
         self.fetched[step.version] = step.fetched
         self.stage_s[step.version] = time.perf_counter() - t0
+        self.fetch_s[step.version] = step.fetch_s
         self.staged_at[step.version] = time.time()
         self.board.put(step.version, tuple(self.chain))
 
