@@ -127,6 +127,41 @@ def test_cancel_stops_at_the_upload_and_says_what_it_left() -> None:
     assert store.get_manifest() is None and len(store.list()) == 1
 
 
+def test_cancel_after_the_version_was_published_says_so() -> None:
+    """A Ctrl-C that lands once the version is announced (the handle's result on its
+    way to the caller) must not say that nothing was published."""
+    pub = Publisher("memory://", store=MemoryStore(f"done-{next(_names)}"))
+    pub.publish(expected(0), 0).wait(60)
+    assert pub.cancel() == "version 0 was published"
+    pub.close()
+
+
+EXIT_WHILE_ENCODING = """
+import sys, torch
+from weight_teleport.pipeline import Publisher
+g = torch.Generator().manual_seed(0)
+state = {f"w{i}": torch.randn(2048, 4096, generator=g).to(torch.bfloat16) for i in range(8)}
+pub = Publisher(sys.argv[1])
+pub.publish(state, 0)  # returns at once: the worker encodes 128 MB in torch and numba
+if sys.argv[2] == "cancel":
+    print(pub.cancel())
+"""
+
+
+@pytest.mark.parametrize("how", ["cancel", "no-close"])
+def test_the_interpreter_exits_cleanly_while_a_version_encodes(tmp_path: Path, how: str) -> None:
+    """A worker thread inside torch when the interpreter finalizes would abort the
+    process ("terminate called without an active exception", status 134): the exit
+    stops it and waits for it first. The store then holds the version whole or not at all."""
+    store_dir = tmp_path / "store"
+    proc = subprocess.run([sys.executable, "-c", EXIT_WHILE_ENCODING, f"file://{store_dir}", how],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0 and "terminate" not in proc.stderr, proc.stderr[-2000:]
+    if (store_dir / "manifest").exists():
+        assert from_json((store_dir / "manifest").read_bytes()).latest == 0
+        assert how != "cancel" or "version 0 was published" in proc.stdout
+
+
 def test_ctrl_c_in_a_with_block_publishes_nothing_more() -> None:
     store = GatedStore(f"gated-{next(_names)}")
     with pytest.raises(KeyboardInterrupt):
@@ -173,7 +208,7 @@ def test_ctrl_c_during_the_publish_command(tmp_path: Path) -> None:
     assert "Traceback" not in text and "interrupted" in text, text[-2000:]
     manifest = store_dir / "manifest"
     time.sleep(1.0)
-    if "published just before" in text:
+    if "version 0 was published" in text:
         assert from_json(manifest.read_bytes()).latest == 0
     else:
         assert not manifest.exists(), text[-500:]

@@ -48,13 +48,16 @@ def publish_main(args: argparse.Namespace) -> int:
         try:
             r = publisher.publish(load_checkpoint(args.checkpoint), args.version,
                                   files=load_side_files(args.checkpoint)).wait()
-        except KeyboardInterrupt:
+            publisher.close()  # the anchor in flight, if any
+        except KeyboardInterrupt:  # at any point, the version's end included
             bar.close()
             print(f"weight-teleport publish: interrupted; {publisher.cancel()}",
                   file=sys.stderr)
+            publisher.close()  # after a cancel: closes the store, writes nothing
             return INTERRUPTED
-        finally:
+        except BaseException:
             publisher.close()
+            raise
     kinds = "+".join(e.kind for e in r.objects)
     print(f"version {r.version} ({kinds}, base {r.base_version}): {r.wire_bytes / 1e6:.3f} MB "
           f"on the wire for {r.raw_bytes / 1e6:.1f} MB of weights ({r.ratio:.1f}x); "

@@ -12,7 +12,9 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
+from weight_teleport import threads
 from weight_teleport.observe.logs import kv
+from weight_teleport.pipeline.errors import PublishCancelled
 from weight_teleport.pipeline.manifest import Entry
 from weight_teleport.pipeline.metrics import PublishResult
 from weight_teleport.store import Store
@@ -59,6 +61,7 @@ class AnchorUploader:
         self._cond = threading.Condition()
         self._busy = False
         self._thread: threading.Thread | None = None
+        self._stopping = threading.Event()
         self.failures: list[tuple[int, Exception]] = []
         """(version, error) of every anchor that could not be stored or announced."""
 
@@ -69,16 +72,20 @@ class AnchorUploader:
             if self._busy:
                 return False
             self._busy = True
-        self._thread = threading.Thread(target=self._upload, args=(entry, pack, result), daemon=True,
-                                        name="weight-teleport-anchor")
-        self._thread.start()
+        self._thread = threads.start(lambda: self._upload(entry, pack, result),
+                                     "weight-teleport-anchor", self._stopping.set)
         return True
+
+    def _between_pieces(self) -> None:
+        if self._stopping.is_set():
+            raise PublishCancelled("the interpreter exits: the anchor's upload was stopped")
+        self.deltas_first.wait_turn()
 
     def _upload(self, entry: Entry, pack, result: PublishResult) -> None:
         t0 = time.perf_counter()
         try:
             self._store.put(entry.key, pack, content_hash=entry.sha256,
-                            between_pieces=self.deltas_first.wait_turn)
+                            between_pieces=self._between_pieces)
             self._announce(entry)
             result.objects.append(entry)
             result.anchor_s = time.perf_counter() - t0

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from weight_teleport import threads
 from weight_teleport.pipeline.config import PublisherConfig
 from weight_teleport.pipeline.encode import EncodeJob, Encoder
 from weight_teleport.errors import WeightTeleportError
@@ -74,7 +75,7 @@ class Publisher:
         self.config = config = config or PublisherConfig()
         check_config(config)
         self.url = url
-        self._own_store = store is None
+        self._own_store, self._store_closed = store is None, False
         self._store = store or open_store(url, config.store)
         try:
             self._store.check_write_access()
@@ -97,9 +98,7 @@ class Publisher:
         self._encoder.on_announce = self.metrics.announced
         self.results: list[PublishResult] = []
         """Every finished PublishResult, in order (metrics)."""
-        self._worker = threading.Thread(target=self._work, daemon=True,
-                                        name="weight-teleport-publisher")
-        self._worker.start()
+        self._worker = threads.start(self._work, "weight-teleport-publisher", self._stop_at_exit)
 
     def publish(self, state: Mapping[str, torch.Tensor], version: int | None = None, *,
                 files: Mapping[str, bytes] | None = None) -> PublishHandle:
@@ -149,6 +148,7 @@ class Publisher:
                 if not self._queue:
                     return
                 item = self._current = self._queue.popleft()
+                self._writes.begin()  # with `_current`: what `cancel` reads of both agrees
                 self._cond.notify_all()
             self._run(item)
             with self._cond:
@@ -157,7 +157,6 @@ class Publisher:
 
     def _run(self, item: _Queued) -> None:
         """Publish one queued version; its handle gets the result or the error."""
-        self._writes.begin()
         try:
             if self._conflict is not None:
                 raise self._conflict
@@ -169,14 +168,15 @@ class Publisher:
             return
         except ManifestChanged as exc:
             error: Exception = self._lost_the_store(item.handle.version, exc)
-        except PublishCancelled as exc:
-            error = PublishCancelled(f"version {item.handle.version} was not published: "
-                                     f"the publisher was cancelled")
-            error.__cause__ = exc
         except Exception as exc:  # reported through the handle and flush; the baseline is kept
-            log.error("%s", kv("publish_failed", version=item.handle.version,
-                               error=f"{type(exc).__name__}: {exc}"))
-            error = exc
+            if isinstance(exc, PublishCancelled) or self._cancelled:  # any error once cancelled
+                error = PublishCancelled(f"version {item.handle.version} was not published: "
+                                         f"the publisher was cancelled")
+                error.__cause__ = exc
+            else:
+                log.error("%s", kv("publish_failed", version=item.handle.version,
+                                   error=f"{type(exc).__name__}: {exc}"))
+                error = exc
         self._pool.give(item.job.snapshot)
         item.handle.future.set_exception(error)
         if not isinstance(error, PublishCancelled):
@@ -242,6 +242,7 @@ class Publisher:
         with self._cond:
             self._closed = self._cancelled = True
             dropped, current = list(self._queue), self._current
+            published = self.results[-1].version if self.results else None
             self._queue.clear()
             self._cond.notify_all()
         uploaded, announced, stray = self._writes.cancel()
@@ -252,7 +253,17 @@ class Publisher:
                 f"cancelled before it was encoded"))
         return describe_cancel([q.handle.version for q in dropped],
                                current.handle.version if current else None, uploaded, announced,
-                               stray)
+                               stray, published)
+
+    def _stop_at_exit(self) -> None:
+        """The interpreter exits with the worker running: it writes nothing more, and a
+        version left unpublished is logged."""
+        with self._cond:
+            if self._cancelled or (not self._queue and self._current is None):
+                self._closed = True  # an idle worker returns
+                self._cond.notify_all()
+                return
+        log.warning("%s", kv("publisher_stopped_at_exit", url=self.url, left=self.cancel()))
 
     def close(self) -> None:
         """Publish what is queued (unless cancelled), stop the worker and close the
@@ -267,6 +278,9 @@ class Publisher:
         self._raise_failures()
 
     def _close_store(self) -> None:
+        if self._store_closed:  # close() again
+            return
+        self._store_closed = True
         if self._own_store:
             self._store.close()
         if hasattr(self, "metrics"):

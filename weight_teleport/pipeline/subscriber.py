@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import logging
-import threading
 import time
 
 import torch
 
+from weight_teleport import threads
 from weight_teleport.observe.heartbeat import heartbeat_for
 from weight_teleport.pipeline.config import SubscriberConfig
 from weight_teleport.pipeline.follow import Follower
@@ -51,9 +51,8 @@ class Subscriber:
         self.metrics = self._follower.metrics
         """Prometheus metrics (`metrics.registry`; `SubscriberConfig.metrics`)."""
         self._heartbeat = heartbeat_for(url, config, self.metrics.position)
-        self._thread = threading.Thread(target=self._follower.run, daemon=True,
-                                        name="weight-teleport-subscriber")
-        self._thread.start()
+        self._thread = threads.start(self._follower.run, "weight-teleport-subscriber",
+                                     self._handoff.close)
 
     @property
     def version(self) -> int | None:

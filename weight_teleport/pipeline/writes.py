@@ -85,14 +85,17 @@ class TrackedWrites:
 
 
 def describe_cancel(dropped: list[int], current: int | None, uploaded: list[str],
-                    announced: bool, stray: list[str]) -> str:
-    """What a cancel left, in words: the versions not published and any object
-    uploaded but not announced."""
+                    announced: bool, stray: list[str], published: int | None = None) -> str:
+    """What a cancel left, in words: the newest version published (`published`, unless the
+    version in hand, `current`, was announced after all), the versions not published and
+    any object uploaded but not announced."""
     parts = []
-    if current is not None:
-        if announced:
-            parts.append(f"version {current} was published just before")
-        elif uploaded:
+    if current is not None and announced:
+        parts.append(f"version {current} was published just before")
+    elif published is not None:
+        parts.append(f"version {published} was published")
+    if current is not None and not announced:
+        if uploaded:
             parts.append(f"version {current} was not published: {', '.join(uploaded)} "
                          f"uploaded but not in the manifest (unused; safe to delete)")
         else:
@@ -103,4 +106,4 @@ def describe_cancel(dropped: list[int], current: int | None, uploaded: list[str]
                      f"the manifest (unused; safe to delete)")
     if dropped:
         parts.append(f"queued version(s) {', '.join(map(str, dropped))} not published")
-    return "; ".join(parts) or "nothing was being published"
+    return "; ".join(parts) or "nothing was published"

@@ -16,6 +16,8 @@ from urllib.parse import parse_qs, urlsplit
 import torch
 import torch.distributed as dist
 
+from weight_teleport import threads
+
 from .base import UNCONDITIONAL, IfMatch
 from .config import StoreConfig
 from .errors import StoreError
@@ -44,9 +46,9 @@ class DistStore(MemoryStore):
         self._send_lock = threading.RLock()  # held across a compare-and-swap and its broadcast
         self._receiver: threading.Thread | None = None
         if dist.get_rank() != src:
-            self._receiver = threading.Thread(target=self._receive, daemon=True,
-                                              name="weight-teleport-dist")
-            self._receiver.start()
+            # at exit it is joined (weight_teleport.threads): it ends when the source
+            # closes the store or its process ends
+            self._receiver = threads.start(self._receive, "weight-teleport-dist", self._exiting)
 
     @classmethod
     def from_url(cls, url: str, config: StoreConfig | None = None) -> "DistStore":
@@ -68,6 +70,10 @@ class DistStore(MemoryStore):
             if payload:
                 body = torch.frombuffer(bytearray(payload), dtype=torch.uint8).to(self._device)
                 dist.broadcast(body, self.src, group=self._group)
+
+    def _exiting(self) -> None:
+        log.info("the interpreter exits: waiting for rank %d to close the dist:// store "
+                 "(or to end)", self.src)
 
     def _receive(self) -> None:
         """Apply the source's broadcasts to the local replica until it closes."""

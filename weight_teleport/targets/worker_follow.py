@@ -16,6 +16,7 @@ import logging
 import threading
 import time
 
+from weight_teleport import threads
 from weight_teleport.errors import WeightTeleportError
 from weight_teleport.pipeline.errors import NoPlanError
 from weight_teleport.pipeline.manifest import Manifest, from_json
@@ -59,8 +60,7 @@ class WorkerFollower:
         self._seen = board.state()
         self._manifest, self._etag = Manifest(), None
         self._stop, self._hold = threading.Event(), threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True, name="weight-teleport-worker")
-        self._thread.start()
+        self._thread = threads.start(self._run, "weight-teleport-worker", self._stop.set)
 
     def hold(self, on: bool) -> None:
         """Stop staging new versions (on) or go on (off); what is staged stays staged."""
