@@ -10,7 +10,6 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import signal
-import sys
 import traceback
 from datetime import timedelta
 
@@ -128,17 +127,12 @@ def _rank_main(rank: int, world: int, port: int, url: str, layout: str, errors) 
                     except Exception:
                         assert layout == "killed" and step == KILLED_AT, traceback.format_exc()
                         break
-        if layout != "killed":
-            dist.destroy_process_group()
+        # every rank, the one whose peer was killed too: gloo's threads are joined here,
+        # not left to finish after the interpreter (torch's destroy_process_group says why)
+        dist.destroy_process_group()
     except BaseException:
         errors.put(f"rank {rank}: {traceback.format_exc()}")
         raise
-    # The rank's work is done and checked; what is left is the interpreter's teardown, where
-    # torch's gloo threads have aborted a rank on a loaded machine ("terminate called without
-    # an active exception", exit -6) long after its last version was published.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
 
 
 def _run_group(url: str, layout: str, world: int, sub=None, want=None) -> list[int]:
