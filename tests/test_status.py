@@ -115,3 +115,25 @@ def test_status_watch_refreshes_until_ctrl_c(origin, capsys, monkeypatch) -> Non
     assert main(["status", origin.url, "--watch", "0.5"]) == 0
     screens = capsys.readouterr().out.split("\x1b[H\x1b[2J")[1:]
     assert len(screens) == 2 and "latest 0" in screens[0] and "latest 1" in screens[1]
+
+
+@pytest.mark.parametrize("where", ["file", "origin"])
+def test_a_damaged_object_shows_and_a_publisher_goes_past_it(where, tmp_path, capsys, request) -> None:
+    if where == "file":
+        url, root = f"file://{tmp_path}/store", tmp_path / "store"
+    else:
+        url, root = request.getfixturevalue("origin").url, tmp_path / "origin"
+    publish(url, range(2))
+    with open_store(url) as store:
+        delta = from_json(store.get_manifest()).entries[-1]
+    assert delta.kind == "delta"
+    path = root / "objects" / delta.key
+    path.write_bytes(path.read_bytes()[:100])  # truncated: the baseline cannot be read
+    assert main(["status", url]) == 1
+    out = capsys.readouterr().out
+    assert f"{delta.key} (version 1 delta): shorter than the {delta.size} bytes" in out
+    publish(url, [2])  # a fresh anchor, past the damaged delta
+    assert main(["status", url, "--json"]) == 1
+    doc = json.loads(capsys.readouterr().out)["store"]
+    assert doc["latest"] == 2 and doc["versions"][-1]["kinds"] == ["snapshot"]
+    assert [b["key"] for b in doc["broken"]] == [delta.key]

@@ -37,7 +37,7 @@ def status_main(args: argparse.Namespace) -> int:
         if args.watch is None:
             doc = status_document(store, args.samplers)
             print(json.dumps(doc, indent=1) if args.json else render(doc, args.url))
-            return 0
+            return 1 if doc["store"].get("error") else 0  # unreadable, or damaged objects
         return _watch(store, args)
 
 
@@ -65,6 +65,7 @@ def _watch(store, args: argparse.Namespace) -> int:
 
 def status_document(store, samplers: int) -> dict:
     """An origin's /status.json, else a document of the same shape from the manifest."""
+    from weight_teleport.observe.probe import object_problems
     from weight_teleport.observe.status import store_summary
     from weight_teleport.pipeline.manifest import from_json
 
@@ -74,7 +75,9 @@ def status_document(store, samplers: int) -> dict:
         if doc is not None:
             return doc
     raw = store.get_manifest()
-    return {"now": time.time(), "store": store_summary(None if raw is None else from_json(raw)),
+    manifest = None if raw is None else from_json(raw)
+    problems = manifest and object_problems(store, manifest)
+    return {"now": time.time(), "store": store_summary(manifest, problems=problems),
             "samplers": None}
 
 

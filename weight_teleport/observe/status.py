@@ -9,13 +9,15 @@ import time
 from weight_teleport.pipeline.manifest import Manifest
 
 
-def store_summary(manifest: Manifest | None, now: float | None = None) -> dict:
+def store_summary(manifest: Manifest | None, now: float | None = None,
+                  problems: dict[str, str] | None = None) -> dict:
     """The versions of `manifest` (one row each: kinds, wire bytes, ratio, anchor, age),
-    the anchors, the bytes stored, and the retention note."""
+    the anchors, the bytes stored, the retention note, and the objects found damaged
+    (`problems`: key -> what is wrong, `observe.probe.object_problems`), in words too."""
     now = time.time() if now is None else now
     if manifest is None:
         return {"latest": None, "versions": [], "anchors": [], "stored_bytes": 0,
-                "retention": {"note": "nothing was published yet"}}
+                "retention": {"note": "nothing was published yet"}, "broken": []}
     rows: dict[int, dict] = {}
     for e in manifest.entries:
         row = rows.setdefault(e.version, {"version": e.version, "kinds": [], "base": None,
@@ -34,10 +36,36 @@ def store_summary(manifest: Manifest | None, now: float | None = None) -> dict:
             row["age_s"] = max(0.0, now - e.published_at_ms / 1000)
     for row in rows.values():
         row["ratio"] = row["raw_bytes"] / row["wire_bytes"] if row["wire_bytes"] else None
-    return {"latest": manifest.latest, "versions": [rows[v] for v in sorted(rows)],
-            "anchors": [e.version for e in manifest.anchors],
-            "stored_bytes": sum(e.size for e in manifest.entries),
-            "retention": retention_summary(manifest)}
+    doc = {"latest": manifest.latest, "versions": [rows[v] for v in sorted(rows)],
+           "anchors": [e.version for e in manifest.anchors],
+           "stored_bytes": sum(e.size for e in manifest.entries),
+           "retention": retention_summary(manifest),
+           "broken": broken_objects(manifest, problems or {})}
+    if doc["broken"]:
+        doc["error"] = broken_note(doc["broken"])
+    return doc
+
+
+def broken_objects(manifest: Manifest, problems: dict[str, str]) -> list[dict]:
+    """One row per damaged object: the version and kind of the entry that names it."""
+    rows, seen = [], set()
+    for e in manifest.entries:
+        for key in e.keys + tuple(f.key for f in e.files):
+            if key in problems and key not in seen:
+                seen.add(key)
+                rows.append({"version": e.version, "kind": e.kind, "key": key,
+                             "problem": problems[key]})
+    return rows
+
+
+def broken_note(broken: list[dict]) -> str:
+    """The damaged objects in words, with what becomes of them."""
+    listed = "; ".join(f"{b['key']} (version {b['version']} {b['kind']}): {b['problem']}"
+                       for b in broken)
+    return (f"{len(broken)} damaged object(s) the manifest names: {listed}. Subscribers "
+            f"set them aside and take another path; a publisher that cannot read its "
+            f"baseline through them publishes a fresh anchor; retention removes them once "
+            f"they are older than the anchors it keeps.")
 
 
 def retention_summary(manifest: Manifest) -> dict:

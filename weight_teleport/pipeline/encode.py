@@ -14,6 +14,7 @@ import torch
 from weight_teleport.codec import encode_delta, encode_snapshot
 from weight_teleport.observe.logs import kv
 from weight_teleport.pipeline.config import PublisherConfig
+from weight_teleport.pipeline.errors import ObjectRejected
 from weight_teleport.pipeline.fetch import materialize
 from weight_teleport.pipeline.anchors import AnchorUploader
 from weight_teleport.pipeline.manifest import (KINDS, Entry, Manifest, checked, from_json, make_entry,
@@ -88,12 +89,20 @@ class Encoder:
         return old
 
     def _resume(self) -> None:
-        """Fetch the store's latest weights as the baseline (a resumed publisher)."""
-        if self.baseline is None and self.manifest.latest is not None:
-            self.baseline, self.baseline_version = materialize(self.store, self.manifest,
-                                                               threads=self.config.threads)
-            device = self.config.baseline_device
-            self.baseline = {k: t.to(device) for k, t in self.baseline.items()}
+        """Fetch the store's latest weights as the baseline (a resumed publisher). Where an
+        object on the way is damaged or missing, there is no baseline: the version is
+        published as an anchor, which subscribers and later deltas start from."""
+        if self.baseline is not None or self.manifest.latest is None:
+            return
+        try:
+            baseline, self.baseline_version = materialize(self.store, self.manifest,
+                                                          threads=self.config.threads)
+        except (ObjectRejected, NotFound) as exc:
+            log.warning("%s", kv("baseline_unreadable", latest=self.manifest.latest,
+                                 error=f"{type(exc).__name__}: {exc}",
+                                 next="this version is published as an anchor"))
+            return
+        self.baseline = {k: t.to(self.config.baseline_device) for k, t in baseline.items()}
 
     def run(self, job: EncodeJob) -> PublishResult:
         """Encode, upload and announce `job`'s version; returns its measurements. A delta is

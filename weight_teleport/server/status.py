@@ -15,6 +15,7 @@ import time
 
 from aiohttp import web
 
+from ..observe.probe import object_problems
 from ..observe.status import store_summary
 from ..pipeline.errors import ManifestError
 from ..pipeline.manifest import Manifest, from_json
@@ -99,7 +100,8 @@ def status_document(request: web.Request) -> dict:
     """The whole status, as /status.json serves it."""
     q = request.query
     manifest, unreadable = _manifest(request)
-    store = store_summary(manifest)
+    origin = request.app[ORIGIN]
+    store = store_summary(manifest, problems=manifest and object_problems(origin.store, manifest))
     if unreadable:
         store["error"] = f"the store's manifest is unreadable: {unreadable}"
     state = q.get("state") or None
@@ -108,7 +110,7 @@ def status_document(request: web.Request) -> dict:
     samplers = samplers_section(book, store["latest"], offset=_int_arg(request, "offset", 0, 1 << 31),
                                 limit=_int_arg(request, "limit", DEFAULT_PAGE, MAX_PAGE),
                                 state=state, version=version, query=q.get("q", "")[:128])
-    config = request.app[ORIGIN].config
+    config = origin.config
     return {"now": time.time(), "store": store, "samplers": samplers, "charts": charts(book, store),
             "origin": {"sampler_stale_s": config.sampler_stale_s,
                        "sampler_expiry_s": config.sampler_expiry_s,
