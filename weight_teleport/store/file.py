@@ -21,7 +21,7 @@ from typing import BinaryIO
 
 from .base import UNCONDITIONAL, IfMatch, Store, too_large
 from .config import StoreConfig
-from .errors import AuthError, Conflict, NotFound, StoreFull
+from .errors import AuthError, Conflict, NotFound, StoreError, StoreFull
 from .keys import check_manifest_etag, validate_key
 
 # What reading a key that is not a file raises (absent, a directory, under a file).
@@ -108,8 +108,19 @@ class FileStore(Store):
 
     @classmethod
     def from_url(cls, url: str, config: StoreConfig | None = None) -> "FileStore":
-        """Open `file:///abs/path` (or `file://relative/path`)."""
-        return cls(url.partition("://")[2], config)
+        """Open `file:///abs/path` (`file://localhost/abs/path`), or `file://./rel/path`
+        under the current directory. Anything else after `file://` would name a host
+        (`file://tmp/store`, one slash short): refused, never read as a relative path."""
+        rest = url.partition("://")[2]
+        if rest.startswith("localhost/"):
+            rest = rest[len("localhost"):]
+        if not rest.startswith(("/", "./", "../")) and rest not in (".", ".."):
+            host = rest.partition("/")[0]
+            raise StoreError(f"{url!r} names the host {host!r}, which a file store cannot "
+                             f"reach: an absolute path takes three slashes (file:///{rest}), "
+                             f"a path under the current directory starts with ./ "
+                             f"(file://./{rest})")
+        return cls(rest, config)
 
     def path_of(self, key: str) -> Path:
         """The file that holds `key` (the key is validated first)."""

@@ -29,6 +29,9 @@ _RESOLVED_KEYS = 4096  # key -> content hash entries remembered per store
 _WATCH_SLICE_S = 30.0  # longest single long-poll request
 _ERROR_BODY = 64 << 10  # the most of an error response's body read (its message)
 _RETRY_AFTER_MAX_S = 60.0  # the longest a Retry-After header makes a watch wait
+_PAGES = {"/status": "status page", "/status.json": "status document", "/metrics": "metrics",
+          "/healthz": "readiness probe", "/manifest": "manifest", "/watch": "long-poll"}
+"""Routes of the origin, by what they are: an address ending in one is not a store URL."""
 UPLOAD_TOKEN_HINT = ("the origin's upload token: --token-file FILE or WEIGHT_TELEPORT_TOKEN "
                      "on the command line, StoreConfig(token=...) in Python")
 READ_TOKEN_HINT = ("the origin's read token: --read-token-file FILE or "
@@ -54,6 +57,14 @@ class HttpStore(Store):
             if parts.scheme == "https" else None
         self._netloc = (parts.hostname, parts.port)
         self._base = parts.path.rstrip("/")
+        self.url = f"{parts.scheme}://{parts.netloc}{self._base}"
+        """The origin's base URL, as errors name it."""
+        for route, what in _PAGES.items():
+            if self._base.endswith(route):
+                raise StoreError(
+                    f"{url} is the address of the origin's {what}, not of the store: "
+                    f"use {self.url[:len(self.url) - len(route)] or '/'}")
+        self._origin_checked = False
         self._local = threading.local()
         self._hashes: OrderedDict[str, str] = OrderedDict()
         self._hashes_lock = threading.Lock()
@@ -131,9 +142,13 @@ class HttpStore(Store):
                 f"({exc.verify_message}); if a private authority signed it, pass its "
                 f"certificate: --ca-file FILE on the command line, StoreConfig(ca_file=...) "
                 f"in Python") from None
+        except ConnectionRefusedError:
+            self._drop_connection()
+            raise TransportError(f"{method} {path}: connection refused: is the origin running "
+                                 f"at {self.url}? (`weight-teleport serve` starts one)") from None
         except (OSError, http.client.HTTPException) as exc:
             self._drop_connection()
-            raise TransportError(f"{method} {path} failed: {exc!r}") from exc
+            raise TransportError(f"{method} {self.url}{path} failed: {exc!r}") from exc
 
     def _read(self, resp: http.client.HTTPResponse, limit: int | None) -> bytes:
         """The body, if it has at most `limit` bytes; a declared length is checked
@@ -337,9 +352,22 @@ class HttpStore(Store):
     def _get_manifest(self) -> bytes | None:
         status, _, body = self._get_small("/manifest", "get manifest")
         if status == 404:
+            self._check_origin()
             return None
         self._check(status, body, "get manifest")
         return body
+
+    def _check_origin(self) -> None:
+        """Raise StoreError unless the URL is an origin's (its readiness probe answers):
+        a wrong address must not read as a store where nothing was published yet."""
+        if self._origin_checked:
+            return
+        status, _, body = self._get_small("/healthz", "readiness probe")
+        if status != 200 or body != b"ok":
+            raise StoreError(f"{self.url} is not the address of a weight-teleport origin "
+                             f"(GET {self._base}/healthz answered HTTP {status}): give the "
+                             f"base URL the origin serves, as `weight-teleport serve` prints it")
+        self._origin_checked = True
 
     def get_status(self, query: str = "") -> dict | None:
         """The origin's status document (`/status.json?QUERY`: versions, samplers); None
