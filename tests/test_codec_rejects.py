@@ -47,6 +47,21 @@ def test_wrong_base_weights(states, pack):
     _rejects(state, pack, PackMismatchError)
 
 
+@pytest.mark.parametrize("coder", ["zstd", "adaptive"])
+def test_other_weights_than_the_base_are_named_as_such(states, coder):
+    """Weights whose exponents differ from the base's make a sparse chunk's changes not
+    fit: the error names the base, not corrupt streams."""
+    pack = wt.encode_delta(*states, base_version=1, version=2, chunk_elems=4096, coder=coder)
+    g = torch.Generator().manual_seed(9)
+    other = {"a": (torch.randn(300, 70, generator=g) * 4).to(torch.bfloat16),
+             "b": states[0]["b"].clone()}
+    with pytest.raises(PackMismatchError, match="does not hold the weights of base version 1"):
+        wt.apply_delta(clone_state(other), pack)
+    with pytest.raises(PackFormatError, match="likely not the weights of the pack's base "
+                                              r"version 1 \(the base digest check was skipped"):
+        wt.apply_delta(clone_state(other), pack, check_base=False)
+
+
 def test_applied_twice_is_refused(states, pack):
     state = clone_state(states[0])
     wt.apply_delta(state, pack)

@@ -5,6 +5,23 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from weight_teleport.codec.dtypes import DtypeInfo
+from weight_teleport.errors import PackFormatError
+
+
+class ChunkMisfit(PackFormatError):
+    """A sparse chunk's changes do not fit the receiver's weights: the pack's streams are
+    corrupt, or the weights are not the pack's base (their digests tell which)."""
+
+
+def misfit(base_version: int | None, base_checked: bool) -> PackFormatError:
+    """The error of a sparse chunk that does not fit weights whose base digests matched
+    the pack's (`base_checked`), or were not compared with them."""
+    if base_checked:
+        return ChunkMisfit("sparse chunk does not fit the receiver's weights, which are the "
+                           "pack's base (their digests match): the pack's streams are corrupt")
+    return ChunkMisfit(f"sparse chunk does not fit the receiver's weights: they are likely not "
+                       f"the weights of the pack's base version {base_version} (the base "
+                       f"digest check was skipped: check_base=False), else the pack is corrupt")
 
 
 @dataclass

@@ -15,7 +15,7 @@ from weight_teleport.codec.backend import Encoded
 from weight_teleport.codec.cpu import chunks as C
 from weight_teleport.codec.cpu import kernels as K
 from weight_teleport.codec.dtypes import BY_NAME, DtypeInfo, as_uint
-from weight_teleport.codec.patch import ChunkPatch, StagedPatch, TensorPatch
+from weight_teleport.codec.patch import ChunkMisfit, ChunkPatch, StagedPatch, TensorPatch, misfit
 from weight_teleport.codec.plan import (MAX_CLASSES, SPARSE_MAX_DENSITY, ClassMapError, Runs, chunk_ranges,
                                         plan_classes, runs_to_luts)
 from weight_teleport.errors import DigestMismatchError, PackFormatError, PackMismatchError, UnsupportedFormatError
@@ -287,11 +287,35 @@ def stage(lives: dict[str, Live], header: PackHeader, pack, check_base: bool, th
                                         check_base, walk_start) for ref, (s, e) in zip(rec.chunks[lo:hi], rs)])
             if check_base and rec.codec == "same" and rec.name not in windows:
                 futures[-1].append(pool.submit(_unchanged, live))
-        results = [[f.result() for f in fs] for fs in futures]
+        try:
+            results = [[f.result() for f in fs] for fs in futures]
+        except ChunkMisfit:
+            raise _misfit(recs, lives, header, check_base, windows) from None
     tensors = [_verify_window(rec, lives[rec.name], res, header, check_base, windows[rec.name])
                if rec.name in windows else _verify(rec, lives[rec.name], res, header, check_base)
                for rec, res in zip(recs, results)]
     return StagedPatch(header.kind, header.version, header.base_version, tensors, check_base)
+
+
+def _misfit(recs: list[TensorRecord], lives: dict[str, Live], header: PackHeader,
+             check_base: bool, windows: dict) -> PackFormatError:
+    """Why a sparse chunk did not fit: the first tensor that is not the pack's base (its
+    digest, read now), else corrupt streams, or a base that went unchecked."""
+    if check_base:
+        for rec in recs:
+            if rec.codec in SPARSE_CODECS and rec.name not in windows:
+                live = lives[rec.name]
+                _check_base(rec, live, C.digest_sum(live.u, 0), header)
+    return misfit(header.base_version, check_base)
+
+
+def _check_base(rec: TensorRecord, live: Live, s_old: int, header: PackHeader) -> None:
+    actual = D.to_hex(D.finish(s_old, rec.numel * live.info.nbytes))
+    if actual != rec.base_digest:
+        raise PackMismatchError(
+            f"tensor {rec.name!r} does not hold the weights of base version {header.base_version} "
+            f"(digest {actual}, expected {rec.base_digest}): the state is at another version or "
+            "was modified; resync from a snapshot")
 
 
 def _verify_window(rec: TensorRecord, live: Live, results, header: PackHeader, check_base: bool,
@@ -355,12 +379,7 @@ def _verify(rec: TensorRecord, live: Live, results, header: PackHeader, check_ba
     nbytes = rec.numel * live.info.nbytes
     digest = D.from_hex(rec.digest)
     if kind == "delta" and check_base:
-        actual = D.to_hex(D.finish(sum(r[1] for r in results), nbytes))
-        if actual != rec.base_digest:
-            raise PackMismatchError(
-                f"tensor {rec.name!r} does not hold the weights of base version {header.base_version} "
-                f"(digest {actual}, expected {rec.base_digest}): the state is at another version or "
-                "was modified; resync from a snapshot")
+        _check_base(rec, live, sum(r[1] for r in results), header)
     if kind == "delta":
         predicted = D.finish(D.word_sum(D.from_hex(rec.base_digest), nbytes) + sum(r[2] for r in results), nbytes)
     else:

@@ -5,6 +5,7 @@ import numpy as np
 from weight_teleport.codec.cpu import adaptive as A
 from weight_teleport.codec.cpu import kernels as K
 from weight_teleport.codec.dtypes import DtypeInfo
+from weight_teleport.codec.patch import ChunkMisfit
 from weight_teleport.codec.plan import ClassPlan
 from weight_teleport.codec.streams import check_sparse_lengths, decode_stream, encode_stream
 from weight_teleport.errors import PackFormatError
@@ -185,7 +186,7 @@ def _place(old, info: DtypeInfo, lut, inverted, ev_cnt, gaps, res_cnt, res):
     n = K.sparse_decode(old, shift, kmask, lut, inverted, signbit, wmask,
                         _offsets(ev_cnt), ev_cnt, gaps, _offsets(res_cnt), res_cnt, res, pos, val)
     if n != res.size:
-        raise PackFormatError("sparse chunk does not fit the receiver's weights (corrupt streams)")
+        raise ChunkMisfit("sparse chunk does not fit the receiver's weights")
     return pos, val
 
 

@@ -29,6 +29,7 @@ from weight_teleport.codec.cuda.kernels.crc import crc32
 from weight_teleport.codec.cuda.kernels.digest import word_sums
 from weight_teleport.codec.cuda.live import Live, grouped
 from weight_teleport.codec.cuda.stage.patch import DevicePatch, DeviceTensorPatch, FusedGroup, ScatterGroup
+from weight_teleport.codec.patch import misfit
 from weight_teleport.codec.cuda.stage.sparse import FLAGS, SparseBatch
 from weight_teleport.codec.plan import Runs, run_arrays
 from weight_teleport.errors import DigestMismatchError, PackFormatError, PackMismatchError
@@ -332,7 +333,7 @@ def stage(lives: dict[str, Live], header, pack, check_base: bool, threads: int |
         for i in bad_base:
             _check_base(recs[i], int(nbytes[i]), int(sums[i, 0]), header)
     if pack_flags[2]:
-        raise PackFormatError(FLAGS[2])
+        raise misfit(header.base_version, check)  # with `check`, the base digests matched
     for i in bad_result:
         _check_result(recs[i], int(nbytes[i]), int(sums[i, 0]), int(sums[i, 1]))
     return patch
