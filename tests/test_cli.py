@@ -60,3 +60,47 @@ def test_serve_without_aiohttp_says_what_to_install(tmp_path) -> None:
     assert out.returncode == 1
     assert out.stderr.strip() == ("weight-teleport serve: the origin server needs 'aiohttp': "
                                   'pip install "weight-teleport[http]"')
+
+
+def _checkpoint(directory, torch):
+    from safetensors.torch import save_file
+
+    directory.mkdir()
+    save_file({"w": torch.ones(64, 64, dtype=torch.bfloat16)}, str(directory / "model.safetensors"))
+    return directory / "model.safetensors"
+
+
+def test_a_truncated_checkpoint_is_named_without_a_traceback_or_an_empty_bar(tmp_path, capsys) -> None:
+    import torch
+
+    from weight_teleport.cli import main
+
+    path = _checkpoint(tmp_path / "ckpt", torch)
+    path.write_bytes(path.read_bytes()[:200])
+    assert main(["publish", str(tmp_path / "ckpt"), "--to", f"file://{tmp_path}/store"]) == 1
+    err = capsys.readouterr().err
+    assert f"{path} is not a readable safetensors file" in err
+    assert "upload:" not in err  # no progress bar of nothing before the error
+
+
+@pytest.mark.parametrize("command", ["verify", "inspect"])
+def test_a_damaged_pack_is_named(tmp_path, capsys, command) -> None:
+    import torch
+
+    import weight_teleport as wt
+    from weight_teleport.cli import main
+
+    pack = tmp_path / "v0.pack"
+    pack.write_bytes(bytes(wt.encode_snapshot({"w": torch.ones(64, 64)}, version=0))[:-9])
+    assert main([command, str(pack)]) == 1
+    assert f"weight-teleport {command}: {pack}: " in capsys.readouterr().err
+
+
+def test_a_reader_that_goes_away_ends_the_output_quietly(tmp_path) -> None:
+    """`status --json | head`: no "Broken pipe" message, the status SIGPIPE would give."""
+    proc = subprocess.Popen([sys.executable, "-m", "weight_teleport.cli", "status",
+                             f"file://{tmp_path}", "--json"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdout.close()  # before the command writes: it starts an interpreter first
+    err = proc.stderr.read().decode()
+    assert proc.wait() == 141 and err == "", err

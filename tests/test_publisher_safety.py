@@ -194,11 +194,11 @@ def test_ctrl_c_during_the_publish_command(tmp_path: Path) -> None:
     finally:
         signal.signal(signal.SIGINT, previous)
     err = b""
-    while b"upload:" not in err and proc.poll() is None:  # tqdm's bar: the publisher starts
+    while b"Ctrl-C cancels" not in err and proc.poll() is None:  # the publisher started
         err += proc.stderr.read1(4096)
-    # the bar shows before the encode (about a second on a quiet 2-core machine): the signal
-    # most often lands in it; every moment must be handled right, but one after the
-    # command ended would test nothing
+    # the line shows before the checkpoint is read and encoded (about a second on a quiet
+    # 2-core machine): the signal most often lands there; every moment must be handled
+    # right, but one after the command ended would test nothing
     time.sleep(0.3)
     assert proc.poll() is None, "the publish ended before it could be interrupted"
     proc.send_signal(signal.SIGINT)

@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 from weight_teleport import __version__
-from weight_teleport.cli.common import INTERRUPTED, HelpFormatter, add_command
+from weight_teleport.cli.common import BROKEN_PIPE, INTERRUPTED, HelpFormatter, add_command
 
 COMMANDS = (
     ("demo", "demo", "publish RL steps of a small model and follow them bit-exactly in a sampler process"),
@@ -49,7 +50,12 @@ def main(argv: list[str] | None = None) -> int:
     configure(getattr(args, "log_level", "warning"))
 
     try:
-        return args.func(args)
+        status = args.func(args)
+        sys.stdout.flush()  # a reader gone shows here, not in the interpreter's exit
+        return status
+    except BrokenPipeError:  # `status --json | head`: the reader needs no more
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return BROKEN_PIPE
     except (WeightTeleportError, OSError, ValueError) as e:
         print(f"weight-teleport {args.command}: {e}", file=sys.stderr)
         return 1

@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import argparse
 import os
+import threading
 from pathlib import Path
 from typing import Callable
 
 TOKEN_ENV = "WEIGHT_TELEPORT_TOKEN"
 READ_TOKEN_ENV = "WEIGHT_TELEPORT_READ_TOKEN"
 INTERRUPTED = 130  # the exit status of a command stopped by Ctrl-C (128 + SIGINT)
+BROKEN_PIPE = 141  # that of one whose output's reader went away, as SIGPIPE gives (128 + 13)
 
 
 class HelpFormatter(argparse.HelpFormatter):
@@ -24,6 +26,34 @@ class HelpFormatter(argparse.HelpFormatter):
                 or action.default in (None, False, argparse.SUPPRESS)):
             return text
         return f"{text} (default: %(default)s)"
+
+
+class ByteBar:
+    """A tqdm bar of bytes that shows from its first update on, so that a command that
+    fails before sending a byte prints no empty bar. `update` may be called from several
+    threads (a version's upload and its anchor's)."""
+
+    def __init__(self, desc: str):
+        self.desc, self._bar, self._lock = desc, None, threading.Lock()
+
+    def update(self, n: int) -> None:
+        with self._lock:
+            if self._bar is None:
+                from tqdm import tqdm
+
+                self._bar = tqdm(unit="B", unit_scale=True, desc=self.desc)
+            self._bar.update(n)
+
+    def close(self) -> None:
+        with self._lock:
+            if self._bar is not None:
+                self._bar.close()
+
+    def __enter__(self) -> "ByteBar":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 def add_command(sub: argparse._SubParsersAction, name: str, summary: str,

@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from weight_teleport.cli.common import INTERRUPTED, add_store_arguments, store_config
+from weight_teleport.cli.common import INTERRUPTED, ByteBar, add_store_arguments, store_config
 
 
 def publish_arguments(p: argparse.ArgumentParser) -> None:
@@ -34,17 +34,17 @@ def publish_main(args: argparse.Namespace) -> int:
 
     The store's write access is checked before the checkpoint is read. Ctrl-C cancels:
     nothing more is written, and the message says what was left."""
-    from tqdm import tqdm
-
     from weight_teleport.pipeline import Publisher, PublisherConfig, RetentionConfig
     from weight_teleport.pipeline.checkpoint import load_checkpoint, load_side_files
 
-    with tqdm(unit="B", unit_scale=True, desc="upload") as bar:
+    with ByteBar("upload") as bar:
         store = store_config(args)
         store.upload_progress = bar.update
         config = PublisherConfig(anchor_every=args.anchor_every, store=store, coder=args.coder,
                                  retention=RetentionConfig(keep_anchors=args.keep_anchors))
         publisher = Publisher(args.url, config)
+        print(f"weight-teleport publish: {args.checkpoint} to {args.url} (Ctrl-C cancels)",
+              file=sys.stderr, flush=True)
         try:
             r = publisher.publish(load_checkpoint(args.checkpoint), args.version,
                                   files=load_side_files(args.checkpoint)).wait()

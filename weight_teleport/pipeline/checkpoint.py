@@ -26,6 +26,7 @@ _NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.=+-]{0,254}\Z")
 
 def load_checkpoint(directory: Path) -> dict[str, torch.Tensor]:
     """Every tensor of the `*.safetensors` files of `directory` (single or sharded)."""
+    from safetensors import SafetensorError
     from safetensors.torch import load_file
 
     files = sorted(Path(directory).glob("*.safetensors"))
@@ -34,7 +35,11 @@ def load_checkpoint(directory: Path) -> dict[str, torch.Tensor]:
                           "HF-style checkpoint (model.safetensors or model-0000X-of-0000N.safetensors)")
     state: dict[str, torch.Tensor] = {}
     for f in files:
-        part = load_file(f)
+        try:
+            part = load_file(f)
+        except SafetensorError as exc:
+            raise ConfigError(f"{f} is not a readable safetensors file ({exc}): truncated, "
+                              f"still being written, or not a checkpoint") from None
         clash = set(part) & set(state)
         if clash:
             raise ConfigError(f"tensor {sorted(clash)[0]!r} appears in two files of {directory}")
