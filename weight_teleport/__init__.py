@@ -7,16 +7,30 @@ import importlib
 
 __version__ = "0.1.0"
 
-_CODEC = ["ApplyReport", "Hint", "PackLimits", "StagedPatch", "TensorSlice", "apply_delta", "apply_staged", "decode_snapshot",
-          "encode_delta", "encode_snapshot", "inspect", "pinned_pack", "stage_delta", "tensor_digest"]
-_PIPELINE = ["Publisher", "PublisherConfig", "PublisherGroup", "Subscriber", "SubscriberConfig"]
+_HOMES = {
+    **dict.fromkeys(["apply_delta", "apply_staged", "decode_snapshot", "encode_delta",
+                     "encode_snapshot", "inspect", "stage_delta"], "weight_teleport.codec"),
+    **dict.fromkeys(["Publisher", "PublisherConfig", "PublisherGroup", "Subscriber",
+                     "SubscriberConfig"], "weight_teleport.pipeline"),
+    "StoreConfig": "weight_teleport.store",
+    "TorchTarget": "weight_teleport.targets.torch",
+}
+"""Every public name -> the module that defines it."""
+_CODEC_MORE = ["ApplyReport", "Hint", "PackLimits", "StagedPatch", "TensorSlice", "pinned_pack",
+               "tensor_digest"]
+"""The codec's other names: reachable here too, documented in `weight_teleport.codec`."""
 
-__all__ = _CODEC + _PIPELINE
+__all__ = sorted(_HOMES) + ["errors"]
 
 
 def __getattr__(name: str):
-    if name in _CODEC:
-        return getattr(importlib.import_module("weight_teleport.codec"), name)
-    if name in _PIPELINE:
-        return getattr(importlib.import_module("weight_teleport.pipeline"), name)
-    raise AttributeError(f"module 'weight_teleport' has no attribute {name!r}")
+    if name == "errors":
+        return importlib.import_module("weight_teleport.errors")
+    home = _HOMES.get(name) or ("weight_teleport.codec" if name in _CODEC_MORE else None)
+    if home is None:
+        raise AttributeError(f"module 'weight_teleport' has no attribute {name!r}")
+    return getattr(importlib.import_module(home), name)
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__ + ["__version__"])
