@@ -15,13 +15,15 @@ from pathlib import Path
 
 import pytest
 
-from services import TOKEN, origin  # noqa: F401
+from services import TOKEN, free_port, origin  # noqa: F401
 from test_pipeline_helpers import expected
-from weight_teleport.pipeline import Publisher, PublisherConfig
-from weight_teleport.pipeline.errors import PublishCancelled, PublishConflict, PublishFailed
+from weight_teleport.pipeline import Publisher, PublisherConfig, RetentionConfig
+from weight_teleport.pipeline.errors import (ConfigError, PublishCancelled, PublishConflict,
+                                             PublishFailed)
 from weight_teleport.pipeline.manifest import from_json
 from weight_teleport.server import OriginServer
-from weight_teleport.store import AuthError, StoreConfig, StoreError, open_store
+from weight_teleport.store import AuthError, StoreConfig, StoreError, TransportError, open_store
+from weight_teleport.store.config import RetryConfig
 from weight_teleport.store.memory import MemoryStore
 
 _names = itertools.count()
@@ -94,6 +96,58 @@ def test_flush_and_close_report_failed_versions() -> None:
     with pytest.raises(PublishFailed) as failed:
         pub.close()
     assert failed.value.versions == [3]
+
+
+class FlakyStore(MemoryStore):
+    """A memory store whose uploads fail transiently `failures` times, then go through."""
+
+    def __init__(self, name: str, failures: int):
+        super().__init__(name, StoreConfig(retry=RetryConfig(attempts=1, backoff_s=0.01)))
+        self.failures = failures
+
+    def _put(self, key: str, data: bytes) -> None:
+        if self.failures:
+            self.failures -= 1
+            raise TransportError("connection refused: is the origin running at memory://?")
+        super()._put(key, data)
+
+
+def test_a_store_that_fails_for_a_while_is_tried_again() -> None:
+    store = FlakyStore(f"flaky-{next(_names)}", failures=4)
+    with Publisher("memory://", PublisherConfig(retry_for_s=600), store=store) as pub:
+        assert pub.publish(expected(0), 0).wait(600).version == 0
+    assert store.failures == 0 and from_json(store.get_manifest()).latest == 0
+
+
+def test_a_store_that_stays_down_fails_the_version_saying_so() -> None:
+    store = FlakyStore(f"down-{next(_names)}", failures=1 << 30)
+    with pytest.raises(PublishFailed) as failed:
+        with Publisher("memory://", PublisherConfig(retry_for_s=0.2), store=store) as pub:
+            pub.publish(expected(0), 0)
+    text = str(failed.value.__cause__)
+    assert "is the origin running at" in text and "PublisherConfig.retry_for_s" in text
+
+
+def test_a_publisher_whose_origin_refuses_connections_says_so_at_start() -> None:
+    url = f"http://127.0.0.1:{free_port()}"
+    with pytest.raises(StoreError, match=f"the publisher cannot write to {url}: .*connection "
+                                         f"refused: is the origin running at {url}"):
+        Publisher(url, PublisherConfig(store=StoreConfig(retry=RetryConfig(attempts=1))))
+
+
+def test_every_config_field_is_checked_when_the_config_is_made() -> None:
+    from weight_teleport.codec.cpu.backend import CODERS
+    from weight_teleport.format.limits import MAX_CHUNK_ELEMS
+    from weight_teleport.pipeline import config
+
+    assert set(config.CODERS) == set(CODERS) and config.MAX_CHUNK_ELEMS == MAX_CHUNK_ELEMS
+    for field, value in [("coder", "adaptiv"), ("backpressure", "drop"), ("anchor_every", 0),
+                         ("chunk_elems", 12), ("threads", 0), ("level", 23), ("retry_for_s", -1),
+                         ("baseline_device", "gpu"), ("max_pending", 1.5)]:
+        with pytest.raises(ConfigError, match=f"PublisherConfig.{field}="):
+            PublisherConfig(**{field: value})
+    with pytest.raises(ConfigError, match="keep_anchors"):
+        PublisherConfig(retention=RetentionConfig(keep_anchors=-1))
 
 
 class GatedStore(MemoryStore):

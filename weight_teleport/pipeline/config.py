@@ -7,12 +7,19 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
 from weight_teleport.observe.config import MetricsConfig
+from weight_teleport.pipeline.errors import ConfigError
 from weight_teleport.store import StoreConfig
 
 if TYPE_CHECKING:
     from weight_teleport.pipeline.health import Health
 
 BACKPRESSURE = ("block", "skip")
+BASELINE_DEVICES = ("cpu", "cuda")
+CODERS = ("zstd", "adaptive")
+"""The coders of `encode_delta` (`codec.cpu.backend.CODERS`; a test holds them equal)."""
+MAX_CHUNK_ELEMS = 1 << 22
+"""`format.limits.MAX_CHUNK_ELEMS` (imported here, it would load the codec's dependencies
+for the CLI's `--help`; a test holds them equal)."""
 
 
 @dataclass
@@ -71,9 +78,64 @@ class PublisherConfig:
     manifests are unsigned."""
     store: StoreConfig = field(default_factory=StoreConfig)
     """Options of the transport (token, endpoint, retries)."""
+    retry_for_s: float = 60.0
+    """How long each write of a version (an upload, the manifest) keeps trying a store
+    that fails transiently (a refused connection, a timeout, HTTP 5xx), with a doubling
+    backoff up to `store.retry.backoff_max_s`, before the version fails with the store's
+    last error; each try is the store's own (`store.retry`). 0: the store's tries alone.
+    The check of write access when the publisher starts is not retried beyond them: a
+    wrong URL or token fails at once."""
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     """Where the Prometheus metrics are seen (`Publisher.metrics`): a port of their own,
     or a registry the host process serves."""
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        """Raise ConfigError naming the first field whose value no publisher can use;
+        `Publisher` calls it again (fields may change after construction)."""
+        def bad(name: str, why: str) -> ConfigError:
+            return ConfigError(f"PublisherConfig.{name}={getattr(self, name)!r}: {why}")
+
+        def whole(name: str, low: int, none: bool = False) -> None:
+            value = getattr(self, name)
+            if value is None and none:
+                return
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise bad(name, f"use an integer >= {low}" + (" or None" if none else ""))
+
+        for name, choices in (("backpressure", BACKPRESSURE), ("baseline_device", BASELINE_DEVICES),
+                              ("coder", CODERS)):
+            if getattr(self, name) not in choices:
+                raise bad(name, f"use one of {', '.join(map(repr, choices))}")
+        whole("anchor_every", 1)
+        whole("max_pending", 1)
+        whole("memory_budget_bytes", 1, none=True)
+        whole("threads", 1, none=True)
+        whole("level", -(1 << 17))
+        if self.level > 22:
+            raise bad("level", "zstd levels go up to 22")
+        whole("chunk_elems", 8, none=True)
+        if self.chunk_elems is not None and (self.chunk_elems % 8 or self.chunk_elems > MAX_CHUNK_ELEMS):
+            raise bad("chunk_elems", f"use a multiple of 8, at most {MAX_CHUNK_ELEMS}, or None")
+        if not isinstance(self.resume, bool):
+            raise bad("resume", "use True or False")
+        if self.hints is not None and not isinstance(self.hints, Mapping):
+            raise bad("hints", "use a mapping of tensor name -> hint, or None")
+        if isinstance(self.retry_for_s, bool) or not isinstance(self.retry_for_s, (int, float)) \
+                or not self.retry_for_s >= 0:
+            raise bad("retry_for_s", "use a number of seconds >= 0")
+        if self.signing_key is not None and not isinstance(self.signing_key, (bytes, str)):
+            raise bad("signing_key", "use the key's bytes (raw or PEM), or None")
+        for name, kind in (("retention", RetentionConfig), ("store", StoreConfig),
+                           ("metrics", MetricsConfig)):
+            if not isinstance(getattr(self, name), kind):
+                raise bad(name, f"use a {kind.__name__}")
+        keep = self.retention.keep_anchors
+        if isinstance(keep, bool) or not isinstance(keep, int) or keep < 0:
+            raise ConfigError(f"RetentionConfig.keep_anchors={keep!r}: use an integer >= 0 "
+                              "(0 keeps everything)")
 
 
 @dataclass

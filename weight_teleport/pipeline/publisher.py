@@ -24,7 +24,7 @@ from weight_teleport.pipeline.manifest import from_json
 from weight_teleport.pipeline.metrics import PublishResult
 from weight_teleport.pipeline.snapshots import SnapshotPool, check_config
 from weight_teleport.pipeline.writes import TrackedWrites, describe_cancel
-from weight_teleport.store import ManifestChanged, Store, open_store
+from weight_teleport.store import ManifestChanged, Store, StoreError, open_store
 
 log = logging.getLogger(__name__)
 
@@ -78,8 +78,11 @@ class Publisher:
         self._own_store, self._store_closed = store is None, False
         self._store = store or open_store(url, config.store)
         try:
-            self._store.check_write_access()
-            self._writes = TrackedWrites(self._store)
+            try:
+                self._store.check_write_access()
+            except StoreError as exc:
+                raise type(exc)(f"the publisher cannot write to {url}: {exc}") from None
+            self._writes = TrackedWrites(self._store, config.retry_for_s)
             self._encoder = Encoder(self._writes, config)  # type: ignore[arg-type]
         except BaseException:
             self._close_store()

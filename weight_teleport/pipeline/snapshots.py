@@ -26,18 +26,12 @@ def state_nbytes(state: Mapping[str, torch.Tensor]) -> int:
 
 
 def check_config(config: PublisherConfig) -> None:
-    """Raise ConfigError for a publisher setting this build cannot honour."""
-    if config.baseline_device not in ("cpu", "cuda"):
-        raise ConfigError(f"PublisherConfig.baseline_device={config.baseline_device!r}: use 'cpu' "
-                          "or 'cuda'")
+    """Raise ConfigError for a publisher setting that is invalid (`validate`) or that this
+    machine cannot honour."""
+    config.validate()
     if config.baseline_device == "cuda" and not torch.cuda.is_available():
         raise ConfigError("PublisherConfig.baseline_device='cuda' needs a CUDA device; none is "
                           "visible (use 'cpu')")
-    if config.backpressure not in ("block", "skip"):
-        raise ConfigError(f"PublisherConfig.backpressure={config.backpressure!r}: use 'block' "
-                          "or 'skip'")
-    if config.max_pending < 1 or config.anchor_every < 1:
-        raise ConfigError("PublisherConfig.max_pending and anchor_every must be >= 1")
     signer(config.signing_key)  # ConfigError now for a key that cannot sign, not after an encode
 
 

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import logging
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
+from weight_teleport.observe.logs import kv
 from weight_teleport.pipeline.errors import PublishCancelled
-from weight_teleport.store import Store
+from weight_teleport.store import Store, TransportError
+
+log = logging.getLogger(__name__)
 
 
 class TrackedWrites:
@@ -15,10 +20,13 @@ class TrackedWrites:
     `put` and `put_manifest` are recorded (those of the worker thread for the version in
     hand, those of other threads, the anchor's, until they announce), and refused once
     `cancel()` was called; `cancel()` returns once the writes in flight are done, so what
-    it reports is what the store holds. Writes of different threads run concurrently."""
+    it reports is what the store holds. Writes of different threads run concurrently.
 
-    def __init__(self, store: Store):
-        self._store = store
+    A write that fails transiently (TransportError) is tried again, with a doubling
+    backoff, until `retry_for_s` seconds after its first try; a cancel ends the wait."""
+
+    def __init__(self, store: Store, retry_for_s: float = 0.0):
+        self._store, self.retry_for_s = store, retry_for_s
         self._cond = threading.Condition()
         self._cancelled = False
         self._in_flight = 0
@@ -65,6 +73,7 @@ class TrackedWrites:
         uploaded without announcing them."""
         with self._cond:
             self._cancelled = True
+            self._cond.notify_all()  # a write waiting to try again gives up
             self._cond.wait_for(lambda: self._in_flight == 0)
             return (list(self.uploaded), self.announced,
                     [k for keys in self._others.values() for k in keys])
@@ -75,13 +84,37 @@ class TrackedWrites:
                 raise PublishCancelled("the publisher was cancelled before this write")
             self._in_flight += 1
         try:
-            op(*args)
+            self._retrying(op, args)
             with self._cond:
                 record(threading.get_ident() == self._worker)
         finally:
             with self._cond:
                 self._in_flight -= 1
                 self._cond.notify_all()
+
+
+    def _retrying(self, op: Callable[..., None], args: tuple) -> None:
+        retry = self._store.config.retry
+        t0, delay, tries = time.monotonic(), retry.backoff_s, 0
+        while True:
+            tries += 1
+            try:
+                return op(*args)
+            except TransportError as exc:
+                waited = time.monotonic() - t0
+                if waited + delay > self.retry_for_s:
+                    if tries == 1:
+                        raise
+                    raise TransportError(f"{exc} ({tries} tries in {waited:.1f} s: "
+                                         f"PublisherConfig.retry_for_s)") from exc
+                if tries == 1:
+                    log.warning("%s", kv("store_write_failed", error=str(exc),
+                                         next=f"trying again for up to {self.retry_for_s:g} s"))
+            with self._cond:
+                if self._cond.wait_for(lambda: self._cancelled, delay):
+                    raise PublishCancelled("the publisher was cancelled while a write "
+                                           "waited to be tried again")
+            delay = min(delay * 2, retry.backoff_max_s)
 
 
 def describe_cancel(dropped: list[int], current: int | None, uploaded: list[str],
