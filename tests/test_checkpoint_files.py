@@ -66,3 +66,71 @@ def test_pull_writes_a_checkpoint_transformers_loads(tmp_path: Path) -> None:
     (tmp_path / "store" / "objects" / record.key).write_bytes(b"x" * record.size)
     with open_store(url) as store, pytest.raises(ObjectRejected, match=record.name):
         fetch_side_files(store, manifest, 2)
+
+
+def _version_of(path: Path) -> int | None:
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(path), "pt") as f:
+            return int(f.metadata()["weight_teleport_version"])
+    except (OSError, KeyError, TypeError, ValueError):  # not written yet
+        return None
+
+
+def _config_of(directory: Path) -> int | None:
+    try:
+        return json.loads((directory / "config.json").read_text())["version"]
+    except (OSError, ValueError):  # not written yet
+        return None
+
+
+def test_pull_follow_keeps_a_checkpoint_at_the_newest_version(tmp_path: Path) -> None:
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from safetensors.torch import load_file, save_file
+
+    url, ckpt, out = f"file://{tmp_path}/store", tmp_path / "ckpt", tmp_path / "out"
+    ckpt.mkdir()
+    g = torch.Generator().manual_seed(0)
+    weights = {"w": torch.randn(64, 64, generator=g).to(torch.bfloat16)}
+
+    def publish(version: int) -> None:
+        weights["w"].view(-1)[version::97] += 1
+        save_file(weights, str(ckpt / "model.safetensors"))
+        (ckpt / "config.json").write_text(json.dumps({"version": version}))
+        assert main(["publish", str(ckpt), "--to", url, "--anchor-every", "2"]) == 0
+
+    def written(version: int, config: int) -> bool:
+        """Wait until OUT holds `version`'s weights and version `config`'s config.json."""
+        deadline = time.monotonic() + 300
+        while (_version_of(out / "model.safetensors"), _config_of(out)) != (version, config):
+            assert proc.poll() is None, proc.stderr.read()
+            assert time.monotonic() < deadline, (_version_of(out / "model.safetensors"), _config_of(out))
+            time.sleep(0.1)
+        return torch.equal(load_file(str(out / "model.safetensors"))["w"].view(torch.int16),
+                           weights["w"].view(torch.int16))
+
+    publish(0)
+    publish(1)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # as a terminal's Ctrl-C
+    try:
+        proc = subprocess.Popen([sys.executable, "-m", "weight_teleport.cli", "pull", url,
+                                 "--out", str(out), "--follow"], stderr=subprocess.PIPE, text=True,
+                                env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    try:
+        assert written(1, config=0)  # side files go with anchors: version 0's
+        publish(2)  # a delta and an anchor, with a new config.json
+        assert written(2, config=2)
+        publish(3)  # a delta
+        assert written(3, config=2)
+    finally:
+        proc.send_signal(signal.SIGINT)
+        err = proc.stderr.read()
+    assert proc.wait(60) == 0 and f"{out} holds version 3" in err, err

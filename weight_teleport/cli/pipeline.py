@@ -26,6 +26,9 @@ def pull_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("url", help="store URL")
     p.add_argument("--out", required=True, type=Path, help="directory to write model.safetensors to")
     p.add_argument("--version", type=int, help="version to pull (default: the latest)")
+    p.add_argument("--follow", action="store_true",
+                   help="then keep OUT at the newest version until Ctrl-C: each version "
+                        "replaces OUT/model.safetensors atomically")
     add_store_arguments(p)
 
 
@@ -67,7 +70,8 @@ def publish_main(args: argparse.Namespace) -> int:
 
 def pull_main(args: argparse.Namespace) -> int:
     """Write a version of the store as OUT/model.safetensors, with the side files its
-    anchor carries (config.json, tokenizer files): a checkpoint an engine starts from."""
+    anchor carries (config.json, tokenizer files): a checkpoint an engine starts from.
+    With --follow, then apply every newer version to it (a subscriber), until Ctrl-C."""
     from tqdm import tqdm
 
     from weight_teleport.observe.status import missing_version
@@ -77,7 +81,14 @@ def pull_main(args: argparse.Namespace) -> int:
     from weight_teleport.pipeline.plan import plan_catchup
     from weight_teleport.store import open_store
 
+    if args.follow and args.version is not None:
+        raise ValueError("--follow keeps the newest version: drop --version")
     with open_store(args.url, store_config(args)) as store:
+        if args.follow and store.get_manifest() is None:
+            print(f"{args.url}: nothing published yet; waiting for a first version",
+                  file=sys.stderr, flush=True)
+            while store.watch(None, 60) is None:
+                pass
         manifest = read_manifest(store, args.url)
         why = None if args.version is None else missing_version(manifest, args.version)
         if why is not None:
@@ -90,8 +101,45 @@ def pull_main(args: argparse.Namespace) -> int:
     save_side_files(files, args.out)
     extra = f" and {', '.join(sorted(files))}" if files else " (no side files were published)"
     print(f"version {version}: {len(state)} tensors written to {path}{extra} "
-          f"({len(plan.steps)} objects, {plan.nbytes / 1e6:.2f} MB fetched)")
-    return 0
+          f"({len(plan.steps)} objects, {plan.nbytes / 1e6:.2f} MB fetched)", flush=True)
+    return _follow(args, state, version) if args.follow else 0
+
+
+SIDE_FILES_CHECK_S = 5.0
+"""How often `pull --follow` looks for new side files while no version comes."""
+
+
+def _follow(args: argparse.Namespace, state: dict, version: int) -> int:
+    """Keep OUT at the store's newest version: a Subscriber patches `state` (the weights of
+    `version`, which OUT holds), and each version applied is written out; the side files
+    that go with it are written when they change (an anchor may be announced after its
+    version's delta: they are looked at again every few seconds)."""
+    from weight_teleport.pipeline import Subscriber, SubscriberConfig
+    from weight_teleport.pipeline.checkpoint import save_checkpoint, save_side_files
+    from weight_teleport.pipeline.fetch import fetch_side_files, side_file_records
+    from weight_teleport.store import open_store
+    from weight_teleport.targets.torch import TorchTarget
+
+    config = SubscriberConfig(store=store_config(args), initial_version=version)
+    with open_store(args.url, config.store) as store:
+        sides = side_file_records(read_manifest(store, args.url), version)
+        try:
+            with Subscriber(args.url, TorchTarget(state), config) as sub:
+                while True:
+                    if sub.wait(SIDE_FILES_CHECK_S):  # raises SubscriberFailed once it gave up
+                        report = sub.apply()
+                        version = report.version
+                        path = save_checkpoint(state, args.out, {"weight_teleport_version": str(version)})
+                        print(f"version {version}: written to {path} ({report.bytes_fetched / 1e6:.3f} "
+                              f"MB fetched{', resynced' if report.resynced else ''})", flush=True)
+                    manifest = read_manifest(store, args.url)
+                    if side_file_records(manifest, version) != sides:
+                        sides = side_file_records(manifest, version)
+                        save_side_files(fetch_side_files(store, manifest, version), args.out)
+        except KeyboardInterrupt:
+            print(f"weight-teleport pull: stopped following; {args.out} holds version {version}",
+                  file=sys.stderr)
+            return 0
 
 
 def read_manifest(store, url: str):

@@ -146,14 +146,18 @@ def _pinned(data: bytes) -> bytes | np.ndarray:
         return data
 
 
-def fetch_side_files(store: Store, manifest: Manifest, version: int) -> dict[str, bytes]:
-    """The side files of the newest anchor at or before `version` that lists any, each
-    checked against its record (size, SHA-256), else ObjectRejected."""
+def side_file_records(manifest: Manifest, version: int) -> tuple:
+    """The side files (`SideFile` records) of the newest anchor at or before `version`
+    that lists any: those that go with `version`."""
     anchors = [e for e in manifest.anchors if e.version <= version and e.files]
-    if not anchors:
-        return {}
+    return anchors[-1].files if anchors else ()
+
+
+def fetch_side_files(store: Store, manifest: Manifest, version: int) -> dict[str, bytes]:
+    """The side files that go with `version` (`side_file_records`), each checked against
+    its record (size, SHA-256), else ObjectRejected."""
     out = {}
-    for f in anchors[-1].files:
+    for f in side_file_records(manifest, version):
         try:
             data = store.get(f.key, max_bytes=f.size)
         except TooLarge as exc:
