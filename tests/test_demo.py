@@ -47,3 +47,26 @@ def test_demo_with_a_real_vllm_engine(tmp_path):
                          env=env, capture_output=True, text=True, timeout=900)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     assert "equal vLLM's own loader of the trainer's, bit for bit: yes" in run.stdout
+
+
+def test_the_demo_says_what_it_does_before_the_first_row(capsys):
+    """Its first row comes after the processes start, build, compile and publish: until
+    then what they report is printed, each line as it comes, then the table."""
+    import queue
+
+    from weight_teleport.demo.policy import DemoConfig
+    from weight_teleport.demo.run import HEADER, _collect
+
+    rows = queue.Queue()
+    for message in [("note", None, "trainer: model built; publishing version 0"),
+                    ("note", None, "sampler: hf engine ready"),
+                    ("trainer", 0, {"wire": 10, "full": 20, "encode_ms": 1.0, "published_at": 0.0,
+                                    "published": {"w": "d"}}),
+                    ("sampler", 0, {"pause_ms": 0.1, "stage_ms": 1.0, "fetch_ms": 1.0, "ready_at": 1.0,
+                                    "resynced": False, "digests": {"w": "d"}}),
+                    ("check", 0, {"matches_trainer": True})]:
+        rows.put(message)
+    _collect(DemoConfig(steps=0), rows, [], numel=10)
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[:3] == ["trainer: model built; publishing version 0", "sampler: hf engine ready", HEADER]
+    assert lines[3].split()[0] == "0" and " ok " in lines[3]

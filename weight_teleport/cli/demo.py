@@ -27,6 +27,7 @@ def demo_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def demo_main(args: argparse.Namespace) -> int:
+    print("weight-teleport demo: loading torch and transformers...", flush=True)
     from weight_teleport.demo.run import main
 
     return main(args)

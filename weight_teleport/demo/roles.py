@@ -55,6 +55,8 @@ def trainer(url: str, token: str, cfg: DemoConfig, rows, timeout: float = 120.0)
     store = open_store(url, StoreConfig(token=token))
     config = PublisherConfig(anchor_every=1000, resume=False, threads=1, store=StoreConfig(token=token))
     with Publisher(url, config) as publisher:
+        rows.put(("note", None, "trainer: model built; publishing version 0, the first anchor "
+                                "(the whole weights; every later version is a delta)"))
         weights = published(master)
         for version in range(cfg.steps + 1):
             result = publisher.publish(weights, version=version).wait()
@@ -83,6 +85,7 @@ def sampler(url: str, token: str, cfg: DemoConfig, rows, engine: str = "hf", tim
     torch.set_num_threads(1)
     eng = ENGINES[engine](cfg)
     store = open_store(url, StoreConfig(token=token))
+    rows.put(("note", None, f"sampler: {engine} engine ready; following the origin for version 0"))
     with Subscriber(url, eng.target, SubscriberConfig(threads=1)) as sub:
         for version in range(cfg.steps + 1):
             stage_before, fetch_before = sub.stats.stage_s, sub.stats.fetch_s

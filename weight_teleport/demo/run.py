@@ -54,9 +54,15 @@ def _print_row(v: int, t: dict, s: dict) -> None:
           f"{_verdict(t, s):>6} {reward:>6}", flush=True)
 
 
+def say(text: str) -> None:
+    """A line of what the demo is doing, shown at once (stdout may be a pipe)."""
+    print(text, flush=True)
+
+
 def _collect(cfg: DemoConfig, rows, procs, numel: int) -> tuple[list[dict], bool]:
-    """Print each version's row as soon as both processes reported it; then wait for the
-    sampler's final check of its weights against the trainer's."""
+    """Print what the processes say they are doing (`("note", None, text)`), and each
+    version's row, under the table's header, as soon as both processes reported it; then
+    wait for the sampler's final check of its weights against the trainer's."""
     trainer: dict[int, dict] = {}
     sampler: dict[int, dict] = {}
     check: dict[int, dict] = {}
@@ -69,9 +75,14 @@ def _collect(cfg: DemoConfig, rows, procs, numel: int) -> tuple[list[dict], bool
             if dead:
                 raise RuntimeError(f"the {dead[0].name} process failed (exit code {dead[0].exitcode})")
             continue
+        if role == "note":
+            say(data)
+            continue
         {"trainer": trainer, "sampler": sampler, "check": check}[role].setdefault(v, {}).update(data)
         while printed in sampler and "published_at" in trainer.get(printed, {}) and \
                 (printed == 0 or "changed" in trainer[printed]):
+            if printed == 0:
+                say(HEADER)
             _print_row(printed, {**trainer[printed], "numel": numel}, sampler[printed])
             printed += 1
     return [{**trainer[v], **sampler[v]} for v in range(cfg.steps + 1)], check[cfg.steps]["matches_trainer"]
@@ -82,7 +93,9 @@ def _run(cfg: DemoConfig, engine: str) -> tuple[list[dict], bool]:
     from weight_teleport.server import OriginServer, ServerConfig
 
     token = secrets.token_hex(16)
+    say("building the model and starting the origin...")
     numel = sum(p.numel() for p in build_model(cfg, torch.bfloat16).parameters())
+    say(f"a {numel / 1e6:.1f}M-parameter Qwen3-style model, {cfg.steps} RL steps")
     with tempfile.TemporaryDirectory() as root, \
             OriginServer(ServerConfig(root=Path(root), port=0, token=token)) as origin:
         ctx = mp.get_context("spawn")
@@ -93,8 +106,8 @@ def _run(cfg: DemoConfig, engine: str) -> tuple[list[dict], bool]:
             p.start()
         trainers = ", ".join(str(p.pid) for p in procs[:-1])
         what = "trainer pid" if cfg.trainer_ranks == 1 else f"{cfg.trainer_ranks} trainer ranks (FSDP2, gloo), pids"
-        print(f"origin {origin.url}; {what} {trainers}, sampler pid {procs[-1].pid}")
-        print(HEADER)
+        say(f"origin {origin.url}; {what} {trainers}, sampler pid {procs[-1].pid}: each loads torch "
+            f"and transformers and builds its model; the codec's kernels compile on first use")
         try:
             result = _collect(cfg, rows, procs, numel)
         finally:
@@ -168,6 +181,7 @@ def main(args: argparse.Namespace) -> int:
         print(f"sampler weights after the last version equal {what}, bit for bit: {'yes' if matches else 'NO'}")
     if args.no_check or args.engine != "hf" or not matches:
         return 0 if matches else 1
+    say("running the same steps colocated, in one process, to compare...")
     reference = roles.colocated(cfg)
     same = all(r["digests"] == ref for r, ref in zip(table, reference))
     print(f"sampler weights equal a colocated{' unsharded' if cfg.trainer_ranks > 1 else ''} run's "

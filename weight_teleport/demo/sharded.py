@@ -52,6 +52,9 @@ def trainer_rank(rank: int, world: int, port: int, url: str, token: str, cfg: De
     store = open_store(url, StoreConfig(token=token))
     config = PublisherConfig(anchor_every=1000, resume=False, threads=1, store=StoreConfig(token=token))
     with PublisherGroup(url, config) as group:
+        if rank == 0:
+            rows.put(("note", None, f"trainer ranks: {world} FSDP2 shards built; publishing version 0, "
+                                    "the first anchor (one part per rank)"))
         weights = published(master)  # DTensors: each rank's box of every tensor
         for version in range(cfg.steps + 1):
             r = group.publish(weights, version)
