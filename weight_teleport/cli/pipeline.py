@@ -52,7 +52,12 @@ def publish_main(args: argparse.Namespace) -> int:
             r = publisher.publish(load_checkpoint(args.checkpoint), args.version,
                                   files=load_side_files(args.checkpoint)).wait()
             publisher.close()  # the anchor in flight, if any
-        except KeyboardInterrupt:  # at any point, the version's end included
+            bar.close()
+            kinds = "+".join(e.kind for e in r.objects)
+            print(f"version {r.version} ({kinds}, base {r.base_version}): {r.wire_bytes / 1e6:.3f} "
+                  f"MB on the wire for {r.raw_bytes / 1e6:.1f} MB of weights ({r.ratio:.1f}x); "
+                  f"encode {r.encode_s:.2f} s, upload {r.upload_s:.2f} s", flush=True)
+        except KeyboardInterrupt:  # at any point, the version's end and its report included
             bar.close()
             print(f"weight-teleport publish: interrupted; {publisher.cancel()}",
                   file=sys.stderr)
@@ -61,10 +66,6 @@ def publish_main(args: argparse.Namespace) -> int:
         except BaseException:
             publisher.close()
             raise
-    kinds = "+".join(e.kind for e in r.objects)
-    print(f"version {r.version} ({kinds}, base {r.base_version}): {r.wire_bytes / 1e6:.3f} MB "
-          f"on the wire for {r.raw_bytes / 1e6:.1f} MB of weights ({r.ratio:.1f}x); "
-          f"encode {r.encode_s:.2f} s, upload {r.upload_s:.2f} s")
     return 0
 
 
