@@ -26,7 +26,7 @@ from weight_teleport.format.container import ChunkSpans
 
 FLAGS = ("a symbol stream failed to decode (corrupt stored stream)",
          "sparse class streams are malformed",
-         "sparse chunk does not fit the receiver's weights (corrupt streams)")
+         "sparse chunk does not fit the receiver's weights (raised as `patch.misfit`)")
 """What each of a batch's device flags means, in the order they are raised."""
 
 

@@ -29,8 +29,8 @@ from weight_teleport.codec.cuda.kernels.crc import crc32
 from weight_teleport.codec.cuda.kernels.digest import word_sums
 from weight_teleport.codec.cuda.live import Live, grouped
 from weight_teleport.codec.cuda.stage.patch import DevicePatch, DeviceTensorPatch, FusedGroup, ScatterGroup
-from weight_teleport.codec.patch import misfit
 from weight_teleport.codec.cuda.stage.sparse import FLAGS, SparseBatch
+from weight_teleport.codec.patch import misfit
 from weight_teleport.codec.plan import Runs, run_arrays
 from weight_teleport.errors import DigestMismatchError, PackFormatError, PackMismatchError
 from weight_teleport.format.container import ChunkSpans, crc32_ranges
