@@ -26,7 +26,16 @@ log = logging.getLogger(__name__)
 _lock = threading.Lock()
 _live: dict[threading.Thread, Callable[[], None]] = {}
 """Every thread started here and not ended yet -> the function that stops it."""
-os.register_at_fork(after_in_child=_live.clear)  # a forked child has none of these threads
+
+
+def _forked() -> None:
+    """A forked child has none of these threads, and the lock may have been held by one."""
+    global _lock
+    _lock = threading.Lock()
+    _live.clear()
+
+
+os.register_at_fork(after_in_child=_forked)
 
 
 def start(target: Callable[[], None], name: str, stop: Callable[[], None]) -> threading.Thread:
