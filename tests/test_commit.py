@@ -67,3 +67,15 @@ def test_commit_is_all_or_nothing_across_ranks():
                 (3, "SKIPPED", ["v1"]), (3, "APPLIED", ["v1", "v3"]), (4, "APPLIED", ["v1", "v3", "v4"])]
     assert logs[0] == logs[1] == expected
     assert Outcome.RESYNC > Outcome.SKIPPED > Outcome.APPLIED  # the vote takes the worst
+
+
+def test_group_outcome_needs_every_rank_on_the_version():
+    from weight_teleport.targets.worker_local import group_outcome
+
+    def ranks(*latest):
+        return [{"outcomes": [] if o is None else [[1, "APPLIED"], list(o)]} for o in latest]
+
+    assert group_outcome(ranks((2, "SKIPPED"), (2, "SKIPPED")), 2) == "SKIPPED"
+    assert group_outcome(ranks((2, "APPLIED"), (2, "SKIPPED")), 2) is None   # ranks disagree
+    assert group_outcome(ranks((2, "APPLIED"), (2, "APPLIED")), 3) is None   # not this version's
+    assert group_outcome(ranks((2, "APPLIED"), None), 2) is None             # a rank never committed

@@ -117,3 +117,14 @@ class WorkerLocal:
         if self.follower is not None:
             self.follower.close()
         self.follower, self._wait_s = None, None
+
+
+def group_outcome(statuses: list[dict], version: int) -> str | None:
+    """The outcome of committing `version` ("APPLIED", "SKIPPED", "RESYNC"), from every
+    rank's `status()` after the commit; None unless every rank's latest commit was
+    `version` with one outcome."""
+    latest = {tuple(s["outcomes"][-1]) if s["outcomes"] else None for s in statuses}
+    if len(latest) != 1 or None in latest:
+        return None
+    committed, outcome = latest.pop()
+    return outcome if committed == version else None
