@@ -3,7 +3,9 @@
 After each version: every worker's parameters are bit-identical to what vLLM's own loader
 makes from the trainer's weights, and vLLM's greedy generation equals HF transformers'.
 Each engine runs in its own process (`python tests/test_target_vllm.py --tp N`): vLLM
-spawns workers and keeps global state, so a clean process per engine keeps runs apart."""
+spawns workers and keeps global state, so a clean process per engine keeps runs apart.
+An engine whose compiled graph freezes the weights into constants (vLLM's CPU backend
+under max_autotune) is refused."""
 
 import argparse
 import importlib.util
@@ -35,6 +37,24 @@ def test_vllm_engine_follows_deltas(tp):
                          capture_output=True, text=True)
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-8000:]
     assert f"OK tp={tp}" in run.stdout
+
+
+def test_cpu_engine_freezing_its_weights_is_refused():
+    """vLLM's CPU backend folds the weights into its compiled graph under max_autotune:
+    patched parameters would never reach it."""
+    from types import SimpleNamespace
+
+    from weight_teleport.targets.vllm import UnsupportedLayoutError, check_weights_not_frozen
+
+    def config(device: str, eager: bool, autotune: bool):
+        return SimpleNamespace(device_config=SimpleNamespace(device_type=device),
+                               model_config=SimpleNamespace(enforce_eager=eager),
+                               compilation_config=SimpleNamespace(inductor_compile_config={"max_autotune": autotune}))
+
+    with pytest.raises(UnsupportedLayoutError, match="max_autotune"):
+        check_weights_not_frozen(config("cpu", False, True))
+    for fine in [config("cpu", True, True), config("cpu", False, False), config("cuda", False, True)]:
+        check_weights_not_frozen(fine)
 
 
 def tiny_qwen3(path: str) -> dict[str, torch.Tensor]:

@@ -19,7 +19,9 @@ rows of column-parallel and vocab-parallel shards, columns of row-parallel shard
 vLLM's CPU backend packs linear weights for oneDNN and drops the plain tensors, so in-place
 writes would not reach its kernels. On attach, a CPU worker therefore keeps plain weights
 (the backend's own fallback, `torch.nn.functional.linear`) and reloads them from the model
-path. GPU workers compute straight from their parameters: nothing changes there."""
+path; it refuses an engine whose compiled graph freezes the weights into constants
+(`max_autotune` in `compilation_config.inductor_compile_config`). GPU workers compute
+straight from their parameters: nothing changes there."""
 
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -198,6 +200,7 @@ def probe(model, tensors: Mapping[str, tuple[int, ...]]) -> dict[str, _Box | Non
 
 def _keep_plain_cpu_weights(worker) -> None:
     """On vLLM's CPU backend, make linear layers compute from plain, patchable weights."""
+    check_weights_not_frozen(worker.vllm_config)
     from vllm.model_executor.model_loader.reload.layerwise import get_layerwise_info
     from vllm.model_executor.model_loader.reload.meta import materialize_meta_tensor
     from vllm.model_executor.model_loader.reload.sanitize import restore_layer_refs
@@ -212,6 +215,17 @@ def _keep_plain_cpu_weights(worker) -> None:
             layer.weight = restore_layer_refs(materialize_meta_tensor(meta), layer)
     worker.reload_weights(is_checkpoint_format=True)
     _use_plain_linear(worker)
+
+
+def check_weights_not_frozen(vllm_config) -> None:
+    """vLLM's CPU backend compiles with Inductor's `freezing` under `max_autotune`, which
+    folds the weights into the compiled graph as constants: writes to the parameters would
+    never reach it."""
+    if vllm_config.device_config.device_type == "cpu" and not vllm_config.model_config.enforce_eager \
+            and vllm_config.compilation_config.inductor_compile_config.get("max_autotune", False):
+        raise UnsupportedLayoutError("vLLM's CPU backend freezes the weights into its compiled graph under "
+                                     "max_autotune, where in-place updates cannot reach them; start the engine "
+                                     "without max_autotune in compilation_config.inductor_compile_config")
 
 
 def _use_plain_linear(worker) -> None:
