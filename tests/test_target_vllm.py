@@ -57,14 +57,14 @@ def test_cpu_engine_freezing_its_weights_is_refused():
         check_weights_not_frozen(fine)
 
 
-def tiny_qwen3(path: str) -> dict[str, torch.Tensor]:
+def tiny_qwen3(path: str, max_positions: int = 256) -> dict[str, torch.Tensor]:
     """Save a small random Qwen3 checkpoint (bf16) at `path`; its fp32 master weights."""
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     torch.manual_seed(0)
     config = Qwen3Config(vocab_size=512, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
                          num_attention_heads=4, num_key_value_heads=2, head_dim=64,
-                         max_position_embeddings=256, initializer_range=0.1,
+                         max_position_embeddings=max_positions, initializer_range=0.1,
                          tie_word_embeddings=False)
     model = Qwen3ForCausalLM(config)
     master = {k: v.detach().float().clone() for k, v in model.state_dict().items()}

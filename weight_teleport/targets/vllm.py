@@ -21,7 +21,11 @@ writes would not reach its kernels. On attach, a CPU worker therefore keeps plai
 (the backend's own fallback, `torch.nn.functional.linear`) and reloads them from the model
 path; it refuses an engine whose compiled graph freezes the weights into constants
 (`max_autotune` in `compilation_config.inductor_compile_config`). GPU workers compute
-straight from their parameters: nothing changes there."""
+straight from their parameters: nothing changes there.
+
+After every `apply` and `load`, the engine's caches derived from the old weights (the
+prefix cache's KV, the encoder cache) are reset before it generates again
+(`vllm_engine.reset_weight_caches`); `apply` also labels its outputs with the version."""
 
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -33,6 +37,7 @@ from weight_teleport.codec import StagedPatch
 from weight_teleport.codec.dtypes import BY_TORCH
 from weight_teleport.errors import PackMismatchError, WeightTeleportError
 from weight_teleport.targets.base import Target
+from weight_teleport.targets.vllm_engine import reset_weight_caches
 
 WORKER_EXTENSION = "weight_teleport.targets.vllm.TeleportWorkerExtension"
 """Pass as `LLM(..., worker_extension_cls=WORKER_EXTENSION)`."""
@@ -55,6 +60,7 @@ class VllmTarget(Target):
         wire = [[n, str(t.dtype).removeprefix("torch."), list(t.shape), _tensor_bytes(t)]
                 for n, t in state.items()]
         self._llm.collective_rpc("teleport_load", args=(wire,))
+        reset_weight_caches(self._llm)
 
     def apply(self, staged: StagedPatch) -> None:
         wire = [[t.name, t.info.name, list(t.shape),
@@ -63,6 +69,8 @@ class VllmTarget(Target):
                    c.values.dtype.str, c.values.tobytes()] for c in t.chunks]]
                 for t in staged.tensors if t.chunks]
         self._llm.collective_rpc("teleport_apply", args=(wire,))
+        reset_weight_caches(self._llm)
+        self._llm.update_weight_version(str(staged.version))
 
     def local_weights(self) -> list[dict[str, torch.Tensor]]:
         """Each worker's parameters as CPU copies, in vLLM's layout (for checks)."""

@@ -1,16 +1,23 @@
 """weight-teleport as a vLLM weight-transfer backend: each worker follows the store and
 stages its own slice; the pause is one tiny call, "apply version V", committed across the
-tensor-parallel group.
+tensor-parallel group, then a reset of the engine's caches derived from the old weights.
 
     from vllm import LLM
-    from weight_teleport.targets.vllm_backend import BACKEND, WORKER_EXTENSION
+    from weight_teleport.targets.vllm_backend import BACKEND, WORKER_EXTENSION, commit_version
     llm = LLM(model=path, weight_transfer_config={"backend": BACKEND},
               worker_extension_cls=WORKER_EXTENSION, ...)
     llm.init_weight_transfer_engine({"init_info": {"store_url": "http://origin:8000"}})
     ...  # every worker stages the versions it finds, while the engine generates
-    llm.start_weight_update()
-    llm.update_weights({"update_info": {"version": 7}})   # the pause: < 64 bytes of RPC
-    llm.finish_weight_update(weight_version="7")
+    commit_version(llm, 7)   # the pause: "APPLIED", "SKIPPED" or "RESYNC"
+
+`commit_version` (targets/vllm_engine.py) is vLLM's `start_weight_update`,
+`update_weights({"update_info": {"version": 7}})` (< 64 bytes of RPC) and
+`finish_weight_update`, then, once applied, the engine-level calls a worker cannot make:
+the prefix and encoder caches are reset (vLLM 0.32 keeps KV computed with the old weights
+otherwise, and reuses it for every prompt sharing a full KV block of prefix) and the
+engine's outputs are labelled with the version (`CompletionOutput.weight_versions`). A
+caller driving vLLM's three calls itself must make those calls too; each worker warns when
+a version is applied by an update that does not say so (`VllmUpdateInfo.resets_caches`).
 
 `init` = follow a store URL: each worker (its own thread, `targets/worker_follow.py`) reads
 the manifest, fetches the header and only the chunk byte ranges of its slices, and stages
@@ -33,7 +40,8 @@ drops what it staged and stages again) is logged and kept.
 `vllm serve --weight-transfer-config '{"backend": "weight_teleport"}' --worker-extension-cls
 weight_teleport.targets.vllm_backend.TeleportBackendExtension` reaches the same calls through
 its HTTP routes (`/init_weight_transfer_engine`, `/start_weight_update`, `/update_weights`,
-`/finish_weight_update`). The backend is registered in each worker when this module is
+`/finish_weight_update`, `/reset_prefix_cache`, ...), which `VllmServer.commit_version`
+(targets/vllm_server.py) drives in order, generation paused. The backend is registered in each worker when this module is
 imported: by `worker_extension_cls` naming the extension below.
 
 What the weight-transfer API cannot carry stays in the worker extension, because its calls
@@ -42,15 +50,30 @@ return nothing to the caller: the outcome of each commit and the workers' state
 (`teleport_local_weights`), and on vLLM's CPU backend, which repacks linear weights for
 oneDNN, the switch to plain, patchable weights (`teleport_attach`, needs the worker)."""
 
+import logging
+from dataclasses import dataclass
+
 import torch
 
+from weight_teleport.targets.commit import Outcome
 from weight_teleport.targets.vllm import TeleportWorkerExtension
+from weight_teleport.targets.vllm_engine import commit_version
 from weight_teleport.targets.vllm_layout import worker_slices
 from weight_teleport.targets.worker_local import TeleportInitInfo, TeleportUpdateInfo, WorkerLocal
 
 BACKEND = "weight_teleport"
 WORKER_EXTENSION = "weight_teleport.targets.vllm_backend.TeleportBackendExtension"
-__all__ = ["BACKEND", "WORKER_EXTENSION", "TeleportInitInfo", "TeleportUpdateInfo", "TeleportTransferEngine"]
+__all__ = ["BACKEND", "WORKER_EXTENSION", "TeleportInitInfo", "VllmUpdateInfo", "TeleportTransferEngine",
+           "commit_version"]
+_log = logging.getLogger(__name__)
+
+
+@dataclass
+class VllmUpdateInfo(TeleportUpdateInfo):
+    resets_caches: bool = False
+    """The caller resets the engine's caches derived from the weights once the version is
+    applied, before the engine generates again (`commit_version` and `VllmServer` do).
+    False: a worker that applies the version warns that they still hold the old weights'."""
 
 
 def _engine_base():
@@ -63,7 +86,7 @@ class TeleportTransferEngine(_engine_base()):
     a `WorkerLocal` (targets/worker_local.py)."""
 
     init_info_cls = TeleportInitInfo
-    update_info_cls = TeleportUpdateInfo
+    update_info_cls = VllmUpdateInfo
     supports_draft_weight_update = False
 
     def __init__(self, config, vllm_config, device, model) -> None:
@@ -91,8 +114,12 @@ class TeleportTransferEngine(_engine_base()):
     def update_weights(self, update_info: dict) -> None:
         self.receive_weights(self.parse_update_info(update_info))
 
-    def receive_weights(self, update_info: TeleportUpdateInfo) -> None:
-        self.worker.commit(update_info)
+    def receive_weights(self, update_info: VllmUpdateInfo) -> None:
+        outcome = self.worker.commit(update_info)
+        if outcome is Outcome.APPLIED and not update_info.resets_caches and self.worker.rank == 0:
+            _log.warning("version %d is applied, but the engine's prefix cache still holds KV computed with "
+                         "the old weights: reset it before generating (commit_version, VllmServer, or "
+                         "llm.reset_prefix_cache after finish_weight_update)", update_info.version)
 
     def shutdown(self) -> None:
         self.worker.shutdown()
