@@ -129,3 +129,39 @@ def test_two_ranks_commit_through_the_loader(tmp_path):
     engine = S.SglangEngine("http://127.0.0.1:1", tp_size=2, status_dir=status_dir)
     status = engine.status()
     assert [s["outcomes"] for s in status] == [[[1, "APPLIED"], [2, "SKIPPED"], [2, "APPLIED"]]] * 2
+
+
+def test_update_flushes_the_cache_and_labels_an_applied_version(tmp_path):
+    """`SglangEngine.update` asks SGLang to flush its radix cache with every update, and
+    sets SGLang's weight version once every rank reports the version APPLIED."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    seen, status_dir = [], tmp_path / "status"
+    status_dir.mkdir()
+
+    class Server(BaseHTTPRequestHandler):
+        def do_POST(self):
+            seen.append((self.path, json.loads(self.rfile.read(int(self.headers["Content-Length"])))))
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(b'{"success": true}')
+
+        def log_message(self, *args):
+            pass
+
+    def ranks_report(version, outcome):
+        for rank in range(2):
+            (status_dir / f"rank{rank}.json").write_text(json.dumps({"rank": rank, "outcomes": [[version, outcome]]}))
+
+    with ThreadingHTTPServer(("127.0.0.1", 0), Server) as httpd:
+        threading.Thread(target=httpd.serve_forever, daemon=True).start()
+        engine = S.SglangEngine(f"http://127.0.0.1:{httpd.server_port}", tp_size=2, status_dir=str(status_dir))
+        ranks_report(3, "SKIPPED")
+        assert engine.update(3) == "SKIPPED"
+        ranks_report(3, "APPLIED")
+        assert engine.update(3) == "APPLIED"
+        httpd.shutdown()
+    assert [path for path, _ in seen] == ["/update_weights_from_tensor"] * 2 + ["/update_weight_version"]
+    assert all(body["flush_cache"] for path, body in seen[:2])
+    assert seen[2][1] == {"new_version": "3"}
