@@ -1,7 +1,9 @@
 """The sampler's inference engines: HF transformers (default) or a real vLLM engine.
 
 Each holds bf16 weights behind a target the subscriber patches, generates the rollouts of
-a version, and can check its live weights against the trainer's."""
+a version, and can check its live weights against the trainer's. Neither keeps anything
+derived from the weights across versions: HF's `generate` builds its KV cache per call, and
+`VllmTarget.apply` resets vLLM's prefix cache."""
 
 import tempfile
 

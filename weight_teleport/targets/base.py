@@ -34,4 +34,10 @@ class Target(ABC):
     @abstractmethod
     def apply(self, staged: StagedPatch) -> None:
         """Write a staged patch into the live weights, in place. This is the sampler's pause:
-        it must not allocate per element or touch unchanged weights."""
+        it must not allocate per element or touch unchanged weights.
+
+        After `apply` (and `load`), nothing the sampler derived from the old weights may
+        serve again, such as an engine's prefix cache of KV blocks: a target that owns the
+        engine drops it here (`VllmTarget`). For a bare module (`TorchTarget`) that is the
+        host's: HF's `generate` builds its KV cache per call, but `past_key_values` a host
+        keeps across calls are stale."""
