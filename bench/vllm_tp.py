@@ -8,7 +8,9 @@ worker-local staging, the same versions in one engine, one run.
 - **after**: the weight-transfer backend (`targets/vllm_backend.py`). Each worker follows
   store A, fetches the chunks of its slices and stages them against its own parameters;
   the pause is `start_weight_update` / `update_weights({"version": V})` /
-  `finish_weight_update`, committed across the group.
+  `finish_weight_update`, committed across the group. This engine generates nothing, so the
+  pause is timed without the reset of the prefix cache that `commit_version` adds (each
+  worker warns of it; bench/vllm_reset.py measures the reset).
 
 A trainer process (seeded, a Qwen3-shaped model made from a config with random bf16
 weights) makes each version by moving a given fraction of every tensor's elements by one
