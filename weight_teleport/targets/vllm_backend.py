@@ -41,8 +41,9 @@ drops what it staged and stages again) is logged and kept.
 weight_teleport.targets.vllm_backend.TeleportBackendExtension` reaches the same calls through
 its HTTP routes (`/init_weight_transfer_engine`, `/start_weight_update`, `/update_weights`,
 `/finish_weight_update`, `/reset_prefix_cache`, ...), which `VllmServer.commit_version`
-(targets/vllm_server.py) drives in order, generation paused. The backend is registered in each worker when this module is
-imported: by `worker_extension_cls` naming the extension below.
+(targets/vllm_server.py) drives in order, generation paused. The backend is registered in
+each worker when this module is imported: by `worker_extension_cls` naming the extension
+below.
 
 What the weight-transfer API cannot carry stays in the worker extension, because its calls
 return nothing to the caller: the outcome of each commit and the workers' state
@@ -73,7 +74,8 @@ class VllmUpdateInfo(TeleportUpdateInfo):
     resets_caches: bool = False
     """The caller resets the engine's caches derived from the weights once the version is
     applied, before the engine generates again (`commit_version` and `VllmServer` do).
-    False: a worker that applies the version warns that they still hold the old weights'."""
+    False: a worker that applies the version warns that the engine's prefix cache still
+    holds KV computed with the old weights."""
 
 
 def _engine_base():
@@ -109,7 +111,9 @@ class TeleportTransferEngine(_engine_base()):
         """Patches are applied in place: nothing to prepare."""
 
     def finish_weight_update(self) -> None:
-        """Patches are applied in place: nothing to finalize."""
+        """Patches are applied in place: nothing to finalize here. The caches derived from
+        the old weights live in the engine core, out of a worker's reach: the caller resets
+        them (`commit_version`)."""
 
     def update_weights(self, update_info: dict) -> None:
         self.receive_weights(self.parse_update_info(update_info))
