@@ -13,8 +13,8 @@ labels the outputs with the version. `VllmTarget.apply` and `load` reset them to
 
 What else the engine derives from its weights reads them in place and needs no reset:
 CUDA graphs replay kernels on the parameters' own memory, and vLLM's torch.compile graphs
-take the parameters as inputs (vLLM's CPU backend freezes them into the graph with
-`max_autotune`, which `VllmTarget` refuses; it also repacks linear weights for oneDNN,
+read the parameters when they run (Inductor's `freezing` is off; vLLM's CPU backend turns
+it on under `max_autotune`, which attaching refuses, and repacks linear weights for oneDNN,
 which `teleport_attach` turns off)."""
 
 from weight_teleport.errors import WeightTeleportError
