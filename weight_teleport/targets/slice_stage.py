@@ -177,8 +177,24 @@ def stage_entry(store, entry: Entry, params: Mapping[str, torch.Tensor], slices:
     parts (trainer ranks' packs) is staged from the parts whose boxes overlap this worker's
     slices alone: the others are never read. `device_budget`: bytes of device memory the
     staged patches of CUDA parameters may hold, together with the pending ones'; beyond it
-    they move to pinned host memory (a longer pause)."""
+    they move to pinned host memory (a longer pause).
+
+    CUDA parameters are staged on a stream of the worker's own, beside the engine's work;
+    the step is complete on the device when this returns."""
     state, held = held_state(params, slices)
+    if not state_on_cuda(state):
+        return _stage(store, entry, params, slices, state, held, pending, device_budget)
+    from weight_teleport.codec.cuda.runtime.memory import side_stream  # CUDA parameters only
+    device = next(iter(state.values())).device
+    stream = side_stream(device, "worker-stage")
+    stream.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(stream):
+        step = _stage(store, entry, params, slices, state, held, pending, device_budget)
+    stream.synchronize()
+    return step
+
+
+def _stage(store, entry: Entry, params, slices, state, held, pending: Sequence[Step], device_budget) -> Step:
     base, on_host = state, False
     if pending and entry.kind == "delta":  # a snapshot reads none of the weights it replaces
         base, on_host = _shadow(state, held, pending)
@@ -196,7 +212,7 @@ def stage_entry(store, entry: Entry, params: Mapping[str, torch.Tensor], slices:
         fetch_s += time.perf_counter() - t0
         patch = stage_delta(base, data, header=header, held=held, strict=False, device_budget=device_budget,
                             base_version=entry.base if entry.kind == "delta" else None)
-        if on_host:
+        if on_host:  # the CPU staged it: the CUDA backend's form for the parameters
             from weight_teleport.codec.cuda.stage.patch import DevicePatch
             patch = DevicePatch.of_host(patch)
         patches.append(patch)
