@@ -59,10 +59,6 @@ def sync() -> None:
         torch.cuda.synchronize()
 
 
-def allocated() -> int:
-    return torch.cuda.memory_allocated() if DEVICE == "cuda" else 0
-
-
 def hf_config(name: str) -> dict:
     c = make_config(name)
     return {"model_type": "qwen3", "vocab_size": c.vocab, "hidden_size": c.hidden, "intermediate_size": c.intermediate,
@@ -108,6 +104,13 @@ def exact(params: dict, weights: dict, config: dict, tp: int, rank: int) -> bool
     return True
 
 
+def _store_bytes(url: str, since: int) -> int:
+    """Bytes a `memory://` store of this process holds beyond `since` (0 for other stores):
+    what the host memory added by the sampler leaves out."""
+    shared = memory._NAMES.get(url.partition("://")[2]) if url.startswith("memory://") else None
+    return 0 if shared is None else sum(len(v) for v in shared.objects.values()) - since
+
+
 def rss() -> int:
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
@@ -123,7 +126,7 @@ def workers_route(url: str, trainer: Trainer, pub: Publisher, config: dict, tp: 
                   density: float) -> list[dict]:
     params = [engine_params(trainer.weights, config, tp, r) for r in range(tp)]
     sync()
-    mem0, host0 = allocated(), rss()
+    host0, host_store0 = rss(), _store_bytes(url, 0)
     workers = []
     for r in range(tp):
         w = WorkerLocal(lambda p=params[r]: p, worker_slices(config, tp, r), r, None, torch.device(DEVICE))
@@ -140,8 +143,7 @@ def workers_route(url: str, trainer: Trainer, pub: Publisher, config: dict, tp: 
                 time.sleep(0.001)
             st = [w.status() for w in workers]
             ready = max(s["staged_at"][v] for s in st) - t0
-            dev_added = allocated() - mem0
-            host_added = rss() - host0
+            host_added = rss() - host0 - _store_bytes(url, host_store0)
             if PROFILE and v == versions:  # the version staged once more on rank 0, in this thread, under cProfile
                 entry = next(e for e in workers[0].follower._manifest.entries if e.version == v)
                 prof = cProfile.Profile()
@@ -159,7 +161,7 @@ def workers_route(url: str, trainer: Trainer, pub: Publisher, config: dict, tp: 
                              pause_ms=[s["apply_s"].get(v, float("nan")) * 1e3 for s in st],
                              fetched=[s["fetched"][v] for s in st],
                              fetched_share=[s["fetched"][v] / size for s in st],
-                             device_added=dev_added, host_added=host_added,
+                             patch_bytes=[s["patch_bytes"][v] for s in st], host_added=host_added,
                              exact=all(exact(params[r], trainer.weights, config, tp, r) for r in range(tp))))
             print(json.dumps(rows[-1]), flush=True)
     finally:
@@ -171,7 +173,7 @@ def workers_route(url: str, trainer: Trainer, pub: Publisher, config: dict, tp: 
 def torch_route(url: str, trainer: Trainer, pub: Publisher, versions: int, density: float) -> list[dict]:
     live = {k: v.clone() for k, v in trainer.weights.items()}
     sync()
-    mem0, host0 = allocated(), rss()
+    host0, host_store0 = rss(), _store_bytes(url, 0)
     rows = []
     with Subscriber(url, TorchTarget(live), SubscriberConfig(initial_version=0, watch_timeout_s=1.0,
                                                              retry_backoff_s=0.05, retry_backoff_max_s=0.5)) as sub:
@@ -186,7 +188,7 @@ def torch_route(url: str, trainer: Trainer, pub: Publisher, versions: int, densi
                                  stage_ms=[(row["fetch_s"] + row["stage_s"]) * 1e3], fetch_ms=[row["fetch_s"] * 1e3],
                                  pause_ms=[row["pause_ms"]],
                                  fetched=[row["fetched"]], fetched_share=[row["fetched"] / result.objects[0].size],
-                                 device_added=allocated() - mem0, host_added=rss() - host0,
+                                 patch_bytes=[float("nan")], host_added=rss() - host0 - _store_bytes(url, host_store0),
                                  exact=all(torch.equal(live[k].view(torch.int16), w.view(torch.int16))
                                            for k, w in trainer.weights.items())))
                 print(json.dumps(rows[-1]), flush=True)
@@ -229,7 +231,7 @@ def table(results: list[dict], raw_gb: float) -> str:
     med = lambda xs: sorted(xs)[len(xs) // 2]
     lines = [f"weights {raw_gb:.1f} GB bf16; medians over versions 2.. (version 1 in brackets)",
              "| route | transport | pack MB | ready s | fetch + stage ms (per rank) | of which fetch ms "
-             "| pause ms (per rank) | fetched share | device +GB | host +GB | exact |", "|" + "---|" * 11]
+             "| pause ms (per rank) | fetched share | patch MB (per rank) | host +GB | exact |", "|" + "---|" * 11]
     for r in results:
         rows = r["rows"][1:] or r["rows"]
         ranks = len(rows[0]["stage_ms"])
@@ -239,7 +241,7 @@ def table(results: list[dict], raw_gb: float) -> str:
         lines.append(f"| {r['route']} | {r['transport']} | {med([x['pack_bytes'] for x in rows]) / 1e6:.0f} "
                      f"| {med([x['ready_s'] for x in rows]):.3f} ({first['ready_s']:.3f}) | {per('stage_ms')} "
                      f"| {per('fetch_ms')} "
-                     f"| {per('pause_ms')} | {share} | {max(x['device_added'] for x in r['rows']) / 1e9:.2f} "
+                     f"| {per('pause_ms')} | {share} | {' / '.join(f'{b / 1e6:.0f}' for b in rows[-1]['patch_bytes'])} "
                      f"| {max(x['host_added'] for x in r['rows']) / 1e9:.2f} "
                      f"| {all(x['exact'] for x in r['rows'])} |")
     return "\n".join(lines)

@@ -53,6 +53,8 @@ class WorkerFollower:
         """Seconds each version took to fetch and stage here."""
         self.fetch_s: dict[int, float] = {}
         """Of those, the seconds spent reading from the store."""
+        self.patch_bytes: dict[int, int] = {}
+        """Memory each staged version's patches hold (on the device for a CUDA worker)."""
         self.errors: list[str] = []
         self._failed_keys: set[str] = set()
         self._failed = False
@@ -113,6 +115,7 @@ class WorkerFollower:
         self.fetched[step.version] = step.fetched
         self.stage_s[step.version] = time.perf_counter() - t0
         self.fetch_s[step.version] = step.fetch_s
+        self.patch_bytes[step.version] = step.nbytes
         self.staged_at[step.version] = time.time()
         self.board.put(step.version, tuple(self.chain))
 

@@ -110,7 +110,7 @@ class WorkerLocal:
                 "resyncs": self.board.resyncs, "staged": [s.version for s in f.chain] if f else [],
                 "fetched": dict(f.fetched) if f else {}, "apply_s": dict(self.apply_s),
                 "staged_at": dict(f.staged_at) if f else {}, "stage_s": dict(f.stage_s) if f else {},
-                "fetch_s": dict(f.fetch_s) if f else {},
+                "fetch_s": dict(f.fetch_s) if f else {}, "patch_bytes": dict(f.patch_bytes) if f else {},
                 "errors": list(f.errors) if f else []}
 
     def shutdown(self) -> None:
