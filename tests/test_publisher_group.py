@@ -110,7 +110,7 @@ def _rank_main(rank: int, world: int, port: int, url: str, layout: str, errors) 
         # a sampler split at column 6; under FSDP over 4 ranks a box of 2 rows would be cut
         # into chunks of 2 x 6 elements, not the multiple of 8 that chunks must be
         hints = {"down.weight": ("cols", (6 * 8,))} if layout != "fsdp" or world == 2 else {}
-        store = StoreConfig(token=TOKEN) if url.startswith("http") else None
+        store = StoreConfig(token=TOKEN) if url.startswith("http") else StoreConfig()
         config = PublisherConfig(anchor_every=3, threads=1, chunk_elems=64, store=store)
         with PublisherGroup(url, config, hints=hints) as group:
             for step, _ in enumerate(_train(m, VERSIONS)):
