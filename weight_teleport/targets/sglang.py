@@ -20,6 +20,18 @@ SGLang's layout.
     ...                        # every worker stages the versions it finds, while SGLang serves
     engine.update(7)           # the pause: one request of well under 4 KiB
 
+Every worker stages through `worker_local.WorkerLocal`, the vLLM backend's code: on a GPU it
+fetches its slices into pinned memory, decodes them on its GPU on a stream of its own and
+commits with a device scatter (tested as plain CUDA tensors in SGLang's layout, which is
+vLLM's: tests/test_worker_cuda.py, bench/worker_gpu.py). SGLang's other update routes are
+not what this needs: `/update_weights_from_disk` reloads whole checkpoints,
+`/update_weights_from_distributed` broadcasts whole tensors from trainer ranks, and the
+GPU-delta routes of recent versions (`/prepare_weights_from_delta`,
+`/update_weights_from_delta`, `/resume_weights_from_delta`, `/abort_weights_from_delta`,
+`sglang.srt.weight_sync.gpu_delta_*`) carry their own delta format and session protocol
+(XOR frames compressed with nvCOMP), not these packs; a custom loader behind
+`/update_weights_from_tensor` lets the workers stage packs of this format themselves.
+
 Control messages travel as the name of one named tensor whose tensor is empty: torch pickles
 an empty tensor by value (no shared memory), so a request carries no weights and the caller
 need not share the server's host. The loader runs in each worker's scheduler between
