@@ -108,12 +108,28 @@ def held_box(s: Slice) -> W.Box:
     return ((0, s.shape[0]), (s.lo, s.hi - s.lo)) + rest[1:]
 
 
+HELD_CACHED = 8
+"""Workers (slices mappings) whose last `held_state` is kept: the ranks of one process."""
+_held: dict = {}
+"""The last `held_state` of each slices mapping (by id), with the parameters it viewed."""
+
+
 def held_state(params: Mapping[str, torch.Tensor], slices: Mapping[str, Slice]
                ) -> tuple[dict[str, torch.Tensor], dict[str, W.TensorSlice]]:
     """(state, held): each slice as its box of the checkpoint tensor (a view of its
-    parameter), and that box: what `stage_delta` and `apply_staged` take for this worker."""
+    parameter), and that box: what `stage_delta` and `apply_staged` take for this worker.
+    Made again only where a parameter is another tensor or lies elsewhere than last time
+    (some hundreds of views of an engine's parameters are milliseconds of Python)."""
+    key = tuple((n, id(t), t.data_ptr()) for n, t in params.items())
+    found = _held.get(id(slices))
+    if found is not None and found[0] == key and found[1] is slices:
+        return found[2], found[3]
     state = {name: box_view(params[s.param], s) for name, s in slices.items()}
-    return state, {name: W.TensorSlice(s.shape, held_box(s)) for name, s in slices.items()}
+    held = {name: W.TensorSlice(s.shape, held_box(s)) for name, s in slices.items()}
+    if len(_held) >= HELD_CACHED:
+        _held.clear()
+    _held[id(slices)] = (key, slices, state, held)
+    return state, held
 
 
 def _fetch_into(store, key: str, size: int, ranges: list[tuple[int, int]], prefix: bytes,
