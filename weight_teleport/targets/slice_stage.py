@@ -293,7 +293,9 @@ def _check_covers(header: PackHeader, part: Entry, entry: Entry) -> None:
 def apply_steps(params: Mapping[str, torch.Tensor], steps: Sequence[Step]) -> None:
     """Write the steps into the parameters in place, in order (later writes win): the
     writes bound while staging where `params` are the tensors they were bound to, else
-    bound again to these."""
+    bound again to these. On CUDA the writes are queued on the current stream: keep the
+    steps until they are done (`WorkerLocal` synchronises the device in its commit), since
+    their memory came from the stage's stream."""
     for step in steps:
         if step.params.keys() == params.keys() and all(params[n] is t for n, t in step.params.items()):
             step.write()
