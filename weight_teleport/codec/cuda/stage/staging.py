@@ -12,7 +12,6 @@ import os
 import re
 from concurrent.futures import ThreadPoolExecutor, wait
 
-import msgspec
 import numpy as np
 import torch
 from numba import njit
@@ -30,6 +29,7 @@ from weight_teleport.codec.cuda.kernels.digest import word_sums
 from weight_teleport.codec.cuda.live import Live, grouped
 from weight_teleport.codec.cuda.stage.patch import DevicePatch, DeviceTensorPatch, FusedGroup, ScatterGroup
 from weight_teleport.codec.cuda.stage.sparse import FLAGS, SparseBatch
+from weight_teleport.codec.cuda.stage.windows import windowed
 from weight_teleport.codec.patch import misfit
 from weight_teleport.codec.plan import Runs, run_arrays
 from weight_teleport.errors import DigestMismatchError, PackFormatError, PackMismatchError
@@ -39,7 +39,7 @@ from weight_teleport.format.container import ChunkSpans, crc32_ranges
 def _dense(lives: dict[str, Live], recs, header, pack, check_base: bool, threads, cut: dict) -> dict:
     """Dense and snapshot tensors: a snapshot's raw byte planes of regular chunks on the
     device (codec/cuda/snapshot.py), the rest (records with cuts, and records staged in
-    part, `cut`: `_windowed`'s) through the CPU backend on host copies (of the live
+    part, `cut`: `windows.windowed`'s) through the CPU backend on host copies (of the live
     tensors for a delta's dense chunks, which decode against them)."""
     if not recs:
         return {}
@@ -242,62 +242,14 @@ def _launched(lives: dict[str, Live], groups: list[list], runs: list[Runs], head
     return batches, crcs
 
 
-def _window_digest(digests: list[str], spans, nbytes: int) -> str:
-    """The digest of a run of a record's chunks, from their chunk digests (each over its
-    words numbered by their place in the walk: their word sums add up)."""
-    total = sum((e - s) * nbytes for s, e in spans)
-    return D.to_hex(D.finish(sum(D.word_sum(D.from_hex(d), (e - s) * nbytes) for d, (s, e) in zip(digests, spans)),
-                             total))
-
-
-def _windowed(lives: dict[str, Live], header, windows: dict):
-    """(lives, header, cut): the records of `header` the state holds (`lives`), those staged
-    in part (`windows`: name -> (walk start of the live tensor, first chunk, stop chunk),
-    as codec/api.py makes them) cut to records of their own over the run of those chunks,
-    their digests the chunks' added up, each against its live tensor narrowed to the run's
-    elements (its digest words numbered from the run's first element). `cut`: name ->
-    (the record as the pack holds it, its window) of each record cut."""
-    if not windows and all(rec.name in lives for rec in header.tensors):
-        return lives, header, {}
-    recs, rows, firsts, out, cut = [], [], [0], dict(lives), {}
-    for k, rec in enumerate(header.tensors):
-        lo, hi = int(header.chunk_first[k]), int(header.chunk_first[k + 1])
-        if rec.name not in lives:
-            continue
-        if rec.name in windows:
-            walk_start, i, j = windows[rec.name]
-            if i == j:
-                del out[rec.name]
-                continue
-            spans = rec.chunk_spans(header.chunk_elems)[i:j]
-            if not rec.chunk_digests or (header.kind == "delta" and not rec.chunk_base_digests):
-                raise PackMismatchError(f"tensor {rec.name!r}: the pack has no chunk digests, so a slice of it "
-                                        "cannot be verified alone; stage the whole record")
-            nb, first, stop = lives[rec.name].info.nbytes, spans[0][0], spans[-1][1]
-            base = None if header.kind != "delta" else _window_digest(rec.chunk_base_digests[i:j], spans, nb)
-            cut[rec.name] = (rec, (first, i, j))
-            rec = msgspec.structs.replace(
-                rec, shape=(stop - first,), box=None, order=None, chunks=rec.chunks[i:j],
-                cuts=[e - s for s, e in spans] if rec.cuts else [], chunk_digests=[], chunk_base_digests=[],
-                digest=_window_digest(rec.chunk_digests[i:j], spans, nb), base_digest=base)
-            out[rec.name] = lives[rec.name].narrowed(first - walk_start, stop - first, first)
-            lo, hi = lo + i, lo + j
-        recs.append(rec)
-        rows.append(header.chunk_rows[lo:hi])
-        firsts.append(firsts[-1] + hi - lo)
-    sub = dataclasses.replace(header, tensors=recs, chunk_first=np.array(firsts, np.int64),
-                              chunk_rows=np.concatenate(rows) if rows else header.chunk_rows[:0])
-    return out, sub, cut
-
-
 def stage(lives: dict[str, Live], header, pack, check_base: bool, threads: int | None,
           config: CudaCodecConfig | None = None, windows: dict | None = None) -> DevicePatch:
     """Decode and verify every chunk against the live weights; nothing is written. `config`:
     nvCOMP's decompression backend (`decompress_backend`). `windows`: the records staged in
-    part, as `_windowed` takes them; each such run of chunks is checked against its chunk
+    part, as `windows.windowed` takes them; each such run of chunks is checked against its chunk
     digests."""
     memory.begin_call()
-    lives, header, cut = _windowed(lives, header, windows or {})
+    lives, header, cut = windowed(lives, header, windows or {})
     check = check_base and header.kind == "delta"
     sparse_recs = [r for r in header.tensors if r.codec == "sparse"]
     groups = _by_type(lives, sparse_recs)
