@@ -121,3 +121,22 @@ def test_a_corrupt_chunk_fails_only_the_rank_that_fetches_it(tmp_path):
             with pytest.raises(PackFormatError, match="CRC"):
                 stage_entry(store, entry, params, slices)
             assert all(torch.equal(bits(params[n]), bits(before[n])) for n in params)
+
+
+def test_a_short_object_is_refused_before_its_buffer_is_taken(tmp_path):
+    """The manifest's size and the header's chunk offsets are the store's word: an object
+    that ends before the chunks the header points at is refused (typed), nothing written."""
+    from weight_teleport.pipeline.errors import ObjectRejected
+    gen = torch.Generator().manual_seed(2)
+    old = _state(gen)
+    url = f"file://{tmp_path}"
+    with Publisher(url, PublisherConfig(hints=slice_hints(CONFIG, [TP]), threads=1)) as pub:
+        pub.publish(old, version=1).wait()
+        entry = pub.publish(_mutate(old, 0.05, gen), version=2).wait().objects[0]
+    path = tmp_path / "objects" / entry.key
+    path.write_bytes(path.read_bytes()[:len(path.read_bytes()) // 2])
+    params = engine_params(old, 1)
+    before = {n: p.clone() for n, p in params.items()}
+    with pytest.raises(ObjectRejected, match="ends before byte"):
+        stage_entry(open_store(url), entry, params, worker_slices(CONFIG, TP, 1))
+    assert all(torch.equal(bits(params[n]), bits(before[n])) for n in params)

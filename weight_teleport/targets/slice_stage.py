@@ -132,14 +132,20 @@ def held_state(params: Mapping[str, torch.Tensor], slices: Mapping[str, Slice]
     return state, held
 
 
-def _fetch_into(store, key: str, size: int, ranges: list[tuple[int, int]], prefix: bytes,
+def _fetch_into(store, key: str, ranges: list[tuple[int, int]], prefix: bytes,
                 pinned: bool) -> tuple[np.ndarray, int]:
-    """A buffer laid out as the pack (`size` bytes; pinned host memory with `pinned`) holding
-    its first bytes `prefix` and each of `ranges`, read straight into it (adjacent ones
-    together, in pieces of at most RANGE_BYTES on FETCH_THREADS threads where the store
-    serves ranges in parallel); the rest is never read. (buffer, bytes read)."""
+    """A buffer laid out as the pack up to the end of the last of `ranges` (pinned host
+    memory with `pinned`) holding its first bytes `prefix` and each of `ranges`, read
+    straight into it (adjacent ones together, in pieces of at most RANGE_BYTES on
+    FETCH_THREADS threads where the store serves ranges in parallel); the rest is never
+    read. (buffer, bytes read)."""
     from weight_teleport.codec.cuda.runtime.memory import pinned_empty
-    buf = pinned_empty(size) if pinned else np.empty(size, np.uint8)
+    end = max([len(prefix)] + [b for _, b in ranges])
+    # the manifest's size and the header are the store's word: the object's last byte needed
+    # is read before memory is taken for the bytes up to it
+    if end > len(prefix) and len(store.get_range(key, end - 1, end)) != 1:
+        raise ObjectRejected(f"{key}: the object ends before byte {end}, where its header puts a chunk")
+    buf = pinned_empty(end) if pinned else np.empty(end, np.uint8)
     buf[:len(prefix)] = np.frombuffer(prefix, np.uint8)
     spans = sorted((max(a, len(prefix)), b) for a, b in set(ranges) if b > len(prefix))
     merged: list[list[int]] = []
@@ -224,7 +230,7 @@ def _stage(store, entry: Entry, params, slices, state, held, pending: Sequence[S
         _check_names(header, slices)
         if entry.parts:
             _check_covers(header, e, entry)
-        data, n = _fetch_into(store, e.key, e.size, _chunk_ranges(header, held), prefix, pinned)
+        data, n = _fetch_into(store, e.key, _chunk_ranges(header, held), prefix, pinned)
         fetch_s += time.perf_counter() - t0
         patch = stage_delta(base, data, header=header, held=held, strict=False, device_budget=device_budget,
                             base_version=entry.base if entry.kind == "delta" else None)
