@@ -18,7 +18,7 @@ from test_pipeline_local import FAST
 from weight_teleport.codec import Hint, TensorSlice, encode_delta, encode_snapshot
 from weight_teleport.format import read_header
 from weight_teleport.pipeline import Subscriber
-from weight_teleport.pipeline.assemble import fetch_parts
+from weight_teleport.pipeline.fetch import fetch_parts
 from weight_teleport.pipeline.errors import ObjectRejected
 from weight_teleport.pipeline.fetch import materialize
 from weight_teleport.pipeline.manifest import Manifest, from_json, object_key, parts_entry

@@ -1,6 +1,6 @@
-"""Versions made of parts on the receiving side: fetch every part, check its pack against
-the manifest's covers, stage every part before any is applied (a version is applied whole
-or not at all)."""
+"""Versions made of parts on the receiving side (each part fetched and checked against the
+manifest's covers by `fetch.fetch_parts`): every part staged before any is applied (a
+version is applied whole or not at all)."""
 
 from __future__ import annotations
 
@@ -21,43 +21,7 @@ from weight_teleport.codec.digest import from_hex
 from weight_teleport.codec.dtypes import BY_NAME
 from weight_teleport.codec.patch import ChunkPatch, TensorPatch
 from weight_teleport.format import PackHeader
-from weight_teleport.pipeline.errors import ManifestError, ObjectRejected
-from weight_teleport.pipeline.manifest import Entry
-from weight_teleport.pipeline.parts import Part, check_whole
 from weight_teleport.pipeline.verify import patch_records
-from weight_teleport.store import Store
-
-
-def part_entry(entry: Entry, part: Part) -> Entry:
-    """The entry one part's pack is fetched and checked as (the version's kind, version, base)."""
-    return Entry(entry.version, entry.kind, entry.base, part.key, part.size, part.sha256, 0, part.piece_bytes)
-
-
-def fetch_parts(store: Store, entry: Entry, pinned: bool = False) -> list:
-    """Every part's pack of `entry` (a `fetch.Fetched` each), each checked as `fetch` checks
-    an object and against its covers (the names and boxes of its records), and all together
-    covering each of their tensors whole: else ObjectRejected."""
-    from weight_teleport.pipeline.fetch import fetch_pack
-
-    packs, shapes = [], {}
-    for part in entry.parts:
-        pack = fetch_pack(store, part_entry(entry, part), pinned)
-        header = pack.header
-        found = tuple((r.name, tuple(map(tuple, r.box)) if r.box is not None else tuple((0, d) for d in r.shape))
-                      for r in header.tensors)
-        if found != part.covers:
-            raise ObjectRejected(f"{part.key}: its records cover {found[:3]}..., the manifest lists "
-                                 f"{part.covers[:3]}... (a pack of another part or writer)")
-        for r in header.tensors:
-            if shapes.setdefault(r.name, (tuple(r.shape), r.dtype)) != (tuple(r.shape), r.dtype):
-                raise ObjectRejected(f"{part.key}: tensor {r.name!r} is {r.shape} {r.dtype} here, "
-                                     f"{shapes[r.name]} in another part")
-        packs.append(pack)
-    try:
-        check_whole(entry.parts, {n: s for n, (s, _) in shapes.items()}, f"version {entry.version}")
-    except ManifestError as exc:
-        raise ObjectRejected(str(exc)) from None
-    return packs
 
 
 def stage_parts(state: Mapping[str, torch.Tensor], packs: list, **options) -> StagedParts:

@@ -13,8 +13,9 @@ import torch
 from weight_teleport.codec import apply_delta, decode_snapshot, pinned_pack
 from weight_teleport.errors import PackFormatError
 from weight_teleport.format import PackHeader, read_header
-from weight_teleport.pipeline.errors import ObjectRejected
+from weight_teleport.pipeline.errors import ManifestError, ObjectRejected
 from weight_teleport.pipeline.manifest import Entry, Manifest
+from weight_teleport.pipeline.parts import Part, check_whole
 from weight_teleport.pipeline.plan import plan_catchup
 from weight_teleport.store import Store, TooLarge
 from weight_teleport.store.hashing import object_hash, piece_digest, root_of
@@ -190,12 +191,42 @@ def materialize(store: Store, manifest: Manifest, version: int | None = None,
     return state, plan.target
 
 
+def part_entry(entry: Entry, part: Part) -> Entry:
+    """The entry one part's pack is fetched and checked as (the version's kind, version, base)."""
+    return Entry(entry.version, entry.kind, entry.base, part.key, part.size, part.sha256, 0, part.piece_bytes)
+
+
+def fetch_parts(store: Store, entry: Entry, pinned: bool = False) -> list:
+    """Every part's pack of `entry` (a `fetch.Fetched` each), each checked as `fetch` checks
+    an object and against its covers (the names and boxes of its records), and all together
+    covering each of their tensors whole: else ObjectRejected."""
+    packs, shapes = [], {}
+    for part in entry.parts:
+        pack = fetch_pack(store, part_entry(entry, part), pinned)
+        header = pack.header
+        found = tuple((r.name, tuple(map(tuple, r.box)) if r.box is not None else tuple((0, d) for d in r.shape))
+                      for r in header.tensors)
+        if found != part.covers:
+            raise ObjectRejected(f"{part.key}: its records cover {found[:3]}..., the manifest lists "
+                                 f"{part.covers[:3]}... (a pack of another part or writer)")
+        for r in header.tensors:
+            if shapes.setdefault(r.name, (tuple(r.shape), r.dtype)) != (tuple(r.shape), r.dtype):
+                raise ObjectRejected(f"{part.key}: tensor {r.name!r} is {r.shape} {r.dtype} here, "
+                                     f"{shapes[r.name]} in another part")
+        packs.append(pack)
+    try:
+        check_whole(entry.parts, {n: s for n, (s, _) in shapes.items()}, f"version {entry.version}")
+    except ManifestError as exc:
+        raise ObjectRejected(str(exc)) from None
+    return packs
+
+
 def _apply_parts(store: Store, entry: Entry, state: dict, progress: Progress | None,
                  threads: int | None) -> dict[str, torch.Tensor]:
     """`state` advanced by a version made of parts (a snapshot's parts build a new state)."""
     from weight_teleport.pipeline import assemble
 
-    packs = assemble.fetch_parts(store, entry)
+    packs = fetch_parts(store, entry)
     if progress is not None:
         progress(sum(len(p.data) for p in packs))
     if entry.kind == "snapshot":

@@ -11,10 +11,9 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 
 from weight_teleport.observe.subscriber import SubscriberMetrics
-from weight_teleport.pipeline.assemble import fetch_parts
 from weight_teleport.pipeline.config import SubscriberConfig
 from weight_teleport.pipeline.errors import ObjectRejected
-from weight_teleport.pipeline.fetch import Fetched, fetch_pack
+from weight_teleport.pipeline.fetch import Fetched, fetch_pack, fetch_parts
 from weight_teleport.pipeline.handoff import Handoff
 from weight_teleport.pipeline.health import HealthMonitor
 from weight_teleport.pipeline.manifest import Entry

@@ -36,9 +36,8 @@ from weight_teleport.codec import walks as W
 from weight_teleport.codec.slices import chunk_byte_range, chunk_window
 from weight_teleport.errors import PackMismatchError
 from weight_teleport.format import PackHeader, read_header
-from weight_teleport.pipeline.assemble import part_entry
 from weight_teleport.pipeline.errors import ManifestError, ObjectRejected
-from weight_teleport.pipeline.fetch import FETCH_THREADS, RANGE_BYTES
+from weight_teleport.pipeline.fetch import FETCH_THREADS, RANGE_BYTES, part_entry
 from weight_teleport.pipeline.manifest import Entry
 from weight_teleport.pipeline.parts import check_whole
 from weight_teleport.targets.slice_view import box_view
