@@ -7,7 +7,7 @@ import pytest
 
 from weight_teleport.codec.backend import Backend
 
-MEMBERS = ("item", "walk_item", "encode", "check_stage", "stage", "apply", "digest", "digests")
+MEMBERS = ("item", "walk_item", "encode", "check_stage", "stage", "bind", "digest", "digests")
 
 
 def _params(fn) -> list[inspect.Parameter]:

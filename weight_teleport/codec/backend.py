@@ -65,16 +65,13 @@ class Backend(Protocol):
         `windows`: as `_lives` in codec/api.py makes them; `config`: the caller's `cuda`
         argument (ValueError where the backend takes none)."""
 
-    def apply(self, lives: dict, staged: StagedPatch, threads: int | None, relocate: bool = False) -> None:
-        """Write a patch staged by this backend into the live tensors. `relocate`: they hold
-        the weights the patch was staged against, possibly elsewhere in memory (a patch
-        staged against a copy); else a backend whose patches hold addresses refuses tensors
-        that moved."""
-
     def bind(self, lives: dict, staged: StagedPatch, threads: int | None, relocate: bool = False
              ) -> Callable[[], None]:
-        """`apply`'s host work done now (views, address checks, relocation), its writes
-        returned as a function: what a sampler calls in its pause."""
+        """The writes of a patch staged by this backend into the live tensors, as a function
+        (the pause calls it), its host work (views, address checks, relocation) done now.
+        `relocate`: the lives hold the weights the patch was staged against, possibly
+        elsewhere in memory (a patch staged against a copy); else a backend whose patches
+        hold addresses refuses tensors that moved."""
 
     def digest(self, tensor: torch.Tensor) -> str:
         """The pack digest of a tensor's bytes, in hex."""

@@ -9,7 +9,6 @@ its chunk digests."""
 
 from typing import NamedTuple
 
-
 from weight_teleport.codec import walks as W
 from weight_teleport.errors import PackMismatchError
 from weight_teleport.format import PackHeader, TensorRecord

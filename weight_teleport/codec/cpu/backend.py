@@ -395,12 +395,12 @@ def _verify(rec: TensorRecord, live: Live, results, header: PackHeader, check_ba
 def bind(lives: dict[str, Live], staged: StagedPatch, threads: int | None, relocate: bool = False):
     """The writes of a staged patch into the live weights, as a function (`apply` on lives
     made when it is called: a Live of a tensor that is not contiguous holds a copy of it)."""
-    return lambda: apply({n: Live(lv.tensor, lv.info) for n, lv in lives.items()}, staged, threads, relocate)
+    return lambda: _apply({n: Live(lv.tensor, lv.info) for n, lv in lives.items()}, staged, threads)
 
 
-def apply(lives: dict[str, Live], staged: StagedPatch, threads: int | None, relocate: bool = False) -> None:
+def _apply(lives: dict[str, Live], staged: StagedPatch, threads: int | None) -> None:
     """Write a staged patch into the live weights (its positions are relative to each live
-    tensor, so `relocate` changes nothing)."""
+    tensor: a patch staged against a copy writes the same)."""
     jobs = [(lives[t.name], c) for t in staged.tensors for c in t.chunks]
     with _pool(threads) as pool:
         list(pool.map(lambda job: _apply_chunk(*job), jobs))

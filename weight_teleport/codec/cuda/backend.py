@@ -7,7 +7,7 @@ from weight_teleport.codec import streams
 from weight_teleport.codec.backend import Encoded
 from weight_teleport.codec.cuda.runtime import nvcomp
 from weight_teleport.codec.cuda.stage import staging
-from weight_teleport.codec.cuda.stage.apply import apply, bind
+from weight_teleport.codec.cuda.stage.apply import bind
 from weight_teleport.codec.cuda.encode import encoder
 from weight_teleport.codec.cuda.encode.sparse_chunks import CODEC_ID
 from weight_teleport.codec.cuda.config import NVCOMP_ALGORITHM, CudaCodecConfig
@@ -95,5 +95,5 @@ def extra_stream_codecs(config: CudaCodecConfig) -> list[str]:
     return [] if config.portable else [streams.NAMES[CODEC_ID[NVCOMP_ALGORITHM[config.stream_coder]]]]
 
 
-__all__ = ["DEFAULT_CONFIG", "EncodeItem", "Live", "apply", "bind", "check_readable", "check_stage", "digest", "digests",
+__all__ = ["DEFAULT_CONFIG", "EncodeItem", "Live", "bind", "check_readable", "check_stage", "digest", "digests",
            "encode", "extra_stream_codecs", "item", "stage", "walk_item"]

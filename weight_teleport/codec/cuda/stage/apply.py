@@ -71,7 +71,3 @@ def _write_tensor(live: Live, t) -> None:
         scatter(live.u, _device(t.positions, live.u), _device(t.values, live.u))
     live.commit()
 
-
-def apply(lives: dict[str, Live], staged: DevicePatch, threads: int | None = None, relocate: bool = False) -> None:
-    """Write a staged patch into the live weights (`bind`, then its writes)."""
-    bind(lives, staged, threads, relocate)()

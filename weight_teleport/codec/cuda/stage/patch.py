@@ -122,9 +122,9 @@ class DevicePatch:
         it back. Returns self."""
         pin = lambda a: a.cpu().pin_memory()
         for g in self.groups:
-            for name in ("rows", "offsets", "values"):
-                if hasattr(g, name):
-                    setattr(g, name, pin(getattr(g, name)))
+            for f in dataclasses.fields(g):
+                if isinstance(getattr(g, f.name), torch.Tensor):
+                    setattr(g, f.name, pin(getattr(g, f.name)))
         for t in self.tensors:
             if t.positions is not None:
                 t.positions, t.values = pin(t.positions), pin(t.values)
