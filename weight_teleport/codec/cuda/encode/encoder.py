@@ -70,9 +70,9 @@ class _Scan:
     """The per-block histograms of the items' programs (device)."""
     first: np.ndarray
     """Each item's first program in `hist`, then the number of programs."""
-    chunks: np.ndarray | None = None
-    """[chunks, 4] int64 where some item carries a digest per chunk: per chunk of the items,
-    its item (an index into `items`), its length, its old and its new digest word sums."""
+    chunks: dict[int, np.ndarray] | None = None
+    """Where some item carries a digest per chunk: per item (an index into `items`), its
+    chunks' [chunks, 3] int64 rows (length, old and new digest word sums)."""
 
 
 WAVE_ELEMS = 1 << 26
@@ -139,9 +139,10 @@ def _scans(w: _Launched) -> list[_Scan]:
         at += n
         if done.chunk_sums is not None:
             n = done.chunk_sums.numel()
-            sums = w.rows[at:at + n].reshape(-1, 2)
-            tensor = np.asarray(g, np.int64)[table[:, chunk_table.TENSOR]]
-            scan.chunks = np.concatenate([tensor[:, None], table[:, chunk_table.LEN, None], sums], 1)
+            rows = np.concatenate([table[:, chunk_table.LEN, None], w.rows[at:at + n].reshape(-1, 2)], 1)
+            # a tensor's chunks are consecutive rows of the table
+            bounds = np.searchsorted(table[:, chunk_table.TENSOR], np.arange(len(g) + 1))
+            scan.chunks = {i: rows[a:b] for i, a, b in zip(g, bounds[:-1], bounds[1:])}
             at += n
         scans.append(scan)
     return scans
@@ -195,16 +196,16 @@ def _records(items: list[EncodeItem], scans: list[_Scan], plans: list[PlanTable]
             if out[i] is None:
                 out[i] = _record(items[i], s_old, s_new, int(changed[i]), p[j] if changed[i] else None, codec)
                 if items[i].chunk_digests and changed[i]:
-                    _add_chunk_digests(out[i], items[i], s.chunks[s.chunks[:, 0] == i])
+                    _add_chunk_digests(out[i], items[i], s.chunks[i])
 
 
 def _add_chunk_digests(rec: TensorRecord, it: EncodeItem, chunks: np.ndarray) -> None:
     """A digest per chunk (its words numbered by their place in the walk: they add up to
     the record's) from its rows of `_Scan.chunks`, and the item's cuts, as the CPU backend
     writes them."""
-    nbytes = (chunks[:, 1] * it.info.nbytes).tolist()
-    rec.chunk_base_digests = [D.to_hex(D.finish(s & D.MASK64, n)) for s, n in zip(chunks[:, 2].tolist(), nbytes)]
-    rec.chunk_digests = [D.to_hex(D.finish(s & D.MASK64, n)) for s, n in zip(chunks[:, 3].tolist(), nbytes)]
+    nbytes = (chunks[:, 0] * it.info.nbytes).tolist()
+    rec.chunk_base_digests = [D.to_hex(D.finish(s & D.MASK64, n)) for s, n in zip(chunks[:, 1].tolist(), nbytes)]
+    rec.chunk_digests = [D.to_hex(D.finish(s & D.MASK64, n)) for s, n in zip(chunks[:, 2].tolist(), nbytes)]
     if it.cuts is not None:
         rec.cuts = list(it.cuts)
 
