@@ -204,21 +204,32 @@ def fetch_parts(store: Store, entry: Entry, pinned: bool = False) -> list:
     for part in entry.parts:
         pack = fetch_pack(store, part_entry(entry, part), pinned)
         header = pack.header
-        found = tuple((r.name, tuple(map(tuple, r.box)) if r.box is not None else tuple((0, d) for d in r.shape))
-                      for r in header.tensors)
-        if found != part.covers:
-            raise ObjectRejected(f"{part.key}: its records cover {found[:3]}..., the manifest lists "
-                                 f"{part.covers[:3]}... (a pack of another part or writer)")
+        check_covers(header, part)
         for r in header.tensors:
             if shapes.setdefault(r.name, (tuple(r.shape), r.dtype)) != (tuple(r.shape), r.dtype):
                 raise ObjectRejected(f"{part.key}: tensor {r.name!r} is {r.shape} {r.dtype} here, "
                                      f"{shapes[r.name]} in another part")
         packs.append(pack)
+    check_parts_whole(entry, {n: s for n, (s, _) in shapes.items()})
+    return packs
+
+
+def check_covers(header: PackHeader, part: Part) -> None:
+    """ObjectRejected unless the records of a part's pack cover what the manifest lists for
+    the part (the names and boxes of its records)."""
+    found = tuple((r.name, tuple(map(tuple, r.box)) if r.box is not None else tuple((0, d) for d in r.shape))
+                  for r in header.tensors)
+    if found != part.covers:
+        raise ObjectRejected(f"{part.key}: its records cover {found[:3]}..., the manifest lists "
+                             f"{part.covers[:3]}... (a pack of another part or writer)")
+
+
+def check_parts_whole(entry: Entry, shapes: dict[str, tuple[int, ...]]) -> None:
+    """ObjectRejected unless the parts of `entry` cover each tensor of `shapes` whole, once."""
     try:
-        check_whole(entry.parts, {n: s for n, (s, _) in shapes.items()}, f"version {entry.version}")
+        check_whole(entry.parts, shapes, f"version {entry.version}")
     except ManifestError as exc:
         raise ObjectRejected(str(exc)) from None
-    return packs
 
 
 def _apply_parts(store: Store, entry: Entry, state: dict, progress: Progress | None,

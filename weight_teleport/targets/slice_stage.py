@@ -36,10 +36,10 @@ from weight_teleport.codec import walks as W
 from weight_teleport.codec.slices import chunk_byte_range, chunk_window
 from weight_teleport.errors import PackMismatchError
 from weight_teleport.format import PackHeader, read_header
-from weight_teleport.pipeline.errors import ManifestError, ObjectRejected
-from weight_teleport.pipeline.fetch import FETCH_THREADS, RANGE_BYTES, part_entry
+from weight_teleport.pipeline.errors import ObjectRejected
+from weight_teleport.pipeline.fetch import FETCH_THREADS, RANGE_BYTES, check_covers, check_parts_whole, part_entry
 from weight_teleport.pipeline.manifest import Entry
-from weight_teleport.pipeline.parts import check_whole
+from weight_teleport.pipeline.parts import Part
 from weight_teleport.targets.slice_view import box_view
 from weight_teleport.targets.vllm_layout import Slice
 
@@ -138,13 +138,16 @@ def _fetch_into(store, key: str, ranges: list[tuple[int, int]], prefix: bytes,
     straight into it (adjacent ones together, in pieces of at most RANGE_BYTES on
     FETCH_THREADS threads where the store serves ranges in parallel); the rest is never
     read. (buffer, bytes read)."""
-    from weight_teleport.codec.cuda.runtime.memory import pinned_empty
     end = max([len(prefix)] + [b for _, b in ranges])
     # the manifest's size and the header are the store's word: the object's last byte needed
     # is read before memory is taken for the bytes up to it
     if end > len(prefix) and len(store.get_range(key, end - 1, end)) != 1:
         raise ObjectRejected(f"{key}: the object ends before byte {end}, where its header puts a chunk")
-    buf = pinned_empty(end) if pinned else np.empty(end, np.uint8)
+    if pinned:  # CUDA parameters only: the CUDA backend's modules need triton
+        from weight_teleport.codec.cuda.runtime.memory import pinned_empty
+        buf = pinned_empty(end)
+    else:
+        buf = np.empty(end, np.uint8)
     buf[:len(prefix)] = np.frombuffer(prefix, np.uint8)
     spans = sorted((max(a, len(prefix)), b) for a, b in set(ranges) if b > len(prefix))
     merged: list[list[int]] = []
@@ -223,12 +226,13 @@ def _stage(store, entry: Entry, params, slices, state, held, pending: Sequence[S
     if device_budget is not None:
         device_budget = max(0, device_budget - sum(s.nbytes for s in pending))
     patches, packs, read, fetch_s = [], [], 0, 0.0
-    for e in ([entry] if not entry.parts else _overlapping_parts(entry, slices)):
+    for part in ([None] if not entry.parts else _overlapping_parts(entry, slices)):
+        e = entry if part is None else part_entry(entry, part)
         t0 = time.perf_counter()
         header, prefix = read_pack_header(store, e)
         _check_names(header, slices)
-        if entry.parts:
-            _check_covers(header, e, entry)
+        if part is not None:
+            check_covers(header, part)
         data, n = _fetch_into(store, e.key, _chunk_ranges(header, held), prefix, pinned)
         fetch_s += time.perf_counter() - t0
         patch = stage_delta(base, data, header=header, held=held, strict=False, device_budget=device_budget,
@@ -270,29 +274,15 @@ def _chunk_ranges(header: PackHeader, held: Mapping[str, W.TensorSlice]) -> list
     return out
 
 
-def _overlapping_parts(entry: Entry, slices: Mapping[str, Slice]) -> list[Entry]:
-    """The parts of `entry` that hold elements of this worker's slices, as entries, after
+def _overlapping_parts(entry: Entry, slices: Mapping[str, Slice]) -> list[Part]:
+    """The parts of `entry` that hold elements of this worker's slices, after
     checking the manifest's covers (disjoint, and here covering every tensor whole), so that
     every element of a slice lies in exactly one staged record."""
     extra = sorted({name for p in entry.parts for name, _ in p.covers} - set(slices))
     if extra:
         raise PackMismatchError(f"the version holds tensor {extra[0]!r}, which this engine's model lacks")
-    try:
-        check_whole(entry.parts, {n: s.shape for n, s in slices.items()}, f"version {entry.version}")
-    except ManifestError as e:
-        raise ObjectRejected(str(e)) from None
-    return [part_entry(entry, p) for p in entry.parts
-            if any(W.intersect(box, held_box(slices[name])) for name, box in p.covers)]
-
-
-def _check_covers(header: PackHeader, part: Entry, entry: Entry) -> None:
-    """ObjectRejected unless the part's records cover what the manifest lists for it."""
-    covers = next(p.covers for p in entry.parts if p.key == part.key)
-    found = tuple((r.name, tuple(map(tuple, r.box)) if r.box is not None else W.whole(r.shape))
-                  for r in header.tensors)
-    if found != covers:
-        raise ObjectRejected(f"{part.key}: its records cover {found[:3]}..., the manifest lists "
-                             f"{covers[:3]}... (a pack of another part or writer)")
+    check_parts_whole(entry, {n: s.shape for n, s in slices.items()})
+    return [p for p in entry.parts if any(W.intersect(box, held_box(slices[name])) for name, box in p.covers)]
 
 
 def apply_steps(params: Mapping[str, torch.Tensor], steps: Sequence[Step]) -> None:

@@ -15,6 +15,7 @@ here where another path exists. A retry that stages replaces the failed post."""
 import logging
 import threading
 import time
+from dataclasses import dataclass
 
 from weight_teleport import threads
 from weight_teleport.errors import WeightTeleportError
@@ -33,6 +34,21 @@ RETRY_S, RETRY_MAX_S = 1.0, 30.0
 """The first wait before a failed stage is tried again, and the longest."""
 
 
+@dataclass(frozen=True)
+class Staged:
+    """What staging one version took on this worker."""
+    fetched: int
+    """Bytes read from the store."""
+    fetch_s: float
+    """Seconds spent reading them."""
+    stage_s: float
+    """Seconds the whole stage took (the read included)."""
+    patch_bytes: int
+    """Memory its patches hold (on the device for a CUDA worker)."""
+    at: float
+    """Wall-clock time (`time.time()`) it was staged: publish -> ready."""
+
+
 class WorkerFollower:
     """Follows `store` for one worker: `params()` gives its parameters (name -> tensor, read
     at each stage: an engine may replace them), in the layout `slices` (checkpoint name ->
@@ -45,16 +61,8 @@ class WorkerFollower:
         self.device_budget = device_budget
         """Bytes of device memory the staged versions' patches may hold (`stage_entry`)."""
         self.chain: list[Step] = []
-        self.fetched: dict[int, int] = {}
-        """Bytes read from the store per staged version (metrics)."""
-        self.staged_at: dict[int, float] = {}
-        """Wall-clock time (`time.time()`) each version was staged here: publish -> ready."""
-        self.stage_s: dict[int, float] = {}
-        """Seconds each version took to fetch and stage here."""
-        self.fetch_s: dict[int, float] = {}
-        """Of those, the seconds spent reading from the store."""
-        self.patch_bytes: dict[int, int] = {}
-        """Memory each staged version's patches hold (on the device for a CUDA worker)."""
+        self.stages: dict[int, Staged] = {}
+        """What staging each version took here (metrics)."""
         self.errors: list[str] = []
         self._failed_keys: set[str] = set()
         self._failed = False
@@ -112,11 +120,8 @@ class WorkerFollower:
         self._backoff = RETRY_S
         self._failed_keys.discard(entry.key)
         self.chain.append(step)
-        self.fetched[step.version] = step.fetched
-        self.stage_s[step.version] = time.perf_counter() - t0
-        self.fetch_s[step.version] = step.fetch_s
-        self.patch_bytes[step.version] = step.nbytes
-        self.staged_at[step.version] = time.time()
+        self.stages[step.version] = Staged(step.fetched, step.fetch_s, time.perf_counter() - t0, step.nbytes,
+                                           time.time())
         self.board.put(step.version, tuple(self.chain))
 
     def _catch_up_with_board(self) -> None:

@@ -24,6 +24,11 @@ from weight_teleport.targets.worker_follow import WorkerFollower
 _log = logging.getLogger(__name__)
 
 
+STATUS_FIELDS = (("fetched", "fetched"), ("fetch_s", "fetch_s"), ("stage_s", "stage_s"),
+                 ("patch_bytes", "patch_bytes"), ("staged_at", "at"))
+"""(status key, `worker_follow.Staged` field): per staged version, in `WorkerLocal.status()`."""
+
+
 @dataclass
 class TeleportInitInfo:
     store_url: str
@@ -108,9 +113,9 @@ class WorkerLocal:
         f = self.follower
         return {"rank": self.rank, "applied": self.board.applied, "outcomes": self.outcomes,
                 "resyncs": self.board.resyncs, "staged": [s.version for s in f.chain] if f else [],
-                "fetched": dict(f.fetched) if f else {}, "apply_s": dict(self.apply_s),
-                "staged_at": dict(f.staged_at) if f else {}, "stage_s": dict(f.stage_s) if f else {},
-                "fetch_s": dict(f.fetch_s) if f else {}, "patch_bytes": dict(f.patch_bytes) if f else {},
+                "apply_s": dict(self.apply_s),
+                **{key: {v: getattr(s, field) for v, s in (f.stages.items() if f else ())}
+                   for key, field in STATUS_FIELDS},
                 "errors": list(f.errors) if f else []}
 
     def shutdown(self) -> None:
