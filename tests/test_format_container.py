@@ -93,7 +93,7 @@ def test_codec_calls_run_with_the_collector_paused(monkeypatch):
     from weight_teleport.codec.cpu import backend as cpu
     seen = []
     spy = lambda fn: (lambda *a, **k: seen.append((fn.__name__, gc.isenabled())) or fn(*a, **k))
-    for mod, name in ((api, "write_pack"), (api, "read_header"), (cpu, "apply")):
+    for mod, name in ((api, "write_pack"), (api, "read_header"), (cpu, "_apply")):
         monkeypatch.setattr(mod, name, spy(getattr(mod, name)))
     old = {"w": torch.arange(64, dtype=torch.float32)}
     new = {"w": old["w"] + 1}
@@ -104,7 +104,7 @@ def test_codec_calls_run_with_the_collector_paused(monkeypatch):
     with pytest.raises(PackFormatError):
         wt.stage_delta(old, pack[:-1])
     assert gc.isenabled()
-    assert [n for n, _ in seen] == ["write_pack", "read_header", "apply", "read_header"]
+    assert [n for n, _ in seen] == ["write_pack", "read_header", "_apply", "read_header"]
     assert not any(on for _, on in seen)
 
 
