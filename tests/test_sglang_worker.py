@@ -164,4 +164,4 @@ def test_update_flushes_the_cache_and_labels_an_applied_version(tmp_path):
         httpd.shutdown()
     assert [path for path, _ in seen] == ["/update_weights_from_tensor"] * 2 + ["/update_weight_version"]
     assert all(body["flush_cache"] for path, body in seen[:2])
-    assert seen[2][1] == {"new_version": "3"}
+    assert seen[2][1] == {"new_version": "3", "abort_all_requests": False}  # SGLang's default aborts
