@@ -8,8 +8,11 @@ import json
 import multiprocessing as mp
 import pickle
 import socket
+import threading
 import time
+from contextlib import contextmanager
 from datetime import timedelta
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 import torch
@@ -131,37 +134,90 @@ def test_two_ranks_commit_through_the_loader(tmp_path):
     assert [s["outcomes"] for s in status] == [[[1, "APPLIED"], [2, "SKIPPED"], [2, "APPLIED"]]] * 2
 
 
-def test_update_flushes_the_cache_and_labels_an_applied_version(tmp_path):
-    """`SglangEngine.update` asks SGLang to flush its radix cache with every update, and
-    sets SGLang's weight version once every rank reports the version APPLIED."""
-    import threading
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
-    seen, status_dir = [], tmp_path / "status"
-    status_dir.mkdir()
+@contextmanager
+def _sglang(seen: list, sessions: bool = True, refuse: list | None = None):
+    """An HTTP server answering SGLang's weight-update routes as SGLang 0.5.23 does, or
+    with `sessions` false as SGLang before 0.5.21 (no session routes: 404): an update
+    outside a session, a second begin and an end without one are refused (400), as is the
+    next call of each route in `refuse`. Yields its URL and its session state."""
+    state, refuse = {"open": False}, refuse or []
 
     class Server(BaseHTTPRequestHandler):
         def do_POST(self):
             seen.append((self.path, json.loads(self.rfile.read(int(self.headers["Content-Length"])))))
-            self.send_response(200)
+            if not sessions and self.path in ("/begin_weight_update", "/end_weight_update"):
+                return self._reply(404, {"detail": "Not Found"})
+            ok = self.path not in refuse
+            if not ok:
+                refuse.remove(self.path)
+            if self.path == "/begin_weight_update":
+                ok = ok and not state["open"]
+                state["open"] = state["open"] or ok
+            elif self.path == "/end_weight_update":
+                ok = ok and state["open"]
+                state["open"] = state["open"] and not ok
+            elif self.path == "/update_weights_from_tensor":
+                ok = ok and (state["open"] or not sessions)
+            self._reply(200 if ok else 400, {"success": ok, "message": "" if ok else "refused"})
+
+        def _reply(self, code: int, body: dict) -> None:
+            self.send_response(code)
             self.end_headers()
-            self.wfile.write(b'{"success": true}')
+            self.wfile.write(json.dumps(body).encode())
 
         def log_message(self, *args):
             pass
 
-    def ranks_report(version, outcome):
-        for rank in range(2):
-            (status_dir / f"rank{rank}.json").write_text(json.dumps({"rank": rank, "outcomes": [[version, outcome]]}))
-
     with ThreadingHTTPServer(("127.0.0.1", 0), Server) as httpd:
         threading.Thread(target=httpd.serve_forever, daemon=True).start()
-        engine = S.SglangEngine(f"http://127.0.0.1:{httpd.server_port}", tp_size=2, status_dir=str(status_dir))
-        ranks_report(3, "SKIPPED")
+        try:
+            yield f"http://127.0.0.1:{httpd.server_port}", state
+        finally:
+            httpd.shutdown()
+
+
+def _ranks_report(status_dir, version: int, outcome: str) -> None:
+    for rank in range(2):
+        (status_dir / f"rank{rank}.json").write_text(json.dumps({"rank": rank, "outcomes": [[version, outcome]]}))
+
+
+SESSION = ["/begin_weight_update", "/update_weights_from_tensor", "/end_weight_update"]
+
+
+def test_update_flushes_the_cache_and_labels_an_applied_version(tmp_path):
+    """`SglangEngine.update` sends each control message inside a weight-update session, for
+    the target model, asks SGLang to flush its radix cache with every update, and sets
+    SGLang's weight version, without aborting requests, once every rank reports it APPLIED."""
+    seen, status_dir = [], tmp_path / "status"
+    status_dir.mkdir()
+    with _sglang(seen) as (url, state):
+        engine = S.SglangEngine(url, tp_size=2, status_dir=str(status_dir))
+        _ranks_report(status_dir, 3, "SKIPPED")
         assert engine.update(3) == "SKIPPED"
-        ranks_report(3, "APPLIED")
+        _ranks_report(status_dir, 3, "APPLIED")
         assert engine.update(3) == "APPLIED"
-        httpd.shutdown()
-    assert [path for path, _ in seen] == ["/update_weights_from_tensor"] * 2 + ["/update_weight_version"]
-    assert all(body["flush_cache"] for path, body in seen[:2])
-    assert seen[2][1] == {"new_version": "3", "abort_all_requests": False}  # SGLang's default aborts
+        assert not state["open"]
+    assert [path for path, _ in seen] == SESSION * 2 + ["/update_weight_version"]
+    updates = [body for path, body in seen if path == "/update_weights_from_tensor"]
+    assert all(b["flush_cache"] and b["load_format"] == S.LOADER and b["selector"] == "target"
+               and b["disable_draft_model"] for b in updates)
+    assert all(body == {"selector": "target"} for path, body in seen if path == "/begin_weight_update")
+    assert seen[-1][1] == {"new_version": "3", "abort_all_requests": False}  # SGLang's default aborts
+
+
+def test_a_server_without_sessions_takes_the_update_alone(tmp_path):
+    seen = []
+    with _sglang(seen, sessions=False) as (url, _):
+        S.SglangEngine(url, tp_size=2).hold([1], True)
+    assert [path for path, _ in seen] == ["/begin_weight_update", "/update_weights_from_tensor"]
+
+
+def test_a_refused_update_closes_its_session(tmp_path):
+    seen = []
+    with _sglang(seen, refuse=["/update_weights_from_tensor"]) as (url, state):
+        engine = S.SglangEngine(url, tp_size=2)
+        with pytest.raises(S.SglangUpdateError, match="refused"):
+            engine.update(4)
+        assert not state["open"]
+        engine.hold([0], False)  # the next request opens a session of its own
+    assert [path for path, _ in seen] == SESSION * 2

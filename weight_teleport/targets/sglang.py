@@ -216,21 +216,35 @@ class SglangEngine:
         return found
 
     def request(self, named: list, flush_cache: bool = False) -> bytes:
-        """The JSON body of `/update_weights_from_tensor` for a control message."""
+        """The JSON body of `/update_weights_from_tensor` for a control message: a copy for
+        each TP rank (rank i reads copy i), for the target model alone, not a speculative
+        draft's (`selector`; SGLang before 0.5.21 reads `disable_draft_model`, and each
+        version ignores the other's field)."""
         body = {"serialized_named_tensors": [serialize(named)] * self.tp_size, "load_format": LOADER,
-                "flush_cache": flush_cache}
+                "flush_cache": flush_cache, "selector": "target", "disable_draft_model": True}
         return json.dumps(body).encode()
 
     def _send(self, named: list, flush_cache: bool = False) -> None:
-        self._post("/update_weights_from_tensor", self.request(named, flush_cache))
+        # SGLang 0.5.21 and later refuse the update outside a weight-update session; earlier
+        # versions have no session routes (404) and take the update alone.
+        session = self._post("/begin_weight_update", {"selector": "target"}, absent_ok=True)
+        try:
+            self._post("/update_weights_from_tensor", self.request(named, flush_cache))
+        finally:
+            if session:
+                self._post("/end_weight_update", {})
 
-    def _post(self, route: str, body: bytes | dict) -> None:
+    def _post(self, route: str, body: bytes | dict, absent_ok: bool = False) -> bool:
+        """POST `body` to `route`; False where `absent_ok` and the server has no such route."""
         data = body if isinstance(body, bytes) else json.dumps(body).encode()
         request = urllib.request.Request(self.url + route, data=data, headers={"Content-Type": "application/json"})
         try:
             with urllib.request.urlopen(request, timeout=self.timeout) as response:
                 reply = json.loads(response.read() or b"{}")
         except urllib.error.HTTPError as e:
+            if absent_ok and e.code == 404:
+                return False
             raise SglangUpdateError(f"{route} failed ({e.code}): {e.read()[:2000]!r}") from e
         if not reply.get("success", True):
             raise SglangUpdateError(f"{route} failed: {reply.get('message')}")
+        return True
