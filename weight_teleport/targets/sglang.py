@@ -122,11 +122,12 @@ def parse(named: list) -> dict:
 
 
 def _tp_group() -> tuple[int, int, object]:
-    """(rank, size, CPU process group) of this worker's TP group, from SGLang (the tests
-    set a plain gloo group here)."""
-    from sglang.srt.distributed import get_tp_group
+    """(rank, size, CPU process group) of this worker's TP group, from SGLang's runtime
+    context (`get_tp_group()`, which it replaces, warns from 0.5.21 on; the tests set a
+    plain gloo group here)."""
+    from sglang.srt.runtime_context import get_parallel
 
-    group = get_tp_group()
+    group = get_parallel().tp_group
     return group.rank_in_group, group.world_size, group.cpu_group
 
 
