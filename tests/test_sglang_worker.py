@@ -1,7 +1,9 @@
 """The SGLang loader without SGLang (it cannot run here): control messages through the
-pickler SGLang uses, under an allowlist like SGLang's; the loader never raises; and two
-real gloo ranks with parameters in SGLang's (= vLLM's) TP=2 layout follow a real file store,
-commit a version on both, skip one that a held rank lacks, then apply it."""
+pickler SGLang uses, read back under SGLang 0.5.23's unpickler allowlist; the loader never
+raises; two real gloo ranks with parameters in SGLang's (= vLLM's) TP=2 layout follow a real
+file store, commit a version on both, skip one that a held rank lacks, then apply it; and
+`SglangEngine`'s HTTP calls against a stand-in that answers SGLang's weight-update routes
+as SGLang 0.5.23 does (sessions included), or as SGLang before 0.5.21 does."""
 
 import io
 import json
@@ -20,18 +22,27 @@ import torch
 from weight_teleport.targets import sglang as S
 
 
-class _AllowlistUnpickler(pickle.Unpickler):
-    """What SGLang's weight-payload unpickler admits, approximately: torch and builtins."""
+SGLANG_ALLOWED = {("builtins", "list"), ("builtins", "tuple"), ("torch", "Tensor"), ("torch", "Size"),
+                  ("torch", "float32"), ("torch.storage", "UntypedStorage"),
+                  *(("torch.multiprocessing.reductions", f) for f in (
+                      "rebuild_tensor", "rebuild_meta_tensor", "rebuild_storage_empty",
+                      "rebuild_storage_fd", "rebuild_storage_filename", "rebuild_typed_storage")),
+                  *(("torch._utils", f) for f in ("_rebuild_tensor", "_rebuild_tensor_v2"))}
+"""Globals that SGLang 0.5.23's weight-payload unpickler (`SafeUnpickler.ALLOWED_GLOBALS`
+in sglang/srt/utils/common.py, an exact list) admits, among those a tensor pickled by
+torch's ForkingPickler can name; it refuses every other global."""
 
+
+class _SglangUnpickler(pickle.Unpickler):
     def find_class(self, module, name):
-        if module.split(".")[0] in ("torch", "builtins", "collections", "copyreg", "_codecs"):
+        if (module, name) in SGLANG_ALLOWED:
             return super().find_class(module, name)
         raise pickle.UnpicklingError(f"blocked {module}.{name}")
 
 
 def _decode(payload: str) -> list:
     import base64
-    return _AllowlistUnpickler(io.BytesIO(base64.b64decode(payload, validate=True))).load()
+    return _SglangUnpickler(io.BytesIO(base64.b64decode(payload, validate=True))).load()
 
 
 def test_control_messages_round_trip_small():
