@@ -2,15 +2,10 @@
 own slice (the design of `targets/vllm_backend.py`); the pause is one small weight-update
 request, "apply version V", committed across the TP group.
 
-UNTESTED AGAINST A REAL SGLANG. SGLang does not run on the CPU machines this project is
-built and tested on (it needs a CUDA build of torch, flashinfer and sglang-kernel). This
-module is written against SGLang's documented API: `--custom-weight-loader`, and
-`/update_weights_from_tensor` (also `Engine.update_weights_from_tensor`) with `load_format`
-naming that loader, on which SGLang's `ModelRunner.update_weights_from_tensor` calls
-`loader(model, named_tensors)` in every TP worker. What is tested here, without SGLang
-(tests/test_sglang_worker.py): the control messages through the pickler SGLang uses, the
-loader's dispatch, and the cross-rank commit on real gloo process groups with parameters in
-SGLang's layout.
+UNTESTED AGAINST A REAL SGLANG: no SGLang server has run this code (SGLang needs a CUDA
+build of torch, flashinfer and sglang-kernel). Its entry points were read in the source of
+SGLang 0.5.23 (the PyPI release), with the differences of 0.5.16 to 0.5.22 noted below;
+docs/ARCHITECTURE.md says what tests/test_sglang_worker.py runs without SGLang.
 
     python -m sglang.launch_server --model-path MODEL --tp-size N \\
         --custom-weight-loader weight_teleport.targets.sglang.teleport_loader
@@ -20,26 +15,40 @@ SGLang's layout.
     ...                        # every worker stages the versions it finds, while SGLang serves
     engine.update(7)           # the pause: one request of well under 4 KiB
 
+Route: each control message is one `/update_weights_from_tensor` request whose
+`load_format` names the loader; SGLang's scheduler hands it to the target model's weight
+updater, which calls `loader(model, named_tensors)` in every TP worker's scheduler between
+batches, so applying there never races a forward pass. SGLang 0.5.21 and later take that
+request only inside a weight-update session, so it is sent between `/begin_weight_update`
+and `/end_weight_update` (on a GPU both do nothing to the unquantized dense models mapped
+here); earlier versions have no such routes and take it alone. `tp_size` must be the
+server's `--tp-size`: rank i reads copy i. An in-process `sglang.Engine` offers
+`begin_weight_update`, `update_weights_from_tensor` (without `selector`) and
+`end_weight_update`; nothing here wraps them.
+
 Every worker stages through `worker_local.WorkerLocal`, the vLLM backend's code: on a GPU it
 fetches its slices into pinned memory, decodes them on its GPU on a stream of its own and
 commits with a device scatter (tested as plain CUDA tensors in SGLang's layout, which is
 vLLM's: tests/test_worker_cuda.py, bench/worker_gpu.py). SGLang's other update routes are
-not what this needs: `/update_weights_from_disk` reloads whole checkpoints,
-`/update_weights_from_distributed` broadcasts whole tensors from trainer ranks, and the
-GPU-delta routes of recent versions (`/prepare_weights_from_delta`,
-`/update_weights_from_delta`, `/resume_weights_from_delta`, `/abort_weights_from_delta`,
-`sglang.srt.weight_sync.gpu_delta_*`) carry their own delta format and session protocol
-(XOR frames compressed with nvCOMP), not these packs; a custom loader behind
-`/update_weights_from_tensor` lets the workers stage packs of this format themselves.
+not what this needs: `/update_weights_from_disk` reloads checkpoint files,
+`/update_weights_from_distributed` broadcasts whole tensors from trainer ranks, and
+`/update_weights_from_ipc` takes whole tensors from checkpoint-engine over ZMQ sockets on
+the server's host; a custom loader behind `/update_weights_from_tensor` lets the workers
+stage packs of this format themselves. No SGLang release up to 0.5.23 has a delta route.
+The experimental GPU-delta receiver in SGLang's unreleased source
+(`sglang/srt/weight_sync/gpu_delta`; its routes were renamed between snapshots:
+`/prepare_weights_from_delta`, `/prepare_weights_delta`, `/prepare_gpu_delta`, ...) applies
+XOR deltas of its own format (Zstd, nvCOMP-decoded Snappy/LZ4 frames) under a coordinator
+that owns the engine: not these packs.
 
 Control messages travel as the name of one named tensor whose tensor is empty: torch pickles
-an empty tensor by value (no shared memory), so a request carries no weights and the caller
-need not share the server's host. The loader runs in each worker's scheduler between
-batches, so applying there never races a forward pass.
+an empty tensor by value (no shared memory), so a request carries no weights, passes
+SGLang's unpickler allowlist, and the caller need not share the server's host.
 
 Layouts: SGLang's dense decoders (Llama, Qwen2, Qwen3, Mistral) keep vLLM's parallel layers
 and names (fused qkv_proj / gate_up_proj, row-parallel o_proj / down_proj, vocabularies
-padded to 64 and split by rows), so `vllm_layout.worker_slices` maps them.
+padded to 64 and split by rows), so `vllm_layout.worker_slices` maps them. DP attention
+(`--enable-dp-attention`) splits attention over another group and is not mapped.
 
 Outcomes: SGLang's scheduler does not catch an exception from a weight loader (the server
 goes down), so the loader never raises: each rank logs every outcome and keeps it in its
@@ -47,20 +56,27 @@ status; where `init` names a `status_dir` (a directory on the server's host), ev
 writes `rank{N}.json` there after each request, and `SglangEngine.update` returns the
 group's outcome from those files.
 
-Caches and versions: the update request asks SGLang to flush its radix cache (the prefix
-KV) with `flush_cache`, which SGLang's scheduler does after the loader returns and before
-it schedules again, asserting that the flush succeeded (it does on every update, also one
-that applied nothing: that costs only the cache). SGLang takes the request under its
-model-update lock, which waits for the requests in flight to finish and holds new ones
-until the update is done: a request is generated by the old weights or the new ones,
-never both (a server paused with `/pause_generation` skips that lock: its pause mode
-decides). CUDA graphs replay on the parameters' memory, which the commit writes in place.
-Once the outcome is APPLIED (readable with a `status_dir`), `update` sets SGLang's weight
-version to `str(version)` (`/update_weight_version` with `abort_all_requests` false: true,
-SGLang's default, aborts every request in flight), which SGLang reports in every
-response's `meta_info["weight_version"]`; a request that starts after the update and ends
-before that call is labelled with the previous version (an older label, never a newer
-one). Without a `status_dir` the outcome is unknown and the label is left alone."""
+Caches and versions: the update request sets `flush_cache`, and SGLang's scheduler flushes
+its radix cache (the prefix KV) in the same call, right after the loader returns (on every
+update, also one that applied nothing: that costs only the cache). Each call (begin, update,
+end) takes SGLang's model-update lock, which waits for the requests in flight to finish and
+holds new ones until the call is done: a request is generated by the old weights or the new
+ones, never both, and a control message may wait for the requests in flight three times.
+A server paused with `/pause_generation` skips that lock. Paused in mode "in_place" with
+requests running, the flush fails: the update call reports it (0.5.22 and later) or the
+scheduler asserts (earlier). Paused in mode "retract" (0.5.21 and later: before, the flush
+fails on the retracted requests), the flush succeeds, the requests in flight compute their
+tokens again with the new weights after `/continue_generation`, and nothing is sampled
+between the commit and the label. CUDA graphs replay on the
+parameters' memory, which the commit writes in place. Once the outcome is APPLIED
+(readable with a `status_dir`), `update` sets SGLang's weight version to `str(version)`
+(`/update_weight_version` with `abort_all_requests` false: true, SGLang's default, aborts
+every request in flight), which SGLang reports in `meta_info["weight_version"]` (and from
+0.5.20 per span of output tokens in `meta_info["weight_versions"]`); tokens sampled between
+the commit and that call carry the previous version (an older label, never a newer one).
+The update request's own `weight_version` is not used: SGLang applies it whenever the
+request succeeds, also when the group skipped the version. Without a `status_dir` the
+outcome is unknown and the label is left alone."""
 
 from __future__ import annotations
 
