@@ -146,16 +146,19 @@ def test_two_ranks_commit_through_the_loader(tmp_path):
 
 
 @contextmanager
-def _sglang(seen: list, sessions: bool = True, refuse: list | None = None):
+def _sglang(seen: list, sessions: bool = True, refuse: list | None = None, key: str | None = None):
     """An HTTP server answering SGLang's weight-update routes as SGLang 0.5.23 does, or
     with `sessions` false as SGLang before 0.5.21 (no session routes: 404): an update
     outside a session, a second begin and an end without one are refused (400), as is the
-    next call of each route in `refuse`. Yields its URL and its session state."""
+    next call of each route in `refuse`; with a `key`, a request without it (401). Yields
+    its URL and its session state."""
     state, refuse = {"open": False}, refuse or []
 
     class Server(BaseHTTPRequestHandler):
         def do_POST(self):
             seen.append((self.path, json.loads(self.rfile.read(int(self.headers["Content-Length"])))))
+            if key and self.headers.get("Authorization") != f"Bearer {key}":
+                return self._reply(401, {"error": "Unauthorized"})
             if not sessions and self.path in ("/begin_weight_update", "/end_weight_update"):
                 return self._reply(404, {"detail": "Not Found"})
             ok = self.path not in refuse
@@ -232,3 +235,12 @@ def test_a_refused_update_closes_its_session(tmp_path):
         assert not state["open"]
         engine.hold([0], False)  # the next request opens a session of its own
     assert [path for path, _ in seen] == SESSION * 2
+
+
+def test_a_server_with_a_key_takes_requests_that_carry_it():
+    seen = []
+    with _sglang(seen, key="admin-key") as (url, _):
+        with pytest.raises(S.SglangUpdateError, match="401"):
+            S.SglangEngine(url, tp_size=2).hold([1], True)
+        S.SglangEngine(url, tp_size=2, api_key="admin-key").hold([1], True)
+    assert [path for path, _ in seen] == ["/begin_weight_update"] + SESSION

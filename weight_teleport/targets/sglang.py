@@ -192,11 +192,16 @@ def _write_status(status_dir: str, status: dict) -> None:
 
 
 class SglangEngine:
-    """A running SGLang server started with `--custom-weight-loader LOADER` (untested)."""
+    """A running SGLang server started with `--custom-weight-loader LOADER` (untested).
+    `api_key`: the key SGLang's weight-update routes require where the server has one: its
+    `--admin-api-key`, else its `--api-key`."""
 
     def __init__(self, url: str, *, tp_size: int = 1, status_dir: str | None = None,
-                 timeout: float = 600.0) -> None:
+                 timeout: float = 600.0, api_key: str | None = None) -> None:
         self.url, self.tp_size, self.status_dir, self.timeout = url.rstrip("/"), tp_size, status_dir, timeout
+        self.headers = {"Content-Type": "application/json"}
+        if api_key:
+            self.headers["Authorization"] = f"Bearer {api_key}"
 
     def init(self, init_info: dict) -> None:
         """Every worker follows `init_info["store_url"]` (fields: `TeleportInitInfo`)."""
@@ -254,7 +259,7 @@ class SglangEngine:
     def _post(self, route: str, body: bytes | dict, absent_ok: bool = False) -> bool:
         """POST `body` to `route`; False where `absent_ok` and the server has no such route."""
         data = body if isinstance(body, bytes) else json.dumps(body).encode()
-        request = urllib.request.Request(self.url + route, data=data, headers={"Content-Type": "application/json"})
+        request = urllib.request.Request(self.url + route, data=data, headers=self.headers)
         try:
             with urllib.request.urlopen(request, timeout=self.timeout) as response:
                 reply = json.loads(response.read() or b"{}")
