@@ -47,8 +47,9 @@ SGLang's unpickler allowlist, and the caller need not share the server's host.
 
 Layouts: SGLang's dense decoders (Llama, Qwen2, Qwen3, Mistral) keep vLLM's parallel layers
 and names (fused qkv_proj / gate_up_proj, row-parallel o_proj / down_proj, vocabularies
-padded to 64 and split by rows), so `vllm_layout.worker_slices` maps them. DP attention
-(`--enable-dp-attention`) splits attention over another group and is not mapped.
+padded to 64 and split by rows), so `vllm_layout.worker_slices` maps them. Not mapped: DP
+attention (`--enable-dp-attention`, attention split over another group) and pipeline
+parallelism (`--pp-size`, each stage holding some of the layers).
 
 Outcomes: SGLang's scheduler does not catch an exception from a weight loader (the server
 goes down), so the loader never raises: each rank logs every outcome and keeps it in its
