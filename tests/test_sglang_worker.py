@@ -219,14 +219,14 @@ def test_update_flushes_the_cache_and_labels_an_applied_version(tmp_path):
     assert seen[-1][1] == {"new_version": "3", "abort_all_requests": False}  # SGLang's default aborts
 
 
-def test_a_server_without_sessions_takes_the_update_alone(tmp_path):
+def test_a_server_without_sessions_takes_the_update_alone():
     seen = []
     with _sglang(seen, sessions=False) as (url, _):
         S.SglangEngine(url, tp_size=2).hold([1], True)
     assert [path for path, _ in seen] == ["/begin_weight_update", "/update_weights_from_tensor"]
 
 
-def test_a_refused_update_closes_its_session(tmp_path):
+def test_a_refused_update_closes_its_session():
     seen = []
     with _sglang(seen, refuse=["/update_weights_from_tensor"]) as (url, state):
         engine = S.SglangEngine(url, tp_size=2)
