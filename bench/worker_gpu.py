@@ -111,6 +111,21 @@ def _store_bytes(url: str, since: int) -> int:
     return 0 if shared is None else sum(len(v) for v in shared.objects.values()) - since
 
 
+def device_marker() -> int:
+    """Device memory torch holds now, its peak counted from here (0 on a CPU run). Taken
+    when `publish` returns: the encoder's memory is freed, and a sampler's stage has
+    reached at most its reads (its first device memory is the pack's copy)."""
+    if DEVICE != "cuda":
+        return 0
+    torch.cuda.reset_peak_memory_stats()
+    return torch.cuda.memory_allocated()
+
+
+def device_added(marker: int) -> int:
+    """The most device memory held since `device_marker` gave `marker`, beyond it."""
+    return torch.cuda.max_memory_allocated() - marker if DEVICE == "cuda" else 0
+
+
 def rss() -> int:
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
@@ -138,12 +153,14 @@ def workers_route(url: str, trainer: Trainer, pub: Publisher, config: dict, tp: 
             trainer.step(density)
             t0 = time.time()
             result = pub.publish(trainer.weights, version=v).wait(600)
+            dev0 = device_marker()
             deadline = time.monotonic() + 600
             while not all(v in w.status()["staged_at"] for w in workers) and time.monotonic() < deadline:
                 time.sleep(0.001)
             st = [w.status() for w in workers]
             ready = max(s["staged_at"][v] for s in st) - t0
             host_added = rss() - host0 - _store_bytes(url, host_store0)
+            dev_added = device_added(dev0)
             if PROFILE and v == versions:  # the version staged once more on rank 0, in this thread, under cProfile
                 entry = next(e for e in workers[0].follower._manifest.entries if e.version == v)
                 prof = cProfile.Profile()
@@ -162,6 +179,7 @@ def workers_route(url: str, trainer: Trainer, pub: Publisher, config: dict, tp: 
                              fetched=[s["fetched"][v] for s in st],
                              fetched_share=[s["fetched"][v] / size for s in st],
                              patch_bytes=[s["patch_bytes"][v] for s in st], host_added=host_added,
+                             device_added=dev_added,
                              exact=all(exact(params[r], trainer.weights, config, tp, r) for r in range(tp))))
             print(json.dumps(rows[-1]), flush=True)
     finally:
@@ -183,12 +201,14 @@ def torch_route(url: str, trainer: Trainer, pub: Publisher, versions: int, densi
                 trainer.step(density)
                 t0 = time.monotonic()
                 result = pub.publish(trainer.weights, version=v).wait(600)
+                dev0 = device_marker()
                 row = sampler.wait_for(v, 600)
                 rows.append(dict(version=v, pack_bytes=result.objects[0].size, ready_s=row["ready"] - t0,
                                  stage_ms=[(row["fetch_s"] + row["stage_s"]) * 1e3], fetch_ms=[row["fetch_s"] * 1e3],
                                  pause_ms=[row["pause_ms"]],
                                  fetched=[row["fetched"]], fetched_share=[row["fetched"] / result.objects[0].size],
                                  patch_bytes=[float("nan")], host_added=rss() - host0 - _store_bytes(url, host_store0),
+                                 device_added=device_added(dev0),
                                  exact=all(torch.equal(live[k].view(torch.int16), w.view(torch.int16))
                                            for k, w in trainer.weights.items())))
                 print(json.dumps(rows[-1]), flush=True)
@@ -231,7 +251,8 @@ def table(results: list[dict], raw_gb: float) -> str:
     med = lambda xs: sorted(xs)[len(xs) // 2]
     lines = [f"weights {raw_gb:.1f} GB bf16; medians over versions 2.. (version 1 in brackets)",
              "| route | transport | pack MB | ready s | fetch + stage ms (per rank) | of which fetch ms "
-             "| pause ms (per rank) | fetched share | patch MB (per rank) | host +GB | exact |", "|" + "---|" * 11]
+             "| pause ms (per rank) | fetched share | patch MB (per rank) | host +GB | device +GB | exact |",
+             "|" + "---|" * 12]
     for r in results:
         rows = r["rows"][1:] or r["rows"]
         ranks = len(rows[0]["stage_ms"])
@@ -243,6 +264,7 @@ def table(results: list[dict], raw_gb: float) -> str:
                      f"| {per('fetch_ms')} "
                      f"| {per('pause_ms')} | {share} | {' / '.join(f'{b / 1e6:.0f}' for b in rows[-1]['patch_bytes'])} "
                      f"| {max(x['host_added'] for x in r['rows']) / 1e9:.2f} "
+                     f"| {max(x['device_added'] for x in r['rows']) / 1e9:.2f} "
                      f"| {all(x['exact'] for x in r['rows'])} |")
     return "\n".join(lines)
 
