@@ -168,7 +168,8 @@ def workers_route(url: str, trainer: Trainer, pub: Publisher, config: dict, tp: 
                 stage_entry(workers[0].follower.store, entry, params[0], worker_slices(config, tp, 0))
                 sync()
                 prof.disable()
-                pstats.Stats(prof).sort_stats("cumulative").print_stats(30)
+                pstats.Stats(prof).sort_stats("cumulative").print_stats(40)
+                pstats.Stats(prof).sort_stats("tottime").print_stats(25)
             outcomes = [w.commit(TeleportUpdateInfo(v)).name for w in workers]
             st = [w.status() for w in workers]
             size = result.objects[0].size
