@@ -156,7 +156,7 @@ def workers_route(url: str, trainer: Trainer, pub: Publisher, config: dict, tp: 
             dev0 = device_marker()
             deadline = time.monotonic() + 600
             while not all(v in w.status()["staged_at"] for w in workers) and time.monotonic() < deadline:
-                time.sleep(0.001)
+                time.sleep(0.005)  # ready_s is the workers' own clock; polling takes the GIL from them
             st = [w.status() for w in workers]
             ready = max(s["staged_at"][v] for s in st) - t0
             host_added = rss() - host0 - _store_bytes(url, host_store0)
@@ -165,7 +165,8 @@ def workers_route(url: str, trainer: Trainer, pub: Publisher, config: dict, tp: 
                 entry = next(e for e in workers[0].follower._manifest.entries if e.version == v)
                 prof = cProfile.Profile()
                 prof.enable()
-                stage_entry(workers[0].follower.store, entry, params[0], worker_slices(config, tp, 0))
+                stage_entry(workers[0].follower.store, entry, params[0], workers[0].follower.slices,
+                            views=workers[0].follower.views)
                 sync()
                 prof.disable()
                 pstats.Stats(prof).sort_stats("cumulative").print_stats(40)

@@ -14,7 +14,7 @@ from weight_teleport.pipeline import Publisher, PublisherConfig
 from weight_teleport.pipeline.manifest import from_json
 from weight_teleport.store import open_store
 from weight_teleport.targets.slice_stage import apply_steps, held_box, stage_entry
-from weight_teleport.targets.slice_view import walk_view
+from weight_teleport.targets.slice_view import box_view, walk_view
 from weight_teleport.targets.vllm_layout import slice_hints, worker_slices
 
 CONFIG = {"model_type": "qwen3", "vocab_size": 200, "hidden_size": 64, "intermediate_size": 128,
@@ -140,3 +140,27 @@ def test_a_short_object_is_refused_before_its_buffer_is_taken(tmp_path):
     with pytest.raises(ObjectRejected, match="ends before byte"):
         stage_entry(open_store(url), entry, params, worker_slices(CONFIG, TP, 1))
     assert all(torch.equal(bits(params[n]), bits(before[n])) for n in params)
+
+
+def test_held_views_follow_the_parameters_and_die_with_their_owner():
+    """A worker's views of its parameters are made once, made again for parameters an engine
+    replaced, and kept by their owner alone: parameters the worker let go are freed."""
+    import gc
+    import weakref
+
+    from weight_teleport.targets.slice_stage import HeldViews
+
+    slices = worker_slices(CONFIG, TP, 0)
+    params = engine_params(_state(torch.Generator().manual_seed(3)), 0)
+    views = HeldViews(slices)
+    state, held = views.of(params)
+    assert views.of(dict(params))[0] is state  # the same tensors: the same views
+    name = next(n for n, s in slices.items() if s.order == "cols")
+    assert held[name].box == held_box(slices[name])
+    assert state[name].data_ptr() == box_view(params[slices[name].param], slices[name]).data_ptr()
+    replaced = {n: t.clone() for n, t in params.items()}
+    assert views.of(replaced)[0] is not state
+    gone = weakref.ref(replaced[slices[name].param])
+    del views, state, held, replaced
+    gc.collect()
+    assert gone() is None

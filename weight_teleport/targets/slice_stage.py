@@ -107,28 +107,33 @@ def held_box(s: Slice) -> W.Box:
     return ((0, s.shape[0]), (s.lo, s.hi - s.lo)) + rest[1:]
 
 
-HELD_CACHED = 8
-"""Workers (slices mappings) whose last `held_state` is kept: the ranks of one process."""
-_held: dict = {}
-"""The last `held_state` of each slices mapping (by id), with the parameters it viewed."""
-
-
 def held_state(params: Mapping[str, torch.Tensor], slices: Mapping[str, Slice]
                ) -> tuple[dict[str, torch.Tensor], dict[str, W.TensorSlice]]:
     """(state, held): each slice as its box of the checkpoint tensor (a view of its
-    parameter), and that box: what `stage_delta` and `apply_staged` take for this worker.
-    Made again only where a parameter is another tensor or lies elsewhere than last time
-    (some hundreds of views of an engine's parameters are milliseconds of Python)."""
-    key = tuple((n, id(t), t.data_ptr()) for n, t in params.items())
-    found = _held.get(id(slices))
-    if found is not None and found[0] == key and found[1] is slices:
-        return found[2], found[3]
+    parameter), and that box: what `stage_delta` and `apply_staged` take for this worker."""
     state = {name: box_view(params[s.param], s) for name, s in slices.items()}
     held = {name: W.TensorSlice(s.shape, held_box(s)) for name, s in slices.items()}
-    if len(_held) >= HELD_CACHED:
-        _held.clear()
-    _held[id(slices)] = (key, slices, state, held)
     return state, held
+
+
+class HeldViews:
+    """One worker's `held_state`, kept between versions and made again only where a
+    parameter is another tensor or lies elsewhere than last time (some hundreds of views of
+    an engine's parameters are milliseconds of Python). Its owner's: the views keep the
+    parameters they view alive as long as it keeps them."""
+
+    def __init__(self, slices: Mapping[str, Slice]):
+        self.slices = slices
+        self._last: tuple | None = None
+        """(key of the parameters, their views): one object, replaced whole (the follower
+        stages and the commit applies on different threads)."""
+
+    def of(self, params: Mapping[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict[str, W.TensorSlice]]:
+        key = tuple((n, id(t), t.data_ptr()) for n, t in params.items())
+        last = self._last
+        if last is None or last[0] != key:
+            last = self._last = (key, held_state(params, self.slices))
+        return last[1]
 
 
 def _fetch_into(store, key: str, ranges: list[tuple[int, int]], prefix: bytes,
@@ -194,18 +199,20 @@ def _shadow(state: dict[str, torch.Tensor], held, pending: Sequence[Step]) -> tu
 
 
 def stage_entry(store, entry: Entry, params: Mapping[str, torch.Tensor], slices: Mapping[str, Slice],
-                pending: Sequence[Step] = (), device_budget: int | None = None) -> Step:
+                pending: Sequence[Step] = (), device_budget: int | None = None,
+                views: HeldViews | None = None) -> Step:
     """Stage `entry`'s pack on this worker (parameters `params` by name, its `slices` by
     checkpoint name), after the `pending` steps. Raises a typed error where the pack does
     not fit this worker or a chunk fails its checks; nothing is written. An entry made of
     parts (trainer ranks' packs) is staged from the parts whose boxes overlap this worker's
     slices alone: the others are never read. `device_budget`: bytes of device memory the
     staged patches of CUDA parameters may hold, together with the pending ones'; beyond it
-    they move to pinned host memory (a longer pause).
+    they move to pinned host memory (a longer pause). `views`: the worker's `HeldViews` of
+    `slices`, where it keeps one.
 
     CUDA parameters are staged on a stream of the worker's own, beside the engine's work;
     the step is complete on the device when this returns."""
-    state, held = held_state(params, slices)
+    state, held = views.of(params) if views is not None else held_state(params, slices)
     if not state_on_cuda(state):
         return _stage(store, entry, params, slices, state, held, pending, device_budget)
     from weight_teleport.codec.cuda.runtime.memory import side_stream  # CUDA parameters only
@@ -285,17 +292,19 @@ def _overlapping_parts(entry: Entry, slices: Mapping[str, Slice]) -> list[Part]:
     return [p for p in entry.parts if any(W.intersect(box, held_box(slices[name])) for name, box in p.covers)]
 
 
-def apply_steps(params: Mapping[str, torch.Tensor], steps: Sequence[Step]) -> None:
+def apply_steps(params: Mapping[str, torch.Tensor], steps: Sequence[Step], views: HeldViews | None = None) -> None:
     """Write the steps into the parameters in place, in order (later writes win): the
     writes bound while staging where `params` are the tensors they were bound to, else
     bound again to these. On CUDA the writes are queued on the current stream: keep the
     steps until they are done (`WorkerLocal` synchronises the device in its commit), since
-    their memory came from the stage's stream."""
+    their memory came from the stage's stream. `views`: the worker's `HeldViews`, where it
+    keeps one."""
     for step in steps:
         if step.params.keys() == params.keys() and all(params[n] is t for n, t in step.params.items()):
             step.write()
             continue
-        state, _ = held_state(params, step.slices)
+        state, _ = views.of(params) if views is not None and views.slices is step.slices \
+            else held_state(params, step.slices)
         for patch in step.patches:
             apply_staged(state, patch, relocate=step.relocate)
 

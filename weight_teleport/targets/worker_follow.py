@@ -25,7 +25,7 @@ from weight_teleport.pipeline.plan import plan_avoiding
 from weight_teleport.store import manifest_etag
 from weight_teleport.store.errors import StoreError
 from weight_teleport.targets.commit import StageBoard
-from weight_teleport.targets.slice_stage import Step, stage_entry
+from weight_teleport.targets.slice_stage import HeldViews, Step, stage_entry
 
 _log = logging.getLogger(__name__)
 STAGE_ERRORS = (WeightTeleportError, StoreError, ValueError, KeyError, IndexError, RuntimeError)
@@ -60,6 +60,8 @@ class WorkerFollower:
         self.watch_timeout_s, self.max_pending, self.verify = watch_timeout_s, max_pending, verify
         self.device_budget = device_budget
         """Bytes of device memory the staged versions' patches may hold (`stage_entry`)."""
+        self.views = HeldViews(slices)
+        """This worker's slices as views of its parameters, kept between versions."""
         self.chain: list[Step] = []
         self.stages: dict[int, Staged] = {}
         """What staging each version took here (metrics)."""
@@ -107,7 +109,7 @@ class WorkerFollower:
         entry, epoch, t0 = plan.steps[0], self.board.epoch, time.perf_counter()
         try:
             step = stage_entry(self.store, entry, self.params(), self.slices, pending=self.chain,
-                               device_budget=self.device_budget)
+                               device_budget=self.device_budget, views=self.views)
         except STAGE_ERRORS as e:
             _log.warning("staging version %d (%s) failed on this worker: %s", entry.version, entry.key, e)
             self.errors.append(f"{entry.key}: {e}")

@@ -99,7 +99,8 @@ class WorkerLocal:
 
     def _apply(self, steps) -> None:
         applied, t0 = self.board.applied, time.perf_counter()
-        apply_steps(self.params(), [st for st in steps if applied is None or st.version > applied])
+        apply_steps(self.params(), [st for st in steps if applied is None or st.version > applied],
+                    self.follower.views)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         self.apply_s[steps[-1].version] = time.perf_counter() - t0
