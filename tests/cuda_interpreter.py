@@ -429,6 +429,8 @@ def slice_failures() -> list[str]:
             chain.append(on(gpu, lambda: stage_entry(store, e, params, slices, pending=chain)))
         if not all(type(p).__name__ == "DevicePatch" for step in chain for p in step.patches):
             failures.append(f"rank {rank}: a step was not staged on the GPU path")
+        if not any(type(g).__name__ == "WalkGroup" for step in chain for p in step.patches for g in p.groups):
+            failures.append(f"rank {rank}: no column-parallel shard was written by a walk scatter")
         on(gpu, lambda: apply_steps(params, chain))
         want = engine_params(states[-1], rank)
         failures += [f"rank {rank}: {n} is not the last version's" for n in want

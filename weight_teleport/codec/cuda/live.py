@@ -74,6 +74,27 @@ class Live:
             scatter(storage_view(self.tensor, self.info), self.storage_offsets(every), self.u)
 
 
+def walk_2d(tensor: torch.Tensor) -> tuple[int, int, int] | None:
+    """(inner extent, outer stride, inner stride) of a tensor whose flat walk is a 2-D view
+    of memory once dimensions of one element are dropped and those laid end to end are
+    merged (a block of columns, or its transpose): flat position p lies at element
+    (p // inner) * outer stride + (p % inner) * inner stride from its first. None for
+    other layouts."""
+    dims: list[list[int]] = []
+    for size, stride in zip(tensor.shape, tensor.stride()):
+        if size == 1:
+            continue
+        if dims and dims[-1][1] == stride * size:
+            dims[-1] = [dims[-1][0] * size, stride]
+        else:
+            dims.append([size, stride])
+    if len(dims) > 2:
+        return None
+    if len(dims) < 2:
+        dims = [[1, 0]] + (dims or [[1, 1]])
+    return dims[1][0], dims[0][1], dims[1][1]
+
+
 def storage_view(tensor: torch.Tensor, info: DtypeInfo) -> torch.Tensor:
     """A flat integer view from `tensor`'s first element in memory over every element of
     it, whatever its strides (the base a scatter of `Live.storage_offsets` writes into)."""

@@ -9,8 +9,8 @@ from collections.abc import Callable
 import torch
 
 from weight_teleport.codec.cuda.live import Live, storage_view
-from weight_teleport.codec.cuda.stage.patch import DevicePatch, FusedGroup
-from weight_teleport.codec.cuda.kernels.stage_scatter import scatter, scatter_chunks
+from weight_teleport.codec.cuda.stage.patch import DevicePatch, FusedGroup, WalkGroup
+from weight_teleport.codec.cuda.kernels.stage_scatter import scatter, scatter_chunks, scatter_walks
 
 
 def _address(live: Live, window) -> int:
@@ -36,8 +36,9 @@ def _device(t: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
 def bind(lives: dict[str, Live], staged: DevicePatch, threads: int | None = None,
          relocate: bool = False) -> Callable[[], None]:
     """The writes of a staged patch into the live weights, as a function to call in the
-    pause: one scatter per element type for all contiguous tensors, one for all walk views
-    by columns, then whole-chunk copies. `relocate`: the lives hold the weights the patch
+    pause: one scatter per element type for all contiguous tensors, one for all 2-D walk
+    views that are not (column-parallel shards), one for any other strided views, then
+    whole-chunk copies. `relocate`: the lives hold the weights the patch
     was staged against but may lie elsewhere in memory (a patch staged against a copy);
     else tensors that moved are refused (ValueError, here)."""
     found = {name: _address(lives[name], staged.windows.get(name)) for g in staged.groups for name in g.addresses}
@@ -51,6 +52,10 @@ def bind(lives: dict[str, Live], staged: DevicePatch, threads: int | None = None
         if isinstance(g, FusedGroup):
             writes.append(lambda g=g, u=base.u: scatter_chunks(u, _device(g.rows, u), _device(g.offsets, u),
                                                                _device(g.values, u)))
+        elif isinstance(g, WalkGroup):
+            flat = storage_view(base.tensor, base.info)
+            writes.append(lambda g=g, flat=flat: scatter_walks(flat, _device(g.rows, flat), _device(g.offsets, flat),
+                                                               _device(g.values, flat)))
         else:
             flat = storage_view(base.tensor, base.info)
             writes.append(lambda g=g, flat=flat: scatter(flat, _device(g.offsets, flat), _device(g.values, flat)))

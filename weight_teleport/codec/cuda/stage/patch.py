@@ -73,10 +73,38 @@ class FusedGroup:
 
 
 @dataclass
+class WalkGroup:
+    """Changes of tensors of one element type whose walks are 2-D views that are not
+    contiguous (column-parallel shards walked by columns), written where they lie in
+    memory from the batch's int32 offsets in chunks (shared with its `FusedGroup`), with a
+    row per scatter program naming its member's place and walk geometry
+    (`stage_scatter.scatter_walks`)."""
+    base: str
+    """Name of the member the rows' first column counts from (the lowest address)."""
+    addresses: dict[str, int]
+    """data_ptr of each member at staging; apply refuses a state whose tensors moved."""
+    rows: torch.Tensor
+    """[programs, stage_scatter.WALK_ROW] int64."""
+    offsets: torch.Tensor
+    values: torch.Tensor
+
+    def arrays(self) -> list[torch.Tensor]:
+        return [self.rows, self.offsets, self.values]
+
+    def moved(self, to: dict[str, int]) -> "WalkGroup":
+        """The same changes written into members now at addresses `to`, of the same strides."""
+        at, base = _moved(self.rows[:, 0].contiguous().to(self.values.device), self.addresses, self.base,
+                          self.values.element_size(), to)
+        rows = self.rows.to(self.values.device).clone()
+        rows[:, 0] = at
+        return WalkGroup(base, {n: to[n] for n in self.addresses}, rows, self.offsets, self.values)
+
+
+@dataclass
 class ScatterGroup:
-    """Changes of tensors of one element type that are not contiguous (walk views by
-    columns), written where they lie in memory: int64 offsets from the base's first
-    element."""
+    """Changes of tensors of one element type that are not contiguous and whose walks are
+    not 2-D views (else `WalkGroup`), written where they lie in memory: int64 offsets from
+    the base's first element."""
     base: str
     addresses: dict[str, int]
     offsets: torch.Tensor
@@ -98,7 +126,7 @@ class DevicePatch:
     base_version: int | None
     tensors: list[DeviceTensorPatch]
     base_checked: bool
-    groups: list[FusedGroup | ScatterGroup] = field(default_factory=list)
+    groups: list[FusedGroup | WalkGroup | ScatterGroup] = field(default_factory=list)
     walks: dict = field(default_factory=dict)
     """Records over boxes or walked by columns, as `codec.patch.StagedPatch.walks`."""
     windows: dict[str, tuple[int, int, int]] = field(default_factory=dict)
@@ -115,12 +143,19 @@ class DevicePatch:
         arrays = [a for g in self.groups for a in g.arrays()]
         for t in self.tensors:
             arrays += [a for a in (t.positions, t.values) if a is not None] + [v for _, v in t.dense]
-        return sum(a.numel() * a.element_size() for a in arrays)
+        unique = {id(a): a for a in arrays}  # a batch's groups share its offsets and values
+        return sum(a.numel() * a.element_size() for a in unique.values())
 
     def offload(self) -> "DevicePatch":
         """Move the patch to pinned host memory (when device memory is short); apply copies
         it back. Returns self."""
-        pin = lambda a: a.cpu().pin_memory()
+        pinned: dict[int, torch.Tensor] = {}
+
+        def pin(a: torch.Tensor) -> torch.Tensor:  # once each: a batch's groups share its offsets and values
+            if id(a) not in pinned:
+                pinned[id(a)] = a.cpu().pin_memory()
+            return pinned[id(a)]
+
         for g in self.groups:
             for f in dataclasses.fields(g):
                 if isinstance(getattr(g, f.name), torch.Tensor):

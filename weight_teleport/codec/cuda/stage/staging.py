@@ -26,8 +26,8 @@ from weight_teleport.codec.cuda.stage.adaptive import AdaptiveBatch
 from weight_teleport.codec.cuda.config import CudaCodecConfig
 from weight_teleport.codec.cuda.kernels.crc import crc32
 from weight_teleport.codec.cuda.kernels.digest import word_sums
-from weight_teleport.codec.cuda.live import Live, grouped
-from weight_teleport.codec.cuda.stage.patch import DevicePatch, DeviceTensorPatch, FusedGroup, ScatterGroup
+from weight_teleport.codec.cuda.live import Live, grouped, walk_2d
+from weight_teleport.codec.cuda.stage.patch import DevicePatch, DeviceTensorPatch, FusedGroup, ScatterGroup, WalkGroup
 from weight_teleport.codec.cuda.stage.sparse import FLAGS, SparseBatch
 from weight_teleport.codec.cuda.stage.windows import windowed
 from weight_teleport.codec.patch import misfit
@@ -317,17 +317,18 @@ def _fused_rows(b: SparseBatch, chunks: np.ndarray, base_ptr: int) -> np.ndarray
     return out
 
 
-def _tensor_patches(b: SparseBatch) -> list[DeviceTensorPatch]:
-    """Patches of a batch's tensors; those not patched in place get int64 positions. A
-    tensor's chunks are consecutive rows of the chunk table."""
+def _tensor_patches(b: SparseBatch, walked: set[int]) -> list[DeviceTensorPatch]:
+    """Patches of a batch's tensors; those patched neither in place nor by the batch's
+    `WalkGroup` (its members `walked`) get int64 positions. A tensor's chunks are
+    consecutive rows of the chunk table."""
     n, first = b.chunk_changes, b.chunk_first_change
     bounds = np.searchsorted(b.table.host[:, chunk_table.TENSOR], np.arange(len(b.recs) + 1)).tolist()
     changed = np.concatenate([[0], np.cumsum(n)])[bounds]
     out = []
     for i, (rec, live) in enumerate(zip(b.recs, b.lives)):
         t = DeviceTensorPatch(rec.name, live.info, rec.shape, D.from_hex(rec.digest),
-                              changed=int(changed[i + 1] - changed[i]), fused=live.in_place)
-        if not live.in_place and t.changed:
+                              changed=int(changed[i + 1] - changed[i]), fused=live.in_place or i in walked)
+        if not t.fused and t.changed:
             ks = slice(bounds[i], bounds[i + 1])
             r0, dev = int(first[ks][0]), live.u.device
             starts, counts = memory.to_device([b.table.host[ks, chunk_table.START] - live.origin, n[ks]], dev)
@@ -336,6 +337,54 @@ def _tensor_patches(b: SparseBatch) -> list[DeviceTensorPatch]:
             t.values = b.val[r0:r0 + t.changed]
         out.append(t)
     return out
+
+
+def _walked(b: SparseBatch) -> dict[int, tuple[int, int, int]]:
+    """The batch's tensors that are not contiguous but walk a 2-D view of memory (column-
+    parallel shards walked by columns), by index: their `walk_2d` geometry."""
+    out = {}
+    for i, lv in enumerate(b.lives):
+        geometry = None if lv.in_place else walk_2d(lv.tensor)
+        if geometry is not None:
+            out[i] = geometry
+    return out
+
+
+@njit(nogil=True, cache=True)
+def _walk_program_rows(member, start, first, n, block, out) -> None:
+    """Fills `out` with a row (member's columns 0, 4-6 from `member`, the chunk's walk
+    start, first change, stop) per `block` changes of every chunk."""
+    p = 0
+    for c in range(start.size):
+        for lo in range(first[c], first[c] + n[c], block):
+            out[p, 0], out[p, 1], out[p, 2], out[p, 3] = member[c, 0], start[c], lo, min(lo + block, first[c] + n[c])
+            out[p, 4], out[p, 5], out[p, 6] = member[c, 1], member[c, 2], member[c, 3]
+            p += 1
+
+
+def _walk_group(b: SparseBatch, walked: dict[int, tuple[int, int, int]]) -> WalkGroup | None:
+    """One scatter over the changes of every `walked` tensor of a batch, written where they
+    lie in memory from the batch's offsets in chunks: no copy of those tensors and no
+    address per change, in the stage or in the pause."""
+    if not walked:
+        return None
+    members = sorted(walked)
+    ptrs = {b.recs[i].name: b.lives[i].tensor.data_ptr() for i in members}
+    base = min(ptrs, key=ptrs.get)
+    rows = b.table.host
+    chunks = np.flatnonzero(np.isin(rows[:, chunk_table.TENSOR], members))
+    tensor = rows[chunks, chunk_table.TENSOR]
+    geometry = np.zeros((len(b.lives), 4), np.int64)  # at, inner, outer stride, inner stride
+    skip = np.zeros(len(b.lives), np.int64)  # where the walk's staged part starts: origin, window
+    for i in members:
+        lv = b.lives[i]
+        geometry[i] = ((ptrs[b.recs[i].name] - ptrs[base]) // b.info.nbytes, *walked[i])
+        skip[i] = (lv.window[0] if lv.window is not None else 0) - lv.origin
+    n, first = b.chunk_changes[chunks], b.chunk_first_change[chunks]
+    out = memory.arena().empty((int((-(-n // stage_scatter.BLOCK)).sum()), stage_scatter.WALK_ROW), np.int64)
+    _walk_program_rows(geometry[tensor], rows[chunks, chunk_table.START] + skip[tensor], first, n,
+                       stage_scatter.BLOCK, out)
+    return WalkGroup(base, ptrs, memory.upload(out, b.pos.device), b.pos, b.val)
 
 
 def _fused_group(b: SparseBatch) -> FusedGroup | None:
@@ -351,9 +400,8 @@ def _fused_group(b: SparseBatch) -> FusedGroup | None:
 
 
 def _strided_group(b: SparseBatch, patches: list[DeviceTensorPatch]) -> ScatterGroup | None:
-    """One scatter over the changes of every tensor of a batch that is not contiguous (a
-    walk view by columns), written where they lie in memory: no copy of those tensors,
-    in the stage or in the pause."""
+    """One scatter over the changes of every tensor of a batch that is neither contiguous
+    nor a 2-D walk (`_walk_group`), written where they lie in memory by int64 offsets."""
     members = [(lv, t) for lv, t in zip(b.lives, patches) if not lv.in_place and t.positions is not None]
     if not members:
         return None
@@ -368,12 +416,14 @@ def _strided_group(b: SparseBatch, patches: list[DeviceTensorPatch]) -> ScatterG
 
 
 def _patch(lives: dict[str, Live], header, batches: list[SparseBatch], dense: dict, check: bool) -> DevicePatch:
-    patches = [_tensor_patches(b) for b in batches]
+    walked = [_walked(b) for b in batches]
+    patches = [_tensor_patches(b, set(w)) for b, w in zip(batches, walked)]
     strided = [g for g in (_strided_group(b, ts) for b, ts in zip(batches, patches)) if g is not None]
     by_name = {t.name: t for ts in patches for t in ts}
     tensors = [by_name.get(rec.name) or DeviceTensorPatch(rec.name, lives[rec.name].info, rec.shape,
                                                           D.from_hex(rec.digest), dense=dense.get(rec.name, []))
                for rec in header.tensors]
     patch = DevicePatch(header.kind, header.version, header.base_version, tensors, check)
-    patch.groups = [g for g in (_fused_group(b) for b in batches) if g is not None] + strided
+    patch.groups = [g for g in (_fused_group(b) for b in batches) if g is not None] \
+        + [g for g in (_walk_group(b, w) for b, w in zip(batches, walked)) if g is not None] + strided
     return patch
