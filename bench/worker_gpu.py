@@ -126,6 +126,15 @@ def device_added(marker: int) -> int:
     return torch.cuda.max_memory_allocated() - marker if DEVICE == "cuda" else 0
 
 
+def pinned() -> int:
+    """Bytes of pinned host memory torch's host allocator holds (in use or cached): part of
+    `rss`, the buffers the samplers fetch into among them (0 on a CPU run)."""
+    if DEVICE != "cuda":
+        return 0
+    stats = torch.cuda.host_memory_stats()
+    return int(stats.get("allocated_bytes.current", stats.get("reserved_bytes.current", 0)))
+
+
 def rss() -> int:
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
@@ -141,7 +150,7 @@ def workers_route(url: str, trainer: Trainer, pub: Publisher, config: dict, tp: 
                   density: float) -> list[dict]:
     params = [engine_params(trainer.weights, config, tp, r) for r in range(tp)]
     sync()
-    host0, host_store0 = rss(), _store_bytes(url, 0)
+    host0, host_store0, pinned0 = rss(), _store_bytes(url, 0), pinned()
     workers = []
     for r in range(tp):
         w = WorkerLocal(lambda p=params[r]: p, worker_slices(config, tp, r), r, None, torch.device(DEVICE))
@@ -160,6 +169,7 @@ def workers_route(url: str, trainer: Trainer, pub: Publisher, config: dict, tp: 
             st = [w.status() for w in workers]
             ready = max(s["staged_at"][v] for s in st) - t0
             host_added = rss() - host0 - _store_bytes(url, host_store0)
+            pinned_added = pinned() - pinned0
             dev_added = device_added(dev0)
             if PROFILE and v == versions:  # the version staged once more on rank 0, in this thread, under cProfile
                 entry = next(e for e in workers[0].follower._manifest.entries if e.version == v)
@@ -181,7 +191,7 @@ def workers_route(url: str, trainer: Trainer, pub: Publisher, config: dict, tp: 
                              fetched=[s["fetched"][v] for s in st],
                              fetched_share=[s["fetched"][v] / size for s in st],
                              patch_bytes=[s["patch_bytes"][v] for s in st], host_added=host_added,
-                             device_added=dev_added,
+                             pinned_added=pinned_added, device_added=dev_added,
                              exact=all(exact(params[r], trainer.weights, config, tp, r) for r in range(tp))))
             print(json.dumps(rows[-1]), flush=True)
     finally:
@@ -193,7 +203,7 @@ def workers_route(url: str, trainer: Trainer, pub: Publisher, config: dict, tp: 
 def torch_route(url: str, trainer: Trainer, pub: Publisher, versions: int, density: float) -> list[dict]:
     live = {k: v.clone() for k, v in trainer.weights.items()}
     sync()
-    host0, host_store0 = rss(), _store_bytes(url, 0)
+    host0, host_store0, pinned0 = rss(), _store_bytes(url, 0), pinned()
     rows = []
     with Subscriber(url, TorchTarget(live), SubscriberConfig(initial_version=0, watch_timeout_s=1.0,
                                                              retry_backoff_s=0.05, retry_backoff_max_s=0.5)) as sub:
@@ -210,7 +220,7 @@ def torch_route(url: str, trainer: Trainer, pub: Publisher, versions: int, densi
                                  pause_ms=[row["pause_ms"]],
                                  fetched=[row["fetched"]], fetched_share=[row["fetched"] / result.objects[0].size],
                                  patch_bytes=[float("nan")], host_added=rss() - host0 - _store_bytes(url, host_store0),
-                                 device_added=device_added(dev0),
+                                 pinned_added=pinned() - pinned0, device_added=device_added(dev0),
                                  exact=all(torch.equal(live[k].view(torch.int16), w.view(torch.int16))
                                            for k, w in trainer.weights.items())))
                 print(json.dumps(rows[-1]), flush=True)
@@ -253,7 +263,7 @@ def table(results: list[dict], raw_gb: float) -> str:
     med = lambda xs: sorted(xs)[len(xs) // 2]
     lines = [f"weights {raw_gb:.1f} GB bf16; medians over versions 2.. (version 1 in brackets)",
              "| route | transport | pack MB | ready s | fetch + stage ms (per rank) | of which fetch ms "
-             "| pause ms (per rank) | fetched share | patch MB (per rank) | host +GB | device +GB | exact |",
+             "| pause ms (per rank) | fetched share | patch MB (per rank) | host +GB (pinned) | device +GB | exact |",
              "|" + "---|" * 12]
     for r in results:
         rows = r["rows"][1:] or r["rows"]
@@ -266,6 +276,7 @@ def table(results: list[dict], raw_gb: float) -> str:
                      f"| {per('fetch_ms')} "
                      f"| {per('pause_ms')} | {share} | {' / '.join(f'{b / 1e6:.0f}' for b in rows[-1]['patch_bytes'])} "
                      f"| {max(x['host_added'] for x in r['rows']) / 1e9:.2f} "
+                     f"({max(x['pinned_added'] for x in r['rows']) / 1e9:.2f}) "
                      f"| {max(x['device_added'] for x in r['rows']) / 1e9:.2f} "
                      f"| {all(x['exact'] for x in r['rows'])} |")
     return "\n".join(lines)
