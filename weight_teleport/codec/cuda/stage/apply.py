@@ -49,13 +49,13 @@ def bind(lives: dict[str, Live], staged: DevicePatch, threads: int | None = None
     writes = []
     for g in staged.groups:
         base = narrow(g.base)
-        if isinstance(g, FusedGroup):
-            writes.append(lambda g=g, u=base.u: scatter_chunks(u, _device(g.rows, u), _device(g.offsets, u),
-                                                               _device(g.values, u)))
-        elif isinstance(g, WalkGroup):
+        if isinstance(g, WalkGroup):  # before FusedGroup, which it extends
             flat = storage_view(base.tensor, base.info)
             writes.append(lambda g=g, flat=flat: scatter_walks(flat, _device(g.rows, flat), _device(g.offsets, flat),
                                                                _device(g.values, flat)))
+        elif isinstance(g, FusedGroup):
+            writes.append(lambda g=g, u=base.u: scatter_chunks(u, _device(g.rows, u), _device(g.offsets, u),
+                                                               _device(g.values, u)))
         else:
             flat = storage_view(base.tensor, base.info)
             writes.append(lambda g=g, flat=flat: scatter(flat, _device(g.offsets, flat), _device(g.values, flat)))

@@ -69,35 +69,17 @@ class FusedGroup:
                              self.values.element_size(), to)
         rows = self.rows.to(self.values.device).clone()
         rows[:, 0] = first
-        return FusedGroup(base, {n: to[n] for n in self.addresses}, rows, self.offsets, self.values)
+        return dataclasses.replace(self, base=base, addresses={n: to[n] for n in self.addresses}, rows=rows)
 
 
 @dataclass
-class WalkGroup:
+class WalkGroup(FusedGroup):
     """Changes of tensors of one element type whose walks are 2-D views that are not
     contiguous (column-parallel shards walked by columns), written where they lie in
     memory from the batch's int32 offsets in chunks (shared with its `FusedGroup`), with a
-    row per scatter program naming its member's place and walk geometry
+    row per scatter program ([programs, stage_scatter.WALK_ROW] int64) whose first column
+    is its member's first element from the base's and whose last ones its walk's geometry
     (`stage_scatter.scatter_walks`)."""
-    base: str
-    """Name of the member the rows' first column counts from (the lowest address)."""
-    addresses: dict[str, int]
-    """data_ptr of each member at staging; apply refuses a state whose tensors moved."""
-    rows: torch.Tensor
-    """[programs, stage_scatter.WALK_ROW] int64."""
-    offsets: torch.Tensor
-    values: torch.Tensor
-
-    def arrays(self) -> list[torch.Tensor]:
-        return [self.rows, self.offsets, self.values]
-
-    def moved(self, to: dict[str, int]) -> "WalkGroup":
-        """The same changes written into members now at addresses `to`, of the same strides."""
-        at, base = _moved(self.rows[:, 0].contiguous().to(self.values.device), self.addresses, self.base,
-                          self.values.element_size(), to)
-        rows = self.rows.to(self.values.device).clone()
-        rows[:, 0] = at
-        return WalkGroup(base, {n: to[n] for n in self.addresses}, rows, self.offsets, self.values)
 
 
 @dataclass
