@@ -61,6 +61,13 @@ class PublishCancelled(WeightTeleportError):
     Ctrl-C) before it was announced."""
 
 
+class GroupFailed(WeightTeleportError):
+    """A collective of a `PublisherGroup`'s ranks failed: a rank died, left or timed out
+    (the message says which error). No version in hand is published; close the group on
+    every surviving rank and start the ranks again (a new group goes on from the store's
+    latest version)."""
+
+
 class PublishFailed(WeightTeleportError):
     """Versions failed to publish (`Publisher.flush` / `close`): `versions` lists them,
     the message says why, the first failure is the cause."""

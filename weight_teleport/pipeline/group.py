@@ -2,10 +2,10 @@
 weights. A version is one manifest entry made of the ranks' parts (docs/FORMAT.md,
 "Versions made of parts"), written by rank 0 once every rank reported its part stored.
 
-Ranks report through torch.distributed object collectives (a gloo group: CPU tensors of
-metadata only). A rank that dies mid-version makes the others' collective fail: rank 0
-writes nothing, so subscribers never see that version, and a new group (restarted ranks)
-publishes its first version whole."""
+Ranks report through torch.distributed object collectives (`ranks.py`: a gloo group of
+their own, CPU tensors of metadata only, ended by `close`). A rank that dies mid-version
+makes the others' collective fail: rank 0 writes nothing, so subscribers never see that
+version, and a new group (restarted ranks) publishes its first version whole."""
 
 from __future__ import annotations
 
@@ -15,16 +15,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import torch
-import torch.distributed as dist
 
 from weight_teleport.codec import TensorSlice, encode_delta, encode_snapshot
 from weight_teleport.format import read_header
 from weight_teleport.pipeline.config import PublisherConfig
 from weight_teleport.pipeline.encode import Encoder
-from weight_teleport.pipeline.errors import PublishFailed
+from weight_teleport.pipeline.errors import GroupFailed, PublishFailed
 from weight_teleport.pipeline.manifest import object_key, parts_entry
 from weight_teleport.pipeline.parts import Part
 from weight_teleport.pipeline.plan import needs_anchor
+from weight_teleport.pipeline.ranks import Ranks
 from weight_teleport.pipeline.shards import local_shards
 from weight_teleport.store import Store, open_store
 from weight_teleport.store.hashing import PIECE_BYTES, tree_sha256
@@ -49,8 +49,10 @@ class PartResult:
 
 
 class PublisherGroup:
-    """One rank's publisher of a group of trainer ranks (every rank of `group` makes one
-    and calls `publish` for every version, in step: it is a collective).
+    """One rank's publisher of a group of trainer ranks (every rank of `group`, default
+    every rank of the job, makes one and calls `publish` for every version, in step: it is
+    a collective). Close it (or use it as a context manager) on every rank before the
+    process exits: `close` ends the gloo group it runs its collectives on (`ranks.py`).
 
     `hints` (name -> walk order and bounds: `codec.Hint`, a pair, or the sampler layouts'
     `slice_hints`) cut every rank's records where sampler ranks' slices begin or end.
@@ -59,19 +61,25 @@ class PublisherGroup:
     def __init__(self, url: str, config: PublisherConfig | None = None, *, group=None,
                  store: Store | None = None, hints: Mapping | None = None):
         self.config = config = config or PublisherConfig()
-        self.group = group if group is not None else _gloo_group()
-        self.rank = dist.get_rank(self.group)
+        self._ranks = Ranks(group)
+        self.rank = self._ranks.rank
         self.hints = dict(hints or {})
         self._own_store = store is None
-        self.store = store or open_store(url, config.store)
-        self.store.check_write_access()
-        self._encoder = Encoder(self.store, config) if self.rank == 0 else None
+        self.store: Store | None = None
+        self._encoder: Encoder | None = None
         """Rank 0's: the manifest, its ETag, retention and signing."""
-        latest = self._encoder.manifest.latest if self._encoder and config.resume else None
         self.baseline: dict[str, torch.Tensor] | None = None
         self.baseline_version: int | None = None
         self.last_anchor: int | None = None
-        self.next_version = _broadcast(0 if latest is None else latest + 1, self.group)
+        try:
+            self.store = store or open_store(url, config.store)
+            self.store.check_write_access()
+            self._encoder = Encoder(self.store, config) if self.rank == 0 else None
+            latest = self._encoder.manifest.latest if self._encoder and config.resume else None
+            self.next_version = self._ranks.broadcast(0 if latest is None else latest + 1)
+        except BaseException:
+            self.close()
+            raise
 
     def publish(self, state: Mapping[str, torch.Tensor], version: int | None = None, *,
                 slices: Mapping[str, TensorSlice] | None = None) -> PartResult:
@@ -79,7 +87,8 @@ class PublisherGroup:
         the other ranks: DTensors give their boxes; plain tensors are the boxes `slices`
         names (else whole tensors this rank alone holds). Returns once the version is in
         the manifest; raises PublishFailed on every rank where any rank failed (the version
-        is not published; the next one is encoded against the last published)."""
+        is not published; the next one is encoded against the last published), with a
+        GroupFailed cause where a rank died or left: the group is broken, close it."""
         t0 = time.perf_counter()
         version = self.next_version if version is None else int(version)
         tensors, boxes = local_shards(state, slices)
@@ -95,7 +104,10 @@ class PublisherGroup:
         except Exception as exc:  # reported to the group: nobody announces the version
             log.error("rank %d: encoding or storing version %d failed: %s", self.rank, version, exc)
             error = f"rank {self.rank}: {type(exc).__name__}: {exc}"
-        outcome = self._commit(version, kinds, parts, error, r)
+        try:
+            outcome = self._commit(version, kinds, parts, error, r)
+        except GroupFailed as exc:
+            raise PublishFailed([(version, exc)]) from exc
         if outcome is not None:
             raise PublishFailed([(version, RuntimeError(outcome))])
         self.baseline, self.baseline_version, self.next_version = snapshot, version, version + 1
@@ -137,8 +149,7 @@ class PublisherGroup:
                 r: PartResult) -> str | None:
         """Gather every rank's parts; rank 0 announces the version's entries when all are
         stored. Returns None when the version is published, else why not (on every rank)."""
-        reports = [None] * dist.get_world_size(self.group)
-        dist.all_gather_object(reports, (parts, error, r.raw_bytes), group=self.group)
+        reports = self._ranks.gather((parts, error, r.raw_bytes))
         errors = [e for _, e, _ in reports if e is not None]
         outcome = "; ".join(errors) if errors else None
         if self.rank == 0 and outcome is None:
@@ -150,13 +161,18 @@ class PublisherGroup:
                     self._encoder.announce(parts_entry(version, kind, base, found, raw))
             except Exception as exc:  # the other ranks learn it below
                 outcome = f"rank 0: writing the manifest failed: {type(exc).__name__}: {exc}"
-        return _broadcast(outcome, self.group)
+        return self._ranks.broadcast(outcome)
 
     def close(self) -> None:
-        if self._encoder is not None:
-            self._encoder.close()
-        if self._own_store:
-            self.store.close()
+        """Close the store (if the publisher opened it) and end the group: its threads
+        have ended when this returns."""
+        try:
+            if self._encoder is not None:
+                self._encoder.close()
+            if self._own_store and self.store is not None:
+                self.store.close()
+        finally:
+            self._ranks.close()
 
     def __enter__(self) -> "PublisherGroup":
         return self
@@ -164,14 +180,3 @@ class PublisherGroup:
     def __exit__(self, *exc) -> None:
         self.close()
 
-
-def _gloo_group():
-    """The default group where it runs gloo, else a gloo group of the same ranks (object
-    collectives of metadata, beside an NCCL training group)."""
-    return None if dist.get_backend() == "gloo" else dist.new_group(backend="gloo")
-
-
-def _broadcast(value, group):
-    box = [value]
-    dist.broadcast_object_list(box, src=dist.get_global_rank(group, 0) if group is not None else 0, group=group)
-    return box[0]

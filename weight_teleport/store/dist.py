@@ -57,6 +57,8 @@ class DistStore(MemoryStore):
         return cls(int(query.get("src", ["0"])[0]), config, query.get("backend", ["gloo"])[0])
 
     def _check_source(self) -> None:
+        if self._group is None:
+            raise StoreError("this dist:// store is closed: open a new one (on every rank) to write")
         if dist.get_rank() != self.src:
             raise StoreError(f"only rank {self.src} (the source) writes to this dist:// "
                              f"store; rank {dist.get_rank()} reads it")
@@ -121,8 +123,18 @@ class DistStore(MemoryStore):
         self._check_source()
 
     def close(self) -> None:
-        """On the source, tell the other ranks to stop; elsewhere, wait for that."""
-        if self._receiver is None:
-            self._broadcast(_CLOSE)
-        else:
-            self._receiver.join()
+        """On the source, tell the other ranks to stop; elsewhere, wait for that. Then end
+        the store's process group: its threads have ended when this returns (a gloo thread
+        left running can abort the interpreter's exit; `pipeline/ranks.py` says why)."""
+        if self._group is None:
+            return
+        try:
+            if self._receiver is None:
+                self._broadcast(_CLOSE)
+            else:
+                self._receiver.join()
+        finally:
+            # the store holds the group's only reference: dropping it joins its threads
+            group, self._group = self._group, None
+            if dist.is_initialized():  # else the job destroyed every group already
+                dist.destroy_process_group(group)
