@@ -9,26 +9,15 @@ act on, here and nowhere else."""
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import Any, NamedTuple, Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 
 from weight_teleport.codec.dtypes import DtypeInfo
+from weight_teleport.codec.items import Encoded, EncodeItem
 from weight_teleport.codec.patch import StagedPatch
 from weight_teleport.codec.walks import Hint, TensorSlice
-from weight_teleport.format import PackHeader, TensorRecord
-
-
-class Encoded(NamedTuple):
-    """What a backend's `encode` returns: the records (chunk offsets relative to `chunks`),
-    the chunks' bytes, `ready()` (returns once the chunks hold their final bytes: the CUDA
-    encoder's copies from the device may still run), and the stream codecs the chunks may
-    name (the header's `stream_codecs`)."""
-
-    records: list[TensorRecord]
-    chunks: list
-    ready: Callable[[], None]
-    stream_codecs: list[str]
+from weight_teleport.format import PackHeader
 
 
 @runtime_checkable
@@ -39,16 +28,16 @@ class Backend(Protocol):
     """`Live(tensor, info)`: a live tensor as the backend's stage and apply read it (a walk
     view of the caller's tensor for records over boxes)."""
 
-    def item(self, name: str, info: DtypeInfo, new: torch.Tensor, old: torch.Tensor | None) -> Any:
+    def item(self, name: str, info: DtypeInfo, new: torch.Tensor, old: torch.Tensor | None) -> EncodeItem:
         """The encode item of a whole tensor (and of its base; None for snapshots)."""
 
     def walk_item(self, name: str, info: DtypeInfo, new: torch.Tensor, old: torch.Tensor | None,
-                  sl: TensorSlice, hint: Hint, chunk_elems: int) -> Any:
+                  sl: TensorSlice, hint: Hint, chunk_elems: int) -> EncodeItem:
         """The encode item of a record over a walk: `new` and `old` are flat walks of the
         box `sl` in `hint.order`; the record is cut where `hint.bounds` fall and carries a
         digest per chunk."""
 
-    def encode(self, items: list, chunk_elems: int, level: int, threads: int | None,
+    def encode(self, items: list[EncodeItem], chunk_elems: int, level: int, threads: int | None,
                config: Any, pinned: bool, coder: str) -> Encoded:
         """The records and chunks of `items`. `config`: the caller's `cuda` argument
         (ValueError where the backend takes none); `pinned`: the pack goes to pinned host

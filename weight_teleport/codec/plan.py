@@ -10,6 +10,7 @@ from typing import NamedTuple
 import numpy as np
 from numba import njit
 
+from weight_teleport.errors import PackFormatError
 from weight_teleport.format.limits import MAX_CHUNK_ELEMS
 
 DEFAULT_CHUNK_ELEMS = 1 << 22
@@ -251,6 +252,25 @@ def runs_to_luts(runs: list[list[tuple[int, int]]], n_keys: int, arrays: Runs | 
         start, cls = runs[row][run]
         raise ClassMapError(row, f"malformed class map run ({start}, {cls})")
     return luts
+
+
+def class_maps(recs: list, info, runs: Runs | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """([records, keys] uint8 class maps, [records, MAX_CLASSES] inverted flags, classes per
+    record) of sparse records (`format.TensorRecord`s) of one element type (a
+    `dtypes.DtypeInfo`), in one compiled walk; PackFormatError naming the first bad record.
+    `runs`: `run_arrays` of the records' maps, made already."""
+    try:
+        luts = runs_to_luts([rec.classes for rec in recs], 1 << info.exponent_bits, runs)
+    except ClassMapError as e:
+        raise PackFormatError(f"tensor {recs[e.index].name!r}: {e}") from None
+    n_classes = luts.max(1).astype(np.int64) + 1 if len(recs) else np.zeros(0, np.int64)
+    inverted = np.zeros((len(recs), MAX_CLASSES), np.bool_)
+    for i, rec in enumerate(recs):
+        for c in rec.inverted:
+            if not 0 <= c < n_classes[i]:
+                raise PackFormatError(f"tensor {rec.name!r}: inverted class {c} does not exist")
+            inverted[i, c] = True
+    return luts, inverted, n_classes
 
 
 @njit(nogil=True, cache=True)

@@ -3,21 +3,18 @@
 import os
 import zlib
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
-
 import numpy as np
 import torch
 
 from weight_teleport.codec import digest as D
 from weight_teleport.codec import streams
 from weight_teleport.codec import walks as W
-from weight_teleport.codec.backend import Encoded
 from weight_teleport.codec.cpu import chunks as C
 from weight_teleport.codec.cpu import kernels as K
 from weight_teleport.codec.dtypes import BY_NAME, DtypeInfo, as_uint
+from weight_teleport.codec.items import EncodeItem, Encoded, walk_cuts
 from weight_teleport.codec.patch import ChunkMisfit, ChunkPatch, StagedPatch, TensorPatch, misfit
-from weight_teleport.codec.plan import (MAX_CLASSES, SPARSE_MAX_DENSITY, ClassMapError, Runs, chunk_ranges,
-                                        plan_classes, runs_to_luts)
+from weight_teleport.codec.plan import SPARSE_MAX_DENSITY, class_maps, plan_classes
 from weight_teleport.errors import DigestMismatchError, PackFormatError, PackMismatchError, UnsupportedFormatError
 from weight_teleport.format import ChunkRef, PackHeader, TensorRecord, chunk_payload
 
@@ -34,33 +31,19 @@ def sparse_codec(coder: str) -> str:
     return CODERS[coder]
 
 
-@dataclass
-class EncodeItem:
-    name: str
-    info: DtypeInfo
-    shape: tuple[int, ...]
-    new: np.ndarray
-    old: np.ndarray | None
-    """Base bit patterns; None for snapshots."""
-    spans: list[tuple[int, int]] | None = None
-    """[start, stop) of each chunk in walk order; None: chunks of the pack's chunk_elems."""
-    chunk_digests: bool = False
-    """Whether the record carries a digest per chunk (container version 2)."""
-
-
-def item(name: str, info: DtypeInfo, new: torch.Tensor, old: torch.Tensor | None, spans=None,
+def item(name: str, info: DtypeInfo, new: torch.Tensor, old: torch.Tensor | None, cuts=None,
          chunk_digests: bool = False) -> EncodeItem:
     """The bit patterns of one tensor (and of its base, for deltas) to encode, flattened in
-    row-major order (a walk view: codec/walks.py); `spans`, `chunk_digests` as EncodeItem's."""
+    row-major order (a walk view: codec/walks.py); `cuts`, `chunk_digests` as EncodeItem's."""
     return EncodeItem(name, info, tuple(new.shape), as_uint(new), None if old is None else as_uint(old),
-                      spans, chunk_digests)
+                      cuts, chunk_digests)
 
 
 def walk_item(name: str, info: DtypeInfo, new: torch.Tensor, old: torch.Tensor | None, sl: W.TensorSlice,
               hint: W.Hint, chunk_elems: int) -> EncodeItem:
     """The item of a record over a walk of the box `sl`, cut where `hint.bounds` fall, with
     a digest per chunk (receivers holding slices verify the chunks they stage alone)."""
-    return item(name, info, new, old, W.cut_spans(sl, hint, chunk_elems), chunk_digests=True)
+    return item(name, info, new, old, walk_cuts(sl, hint, new.numel(), chunk_elems), chunk_digests=True)
 
 
 def _no_config(config) -> None:
@@ -127,14 +110,14 @@ def encode_chunks(items: list[EncodeItem], chunk_elems: int, level: int, threads
     """Records (chunk offsets relative to the returned chunk list) and chunk bytes; sparse
     records of codec `sparse` (coder "zstd") or `sparse_ac` ("adaptive")."""
     sparse = sparse_codec(coder)
-    ranges = [it.spans if it.spans is not None else chunk_ranges(it.new.size, chunk_elems) for it in items]
+    ranges = [it.spans(it.new.size, chunk_elems) for it in items]
     with _pool(threads) as pool:
         scans = [list(pool.map(lambda r, it=it: _scan(it, *r), rs)) for it, rs in zip(items, ranges)]
         records, jobs = [], []
         for it, rs, sc in zip(items, ranges, scans):
             rec, plan = _record(it, sc, sparse)
             if it.chunk_digests and (it.old is None or rec.changed):
-                _add_chunk_digests(rec, it, rs, sc, chunk_elems)
+                _add_chunk_digests(rec, it, rs, sc)
             records.append(rec)
             for codec in _candidates(it, rec.changed, sparse):
                 for r, s in zip(rs, sc):
@@ -163,15 +146,15 @@ def _record(it: EncodeItem, sc, sparse: str) -> tuple[TensorRecord, object]:
     return rec, plan
 
 
-def _add_chunk_digests(rec: TensorRecord, it: EncodeItem, spans, scans, chunk_elems: int) -> None:
+def _add_chunk_digests(rec: TensorRecord, it: EncodeItem, spans, scans) -> None:
     """A digest per chunk (its words numbered by their place in the walk: they add up to the
     record's), and the cuts where the chunks are not the regular ones."""
     nb = it.info.nbytes
     rec.chunk_digests = [D.to_hex(D.finish(sc[3], (e - s) * nb)) for (s, e), sc in zip(spans, scans)]
     if it.old is not None:
         rec.chunk_base_digests = [D.to_hex(D.finish(sc[2], (e - s) * nb)) for (s, e), sc in zip(spans, scans)]
-    if list(spans) != chunk_ranges(it.new.size, chunk_elems):
-        rec.cuts = [e - s for s, e in spans]
+    if it.cuts is not None:
+        rec.cuts = list(it.cuts)
 
 
 def _encode_chunk(it: EncodeItem, r, scan, codec: str, plan, level: int) -> bytes:
@@ -354,24 +337,6 @@ def _class_map(rec: TensorRecord, info: DtypeInfo):
     """(class of every key, inverted flag of every class) of a sparse record."""
     luts, inverted, n_classes = class_maps([rec], info)
     return luts[0], inverted[0, :n_classes[0]]
-
-
-def class_maps(recs: list[TensorRecord], info: DtypeInfo, runs: Runs | None = None):
-    """([records, keys] uint8 class maps, [records, MAX_CLASSES] inverted flags, classes per
-    record) of sparse records of one element type, in one compiled walk; PackFormatError
-    naming the first bad record. `runs`: `run_arrays` of the records' maps, made already."""
-    try:
-        luts = runs_to_luts([rec.classes for rec in recs], C.n_keys(info), runs)
-    except ClassMapError as e:
-        raise PackFormatError(f"tensor {recs[e.index].name!r}: {e}") from None
-    n_classes = luts.max(1).astype(np.int64) + 1 if len(recs) else np.zeros(0, np.int64)
-    inverted = np.zeros((len(recs), MAX_CLASSES), np.bool_)
-    for i, rec in enumerate(recs):
-        for c in rec.inverted:
-            if not 0 <= c < n_classes[i]:
-                raise PackFormatError(f"tensor {rec.name!r}: inverted class {c} does not exist")
-            inverted[i, c] = True
-    return luts, inverted, n_classes
 
 
 def _verify(rec: TensorRecord, live: Live, results, header: PackHeader, check_base: bool) -> TensorPatch:

@@ -7,6 +7,7 @@ events launched while the device works on the one before (`_waves`); a wave's re
 made on the host while its events run. Snapshots are written on the device as raw byte
 planes (codec/cuda/snapshot.py); dense tensors of a delta go through the CPU backend."""
 
+import dataclasses
 import os
 import zlib
 from dataclasses import dataclass
@@ -21,8 +22,9 @@ from weight_teleport.codec.cuda.encode import adaptive, sparse, sparse_chunks
 from weight_teleport.codec.cuda.kernels import chunk_table
 from weight_teleport.codec.cuda.runtime import memory
 from weight_teleport.codec.cuda.config import CudaCodecConfig
-from weight_teleport.codec.cuda.live import EncodeItem, flat_bits, grouped
+from weight_teleport.codec.cuda.live import flat_bits, grouped
 from weight_teleport.codec.cuda.kernels.encode_scan import SPAN, aligned, scan
+from weight_teleport.codec.items import EncodeItem
 from weight_teleport.codec.plan import SPARSE_MAX_DENSITY, PlanTable, plan_table
 from weight_teleport.format import ChunkRef, TensorRecord, prefix_bound
 
@@ -33,14 +35,10 @@ def _pageable(n: int) -> np.ndarray:
     return np.empty(n, np.uint8)
 
 
-def _host_item(it: EncodeItem) -> cpu.EncodeItem:
+def _host_item(it: EncodeItem) -> EncodeItem:
+    """The item with its bits copied to the host, as the CPU backend takes it."""
     to_np = lambda t: flat_bits(t, it.info).cpu().numpy().view(it.info.uint_numpy)
-    spans = None
-    if it.cuts is not None:
-        ends = np.cumsum(it.cuts).tolist()
-        spans = list(zip([0, *ends[:-1]], ends))
-    return cpu.EncodeItem(it.name, it.info, it.shape, to_np(it.new), None if it.old is None else to_np(it.old),
-                          spans, it.chunk_digests)
+    return dataclasses.replace(it, new=to_np(it.new), old=None if it.old is None else to_np(it.old))
 
 
 def _on_cpu(items: list[EncodeItem], chunk_elems: int, level: int, threads, coder: str):

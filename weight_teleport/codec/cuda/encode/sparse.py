@@ -14,7 +14,7 @@ from weight_teleport.codec.cuda.kernels import (chunk_table, class_ranks, encode
                                                 warp)
 from weight_teleport.codec.cuda.runtime import memory
 from weight_teleport.codec.cuda.config import CudaCodecConfig
-from weight_teleport.codec.cuda.live import EncodeItem
+from weight_teleport.codec.items import EncodeItem
 from weight_teleport.codec.plan import PlanTable
 
 

@@ -31,7 +31,7 @@ from weight_teleport.codec.cuda.stage.patch import DevicePatch, DeviceTensorPatc
 from weight_teleport.codec.cuda.stage.sparse import FLAGS, SparseBatch
 from weight_teleport.codec.cuda.stage.windows import windowed
 from weight_teleport.codec.patch import misfit
-from weight_teleport.codec.plan import Runs, run_arrays
+from weight_teleport.codec.plan import Runs, class_maps, run_arrays
 from weight_teleport.errors import DigestMismatchError, PackFormatError, PackMismatchError
 from weight_teleport.format.container import ChunkSpans, crc32_ranges
 
@@ -153,7 +153,7 @@ thread launches the class counts."""
 def _start_reads(pack, groups: list[list], runs: list[Runs], spans: ChunkSpans, uploaded: bool,
                  reads: list) -> None:
     """Starts each group's stream-table walk on a helper thread (into `reads`), on the classes
-    its records' class-map runs give (`runs`): `cpu.class_maps` checks the maps later, and a
+    its records' class-map runs give (`runs`): `plan.class_maps` checks the maps later, and a
     valid map's runs give its count. `spans` holds the groups' chunks end to end, `uploaded`:
     all of them go to the device in one `decode_streams.Upload`."""
     cuts = np.cumsum([0] + [sum(len(r.chunks) for r in rs) for rs in groups]).tolist()
@@ -172,7 +172,7 @@ def _batches(lives: dict[str, Live], groups: list[list], runs: list[Runs], heade
     pack's copy is queued,
     then the decompression is launched once the walk is done, then the rest of the decoding,
     then the CRCs, which wait for the decompression (`_device_crcs`)."""
-    maps = [cpu.class_maps(rs, lives[rs[0].name].info, rn) for rs, rn in zip(groups, runs)]
+    maps = [class_maps(rs, lives[rs[0].name].info, rn) for rs, rn in zip(groups, runs)]
     # the walk's tables have the shape of the classes it was given: those of the maps, once checked
     assert all(np.array_equal(m[2], r.n_classes) for m, r in zip(maps, reads))
     batches = [SparseBatch([lives[r.name] for r in rs], rs, header, m) for rs, m in zip(groups, maps)]
@@ -196,7 +196,7 @@ def _adaptive(lives: dict[str, Live], recs: list, header, pack, threads) -> list
         spans = ChunkSpans.of(header, rs)
         _check_crcs(pack, spans, threads)
         b = AdaptiveBatch([lives[r.name] for r in rs], rs, header,
-                          cpu.class_maps(rs, lives[rs[0].name].info, run_arrays([r.classes for r in rs])))
+                          class_maps(rs, lives[rs[0].name].info, run_arrays([r.classes for r in rs])))
         b.decompress(pack, spans)
         b.decode()
         out.append(b)
