@@ -9,6 +9,7 @@ import torch
 from weight_teleport.codec import digest as D
 from weight_teleport.codec import streams
 from weight_teleport.codec import walks as W
+from weight_teleport.codec.cpu import adaptive as A
 from weight_teleport.codec.cpu import chunks as C
 from weight_teleport.codec.cpu import kernels as K
 from weight_teleport.codec.dtypes import BY_NAME, DtypeInfo, as_uint
@@ -164,7 +165,7 @@ def _encode_chunk(it: EncodeItem, r, scan, codec: str, plan, level: int) -> byte
     if codec == "sparse":
         data = C.encode_sparse(old, new, it.info, plan, scan[0], scan[1], level)
     elif codec == "sparse_ac":
-        data = C.encode_sparse_ac(old, new, it.info, plan, scan[0], scan[1])
+        data = A.encode_chunk(old, new, it.info, plan, scan[0], scan[1], level)
     else:
         data = C.encode_dense(old, new, it.info, codec, level)
     return data
@@ -219,7 +220,7 @@ def _stage_chunk(live: Live, rec: TensorRecord, ref: ChunkRef, start: int, stop:
     needs_old = check_base or (rec.codec in DENSE_CODECS and header.kind == "delta")
     s_old = C.digest_sum(old, fw) if needs_old else None
     if rec.codec in SPARSE_CODECS:
-        decode = C.decode_sparse if rec.codec == "sparse" else C.decode_sparse_ac
+        decode = C.decode_sparse if rec.codec == "sparse" else A.decode_chunk
         pos, val = decode(old, data, info, lut, inverted)
         wmask = np.uint64((1 << info.bits) - 1)
         delta = int(K.digest_patch_delta(live.words, live.tail, live.n_full, start, info.nbytes,

@@ -9,10 +9,10 @@ import numpy as np
 import torch
 from numba import njit
 
-from weight_teleport.codec.cpu.adaptive import write_table
 from weight_teleport.codec.cuda.encode import sparse
 from weight_teleport.codec.cuda.encode.sparse_chunks import Payload
 from weight_teleport.codec.cuda.kernels import encode_adaptive
+from weight_teleport.codec.sparse_ac import write_table
 from weight_teleport.format.container import crc32_ranges
 
 ROOM_BASE, ROOM_EVENT, ROOM_CHANGE = 64, 3, 2

@@ -9,11 +9,11 @@ counts, the same placement, digests and flags."""
 import numpy as np
 import torch
 
-from weight_teleport.codec.cpu import adaptive as A
 from weight_teleport.codec.cuda.kernels import chunk_table, stage_adaptive
 from weight_teleport.codec.cuda.runtime import memory
 from weight_teleport.codec.cuda.stage.decode_streams import upload_range
 from weight_teleport.codec.cuda.stage.sparse import SparseBatch
+from weight_teleport.codec.sparse_ac import read_tables
 from weight_teleport.errors import PackFormatError
 from weight_teleport.format.container import ChunkSpans
 
@@ -33,8 +33,8 @@ class AdaptiveBatch(SparseBatch):
         inv = self._inv_tensors[self.table.host[:, chunk_table.TENSOR]] != 0
         k = self.n_classes[self.table.host[:, chunk_table.TENSOR]]
         u8 = np.frombuffer(pack, np.uint8)
-        bad = A.read_tables(u8, spans.starts, spans.lengths, k, inv, self.table.host[:, chunk_table.LEN], events,
-                            changes, coded)
+        bad = read_tables(u8, spans.starts, spans.lengths, k, inv, self.table.host[:, chunk_table.LEN], events,
+                          changes, coded)
         if bad >= 0:
             rec = self.recs[int(self.table.host[bad, chunk_table.TENSOR])]
             raise PackFormatError(f"tensor {rec.name!r}: a sparse_ac chunk's class table is one its chunk cannot have")
