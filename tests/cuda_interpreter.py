@@ -21,7 +21,7 @@ from helpers import (chunk_table_failures, crc_ranges, decode_one_gap, decoded_o
                      popcount_prefix, with_renewed_crcs)
 
 import weight_teleport as wt  # noqa: E402
-from weight_teleport.codec import api, plan  # noqa: E402
+from weight_teleport.codec import api  # noqa: E402
 from weight_teleport.codec import digest as D  # noqa: E402
 from weight_teleport.codec.cpu import backend as cpu  # noqa: E402
 from weight_teleport.codec.cuda import backend as gpu  # noqa: E402
@@ -31,6 +31,7 @@ from weight_teleport.codec.cuda.runtime import memory  # noqa: E402
 from weight_teleport.codec.cuda.config import CudaCodecConfig  # noqa: E402
 from weight_teleport.errors import PackMismatchError, WeightTeleportError  # noqa: E402
 from weight_teleport.format import read_header  # noqa: E402
+from weight_teleport.format.codecs import CODECS  # noqa: E402
 
 memory.on_device = lambda t: True  # the interpreter runs the kernels on CPU tensors
 memory.pinned_empty = lambda n: np.empty(n, np.uint8)  # no pinned memory without CUDA
@@ -150,11 +151,11 @@ def inflate_orchestration() -> list[str]:
     from weight_teleport.codec.cuda.runtime import nvcomp
     from weight_teleport.codec.cuda.stage import decode_streams
     old, new = pair(torch.float32, 6000, 0.3, 21)
-    free_classes, plan.CLASS_COST_BITS = plan.CLASS_COST_BITS, DEFAULT_CLASS_COST_BITS
+    free_classes, CODECS["sparse"] = CODECS["sparse"], DEFAULT_SPARSE
     try:  # the default cost: with free classes the sparse codec can lose to a dense one
         pack = wt.encode_delta({"w": old}, {"w": new}, base_version=0, version=1, chunk_elems=4096)
     finally:
-        plan.CLASS_COST_BITS = free_classes
+        CODECS["sparse"] = free_classes
     header = read_header(pack)
     rec = header.tensors[0]
     assert rec.codec == "sparse", rec.codec
@@ -462,7 +463,7 @@ def slice_failures() -> list[str]:
     return failures
 
 
-DEFAULT_CLASS_COST_BITS = plan.CLASS_COST_BITS
+DEFAULT_SPARSE = CODECS["sparse"]
 
 
 def refusal_failures() -> list[str]:
@@ -553,7 +554,7 @@ def main(part: str) -> int:
     packs staged; "kernels": digests, CRCs,
     chunk tables, corrupt chunks, sums, inflate, decoder edges), so that processes can share
     them."""
-    plan.CLASS_COST_BITS = 0.0  # many classes from small tensors
+    CODECS["sparse"] = dataclasses.replace(DEFAULT_SPARSE, class_cost_bits=0.0)  # many classes from small tensors
     if part in PARTS:
         failures = [f for name, old, new in states(PARTS[part]) for f in encode_failures(name, old, new)]
     elif part == "parts":
