@@ -136,7 +136,7 @@ def test_a_publisher_whose_origin_refuses_connections_says_so_at_start() -> None
 
 
 def test_every_config_field_is_checked_when_the_config_is_made() -> None:
-    from weight_teleport.codec.cpu.backend import CODERS
+    from weight_teleport.format.codecs import DEPRECATED_CODERS as CODERS
     from weight_teleport.format.limits import MAX_CHUNK_ELEMS
     from weight_teleport.pipeline import config
 

@@ -8,6 +8,7 @@ from collections.abc import Callable, Iterable, Mapping, MutableMapping
 import numpy as np
 import torch
 
+from weight_teleport.codec import registry
 from weight_teleport.codec import walks as W
 from weight_teleport.codec.backend import Backend, backend_of
 from weight_teleport.codec.slices import chunk_window
@@ -17,6 +18,7 @@ from weight_teleport.codec.patch import ApplyReport, StagedParts, StagedPatch
 from weight_teleport.codec.plan import DEFAULT_CHUNK_ELEMS, check_chunk_elems
 from weight_teleport.errors import PackMismatchError
 from weight_teleport.format import PackHeader, PackLimits, read_header, write_pack, write_pack_into
+from weight_teleport.format.codecs import DEPRECATED_CODERS
 from weight_teleport.format.limits import over_limit
 from weight_teleport.host_memory import collections_paused
 
@@ -75,10 +77,10 @@ def _placed(records, walks) -> None:
 
 
 def _pack(kind, backend_items, version, base_version, chunk_elems, level, threads, cuda=None, pinned=False,
-          coder="zstd"):
+          codec=registry.DEFAULT):
     check_chunk_elems(chunk_elems)
     backend, items, walks = backend_items
-    records, chunks, ready, codecs = backend.encode(items, chunk_elems, level, threads, cuda, pinned, coder)
+    records, chunks, ready, codecs = backend.encode(items, chunk_elems, level, threads, cuda, pinned, codec)
     _placed(records, walks)
     header = PackHeader(kind=kind, version=version, base_version=base_version,
                         chunk_elems=chunk_elems, tensors=records, stream_codecs=codecs)
@@ -122,9 +124,11 @@ def encode_delta(old: Mapping[str, torch.Tensor], new: Mapping[str, torch.Tensor
     bounds are positions in the walk of the WHOLE tensor, and a record over a box is cut
     where they fall inside it. Records over walks carry a digest per chunk, so that a
     receiver holding a slice verifies the chunks it stages alone."""
+    if coder not in DEPRECATED_CODERS:
+        raise ValueError(f"unknown coder {coder!r}; choose one of {sorted(DEPRECATED_CODERS)}")
     items = _items(new, old, slices, hints, chunk_elems)
     return _pack("delta", items, int(version), int(base_version), chunk_elems, level, threads, cuda, pinned,
-                 coder)
+                 DEPRECATED_CODERS[coder])
 
 
 @collections_paused()

@@ -1,10 +1,10 @@
 """The interface every codec backend implements, and the one function that picks one.
 
-A backend is a module (`codec/cpu/backend.py`, `codec/cuda/backend.py`) holding these
-functions; `codec/api.py` checks the caller's arguments, builds the walk views and writes
-the container, and asks the backend of the tensors' device for the rest. What a backend
-cannot do (the CPU backend: GPU-only stream codecs) it refuses with the error a user can
-act on, here and nowhere else."""
+A backend is a module (`codec/cpu/backend.py`, `codec/cuda/backend.py`, imported on first
+use through codec/registry.py) holding these functions; `codec/api.py` checks the caller's
+arguments, builds the walk views and writes the container, and asks the backend of the
+tensors' device for the rest. What a backend cannot do (the CPU backend: GPU-only stream
+codecs) it refuses with the error a user can act on, here and nowhere else."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import torch
 
+from weight_teleport.codec import registry
 from weight_teleport.codec.dtypes import DtypeInfo
 from weight_teleport.codec.items import Encoded, EncodeItem
 from weight_teleport.codec.patch import StagedPatch
@@ -38,11 +39,10 @@ class Backend(Protocol):
         digest per chunk."""
 
     def encode(self, items: list[EncodeItem], chunk_elems: int, level: int, threads: int | None,
-               config: Any, pinned: bool, coder: str) -> Encoded:
+               config: Any, pinned: bool, codec: str) -> Encoded:
         """The records and chunks of `items`. `config`: the caller's `cuda` argument
         (ValueError where the backend takes none); `pinned`: the pack goes to pinned host
-        memory; `coder`: "zstd" or "adaptive", how sparse records are coded (ValueError
-        where the backend does not write it)."""
+        memory; `codec`: the codec of the sparse records (`registry.CHOICES`)."""
 
     def check_stage(self, header: PackHeader, windows: dict) -> None:
         """UnsupportedFormatError unless this backend stages the pack of `header`: its
@@ -75,10 +75,8 @@ def backend_of(tensors: Iterable[torch.Tensor]) -> Backend:
     runs over every tensor of both states per call."""
     tensors = list(tensors)
     if all(t.is_cpu for t in tensors):
-        from weight_teleport.codec.cpu import backend as cpu
-        return cpu
+        return registry.backend("cpu")
     if all(t.is_cuda for t in tensors):
-        from weight_teleport.codec.cuda import backend as cuda
-        return cuda
+        return registry.backend("cuda")
     types = sorted({t.device.type for t in tensors})
     raise ValueError(f"tensors are on {types}; keep a whole state on the CPU or on CUDA devices")

@@ -1,16 +1,19 @@
-"""The codecs a pack's record may name (docs/FORMAT.md), one line each.
+"""The codec registry: every codec a pack's record may name (docs/FORMAT.md), one line each.
 
-A line is what the code knows of a codec by its name: what the container checks of its
-records (`family`, `snapshot`) and what the class planner takes a class to cost. Plain
-Python, so that the CLI's `--help` and the configs read the choices without loading numpy
-or torch. A codec's name, once written in packs, never changes."""
+A line is all that the code knows of a codec by its name: what the container checks of
+its records (`family`, `snapshot`), what the class planner takes a class to cost, and
+where each backend's encoder and stager live, as "module:name" relative to
+`weight_teleport.codec`, imported on first use by `codec/registry.py`. The format reads
+this table and imports no codec code; plain Python, so that the CLI's `--help` and the
+configs read the choices without loading numpy or torch. A codec's name, once written in
+packs, never changes."""
 
 from dataclasses import dataclass
 
 
 @dataclass(frozen=True)
 class Codec:
-    """One codec: its name in packs and its traits."""
+    """One codec: its name in packs, its traits, and its encoder and stager per backend."""
 
     name: str
     family: str
@@ -25,19 +28,35 @@ class Codec:
     """Sparse codecs: what a class costs per chunk beyond its events' entropy, as the class
     planner takes it (codec/plan.py): it splits keys into another class only where the
     split saves more."""
+    cpu: tuple[str, str] | None = None
+    """The CPU backend's chunk encoder and decoder. Sparse: `encode(old, new, info, plan,
+    total, changed, level) -> bytes` and `decode(old, chunk, info, lut, inverted) ->
+    (positions, values)` (codec/cpu/chunks.py has what they build on); dense: `encode(old,
+    new, info, level)` and `decode(old, chunk, info, n) -> values`."""
+    cuda: tuple[str, str] | None = None
+    """The CUDA backend's encoder of a batch's events, `encode(events, config, level,
+    threads, room) -> cuda.encode.sparse.Encoded`, and stager, `Stage(lives, recs,
+    header, pack, threads, config)` (cuda/stage/staging.py says what it does). None: the
+    CUDA backend codes and stages these records through the CPU backend's."""
 
 
 CODECS: dict[str, Codec] = {c.name: c for c in (
     Codec("same", "same"),
     # four streams per class: their table entries and the Huffman table and frame of the
     # symbol streams come to about 50 bytes
-    Codec("sparse", "sparse", class_cost_bits=400.0),
+    Codec("sparse", "sparse", class_cost_bits=400.0,
+          cpu=(".cpu.chunks:encode_sparse", ".cpu.chunks:decode_sparse"),
+          cuda=(".cuda.encode.sparse:encode", ".cuda.stage.staging:SparseStage")),
     # a class costs a varint or two of its chunk's table and what its adaptive contexts pay
     # to learn (on real training steps, packs shrink as this falls from 400 to about 60 and
     # stay flat below)
-    Codec("sparse_ac", "sparse", class_cost_bits=60.0),
-    Codec("dense_residual", "dense"),
-    Codec("dense_values", "dense", snapshot=True),
+    Codec("sparse_ac", "sparse", class_cost_bits=60.0,
+          cpu=(".cpu.adaptive:encode_chunk", ".cpu.adaptive:decode_chunk"),
+          cuda=(".cuda.encode.adaptive:encode", ".cuda.stage.adaptive:AdaptiveStage")),
+    Codec("dense_residual", "dense",
+          cpu=(".cpu.chunks:encode_dense_residual", ".cpu.chunks:decode_dense_residual")),
+    Codec("dense_values", "dense", snapshot=True,
+          cpu=(".cpu.chunks:encode_dense_values", ".cpu.chunks:decode_dense_values")),
 )}
 """Every codec, by name. A delta's dense codecs are tried in this order (the first of two
 equal sizes is kept)."""

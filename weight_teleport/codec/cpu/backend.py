@@ -1,15 +1,17 @@
-"""The CPU backend: numba kernels over chunks on a thread pool, zstd streams."""
+"""The CPU backend: numba kernels over chunks on a thread pool, zstd streams. Each codec's
+chunks are coded by the functions its line in the registry names (codec/registry.py)."""
 
 import os
 import zlib
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+
 import numpy as np
 import torch
 
 from weight_teleport.codec import digest as D
-from weight_teleport.codec import streams
+from weight_teleport.codec import registry, streams
 from weight_teleport.codec import walks as W
-from weight_teleport.codec.cpu import adaptive as A
 from weight_teleport.codec.cpu import chunks as C
 from weight_teleport.codec.cpu import kernels as K
 from weight_teleport.codec.dtypes import BY_NAME, DtypeInfo, as_uint
@@ -19,17 +21,7 @@ from weight_teleport.codec.plan import SPARSE_MAX_DENSITY, class_maps, plan_clas
 from weight_teleport.errors import DigestMismatchError, PackFormatError, PackMismatchError, UnsupportedFormatError
 from weight_teleport.format import ChunkRef, PackHeader, TensorRecord, chunk_payload
 
-DENSE_CODECS = ("dense_residual", "dense_values")
-SPARSE_CODECS = ("sparse", "sparse_ac")
-CODERS = {"zstd": "sparse", "adaptive": "sparse_ac"}
-"""The `coder` choices of `encode` and the codec of their sparse records."""
-
-
-def sparse_codec(coder: str) -> str:
-    """The codec of sparse records that `coder` writes; ValueError for an unknown coder."""
-    if coder not in CODERS:
-        raise ValueError(f"unknown coder {coder!r}; choose one of {sorted(CODERS)}")
-    return CODERS[coder]
+SAME, DENSE_CODECS, SPARSE_CODECS = (registry.family(f) for f in ("same", "dense", "sparse"))
 
 
 def item(name: str, info: DtypeInfo, new: torch.Tensor, old: torch.Tensor | None, cuts=None,
@@ -87,8 +79,9 @@ def _scan(item: EncodeItem, start: int, stop: int):
 
 
 def _candidates(item: EncodeItem, changed: int, sparse: str) -> tuple[str, ...]:
+    """The codecs tried for an item's chunks (the smallest output is kept)."""
     if item.old is None:
-        return ("dense_values",)
+        return registry.SNAPSHOT
     if changed == 0:
         return ()
     if changed <= SPARSE_MAX_DENSITY * item.new.size:
@@ -97,20 +90,20 @@ def _candidates(item: EncodeItem, changed: int, sparse: str) -> tuple[str, ...]:
 
 
 def encode(items: list[EncodeItem], chunk_elems: int, level: int, threads: int | None, config=None,
-           pinned: bool = False, coder: str = "zstd") -> Encoded:
+           pinned: bool = False, codec: str = registry.DEFAULT) -> Encoded:
     """The backend interface's encode (codec/backend.py): zstd streams at `level`, sparse
-    records of `coder`'s codec; `config` must be None; the chunks are host bytes whatever
-    `pinned` says."""
+    records of `codec`; `config` must be None; the chunks are host bytes whatever `pinned`
+    says."""
     _no_config(config)
-    records, chunks = encode_chunks(items, chunk_elems, level, threads, coder)
+    records, chunks = encode_chunks(items, chunk_elems, level, threads, codec)
     return Encoded(records, chunks, lambda: None, ["raw", "zstd"])
 
 
 def encode_chunks(items: list[EncodeItem], chunk_elems: int, level: int, threads: int | None,
-                  coder: str = "zstd"):
+                  sparse: str = registry.DEFAULT):
     """Records (chunk offsets relative to the returned chunk list) and chunk bytes; sparse
-    records of codec `sparse` (coder "zstd") or `sparse_ac` ("adaptive")."""
-    sparse = sparse_codec(coder)
+    records of codec `sparse`, dense ones of the dense codec that codes them smallest."""
+    coders: dict[str, Callable] = {}
     ranges = [it.spans(it.new.size, chunk_elems) for it in items]
     with _pool(threads) as pool:
         scans = [list(pool.map(lambda r, it=it: _scan(it, *r), rs)) for it, rs in zip(items, ranges)]
@@ -121,8 +114,12 @@ def encode_chunks(items: list[EncodeItem], chunk_elems: int, level: int, threads
                 _add_chunk_digests(rec, it, rs, sc)
             records.append(rec)
             for codec in _candidates(it, rec.changed, sparse):
+                if codec not in coders:
+                    coders[codec] = registry.cpu_coder(codec)[0]
+                sparse_family = codec in SPARSE_CODECS
                 for r, s in zip(rs, sc):
-                    jobs.append((len(records) - 1, codec, pool.submit(_encode_chunk, it, r, s, codec, plan, level)))
+                    jobs.append((len(records) - 1, codec, pool.submit(_encode_chunk, it, r, s, coders[codec],
+                                                                      sparse_family, plan, level)))
         outputs: dict[tuple[int, str], list[bytes]] = {}
         for idx, codec, fut in jobs:
             outputs.setdefault((idx, codec), []).append(fut.result())
@@ -131,7 +128,7 @@ def encode_chunks(items: list[EncodeItem], chunk_elems: int, level: int, threads
 
 def _record(it: EncodeItem, sc, sparse: str) -> tuple[TensorRecord, object]:
     nbytes = it.new.size * it.info.nbytes
-    rec = TensorRecord(name=it.name, dtype=it.info.name, shape=it.shape, codec="dense_values",
+    rec = TensorRecord(name=it.name, dtype=it.info.name, shape=it.shape, codec=registry.SNAPSHOT[0],
                        digest=D.to_hex(D.finish(sum(s[3] for s in sc), nbytes)), changed=it.new.size)
     if it.old is None:
         return rec, None
@@ -139,7 +136,7 @@ def _record(it: EncodeItem, sc, sparse: str) -> tuple[TensorRecord, object]:
     total = sum(s[0] for s in sc) if sc else np.zeros(C.n_keys(it.info), np.int64)
     changed = sum(s[1] for s in sc) if sc else np.zeros_like(total)
     rec.changed = int(changed.sum())
-    rec.codec = "same"
+    rec.codec = registry.SAME
     if rec.changed == 0:
         return rec, None
     plan = plan_classes(total, changed, sparse)
@@ -158,17 +155,15 @@ def _add_chunk_digests(rec: TensorRecord, it: EncodeItem, spans, scans) -> None:
         rec.cuts = list(it.cuts)
 
 
-def _encode_chunk(it: EncodeItem, r, scan, codec: str, plan, level: int) -> bytes:
+def _encode_chunk(it: EncodeItem, r, scan, encode: Callable, sparse: bool, plan, level: int) -> bytes:
+    """The chunk [start, stop) of an item coded by `encode`, a codec's chunk encoder (of a
+    sparse codec: its class plan and key histograms are the chunk's scan)."""
     start, stop = r
     new = it.new[start:stop]
     old = None if it.old is None else it.old[start:stop]
-    if codec == "sparse":
-        data = C.encode_sparse(old, new, it.info, plan, scan[0], scan[1], level)
-    elif codec == "sparse_ac":
-        data = A.encode_chunk(old, new, it.info, plan, scan[0], scan[1], level)
-    else:
-        data = C.encode_dense(old, new, it.info, codec, level)
-    return data
+    if sparse:
+        return encode(old, new, it.info, plan, scan[0], scan[1], level)
+    return encode(old, new, it.info, level)
 
 
 def _lay_out(records: list[TensorRecord], outputs):
@@ -208,10 +203,11 @@ class Live:
             self.tensor.view(self.info.int_torch).copy_(flat)
 
 
-def _stage_chunk(live: Live, rec: TensorRecord, ref: ChunkRef, start: int, stop: int,
+def _stage_chunk(live: Live, rec: TensorRecord, decode: Callable, ref: ChunkRef, start: int, stop: int,
                  pack, header: PackHeader, lut, inverted, check_base: bool, walk_start: int = 0):
     """(ChunkPatch, old digest sum or None, new digest sum or delta) of one chunk, the walk's
-    elements [start, stop); `live` holds the walk from element `walk_start` on."""
+    elements [start, stop), decoded by `decode` (the chunk decoder of the record's codec);
+    `live` holds the walk from element `walk_start` on."""
     info = live.info
     data = chunk_payload(pack, header, ref)
     fw = _first_word(start, info)
@@ -220,13 +216,12 @@ def _stage_chunk(live: Live, rec: TensorRecord, ref: ChunkRef, start: int, stop:
     needs_old = check_base or (rec.codec in DENSE_CODECS and header.kind == "delta")
     s_old = C.digest_sum(old, fw) if needs_old else None
     if rec.codec in SPARSE_CODECS:
-        decode = C.decode_sparse if rec.codec == "sparse" else A.decode_chunk
         pos, val = decode(old, data, info, lut, inverted)
         wmask = np.uint64((1 << info.bits) - 1)
         delta = int(K.digest_patch_delta(live.words, live.tail, live.n_full, start, info.nbytes,
                                          pos, val, wmask, _first_word(walk_start, info)))
         return ChunkPatch(start, pos, val), s_old, delta
-    values = C.decode_dense(old, data, info, rec.codec, stop - start)
+    values = decode(old, data, info, stop - start)
     s_new = C.digest_sum(values, fw)
     if header.kind == "snapshot":
         return ChunkPatch(start, None, values), s_old, s_new
@@ -258,6 +253,7 @@ def stage(lives: dict[str, Live], header: PackHeader, pack, check_base: bool, th
     _no_config(config)
     windows = windows or {}
     recs = [rec for rec in header.tensors if rec.name in lives]
+    decoders: dict[str, Callable] = {}
     with _pool(threads) as pool:
         futures = []
         for rec in recs:
@@ -267,10 +263,14 @@ def stage(lives: dict[str, Live], header: PackHeader, pack, check_base: bool, th
                 lut, inverted = _class_map(rec, live.info)
             walk_start, lo, hi = windows.get(rec.name, (0, 0, len(rec.chunks)))
             rs = rec.chunk_spans(header.chunk_elems)[lo:hi]
-            futures.append([pool.submit(_stage_chunk, live, rec, ref, s, e, pack, header, lut, inverted,
+            if rec.codec in SAME:
+                futures.append([pool.submit(_unchanged, live)] if check_base and rec.name not in windows else [])
+                continue
+            if rec.codec not in decoders:
+                decoders[rec.codec] = registry.cpu_coder(rec.codec)[1]
+            decode = decoders[rec.codec]
+            futures.append([pool.submit(_stage_chunk, live, rec, decode, ref, s, e, pack, header, lut, inverted,
                                         check_base, walk_start) for ref, (s, e) in zip(rec.chunks[lo:hi], rs)])
-            if check_base and rec.codec == "same" and rec.name not in windows:
-                futures[-1].append(pool.submit(_unchanged, live))
         try:
             results = [[f.result() for f in fs] for fs in futures]
         except ChunkMisfit:

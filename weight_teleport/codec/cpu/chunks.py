@@ -177,23 +177,31 @@ def _unplanes(groups: list[Group], n: int, dtype: np.dtype) -> np.ndarray:
     return out.reshape(-1).view(dtype)
 
 
-def encode_dense(old, new, info: DtypeInfo, codec: str, level: int) -> bytes:
-    """'dense_values': byte planes of the new bit patterns; 'dense_residual': byte planes of
-    the zigzag residual of every element."""
-    if codec == "dense_values":
-        values = new
-    else:
-        _, _, signbit, wmask = consts(info)
-        values = np.empty(new.size, info.uint_numpy)
-        K.residual_all(old, new, signbit, wmask, values)
-    return write_groups([Group(new.size, [_stream(p, level) for p in _planes(values)])])
+def _encode_planes(values: np.ndarray, level: int) -> bytes:
+    return write_groups([Group(values.size, [_stream(p, level) for p in _planes(values)])])
 
 
-def decode_dense(old, chunk, info: DtypeInfo, codec: str, n: int) -> np.ndarray:
-    """The new bit patterns of every element of a dense chunk."""
+def encode_dense_values(old, new, info: DtypeInfo, level: int) -> bytes:
+    """A chunk of codec `dense_values`: byte planes of the new bit patterns."""
+    return _encode_planes(new, level)
+
+
+def encode_dense_residual(old, new, info: DtypeInfo, level: int) -> bytes:
+    """A chunk of codec `dense_residual`: byte planes of the zigzag residual of every element."""
+    _, _, signbit, wmask = consts(info)
+    values = np.empty(new.size, info.uint_numpy)
+    K.residual_all(old, new, signbit, wmask, values)
+    return _encode_planes(values, level)
+
+
+def decode_dense_values(old, chunk, info: DtypeInfo, n: int) -> np.ndarray:
+    """The new bit patterns of every element of a `dense_values` chunk of n elements."""
+    return _unplanes(read_groups(chunk), n, info.uint_numpy)
+
+
+def decode_dense_residual(old, chunk, info: DtypeInfo, n: int) -> np.ndarray:
+    """The new bit patterns of every element of a `dense_residual` chunk of n elements."""
     values = _unplanes(read_groups(chunk), n, info.uint_numpy)
-    if codec == "dense_values":
-        return values
     _, _, signbit, wmask = consts(info)
     out = np.empty(n, info.uint_numpy)
     K.apply_residual_all(old, values, signbit, wmask, out)

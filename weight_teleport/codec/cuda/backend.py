@@ -2,7 +2,7 @@
 backend's."""
 
 from weight_teleport.codec import digest as D
-from weight_teleport.codec import streams
+from weight_teleport.codec import registry, streams
 from weight_teleport.codec.items import EncodeItem, Encoded, walk_cuts
 from weight_teleport.codec.cuda.runtime import nvcomp
 from weight_teleport.codec.cuda.stage import staging
@@ -27,13 +27,13 @@ def walk_item(name, info, new, old, sl, hint, chunk_elems: int) -> EncodeItem:
 
 
 def encode(items: list[EncodeItem], chunk_elems: int, level: int, threads: int | None,
-           config: CudaCodecConfig | None = None, pinned: bool = False, coder: str = "zstd") -> Encoded:
+           config: CudaCodecConfig | None = None, pinned: bool = False, codec: str = registry.DEFAULT) -> Encoded:
     """The backend interface's encode: `config` (default `DEFAULT_CONFIG`) picks the stream
     coder (of `sparse` records); with `pinned` the payload is copied from the device into the
     pinned pack (of a `sparse` payload: `sparse_ac` chunks are laid out on the host)."""
     config = config or DEFAULT_CONFIG
     records, chunks, ready = encoder.encode(items, chunk_elems, level, threads, config=config, pinned=pinned,
-                                            coder=coder)
+                                            codec=codec)
     return Encoded(records, chunks, ready, ["raw", "zstd", *extra_stream_codecs(config)])
 
 

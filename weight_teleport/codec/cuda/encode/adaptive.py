@@ -35,8 +35,11 @@ def _lay_out(coded, room_at, coded_len, ev_cnt, res_cnt, inverted, n_groups, ncp
     return at
 
 
-def encode(ev: sparse.Events) -> sparse.Encoded:
-    """The `sparse_ac` chunks of every tensor of the batch whose events `ev` are."""
+def encode(ev: sparse.Events, cfg=None, level: int = 0, threads: int | None = None,
+           room: int | None = None) -> sparse.Encoded:
+    """The `sparse_ac` chunks of every tensor of the batch whose events `ev` are, laid out
+    on the host (a sparse codec's CUDA encoder: `cfg`, `level`, `threads` and `room` serve
+    the stream coding of `sparse` and are not used)."""
     seg = ev.segments
     ranks = ev.ranks[0] if len(ev.ranks) == 1 else torch.cat(ev.ranks)
     residuals = ev.residuals[0] if len(ev.residuals) == 1 else torch.cat(ev.residuals)
