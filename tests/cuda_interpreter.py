@@ -524,7 +524,7 @@ def adaptive_failures(tries: int = 6) -> list[str]:
         old, new = pair(dtype, n, density, 1)
         olds, news = {"a": old, "b": old.flip(0)}, {"a": new, "b": new.flip(0)}
         pack = on(cpu, lambda: wt.encode_delta(olds, news, base_version=0, version=1, chunk_elems=chunk,
-                                               coder="adaptive"))
+                                               codec="sparse_ac"))
         if {t.codec for t in read_header(pack).tensors} != {"sparse_ac"}:
             failures.append(f"{dtype} {density}: the pack has no sparse_ac records")
         room = adaptive.ROOM_BASE, adaptive.ROOM_EVENT, adaptive.ROOM_CHANGE
@@ -532,7 +532,7 @@ def adaptive_failures(tries: int = 6) -> list[str]:
             adaptive.ROOM_BASE, adaptive.ROOM_EVENT, adaptive.ROOM_CHANGE = 1, 0, 0
         try:
             gpu_pack = bytes(on(gpu, lambda: wt.encode_delta(olds, news, base_version=0, version=1, chunk_elems=chunk,
-                                                             coder="adaptive")))
+                                                             codec="sparse_ac")))
         finally:
             adaptive.ROOM_BASE, adaptive.ROOM_EVENT, adaptive.ROOM_CHANGE = room
         failures += [] if gpu_pack == pack else [f"sparse_ac {dtype} {density}: GPU-path pack differs from the CPU's"]
@@ -541,7 +541,7 @@ def adaptive_failures(tries: int = 6) -> list[str]:
         failures += [] if same_state(state, news) else [f"sparse_ac {dtype} {density}: GPU stage is not bit-exact"]
     old, new = pair(torch.bfloat16, 1600, 0.02, 3)
     pack = on(cpu, lambda: wt.encode_delta({"w": old}, {"w": new}, base_version=0, version=1, chunk_elems=400,
-                                           coder="adaptive"))
+                                           codec="sparse_ac"))
     failures += staged_corruptions(pack, old, new, [(k % 4, 7 * k + 3, (59 * k + 1) % 256) for k in range(tries)],
                                    "sparse_ac ")
     return failures

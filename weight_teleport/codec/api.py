@@ -18,7 +18,6 @@ from weight_teleport.codec.patch import ApplyReport, StagedParts, StagedPatch
 from weight_teleport.codec.plan import DEFAULT_CHUNK_ELEMS, check_chunk_elems
 from weight_teleport.errors import PackMismatchError
 from weight_teleport.format import PackHeader, PackLimits, read_header, write_pack, write_pack_into
-from weight_teleport.format.codecs import DEPRECATED_CODERS
 from weight_teleport.format.limits import over_limit
 from weight_teleport.host_memory import collections_paused
 
@@ -96,14 +95,17 @@ def encode_delta(old: Mapping[str, torch.Tensor], new: Mapping[str, torch.Tensor
                  base_version: int, version: int, chunk_elems: int = DEFAULT_CHUNK_ELEMS,
                  level: int = DEFAULT_LEVEL, threads: int | None = None, cuda=None,
                  pinned: bool = False, slices: Mapping[str, TensorSlice] | None = None,
-                 hints: Mapping[str, Hint] | None = None, coder: str = "zstd") -> bytes | np.ndarray:
+                 hints: Mapping[str, Hint] | None = None, codec: str = registry.DEFAULT,
+                 coder: str | None = None) -> bytes | np.ndarray:
     """A pack that turns `old` (at `base_version`) into `new` (at `version`), bit for bit.
 
     Both states map the same names to tensors of the same shapes and dtypes. `level` is the
-    zstd level of the streams (CPU stream coding); `threads` defaults to all cores. `coder`
-    codes the sparse records: "zstd" (codec `sparse`, which every reader stages) or
-    "adaptive" (codec `sparse_ac`: an adaptive range coder, smaller packs, slower to code
-    where many elements change; both backends write and stage it; docs/FORMAT.md). `cuda`, a
+    zstd level of the streams (CPU stream coding); `threads` defaults to all cores. `codec`
+    is the codec of the sparse records: "sparse" (zstd streams, which every reader stages)
+    or "sparse_ac" (an adaptive range coder, smaller packs, slower to code where many
+    elements change; both backends write and stage it; docs/FORMAT.md); unchanged and
+    heavily changed tensors get their own codecs. `coder` is its deprecated spelling
+    ("zstd": "sparse", "adaptive": "sparse_ac"). `cuda`, a
     `weight_teleport.codec.cuda.config.CudaCodecConfig`, picks the CUDA backend's stream
     codec (default: zstd frames of Huffman-coded literals written on the GPU, portable).
 
@@ -124,11 +126,9 @@ def encode_delta(old: Mapping[str, torch.Tensor], new: Mapping[str, torch.Tensor
     bounds are positions in the walk of the WHOLE tensor, and a record over a box is cut
     where they fall inside it. Records over walks carry a digest per chunk, so that a
     receiver holding a slice verifies the chunks it stages alone."""
-    if coder not in DEPRECATED_CODERS:
-        raise ValueError(f"unknown coder {coder!r}; choose one of {sorted(DEPRECATED_CODERS)}")
+    codec = registry.choose(codec, coder, stacklevel=3)  # 3: past `collections_paused`
     items = _items(new, old, slices, hints, chunk_elems)
-    return _pack("delta", items, int(version), int(base_version), chunk_elems, level, threads, cuda, pinned,
-                 DEPRECATED_CODERS[coder])
+    return _pack("delta", items, int(version), int(base_version), chunk_elems, level, threads, cuda, pinned, codec)
 
 
 @collections_paused()

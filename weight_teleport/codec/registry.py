@@ -1,13 +1,15 @@
 """The codec registry's lookups: each backend, and each codec's encoder and stager per
 backend, imported on first use from the table in format/codecs.py (the one place that
-names them), so that no backend imports another and `backend.py` imports neither."""
+names them), so that no backend imports another and `backend.py` imports neither; and
+the codec a caller picks for a delta's sparse records."""
 
 import importlib
+import warnings
 from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
-from weight_teleport.format.codecs import CHOICES, CODECS, DEFAULT, Codec
+from weight_teleport.format.codecs import CHOICES, CODECS, DEFAULT, DEPRECATED_CODERS, Codec
 
 BACKENDS = {"cpu": ".cpu.backend", "cuda": ".cuda.backend"}
 """Each backend's module (codec/backend.py's interface), relative to this package."""
@@ -70,3 +72,23 @@ def cuda_stager(name: str) -> type | None:
     refs = CODECS[name].cuda
     return None if refs is None else _load(refs[1])
 
+
+def choose(codec: str, coder: str | None = None, stacklevel: int = 2) -> str:
+    """The codec a caller picked for a delta's sparse records: `codec`, or where `coder` is
+    given, the codec its deprecated spelling meant (with a DeprecationWarning naming the
+    codec, at `stacklevel` as the caller counts it). ValueError for anything else, naming
+    the choices."""
+    if coder is not None:
+        if coder not in DEPRECATED_CODERS:
+            raise ValueError(f"unknown coder {coder!r}: coder is deprecated; choose codec, one of "
+                             f"{', '.join(map(repr, CHOICES))}")
+        if codec not in (DEFAULT, DEPRECATED_CODERS[coder]):
+            raise ValueError(f"give codec={codec!r} alone, not with the deprecated coder={coder!r}")
+        codec = DEPRECATED_CODERS[coder]
+        warnings.warn(f"coder={coder!r} is deprecated: use codec={codec!r}", DeprecationWarning,
+                      stacklevel=stacklevel + 1)
+    if codec not in CHOICES:
+        old = f" ({codec!r} was a coder: codec={DEPRECATED_CODERS[codec]!r})" if codec in DEPRECATED_CODERS else ""
+        raise ValueError(f"unknown codec {codec!r} for a delta's sparse records: choose one of "
+                         f"{', '.join(map(repr, CHOICES))}{old}")
+    return codec

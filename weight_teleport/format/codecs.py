@@ -5,8 +5,11 @@ its records (`family`, `snapshot`), what the class planner takes a class to cost
 where each backend's encoder and stager live, as "module:name" relative to
 `weight_teleport.codec`, imported on first use by `codec/registry.py`. The format reads
 this table and imports no codec code; plain Python, so that the CLI's `--help` and the
-configs read the choices without loading numpy or torch. A codec's name, once written in
-packs, never changes."""
+configs read the choices without loading numpy or torch.
+
+A codec has one name everywhere: in packs (a name, once written, never changes), in
+`encode_delta(codec=...)`, `PublisherConfig.codec`, `weight-teleport publish --codec`
+and the docs."""
 
 from dataclasses import dataclass
 
@@ -67,5 +70,5 @@ it, and the GPU's speed is measured on it (BENCHMARKS.md)."""
 CHOICES = tuple(name for name, c in CODECS.items() if c.family == "sparse")
 """The codecs a user may pick for a delta's sparse records."""
 DEPRECATED_CODERS = {"zstd": "sparse", "adaptive": "sparse_ac"}
-"""`encode_delta`'s coders and the codec of their sparse records."""
-
+"""The choice's old spelling (`coder=...`, `--coder`) and the codec each meant, still
+accepted with a warning."""
