@@ -1,8 +1,8 @@
-"""Codec `sparse_ac` on the GPU against `sparse`: both coders' packs of the same delta,
+"""Codec `sparse_ac` on the GPU against `sparse`: both codecs' packs of the same delta,
 encoded by the CUDA encoder and staged onto the same CUDA weights (one device run).
 
 The delta is `cuda_bench.make_delta`'s (a Qwen3-8B-shaped bf16 state, new = bf16(master -
-lr * u)) at each learning rate. Per coder: the pack's bytes, `encode_delta` and
+lr * u)) at each learning rate. Per codec: the pack's bytes, `encode_delta` and
 `stage_delta` wall times (medians of repeats after a warm-up, the device synchronised) and
 whether stage + apply is bit-exact; the `sparse_ac` pack is also encoded by the CPU backend,
 which must give the same bytes.
@@ -30,20 +30,20 @@ def run(model: str, lr: float, repeats: int) -> dict:
     n = sum(t.numel() for t in old.values())
     changed = sum(int((old[k].view(torch.int16) != new[k].view(torch.int16)).sum()) for k in old)
     row = {"lr": lr, "elements": n, "density": changed / n, "packs": {}}
-    for coder in ("zstd", "adaptive"):
-        enc_s, pack = wall_s(lambda: bytes(wt.encode_delta(old, new, base_version=0, version=1, coder=coder)),
+    for codec in ("sparse", "sparse_ac"):
+        enc_s, pack = wall_s(lambda: bytes(wt.encode_delta(old, new, base_version=0, version=1, codec=codec)),
                              repeats)
         state = {k: v.clone() for k, v in old.items()}
         stage_s, staged = wall_s(lambda: wt.stage_delta(state, pack), repeats)
         wt.apply_staged(state, staged)
-        row["packs"][coder] = {"bytes": len(pack), "encode_ms": enc_s * 1e3, "stage_ms": stage_s * 1e3,
+        row["packs"][codec] = {"bytes": len(pack), "encode_ms": enc_s * 1e3, "stage_ms": stage_s * 1e3,
                                "stage_gbps": 2 * n / stage_s / 1e9, "bit_exact": _exact(state, new)}
         del state, staged
         torch.cuda.empty_cache()
     old_c = {k: v.cpu() for k, v in old.items()}
     new_c = {k: v.cpu() for k, v in new.items()}
     t0 = time.perf_counter()
-    cpu_pack = wt.encode_delta(old_c, new_c, base_version=0, version=1, coder="adaptive")
+    cpu_pack = wt.encode_delta(old_c, new_c, base_version=0, version=1, codec="sparse_ac")
     row["cpu_encode_s"] = time.perf_counter() - t0
     row["cpu_pack_identical"] = cpu_pack == pack
     del old_c, new_c, cpu_pack
@@ -62,7 +62,7 @@ def main() -> None:
     rows = [run(args.model, lr, args.repeats) for lr in args.lr]
     Path(args.out).mkdir(parents=True, exist_ok=True)
     (Path(args.out) / "cuda_adaptive.json").write_text(json.dumps(rows, indent=1))
-    print(f"{'lr':>6} {'density':>8} {'coder':<9} {'bytes':>12} {'encode ms':>10} {'stage ms':>9} {'GB/s':>7} exact")
+    print(f"{'lr':>6} {'density':>8} {'codec':<9} {'bytes':>12} {'encode ms':>10} {'stage ms':>9} {'GB/s':>7} exact")
     for r in rows:
         for name, p in r["packs"].items():
             print(f"{r['lr']:>6g} {r['density']:>8.3%} {name:<9} {p['bytes']:>12,} {p['encode_ms']:>10.1f} "

@@ -170,7 +170,7 @@ def start_origin(root: Path) -> tuple[subprocess.Popen, str]:
 
 
 def run(transport: str, trainer: Trainer, lrs: list[float], versions: int, anchor_every: int,
-        coder: str = "zstd") -> dict:
+        codec: str = "sparse") -> dict:
     tmp = tempfile.mkdtemp(prefix="wt-e2e-")
     origin = None
     if transport == "http":
@@ -178,7 +178,7 @@ def run(transport: str, trainer: Trainer, lrs: list[float], versions: int, ancho
     else:
         url = f"memory://e2e-{time.monotonic_ns()}"
     device = trainer.device
-    config = PublisherConfig(baseline_device=device, anchor_every=anchor_every, resume=False, coder=coder,
+    config = PublisherConfig(baseline_device=device, anchor_every=anchor_every, resume=False, codec=codec,
                              retention=RetentionConfig(keep_anchors=1), store=StoreConfig(token=TOKEN))
     shapes = {k: tuple(v.shape) for k, v in trainer.weights.items()}
     rows, child, sampler, sub = [], None, None, None
@@ -277,10 +277,11 @@ def main() -> None:
     p.add_argument("--transport", action="append", choices=["memory", "http"])
     p.add_argument("--device", default="cuda", help="cuda, or cpu for a quick check of the script")
     p.add_argument("--out", type=Path)
-    p.add_argument("--coder", default="zstd", choices=["zstd", "adaptive"], help="how deltas code sparse records")
+    p.add_argument("--codec", default="sparse", choices=["sparse", "sparse_ac"],
+                   help="the codec of a delta's sparse records")
     args = p.parse_args()
     trainer = Trainer(args.model, args.device)
-    results = [run(t, trainer, args.lr or [5e-7], args.versions, args.anchor_every, args.coder)
+    results = [run(t, trainer, args.lr or [5e-7], args.versions, args.anchor_every, args.codec)
                for t in args.transport or ["memory", "http"]]
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)

@@ -21,7 +21,7 @@ from helpers import (chunk_table_failures, crc_ranges, decode_one_gap, decoded_o
                      popcount_prefix, with_renewed_crcs)
 
 import weight_teleport as wt  # noqa: E402
-from weight_teleport.codec import api, plan  # noqa: E402
+from weight_teleport.codec import api  # noqa: E402
 from weight_teleport.codec import digest as D  # noqa: E402
 from weight_teleport.codec.cpu import backend as cpu  # noqa: E402
 from weight_teleport.codec.cuda import backend as gpu  # noqa: E402
@@ -31,6 +31,7 @@ from weight_teleport.codec.cuda.runtime import memory  # noqa: E402
 from weight_teleport.codec.cuda.config import CudaCodecConfig  # noqa: E402
 from weight_teleport.errors import PackMismatchError, WeightTeleportError  # noqa: E402
 from weight_teleport.format import read_header  # noqa: E402
+from weight_teleport.format.codecs import CODECS  # noqa: E402
 
 memory.on_device = lambda t: True  # the interpreter runs the kernels on CPU tensors
 memory.pinned_empty = lambda n: np.empty(n, np.uint8)  # no pinned memory without CUDA
@@ -150,11 +151,11 @@ def inflate_orchestration() -> list[str]:
     from weight_teleport.codec.cuda.runtime import nvcomp
     from weight_teleport.codec.cuda.stage import decode_streams
     old, new = pair(torch.float32, 6000, 0.3, 21)
-    free_classes, plan.CLASS_COST_BITS = plan.CLASS_COST_BITS, DEFAULT_CLASS_COST_BITS
+    free_classes, CODECS["sparse"] = CODECS["sparse"], DEFAULT_SPARSE
     try:  # the default cost: with free classes the sparse codec can lose to a dense one
         pack = wt.encode_delta({"w": old}, {"w": new}, base_version=0, version=1, chunk_elems=4096)
     finally:
-        plan.CLASS_COST_BITS = free_classes
+        CODECS["sparse"] = free_classes
     header = read_header(pack)
     rec = header.tensors[0]
     assert rec.codec == "sparse", rec.codec
@@ -462,7 +463,7 @@ def slice_failures() -> list[str]:
     return failures
 
 
-DEFAULT_CLASS_COST_BITS = plan.CLASS_COST_BITS
+DEFAULT_SPARSE = CODECS["sparse"]
 
 
 def refusal_failures() -> list[str]:
@@ -523,7 +524,7 @@ def adaptive_failures(tries: int = 6) -> list[str]:
         old, new = pair(dtype, n, density, 1)
         olds, news = {"a": old, "b": old.flip(0)}, {"a": new, "b": new.flip(0)}
         pack = on(cpu, lambda: wt.encode_delta(olds, news, base_version=0, version=1, chunk_elems=chunk,
-                                               coder="adaptive"))
+                                               codec="sparse_ac"))
         if {t.codec for t in read_header(pack).tensors} != {"sparse_ac"}:
             failures.append(f"{dtype} {density}: the pack has no sparse_ac records")
         room = adaptive.ROOM_BASE, adaptive.ROOM_EVENT, adaptive.ROOM_CHANGE
@@ -531,7 +532,7 @@ def adaptive_failures(tries: int = 6) -> list[str]:
             adaptive.ROOM_BASE, adaptive.ROOM_EVENT, adaptive.ROOM_CHANGE = 1, 0, 0
         try:
             gpu_pack = bytes(on(gpu, lambda: wt.encode_delta(olds, news, base_version=0, version=1, chunk_elems=chunk,
-                                                             coder="adaptive")))
+                                                             codec="sparse_ac")))
         finally:
             adaptive.ROOM_BASE, adaptive.ROOM_EVENT, adaptive.ROOM_CHANGE = room
         failures += [] if gpu_pack == pack else [f"sparse_ac {dtype} {density}: GPU-path pack differs from the CPU's"]
@@ -540,7 +541,7 @@ def adaptive_failures(tries: int = 6) -> list[str]:
         failures += [] if same_state(state, news) else [f"sparse_ac {dtype} {density}: GPU stage is not bit-exact"]
     old, new = pair(torch.bfloat16, 1600, 0.02, 3)
     pack = on(cpu, lambda: wt.encode_delta({"w": old}, {"w": new}, base_version=0, version=1, chunk_elems=400,
-                                           coder="adaptive"))
+                                           codec="sparse_ac"))
     failures += staged_corruptions(pack, old, new, [(k % 4, 7 * k + 3, (59 * k + 1) % 256) for k in range(tries)],
                                    "sparse_ac ")
     return failures
@@ -553,7 +554,7 @@ def main(part: str) -> int:
     packs staged; "kernels": digests, CRCs,
     chunk tables, corrupt chunks, sums, inflate, decoder edges), so that processes can share
     them."""
-    plan.CLASS_COST_BITS = 0.0  # many classes from small tensors
+    CODECS["sparse"] = dataclasses.replace(DEFAULT_SPARSE, class_cost_bits=0.0)  # many classes from small tensors
     if part in PARTS:
         failures = [f for name, old, new in states(PARTS[part]) for f in encode_failures(name, old, new)]
     elif part == "parts":

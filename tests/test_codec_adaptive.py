@@ -115,7 +115,7 @@ def test_decoder_refuses_codes_no_encoder_writes(bits):
        chunk=st.sampled_from([8, 24, 1 << 22]))
 def test_adaptive_pack_round_trip(seed, dtype, shape, base, mode, change, p, chunk):
     old, new = make_pair(seed, dtype, shape, base, mode, change, p)
-    pack = wt.encode_delta({"w": old}, {"w": new}, base_version=3, version=4, chunk_elems=chunk, coder="adaptive")
+    pack = wt.encode_delta({"w": old}, {"w": new}, base_version=3, version=4, chunk_elems=chunk, codec="sparse_ac")
     assert all(t.codec in ("same", "sparse_ac", "dense_residual", "dense_values") for t in read_header(pack).tensors)
     state = {"w": old.clone()}
     report = wt.apply_delta(state, pack, base_version=3)
@@ -131,9 +131,9 @@ def test_adaptive_packs_are_smaller_on_weight_like_steps():
     old = master.to(torch.bfloat16)
     new = (master + 2e-7 * torch.randn(512, 512, generator=g)).to(torch.bfloat16)
     assert 0.001 < (old != new).float().mean() < 0.02
-    sizes = {c: len(wt.encode_delta({"w": old}, {"w": new}, base_version=0, version=1, coder=c))
-             for c in ("zstd", "adaptive")}
-    assert sizes["adaptive"] < sizes["zstd"]
+    sizes = {c: len(wt.encode_delta({"w": old}, {"w": new}, base_version=0, version=1, codec=c))
+             for c in ("sparse", "sparse_ac")}
+    assert sizes["sparse_ac"] < sizes["sparse"]
 
 
 OLD_BITS = [0x3C00, 0xBC00, 0x0000, 0x8000, 0x7F80, 0x7FC1, 0x0001, 0x3F80, 0x4000, 0xC040,
@@ -161,7 +161,7 @@ def _chunks(pack: bytes) -> list[str]:
 def test_golden_chunks():
     """The exact chunk bytes of a small `sparse_ac` delta: a change here is a format change."""
     old, new = _golden_states()
-    pack = wt.encode_delta(old, new, base_version=1, version=2, chunk_elems=8, coder="adaptive")
+    pack = wt.encode_delta(old, new, base_version=1, version=2, chunk_elems=8, codec="sparse_ac")
     assert read_header(pack).tensors[0].codec == "sparse_ac"
     assert _chunks(pack) == GOLDEN
 
@@ -177,7 +177,7 @@ def states():
 def test_corrupt_chunks_behind_valid_checksums_are_refused(states, seed):
     rng = np.random.default_rng(seed)
     old, new = states
-    pack = wt.encode_delta(old, new, base_version=1, version=2, chunk_elems=2048, coder="adaptive")
+    pack = wt.encode_delta(old, new, base_version=1, version=2, chunk_elems=2048, codec="sparse_ac")
 
     def mutate(data: bytearray) -> None:
         for _ in range(int(rng.integers(1, 4))):
@@ -196,7 +196,7 @@ def test_corrupt_chunks_behind_valid_checksums_are_refused(states, seed):
 @pytest.mark.parametrize("kind", ["truncate", "extend", "zero", "one_byte", "counts"])
 def test_resized_or_miscounted_chunks_are_refused(states, kind):
     old, _ = states
-    pack = wt.encode_delta(old, states[1], base_version=1, version=2, chunk_elems=2048, coder="adaptive")
+    pack = wt.encode_delta(old, states[1], base_version=1, version=2, chunk_elems=2048, codec="sparse_ac")
     mutate = {"truncate": lambda d: d.__delitem__(slice(len(d) // 2, None)),
               "extend": lambda d: d.extend(b"\x07" * 9),
               "zero": lambda d: d.__setitem__(slice(None), bytes(len(d))),
@@ -208,10 +208,26 @@ def test_resized_or_miscounted_chunks_are_refused(states, kind):
     assert_bits_equal(state, old)
 
 
-def test_unknown_coder_is_refused():
+def test_unknown_codec_is_refused():
     old, new = _golden_states()
+    with pytest.raises(ValueError, match="unknown codec 'ans' .* choose one of 'sparse', 'sparse_ac'"):
+        wt.encode_delta(old, new, base_version=0, version=1, codec="ans")
+    with pytest.raises(ValueError, match=r"unknown codec 'adaptive' .*\('adaptive' was a coder: codec='sparse_ac'\)"):
+        wt.encode_delta(old, new, base_version=0, version=1, codec="adaptive")
     with pytest.raises(ValueError, match="unknown coder 'ans'"):
         wt.encode_delta(old, new, base_version=0, version=1, coder="ans")
+
+
+@pytest.mark.parametrize("coder,codec", [("zstd", "sparse"), ("adaptive", "sparse_ac")])
+def test_the_deprecated_coder_still_picks_its_codec(coder, codec):
+    """`coder=` (the choice's old spelling) warns and writes the pack `codec=` writes."""
+    old, new = _golden_states()
+    with pytest.warns(DeprecationWarning, match=f"coder='{coder}' is deprecated: use codec='{codec}'") as caught:
+        pack = wt.encode_delta(old, new, base_version=0, version=1, coder=coder)
+    assert caught[0].filename == __file__  # the warning points at the caller
+    assert pack == wt.encode_delta(old, new, base_version=0, version=1, codec=codec)
+    with pytest.raises(ValueError, match="give codec='sparse_ac' alone"):
+        wt.encode_delta(old, new, base_version=0, version=1, codec="sparse_ac", coder="zstd")
 
 
 @pytest.mark.cuda
@@ -224,10 +240,10 @@ def test_cuda_stages_adaptive_packs_bit_exact(dtype, density):
         pytest.skip("needs CUDA")
     old, new = make_pair(4, dtype, (300, 97), "weights", "density", "ulp", density)
     olds, news = {"w": old, "r": old.flip(0)}, {"w": new, "r": new.flip(0)}
-    pack = wt.encode_delta(olds, news, base_version=0, version=1, chunk_elems=4096, coder="adaptive")
+    pack = wt.encode_delta(olds, news, base_version=0, version=1, chunk_elems=4096, codec="sparse_ac")
     on_gpu = {k: v.cuda() for k, v in olds.items()}
     gpu_pack = wt.encode_delta(on_gpu, {k: v.cuda() for k, v in news.items()}, base_version=0, version=1,
-                               chunk_elems=4096, coder="adaptive")
+                               chunk_elems=4096, codec="sparse_ac")
     assert bytes(gpu_pack) == pack
     wt.apply_staged(on_gpu, wt.stage_delta(on_gpu, pack))
     assert_bits_equal({k: v.cpu() for k, v in on_gpu.items()}, news)
@@ -239,7 +255,7 @@ def test_cuda_refuses_corrupt_adaptive_chunks():
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
     old, new = make_pair(5, torch.bfloat16, (200, 64), "weights", "density", "ulp", 0.02)
-    pack = wt.encode_delta({"w": old}, {"w": new}, base_version=0, version=1, chunk_elems=1024, coder="adaptive")
+    pack = wt.encode_delta({"w": old}, {"w": new}, base_version=0, version=1, chunk_elems=1024, codec="sparse_ac")
     rng = np.random.default_rng(0)
     refused = 0
     for _ in range(20):
@@ -282,9 +298,10 @@ def test_gpu_range_coder_compiles_for_the_h200(side, bits):
     assert "_chunk_kernel" in compiled.asm["ptx"]
 
 
-def test_publish_command_with_the_adaptive_coder(tmp_path):
-    """`weight-teleport publish --coder adaptive`: the delta's records are `sparse_ac`, and
-    `pull` gives the published weights bit for bit."""
+def test_publish_command_with_codec_sparse_ac(tmp_path, capsys):
+    """`weight-teleport publish --codec sparse_ac`: the delta's records are `sparse_ac`, and
+    `pull` gives the published weights bit for bit. The deprecated `--coder adaptive`
+    publishes the same, and says so."""
     from safetensors.torch import load_file, save_file
 
     from weight_teleport.cli import main
@@ -294,14 +311,16 @@ def test_publish_command_with_the_adaptive_coder(tmp_path):
     master = torch.randn(256, 512, generator=g) * 0.02
     ckpt, url = tmp_path / "ckpt", f"file://{tmp_path}/store"
     ckpt.mkdir()
-    versions = [master, master + 2e-6 * torch.randn(256, 512, generator=g)]
-    for v, w in enumerate(versions):
+    versions = [master + 2e-6 * k * torch.randn(256, 512, generator=g) for k in range(3)]
+    flags = [["--codec", "sparse_ac"], ["--codec", "sparse_ac"], ["--coder", "adaptive"]]
+    for w, flag in zip(versions, flags):
         save_file({"w": w.to(torch.bfloat16)}, str(ckpt / "model.safetensors"))
-        assert main(["publish", str(ckpt), "--to", url, "--coder", "adaptive"]) == 0
+        assert main(["publish", str(ckpt), "--to", url, *flag]) == 0
+    assert "--coder adaptive is deprecated: use --codec sparse_ac" in capsys.readouterr().err
     with open_store(url) as store:
-        entry = from_json(store.get_manifest()).entries[-1]
-        assert entry.kind == "delta"
-        assert read_header(store.get(entry.key)).tensors[0].codec == "sparse_ac"
-    assert main(["pull", url, "--out", str(tmp_path / "out"), "--version", "1"]) == 0
+        deltas = [e for e in from_json(store.get_manifest()).entries if e.kind == "delta"]
+        assert [e.version for e in deltas] == [1, 2]
+        assert all(read_header(store.get(e.key)).tensors[0].codec == "sparse_ac" for e in deltas)
+    assert main(["pull", url, "--out", str(tmp_path / "out"), "--version", "2"]) == 0
     got = load_file(str(tmp_path / "out" / "model.safetensors"))["w"]
-    assert torch.equal(got.view(torch.int16), versions[1].to(torch.bfloat16).view(torch.int16))
+    assert torch.equal(got.view(torch.int16), versions[2].to(torch.bfloat16).view(torch.int16))

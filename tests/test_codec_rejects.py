@@ -47,11 +47,11 @@ def test_wrong_base_weights(states, pack):
     _rejects(state, pack, PackMismatchError)
 
 
-@pytest.mark.parametrize("coder", ["zstd", "adaptive"])
-def test_other_weights_than_the_base_are_named_as_such(states, coder):
+@pytest.mark.parametrize("codec", ["sparse", "sparse_ac"])
+def test_other_weights_than_the_base_are_named_as_such(states, codec):
     """Weights whose exponents differ from the base's make a sparse chunk's changes not
     fit: the error names the base, not corrupt streams."""
-    pack = wt.encode_delta(*states, base_version=1, version=2, chunk_elems=4096, coder=coder)
+    pack = wt.encode_delta(*states, base_version=1, version=2, chunk_elems=4096, codec=codec)
     g = torch.Generator().manual_seed(9)
     other = {"a": (torch.randn(300, 70, generator=g) * 4).to(torch.bfloat16),
              "b": states[0]["b"].clone()}

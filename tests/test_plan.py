@@ -30,7 +30,7 @@ def test_classes_follow_change_rates():
 
 
 def test_small_classes_are_merged():
-    """A class costs CLASS_COST_BITS: keys of alike rates and few changes share one."""
+    """A class costs `class_cost("sparse")`: keys of alike rates and few changes share one."""
     total = np.full(256, 1000, np.int64)
     changed = np.zeros(256, np.int64)
     changed[:40] = np.arange(1, 41)
@@ -75,7 +75,7 @@ def _partitions(items):
 
 def _estimate(total, changed, groups) -> float:
     chunks = -(-int(total.sum()) // P.DEFAULT_CHUNK_ELEMS)
-    return sum(_mask_bits(int(changed[g].sum()), int(total[g].sum())) + P.CLASS_COST_BITS * chunks for g in groups)
+    return sum(_mask_bits(int(changed[g].sum()), int(total[g].sum())) + P.class_cost("sparse") * chunks for g in groups)
 
 
 @st.composite

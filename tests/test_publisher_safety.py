@@ -136,18 +136,23 @@ def test_a_publisher_whose_origin_refuses_connections_says_so_at_start() -> None
 
 
 def test_every_config_field_is_checked_when_the_config_is_made() -> None:
-    from weight_teleport.codec.cpu.backend import CODERS
-    from weight_teleport.format.limits import MAX_CHUNK_ELEMS
-    from weight_teleport.pipeline import config
-
-    assert set(config.CODERS) == set(CODERS) and config.MAX_CHUNK_ELEMS == MAX_CHUNK_ELEMS
-    for field, value in [("coder", "adaptiv"), ("backpressure", "drop"), ("anchor_every", 0),
-                         ("chunk_elems", 12), ("threads", 0), ("level", 23), ("retry_for_s", -1),
-                         ("baseline_device", "gpu"), ("max_pending", 1.5)]:
+    for field, value in [("codec", "sparse_acc"), ("coder", "adaptiv"), ("backpressure", "drop"),
+                         ("anchor_every", 0), ("chunk_elems", 12), ("threads", 0), ("level", 23),
+                         ("retry_for_s", -1), ("baseline_device", "gpu"), ("max_pending", 1.5)]:
         with pytest.raises(ConfigError, match=f"PublisherConfig.{field}="):
             PublisherConfig(**{field: value})
     with pytest.raises(ConfigError, match="keep_anchors"):
         PublisherConfig(retention=RetentionConfig(keep_anchors=-1))
+
+
+def test_the_deprecated_coder_field_sets_the_codec() -> None:
+    with pytest.warns(DeprecationWarning, match="PublisherConfig.coder='adaptive' is deprecated: use "
+                                                "codec='sparse_ac'") as caught:
+        config = PublisherConfig(coder="adaptive")
+    assert caught[0].filename == __file__
+    assert (config.codec, config.coder) == ("sparse_ac", None)
+    with pytest.raises(ConfigError, match="PublisherConfig.coder='zstd': it is deprecated: set codec='sparse_ac'"):
+        PublisherConfig(codec="sparse_ac", coder="zstd")
 
 
 class GatedStore(MemoryStore):

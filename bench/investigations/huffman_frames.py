@@ -17,7 +17,7 @@ import zstandard
 import weight_teleport as wt
 from weight_teleport.bench.simulate import make_config, make_state
 from weight_teleport.codec import streams as codecs
-from weight_teleport.codec.cpu.backend import class_maps
+from weight_teleport.codec.plan import class_maps
 from weight_teleport.codec.cuda.kernels import stream_tables
 from weight_teleport.codec.dtypes import BY_NAME
 from weight_teleport.codec.cuda.zstd_literals.reference import frame

@@ -18,11 +18,10 @@ import torch
 import weight_teleport as wt
 from weight_teleport.bench.simulate import UNCALIBRATED, _generator, _init_tensor, make_config, tensor_shapes
 from weight_teleport.codec import digest as D
-from weight_teleport.codec.cpu import backend as cpu
 from weight_teleport.codec.cuda.runtime import memory
 from weight_teleport.codec.cuda.stage import sparse, staging
 from weight_teleport.codec.dtypes import BY_NAME
-from weight_teleport.codec.plan import run_arrays
+from weight_teleport.codec.plan import class_maps, run_arrays
 from weight_teleport.format import read_header
 from weight_teleport.format.container import ChunkSpans
 
@@ -86,7 +85,7 @@ def main() -> None:
         "ChunkSpans.of": lambda: ChunkSpans.of(header, recs),
         "class-map runs as arrays and their classes (plan.run_arrays)": lambda: run_arrays(
             [r.classes for r in recs]).top_classes(),
-        "class maps from those arrays (cpu.class_maps)": lambda: cpu.class_maps(recs, info, runs),
+        "class maps from those arrays (plan.class_maps)": lambda: class_maps(recs, info, runs),
         "the stream tables' walk on a helper, waited for (StreamsRead)": lambda: sparse.StreamsRead(
             pack, spans, recs, n_classes, *spans.bounds(), pool).done.result(),
         "the same, then its checks and layout (StreamsRead.result)": lambda: sparse.StreamsRead(

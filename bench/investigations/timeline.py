@@ -31,7 +31,7 @@ from weight_teleport.format import container
 
 SPOTS = {
     "stage": [(api, "read_header"), (api, "_lives"), (staging, "_batches"), (stage_sparse.SparseBatch, "__init__"),
-              (stage_sparse.StreamsRead, "result"), (stage_sparse.SparseBatch, "decode"), (staging.cpu, "class_maps"),
+              (stage_sparse.StreamsRead, "result"), (stage_sparse.SparseBatch, "decode"), (staging, "class_maps"),
               (stage_sparse.SparseBatch, "decompress"),
               (stream_tables, "read"),
               (chunk_table, "build"), (class_ranks, "table_counts"), (decode_streams, "_on_gpu"),

@@ -24,10 +24,11 @@ import torch
 from weight_teleport.bench.baselines import BASELINES, BaselineUnavailable, State
 from weight_teleport.bench.entropy import bit_view, delta_entropy
 from weight_teleport.bench.simulate import REAL_STEPS, UNCALIBRATED, Calibration, delta_pairs, make_config, make_state
+from weight_teleport.format.codecs import CHOICES, DEFAULT
 
 OURS = "weight_teleport"
-OURS_ADAPTIVE = "weight_teleport_adaptive"
-"""Our codec with the adaptive range coder (`encode_delta(coder="adaptive")`)."""
+"""Our codec with its default codec of sparse records; with another, OURS + "_" + its name
+(`weight_teleport_sparse_ac`: `encode_delta(codec="sparse_ac")`)."""
 REFERENCE = "xor_zstd1"
 
 
@@ -42,7 +43,7 @@ class Codec:
     """``decode`` patches the state it is given: it gets a copy made outside the timer."""
 
 
-def _our_codec(threads: int | None, coder: str = "zstd") -> Codec | None:
+def _our_codec(threads: int | None, codec: str = DEFAULT) -> Codec | None:
     try:
         from weight_teleport.codec import apply_delta, encode_delta
     except ImportError as e:
@@ -50,18 +51,19 @@ def _our_codec(threads: int | None, coder: str = "zstd") -> Codec | None:
         return None
 
     def encode(old: State, new: State) -> bytes:
-        return encode_delta(old, new, base_version=0, version=1, threads=threads, coder=coder)
+        return encode_delta(old, new, base_version=0, version=1, threads=threads, codec=codec)
 
     def decode(state: State, blob: bytes) -> State:
         apply_delta(state, blob, threads=threads)
         return state
 
-    return Codec(OURS if coder == "zstd" else OURS_ADAPTIVE, encode, decode, in_place=True)
+    return Codec(OURS if codec == DEFAULT else f"{OURS}_{codec}", encode, decode, in_place=True)
 
 
 def codecs(threads: int | None = None) -> list[Codec]:
-    """Our codec with each coder (when importable) followed by every baseline."""
-    ours = [c for c in (_our_codec(threads), _our_codec(threads, "adaptive")) if c]
+    """Our codec with each codec of sparse records (when importable; the default first)
+    followed by every baseline."""
+    ours = [c for c in (_our_codec(threads, name) for name in CHOICES) if c]
     peers = [Codec(b.name, b.encode, b.decode) for b in BASELINES]
     return ours + peers
 

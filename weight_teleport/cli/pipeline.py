@@ -10,6 +10,7 @@ from weight_teleport.cli.common import INTERRUPTED, ByteBar, add_store_arguments
 
 
 def publish_arguments(p: argparse.ArgumentParser) -> None:
+    from weight_teleport.format.codecs import CHOICES, DEPRECATED_CODERS
     from weight_teleport.pipeline.config import PublisherConfig as d, RetentionConfig
 
     p.add_argument("checkpoint", type=Path, help="directory of an HF-style safetensors checkpoint")
@@ -17,8 +18,9 @@ def publish_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--version", type=int, help="version number (default: the next one)")
     p.add_argument("--anchor-every", type=int, default=d.anchor_every, help="a full snapshot every N versions")
     p.add_argument("--keep-anchors", type=int, default=RetentionConfig.keep_anchors, help="anchors kept (0: keep everything)")
-    p.add_argument("--coder", choices=("zstd", "adaptive"), default=d.coder,
-                   help="how a delta codes its sparse records (adaptive: smaller, slower on dense steps)")
+    p.add_argument("--codec", choices=CHOICES, default=d.codec,
+                   help="the codec of a delta's sparse records (sparse_ac: smaller, slower on dense steps)")
+    p.add_argument("--coder", choices=tuple(DEPRECATED_CODERS), help=argparse.SUPPRESS)  # deprecated: --codec
     add_store_arguments(p)
 
 
@@ -32,6 +34,19 @@ def pull_arguments(p: argparse.ArgumentParser) -> None:
     add_store_arguments(p)
 
 
+def _codec(args: argparse.Namespace) -> str:
+    """`--codec`, or the codec the deprecated `--coder` meant (said on stderr)."""
+    from weight_teleport.format.codecs import DEFAULT, DEPRECATED_CODERS
+
+    if args.coder is None:
+        return args.codec
+    codec = DEPRECATED_CODERS[args.coder]
+    if args.codec not in (DEFAULT, codec):
+        raise ValueError(f"--coder is deprecated: give --codec {args.codec} alone")
+    print(f"weight-teleport publish: --coder {args.coder} is deprecated: use --codec {codec}", file=sys.stderr)
+    return codec
+
+
 def publish_main(args: argparse.Namespace) -> int:
     """Publish CHECKPOINT as a new version (a delta against the store's latest).
 
@@ -40,10 +55,11 @@ def publish_main(args: argparse.Namespace) -> int:
     from weight_teleport.pipeline import Publisher, PublisherConfig, RetentionConfig
     from weight_teleport.pipeline.checkpoint import load_checkpoint, load_side_files
 
+    codec = _codec(args)
     with ByteBar("upload") as bar:
         store = store_config(args)
         store.upload_progress = bar.update
-        config = PublisherConfig(anchor_every=args.anchor_every, store=store, coder=args.coder,
+        config = PublisherConfig(anchor_every=args.anchor_every, store=store, codec=codec,
                                  retention=RetentionConfig(keep_anchors=args.keep_anchors))
         publisher = Publisher(args.url, config)
         print(f"weight-teleport publish: {args.checkpoint} to {args.url} (Ctrl-C cancels)",

@@ -8,6 +8,7 @@ from collections.abc import Callable, Iterable, Mapping, MutableMapping
 import numpy as np
 import torch
 
+from weight_teleport.codec import registry
 from weight_teleport.codec import walks as W
 from weight_teleport.codec.backend import Backend, backend_of
 from weight_teleport.codec.slices import chunk_window
@@ -75,10 +76,10 @@ def _placed(records, walks) -> None:
 
 
 def _pack(kind, backend_items, version, base_version, chunk_elems, level, threads, cuda=None, pinned=False,
-          coder="zstd"):
+          codec=registry.DEFAULT):
     check_chunk_elems(chunk_elems)
     backend, items, walks = backend_items
-    records, chunks, ready, codecs = backend.encode(items, chunk_elems, level, threads, cuda, pinned, coder)
+    records, chunks, ready, codecs = backend.encode(items, chunk_elems, level, threads, cuda, pinned, codec)
     _placed(records, walks)
     header = PackHeader(kind=kind, version=version, base_version=base_version,
                         chunk_elems=chunk_elems, tensors=records, stream_codecs=codecs)
@@ -94,14 +95,17 @@ def encode_delta(old: Mapping[str, torch.Tensor], new: Mapping[str, torch.Tensor
                  base_version: int, version: int, chunk_elems: int = DEFAULT_CHUNK_ELEMS,
                  level: int = DEFAULT_LEVEL, threads: int | None = None, cuda=None,
                  pinned: bool = False, slices: Mapping[str, TensorSlice] | None = None,
-                 hints: Mapping[str, Hint] | None = None, coder: str = "zstd") -> bytes | np.ndarray:
+                 hints: Mapping[str, Hint] | None = None, codec: str = registry.DEFAULT,
+                 coder: str | None = None) -> bytes | np.ndarray:
     """A pack that turns `old` (at `base_version`) into `new` (at `version`), bit for bit.
 
     Both states map the same names to tensors of the same shapes and dtypes. `level` is the
-    zstd level of the streams (CPU stream coding); `threads` defaults to all cores. `coder`
-    codes the sparse records: "zstd" (codec `sparse`, which every reader stages) or
-    "adaptive" (codec `sparse_ac`: an adaptive range coder, smaller packs, slower to code
-    where many elements change; both backends write and stage it; docs/FORMAT.md). `cuda`, a
+    zstd level of the streams (CPU stream coding); `threads` defaults to all cores. `codec`
+    is the codec of the sparse records: "sparse" (zstd streams, which every reader stages)
+    or "sparse_ac" (an adaptive range coder, smaller packs, slower to code where many
+    elements change; both backends write and stage it; docs/FORMAT.md); unchanged and
+    heavily changed tensors get their own codecs. `coder` is its deprecated spelling
+    ("zstd": "sparse", "adaptive": "sparse_ac"). `cuda`, a
     `weight_teleport.codec.cuda.config.CudaCodecConfig`, picks the CUDA backend's stream
     codec (default: zstd frames of Huffman-coded literals written on the GPU, portable).
 
@@ -122,9 +126,9 @@ def encode_delta(old: Mapping[str, torch.Tensor], new: Mapping[str, torch.Tensor
     bounds are positions in the walk of the WHOLE tensor, and a record over a box is cut
     where they fall inside it. Records over walks carry a digest per chunk, so that a
     receiver holding a slice verifies the chunks it stages alone."""
+    codec = registry.choose(codec, coder, stacklevel=3)  # 3: past `collections_paused`
     items = _items(new, old, slices, hints, chunk_elems)
-    return _pack("delta", items, int(version), int(base_version), chunk_elems, level, threads, cuda, pinned,
-                 coder)
+    return _pack("delta", items, int(version), int(base_version), chunk_elems, level, threads, cuda, pinned, codec)
 
 
 @collections_paused()

@@ -1,34 +1,24 @@
 """The interface every codec backend implements, and the one function that picks one.
 
-A backend is a module (`codec/cpu/backend.py`, `codec/cuda/backend.py`) holding these
-functions; `codec/api.py` checks the caller's arguments, builds the walk views and writes
-the container, and asks the backend of the tensors' device for the rest. What a backend
-cannot do (the CPU backend: GPU-only stream codecs) it refuses with the error a user can
-act on, here and nowhere else."""
+A backend is a module (`codec/cpu/backend.py`, `codec/cuda/backend.py`, imported on first
+use through codec/registry.py) holding these functions; `codec/api.py` checks the caller's
+arguments, builds the walk views and writes the container, and asks the backend of the
+tensors' device for the rest. What a backend cannot do (the CPU backend: GPU-only stream
+codecs) it refuses with the error a user can act on, here and nowhere else."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import Any, NamedTuple, Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 
+from weight_teleport.codec import registry
 from weight_teleport.codec.dtypes import DtypeInfo
+from weight_teleport.codec.items import Encoded, EncodeItem
 from weight_teleport.codec.patch import StagedPatch
 from weight_teleport.codec.walks import Hint, TensorSlice
-from weight_teleport.format import PackHeader, TensorRecord
-
-
-class Encoded(NamedTuple):
-    """What a backend's `encode` returns: the records (chunk offsets relative to `chunks`),
-    the chunks' bytes, `ready()` (returns once the chunks hold their final bytes: the CUDA
-    encoder's copies from the device may still run), and the stream codecs the chunks may
-    name (the header's `stream_codecs`)."""
-
-    records: list[TensorRecord]
-    chunks: list
-    ready: Callable[[], None]
-    stream_codecs: list[str]
+from weight_teleport.format import PackHeader
 
 
 @runtime_checkable
@@ -39,21 +29,20 @@ class Backend(Protocol):
     """`Live(tensor, info)`: a live tensor as the backend's stage and apply read it (a walk
     view of the caller's tensor for records over boxes)."""
 
-    def item(self, name: str, info: DtypeInfo, new: torch.Tensor, old: torch.Tensor | None) -> Any:
+    def item(self, name: str, info: DtypeInfo, new: torch.Tensor, old: torch.Tensor | None) -> EncodeItem:
         """The encode item of a whole tensor (and of its base; None for snapshots)."""
 
     def walk_item(self, name: str, info: DtypeInfo, new: torch.Tensor, old: torch.Tensor | None,
-                  sl: TensorSlice, hint: Hint, chunk_elems: int) -> Any:
+                  sl: TensorSlice, hint: Hint, chunk_elems: int) -> EncodeItem:
         """The encode item of a record over a walk: `new` and `old` are flat walks of the
         box `sl` in `hint.order`; the record is cut where `hint.bounds` fall and carries a
         digest per chunk."""
 
-    def encode(self, items: list, chunk_elems: int, level: int, threads: int | None,
-               config: Any, pinned: bool, coder: str) -> Encoded:
+    def encode(self, items: list[EncodeItem], chunk_elems: int, level: int, threads: int | None,
+               config: Any, pinned: bool, codec: str) -> Encoded:
         """The records and chunks of `items`. `config`: the caller's `cuda` argument
         (ValueError where the backend takes none); `pinned`: the pack goes to pinned host
-        memory; `coder`: "zstd" or "adaptive", how sparse records are coded (ValueError
-        where the backend does not write it)."""
+        memory; `codec`: the codec of the sparse records (`registry.CHOICES`)."""
 
     def check_stage(self, header: PackHeader, windows: dict) -> None:
         """UnsupportedFormatError unless this backend stages the pack of `header`: its
@@ -86,10 +75,8 @@ def backend_of(tensors: Iterable[torch.Tensor]) -> Backend:
     runs over every tensor of both states per call."""
     tensors = list(tensors)
     if all(t.is_cpu for t in tensors):
-        from weight_teleport.codec.cpu import backend as cpu
-        return cpu
+        return registry.backend("cpu")
     if all(t.is_cuda for t in tensors):
-        from weight_teleport.codec.cuda import backend as cuda
-        return cuda
+        return registry.backend("cuda")
     types = sorted({t.device.type for t in tensors})
     raise ValueError(f"tensors are on {types}; keep a whole state on the CPU or on CUDA devices")

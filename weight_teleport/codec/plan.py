@@ -10,18 +10,12 @@ from typing import NamedTuple
 import numpy as np
 from numba import njit
 
+from weight_teleport.errors import PackFormatError
+from weight_teleport.format.codecs import CODECS, DEFAULT
 from weight_teleport.format.limits import MAX_CHUNK_ELEMS
 
 DEFAULT_CHUNK_ELEMS = 1 << 22
 MAX_CLASSES = 16
-CLASS_COST_BITS = 400.0
-"""What a context class is taken to cost in every chunk beyond its events' entropy: its
-four streams' table entries and the Huffman table and frame of its symbol streams (about
-50 bytes). The planner splits keys into another class only where the split saves more."""
-AC_CLASS_COST_BITS = 60.0
-"""CLASS_COST_BITS for codec `sparse_ac`: a class costs a varint or two of its chunk's table
-and what its adaptive contexts pay to learn (on real training steps, packs shrink as this
-falls from 400 to about 60 and stay flat below)."""
 SPARSE_MAX_DENSITY = 0.3
 """Above this density the dense codecs are tried as well and the smallest output kept."""
 
@@ -58,7 +52,7 @@ class ClassPlan:
         return lut_to_runs(self.lut)
 
 
-def plan_classes(total: np.ndarray, changed: np.ndarray, codec: str = "sparse") -> ClassPlan:
+def plan_classes(total: np.ndarray, changed: np.ndarray, codec: str = DEFAULT) -> ClassPlan:
     """Group context keys whose change rates are alike into classes.
 
     Keys that never changed form a class of their own (it costs nothing to code). The keys
@@ -71,8 +65,10 @@ def plan_classes(total: np.ndarray, changed: np.ndarray, codec: str = "sparse") 
 
 
 def class_cost(codec: str) -> float:
-    """What a class costs per chunk in records of `codec` ("sparse" or "sparse_ac")."""
-    return AC_CLASS_COST_BITS if codec == "sparse_ac" else CLASS_COST_BITS
+    """What a context class is taken to cost in every chunk of a record of the sparse codec
+    `codec`, beyond its events' entropy (its line in format/codecs.py says why): the planner
+    splits keys into another class only where the split saves more."""
+    return CODECS[codec].class_cost_bits
 
 
 @dataclass
@@ -98,7 +94,7 @@ class PlanTable:
         return PlanTable(self.lut[rows], self.inverted[rows], self.n_classes[rows], self.events[rows])
 
 
-def plan_table(total: np.ndarray, changed: np.ndarray, codec: str = "sparse") -> PlanTable:
+def plan_table(total: np.ndarray, changed: np.ndarray, codec: str = DEFAULT) -> PlanTable:
     """`plan_classes` of every row of [tensors, keys] count tables, in one compiled walk."""
     total, changed = np.ascontiguousarray(total, np.int64), np.ascontiguousarray(changed, np.int64)
     if (changed < 0).any() or (changed > total).any():
@@ -251,6 +247,25 @@ def runs_to_luts(runs: list[list[tuple[int, int]]], n_keys: int, arrays: Runs | 
         start, cls = runs[row][run]
         raise ClassMapError(row, f"malformed class map run ({start}, {cls})")
     return luts
+
+
+def class_maps(recs: list, info, runs: Runs | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """([records, keys] uint8 class maps, [records, MAX_CLASSES] inverted flags, classes per
+    record) of sparse records (`format.TensorRecord`s) of one element type (a
+    `dtypes.DtypeInfo`), in one compiled walk; PackFormatError naming the first bad record.
+    `runs`: `run_arrays` of the records' maps, made already."""
+    try:
+        luts = runs_to_luts([rec.classes for rec in recs], 1 << info.exponent_bits, runs)
+    except ClassMapError as e:
+        raise PackFormatError(f"tensor {recs[e.index].name!r}: {e}") from None
+    n_classes = luts.max(1).astype(np.int64) + 1 if len(recs) else np.zeros(0, np.int64)
+    inverted = np.zeros((len(recs), MAX_CLASSES), np.bool_)
+    for i, rec in enumerate(recs):
+        for c in rec.inverted:
+            if not 0 <= c < n_classes[i]:
+                raise PackFormatError(f"tensor {rec.name!r}: inverted class {c} does not exist")
+            inverted[i, c] = True
+    return luts, inverted, n_classes
 
 
 @njit(nogil=True, cache=True)

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from weight_teleport.errors import PackFormatError, UnsupportedFormatError
+from weight_teleport.format.codecs import CODECS as _REGISTRY
 from weight_teleport.format.limits import MAX_CHUNK_ELEMS, ZSTD_MAX_EXPANSION, PackLimits, over_limit
 
 if TYPE_CHECKING:
@@ -19,12 +20,14 @@ KINDS = ("delta", "snapshot")
 DTYPE_BYTES = {"float64": 8, "float32": 4, "bfloat16": 2, "float16": 2, "float8_e4m3fn": 1, "float8_e5m2": 1,
                "int64": 8, "int32": 4, "int16": 2, "int8": 1, "uint8": 1, "bool": 1}
 """The dtypes of the format, and the bytes of an element of each."""
-CODECS = ("same", "sparse", "sparse_ac", "dense_residual", "dense_values")
-SNAPSHOT_CODECS = ("dense_values",)
+CODECS = tuple(_REGISTRY)
+"""The codec names a record may have (format/codecs.py)."""
+SNAPSHOT_CODECS = tuple(name for name, c in _REGISTRY.items() if c.snapshot)
 """A snapshot holds every element of every tensor: the other codecs patch weights a
 receiver already has, and a snapshot's receiver may have none."""
-DENSE_CODECS = ("dense_residual", "dense_values")
+DENSE_CODECS = tuple(name for name, c in _REGISTRY.items() if c.family == "dense")
 _CODECS, _SNAPSHOT, _DENSE = frozenset(CODECS), frozenset(SNAPSHOT_CODECS), frozenset(DENSE_CODECS)
+_NO_CHUNKS = frozenset(name for name, c in _REGISTRY.items() if c.family == "same")
 _HEX_DIGITS = b"0123456789abcdef"
 
 
@@ -87,7 +90,7 @@ def _check_records(h: "PackHeader", limits: PackLimits) -> tuple[list[int], list
             numel = check_v2_record(t, h, limits)
         if t.changed > numel:
             raise PackFormatError(f"tensor {t.name!r} claims {t.changed} changed elements of {numel}")
-        n_chunks = 0 if codec == "same" else len(t.cuts) if t.cuts else -(-numel // chunk_elems)
+        n_chunks = 0 if codec in _NO_CHUNKS else len(t.cuts) if t.cuts else -(-numel // chunk_elems)
         if len(t.chunks) != n_chunks:
             raise PackFormatError(f"tensor {t.name!r} has {len(t.chunks)} chunks, expected {n_chunks}")
         counts.append(n_chunks)
@@ -118,7 +121,7 @@ def check_v2_record(t, h: "PackHeader", limits: PackLimits) -> int:
     numel = _capped_prod([e for _, e in t.box], limits.max_numel) if t.box is not None else t.numel
     if t.cuts:
         _check_cuts(t, numel)
-    n_chunks = len(t.cuts) if t.cuts else (0 if t.codec == "same" else -(-numel // h.chunk_elems))
+    n_chunks = len(t.cuts) if t.cuts else (0 if t.codec in _NO_CHUNKS else -(-numel // h.chunk_elems))
     _check_chunk_digests(t, t.chunk_digests, t.digest, "chunk_digests", n_chunks)
     if h.kind == "delta":
         if bool(t.chunk_base_digests) != bool(t.chunk_digests):
@@ -132,8 +135,8 @@ def check_v2_record(t, h: "PackHeader", limits: PackLimits) -> int:
 
 def _check_cuts(t, numel: int) -> None:
     cuts = t.cuts
-    if t.codec == "same":
-        raise PackFormatError(f"tensor {t.name!r} has codec 'same' and cuts: it has no chunks")
+    if t.codec in _NO_CHUNKS:
+        raise PackFormatError(f"tensor {t.name!r} has codec {t.codec!r} and cuts: it has no chunks")
     if any(type(c) is not int or not 1 <= c <= MAX_CHUNK_ELEMS for c in cuts):
         raise PackFormatError(f"tensor {t.name!r} has a cut outside [1, {MAX_CHUNK_ELEMS}]")
     if any(c % 8 for c in cuts[:-1]):

@@ -65,7 +65,8 @@ class TensorRecord(msgspec.Struct):
     dtype: str
     shape: tuple[Count, ...]
     codec: str
-    """'same' (unchanged, no chunks), 'sparse', 'dense_residual' or 'dense_values'."""
+    """A name of format/codecs.py: 'same' (unchanged, no chunks), 'sparse', 'sparse_ac',
+    'dense_residual' or 'dense_values'."""
     digest: str
     """Digest of the tensor's full new bytes, 16 hex digits (codec/digest.py)."""
     base_digest: str | None = None

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
+from weight_teleport.format.codecs import CHOICES, DEFAULT, DEPRECATED_CODERS
+from weight_teleport.format.limits import MAX_CHUNK_ELEMS
 from weight_teleport.observe.config import MetricsConfig
 from weight_teleport.pipeline.errors import ConfigError
 from weight_teleport.store import StoreConfig
@@ -15,11 +18,6 @@ if TYPE_CHECKING:
 
 BACKPRESSURE = ("block", "skip")
 BASELINE_DEVICES = ("cpu", "cuda")
-CODERS = ("zstd", "adaptive")
-"""The coders of `encode_delta` (`codec.cpu.backend.CODERS`; a test holds them equal)."""
-MAX_CHUNK_ELEMS = 1 << 22
-"""`format.limits.MAX_CHUNK_ELEMS` (imported here, it would load the codec's dependencies
-for the CLI's `--help`; a test holds them equal)."""
 
 
 @dataclass
@@ -62,9 +60,9 @@ class PublisherConfig:
     version 2). None: regular chunks (format version 1)."""
     level: int = 3
     """Zstd level of the pack streams."""
-    coder: str = "zstd"
-    """How deltas code their sparse records (`encode_delta`'s `coder`): "zstd", or
-    "adaptive", smaller packs, slower to code where many elements change (readers older
+    codec: str = DEFAULT
+    """The codec of a delta's sparse records (`encode_delta`'s `codec`): "sparse", or
+    "sparse_ac", smaller packs, slower to code where many elements change (readers older
     than codec `sparse_ac` refuse them)."""
     threads: int | None = None
     """Encoder threads; None uses every core."""
@@ -88,6 +86,9 @@ class PublisherConfig:
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     """Where the Prometheus metrics are seen (`Publisher.metrics`): a port of their own,
     or a registry the host process serves."""
+    coder: str | None = None
+    """Deprecated (use `codec`): "zstd" meant "sparse", "adaptive" "sparse_ac". Checked
+    and moved into `codec` when the config is made (then None)."""
 
     def __post_init__(self) -> None:
         self.validate()
@@ -105,8 +106,16 @@ class PublisherConfig:
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise bad(name, f"use an integer >= {low}" + (" or None" if none else ""))
 
+        if self.coder is not None:
+            if self.coder not in DEPRECATED_CODERS:
+                raise bad("coder", f"coder is deprecated: set codec, one of {', '.join(map(repr, CHOICES))}")
+            if self.codec not in (DEFAULT, DEPRECATED_CODERS[self.coder]):
+                raise bad("coder", f"it is deprecated: set codec={self.codec!r} alone")
+            warnings.warn(f"PublisherConfig.coder={self.coder!r} is deprecated: use "
+                          f"codec={DEPRECATED_CODERS[self.coder]!r}", DeprecationWarning, stacklevel=4)
+            self.codec, self.coder = DEPRECATED_CODERS[self.coder], None
         for name, choices in (("backpressure", BACKPRESSURE), ("baseline_device", BASELINE_DEVICES),
-                              ("coder", CODERS)):
+                              ("codec", CHOICES)):
             if getattr(self, name) not in choices:
                 raise bad(name, f"use one of {', '.join(map(repr, choices))}")
         whole("anchor_every", 1)

@@ -180,7 +180,7 @@ class Encoder:
 
     def _encode_delta(self, job: EncodeJob, base: int):
         return encode_delta(self.baseline, job.snapshot, base_version=base, version=job.version,
-                            coder=self.config.coder, **self._options())
+                            codec=self.config.codec, **self._options())
 
     def _encode_snapshot(self, job: EncodeJob):
         return encode_snapshot(job.snapshot, version=job.version, **self._options())

@@ -128,7 +128,7 @@ class PublisherGroup:
             opts["chunk_elems"] = self.config.chunk_elems
         if kind == "delta":
             pack = encode_delta(self.baseline, snapshot, base_version=self.baseline_version, version=version,
-                                coder=self.config.coder, **opts)
+                                codec=self.config.codec, **opts)
         else:
             pack = encode_snapshot(snapshot, version=version, **opts)
         pack = bytes(pack)

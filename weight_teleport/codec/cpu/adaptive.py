@@ -1,6 +1,7 @@
-"""The adaptive binary range coder of codec `sparse_ac` (docs/FORMAT.md, "Codec
-`sparse_ac`"): numba kernels that code one chunk's classes of gaps and residuals into one
-byte string and back.
+"""Codec `sparse_ac` on the CPU (docs/FORMAT.md, "Codec `sparse_ac`"): a chunk's encoder
+and decoder (`encode_chunk`, `decode_chunk`, codec/registry.py names them), and the numba
+kernels of its adaptive binary range coder, which code one chunk's classes of gaps and
+residuals into one byte string and back.
 
 The coder is LZMA's binary range coder (32-bit range, carries through a cached byte) with
 16-bit probabilities whose adaptation rate starts fast and slows as a context sees more
@@ -12,25 +13,15 @@ stage_adaptive.py) mirror the encoder and the decoder here bit for bit."""
 import numpy as np
 from numba import njit
 
+from weight_teleport.codec.cpu.chunks import chunk_events, place, starts
 from weight_teleport.codec.cpu.kernels import unzigzag, zigzag
-from weight_teleport.format.groups import read_varint
+from weight_teleport.codec.dtypes import DtypeInfo
+from weight_teleport.codec.plan import ClassPlan
+from weight_teleport.codec.sparse_ac import (GAP_MANT, GAP_TREE, KERNEL, N_CONTEXTS, PROB_BITS, RES_LEN, TOP,
+                                             read_tables, write_table)
+from weight_teleport.errors import PackFormatError
 
 U64 = np.uint64
-KERNEL = dict(nogil=True, cache=True, boundscheck=False)
-
-PROB_BITS = 16
-RATE_MAX = 7
-"""An adaptive context's rate is 2^-s with s = bit length of (bits seen + 1), at most RATE_MAX."""
-TOP = 1 << 24
-
-GAP_TREE = 32
-"""Nodes of the gap's bit-length tree (5 levels: bit lengths 0..31; a chunk's gaps need <= 22)."""
-GAP_MANT = 23
-"""Bit lengths whose first two mantissa bits have contexts (0..22)."""
-RES_LEN = 16
-"""Contexts of the residual's unary bit length (the last one serves every longer length)."""
-RES_MANT = 65
-N_CONTEXTS = GAP_TREE + 4 * GAP_MANT + RES_LEN + RES_MANT
 _GAP_MANT0 = GAP_TREE
 _RES_LEN0 = _GAP_MANT0 + 4 * GAP_MANT
 _RES_MANT0 = _RES_LEN0 + RES_LEN
@@ -50,7 +41,7 @@ def _adapt(ctxs, ctx, bit):
     """Context `ctx` of `ctxs` (each p + (bits seen << 16)) after coding `bit`."""
     w = ctxs[ctx]
     n = w >> 16
-    # s = bit length of (n + 1), at most RATE_MAX (7): no loop, no table
+    # s = bit length of (n + 1), at most sparse_ac.RATE_MAX (7): no loop, no table
     s = 1 + (n >= 1) + (n >= 3) + (n >= 7) + (n >= 15) + (n >= 31) + (n >= 63)
     n = n + (n < 127)
     p = w & 0xFFFF
@@ -327,54 +318,37 @@ def decode_classes(data, ev_off, ev_cnt, res_off, res_cnt, inverted, wmask, gaps
     return pos >= data.size
 
 
-# ---- the class table before a chunk's coded stream ----
-
-@njit(inline="always")
-def _write_varint(out, at, v):
-    while v >= 0x80:
-        out[at] = (v & 0x7F) | 0x80
-        v >>= 7
-        at += 1
-    out[at] = v
-    return at + 1
-
-
-@njit(**KERNEL)
-def write_table(out, at, n_classes, events, changes, inverted):
-    """A chunk's class table at `out[at:]` (K, then each class's events and, for an
-    inverted class, its changes); returns the position after it. At most 10 bytes a varint."""
-    at = _write_varint(out, at, n_classes)
-    for c in range(n_classes):
-        at = _write_varint(out, at, events[c])
-        if inverted[c]:
-            at = _write_varint(out, at, changes[c])
-    return at
+def encode_chunk(old, new, info: DtypeInfo, plan: ClassPlan, total, changed, level: int) -> bytes:
+    """A chunk of codec `sparse_ac`: the class table, then one adaptive range-coded stream
+    of every class's gaps and residuals (`level`: unused, the chunk has no zstd streams)."""
+    events, chg, gaps, res = chunk_events(old, new, info, plan, total, changed)
+    wmask = U64((1 << info.bits) - 1)
+    room = 64 + 2 * gaps.size + res.size
+    while True:
+        out = np.empty(room, np.uint8)
+        at = write_table(out, 0, plan.n_classes, events, chg, plan.inverted)
+        n = encode_classes(gaps, starts(events), events, res, starts(chg), chg, plan.inverted,
+                           U64(1 << (info.bits - 1)), wmask, out[at:])
+        if n >= 0:
+            return out[:at + n].tobytes()
+        room *= 4
 
 
-@njit(**KERNEL)
-def read_tables(pack, starts, lengths, n_classes, inverted, elems, events, changes, coded):
-    """The class tables of chunks: chunk c at pack[starts[c]:starts[c] + lengths[c]], of
-    `n_classes[c]` classes (`inverted` [chunks, >= classes]) and `elems[c]` elements. Fills
-    `events` and `changes` [chunks, >= classes] and `coded` (where each coded stream
-    starts). Returns the first chunk whose table breaks the format's rules (truncated, K not
-    the record's, counts past the chunk's elements), or -1."""
-    for c in range(starts.size):
-        pos, end = starts[c], starts[c] + lengths[c]
-        k, pos = read_varint(pack, pos, end)
-        if k != n_classes[c]:
-            return c
-        ev_sum, ch_sum = 0, 0
-        for j in range(k):
-            e, pos = read_varint(pack, pos, end)
-            ch = e
-            if inverted[c, j] and e >= 0:
-                ch, pos = read_varint(pack, pos, end)
-            if e < 0 or ch < 0:
-                return c
-            events[c, j], changes[c, j] = e, ch
-            ev_sum += e
-            ch_sum += ch
-        if ev_sum > elems[c] or ch_sum > elems[c]:
-            return c
-        coded[c] = pos
-    return -1
+def decode_chunk(old, chunk, info: DtypeInfo, lut: np.ndarray, inverted: np.ndarray):
+    """Positions (ascending) and new bit patterns of the changed elements of a `sparse_ac`
+    chunk (as `chunks.decode_sparse` for a `sparse` one)."""
+    data = np.frombuffer(chunk, np.uint8)
+    k = inverted.size
+    events, changes, coded = np.zeros((1, k), np.int64), np.zeros((1, k), np.int64), np.zeros(1, np.int64)
+    if read_tables(data, np.zeros(1, np.int64), np.array([data.size], np.int64), np.array([k], np.int64),
+                   inverted[None], np.array([old.size], np.int64), events, changes, coded) >= 0:
+        raise PackFormatError("sparse_ac chunk's class table is one its chunk cannot have (truncated, another "
+                              "class count than its record's, or more events or changes than elements)")
+    events, changes = events[0], changes[0]
+    gaps = np.empty(int(events.sum()), np.int64)
+    res = np.empty(int(changes.sum()), np.uint64)
+    wmask = U64((1 << info.bits) - 1)
+    if not decode_classes(data[coded[0]:], starts(events), events, starts(changes), changes, inverted, wmask,
+                          gaps, res):
+        raise PackFormatError("sparse_ac chunk's coded stream is malformed")
+    return place(old, info, lut, inverted, events, gaps, changes, res)

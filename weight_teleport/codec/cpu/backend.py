@@ -1,66 +1,42 @@
-"""The CPU backend: numba kernels over chunks on a thread pool, zstd streams."""
+"""The CPU backend: numba kernels over chunks on a thread pool, zstd streams. Each codec's
+chunks are coded by the functions its line in the registry names (codec/registry.py)."""
 
 import os
 import zlib
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from weight_teleport.codec import digest as D
-from weight_teleport.codec import streams
+from weight_teleport.codec import registry, streams
 from weight_teleport.codec import walks as W
-from weight_teleport.codec.backend import Encoded
 from weight_teleport.codec.cpu import chunks as C
 from weight_teleport.codec.cpu import kernels as K
 from weight_teleport.codec.dtypes import BY_NAME, DtypeInfo, as_uint
+from weight_teleport.codec.items import EncodeItem, Encoded, walk_cuts
 from weight_teleport.codec.patch import ChunkMisfit, ChunkPatch, StagedPatch, TensorPatch, misfit
-from weight_teleport.codec.plan import (MAX_CLASSES, SPARSE_MAX_DENSITY, ClassMapError, Runs, chunk_ranges,
-                                        plan_classes, runs_to_luts)
+from weight_teleport.codec.plan import SPARSE_MAX_DENSITY, class_maps, plan_classes
 from weight_teleport.errors import DigestMismatchError, PackFormatError, PackMismatchError, UnsupportedFormatError
 from weight_teleport.format import ChunkRef, PackHeader, TensorRecord, chunk_payload
 
-DENSE_CODECS = ("dense_residual", "dense_values")
-SPARSE_CODECS = ("sparse", "sparse_ac")
-CODERS = {"zstd": "sparse", "adaptive": "sparse_ac"}
-"""The `coder` choices of `encode` and the codec of their sparse records."""
+SAME, DENSE_CODECS, SPARSE_CODECS = (registry.family(f) for f in ("same", "dense", "sparse"))
 
 
-def sparse_codec(coder: str) -> str:
-    """The codec of sparse records that `coder` writes; ValueError for an unknown coder."""
-    if coder not in CODERS:
-        raise ValueError(f"unknown coder {coder!r}; choose one of {sorted(CODERS)}")
-    return CODERS[coder]
-
-
-@dataclass
-class EncodeItem:
-    name: str
-    info: DtypeInfo
-    shape: tuple[int, ...]
-    new: np.ndarray
-    old: np.ndarray | None
-    """Base bit patterns; None for snapshots."""
-    spans: list[tuple[int, int]] | None = None
-    """[start, stop) of each chunk in walk order; None: chunks of the pack's chunk_elems."""
-    chunk_digests: bool = False
-    """Whether the record carries a digest per chunk (container version 2)."""
-
-
-def item(name: str, info: DtypeInfo, new: torch.Tensor, old: torch.Tensor | None, spans=None,
+def item(name: str, info: DtypeInfo, new: torch.Tensor, old: torch.Tensor | None, cuts=None,
          chunk_digests: bool = False) -> EncodeItem:
     """The bit patterns of one tensor (and of its base, for deltas) to encode, flattened in
-    row-major order (a walk view: codec/walks.py); `spans`, `chunk_digests` as EncodeItem's."""
+    row-major order (a walk view: codec/walks.py); `cuts`, `chunk_digests` as EncodeItem's."""
     return EncodeItem(name, info, tuple(new.shape), as_uint(new), None if old is None else as_uint(old),
-                      spans, chunk_digests)
+                      cuts, chunk_digests)
 
 
 def walk_item(name: str, info: DtypeInfo, new: torch.Tensor, old: torch.Tensor | None, sl: W.TensorSlice,
               hint: W.Hint, chunk_elems: int) -> EncodeItem:
     """The item of a record over a walk of the box `sl`, cut where `hint.bounds` fall, with
     a digest per chunk (receivers holding slices verify the chunks they stage alone)."""
-    return item(name, info, new, old, W.cut_spans(sl, hint, chunk_elems), chunk_digests=True)
+    return item(name, info, new, old, walk_cuts(sl, hint, new.numel(), chunk_elems), chunk_digests=True)
 
 
 def _no_config(config) -> None:
@@ -103,8 +79,9 @@ def _scan(item: EncodeItem, start: int, stop: int):
 
 
 def _candidates(item: EncodeItem, changed: int, sparse: str) -> tuple[str, ...]:
+    """The codecs tried for an item's chunks (the smallest output is kept)."""
     if item.old is None:
-        return ("dense_values",)
+        return registry.SNAPSHOT
     if changed == 0:
         return ()
     if changed <= SPARSE_MAX_DENSITY * item.new.size:
@@ -113,32 +90,36 @@ def _candidates(item: EncodeItem, changed: int, sparse: str) -> tuple[str, ...]:
 
 
 def encode(items: list[EncodeItem], chunk_elems: int, level: int, threads: int | None, config=None,
-           pinned: bool = False, coder: str = "zstd") -> Encoded:
+           pinned: bool = False, codec: str = registry.DEFAULT) -> Encoded:
     """The backend interface's encode (codec/backend.py): zstd streams at `level`, sparse
-    records of `coder`'s codec; `config` must be None; the chunks are host bytes whatever
-    `pinned` says."""
+    records of `codec`; `config` must be None; the chunks are host bytes whatever `pinned`
+    says."""
     _no_config(config)
-    records, chunks = encode_chunks(items, chunk_elems, level, threads, coder)
+    records, chunks = encode_chunks(items, chunk_elems, level, threads, codec)
     return Encoded(records, chunks, lambda: None, ["raw", "zstd"])
 
 
 def encode_chunks(items: list[EncodeItem], chunk_elems: int, level: int, threads: int | None,
-                  coder: str = "zstd"):
+                  sparse: str = registry.DEFAULT):
     """Records (chunk offsets relative to the returned chunk list) and chunk bytes; sparse
-    records of codec `sparse` (coder "zstd") or `sparse_ac` ("adaptive")."""
-    sparse = sparse_codec(coder)
-    ranges = [it.spans if it.spans is not None else chunk_ranges(it.new.size, chunk_elems) for it in items]
+    records of codec `sparse`, dense ones of the dense codec that codes them smallest."""
+    coders: dict[str, Callable] = {}
+    ranges = [it.spans(it.new.size, chunk_elems) for it in items]
     with _pool(threads) as pool:
         scans = [list(pool.map(lambda r, it=it: _scan(it, *r), rs)) for it, rs in zip(items, ranges)]
         records, jobs = [], []
         for it, rs, sc in zip(items, ranges, scans):
             rec, plan = _record(it, sc, sparse)
             if it.chunk_digests and (it.old is None or rec.changed):
-                _add_chunk_digests(rec, it, rs, sc, chunk_elems)
+                _add_chunk_digests(rec, it, rs, sc)
             records.append(rec)
             for codec in _candidates(it, rec.changed, sparse):
+                if codec not in coders:
+                    coders[codec] = registry.cpu_coder(codec)[0]
+                sparse_family = codec in SPARSE_CODECS
                 for r, s in zip(rs, sc):
-                    jobs.append((len(records) - 1, codec, pool.submit(_encode_chunk, it, r, s, codec, plan, level)))
+                    jobs.append((len(records) - 1, codec, pool.submit(_encode_chunk, it, r, s, coders[codec],
+                                                                      sparse_family, plan, level)))
         outputs: dict[tuple[int, str], list[bytes]] = {}
         for idx, codec, fut in jobs:
             outputs.setdefault((idx, codec), []).append(fut.result())
@@ -147,7 +128,7 @@ def encode_chunks(items: list[EncodeItem], chunk_elems: int, level: int, threads
 
 def _record(it: EncodeItem, sc, sparse: str) -> tuple[TensorRecord, object]:
     nbytes = it.new.size * it.info.nbytes
-    rec = TensorRecord(name=it.name, dtype=it.info.name, shape=it.shape, codec="dense_values",
+    rec = TensorRecord(name=it.name, dtype=it.info.name, shape=it.shape, codec=registry.SNAPSHOT[0],
                        digest=D.to_hex(D.finish(sum(s[3] for s in sc), nbytes)), changed=it.new.size)
     if it.old is None:
         return rec, None
@@ -155,7 +136,7 @@ def _record(it: EncodeItem, sc, sparse: str) -> tuple[TensorRecord, object]:
     total = sum(s[0] for s in sc) if sc else np.zeros(C.n_keys(it.info), np.int64)
     changed = sum(s[1] for s in sc) if sc else np.zeros_like(total)
     rec.changed = int(changed.sum())
-    rec.codec = "same"
+    rec.codec = registry.SAME
     if rec.changed == 0:
         return rec, None
     plan = plan_classes(total, changed, sparse)
@@ -163,28 +144,26 @@ def _record(it: EncodeItem, sc, sparse: str) -> tuple[TensorRecord, object]:
     return rec, plan
 
 
-def _add_chunk_digests(rec: TensorRecord, it: EncodeItem, spans, scans, chunk_elems: int) -> None:
+def _add_chunk_digests(rec: TensorRecord, it: EncodeItem, spans, scans) -> None:
     """A digest per chunk (its words numbered by their place in the walk: they add up to the
     record's), and the cuts where the chunks are not the regular ones."""
     nb = it.info.nbytes
     rec.chunk_digests = [D.to_hex(D.finish(sc[3], (e - s) * nb)) for (s, e), sc in zip(spans, scans)]
     if it.old is not None:
         rec.chunk_base_digests = [D.to_hex(D.finish(sc[2], (e - s) * nb)) for (s, e), sc in zip(spans, scans)]
-    if list(spans) != chunk_ranges(it.new.size, chunk_elems):
-        rec.cuts = [e - s for s, e in spans]
+    if it.cuts is not None:
+        rec.cuts = list(it.cuts)
 
 
-def _encode_chunk(it: EncodeItem, r, scan, codec: str, plan, level: int) -> bytes:
+def _encode_chunk(it: EncodeItem, r, scan, encode: Callable, sparse: bool, plan, level: int) -> bytes:
+    """The chunk [start, stop) of an item coded by `encode`, a codec's chunk encoder (of a
+    sparse codec: its class plan and key histograms are the chunk's scan)."""
     start, stop = r
     new = it.new[start:stop]
     old = None if it.old is None else it.old[start:stop]
-    if codec == "sparse":
-        data = C.encode_sparse(old, new, it.info, plan, scan[0], scan[1], level)
-    elif codec == "sparse_ac":
-        data = C.encode_sparse_ac(old, new, it.info, plan, scan[0], scan[1])
-    else:
-        data = C.encode_dense(old, new, it.info, codec, level)
-    return data
+    if sparse:
+        return encode(old, new, it.info, plan, scan[0], scan[1], level)
+    return encode(old, new, it.info, level)
 
 
 def _lay_out(records: list[TensorRecord], outputs):
@@ -224,10 +203,11 @@ class Live:
             self.tensor.view(self.info.int_torch).copy_(flat)
 
 
-def _stage_chunk(live: Live, rec: TensorRecord, ref: ChunkRef, start: int, stop: int,
+def _stage_chunk(live: Live, rec: TensorRecord, decode: Callable, ref: ChunkRef, start: int, stop: int,
                  pack, header: PackHeader, lut, inverted, check_base: bool, walk_start: int = 0):
     """(ChunkPatch, old digest sum or None, new digest sum or delta) of one chunk, the walk's
-    elements [start, stop); `live` holds the walk from element `walk_start` on."""
+    elements [start, stop), decoded by `decode` (the chunk decoder of the record's codec);
+    `live` holds the walk from element `walk_start` on."""
     info = live.info
     data = chunk_payload(pack, header, ref)
     fw = _first_word(start, info)
@@ -236,13 +216,12 @@ def _stage_chunk(live: Live, rec: TensorRecord, ref: ChunkRef, start: int, stop:
     needs_old = check_base or (rec.codec in DENSE_CODECS and header.kind == "delta")
     s_old = C.digest_sum(old, fw) if needs_old else None
     if rec.codec in SPARSE_CODECS:
-        decode = C.decode_sparse if rec.codec == "sparse" else C.decode_sparse_ac
         pos, val = decode(old, data, info, lut, inverted)
         wmask = np.uint64((1 << info.bits) - 1)
         delta = int(K.digest_patch_delta(live.words, live.tail, live.n_full, start, info.nbytes,
                                          pos, val, wmask, _first_word(walk_start, info)))
         return ChunkPatch(start, pos, val), s_old, delta
-    values = C.decode_dense(old, data, info, rec.codec, stop - start)
+    values = decode(old, data, info, stop - start)
     s_new = C.digest_sum(values, fw)
     if header.kind == "snapshot":
         return ChunkPatch(start, None, values), s_old, s_new
@@ -274,6 +253,7 @@ def stage(lives: dict[str, Live], header: PackHeader, pack, check_base: bool, th
     _no_config(config)
     windows = windows or {}
     recs = [rec for rec in header.tensors if rec.name in lives]
+    decoders: dict[str, Callable] = {}
     with _pool(threads) as pool:
         futures = []
         for rec in recs:
@@ -283,10 +263,14 @@ def stage(lives: dict[str, Live], header: PackHeader, pack, check_base: bool, th
                 lut, inverted = _class_map(rec, live.info)
             walk_start, lo, hi = windows.get(rec.name, (0, 0, len(rec.chunks)))
             rs = rec.chunk_spans(header.chunk_elems)[lo:hi]
-            futures.append([pool.submit(_stage_chunk, live, rec, ref, s, e, pack, header, lut, inverted,
+            if rec.codec in SAME:
+                futures.append([pool.submit(_unchanged, live)] if check_base and rec.name not in windows else [])
+                continue
+            if rec.codec not in decoders:
+                decoders[rec.codec] = registry.cpu_coder(rec.codec)[1]
+            decode = decoders[rec.codec]
+            futures.append([pool.submit(_stage_chunk, live, rec, decode, ref, s, e, pack, header, lut, inverted,
                                         check_base, walk_start) for ref, (s, e) in zip(rec.chunks[lo:hi], rs)])
-            if check_base and rec.codec == "same" and rec.name not in windows:
-                futures[-1].append(pool.submit(_unchanged, live))
         try:
             results = [[f.result() for f in fs] for fs in futures]
         except ChunkMisfit:
@@ -354,24 +338,6 @@ def _class_map(rec: TensorRecord, info: DtypeInfo):
     """(class of every key, inverted flag of every class) of a sparse record."""
     luts, inverted, n_classes = class_maps([rec], info)
     return luts[0], inverted[0, :n_classes[0]]
-
-
-def class_maps(recs: list[TensorRecord], info: DtypeInfo, runs: Runs | None = None):
-    """([records, keys] uint8 class maps, [records, MAX_CLASSES] inverted flags, classes per
-    record) of sparse records of one element type, in one compiled walk; PackFormatError
-    naming the first bad record. `runs`: `run_arrays` of the records' maps, made already."""
-    try:
-        luts = runs_to_luts([rec.classes for rec in recs], C.n_keys(info), runs)
-    except ClassMapError as e:
-        raise PackFormatError(f"tensor {recs[e.index].name!r}: {e}") from None
-    n_classes = luts.max(1).astype(np.int64) + 1 if len(recs) else np.zeros(0, np.int64)
-    inverted = np.zeros((len(recs), MAX_CLASSES), np.bool_)
-    for i, rec in enumerate(recs):
-        for c in rec.inverted:
-            if not 0 <= c < n_classes[i]:
-                raise PackFormatError(f"tensor {rec.name!r}: inverted class {c} does not exist")
-            inverted[i, c] = True
-    return luts, inverted, n_classes
 
 
 def _verify(rec: TensorRecord, live: Live, results, header: PackHeader, check_base: bool) -> TensorPatch:

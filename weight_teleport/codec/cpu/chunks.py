@@ -1,8 +1,9 @@
-"""Encode and decode one chunk on the CPU: kernels in, format groups out."""
+"""One chunk on the CPU: the chunk coders of codecs `sparse`, `dense_residual` and
+`dense_values` (kernels in, format groups out), and what every sparse codec's chunk coder
+builds on: a chunk's events by class (`chunk_events`) and their placement (`place`)."""
 
 import numpy as np
 
-from weight_teleport.codec.cpu import adaptive as A
 from weight_teleport.codec.cpu import kernels as K
 from weight_teleport.codec.dtypes import DtypeInfo
 from weight_teleport.codec.patch import ChunkMisfit
@@ -60,11 +61,12 @@ def class_counts(plan: ClassPlan, total: np.ndarray, changed: np.ndarray):
     return tot, chg, events
 
 
-def _offsets(counts: np.ndarray) -> np.ndarray:
+def starts(counts: np.ndarray) -> np.ndarray:
+    """Where each of `counts` starts when laid end to end (int64)."""
     return np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
 
 
-def _events(old, new, info: DtypeInfo, plan: ClassPlan, total, changed):
+def chunk_events(old, new, info: DtypeInfo, plan: ClassPlan, total, changed):
     """(events, changes, gaps, residuals) of a chunk: per class its events' and changes'
     counts, and the gaps and residuals of every class back to back in class order."""
     shift, kmask, signbit, wmask = consts(info)
@@ -72,13 +74,13 @@ def _events(old, new, info: DtypeInfo, plan: ClassPlan, total, changed):
     gaps = np.empty(int(events.sum()), np.int64)
     res = np.empty(int(chg.sum()), np.uint64)
     K.sparse_encode(old, new, shift, kmask, plan.lut, plan.inverted, signbit, wmask,
-                    _offsets(events), _offsets(chg), gaps, res)
+                    starts(events), starts(chg), gaps, res)
     return events, chg, gaps, res
 
 
 def encode_sparse(old, new, info: DtypeInfo, plan: ClassPlan, total, changed, level: int) -> bytes:
-    events, chg, gaps, res = _events(old, new, info, plan, total, changed)
-    ev_off, res_off = _offsets(events), _offsets(chg)
+    events, chg, gaps, res = chunk_events(old, new, info, plan, total, changed)
+    ev_off, res_off = starts(events), starts(chg)
     wmask = U64((1 << info.bits) - 1)
     groups = []
     for c in range(plan.n_classes):
@@ -96,41 +98,6 @@ def encode_sparse(old, new, info: DtypeInfo, plan: ClassPlan, total, changed, le
         streams = [syms, bits[:nbits], rsyms[:n_r], esc[:n_esc].astype(info.uint_numpy)]
         groups.append(Group(int(events[c]), [_stream(s, level) for s in streams]))
     return write_groups(groups)
-
-
-def encode_sparse_ac(old, new, info: DtypeInfo, plan: ClassPlan, total, changed) -> bytes:
-    """A chunk of codec `sparse_ac`: the class table, then one adaptive range-coded stream
-    of every class's gaps and residuals."""
-    events, chg, gaps, res = _events(old, new, info, plan, total, changed)
-    wmask = U64((1 << info.bits) - 1)
-    room = 64 + 2 * gaps.size + res.size
-    while True:
-        out = np.empty(room, np.uint8)
-        at = A.write_table(out, 0, plan.n_classes, events, chg, plan.inverted)
-        n = A.encode_classes(gaps, _offsets(events), events, res, _offsets(chg), chg, plan.inverted,
-                             U64(1 << (info.bits - 1)), wmask, out[at:])
-        if n >= 0:
-            return out[:at + n].tobytes()
-        room *= 4
-
-
-def decode_sparse_ac(old, chunk, info: DtypeInfo, lut: np.ndarray, inverted: np.ndarray):
-    """`decode_sparse` for a chunk of codec `sparse_ac`."""
-    data = np.frombuffer(chunk, np.uint8)
-    k = inverted.size
-    events, changes, coded = np.zeros((1, k), np.int64), np.zeros((1, k), np.int64), np.zeros(1, np.int64)
-    if A.read_tables(data, np.zeros(1, np.int64), np.array([data.size], np.int64), np.array([k], np.int64),
-                     inverted[None], np.array([old.size], np.int64), events, changes, coded) >= 0:
-        raise PackFormatError("sparse_ac chunk's class table is one its chunk cannot have (truncated, another "
-                              "class count than its record's, or more events or changes than elements)")
-    events, changes = events[0], changes[0]
-    gaps = np.empty(int(events.sum()), np.int64)
-    res = np.empty(int(changes.sum()), np.uint64)
-    wmask = U64((1 << info.bits) - 1)
-    if not A.decode_classes(data[coded[0]:], _offsets(events), events, _offsets(changes), changes, inverted, wmask,
-                            gaps, res):
-        raise PackFormatError("sparse_ac chunk's coded stream is malformed")
-    return _place(old, info, lut, inverted, events, gaps, changes, res)
 
 
 def _class_streams(group: Group, inverted: bool, info: DtypeInfo):
@@ -175,16 +142,16 @@ def decode_sparse(old, chunk, info: DtypeInfo, lut: np.ndarray, inverted: np.nda
     res_cnt = np.array([p[1].size for p in parts], np.int64)
     gaps = np.concatenate([p[0] for p in parts])
     res = np.concatenate([p[1] for p in parts])
-    return _place(old, info, lut, inverted, ev_cnt, gaps, res_cnt, res)
+    return place(old, info, lut, inverted, ev_cnt, gaps, res_cnt, res)
 
 
-def _place(old, info: DtypeInfo, lut, inverted, ev_cnt, gaps, res_cnt, res):
+def place(old, info: DtypeInfo, lut, inverted, ev_cnt, gaps, res_cnt, res):
     """Positions and new bit patterns from every class's gaps and residuals."""
     shift, kmask, signbit, wmask = consts(info)
     pos = np.empty(res.size, np.int64)
     val = np.empty(res.size, info.uint_numpy)
     n = K.sparse_decode(old, shift, kmask, lut, inverted, signbit, wmask,
-                        _offsets(ev_cnt), ev_cnt, gaps, _offsets(res_cnt), res_cnt, res, pos, val)
+                        starts(ev_cnt), ev_cnt, gaps, starts(res_cnt), res_cnt, res, pos, val)
     if n != res.size:
         raise ChunkMisfit("sparse chunk does not fit the receiver's weights")
     return pos, val
@@ -210,23 +177,31 @@ def _unplanes(groups: list[Group], n: int, dtype: np.dtype) -> np.ndarray:
     return out.reshape(-1).view(dtype)
 
 
-def encode_dense(old, new, info: DtypeInfo, codec: str, level: int) -> bytes:
-    """'dense_values': byte planes of the new bit patterns; 'dense_residual': byte planes of
-    the zigzag residual of every element."""
-    if codec == "dense_values":
-        values = new
-    else:
-        _, _, signbit, wmask = consts(info)
-        values = np.empty(new.size, info.uint_numpy)
-        K.residual_all(old, new, signbit, wmask, values)
-    return write_groups([Group(new.size, [_stream(p, level) for p in _planes(values)])])
+def _encode_planes(values: np.ndarray, level: int) -> bytes:
+    return write_groups([Group(values.size, [_stream(p, level) for p in _planes(values)])])
 
 
-def decode_dense(old, chunk, info: DtypeInfo, codec: str, n: int) -> np.ndarray:
-    """The new bit patterns of every element of a dense chunk."""
+def encode_dense_values(old, new, info: DtypeInfo, level: int) -> bytes:
+    """A chunk of codec `dense_values`: byte planes of the new bit patterns."""
+    return _encode_planes(new, level)
+
+
+def encode_dense_residual(old, new, info: DtypeInfo, level: int) -> bytes:
+    """A chunk of codec `dense_residual`: byte planes of the zigzag residual of every element."""
+    _, _, signbit, wmask = consts(info)
+    values = np.empty(new.size, info.uint_numpy)
+    K.residual_all(old, new, signbit, wmask, values)
+    return _encode_planes(values, level)
+
+
+def decode_dense_values(old, chunk, info: DtypeInfo, n: int) -> np.ndarray:
+    """The new bit patterns of every element of a `dense_values` chunk of n elements."""
+    return _unplanes(read_groups(chunk), n, info.uint_numpy)
+
+
+def decode_dense_residual(old, chunk, info: DtypeInfo, n: int) -> np.ndarray:
+    """The new bit patterns of every element of a `dense_residual` chunk of n elements."""
     values = _unplanes(read_groups(chunk), n, info.uint_numpy)
-    if codec == "dense_values":
-        return values
     _, _, signbit, wmask = consts(info)
     out = np.empty(n, info.uint_numpy)
     K.apply_residual_all(old, values, signbit, wmask, out)

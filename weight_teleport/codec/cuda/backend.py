@@ -2,9 +2,8 @@
 backend's."""
 
 from weight_teleport.codec import digest as D
-from weight_teleport.codec import walks as W
-from weight_teleport.codec import streams
-from weight_teleport.codec.backend import Encoded
+from weight_teleport.codec import registry, streams
+from weight_teleport.codec.items import EncodeItem, Encoded, walk_cuts
 from weight_teleport.codec.cuda.runtime import nvcomp
 from weight_teleport.codec.cuda.stage import staging
 from weight_teleport.codec.cuda.stage.apply import bind
@@ -14,30 +13,27 @@ from weight_teleport.codec.cuda.config import NVCOMP_ALGORITHM, CudaCodecConfig
 from weight_teleport.codec.cuda.kernels.digest import digest as _digest
 from weight_teleport.codec.cuda.kernels.digest import word_sums
 from weight_teleport.codec.cuda.encode.encoder import DEFAULT_CONFIG
-from weight_teleport.codec.cuda.live import EncodeItem, Live
-from weight_teleport.codec.plan import chunk_ranges
+from weight_teleport.codec.cuda.live import Live, encode_item
 from weight_teleport.errors import UnsupportedFormatError
 
-item = EncodeItem.of
+item = encode_item
 
 
 def walk_item(name, info, new, old, sl, hint, chunk_elems: int) -> EncodeItem:
     """The item of a record over a walk (flat `new` and `old`), cut where `hint.bounds`
     fall, with a digest per chunk (receivers holding slices verify the chunks they stage
     alone), as the CPU backend's `walk_item`."""
-    spans = W.cut_spans(sl, hint, chunk_elems)
-    cuts = None if spans == chunk_ranges(new.numel(), chunk_elems) else [e - s for s, e in spans]
-    return EncodeItem.of(name, info, new, old, cuts, chunk_digests=True)
+    return encode_item(name, info, new, old, walk_cuts(sl, hint, new.numel(), chunk_elems), chunk_digests=True)
 
 
 def encode(items: list[EncodeItem], chunk_elems: int, level: int, threads: int | None,
-           config: CudaCodecConfig | None = None, pinned: bool = False, coder: str = "zstd") -> Encoded:
+           config: CudaCodecConfig | None = None, pinned: bool = False, codec: str = registry.DEFAULT) -> Encoded:
     """The backend interface's encode: `config` (default `DEFAULT_CONFIG`) picks the stream
     coder (of `sparse` records); with `pinned` the payload is copied from the device into the
     pinned pack (of a `sparse` payload: `sparse_ac` chunks are laid out on the host)."""
     config = config or DEFAULT_CONFIG
     records, chunks, ready = encoder.encode(items, chunk_elems, level, threads, config=config, pinned=pinned,
-                                            coder=coder)
+                                            codec=codec)
     return Encoded(records, chunks, ready, ["raw", "zstd", *extra_stream_codecs(config)])
 
 

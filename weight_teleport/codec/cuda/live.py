@@ -1,12 +1,12 @@
 """Live CUDA weights as the kernels read them, and the items the encoder takes."""
 
-from dataclasses import dataclass
 from functools import cached_property
 
 import torch
 
 from weight_teleport.codec.cuda.kernels.stage_scatter import scatter
 from weight_teleport.codec.dtypes import DtypeInfo, contiguous
+from weight_teleport.codec.items import EncodeItem
 
 
 def grouped(items, key) -> list[list]:
@@ -102,32 +102,15 @@ def storage_view(tensor: torch.Tensor, info: DtypeInfo) -> torch.Tensor:
     return tensor.view(info.int_torch).as_strided((span,), (1,))
 
 
-@dataclass
-class EncodeItem:
-    name: str
-    info: DtypeInfo
-    shape: tuple[int, ...]
-    new: torch.Tensor
-    """The new tensor's bits in a contiguous tensor of any dtype of their width (the caller's
-    tensor itself when it is contiguous), on the device: the kernels read them through the
-    chunk table's pointers, and only its base gets a flat view (`flat_bits`)."""
-    old: torch.Tensor | None
-    """The same of the base tensor; None for snapshots."""
-    cuts: list[int] | None = None
-    """Elements of each chunk, where they are not the regular chunks (a record cut at a
-    receiver's slice bounds)."""
-    chunk_digests: bool = False
-    """Whether the record carries a digest per chunk (a record over a walk: container
-    version 2)."""
-
-    @classmethod
-    def of(cls, name: str, info: DtypeInfo, new: torch.Tensor, old: torch.Tensor | None, cuts=None,
-           chunk_digests: bool = False) -> "EncodeItem":
-        """An item of the caller's tensors, with no torch call on a contiguous one: a flat
-        view costs four torch dispatches, and for every tensor of a large state they would be
-        the encode call's first milliseconds of host work, before any launch."""
-        return cls(name, info, tuple(new.shape), _bits(new, info), None if old is None else _bits(old, info),
-                   cuts, chunk_digests)
+def encode_item(name: str, info: DtypeInfo, new: torch.Tensor, old: torch.Tensor | None, cuts=None,
+                chunk_digests: bool = False) -> EncodeItem:
+    """An item of the caller's tensors (`EncodeItem.new`: the tensor itself where it is
+    contiguous, else its flat bits), with no torch call on a contiguous one: a flat view
+    costs four torch dispatches, and for every tensor of a large state they would be the
+    encode call's first milliseconds of host work, before any launch. The kernels read the
+    bits through the chunk table's pointers; only its base gets a flat view (`flat_bits`)."""
+    return EncodeItem(name, info, tuple(new.shape), _bits(new, info), None if old is None else _bits(old, info),
+                      cuts, chunk_digests)
 
 
 def _bits(tensor: torch.Tensor, info: DtypeInfo) -> torch.Tensor:

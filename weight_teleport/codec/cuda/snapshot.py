@@ -25,7 +25,8 @@ from weight_teleport.codec import digest as D
 from weight_teleport.codec.cuda.runtime import memory
 from weight_teleport.codec.cuda.kernels.crc import crc32
 from weight_teleport.codec.cuda.kernels.digest import word_sums
-from weight_teleport.codec.cuda.live import EncodeItem, Live
+from weight_teleport.codec.cuda.live import Live
+from weight_teleport.codec.items import EncodeItem
 from weight_teleport.codec.streams import RAW
 from weight_teleport.errors import DigestMismatchError, PackFormatError
 from weight_teleport.format import Group, TensorRecord, read_groups

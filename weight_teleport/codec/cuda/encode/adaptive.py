@@ -9,10 +9,10 @@ import numpy as np
 import torch
 from numba import njit
 
-from weight_teleport.codec.cpu.adaptive import write_table
 from weight_teleport.codec.cuda.encode import sparse
 from weight_teleport.codec.cuda.encode.sparse_chunks import Payload
 from weight_teleport.codec.cuda.kernels import encode_adaptive
+from weight_teleport.codec.sparse_ac import write_table
 from weight_teleport.format.container import crc32_ranges
 
 ROOM_BASE, ROOM_EVENT, ROOM_CHANGE = 64, 3, 2
@@ -35,8 +35,11 @@ def _lay_out(coded, room_at, coded_len, ev_cnt, res_cnt, inverted, n_groups, ncp
     return at
 
 
-def encode(ev: sparse.Events) -> sparse.Encoded:
-    """The `sparse_ac` chunks of every tensor of the batch whose events `ev` are."""
+def encode(ev: sparse.Events, cfg=None, level: int = 0, threads: int | None = None,
+           room: int | None = None) -> sparse.Encoded:
+    """The `sparse_ac` chunks of every tensor of the batch whose events `ev` are, laid out
+    on the host (a sparse codec's CUDA encoder: `cfg`, `level`, `threads` and `room` serve
+    the stream coding of `sparse` and are not used)."""
     seg = ev.segments
     ranks = ev.ranks[0] if len(ev.ranks) == 1 else torch.cat(ev.ranks)
     residuals = ev.residuals[0] if len(ev.residuals) == 1 else torch.cat(ev.residuals)

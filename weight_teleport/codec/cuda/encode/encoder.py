@@ -1,12 +1,16 @@
 """Encoding deltas of CUDA tensors, batched per element type: a scan launch over every
 chunk (histograms and digests, read back in one transfer), the class plans on the CPU (the
 CPU backend's code), then per element type one launch each of the class-count and events
-kernels, symbol and stream coding of all segments, and the payload gathered on the GPU
-(codec/cuda/encode/sparse.py). A large state is scanned in two waves, each planned and its
+kernels, then the chunks of the sparse codec coded from those events by the encoder that
+the codec's line in the registry names (codec/registry.py: codec/cuda/encode/sparse.py's
+symbol and stream coding and payload gathered on the GPU, or adaptive.py's range coder).
+A large state is scanned in two waves, each planned and its
 events launched while the device works on the one before (`_waves`); a wave's records are
 made on the host while its events run. Snapshots are written on the device as raw byte
-planes (codec/cuda/snapshot.py); dense tensors of a delta go through the CPU backend."""
+planes (codec/cuda/snapshot.py); dense tensors of a delta, and a codec without a CUDA
+encoder, go through the CPU backend (through the registry: no backend imports another)."""
 
+import dataclasses
 import os
 import zlib
 from dataclasses import dataclass
@@ -15,14 +19,15 @@ import numpy as np
 import torch
 
 from weight_teleport.codec import digest as D
-from weight_teleport.codec.cpu import backend as cpu
+from weight_teleport.codec import registry
 from weight_teleport.codec.cuda import snapshot
-from weight_teleport.codec.cuda.encode import adaptive, sparse, sparse_chunks
+from weight_teleport.codec.cuda.encode import sparse, sparse_chunks
 from weight_teleport.codec.cuda.kernels import chunk_table
 from weight_teleport.codec.cuda.runtime import memory
 from weight_teleport.codec.cuda.config import CudaCodecConfig
-from weight_teleport.codec.cuda.live import EncodeItem, flat_bits, grouped
+from weight_teleport.codec.cuda.live import flat_bits, grouped
 from weight_teleport.codec.cuda.kernels.encode_scan import SPAN, aligned, scan
+from weight_teleport.codec.items import EncodeItem
 from weight_teleport.codec.plan import SPARSE_MAX_DENSITY, PlanTable, plan_table
 from weight_teleport.format import ChunkRef, TensorRecord, prefix_bound
 
@@ -33,19 +38,16 @@ def _pageable(n: int) -> np.ndarray:
     return np.empty(n, np.uint8)
 
 
-def _host_item(it: EncodeItem) -> cpu.EncodeItem:
+def _host_item(it: EncodeItem) -> EncodeItem:
+    """The item with its bits copied to the host, as the CPU backend takes it."""
     to_np = lambda t: flat_bits(t, it.info).cpu().numpy().view(it.info.uint_numpy)
-    spans = None
-    if it.cuts is not None:
-        ends = np.cumsum(it.cuts).tolist()
-        spans = list(zip([0, *ends[:-1]], ends))
-    return cpu.EncodeItem(it.name, it.info, it.shape, to_np(it.new), None if it.old is None else to_np(it.old),
-                          spans, it.chunk_digests)
+    return dataclasses.replace(it, new=to_np(it.new), old=None if it.old is None else to_np(it.old))
 
 
-def _on_cpu(items: list[EncodeItem], chunk_elems: int, level: int, threads, coder: str):
-    """(records, per-record chunk lists) through the CPU backend."""
-    records, chunks = cpu.encode_chunks([_host_item(it) for it in items], chunk_elems, level, threads, coder)
+def _on_cpu(items: list[EncodeItem], chunk_elems: int, level: int, threads, codec: str):
+    """(records, per-record chunk lists) through the CPU backend (sparse records of `codec`)."""
+    records, chunks, _, _ = registry.backend("cpu").encode([_host_item(it) for it in items], chunk_elems, level,
+                                                           threads, codec=codec)
     parts, at = [], 0
     for rec in records:
         parts.append(chunks[at:at + len(rec.chunks)])
@@ -175,11 +177,12 @@ def _plans(scans: list[_Scan], changed: np.ndarray, codec: str) -> list[PlanTabl
     return plans
 
 
-def _record(it: EncodeItem, s_old: int, s_new: int, changed: int, plan, codec: str = "sparse") -> TensorRecord:
+def _record(it: EncodeItem, s_old: int, s_new: int, changed: int, plan, codec: str = registry.DEFAULT
+            ) -> TensorRecord:
     """An item's record (without chunks) as the CPU backend makes it, from its old and new
     digest word sums and its class plan (None: unchanged); `codec`: its sparse codec."""
     nbytes = it.new.numel() * it.info.nbytes
-    rec = TensorRecord(name=it.name, dtype=it.info.name, shape=it.shape, codec="same",
+    rec = TensorRecord(name=it.name, dtype=it.info.name, shape=it.shape, codec=registry.SAME,
                        digest=D.to_hex(D.finish(s_new & D.MASK64, nbytes)),
                        base_digest=D.to_hex(D.finish(s_old & D.MASK64, nbytes)), changed=changed)
     if changed:
@@ -211,7 +214,7 @@ def _add_chunk_digests(rec: TensorRecord, it: EncodeItem, chunks: np.ndarray) ->
 
 
 def encode(items: list[EncodeItem], chunk_elems: int, level: int, threads: int | None,
-           config: CudaCodecConfig = DEFAULT_CONFIG, pinned: bool = False, coder: str = "zstd"):
+           config: CudaCodecConfig = DEFAULT_CONFIG, pinned: bool = False, codec: str = registry.DEFAULT):
     """Records (chunk offsets into the concatenation of the returned parts), the payload as
     bytes-like parts (valid until this thread's next encode call) and `ready()`, which waits
     for the parts' copies from the device: call it before reading them (the pack's header
@@ -219,16 +222,17 @@ def encode(items: list[EncodeItem], chunk_elems: int, level: int, threads: int |
     tensors are coded by the CPU backend. With `pinned`, a payload that is one batch's alone
     (every changed tensor sparse and of one element type) is copied from the device into
     fresh pinned host memory with room for the pack's preamble and header before it, and is
-    the one part (format.write_pack_into writes the pack around it). `coder`: "zstd" (codec
-    `sparse`, streams as `config` says) or "adaptive" (codec `sparse_ac`)."""
-    codec = cpu.sparse_codec(coder)
+    the one part (format.write_pack_into writes the pack around it) where the codec's
+    encoder writes it there. `codec`: the codec of the sparse records (`sparse`: streams as
+    `config` says)."""
+    chunks_of = registry.cuda_encoder(codec)
     sparse_chunks.begin_encode()
     memory.begin_call()
-    if any(it.old is None for it in items):  # a snapshot: raw byte planes, written on the device...
-        if not any(it.chunk_digests for it in items):
-            return snapshot.encode(items, chunk_elems, pinned, memory.pinned_empty if pinned else _pageable)
-        records, parts = _on_cpu(items, chunk_elems, level, threads, coder)  # ...or a record per walk on the host
-        records, parts = _lay_out(records, parts)
+    snap = any(it.old is None for it in items)
+    if snap and not any(it.chunk_digests for it in items):  # a snapshot: raw byte planes, written on the device
+        return snapshot.encode(items, chunk_elems, pinned, memory.pinned_empty if pinned else _pageable)
+    if snap or chunks_of is None:  # a snapshot's records per walk, or a codec the GPU does not write: on the host
+        records, parts = _lay_out(*_on_cpu(items, chunk_elems, level, threads, codec))
         return records, parts, lambda: None
     numel = np.fromiter((it.new.numel() for it in items), np.int64, len(items))
     launched = [_launch_scan(items, w, chunk_elems) for w in _waves(numel)]
@@ -241,7 +245,7 @@ def encode(items: list[EncodeItem], chunk_elems: int, level: int, threads: int |
         dense = changed > SPARSE_MAX_DENSITY * numel  # the wave's items, and those before it
         at = [i for s in scans for i in s.items if dense[i]]
         if at:
-            for i, rec, ch in zip(at, *_on_cpu([items[i] for i in at], chunk_elems, level, threads, coder)):
+            for i, rec, ch in zip(at, *_on_cpu([items[i] for i in at], chunk_elems, level, threads, codec)):
                 records[i], parts[i], cpu_coded = rec, ch, True
         for s, p in zip(scans, plans):
             j = np.flatnonzero((changed[s.items] > 0) & ~dense[s.items])
@@ -254,16 +258,15 @@ def encode(items: list[EncodeItem], chunk_elems: int, level: int, threads: int |
         _records(items, scans, plans, changed, records, codec)  # while the device works on the events
     for i in np.flatnonzero(numel == 0).tolist():
         records[i] = _record(items[i], 0, 0, 0, None)
-    room, copies = None, []
+    in_room, copies = None, []
     for waves in by_type.values():  # the sparse items of one element type
         g = [i for g, _ in waves for i in g]
         ev = sparse.merge([ev for _, ev in waves])
-        if codec == "sparse_ac":
-            done = adaptive.encode(ev)
-        else:
-            if pinned and len(by_type) == 1 and not cpu_coded:
-                room = prefix_bound(records, int(ev.first_chunk[-1]))
-            done = sparse.encode(ev, config, level, threads or os.cpu_count() or 1, room)
+        room = prefix_bound(records, int(ev.first_chunk[-1])) if pinned and len(by_type) == 1 and not cpu_coded \
+            else None
+        done = chunks_of(ev, config, level, threads or os.cpu_count() or 1, room)
+        if done.room is not None:
+            in_room = done.payload.data
         copies.append(done.payload.copied)
         for i, part in zip(g, _tensor_parts(done, len(g))):
             parts[i] = part
@@ -272,7 +275,7 @@ def encode(items: list[EncodeItem], chunk_elems: int, level: int, threads: int |
     def ready() -> None:
         for copied in copies:
             memory.wait(copied)
-    return records, parts if room is None else [done.payload.data], ready
+    return records, parts if in_room is None else [in_room], ready
 
 
 @dataclass

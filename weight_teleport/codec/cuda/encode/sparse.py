@@ -14,7 +14,7 @@ from weight_teleport.codec.cuda.kernels import (chunk_table, class_ranks, encode
                                                 warp)
 from weight_teleport.codec.cuda.runtime import memory
 from weight_teleport.codec.cuda.config import CudaCodecConfig
-from weight_teleport.codec.cuda.live import EncodeItem
+from weight_teleport.codec.items import EncodeItem
 from weight_teleport.codec.plan import PlanTable
 
 
@@ -31,10 +31,14 @@ class Batch:
 
 @dataclass
 class Encoded:
-    """A batch's chunks on the host, tensor after tensor."""
+    """A batch's chunks on the host, tensor after tensor (what every sparse codec's CUDA
+    encoder returns)."""
     payload: sparse_chunks.Payload
     first_chunk: np.ndarray
     """Index of each tensor's first chunk, then the number of chunks."""
+    room: int | None = None
+    """Where set, the payload lies this many bytes into fresh pinned memory, the room for
+    the pack's preamble and header (`format.write_pack_into`)."""
 
 
 def _class_tables(plans: PlanTable, dev) -> tuple[torch.Tensor, torch.Tensor, np.ndarray, int]:
@@ -111,9 +115,9 @@ def merge(parts: list[Events]) -> Events:
 
 
 def encode(ev: Events, cfg: CudaCodecConfig, level: int, threads: int, room: int | None = None) -> Encoded:
-    """The chunks of every tensor of the batch whose events `ev` are (host waits: the symbol
-    streams' total, the chunks' lengths and CRCs; the payload's copy is queued, into fresh
-    pinned memory `room` bytes past its start when given: sparse_chunks.assemble)."""
+    """The `sparse` chunks of every tensor of the batch whose events `ev` are (host waits:
+    the symbol streams' total, the chunks' lengths and CRCs; the payload's copy is queued,
+    into fresh pinned memory `room` bytes past its start when given: sparse_chunks.assemble)."""
     st = encode_symbols.encode(ev.ranks, ev.residuals, ev.segments)
     payload = sparse_chunks.assemble(st, sparse_chunks.code(st, cfg, level, threads), ev.n_groups, room)
-    return Encoded(payload, ev.first_chunk)
+    return Encoded(payload, ev.first_chunk, room)

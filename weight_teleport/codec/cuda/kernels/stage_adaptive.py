@@ -1,8 +1,9 @@
 """The range decoder of codec `sparse_ac` on the GPU: a program per chunk walks its coded
 stream (docs/FORMAT.md, "Codec `sparse_ac`"), bit for bit as the CPU's
-`codec/cpu/adaptive.py`, and writes what `stage_symbols.decode` writes for a `sparse`
-chunk: each event's class rank as a bit of its (chunk, class) segment's bitmap, each
-segment's last rank, and the residuals, segments in order.
+`codec/cpu/adaptive.py` (both on codec/sparse_ac.py's constants), and writes what
+`stage_symbols.decode` writes for a `sparse` chunk: each event's class rank as a bit of its
+(chunk, class) segment's bitmap, each segment's last rank, and the residuals, segments in
+order.
 
 A chunk's stream is sequential, so a program is one scalar walk; its contexts live in a
 register vector of one warp (read by a masked sum, written by a select): in registers they
@@ -15,7 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
-from weight_teleport.codec.cpu import adaptive as A
+from weight_teleport.codec import sparse_ac as A
 from weight_teleport.codec.cuda.kernels.encode_symbols import unzigzag
 from weight_teleport.codec.cuda.kernels.stage_symbols import Decoded
 from weight_teleport.codec.cuda.runtime import memory

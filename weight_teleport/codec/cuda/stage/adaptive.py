@@ -1,4 +1,5 @@
-"""Staging the `sparse_ac` tensors of one element type on the GPU.
+"""Staging the `sparse_ac` tensors on the GPU (`AdaptiveStage`, the codec's stager that
+the registry names), a batch per element type.
 
 The chunks' class tables (a few varints each) are read on the host in one compiled walk;
 the chunks' bytes go to the device in one copy; a program per chunk range-decodes its
@@ -6,16 +7,20 @@ stream into the segments' event bitmaps and residuals (kernels/stage_adaptive.py
 there the batch is a `SparseBatch`: the same checks against the live weights' class
 counts, the same placement, digests and flags."""
 
+import os
+
 import numpy as np
 import torch
 
-from weight_teleport.codec.cpu import adaptive as A
 from weight_teleport.codec.cuda.kernels import chunk_table, stage_adaptive
+from weight_teleport.codec.cuda.live import grouped
 from weight_teleport.codec.cuda.runtime import memory
 from weight_teleport.codec.cuda.stage.decode_streams import upload_range
 from weight_teleport.codec.cuda.stage.sparse import SparseBatch
+from weight_teleport.codec.plan import class_maps, run_arrays
+from weight_teleport.codec.sparse_ac import read_tables
 from weight_teleport.errors import PackFormatError
-from weight_teleport.format.container import ChunkSpans
+from weight_teleport.format.container import ChunkSpans, crc32_ranges
 
 
 class AdaptiveBatch(SparseBatch):
@@ -33,8 +38,8 @@ class AdaptiveBatch(SparseBatch):
         inv = self._inv_tensors[self.table.host[:, chunk_table.TENSOR]] != 0
         k = self.n_classes[self.table.host[:, chunk_table.TENSOR]]
         u8 = np.frombuffer(pack, np.uint8)
-        bad = A.read_tables(u8, spans.starts, spans.lengths, k, inv, self.table.host[:, chunk_table.LEN], events,
-                            changes, coded)
+        bad = read_tables(u8, spans.starts, spans.lengths, k, inv, self.table.host[:, chunk_table.LEN], events,
+                          changes, coded)
         if bad >= 0:
             rec = self.recs[int(self.table.host[bad, chunk_table.TENSOR])]
             raise PackFormatError(f"tensor {rec.name!r}: a sparse_ac chunk's class table is one its chunk cannot have")
@@ -55,3 +60,31 @@ class AdaptiveBatch(SparseBatch):
         words, self.bitmap = self.bitmap, None
         dec = stage_adaptive.decode(buf, st, en, ev, res_cnt, inv, seg_word, words, n_res, self.info.bits, self.ncp)
         self.place(dec, ev, res_cnt, inv, res_off, seg_word, torch.zeros((), dtype=torch.bool, device=dev))
+
+
+class AdaptiveStage:
+    """The `sparse_ac` records' stager (codec/cuda/stage/staging.py says what a stager
+    does): a batch per element type, launched after the `sparse` batches; their chunks'
+    CRC-32s are checked on the host first, and their bytes go to the device in one copy per
+    batch (not overlapped with the class counts, as the `sparse` batches' are)."""
+
+    crcs = None
+
+    def __init__(self, lives: dict, recs: list, header, pack, threads: int | None, config=None):
+        self.lives, self.recs, self.header, self.pack, self.threads = lives, recs, header, pack, threads
+
+    def launch(self) -> list[AdaptiveBatch]:
+        out = []
+        for rs in grouped(self.recs, lambda r: self.lives[r.name].info.name):
+            spans = ChunkSpans.of(self.header, rs)
+            spans.compare(crc32_ranges(self.pack, spans.starts, spans.lengths, self.threads or os.cpu_count() or 1))
+            info = self.lives[rs[0].name].info
+            b = AdaptiveBatch([self.lives[r.name] for r in rs], rs, self.header,
+                              class_maps(rs, info, run_arrays([r.classes for r in rs])))
+            b.decompress(self.pack, spans)
+            b.decode()
+            out.append(b)
+        return out
+
+    def close(self) -> None:
+        pass

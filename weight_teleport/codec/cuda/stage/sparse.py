@@ -114,7 +114,7 @@ class SparseBatch:
     def __init__(self, lives: list[Live], recs: list, header, maps: tuple):
         """The chunk table, the class counts of the live weights and their rank bases, which
         need no byte of the pack: the caller launches them first, then queues the pack's copy
-        to the device, then `decompress`es and `decode`s. `maps`: `cpu.class_maps` of the
+        to the device, then `decompress`es and `decode`s. `maps`: `plan.class_maps` of the
         records."""
         self.lives, self.recs, self.info = lives, recs, lives[0].info
         luts, inverted, self.n_classes = maps

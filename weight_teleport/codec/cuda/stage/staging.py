@@ -1,11 +1,16 @@
 """Staging a pack against live CUDA weights: decode and verify, write nothing.
 
-Sparse tensors are staged on the GPU, batched per element type and codec
-(codec/cuda/stage/sparse.py, and adaptive.py for `sparse_ac`);
-the checks of all batches and the digests are read back in one transfer. Snapshots of raw
-byte planes (the CUDA encoder's) are staged on the GPU too (codec/cuda/snapshot.py); other
-snapshots and the dense chunks of a delta, rare in a delta stream, go through the CPU
-backend on host tensors."""
+Sparse tensors are staged on the GPU, batched per element type and codec, each codec's
+records by the stager its line in the registry names (codec/registry.py: `SparseStage`
+here for `sparse`, codec/cuda/stage/sparse.py's batches; adaptive.py's for `sparse_ac`).
+A stager is made with (lives, records, header, pack, threads, config) before the records
+staged on the host, and may start host work on helper threads; `launch()` then returns
+its launched `SparseBatch`es, `close()` waits for its helpers, and `crcs` (with `spans`)
+are its chunks' CRC-32s computed on the device, checked after the read-back (None: it
+checked them itself). The checks of all batches and the digests are read back in one
+transfer. Snapshots of raw byte planes (the CUDA encoder's) are staged on the GPU too
+(codec/cuda/snapshot.py); other snapshots, the dense chunks of a delta (rare in a delta
+stream) and a codec without a CUDA stager go through the CPU backend on host tensors."""
 
 import dataclasses
 import os
@@ -17,12 +22,11 @@ import torch
 from numba import njit
 
 from weight_teleport.codec import digest as D
-from weight_teleport.codec.cpu import backend as cpu
+from weight_teleport.codec import registry
 from weight_teleport.codec.cuda import snapshot
 from weight_teleport.codec.cuda.kernels import chunk_table, stage_scatter
 from weight_teleport.codec.cuda.runtime import memory, nvcomp
 from weight_teleport.codec.cuda.stage import decode_streams, sparse
-from weight_teleport.codec.cuda.stage.adaptive import AdaptiveBatch
 from weight_teleport.codec.cuda.config import CudaCodecConfig
 from weight_teleport.codec.cuda.kernels.crc import crc32
 from weight_teleport.codec.cuda.kernels.digest import word_sums
@@ -30,22 +34,27 @@ from weight_teleport.codec.cuda.live import Live, grouped, walk_2d
 from weight_teleport.codec.cuda.stage.patch import DevicePatch, DeviceTensorPatch, FusedGroup, ScatterGroup, WalkGroup
 from weight_teleport.codec.cuda.stage.sparse import FLAGS, SparseBatch
 from weight_teleport.codec.cuda.stage.windows import windowed
-from weight_teleport.codec.patch import misfit
-from weight_teleport.codec.plan import Runs, run_arrays
+from weight_teleport.codec.patch import ChunkPatch, misfit
+from weight_teleport.codec.plan import Runs, class_maps, run_arrays
 from weight_teleport.errors import DigestMismatchError, PackFormatError, PackMismatchError
 from weight_teleport.format.container import ChunkSpans, crc32_ranges
 
 
-def _dense(lives: dict[str, Live], recs, header, pack, check_base: bool, threads, cut: dict) -> dict:
-    """Dense and snapshot tensors: a snapshot's raw byte planes of regular chunks on the
-    device (codec/cuda/snapshot.py), the rest (records with cuts, and records staged in
-    part, `cut`: `windows.windowed`'s) through the CPU backend on host copies (of the live
-    tensors for a delta's dense chunks, which decode against them)."""
+SAME = registry.family("same")
+
+
+def _on_host(lives: dict[str, Live], recs, header, pack, check_base: bool, threads, cut: dict) -> dict:
+    """Dense and snapshot tensors, and those of a codec without a CUDA stager: a snapshot's
+    raw byte planes of regular chunks on the device (codec/cuda/snapshot.py), the rest
+    (records with cuts, and records staged in part, `cut`: `windows.windowed`'s) through the
+    CPU backend on host copies (of the live tensors for a delta, whose chunks decode against
+    them); each chunk's new values as one run from its start (`_run`)."""
     if not recs:
         return {}
     if header.kind == "snapshot" and not any(r.cuts or r.name in cut for r in recs) \
             and snapshot.raw_planes(header, pack, recs):
         return snapshot.stage(lives, header, pack, recs, header.chunk_elems)
+    cpu = registry.backend("cpu")  # looked up at each call: tests stand in for its functions
     host, windows = {}, {}
     for r in recs:
         live = lives[r.name]
@@ -58,7 +67,18 @@ def _dense(lives: dict[str, Live], recs, header, pack, check_base: bool, threads
             windows[r.name] = cut[r.name][1]
     sub = dataclasses.replace(header, tensors=[cut[r.name][0] if r.name in cut else r for r in recs])
     staged = cpu.stage(host, sub, pack, check_base, threads, windows)
-    return {t.name: [(c.start, _upload(c.values, lives[t.name])) for c in t.chunks] for t in staged.tensors}
+    return {t.name: [(c.start, _upload(_run(c, host[t.name].u), lives[t.name])) for c in t.chunks]
+            for t in staged.tensors}
+
+
+def _run(chunk: ChunkPatch, old: np.ndarray) -> np.ndarray:
+    """A chunk's new values from its start on: a dense chunk's, or a sparse chunk's changes
+    over the `old` values (the host copy it was staged against) up to its last change."""
+    if chunk.positions is None:
+        return chunk.values
+    run = old[chunk.start:chunk.start + (int(chunk.positions[-1]) + 1 if chunk.positions.size else 0)].copy()
+    run[chunk.positions] = chunk.values
+    return run
 
 
 def _upload(values: np.ndarray, live: Live) -> torch.Tensor:
@@ -153,7 +173,7 @@ thread launches the class counts."""
 def _start_reads(pack, groups: list[list], runs: list[Runs], spans: ChunkSpans, uploaded: bool,
                  reads: list) -> None:
     """Starts each group's stream-table walk on a helper thread (into `reads`), on the classes
-    its records' class-map runs give (`runs`): `cpu.class_maps` checks the maps later, and a
+    its records' class-map runs give (`runs`): `plan.class_maps` checks the maps later, and a
     valid map's runs give its count. `spans` holds the groups' chunks end to end, `uploaded`:
     all of them go to the device in one `decode_streams.Upload`."""
     cuts = np.cumsum([0] + [sum(len(r.chunks) for r in rs) for rs in groups]).tolist()
@@ -172,7 +192,7 @@ def _batches(lives: dict[str, Live], groups: list[list], runs: list[Runs], heade
     pack's copy is queued,
     then the decompression is launched once the walk is done, then the rest of the decoding,
     then the CRCs, which wait for the decompression (`_device_crcs`)."""
-    maps = [cpu.class_maps(rs, lives[rs[0].name].info, rn) for rs, rn in zip(groups, runs)]
+    maps = [class_maps(rs, lives[rs[0].name].info, rn) for rs, rn in zip(groups, runs)]
     # the walk's tables have the shape of the classes it was given: those of the maps, once checked
     assert all(np.array_equal(m[2], r.n_classes) for m, r in zip(maps, reads))
     batches = [SparseBatch([lives[r.name] for r in rs], rs, header, m) for rs, m in zip(groups, maps)]
@@ -186,34 +206,16 @@ def _batches(lives: dict[str, Live], groups: list[list], runs: list[Runs], heade
     return batches, crcs
 
 
-def _adaptive(lives: dict[str, Live], recs: list, header, pack, threads) -> list[AdaptiveBatch]:
-    """The `sparse_ac` records, a batch per element type, launched after the `sparse`
-    batches: their chunks' CRC-32s are checked on the host first, and their bytes go to the
-    device in one copy per batch (not overlapped with the class counts, as the `sparse`
-    batches' are)."""
-    out = []
-    for rs in _by_type(lives, recs):
-        spans = ChunkSpans.of(header, rs)
-        _check_crcs(pack, spans, threads)
-        b = AdaptiveBatch([lives[r.name] for r in rs], rs, header,
-                          cpu.class_maps(rs, lives[rs[0].name].info, run_arrays([r.classes for r in rs])))
-        b.decompress(pack, spans)
-        b.decode()
-        out.append(b)
-    return out
-
-
-def _read_back(batches: list[SparseBatch], same_sums: torch.Tensor | None, crcs: torch.Tensor | None):
+def _read_back(batches: list[SparseBatch], same_sums: torch.Tensor | None, crcs: list[torch.Tensor]):
     """(flags [batches, 3], digest sums [tensors, 2] int64 (old, new) per sparse tensor then
-    per `same` tensor (its word sum twice), chunk CRC-32s or None): one transfer."""
-    n_crcs = 0 if crcs is None else crcs.numel()
+    per `same` tensor (its word sum twice), each of `crcs`, chunk CRC-32s): one transfer."""
+    n_crcs = [c.numel() for c in crcs]
     parts = [b.flags.long() for b in batches] + [b.sums.view(-1) for b in batches] + \
-        ([] if same_sums is None else [same_sums.repeat_interleave(2)]) + \
-        ([] if crcs is None else [crcs.long() & 0xFFFFFFFF])
+        ([] if same_sums is None else [same_sums.repeat_interleave(2)]) + [c.long() & 0xFFFFFFFF for c in crcs]
     host = torch.cat(parts).cpu().numpy() if parts else np.zeros(0, np.int64)
-    n = 3 * len(batches)
-    sums = host[n:host.size - n_crcs].reshape(-1, 2)
-    return host[:n].reshape(-1, 3), sums, None if crcs is None else host[host.size - n_crcs:]
+    n, tail = 3 * len(batches), host.size - sum(n_crcs)
+    bounds = np.cumsum([tail, *n_crcs]).tolist()
+    return host[:n].reshape(-1, 3), host[n:tail].reshape(-1, 2), [host[a:b] for a, b in zip(bounds, bounds[1:])]
 
 
 def _launched(lives: dict[str, Live], groups: list[list], runs: list[Runs], header, spans: ChunkSpans, pack, threads,
@@ -242,6 +244,35 @@ def _launched(lives: dict[str, Live], groups: list[list], runs: list[Runs], head
     return batches, crcs
 
 
+class SparseStage:
+    """The `sparse` records' stager (module docstring): made first, it starts each element
+    type's stream-table walk on a helper thread, which runs while the host stages its
+    records; `launch` then launches the batches with the pack's bytes on their way to the
+    device (`_launched`)."""
+
+    def __init__(self, lives: dict[str, Live], recs: list, header, pack, threads: int | None,
+                 config: CudaCodecConfig | None):
+        self.lives, self.header, self.pack, self.threads, self.config = lives, header, pack, threads, config
+        self.groups = _by_type(lives, recs)
+        self.spans = ChunkSpans.of(header, [r for rs in self.groups for r in rs])
+        self.uploaded, self.reads, self.crcs = nvcomp.available(), [], None
+        self.runs = [run_arrays([r.classes for r in rs]) for rs in self.groups]
+        try:
+            _start_reads(pack, self.groups, self.runs, self.spans, self.uploaded, self.reads)
+        except BaseException:
+            self.close()
+            raise
+
+    def launch(self) -> list[SparseBatch]:
+        batches, self.crcs = _launched(self.lives, self.groups, self.runs, self.header, self.spans, self.pack,
+                                       self.threads, self.reads, self.uploaded, self.config)
+        return batches
+
+    def close(self) -> None:
+        """Waits for the walks: they fill this thread's arena, which its next call rewinds."""
+        wait([r.done for r in self.reads])
+
+
 def stage(lives: dict[str, Live], header, pack, check_base: bool, threads: int | None,
           config: CudaCodecConfig | None = None, windows: dict | None = None) -> DevicePatch:
     """Decode and verify every chunk against the live weights; nothing is written. `config`:
@@ -251,31 +282,32 @@ def stage(lives: dict[str, Live], header, pack, check_base: bool, threads: int |
     memory.begin_call()
     lives, header, cut = windowed(lives, header, windows or {})
     check = check_base and header.kind == "delta"
-    sparse_recs = [r for r in header.tensors if r.codec == "sparse"]
-    groups = _by_type(lives, sparse_recs)
-    spans = ChunkSpans.of(header, [r for rs in groups for r in rs])
-    uploaded, reads = bool(groups) and nvcomp.available(), []
-    runs = [run_arrays([r.classes for r in rs]) for rs in groups]
+    by_codec = registry.grouped(header.tensors)  # in the registry's order: `sparse` first
+    stagers = {name: registry.cuda_stager(name) for name in by_codec if name not in SAME}
+    stages = []
     try:
-        _start_reads(pack, groups, runs, spans, uploaded, reads)
-        dense = _dense(lives, [r for r in header.tensors if r.codec not in ("sparse", "sparse_ac", "same")], header,
-                       pack, check, threads, cut)
-        batches, crcs = _launched(lives, groups, runs, header, spans, pack, threads, reads, uploaded, config)
-        batches += _adaptive(lives, [r for r in header.tensors if r.codec == "sparse_ac"], header, pack, threads)
+        for name, stager in stagers.items():
+            if stager is not None:
+                stages.append(stager(lives, by_codec[name], header, pack, threads, config))
+        dense = _on_host(lives, [r for r in header.tensors if r.codec in stagers and stagers[r.codec] is None],
+                         header, pack, check, threads, cut)
+        batches = [b for st in stages for b in st.launch()]
     finally:
-        wait([r.done for r in reads])  # they fill this thread's arena, which its next call rewinds
+        for st in stages:
+            st.close()
     patch = _patch(lives, header, batches, dense, check)  # host work while the device decodes
     patch.windows = {name: (w[0] - windows[name][0], lives[name].u.numel(), w[0]) for name, (_, w) in cut.items()}
-    same = [r for r in header.tensors if r.codec == "same" and check and r.name not in cut]
+    same = [r for r in header.tensors if r.codec in SAME and check and r.name not in cut]
     same_sums = word_sums([lives[r.name].tensor for r in same]) if same else None
     # what the digest checks need of the records, made while the device works, not on the
     # call's tail after the read-back (bench/investigations/stage_host.py times the host's steps)
     recs = [r for b in batches for r in b.recs] + same
     nbytes = np.array([r.numel * lives[r.name].info.nbytes for r in recs], np.uint64)
     digests = _record_digests(recs)
-    flags, sums, crcs = _read_back(batches, same_sums, crcs)
-    if crcs is not None:
-        spans.compare(crcs)
+    checked = [st for st in stages if st.crcs is not None]
+    flags, sums, crcs = _read_back(batches, same_sums, [st.crcs for st in checked])
+    for st, c in zip(checked, crcs):
+        st.spans.compare(c)
     pack_flags = flags.any(0)
     for i in (0, 1):
         if pack_flags[i]:
