@@ -2,10 +2,10 @@
 
 Contracts: the manifest is read again before every step, and refused (kept out of every
 plan) when it is malformed, badly signed, or older than what the subscriber holds. Plans
-avoid the objects that `Objects` set aside (`pipeline/objects.py`: failures counted per
-object across fetches). Weights that are not a delta's base cause at most one resync per
-delta. Every failed step backs off, and `HealthMonitor` decides when the subscriber gives
-up."""
+avoid the objects that `failures` set aside (`pipeline/failures.py`: failures counted per
+object across fetches and stages). Weights that are not a delta's base cause at most one
+resync per delta. Every failed step backs off, and `HealthMonitor` decides when the
+subscriber gives up."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from weight_teleport.errors import DigestMismatchError, PackFormatError, PackMis
 from weight_teleport.observe.subscriber import SubscriberMetrics, Where
 from weight_teleport.pipeline.config import SubscriberConfig
 from weight_teleport.pipeline.errors import ManifestError, ManifestRollback, NoPlanError
+from weight_teleport.pipeline.failures import Failures
 from weight_teleport.pipeline.fetch import Fetched
 from weight_teleport.pipeline.handoff import Handoff
 from weight_teleport.pipeline.health import HealthMonitor
@@ -70,8 +71,10 @@ class Follower:
         self.metrics = SubscriberMetrics(self.config.metrics, self.where)
         """The subscriber's Prometheus metrics (`SubscriberConfig.metrics`): its gauges read
         `where()`."""
-        self.objects = Objects(config, store, stager.on_cuda, handoff, self.monitor, stats, self.metrics)
-        """The plan's objects: fetched (one ahead), their failures counted, set aside."""
+        self.failures = Failures(self.config.fetch_attempts, self._failed)
+        """Failures per object: what plans avoid."""
+        self.objects = Objects(store, stager.on_cuda, self.failures, stats, self.metrics)
+        """The plan's objects: fetched (one ahead), their failures counted."""
 
     def where(self) -> Where:
         """What the metrics and the heartbeat read (from any thread)."""
@@ -86,6 +89,11 @@ class Follower:
             return None
         newer = [e for e in self.manifest.entries if version is None or e.version > version]
         return _published_s(newer[0]) if newer else None
+
+    def _failed(self, why: str, permanent: bool) -> None:
+        """A failure of one object (`failures` reports them here)."""
+        self.handoff.event(why)
+        self.monitor.failure(why, permanent=permanent)
 
     def request_resync(self, reason: str) -> None:
         """Restart from an anchor at the next step."""
@@ -177,7 +185,7 @@ class Follower:
             return
         self.refused, self.manifest = None, manifest
         self.floor = _newest(self.floor, manifest.latest)
-        self.objects.keep_listed({e.key for e in manifest.entries})
+        self.failures.keep_listed({e.key for e in manifest.entries})
         self._check_head_listed(manifest)
 
     def _check_head_listed(self, manifest: Manifest) -> None:
@@ -208,7 +216,7 @@ class Follower:
         self.handoff.event(f"the store went back from version {held} to {latest}: following the "
                         "reset (SubscriberConfig.follow_resets)", resync=True)
         self.floor = self.highest = None
-        self.objects.forget()
+        self.failures.forget()
 
     def _plan(self) -> Plan | None:
         """The plan to follow now, or None (nothing to do, or nothing possible)."""
@@ -217,19 +225,19 @@ class Follower:
             return None
         if self.manifest is None:
             return None
-        broken = self.objects.broken
+        broken = self.failures.broken
         try:
-            plan = plan_avoiding(self.manifest, self.head, self.objects.set_aside() | broken.keys(),
+            plan = plan_avoiding(self.manifest, self.head, self.failures.set_aside() | broken.keys(),
                                  set(broken))
         except NoPlanError as exc:
-            self.monitor.failure(f"{exc}{self.objects.note()}", permanent=True)
+            self.monitor.failure(f"{exc}{self.failures.note()}", permanent=True)
             return None
         if not plan.steps:
             self.monitor.progress(f"up to date at version {plan.target}")
             return None
         if plan.target != self.manifest.latest:
             self.handoff.event(f"version {self.manifest.latest} cannot be reached"
-                               f"{self.objects.note()}: following version {plan.target}, the "
+                               f"{self.failures.note()}: following version {plan.target}, the "
                                f"newest that can be")
         return plan
 
@@ -243,15 +251,15 @@ class Follower:
             return
         except Exception as exc:  # a decoder bug or a resource error: counted, set aside
             log.debug("staging %s raised", entry.key, exc_info=True)
-            self.objects.strike(entry, f"staging {entry.key} raised {type(exc).__name__}: {exc}",
-                                staging=True)
+            self.failures.strike(entry, f"staging {entry.key} raised {type(exc).__name__}: {exc}",
+                                 staging=True)
             return
         self.stats.stage_s += time.perf_counter() - t0
         self.metrics.staged(time.perf_counter() - t0, _published_s(entry))
         self._staged(entry, staged)
 
     def _staged(self, entry: Entry, staged: "StagedPatch") -> None:
-        self.objects.staged(entry)
+        self.failures.staged(entry)
         self.head, self.head_entry = entry.version, entry
         self.head_digests = {key: d for key, d, _ in patch_records(staged)}
         if self.highest is None or entry.version > self.highest:
@@ -263,18 +271,18 @@ class Follower:
         """A checked object failed to stage: set it aside for good, or resync when the
         weights are what is wrong (their digests are not the delta's base digests)."""
         if entry.kind == "snapshot":
-            self.objects.set_broken(entry, f"snapshot {entry.key} does not fit the target: {exc}")
+            self.failures.set_broken(entry, f"snapshot {entry.key} does not fit the target: {exc}")
             return
         headers = [p.header for p in pack] if entry.parts else [pack.header]
         found = self.stager.base_digests(headers)
         stale = [r.name for h in headers for r in h.tensors
                  if found.get(record_key(r.name, r.shape, r.box, r.order)) != r.base_digest]
         if not stale:
-            self.objects.set_broken(entry, f"delta {entry.key} fails on its own base weights: {exc}")
+            self.failures.set_broken(entry, f"delta {entry.key} fails on its own base weights: {exc}")
         elif self._holding_published_head(found):
-            self.objects.set_broken(entry, f"delta {entry.key} was not encoded from version "
-                                           f"{entry.base} as this store published it (tensor "
-                                           f"{stale[0]!r}): {exc}")
+            self.failures.set_broken(entry, f"delta {entry.key} was not encoded from version "
+                                            f"{entry.base} as this store published it (tensor "
+                                            f"{stale[0]!r}): {exc}")
         else:
             self._resync(f"the weights are not the base of version {entry.version}'s delta "
                          f"(tensor {stale[0]!r}, {len(stale)} in all): {exc}", failed=True)
