@@ -172,7 +172,7 @@ def workers_route(url: str, trainer: Trainer, pub: Publisher, config: dict, tp: 
             pinned_added = pinned() - pinned0
             dev_added = device_added(dev0)
             if PROFILE and v == versions:  # the version staged once more on rank 0, in this thread, under cProfile
-                entry = next(e for e in workers[0].follower._manifest.entries if e.version == v)
+                entry = next(e for e in workers[0].follower.manifest.entries if e.version == v)
                 prof = cProfile.Profile()
                 prof.enable()
                 stage_entry(workers[0].follower.store, entry, params[0], workers[0].follower.slices,

@@ -1,11 +1,11 @@
-"""The subscriber's objects: failures counted per key, set aside at `fetch_attempts`, broken
-for good after a failed stage, forgiven once staged, forgotten when the manifest drops them."""
+"""A follower's failures per object: counted per key, set aside at `attempts` (a failed
+fetch is a strike), broken for good after a failed stage, forgiven once staged, forgotten
+when the manifest drops them; each one reported, a broken one as permanent."""
 
 import uuid
 
 from weight_teleport.observe.subscriber import SubscriberMetrics, Where
-from weight_teleport.pipeline.config import SubscriberConfig
-from weight_teleport.pipeline.handoff import Handoff
+from weight_teleport.pipeline.failures import Failures
 from weight_teleport.pipeline.health import HealthMonitor
 from weight_teleport.pipeline.manifest import Entry
 from weight_teleport.pipeline.metrics import SubscriberStats
@@ -13,13 +13,13 @@ from weight_teleport.pipeline.objects import Objects
 from weight_teleport.store import open_store
 
 
-def _objects(attempts: int = 2) -> Objects:
-    config = SubscriberConfig(fetch_attempts=attempts)
+def _objects(attempts: int = 2) -> tuple[Objects, Failures, list]:
+    reported = []
+    failures = Failures(attempts, lambda why, permanent: reported.append((why, permanent)))
     store = open_store(f"memory://objects-{uuid.uuid4().hex}")
-    handoff = Handoff(None, True, 1 << 20)
     monitor = HealthMonitor(attempts, None)
     metrics = SubscriberMetrics(None, lambda: Where(None, None, None, monitor.health))
-    return Objects(config, store, False, handoff, monitor, SubscriberStats(), metrics)
+    return Objects(store, False, failures, SubscriberStats(), metrics), failures, reported
 
 
 def _entry(key: str, version: int = 1) -> Entry:
@@ -27,29 +27,32 @@ def _entry(key: str, version: int = 1) -> Entry:
 
 
 def test_missing_object_is_struck_then_set_aside():
-    objects, entry = _objects(attempts=2), _entry("packs/1/a.pack")
+    (objects, failures, reported), entry = _objects(attempts=2), _entry("packs/1/a.pack")
     try:
         assert objects.fetch(entry) is None  # not in the store
-        assert objects.strikes == {entry.key: 1} and objects.set_aside() == set()
+        assert failures.strikes == {entry.key: 1} and failures.set_aside() == set()
         assert objects.fetch(entry) is None
-        assert objects.set_aside() == {entry.key} and objects.broken == {}
-        assert "failed 2 times" in objects.note()
-        objects.staged(entry)
-        assert objects.strikes == {} and objects.note() == ""
+        assert failures.set_aside() == {entry.key} and failures.broken == {}
+        assert "failed 2 times" in failures.note()
+        assert [permanent for _, permanent in reported] == [False, False]
+        assert "set aside" in reported[-1][0] and "set aside" not in reported[0][0]
+        failures.staged(entry)
+        assert failures.strikes == {} and failures.note() == ""
     finally:
         objects.close()
 
 
 def test_stage_failures_break_a_key_for_good_until_unlisted():
-    objects, a, b = _objects(attempts=1), _entry("packs/1/a.pack"), _entry("packs/2/b.pack", 2)
+    (objects, failures, reported), a, b = _objects(attempts=1), _entry("packs/1/a.pack"), _entry("packs/2/b.pack", 2)
     try:
-        objects.strike(a, "staging raised", staging=True)
-        objects.set_broken(b, "does not fit")
-        assert objects.broken == {a.key: "staging raised", b.key: "does not fit"}
-        assert "does not fit" in objects.note()
-        objects.keep_listed({b.key})
-        assert objects.broken == {b.key: "does not fit"} and objects.strikes == {}
-        objects.forget()
-        assert objects.broken == {} and objects.set_aside() == set()
+        failures.strike(a, "staging raised", staging=True)
+        failures.set_broken(b, "does not fit")
+        assert failures.broken == {a.key: "staging raised", b.key: "does not fit"}
+        assert "does not fit" in failures.note()
+        assert reported[-1] == ("does not fit", True)
+        failures.keep_listed({b.key})
+        assert failures.broken == {b.key: "does not fit"} and failures.strikes == {}
+        failures.forget()
+        assert failures.broken == {} and failures.set_aside() == set()
     finally:
         objects.close()

@@ -1,10 +1,11 @@
-"""The subscriber's health: its state, what went wrong, and when to give up.
+"""A follower's health: its state, what went wrong, and when to give up.
 
-The follower reports each failure and each step of progress here. The log says once what
-is wrong (each distinct error of a failure streak), again when a streak's failures reach
-32, 64, 128... (a store down for hours logs a line per doubling, not per attempt), and
-once when it recovers; every other attempt goes to the debug level. Lines are key=value
-events (`observe/logs.py`), without tracebacks: these are expected conditions."""
+A follower (a subscriber's, or an engine worker's) reports each failure and each step of
+progress here. The log says once what is wrong (each distinct error of a failure streak),
+again when a streak's failures reach 32, 64, 128... (a store down for hours logs a line
+per doubling, not per attempt), and once when it recovers; every other attempt goes to the
+debug level. Lines are key=value events (`observe/logs.py`), without tracebacks: these are
+expected conditions."""
 
 from __future__ import annotations
 
@@ -25,7 +26,8 @@ _REMIND_FROM = 32  # a streak this long is logged again at each power of two
 
 @dataclass(frozen=True)
 class Health:
-    """A snapshot of a subscriber's state (`Subscriber.health`)."""
+    """A snapshot of a follower's state (`Subscriber.health`; an engine worker's
+    `WorkerLocal.status()["health"]`)."""
 
     state: str = "starting"
     """"starting": nothing staged yet and nothing failed. "healthy": the last step made
@@ -49,11 +51,13 @@ def _shape(message: str) -> str:
 
 
 class HealthMonitor:
-    """Turns the follower's failures and progress into `Health`, logs and a give-up time."""
+    """Turns the follower's failures and progress into `Health`, logs and a give-up time;
+    `who` names the follower in its log events ("subscriber", "worker")."""
 
     def __init__(self, failing_after: int, give_up_after_s: float | None,
-                 on_change: Callable[[Health], None] | None = None):
+                 on_change: Callable[[Health], None] | None = None, who: str = "subscriber"):
         self.health = Health(since=time.time())
+        self._who = who
         self._failing_after = max(1, failing_after)
         self._give_up_after_s = give_up_after_s
         self._on_change = on_change
@@ -75,7 +79,7 @@ class HealthMonitor:
         if h.state == "healthy" and not h.consecutive_failures:
             return
         if h.consecutive_failures:
-            log.warning("%s", kv("subscriber_recovered", failures=h.consecutive_failures,
+            log.warning("%s", kv(f"{self._who}_recovered", failures=h.consecutive_failures,
                                  seconds=time.monotonic() - self._streak_start, what=what))
         self._streak_start, self._told = None, set()
         self._set(replace(h, consecutive_failures=0), "healthy")
@@ -97,7 +101,7 @@ class HealthMonitor:
         message = (f"the subscriber gave up after {elapsed:.1f} s without progress "
                    f"(SubscriberConfig.give_up_after_s={self._give_up_after_s}); last error: "
                    f"{h.last_error}")
-        log.error("%s", kv("subscriber_gave_up", seconds=elapsed, error=h.last_error))
+        log.error("%s", kv(f"{self._who}_gave_up", seconds=elapsed, error=h.last_error))
         self._set(replace(h, gave_up=True), "failing")
         return SubscriberFailed(message, self.health)
 
@@ -105,14 +109,14 @@ class HealthMonitor:
         """Log a failure unless this streak logged the same error already (turning to
         "failing" is always logged)."""
         shape, n = _shape(message), self.health.consecutive_failures + 1
-        line = kv("subscriber_failing" if state == "failing" else "subscriber_retrying",
+        line = kv(f"{self._who}_failing" if state == "failing" else f"{self._who}_retrying",
                   failures=n, error=message)
         if state == "failing" and self.health.state != "failing":
             log.error("%s", line)
         elif shape not in self._told and len(self._told) < _TOLD_MAX:
             log.log(logging.ERROR if state == "failing" else logging.WARNING, "%s", line)
         elif n >= _REMIND_FROM and n & (n - 1) == 0:
-            log.warning("%s", kv("subscriber_still_failing", failures=n, error=message))
+            log.warning("%s", kv(f"{self._who}_still_failing", failures=n, error=message))
         else:
             log.debug("%s", line)
             return

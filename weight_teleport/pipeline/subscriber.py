@@ -10,11 +10,11 @@ import torch
 from weight_teleport import threads
 from weight_teleport.observe.heartbeat import heartbeat_for
 from weight_teleport.pipeline.config import SubscriberConfig
-from weight_teleport.pipeline.follow import Follower
 from weight_teleport.pipeline.handoff import Handoff
 from weight_teleport.pipeline.health import Health
 from weight_teleport.pipeline.metrics import UpdateReport, SubscriberStats
 from weight_teleport.pipeline.stager import Stager
+from weight_teleport.pipeline.subscriber_follow import SubscriberFollower
 from weight_teleport.store import Store, open_store
 from weight_teleport.targets.base import Target
 
@@ -47,7 +47,7 @@ class Subscriber:
         self.stats = SubscriberStats()
         self._stager = Stager(view, config.threads, config.device_staged_bytes, config.decompress_backend)
         self._handoff = Handoff(initial, self._stager.uses_view, config.max_staged_bytes)
-        self._follower = Follower(config, self._store, self._stager, self._handoff, self.stats, initial)
+        self._follower = SubscriberFollower(config, self._store, self._stager, self._handoff, self.stats, initial)
         self.metrics = self._follower.metrics
         """Prometheus metrics (`metrics.registry`; `SubscriberConfig.metrics`)."""
         self._heartbeat = heartbeat_for(url, config, self.metrics.position)

@@ -78,6 +78,13 @@ class StageBoard:
             self._entries[version] = _Entry(error=error, epoch=self.epoch if epoch is None else epoch)
             self._cond.notify_all()
 
+    def withdraw(self) -> None:
+        """Drop every version posted and not yet decided: this rank's follower resynced,
+        so they were staged on weights it no longer trusts as a base."""
+        with self._cond:
+            self._entries.clear()
+            self._cond.notify_all()
+
     def _entry(self, version: int) -> _Entry | None:
         """The entry for `version`, or else a failed one of an earlier version: this rank
         cannot reach `version` without a resync or a successful retry of that one."""

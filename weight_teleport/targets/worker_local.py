@@ -6,11 +6,13 @@ worker's own thread (`worker_follow.py`: fetch the chunks of its slices, stage t
 its own parameters); `commit(V)` is the pause: the cross-rank vote and apply of
 `targets/commit.py` over the TP group's CPU process group. It never raises for an outcome
 (engines answer their callers before every worker's reply is in, or die on an exception
-in a weight update): the outcome is logged and kept in `status()`."""
+in a weight update): the outcome is logged and kept in `status()`, beside the follower's
+health, which tells the host when a worker is failing."""
 
+import dataclasses
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -47,6 +49,10 @@ class TeleportInitInfo:
     device_staged_bytes: int | None = None
     """On a CUDA worker: bytes of device memory the staged versions' patches may hold
     together; beyond it they move to pinned host memory (a longer pause). None: no bound."""
+    trusted_keys: Sequence[str | bytes] = ()
+    """Ed25519 public keys (PEM text, or bytes as `SubscriberConfig.trusted_keys` takes
+    them) whose manifest signatures are accepted (`PublisherConfig.signing_key`). Non-empty:
+    every worker refuses a manifest that none of them signed."""
 
 
 @dataclass
@@ -79,9 +85,10 @@ class WorkerLocal:
         store = open_store(info.store_url, StoreConfig(read_token=info.read_token))
         if self.device.type == "cuda":
             warm_up(self.device, {p.dtype for p in self.params().values()})
+        keys = tuple(k.encode() if isinstance(k, str) else k for k in info.trusted_keys)
         self.follower = WorkerFollower(store, self.params, self.slices, self.board,
                                        watch_timeout_s=info.watch_timeout_s, max_pending=info.max_pending,
-                                       device_budget=info.device_staged_bytes)
+                                       trusted_keys=keys, device_budget=info.device_staged_bytes)
         self._wait_s = info.wait_s
 
     def commit(self, update: TeleportUpdateInfo) -> Outcome:
@@ -117,7 +124,8 @@ class WorkerLocal:
                 "apply_s": dict(self.apply_s),
                 **{key: {v: getattr(s, field) for v, s in (f.stages.items() if f else ())}
                    for key, field in STATUS_FIELDS},
-                "errors": list(f.errors) if f else []}
+                "errors": list(f.errors) if f else [],
+                "health": dataclasses.asdict(f.monitor.health) if f else None}
 
     def shutdown(self) -> None:
         if self.follower is not None:
