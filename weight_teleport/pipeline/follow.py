@@ -82,8 +82,8 @@ class FollowLoop(abc.ABC):
 
     @abc.abstractmethod
     def _stage(self, plan: Plan) -> None:
-        """Stage `plan`'s first object and hand the staged version on (then call
-        `_progressed`), or count its failure in `failures`."""
+        """Stage `plan`'s first object, note it (`_progressed`) and hand the staged version
+        on, or count its failure in `failures`."""
 
     @abc.abstractmethod
     def _drop_head(self) -> None:

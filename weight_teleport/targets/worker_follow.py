@@ -171,8 +171,8 @@ class WorkerFollower(FollowLoop):
         self.chain.append(step)
         self.stages[step.version] = Staged(step.fetched, step.fetch_s, time.perf_counter() - t0, step.nbytes,
                                            time.time())
-        self.board.put(step.version, tuple(self.chain))
         self._progressed(entry)
+        self.board.put(step.version, tuple(self.chain))
 
     def _drop_head(self) -> None:
         self.chain, self._from_anchor = [], True
