@@ -42,6 +42,7 @@ def trainer_rank(rank: int, world: int, port: int, url: str, token: str, cfg: De
     import torch.distributed as dist
 
     from weight_teleport.pipeline import PublisherConfig, PublisherGroup
+    from weight_teleport.pipeline.ranks import Ranks
     from weight_teleport.store import StoreConfig, open_store
 
     torch.set_num_threads(1)
@@ -51,28 +52,32 @@ def trainer_rank(rank: int, world: int, port: int, url: str, token: str, cfg: De
     opt = make_optimizer(master, cfg)
     store = open_store(url, StoreConfig(token=token))
     config = PublisherConfig(anchor_every=1000, resume=False, threads=1, store=StoreConfig(token=token))
-    with PublisherGroup(url, config) as group:
-        if rank == 0:
-            rows.put(("note", None, f"trainer ranks: {world} FSDP2 shards built; publishing version 0, "
-                                    "the first anchor (one part per rank)"))
-        weights = published(master)  # DTensors: each rank's box of every tensor
-        for version in range(cfg.steps + 1):
-            r = group.publish(weights, version)
-            kind = r.kinds[0]
-            sizes = [None] * world
-            dist.all_gather_object(sizes, (r.part_bytes[kind], r.raw_bytes, r.encode_s))
+    # the demo's own gathers run on a group it ends (`Ranks`): the last collective before
+    # exit must not be on the default group, which FSDP2's mesh keeps to the end
+    ranks = Ranks()
+    try:
+        with PublisherGroup(url, config) as group:
             if rank == 0:
-                rows.put(("trainer", version, {"wire": sum(s[0] for s in sizes), "full": sum(s[1] for s in sizes),
-                                               "encode_ms": max(s[2] for s in sizes) * 1e3,
-                                               "published_at": time.time(), "published": None}))
-            if version == cfg.steps:
-                break
-            train_step(master, opt, rollout_tokens(store, version, cfg, timeout), cfg)
-            new = published(master)
-            changed = [None] * world
-            dist.all_gather_object(changed, _changed(weights, new))
-            if rank == 0:
-                rows.put(("trainer", version + 1, {"changed": sum(changed)}))
-            weights = new
+                rows.put(("note", None, f"trainer ranks: {world} FSDP2 shards built; publishing version 0, "
+                                        "the first anchor (one part per rank)"))
+            weights = published(master)  # DTensors: each rank's box of every tensor
+            for version in range(cfg.steps + 1):
+                r = group.publish(weights, version)
+                kind = r.kinds[0]
+                sizes = ranks.gather((r.part_bytes[kind], r.raw_bytes, r.encode_s))
+                if rank == 0:
+                    rows.put(("trainer", version, {"wire": sum(s[0] for s in sizes), "full": sum(s[1] for s in sizes),
+                                                   "encode_ms": max(s[2] for s in sizes) * 1e3,
+                                                   "published_at": time.time(), "published": None}))
+                if version == cfg.steps:
+                    break
+                train_step(master, opt, rollout_tokens(store, version, cfg, timeout), cfg)
+                new = published(master)
+                changed = ranks.gather(_changed(weights, new))
+                if rank == 0:
+                    rows.put(("trainer", version + 1, {"changed": sum(changed)}))
+                weights = new
+    finally:
+        ranks.close()
     store.close()
     dist.destroy_process_group()
