@@ -166,6 +166,7 @@ def _rank_main(rank: int, world: int, port: int, errors, results) -> None:
             store.close()
         else:
             results.put((rank, _follow_store(store, rank)))
+            store.close()  # waits for the source's close: the group must outlive its broadcasts
         dist.destroy_process_group()
     except BaseException:
         errors.put(f"rank {rank}: {traceback.format_exc()}")
