@@ -181,6 +181,13 @@ def workers_route(url: str, trainer: Trainer, pub: Publisher, config: dict, tp: 
                 prof.disable()
                 pstats.Stats(prof).sort_stats("cumulative").print_stats(40)
                 pstats.Stats(prof).sort_stats("tottime").print_stats(25)
+                if DEVICE == "cuda":  # once more: the device's share, kernel by kernel
+                    from torch.profiler import ProfilerActivity, profile
+                    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as kprof:
+                        stage_entry(workers[0].follower.store, entry, params[0], workers[0].follower.slices,
+                                    views=workers[0].follower.views)
+                        sync()
+                    print(kprof.key_averages().table(sort_by="cuda_time_total", row_limit=30))
             outcomes = [w.commit(TeleportUpdateInfo(v)).name for w in workers]
             st = [w.status() for w in workers]
             size = result.objects[0].size

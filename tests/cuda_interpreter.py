@@ -26,7 +26,8 @@ from weight_teleport.codec import digest as D  # noqa: E402
 from weight_teleport.codec.cpu import backend as cpu  # noqa: E402
 from weight_teleport.codec.cuda import backend as gpu  # noqa: E402
 from weight_teleport.codec.cuda.encode import encoder  # noqa: E402
-from weight_teleport.codec.cuda.kernels import crc, digest  # noqa: E402
+from weight_teleport.codec.cuda.kernels import crc, digest, walk_copy  # noqa: E402
+from weight_teleport.codec.cuda.live import walk_2d  # noqa: E402
 from weight_teleport.codec.cuda.runtime import memory  # noqa: E402
 from weight_teleport.codec.cuda.config import CudaCodecConfig  # noqa: E402
 from weight_teleport.errors import PackMismatchError, WeightTeleportError  # noqa: E402
@@ -264,6 +265,21 @@ def digest_failures() -> list[str]:
     for t, s in zip(views, digest.word_sums(views).tolist()):
         if D.to_hex(D.finish(s & D.MASK64, t.numel() * t.element_size())) != cpu.digest(t):
             failures.append(f"GPU-path word sum of {t.numel()} elements differs from the CPU's digest")
+    return failures
+
+
+def walk_copy_failures() -> list[str]:
+    """Runs of 2-D walk views (column blocks walked by columns or by rows, row blocks walked
+    by columns: several tiles each way, edges partial) copied by tiles, against torch's
+    copy of the same walk."""
+    failures = []
+    t = torch.arange(150 * 140, dtype=torch.int16).view(150, 140)
+    for k, view in enumerate((t.t(), t[:, 20:90].t(), t[:, 20:90], t[10:140].t(), t.t()[7:100])):
+        flat = view.contiguous().view(-1)
+        for start, count in ((0, flat.numel()), (131, 4099), (flat.numel() - 65, 65), (64, 0)):
+            out = walk_copy.copy_walk(view, torch.empty(count, dtype=torch.int16), start, walk_2d(view))
+            if not torch.equal(out, flat[start:start + count]):
+                failures.append(f"walk copy of view {k}, elements {start}..{start + count}, differs from torch's")
     return failures
 
 
@@ -564,7 +580,7 @@ def main(part: str) -> int:
     elif part == "adaptive":
         failures = adaptive_failures()
     else:
-        failures = digest_failures() + crc_failures() + chunk_table_failures("cpu") + corruption_failures()
+        failures = digest_failures() + walk_copy_failures() + crc_failures() + chunk_table_failures("cpu") + corruption_failures()
         failures += per_tensor_sums() + inflate_orchestration() + decoder_edges() + refusal_failures()
     for f in failures:
         print("FAIL", f)

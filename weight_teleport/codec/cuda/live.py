@@ -5,6 +5,8 @@ from functools import cached_property
 import torch
 
 from weight_teleport.codec.cuda.kernels.stage_scatter import scatter
+from weight_teleport.codec.cuda.kernels.walk_copy import copy_walk
+from weight_teleport.codec.cuda.runtime import memory
 from weight_teleport.codec.dtypes import DtypeInfo, contiguous
 from weight_teleport.codec.items import EncodeItem
 
@@ -24,8 +26,9 @@ def flat_bits(tensor: torch.Tensor, info: DtypeInfo) -> torch.Tensor:
 
 
 class Live:
-    """A live tensor and its flat bit patterns (a view when contiguous, else a copy), made
-    on first use: the pause touches only the tensors it writes.
+    """A live tensor and its flat bit patterns (a view when contiguous, else a copy of the
+    staged window, by tiles where the tensor is a 2-D walk: `walk_copy`), made on first
+    use: the pause touches only the tensors it writes.
 
     `origin`: where the tensor's first element lies in its record's walk (a receiver
     holding some chunks of a record: the digest numbers words by their place in the walk).
@@ -38,6 +41,11 @@ class Live:
 
     @cached_property
     def u(self) -> torch.Tensor:
+        geometry = None if self.in_place or not memory.on_device(self.tensor) else walk_2d(self.tensor)
+        if geometry is not None:  # the staged run alone, copied in tiles
+            start, count = self.window if self.window is not None else (0, self.tensor.numel())
+            bits = self.tensor.detach().view(self.info.int_torch)
+            return copy_walk(bits, torch.empty(count, dtype=bits.dtype, device=bits.device), start, geometry)
         flat = flat_bits(self.tensor, self.info)
         return flat if self.window is None else flat[self.window[0]:self.window[0] + self.window[1]]
 
