@@ -57,9 +57,9 @@ def _items(new: Mapping[str, torch.Tensor], old: Mapping[str, torch.Tensor] | No
             walks.append(None)
             continue
         hint = hint or W.Hint()
-        flat_new = W.flat_walk(t, hint.order)
-        flat_old = None if old is None else W.flat_walk(old[name], hint.order)
-        items.append(backend.walk_item(name, info, flat_new, flat_old, sl, hint, chunk_elems))
+        walk_new = W.whole_walk(t, hint.order)
+        walk_old = None if old is None else W.whole_walk(old[name], hint.order)
+        items.append(backend.walk_item(name, info, walk_new, walk_old, sl, hint, chunk_elems))
         walks.append((sl, hint.order))
     return backend, items, walks
 

@@ -34,8 +34,9 @@ class Backend(Protocol):
 
     def walk_item(self, name: str, info: DtypeInfo, new: torch.Tensor, old: torch.Tensor | None,
                   sl: TensorSlice, hint: Hint, chunk_elems: int) -> EncodeItem:
-        """The encode item of a record over a walk: `new` and `old` are flat walks of the
-        box `sl` in `hint.order`; the record is cut where `hint.bounds` fall and carries a
+        """The encode item of a record over a walk: `new` and `old` are views of the box
+        `sl` whose row-major order is `hint.order`'s walk (`walks.whole_walk`), which the
+        backend flattens; the record is cut where `hint.bounds` fall and carries a
         digest per chunk."""
 
     def encode(self, items: list[EncodeItem], chunk_elems: int, level: int, threads: int | None,

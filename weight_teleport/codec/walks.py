@@ -132,9 +132,9 @@ def walk_view(tensor: torch.Tensor, held: Box, sub: Box, order: str) -> torch.Te
                          "column walk view; make it contiguous") from None
 
 
-def flat_walk(tensor: torch.Tensor, order: str) -> torch.Tensor:
-    """The elements of a whole local tensor in walk order, as a contiguous 1-D tensor."""
-    return walk_view(tensor, whole(tensor.shape), whole(tensor.shape), order).contiguous().reshape(-1)
+def whole_walk(tensor: torch.Tensor, order: str) -> torch.Tensor:
+    """A view of a whole local tensor whose row-major order is its walk (`walk_view`)."""
+    return walk_view(tensor, whole(tensor.shape), whole(tensor.shape), order)
 
 
 def cut_spans(sl: TensorSlice, hint: Hint, chunk_elems: int) -> list[tuple[int, int]]:

@@ -14,7 +14,7 @@ from weight_teleport.codec import registry, streams
 from weight_teleport.codec import walks as W
 from weight_teleport.codec.cpu import chunks as C
 from weight_teleport.codec.cpu import kernels as K
-from weight_teleport.codec.dtypes import BY_NAME, DtypeInfo, as_uint
+from weight_teleport.codec.dtypes import BY_NAME, DtypeInfo, as_uint, contiguous
 from weight_teleport.codec.items import EncodeItem, Encoded, walk_cuts
 from weight_teleport.codec.patch import ChunkMisfit, ChunkPatch, StagedPatch, TensorPatch, misfit
 from weight_teleport.codec.plan import SPARSE_MAX_DENSITY, class_maps, plan_classes
@@ -35,7 +35,9 @@ def item(name: str, info: DtypeInfo, new: torch.Tensor, old: torch.Tensor | None
 def walk_item(name: str, info: DtypeInfo, new: torch.Tensor, old: torch.Tensor | None, sl: W.TensorSlice,
               hint: W.Hint, chunk_elems: int) -> EncodeItem:
     """The item of a record over a walk of the box `sl`, cut where `hint.bounds` fall, with
-    a digest per chunk (receivers holding slices verify the chunks they stage alone)."""
+    a digest per chunk (receivers holding slices verify the chunks they stage alone). `new`
+    and `old` are views whose row-major order is the walk, flattened here."""
+    new, old = contiguous(new).reshape(-1), None if old is None else contiguous(old).reshape(-1)
     return item(name, info, new, old, walk_cuts(sl, hint, new.numel(), chunk_elems), chunk_digests=True)
 
 

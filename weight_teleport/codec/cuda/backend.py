@@ -13,16 +13,17 @@ from weight_teleport.codec.cuda.config import NVCOMP_ALGORITHM, CudaCodecConfig
 from weight_teleport.codec.cuda.kernels.digest import digest as _digest
 from weight_teleport.codec.cuda.kernels.digest import word_sums
 from weight_teleport.codec.cuda.encode.encoder import DEFAULT_CONFIG
-from weight_teleport.codec.cuda.live import Live, encode_item
+from weight_teleport.codec.cuda.live import Live, encode_item, walk_bits
 from weight_teleport.errors import UnsupportedFormatError
 
 item = encode_item
 
 
 def walk_item(name, info, new, old, sl, hint, chunk_elems: int) -> EncodeItem:
-    """The item of a record over a walk (flat `new` and `old`), cut where `hint.bounds`
-    fall, with a digest per chunk (receivers holding slices verify the chunks they stage
-    alone), as the CPU backend's `walk_item`."""
+    """The item of a record over a walk (`new` and `old` in walk order, flattened by
+    `walk_bits`), cut where `hint.bounds` fall, with a digest per chunk (receivers holding
+    slices verify the chunks they stage alone), as the CPU backend's `walk_item`."""
+    new, old = walk_bits(new, info), None if old is None else walk_bits(old, info)
     return encode_item(name, info, new, old, walk_cuts(sl, hint, new.numel(), chunk_elems), chunk_digests=True)
 
 

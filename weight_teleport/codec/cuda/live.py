@@ -26,9 +26,9 @@ def flat_bits(tensor: torch.Tensor, info: DtypeInfo) -> torch.Tensor:
 
 
 class Live:
-    """A live tensor and its flat bit patterns (a view when contiguous, else a copy of the
-    staged window, by tiles where the tensor is a 2-D walk: `walk_copy`), made on first
-    use: the pause touches only the tensors it writes.
+    """A live tensor and its flat bit patterns (`walk_bits`: a view when contiguous, else a
+    copy of the staged window), made on first use: the pause touches only the tensors it
+    writes.
 
     `origin`: where the tensor's first element lies in its record's walk (a receiver
     holding some chunks of a record: the digest numbers words by their place in the walk).
@@ -41,13 +41,9 @@ class Live:
 
     @cached_property
     def u(self) -> torch.Tensor:
-        geometry = None if self.in_place or not memory.on_device(self.tensor) else walk_2d(self.tensor)
-        if geometry is not None:  # the staged run alone, copied in tiles
-            start, count = self.window if self.window is not None else (0, self.tensor.numel())
-            bits = self.tensor.detach().view(self.info.int_torch)
-            return copy_walk(bits, torch.empty(count, dtype=bits.dtype, device=bits.device), start, geometry)
-        flat = flat_bits(self.tensor, self.info)
-        return flat if self.window is None else flat[self.window[0]:self.window[0] + self.window[1]]
+        if self.window is None:
+            return walk_bits(self.tensor, self.info)
+        return walk_bits(self.tensor, self.info, *self.window)
 
     @property
     def in_place(self) -> bool:
@@ -80,6 +76,24 @@ class Live:
         if not self.in_place:
             every = torch.arange(self.u.numel(), device=self.u.device)
             scatter(storage_view(self.tensor, self.info), self.storage_offsets(every), self.u)
+
+
+def walk_bits(tensor: torch.Tensor, info: DtypeInfo, start: int = 0, count: int | None = None) -> torch.Tensor:
+    """Elements [start, start + count) of the flat walk (row-major order) of `tensor`'s bit
+    patterns, to its end where `count` is None: a view where the tensor is contiguous, else a
+    copy of that run alone, made by tiles (`walk_copy`) where the walk is a 2-D view of
+    memory (a column block walked by columns: an element-wise copy would read a sector per
+    element)."""
+    if tensor.is_contiguous():
+        flat = flat_bits(tensor, info)
+        return flat if start == 0 and count is None else flat[start:start + (flat.numel() - start if count is None
+                                                                             else count)]
+    bits = tensor.detach().view(info.int_torch)
+    count = tensor.numel() - start if count is None else count
+    geometry = walk_2d(tensor) if memory.on_device(tensor) else None
+    if geometry is None:
+        return bits.contiguous().view(-1)[start:start + count]
+    return copy_walk(bits, torch.empty(count, dtype=bits.dtype, device=bits.device), start, geometry)
 
 
 def walk_2d(tensor: torch.Tensor) -> tuple[int, int, int] | None:
