@@ -36,6 +36,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+import torch.multiprocessing as mp
 
 from e2e import TOKEN, Sampler, start_origin
 from weight_teleport.bench.simulate import make_config, make_state, tensor_shapes
@@ -146,50 +147,145 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+class LocalRank:
+    """A worker rank in this process (beside the trainer and its publisher)."""
+
+    def __init__(self, params: dict, slices: dict, rank: int, url: str):
+        self.worker = WorkerLocal(lambda: params, slices, rank, None, torch.device(DEVICE))
+        self.worker.start(TeleportInitInfo(url, initial_version=0, watch_timeout_s=1.0, read_token=None))
+
+    def staged(self, v: int) -> bool:
+        return v in self.worker.status()["staged_at"]
+
+    def status(self) -> dict:
+        return self.worker.status()
+
+    def commit_start(self, v: int) -> None:
+        self.outcome = self.worker.commit(TeleportUpdateInfo(v)).name
+
+    def commit_end(self) -> str:
+        return self.outcome
+
+    def attached(self) -> None:
+        pass
+
+    def close(self) -> None:
+        self.worker.shutdown()
+
+
+def rank_process(conn, params: dict, slices: dict, rank: int, url: str, device: str, group: tuple[int, int]) -> None:
+    """A worker rank in a process of its own, as an engine runs one per rank: its parameters
+    are the bench's (CUDA IPC), its memory its own. Answers ("status", v) with its status
+    once it has staged v (the host memory, pinned memory and device memory it added since
+    attaching in it), ("commit", v) with the outcome, "stop" by leaving. The ranks commit
+    together on a gloo group of their own (`group`: its port, its size), as an engine's do."""
+    global DEVICE
+    DEVICE = device  # a spawned process starts from this module's defaults
+    if DEVICE == "cuda":
+        torch.cuda.set_device(next(iter(params.values())).device)
+    port, size = group
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=size)
+    worker = WorkerLocal(lambda: params, slices, rank, None, torch.device(DEVICE))
+    worker.start(TeleportInitInfo(url, initial_version=0, watch_timeout_s=1.0, read_token=None))
+    host0, pinned0, dev0 = rss(), pinned(), device_marker()  # attached: its modules loaded, its kernels warm
+    conn.send("attached")
+    try:
+        while (msg := conn.recv()) != "stop":
+            what, v = msg
+            if what == "commit":
+                conn.send(worker.commit(TeleportUpdateInfo(v)).name)
+                continue
+            deadline = time.monotonic() + 600
+            while v not in worker.status()["staged_at"] and time.monotonic() < deadline:
+                time.sleep(0.005)
+            conn.send({**worker.status(), "host_added": rss() - host0, "pinned_added": pinned() - pinned0,
+                       "device_added": device_added(dev0)})
+            dev0 = device_marker()  # the next version's stage starts after this one's commit
+    finally:
+        worker.shutdown()
+        dist.destroy_process_group()
+
+
+class ProcessRank:
+    """A worker rank in a child process (`rank_process`)."""
+
+    def __init__(self, params: dict, slices: dict, rank: int, url: str, group: tuple[int, int]):
+        ctx = mp.get_context("spawn")
+        self.conn, child = ctx.Pipe()
+        self.proc = ctx.Process(target=rank_process, args=(child, params, slices, rank, url, DEVICE, group),
+                                daemon=True)
+        self.proc.start()
+        self.last: dict = {}
+
+    def attached(self) -> None:
+        if not self.conn.poll(600) or self.conn.recv() != "attached":
+            raise RuntimeError("a rank's process did not attach")
+
+    def staged(self, v: int) -> bool:
+        self.conn.send(("status", v))
+        self.last = self.conn.recv()
+        return v in self.last["staged_at"]
+
+    def status(self) -> dict:
+        return self.last
+
+    def commit_start(self, v: int) -> None:
+        self.conn.send(("commit", v))
+
+    def commit_end(self) -> str:
+        return self.conn.recv()
+
+    def close(self) -> None:
+        self.conn.send("stop")
+        self.proc.join(60)
+
+
 def workers_route(url: str, trainer: Trainer, pub: Publisher, config: dict, tp: int, versions: int,
-                  density: float) -> list[dict]:
+                  density: float, processes: bool) -> list[dict]:
+    """`processes`: each rank in a child process, its memory measured there (else every rank
+    in this process, whose memory holds the trainer's publisher too)."""
     params = [engine_params(trainer.weights, config, tp, r) for r in range(tp)]
     sync()
+    release = processes and DEVICE == "cuda"  # the ranks' processes draw on the device memory this one caches
+    if release:
+        torch.cuda.empty_cache()
     host0, host_store0, pinned0 = rss(), _store_bytes(url, 0), pinned()
-    workers = []
-    for r in range(tp):
-        w = WorkerLocal(lambda p=params[r]: p, worker_slices(config, tp, r), r, None, torch.device(DEVICE))
-        w.start(TeleportInitInfo(url, initial_version=0, watch_timeout_s=1.0, read_token=None))
-        workers.append(w)
-    rows = []
+    ranks = []
     try:
+        group = (_free_port(), tp)
+        for r in range(tp):
+            slices = worker_slices(config, tp, r)
+            ranks.append(ProcessRank(params[r], slices, r, url, group) if processes
+                         else LocalRank(params[r], slices, r, url))
+        for rk in ranks:
+            rk.attached()
+        rows = []
         for v in range(1, versions + 1):
             trainer.step(density)
             t0 = time.time()
             result = pub.publish(trainer.weights, version=v).wait(600)
+            if release:
+                torch.cuda.empty_cache()
             dev0 = device_marker()
             deadline = time.monotonic() + 600
-            while not all(v in w.status()["staged_at"] for w in workers) and time.monotonic() < deadline:
+            while not all(rk.staged(v) for rk in ranks) and time.monotonic() < deadline:
                 time.sleep(0.005)  # ready_s is the workers' own clock; polling takes the GIL from them
-            st = [w.status() for w in workers]
+            st = [rk.status() for rk in ranks]
             ready = max(s["staged_at"][v] for s in st) - t0
-            host_added = rss() - host0 - _store_bytes(url, host_store0)
-            pinned_added = pinned() - pinned0
-            dev_added = device_added(dev0)
-            if PROFILE and v == versions:  # the version staged once more on rank 0, in this thread, under cProfile
-                entry = next(e for e in workers[0].follower.manifest.entries if e.version == v)
-                prof = cProfile.Profile()
-                prof.enable()
-                stage_entry(workers[0].follower.store, entry, params[0], workers[0].follower.slices,
-                            views=workers[0].follower.views)
-                sync()
-                prof.disable()
-                pstats.Stats(prof).sort_stats("cumulative").print_stats(40)
-                pstats.Stats(prof).sort_stats("tottime").print_stats(25)
-                if DEVICE == "cuda":  # once more: the device's share, kernel by kernel
-                    from torch.profiler import ProfilerActivity, profile
-                    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as kprof:
-                        stage_entry(workers[0].follower.store, entry, params[0], workers[0].follower.slices,
-                                    views=workers[0].follower.views)
-                        sync()
-                    print(kprof.key_averages().table(sort_by="cuda_time_total", row_limit=30))
-            outcomes = [w.commit(TeleportUpdateInfo(v)).name for w in workers]
-            st = [w.status() for w in workers]
+            if processes:  # the ranks' own, added up
+                host_added, pinned_added, dev_added = (sum(s[k] for s in st) for k in
+                                                       ("host_added", "pinned_added", "device_added"))
+            else:
+                host_added = rss() - host0 - _store_bytes(url, host_store0)
+                pinned_added, dev_added = pinned() - pinned0, device_added(dev0)
+            if PROFILE and not processes and v == versions:
+                profile_stage(ranks[0].worker, v, params[0])
+            for rk in ranks:  # together: the ranks of a process each vote on their group
+                rk.commit_start(v)
+            outcomes = [rk.commit_end() for rk in ranks]
+            if processes:
+                [rk.staged(v) for rk in ranks]  # the status after the commit
+            st = [rk.status() for rk in ranks]
             size = result.objects[0].size
             rows.append(dict(version=v, pack_bytes=size, ready_s=ready, outcomes=outcomes,
                              stage_ms=[s["stage_s"][v] * 1e3 for s in st],
@@ -202,9 +298,29 @@ def workers_route(url: str, trainer: Trainer, pub: Publisher, config: dict, tp: 
                              exact=all(exact(params[r], trainer.weights, config, tp, r) for r in range(tp))))
             print(json.dumps(rows[-1]), flush=True)
     finally:
-        for w in workers:
-            w.shutdown()
+        for rk in ranks:
+            rk.close()
     return rows
+
+
+def profile_stage(worker: WorkerLocal, v: int, params: dict) -> None:
+    """Version `v` staged once more on `worker`, in this thread: where its host time goes
+    (cProfile), then the device's share kernel by kernel (torch's profiler)."""
+    f = worker.follower
+    entry = next(e for e in f.manifest.entries if e.version == v)
+    prof = cProfile.Profile()
+    prof.enable()
+    stage_entry(f.store, entry, params, f.slices, views=f.views)
+    sync()
+    prof.disable()
+    pstats.Stats(prof).sort_stats("cumulative").print_stats(40)
+    pstats.Stats(prof).sort_stats("tottime").print_stats(25)
+    if DEVICE == "cuda":
+        from torch.profiler import ProfilerActivity, profile
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as kprof:
+            stage_entry(f.store, entry, params, f.slices, views=f.views)
+            sync()
+        print(kprof.key_averages().table(sort_by="cuda_time_total", row_limit=30))
 
 
 def torch_route(url: str, trainer: Trainer, pub: Publisher, versions: int, density: float) -> list[dict]:
@@ -256,14 +372,14 @@ def run(route: str, transport: str, args) -> dict:
                 rows = torch_route(url, trainer, pub, args.versions, args.density)
             else:
                 rows = workers_route(url, trainer, pub, config, 1 if route == "tp1" else 2, args.versions,
-                                     args.density)
+                                     args.density, args.processes)
     finally:
         if origin is not None:
             origin.terminate()
             origin.wait(30)
         shutil.rmtree(root, ignore_errors=True)  # the route's store: a version 0 of the model's size
         memory._NAMES.pop(url.partition("://")[2], None)
-    return dict(route=route, transport=transport, rows=rows)
+    return dict(route=route, transport=transport, processes=args.processes and route != "torch", rows=rows)
 
 
 def table(results: list[dict], raw_gb: float) -> str:
@@ -278,7 +394,7 @@ def table(results: list[dict], raw_gb: float) -> str:
         per = lambda key: " / ".join(f"{med([x[key][k] for x in rows]):.1f}" for k in range(ranks))
         share = " / ".join(f"{med([x['fetched_share'][k] for x in rows]):.2f}" for k in range(ranks))
         first = r["rows"][0]
-        lines.append(f"| {r['route']} | {r['transport']} | {med([x['pack_bytes'] for x in rows]) / 1e6:.0f} "
+        lines.append(f"| {r['route']}{' (processes)' if r.get('processes') else ''} | {r['transport']} | {med([x['pack_bytes'] for x in rows]) / 1e6:.0f} "
                      f"| {med([x['ready_s'] for x in rows]):.3f} ({first['ready_s']:.3f}) | {per('stage_ms')} "
                      f"| {per('fetch_ms')} "
                      f"| {per('pause_ms')} | {share} | {' / '.join(f'{b / 1e6:.0f}' for b in rows[-1]['patch_bytes'])} "
@@ -299,9 +415,13 @@ def main() -> None:
     ap.add_argument("--out", default=None)
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--processes", action="store_true",
+                    help="each worker rank in a process of its own (not with the memory:// store)")
     args = ap.parse_args()
     global DEVICE, PROFILE
     DEVICE, PROFILE = args.device, args.profile
+    if args.processes and "memory" in (args.transport or ["memory"]):
+        ap.error("--processes needs a store other processes reach: --transport http")
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1)
     results = []
     for transport in args.transport or ["memory", "http"]:
