@@ -303,11 +303,59 @@ def workers_route(url: str, trainer: Trainer, pub: Publisher, config: dict, tp: 
     return rows
 
 
+PHASES = [("weight_teleport.targets.slice_stage", ["read_pack_header", "_chunk_ranges", "_fetch_into", "stage_delta",
+                                                    "bind_staged"]),
+          ("weight_teleport.codec.api", ["_lives"]),
+          ("weight_teleport.codec.cuda.stage.staging", ["windowed", "_on_host", "_patch", "_read_back", "word_sums"])]
+"""Functions `phases` times: (module, names)."""
+
+
+def phases(stage) -> dict[str, float]:
+    """Milliseconds of wall time spent in each function of PHASES (the device synchronised
+    after each) while `stage()` runs: where a stage's time goes, without a profiler's
+    overhead on Python code. The synchronisations serialise host and device work: the sum
+    is an upper bound of the stage."""
+    import importlib
+    spent, saved = {}, []
+
+    def timed(name, fn):
+        def run(*args, **kwargs):
+            t0 = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                sync()
+                spent[name] = spent.get(name, 0.0) + (time.perf_counter() - t0) * 1e3
+        return run
+
+    for module, names in PHASES:
+        m = importlib.import_module(module)
+        for n in names:
+            saved.append((m, n, getattr(m, n)))
+            setattr(m, n, timed(n, getattr(m, n)))
+    t0 = time.perf_counter()
+    try:
+        stage()
+        sync()
+    finally:
+        for m, n, fn in saved:
+            setattr(m, n, fn)
+    spent["whole stage"] = (time.perf_counter() - t0) * 1e3
+    return spent
+
+
 def profile_stage(worker: WorkerLocal, v: int, params: dict) -> None:
-    """Version `v` staged once more on `worker`, in this thread: where its host time goes
-    (cProfile), then the device's share kernel by kernel (torch's profiler)."""
+    """Version `v` staged once more on `worker`, in this thread: its phases' wall times
+    (`phases`), where its host time goes (cProfile), then the device's share kernel by
+    kernel (torch's profiler)."""
     f = worker.follower
     entry = next(e for e in f.manifest.entries if e.version == v)
+    for _ in range(2):
+        t0 = time.perf_counter()
+        stage_entry(f.store, entry, params, f.slices, views=f.views)
+        print(f"stage alone: {(time.perf_counter() - t0) * 1e3:.1f} ms", flush=True)
+    print("phases (ms): " + json.dumps({k: round(x, 1) for k, x in phases(
+        lambda: stage_entry(f.store, entry, params, f.slices, views=f.views)).items()}), flush=True)
     prof = cProfile.Profile()
     prof.enable()
     stage_entry(f.store, entry, params, f.slices, views=f.views)

@@ -103,6 +103,7 @@ CONFIGS = {
     "tiny": ModelConfig("tiny", 128, 384, 2, 4, 2, 32, 8192),
     "small": ModelConfig("small", 512, 1536, 12, 8, 4, 64, 32000),
     "qwen3-0.6b": ModelConfig("qwen3-0.6b", 1024, 3072, 28, 16, 8, 128, 151936),
+    "qwen3-4b": ModelConfig("qwen3-4b", 2560, 9728, 36, 32, 8, 128, 151936),
     "qwen3-8b": ModelConfig("qwen3-8b", 4096, 12288, 36, 32, 8, 128, 151936),
 }
 
