@@ -4,6 +4,8 @@ import dataclasses
 import gc
 import json
 import random
+import subprocess
+import sys
 import zlib
 
 import numpy as np
@@ -346,3 +348,14 @@ def test_chunk_table_is_checked_at_once_as_chunk_by_chunk(chunks, payload, rnd):
     np.testing.assert_array_equal(spans.starts, rows[:, 0] + h.payload_offset)
     np.testing.assert_array_equal(spans.lengths, rows[:, 1])
     np.testing.assert_array_equal(spans.crcs, rows[:, 2])
+
+
+def test_the_packages_names_load_on_first_use():
+    """`weight_teleport.format` and `.pipeline` list their names (`dir`) without loading
+    numpy or torch, load a name's module when it is first used, and refuse unknown names."""
+    code = ("import sys, weight_teleport.format as f, weight_teleport.pipeline as p\n"
+            "assert 'read_header' in dir(f) and 'Publisher' in dir(p)\n"
+            "assert 'numpy' not in sys.modules and 'torch' not in sys.modules\n"
+            "assert f.PackLimits.__name__ == 'PackLimits'\n"
+            "try:\n    f.nothing\nexcept AttributeError:\n    pass\nelse:\n    raise SystemExit(1)\n")
+    subprocess.run([sys.executable, "-c", code], check=True)

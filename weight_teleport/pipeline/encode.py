@@ -21,7 +21,7 @@ from weight_teleport.pipeline.manifest import (KINDS, Entry, Manifest, checked, 
                                                side_file)
 from weight_teleport.pipeline.metrics import PublishResult
 from weight_teleport.pipeline.plan import needs_anchor, plan_retention, unreferenced_keys
-from weight_teleport.pipeline.signing import signer
+from weight_teleport.pipeline.signing import ManifestSigner, signer
 from weight_teleport.pipeline.snapshots import State, state_nbytes
 from weight_teleport.store import NotFound, Store, manifest_etag
 
@@ -54,10 +54,12 @@ def _side_stream(stream):
 class Encoder:
     """Holds the manifest and the baseline; turns jobs into stored objects."""
 
-    def __init__(self, store: Store, config: PublisherConfig):
+    def __init__(self, store: Store, config: PublisherConfig, sign: ManifestSigner | None = None):
         self.store, self.config = store, config
         raw = store.get_manifest()
-        sign = signer(config.signing_key)  # a signing publisher builds on signed history only
+        self.sign = sign or signer(config.signing_key)
+        """The manifest's signer (None: unsigned): `check_config`'s, where the caller has it."""
+        sign = self.sign  # a signing publisher builds on signed history only
         self.manifest = from_json(raw, verify=sign and sign.verifier()) \
             if raw is not None and config.resume else Manifest()
         self.manifest_etag = None if raw is None else manifest_etag(raw)
@@ -193,7 +195,7 @@ class Encoder:
             entries = sorted(self.manifest.entries + (entry,), key=lambda e: (e.version, KINDS.index(e.kind)))
             manifest = checked(replace(self.manifest, entries=tuple(entries)))
             manifest, dropped = plan_retention(manifest, self.config.retention.keep_anchors)
-            data = manifest.to_json(sign=signer(self.config.signing_key))
+            data = manifest.to_json(sign=self.sign)
             self.store.put_manifest(data, if_match=self.manifest_etag)
             self.manifest, self.manifest_etag = manifest, manifest_etag(data)
         if self.on_announce is not None:

@@ -73,7 +73,7 @@ class Publisher:
         """Open the store and check now that it takes writes (a wrong token, a read-only
         directory), before anything is encoded: raises the store's AuthError."""
         self.config = config = config or PublisherConfig()
-        check_config(config)
+        sign = check_config(config)
         self.url = url
         self._own_store, self._store_closed = store is None, False
         self._store = store or open_store(url, config.store)
@@ -83,7 +83,7 @@ class Publisher:
             except StoreError as exc:
                 raise type(exc)(f"the publisher cannot write to {url}: {exc}") from None
             self._writes = TrackedWrites(self._store, config.retry_for_s)
-            self._encoder = Encoder(self._writes, config)  # type: ignore[arg-type]
+            self._encoder = Encoder(self._writes, config, sign)  # type: ignore[arg-type]
         except BaseException:
             self._close_store()
             raise

@@ -15,7 +15,7 @@ import torch
 
 from weight_teleport.pipeline.config import PublisherConfig
 from weight_teleport.pipeline.errors import ConfigError
-from weight_teleport.pipeline.signing import signer
+from weight_teleport.pipeline.signing import ManifestSigner, signer
 
 State = dict[str, torch.Tensor]
 
@@ -25,14 +25,14 @@ def state_nbytes(state: Mapping[str, torch.Tensor]) -> int:
     return sum(t.numel() * t.element_size() for t in state.values())
 
 
-def check_config(config: PublisherConfig) -> None:
+def check_config(config: PublisherConfig) -> ManifestSigner | None:
     """Raise ConfigError for a publisher setting that is invalid (`validate`) or that this
-    machine cannot honour."""
+    machine cannot honour; the signer of its key (None: unsigned), parsed here once."""
     config.validate()
     if config.baseline_device == "cuda" and not torch.cuda.is_available():
         raise ConfigError("PublisherConfig.baseline_device='cuda' needs a CUDA device; none is "
                           "visible (use 'cpu')")
-    signer(config.signing_key)  # ConfigError now for a key that cannot sign, not after an encode
+    return signer(config.signing_key)  # ConfigError now for a key that cannot sign, not after an encode
 
 
 class SnapshotPool:
