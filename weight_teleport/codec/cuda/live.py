@@ -86,8 +86,9 @@ def walk_bits(tensor: torch.Tensor, info: DtypeInfo, start: int = 0, count: int 
     element)."""
     if tensor.is_contiguous():
         flat = flat_bits(tensor, info)
-        return flat if start == 0 and count is None else flat[start:start + (flat.numel() - start if count is None
-                                                                             else count)]
+        if start == 0 and count is None:
+            return flat
+        return flat[start:] if count is None else flat[start:start + count]
     bits = tensor.detach().view(info.int_torch)
     count = tensor.numel() - start if count is None else count
     geometry = walk_2d(tensor) if memory.on_device(tensor) else None
