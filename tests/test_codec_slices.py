@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import weight_teleport as wt
-from weight_teleport.codec.slices import chunk_byte_range, chunk_window, record_layout
+from weight_teleport.codec.slices import chunk_byte_ranges, chunk_window, record_layout
 from weight_teleport.errors import DigestMismatchError, PackFormatError, PackMismatchError
 from weight_teleport.format import read_header
 
@@ -46,7 +46,7 @@ def _fetched(pack, held) -> tuple:
     chunks alone (what a sampler rank fetches): the rest is garbage."""
     h = read_header(pack[:1 << 16], total_length=len(pack))
     _, i, j = chunk_window(h, h.tensors[0], held["w"].box)
-    lo, hi = chunk_byte_range(h, h.tensors[0], i, j)
+    (lo, hi), = chunk_byte_ranges(h, h.tensors[0], i, j)
     buf = bytearray(b"\xa5" * len(pack))
     buf[:h.payload_offset] = pack[:h.payload_offset]
     buf[lo:hi] = pack[lo:hi]
@@ -121,3 +121,77 @@ def test_a_chunk_digest_that_does_not_match_its_chunk_is_caught():
     rec.chunk_digests[k], rec.chunk_digests[k - 1] = rec.chunk_digests[k - 1], rec.chunk_digests[k]
     with pytest.raises(DigestMismatchError, match=f"chunk {k}"):
         wt.stage_delta(mine, bytes(data), header=h, held=held)
+
+
+def _layered(seed=7):
+    """Old and new states of a few tensors the way a TP=2 publisher hints them: rows split
+    at half, columns split at half, one tensor every rank holds whole; 10% changed."""
+    g = torch.Generator().manual_seed(seed)
+    shapes = {"q": (64, 40), "o": (40, 64), "norm": (40,), "up": (96, 40), "down": (40, 96)}
+    old = {k: torch.randn(s, generator=g).to(torch.bfloat16) for k, s in shapes.items()}
+    new = {}
+    for k, t in old.items():
+        moved = torch.rand(t.shape, generator=g) < 0.1
+        new[k] = torch.where(moved, (t.float() * 1.01).to(torch.bfloat16), t)
+    hints = {"q": SliceHint("rows", (32 * 40,)), "up": SliceHint("rows", (48 * 40,)),
+             "o": SliceHint("cols", (32 * 40,)), "down": SliceHint("cols", (48 * 40,)), "norm": SliceHint("rows", ())}
+    return old, new, hints
+
+
+def _rank_box(shape, order, rank):
+    if len(shape) == 1:
+        return ((0, shape[0]),)
+    if order == "rows":
+        half = shape[0] // 2
+        return ((rank * half, half), (0, shape[1]))
+    half = shape[1] // 2
+    return ((0, shape[0]), (rank * half, half))
+
+
+def _runs(ranges) -> list:
+    """Byte ranges merged where they touch."""
+    out = []
+    for a, b in sorted(ranges):
+        if out and a <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], b)
+        else:
+            out.append([a, b])
+    return out
+
+
+def test_a_tp_rank_reads_its_slices_of_every_tensor_in_two_runs_of_bytes():
+    """A delta cut at TP=2 bounds lays the shared records' chunks first, then slice 0 of
+    every record, then slice 1 (codec/layout.py): each rank's chunks are two runs of bytes
+    however many tensors there are, the whole pack still round-trips bit for bit, and a
+    rank stages its slices from its runs alone."""
+    old, new, hints = _layered()
+    pack = wt.encode_delta(old, new, base_version=0, version=1, chunk_elems=256, hints=hints)
+    h = read_header(pack)
+    for rank in (0, 1):
+        ranges = []
+        held = {}
+        for rec in h.tensors:
+            box = _rank_box(tuple(rec.shape), hints[rec.name].order, rank)
+            held[rec.name] = wt.TensorSlice(tuple(rec.shape), box)
+            _, i, j = chunk_window(h, rec, box)
+            ranges += chunk_byte_ranges(h, rec, i, j)
+        assert len(_runs(ranges)) <= 2, _runs(ranges)
+        buf = bytearray(b"\xa5" * len(pack))  # the rank's runs alone, the rest garbage
+        buf[:h.payload_offset] = pack[:h.payload_offset]
+        for a, b in _runs(ranges):
+            buf[a:b] = pack[a:b]
+        mine = {k: old[k][tuple(slice(o, o + e) for o, e in held[k].box)].clone() for k in old}
+        wt.apply_staged(mine, wt.stage_delta(mine, bytes(buf), header=h, held=held))
+        for k in old:
+            want = new[k][tuple(slice(o, o + e) for o, e in held[k].box)]
+            assert torch.equal(mine[k].view(torch.int16), want.contiguous().view(torch.int16)), (rank, k)
+    whole = {k: v.clone() for k, v in old.items()}
+    wt.apply_delta(whole, pack)
+    assert all(torch.equal(whole[k].view(torch.int16), new[k].view(torch.int16)) for k in new)
+
+
+def test_a_pack_without_slice_bounds_keeps_its_records_chunks_in_record_order():
+    old, new, hints = _layered()
+    pack = wt.encode_delta(old, new, base_version=0, version=1, chunk_elems=256)
+    offsets = [c[0] for rec in read_header(pack).tensors for c in rec.chunks]
+    assert offsets == sorted(offsets)

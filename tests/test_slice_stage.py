@@ -101,13 +101,13 @@ def test_a_corrupt_chunk_fails_only_the_rank_that_fetches_it(tmp_path):
         entry = pub.publish(new, version=2).wait().objects[0]
     path = tmp_path / "objects" / entry.key
     data = bytearray(path.read_bytes())
-    from weight_teleport.codec.slices import chunk_byte_range, chunk_window
+    from weight_teleport.codec.slices import chunk_byte_ranges, chunk_window
     from weight_teleport.format import read_header
     header = read_header(bytes(data))
     name = "model.layers.0.mlp.down_proj.weight"
     rec = next(r for r in header.tensors if r.name == name)
     _, i, j = chunk_window(header, rec, held_box(worker_slices(CONFIG, TP, 1)[name]))
-    lo, hi = chunk_byte_range(header, rec, i, j)
+    (lo, hi), = chunk_byte_ranges(header, rec, i, j)
     data[(lo + hi) // 2] ^= 0x40
     path.write_bytes(bytes(data))
     store = open_store(url)

@@ -53,7 +53,7 @@ def mutate(state: dict, density: float, gen: torch.Generator) -> dict:
 def corrupt_a_chunk_of(store_dir: str, key: str, config, tp: int, rank: int) -> bytes:
     """Flip one byte inside a chunk that only `rank` fetches (a down_proj column block);
     returns the original bytes, to repair the object."""
-    from weight_teleport.codec.slices import chunk_byte_range, chunk_window
+    from weight_teleport.codec.slices import chunk_byte_ranges, chunk_window
     from weight_teleport.format import read_header
     from weight_teleport.targets.slice_stage import held_box
     from weight_teleport.targets.vllm_layout import worker_slices
@@ -65,7 +65,7 @@ def corrupt_a_chunk_of(store_dir: str, key: str, config, tp: int, rank: int) -> 
     name = "model.layers.1.mlp.down_proj.weight"
     rec = next(r for r in header.tensors if r.name == name)
     _, i, j = chunk_window(header, rec, held_box(worker_slices(config, tp, rank)[name]))
-    lo, hi = chunk_byte_range(header, rec, i, j)
+    (lo, hi), = chunk_byte_ranges(header, rec, i, j)
     bad = bytearray(data)
     bad[(lo + hi) // 2] ^= 0x40
     with open(path, "wb") as f:

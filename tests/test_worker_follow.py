@@ -13,7 +13,7 @@ import torch
 
 from helpers import bits
 from test_slice_stage import CONFIG, TP, _mutate, _state, engine_params
-from weight_teleport.codec.slices import chunk_byte_range, chunk_window
+from weight_teleport.codec.slices import chunk_byte_ranges, chunk_window
 from weight_teleport.format import read_header
 from weight_teleport.pipeline import Publisher, PublisherConfig
 from weight_teleport.store import open_store
@@ -179,7 +179,7 @@ def test_a_failed_stage_is_tried_again_for_a_vote_at_once(tmp_path, monkeypatch)
     name = "model.layers.0.mlp.down_proj.weight"
     rec = next(r for r in header.tensors if r.name == name)
     _, i, j = chunk_window(header, rec, held_box(worker_slices(CONFIG, TP, 1)[name]))
-    lo, hi = chunk_byte_range(header, rec, i, j)
+    (lo, hi), = chunk_byte_ranges(header, rec, i, j)
     bad = bytearray(good)
     bad[(lo + hi) // 2] ^= 0x40
     path.write_bytes(bytes(bad))

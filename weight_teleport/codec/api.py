@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterable, Mapping, MutableMapping
 import numpy as np
 import torch
 
-from weight_teleport.codec import registry
+from weight_teleport.codec import layout, registry
 from weight_teleport.codec import walks as W
 from weight_teleport.codec.backend import Backend, backend_of
 from weight_teleport.codec.slices import chunk_window
@@ -60,7 +60,7 @@ def _items(new: Mapping[str, torch.Tensor], old: Mapping[str, torch.Tensor] | No
         walk_new = W.whole_walk(t, hint.order)
         walk_old = None if old is None else W.whole_walk(old[name], hint.order)
         items.append(backend.walk_item(name, info, walk_new, walk_old, sl, hint, chunk_elems))
-        walks.append((sl, hint.order))
+        walks.append((sl, hint))
     return backend, items, walks
 
 
@@ -69,7 +69,7 @@ def _placed(records, walks) -> None:
     for rec, walk in zip(records, walks):
         if walk is None:
             continue
-        sl, order = walk
+        sl, order = walk[0], walk[1].order
         rec.shape = sl.shape
         rec.box = None if sl.is_whole else [tuple(b) for b in sl.box]
         rec.order = "cols" if order == "cols" and len(sl.shape) >= 2 else None
@@ -81,6 +81,8 @@ def _pack(kind, backend_items, version, base_version, chunk_elems, level, thread
     backend, items, walks = backend_items
     records, chunks, ready, codecs = backend.encode(items, chunk_elems, level, threads, cuda, pinned, codec)
     _placed(records, walks)
+    if kind == "delta":
+        chunks = _laid_out(records, chunks, walks, chunk_elems)
     header = PackHeader(kind=kind, version=version, base_version=base_version,
                         chunk_elems=chunk_elems, tensors=records, stream_codecs=codecs)
     if pinned:
@@ -88,6 +90,18 @@ def _pack(kind, backend_items, version, base_version, chunk_elems, level, thread
         return write_pack_into(header, chunks, pinned_empty, ready)  # the header is written during the copy
     ready()
     return write_pack(header, chunks)
+
+
+def _laid_out(records, chunks: list, walks, chunk_elems: int) -> list:
+    """The payload's parts in the reference writer's layout (codec/layout.py): by slice
+    where a hint cut records at receivers' slice bounds, else as the backend wrote them."""
+    slices = []
+    for rec, walk in zip(records, walks):
+        cut = None if walk is None or not walk[1].bounds else W.cut_slices(*walk, chunk_elems)
+        slices.append(cut if cut is not None and len(cut) == len(rec.chunks) else None)
+    if all(s is None for s in slices):
+        return chunks
+    return layout.slice_major(records, chunks, slices)
 
 
 @collections_paused()

@@ -3,7 +3,7 @@
 
 A sampler rank reads a pack's header alone (`format.read_header` on its first bytes), finds
 per record the chunks inside its slice (`chunk_window`), fetches their bytes alone
-(`chunk_byte_range`, one ranged read), and stages them against its own old elements
+(`chunk_byte_ranges`, a ranged read per run), and stages them against its own old elements
 (`codec.api.stage_delta` with `held`), each run of chunks checked against its CRC-32s and
 its chunk digests."""
 
@@ -53,17 +53,20 @@ def chunk_window(header: PackHeader, rec: TensorRecord, held: W.Box) -> tuple[in
     return (a, inside[0], inside[-1] + 1) if inside else (a, 0, 0)
 
 
-def chunk_byte_range(header: PackHeader, rec: TensorRecord, i: int, j: int) -> tuple[int, int]:
-    """[start, stop) of the pack's bytes holding chunks [i, j) of `rec` (one ranged read).
-    The reference writer lays a record's chunks back to back; PackMismatchError where this
-    pack's are not (fetch them one by one: `rec.chunks[k]` has offset and length)."""
+def chunk_byte_ranges(header: PackHeader, rec: TensorRecord, i: int, j: int) -> list[tuple[int, int]]:
+    """[start, stop) of each run of the pack's bytes holding chunks [i, j) of `rec`, one run
+    per stretch of them laid back to back (a ranged read each): one run where a slice lies
+    within one slice of the writer's layout (codec/layout.py), more where it spans several
+    or the chunks lie elsewhere."""
     _check_range(rec, i, j)
-    refs = rec.chunks[i:j]
-    if not refs:
-        return header.payload_offset, header.payload_offset
-    if any(b.offset != a.offset + a.length for a, b in zip(refs, refs[1:])):
-        raise PackMismatchError(f"tensor {rec.name!r}: chunks {i}..{j} are not back to back in the pack")
-    return header.payload_offset + refs[0].offset, header.payload_offset + refs[-1].offset + refs[-1].length
+    out: list[list[int]] = []
+    for offset, length, _ in rec.chunks[i:j]:
+        start = header.payload_offset + offset
+        if out and out[-1][1] == start:
+            out[-1][1] = start + length
+        else:
+            out.append([start, start + length])
+    return [(a, b) for a, b in out]
 
 
 def _check_range(rec: TensorRecord, i: int, j: int) -> None:

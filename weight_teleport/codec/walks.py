@@ -5,6 +5,7 @@ walk numbers its box's elements: `rows` (row-major) or `cols` (column-major over
 2-D view [e0, e1*e2*...]). Plain geometry, plus the torch views that put a tensor's
 elements in walk order without copying them."""
 
+import bisect
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -140,6 +141,21 @@ def whole_walk(tensor: torch.Tensor, order: str) -> torch.Tensor:
 def cut_spans(sl: TensorSlice, hint: Hint, chunk_elems: int) -> list[tuple[int, int]]:
     """[start, stop) walk ranges of the chunks of the record of `sl` walked and cut by `hint`:
     chunks of `chunk_elems` between the hint's bounds."""
+    return _cut(sl, hint, chunk_elems)[0]
+
+
+def cut_slices(sl: TensorSlice, hint: Hint, chunk_elems: int) -> list[int]:
+    """For each chunk of `cut_spans`, the slice of the whole tensor it lies in: how many of
+    the hint's bounds lie at or before its first element in the walk of the whole tensor
+    (0 for every chunk of a hint without bounds). Chunks of one slice index belong to the
+    same receivers across tensors cut by one layout's hints (a TP rank's slice of each)."""
+    spans, before, points = _cut(sl, hint, chunk_elems)
+    return [before + bisect.bisect_right(points, s) for s, _ in spans]
+
+
+def _cut(sl: TensorSlice, hint: Hint, chunk_elems: int) -> tuple[list[tuple[int, int]], int, list[int]]:
+    """(`cut_spans`, the hint's bounds at or before the box's first line, the cuts inside
+    the record's walk)."""
     n, ext = numel(sl.box), extents(sl.box)
     if len(ext) == 0:
         ext = (1,)
@@ -162,7 +178,7 @@ def cut_spans(sl: TensorSlice, hint: Hint, chunk_elems: int) -> list[tuple[int, 
     if any((e - s) % 8 for s, e in spans[:-1]):
         raise ValueError(f"cannot cut a box {sl.box} of {sl.shape} at bounds {hint.bounds}: the chunks "
                          "between them are not multiples of 8 elements")
-    return spans
+    return spans, sum(0 < b <= first for b in outer), points
 
 
 def tensor_positions(box: Box, order: str, shape: Sequence[int], positions: torch.Tensor) -> torch.Tensor:

@@ -33,7 +33,7 @@ import torch
 from weight_teleport.codec import apply_staged, bind_staged, stage_delta
 from weight_teleport.codec.api import in_turn
 from weight_teleport.codec import walks as W
-from weight_teleport.codec.slices import chunk_byte_range, chunk_window
+from weight_teleport.codec.slices import chunk_byte_ranges, chunk_window
 from weight_teleport.errors import PackMismatchError
 from weight_teleport.format import PackHeader, read_header
 from weight_teleport.pipeline.errors import ObjectRejected
@@ -268,7 +268,8 @@ def _check_names(header: PackHeader, slices: Mapping[str, Slice]) -> None:
 
 
 def _chunk_ranges(header: PackHeader, held: Mapping[str, W.TensorSlice]) -> list[tuple[int, int]]:
-    """The pack's byte ranges holding the chunks inside this worker's slices, one per record."""
+    """The pack's byte ranges holding the chunks inside this worker's slices (`_fetch_into`
+    merges those that touch)."""
     out = []
     for rec in header.tensors:
         box = W.whole(rec.shape) if rec.box is None else tuple(map(tuple, rec.box))
@@ -276,8 +277,7 @@ def _chunk_ranges(header: PackHeader, held: Mapping[str, W.TensorSlice]) -> list
             i, j = 0, len(rec.chunks)
         else:
             _, i, j = chunk_window(header, rec, held[rec.name].box)
-        if i < j:
-            out.append(chunk_byte_range(header, rec, i, j))
+        out += chunk_byte_ranges(header, rec, i, j)
     return out
 
 
