@@ -114,7 +114,7 @@ def run_world(world: int, args) -> list:
 def check(url: str, args) -> None:
     """Every version in the store is bit-exact against the unsharded weights."""
     from weight_teleport.pipeline.fetch import materialize
-    from weight_teleport.pipeline.manifest import from_json
+    from weight_teleport.format.manifest import from_json
     from weight_teleport.store import open_store
 
     store = open_store(url)

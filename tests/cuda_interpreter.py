@@ -422,7 +422,7 @@ def slice_failures() -> list[str]:
     decoder reads) gives the right weights."""
     from test_slice_stage import CONFIG, TP, _mutate, _state, engine_params
     from weight_teleport.pipeline import Publisher, PublisherConfig
-    from weight_teleport.pipeline.manifest import from_json
+    from weight_teleport.format.manifest import from_json
     from weight_teleport.store import open_store
     from weight_teleport.targets.slice_stage import apply_steps, stage_entry
     from weight_teleport.targets.vllm_layout import slice_hints, worker_slices

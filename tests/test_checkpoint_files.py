@@ -14,7 +14,7 @@ from weight_teleport.cli import main
 from weight_teleport.pipeline.checkpoint import load_side_files
 from weight_teleport.pipeline.errors import ObjectRejected
 from weight_teleport.pipeline.fetch import fetch_side_files
-from weight_teleport.pipeline.manifest import from_json
+from weight_teleport.format.manifest import from_json
 from weight_teleport.store import open_store
 
 

@@ -305,7 +305,7 @@ def test_publish_command_with_codec_sparse_ac(tmp_path, capsys):
     from safetensors.torch import load_file, save_file
 
     from weight_teleport.cli import main
-    from weight_teleport.pipeline.manifest import from_json
+    from weight_teleport.format.manifest import from_json
     from weight_teleport.store import open_store
     g = torch.Generator().manual_seed(0)
     master = torch.randn(256, 512, generator=g) * 0.02

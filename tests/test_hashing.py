@@ -11,7 +11,7 @@ from hypothesis import given, settings, strategies as st
 
 from weight_teleport.pipeline import fetch as F
 from weight_teleport.pipeline.errors import ObjectRejected
-from weight_teleport.pipeline.manifest import Entry, ManifestError, from_json, make_entry
+from weight_teleport.format.manifest import Entry, ManifestError, from_json, make_entry
 from weight_teleport.store import open_store
 from weight_teleport.store.hashing import TreeHasher, object_hash, tree_sha256
 

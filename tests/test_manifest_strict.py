@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from weight_teleport.pipeline.errors import ManifestError
-from weight_teleport.pipeline.manifest import (FORMAT, MAX_MANIFEST_BYTES, Entry, Manifest,
+from weight_teleport.format.manifest import (FORMAT, MAX_MANIFEST_BYTES, Entry, Manifest,
                                                from_json)
 
 SHA = "ab" * 32
@@ -107,7 +107,7 @@ def side(name: str = "config.json", **changes) -> dict:
 
 
 def test_side_files_and_retention_parse_and_sign() -> None:
-    from weight_teleport.pipeline.signing import ManifestSigner, generate_keypair
+    from weight_teleport.format.signing import ManifestSigner, generate_keypair
 
     d = with_files(side(), side("tokenizer.json"))
     d["retention"] = {"keep_anchors": 2, "removed_through": None}

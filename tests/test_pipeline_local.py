@@ -16,7 +16,7 @@ from weight_teleport.codec import StagedPatch
 from weight_teleport.pipeline import (Publisher, PublisherConfig, RetentionConfig, Subscriber,
                                       SubscriberConfig)
 from weight_teleport.pipeline.errors import ConfigError
-from weight_teleport.targets.base import Target
+from weight_teleport.pipeline.target import Target
 from weight_teleport.targets.torch import TorchTarget
 
 FAST = SubscriberConfig(watch_timeout_s=0.2, retry_backoff_s=0.02, retry_backoff_max_s=0.1)

@@ -7,7 +7,7 @@ import pytest
 from weight_teleport.pipeline.errors import ManifestError, NoPlanError
 from dataclasses import replace
 
-from weight_teleport.pipeline.manifest import (Entry, Manifest, Retention, from_json, make_entry,
+from weight_teleport.format.manifest import (Entry, Manifest, Retention, from_json, make_entry,
                                                object_key, side_file)
 from weight_teleport.pipeline.plan import (needs_anchor, plan_avoiding, plan_catchup, unreferenced_keys,
                                            plan_retention)

@@ -12,7 +12,7 @@ import torch
 from test_pipeline_helpers import expected, same_bits
 from test_pipeline_local import FAST, follow, publish
 from weight_teleport.pipeline import Publisher, PublisherConfig, Subscriber
-from weight_teleport.pipeline.manifest import Manifest, from_json
+from weight_teleport.format.manifest import Manifest, from_json
 from weight_teleport.store import open_store
 from weight_teleport.targets.torch import TorchTarget
 

@@ -204,7 +204,7 @@ def _subscriber(url):
 
 
 def _manifest(url):
-    from weight_teleport.pipeline.manifest import from_json
+    from weight_teleport.format.manifest import from_json
     from weight_teleport.store import open_store
 
     store = open_store(url)

@@ -20,7 +20,7 @@ from test_pipeline_helpers import expected
 from weight_teleport.pipeline import Publisher, PublisherConfig, RetentionConfig
 from weight_teleport.pipeline.errors import (ConfigError, PublishCancelled, PublishConflict,
                                              PublishFailed)
-from weight_teleport.pipeline.manifest import from_json
+from weight_teleport.format.manifest import from_json
 from weight_teleport.server import OriginServer
 from weight_teleport.store import AuthError, StoreConfig, StoreError, TransportError, open_store
 from weight_teleport.store.config import RetryConfig

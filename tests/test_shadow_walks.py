@@ -8,7 +8,7 @@ import torch
 from helpers import assert_bits_equal
 from test_slice_stage import CONFIG, _mutate, _state
 from weight_teleport.pipeline import Publisher, PublisherConfig, Subscriber, SubscriberConfig
-from weight_teleport.targets.base import Target
+from weight_teleport.pipeline.target import Target
 from weight_teleport.targets.vllm_layout import slice_hints
 
 

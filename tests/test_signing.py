@@ -19,8 +19,8 @@ from test_subscriber_recovery import follow_checked, until, zeros  # noqa: E402
 from weight_teleport.codec import encode_delta  # noqa: E402
 from weight_teleport.pipeline import Publisher, PublisherConfig, Subscriber  # noqa: E402
 from weight_teleport.pipeline.errors import ConfigError, ManifestSignatureError  # noqa: E402
-from weight_teleport.pipeline.manifest import Entry, Manifest, from_json, make_entry  # noqa: E402
-from weight_teleport.pipeline.signing import (ManifestSigner, ManifestVerifier,  # noqa: E402
+from weight_teleport.format.manifest import Entry, Manifest, from_json, make_entry  # noqa: E402
+from weight_teleport.format.signing import (ManifestSigner, ManifestVerifier,  # noqa: E402
                                               generate_keypair, key_id, public_key)
 from weight_teleport.store import open_store  # noqa: E402
 from weight_teleport.targets.torch import TorchTarget  # noqa: E402

@@ -14,7 +14,7 @@ from test_slice_stage import CONFIG, DEVICES, TP, _mutate, _state, engine_params
 from test_subscriber_parts import part
 from weight_teleport.codec import TensorSlice, encode_delta, encode_snapshot
 from weight_teleport.pipeline.errors import ObjectRejected
-from weight_teleport.pipeline.manifest import parts_entry
+from weight_teleport.format.manifest import parts_entry
 from weight_teleport.store import NotFound, open_store
 from weight_teleport.targets.slice_stage import HEADER_PROBE, apply_steps, stage_entry
 from weight_teleport.targets.vllm_layout import slice_hints, worker_slices

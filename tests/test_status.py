@@ -15,7 +15,7 @@ from test_pipeline_helpers import expected
 from weight_teleport.cli import main
 from weight_teleport.observe.status import missing_version
 from weight_teleport.pipeline import Publisher, PublisherConfig, RetentionConfig
-from weight_teleport.pipeline.manifest import from_json
+from weight_teleport.format.manifest import from_json
 from weight_teleport.store import StoreConfig, open_store
 
 

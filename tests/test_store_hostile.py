@@ -13,7 +13,7 @@ import pytest
 
 from weight_teleport.pipeline.errors import ObjectRejected
 from weight_teleport.pipeline.fetch import fetch
-from weight_teleport.pipeline.manifest import Entry, make_entry
+from weight_teleport.format.manifest import Entry, make_entry
 from weight_teleport.store import RangeIgnored, RetryConfig, StoreConfig, TooLarge, open_store
 from weight_teleport.store.hashing import PIECE_BYTES
 

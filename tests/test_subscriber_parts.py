@@ -21,8 +21,8 @@ from weight_teleport.pipeline import Subscriber
 from weight_teleport.pipeline.fetch import fetch_parts
 from weight_teleport.pipeline.errors import ObjectRejected
 from weight_teleport.pipeline.fetch import materialize
-from weight_teleport.pipeline.manifest import Manifest, from_json, object_key, parts_entry
-from weight_teleport.pipeline.parts import Part
+from weight_teleport.format.manifest import Manifest, from_json, object_key, parts_entry
+from weight_teleport.format.parts import Part
 from weight_teleport.store import open_store
 from weight_teleport.store.hashing import PIECE_BYTES, tree_sha256
 from weight_teleport.targets.torch import TorchTarget

@@ -23,8 +23,8 @@ from test_pipeline_local import FAST, follow, memory_url, publish
 from weight_teleport.codec import encode_delta, encode_snapshot
 from weight_teleport.pipeline import (Publisher, PublisherConfig, RetentionConfig, Subscriber,
                                       SubscriberConfig)
-from weight_teleport.pipeline.errors import SubscriberFailed
-from weight_teleport.pipeline.manifest import Manifest, from_json, make_entry
+from weight_teleport.pipeline.health import SubscriberFailed
+from weight_teleport.format.manifest import Manifest, from_json, make_entry
 from weight_teleport.store import RetryConfig, Store, StoreConfig, open_store
 from weight_teleport.targets.torch import TorchTarget
 

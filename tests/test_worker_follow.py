@@ -107,7 +107,7 @@ def test_a_worker_trusts_only_manifests_its_keys_signed(tmp_path, quick_retries)
     pytest.importorskip("cryptography")
     from cryptography.hazmat.primitives import serialization
     from cryptography.hazmat.primitives.asymmetric import ed25519
-    from weight_teleport.pipeline.signing import generate_keypair
+    from weight_teleport.format.signing import generate_keypair
 
     def pem(raw: bytes) -> str:
         return ed25519.Ed25519PublicKey.from_public_bytes(raw).public_bytes(
@@ -196,5 +196,5 @@ def test_a_failed_stage_is_tried_again_for_a_vote_at_once(tmp_path, monkeypatch)
 
 
 def _entries(store) -> list:
-    from weight_teleport.pipeline.manifest import from_json
+    from weight_teleport.format.manifest import from_json
     return list(from_json(store.get_manifest()).entries)

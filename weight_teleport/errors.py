@@ -25,3 +25,18 @@ class PackMismatchError(WeightTeleportError, ValueError):
 
 class DigestMismatchError(WeightTeleportError):
     """The weights a pack would produce do not have the digest the pack promises."""
+
+
+class ConfigError(WeightTeleportError, ValueError):
+    """A configuration value cannot be honoured (the message names the field)."""
+
+
+class ManifestError(WeightTeleportError, ValueError):
+    """The store's manifest is malformed or inconsistent (wrong types, invalid keys,
+    duplicate or unordered versions, too large)."""
+
+
+class ManifestSignatureError(ManifestError):
+    """The manifest is unsigned, signed by an untrusted key, or its signature does not
+    match its contents, and the subscriber requires signatures
+    (`SubscriberConfig.trusted_keys`)."""

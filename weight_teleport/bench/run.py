@@ -13,7 +13,6 @@ import json
 import os
 import platform
 import statistics
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -294,9 +293,3 @@ def main(args: argparse.Namespace) -> int:
     run_bench(args.config, tuple(args.lrs), args.steps, args.seed, args.out_dir, args.threads, args.repeats,
               args.data, real_config, args.cache_dir, calibration)
     return 0
-
-
-if __name__ == "__main__":
-    from weight_teleport.cli import main as cli_main
-
-    raise SystemExit(cli_main(["bench", *sys.argv[1:]]))

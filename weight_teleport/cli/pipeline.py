@@ -162,7 +162,7 @@ def _follow(args: argparse.Namespace, state: dict, version: int) -> int:
 def read_manifest(store, url: str):
     """The store's parsed manifest; NoPlanError where nothing was published."""
     from weight_teleport.pipeline.errors import NoPlanError
-    from weight_teleport.pipeline.manifest import from_json
+    from weight_teleport.format.manifest import from_json
 
     raw = store.get_manifest()
     if raw is None:

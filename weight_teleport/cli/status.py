@@ -67,7 +67,7 @@ def status_document(store, samplers: int) -> dict:
     """An origin's /status.json, else a document of the same shape from the manifest."""
     from weight_teleport.observe.probe import object_problems
     from weight_teleport.observe.status import store_summary
-    from weight_teleport.pipeline.manifest import from_json
+    from weight_teleport.format.manifest import from_json
 
     get_status = getattr(store, "get_status", None)
     if get_status is not None:

@@ -5,16 +5,14 @@ the few a record needs run in one loop over the records."""
 
 import itertools
 import math
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from weight_teleport.errors import PackFormatError, UnsupportedFormatError
 from weight_teleport.format.codecs import CODECS as _REGISTRY
+from weight_teleport.format.header import PackHeader
 from weight_teleport.format.limits import MAX_CHUNK_ELEMS, ZSTD_MAX_EXPANSION, PackLimits, over_limit
 
-if TYPE_CHECKING:
-    from weight_teleport.format.container import PackHeader
 
 KINDS = ("delta", "snapshot")
 DTYPE_BYTES = {"float64": 8, "float32": 4, "bfloat16": 2, "float16": 2, "float8_e4m3fn": 1, "float8_e5m2": 1,
@@ -31,7 +29,7 @@ _NO_CHUNKS = frozenset(name for name, c in _REGISTRY.items() if c.family == "sam
 _HEX_DIGITS = b"0123456789abcdef"
 
 
-def check_layout(h: "PackHeader", limits: PackLimits) -> None:
+def check_layout(h: PackHeader, limits: PackLimits) -> None:
     """PackFormatError (or UnsupportedFormatError, PackLimitError) for the first rule `h`
     breaks; sets `h.chunk_rows` and `h.chunk_first`."""
     _check_pack_fields(h)
@@ -55,7 +53,7 @@ def check_layout(h: "PackHeader", limits: PackLimits) -> None:
     _check_dense_sizes(h, dense_bytes)
 
 
-def _check_pack_fields(h: "PackHeader") -> None:
+def _check_pack_fields(h: PackHeader) -> None:
     if h.kind not in KINDS:
         raise PackFormatError(f"unknown pack kind {h.kind!r}")
     if (h.kind == "delta") != (h.base_version is not None):
@@ -66,7 +64,7 @@ def _check_pack_fields(h: "PackHeader") -> None:
                               f"{MAX_CHUNK_ELEMS}")
 
 
-def _check_records(h: "PackHeader", limits: PackLimits) -> tuple[list[int], list[int]]:
+def _check_records(h: PackHeader, limits: PackLimits) -> tuple[list[int], list[int]]:
     """(chunks of each record, bytes of each dense record's elements (0 for the others)). One
     lean loop: a header holds hundreds to thousands of records."""
     names, counts, dense_bytes = set(), [], []
@@ -102,7 +100,7 @@ ORDERS = ("rows", "cols")
 """Walk orders of a record over its box (docs/FORMAT.md, "Records over boxes")."""
 
 
-def check_v2_record(t, h: "PackHeader", limits: PackLimits) -> int:
+def check_v2_record(t, h: PackHeader, limits: PackLimits) -> int:
     """PackFormatError for the first rule of version 2 that record `t` breaks (its box, walk
     order, cuts and chunk digests); returns the record's elements."""
     if h.format_version < 2:
@@ -193,7 +191,7 @@ def _refuse_shape(t, max_numel: int) -> None:
                      "max_numel")
 
 
-def _check_digests(h: "PackHeader") -> None:
+def _check_digests(h: PackHeader) -> None:
     """Every digest (and a delta's every base digest) is 16 lowercase hex digits: checked on
     all of them joined (no hex digit left once they are deleted), then one by one for the
     message."""
@@ -216,7 +214,7 @@ def chunks_fit(rows: np.ndarray, payload_length: int) -> bool:
     return not bad.any() and int(length.sum()) <= payload_length  # int64: each length is at most a payload in memory
 
 
-def check_chunks_one_by_one(h: "PackHeader") -> None:
+def check_chunks_one_by_one(h: PackHeader) -> None:
     """PackFormatError for the first chunk outside the payload, empty or with a CRC-32 out of
     range, or for chunks longer together than the payload (`chunks_fit` has found one)."""
     total = 0
@@ -232,7 +230,7 @@ def check_chunks_one_by_one(h: "PackHeader") -> None:
                               f"{h.payload_length}: chunks overlap")
 
 
-def _check_dense_sizes(h: "PackHeader", dense_bytes: list[int]) -> None:
+def _check_dense_sizes(h: PackHeader, dense_bytes: list[int]) -> None:
     """A dense record's elements come from its chunks' streams, raw or zstd: at most
     ZSTD_MAX_EXPANSION bytes a stored byte. (A tiny pack that declares a huge dense tensor
     is refused here, before a receiver with no weights allocates it.)"""

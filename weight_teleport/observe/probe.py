@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from weight_teleport.pipeline.manifest import Manifest
+from weight_teleport.format.manifest import Manifest
 from weight_teleport.store import NotFound, Store
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import time
 
-from weight_teleport.pipeline.manifest import Manifest
+from weight_teleport.format.manifest import Manifest
 
 
 def store_summary(manifest: Manifest | None, now: float | None = None,

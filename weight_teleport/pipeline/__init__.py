@@ -16,7 +16,7 @@ _HOMES = {
     "RetentionConfig": ".config",
     "Subscriber": ".subscriber",
     "SubscriberConfig": ".config",
-    "SubscriberFailed": ".errors",
+    "SubscriberFailed": ".health",
     "SubscriberStats": ".metrics",
     "UpdateReport": ".metrics",
 }

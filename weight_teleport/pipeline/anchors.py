@@ -15,7 +15,7 @@ from contextlib import contextmanager
 from weight_teleport import threads
 from weight_teleport.observe.logs import kv
 from weight_teleport.pipeline.errors import PublishCancelled
-from weight_teleport.pipeline.manifest import Entry
+from weight_teleport.format.manifest import Entry
 from weight_teleport.pipeline.metrics import PublishResult
 from weight_teleport.store import Store
 

@@ -68,7 +68,7 @@ def flat_patch(staged: StagedParts, state: Mapping[str, torch.Tensor]) -> FlatPa
 def flat_walks(staged: StagedPatch) -> StagedPatch:
     """`staged` (one pack) with its records walked by columns or over a box rewritten as
     flat row-major chunks of whole tensors: the contract of targets without a view
-    (targets/base.py), which know nothing of walks. Packs cut for sliced receivers
+    (pipeline/target.py), which know nothing of walks. Packs cut for sliced receivers
     (`PublisherConfig.hints`) walk row-parallel tensors by columns."""
     if not staged.walks:
         return staged

@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 
 from weight_teleport.pipeline.errors import ConfigError
-from weight_teleport.pipeline.manifest import MAX_SIDE_FILES
+from weight_teleport.format.manifest import MAX_SIDE_FILES
 
 log = logging.getLogger(__name__)
 

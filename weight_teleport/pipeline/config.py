@@ -70,7 +70,7 @@ class PublisherConfig:
     """What to delete as new anchors arrive."""
     signing_key: bytes | None = None
     """Ed25519 private key that signs every manifest written (32 raw bytes, or an
-    unencrypted PKCS#8 PEM; `weight_teleport.pipeline.signing.generate_keypair` makes one).
+    unencrypted PKCS#8 PEM; `weight_teleport.format.signing.generate_keypair` makes one).
     Subscribers given the public key in `SubscriberConfig.trusted_keys` refuse manifests
     it did not sign. Needs `cryptography` (`pip install 'weight-teleport[sign]'`). None:
     manifests are unsigned."""

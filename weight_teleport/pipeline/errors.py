@@ -1,28 +1,14 @@
-"""Errors of the publish/subscribe pipeline; each says what to do about it."""
+"""Errors of the publish/subscribe pipeline; each says what to do about it (a subscriber that
+gives up raises `health.SubscriberFailed`, which carries its health)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from weight_teleport.errors import ConfigError, ManifestError, ManifestSignatureError, WeightTeleportError
 
-from weight_teleport.errors import WeightTeleportError
-
-if TYPE_CHECKING:
-    from weight_teleport.pipeline.health import Health
-
-
-class ConfigError(WeightTeleportError, ValueError):
-    """A configuration value cannot be honoured (the message names the field)."""
-
-
-class ManifestError(WeightTeleportError, ValueError):
-    """The store's manifest is malformed or inconsistent (wrong types, invalid keys,
-    duplicate or unordered versions, too large)."""
-
-
-class ManifestSignatureError(ManifestError):
-    """The manifest is unsigned, signed by an untrusted key, or its signature does not
-    match its contents, and the subscriber requires signatures
-    (`SubscriberConfig.trusted_keys`)."""
+# ConfigError and the manifest's errors live with the library's other typed errors (the
+# manifest's format, format/manifest.py, raises them); the pipeline names them from here too
+__all__ = ["ConfigError", "GroupFailed", "ManifestError", "ManifestRollback", "ManifestSignatureError", "NoPlanError",
+           "ObjectRejected", "PublishCancelled", "PublishConflict", "PublishFailed"]
 
 
 class ManifestRollback(ManifestError):
@@ -38,17 +24,6 @@ class ObjectRejected(WeightTeleportError):
 class NoPlanError(WeightTeleportError):
     """The store holds no chain of objects that reaches the wanted version (it was never
     published, or retention removed its anchor)."""
-
-
-class SubscriberFailed(WeightTeleportError):
-    """The subscriber gave up: it could not make progress for
-    `SubscriberConfig.give_up_after_s`. Raised by `Subscriber.wait` and `apply`; the target
-    keeps the last version applied, and `health` says what went wrong."""
-
-    def __init__(self, message: str, health: "Health"):
-        super().__init__(message)
-        self.health = health
-        """The subscriber's health when it gave up (its `last_error` is the cause)."""
 
 
 class PublishConflict(WeightTeleportError):

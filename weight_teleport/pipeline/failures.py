@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from weight_teleport.pipeline.manifest import Entry
+from weight_teleport.format.manifest import Entry
 
 
 class Failures:

@@ -14,8 +14,8 @@ from weight_teleport.codec import apply_delta, decode_snapshot, pinned_pack
 from weight_teleport.errors import PackFormatError
 from weight_teleport.format import PackHeader, read_header
 from weight_teleport.pipeline.errors import ManifestError, ObjectRejected
-from weight_teleport.pipeline.manifest import Entry, Manifest
-from weight_teleport.pipeline.parts import Part, check_whole
+from weight_teleport.format.manifest import Entry, Manifest
+from weight_teleport.format.parts import Part, check_whole
 from weight_teleport.pipeline.plan import plan_catchup
 from weight_teleport.store import Store, TooLarge
 from weight_teleport.store.hashing import object_hash, piece_digest, root_of

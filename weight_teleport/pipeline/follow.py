@@ -21,12 +21,13 @@ import abc
 import logging
 
 from weight_teleport.pipeline.config import SubscriberConfig
-from weight_teleport.pipeline.errors import ManifestError, ManifestRollback, NoPlanError, SubscriberFailed
+from weight_teleport.pipeline.errors import ManifestError, ManifestRollback, NoPlanError
+from weight_teleport.pipeline.health import SubscriberFailed
 from weight_teleport.pipeline.failures import Failures
 from weight_teleport.pipeline.health import HealthMonitor
-from weight_teleport.pipeline.manifest import Entry, Manifest, from_json
+from weight_teleport.format.manifest import Entry, Manifest, from_json
 from weight_teleport.pipeline.plan import Plan, plan_avoiding
-from weight_teleport.pipeline.signing import ManifestVerifier
+from weight_teleport.format.signing import ManifestVerifier
 from weight_teleport.store import Store, StoreError, manifest_etag
 
 log = logging.getLogger(__name__)

@@ -21,8 +21,8 @@ from weight_teleport.format import read_header
 from weight_teleport.pipeline.config import PublisherConfig
 from weight_teleport.pipeline.encode import Encoder
 from weight_teleport.pipeline.errors import GroupFailed, PublishFailed
-from weight_teleport.pipeline.manifest import object_key, parts_entry
-from weight_teleport.pipeline.parts import Part
+from weight_teleport.format.manifest import object_key, parts_entry
+from weight_teleport.format.parts import Part
 from weight_teleport.pipeline.plan import needs_anchor
 from weight_teleport.pipeline.ranks import Ranks
 from weight_teleport.pipeline.shards import local_shards

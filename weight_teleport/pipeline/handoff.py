@@ -8,8 +8,8 @@ import logging
 import threading
 from typing import TYPE_CHECKING
 
-from weight_teleport.pipeline.errors import SubscriberFailed
-from weight_teleport.pipeline.manifest import Entry
+from weight_teleport.pipeline.health import SubscriberFailed
+from weight_teleport.format.manifest import Entry
 
 if TYPE_CHECKING:
     from weight_teleport.codec import StagedPatch

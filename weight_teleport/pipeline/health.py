@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 from typing import Callable
 
 from weight_teleport.observe.logs import kv
-from weight_teleport.pipeline.errors import SubscriberFailed
+from weight_teleport.errors import WeightTeleportError
 
 log = logging.getLogger("weight_teleport.pipeline.subscriber")
 
@@ -43,6 +43,17 @@ class Health:
     """Failures since the last progress."""
     gave_up: bool = False
     """The subscriber stopped following (`SubscriberConfig.give_up_after_s`)."""
+
+
+class SubscriberFailed(WeightTeleportError):
+    """The subscriber gave up: it could not make progress for
+    `SubscriberConfig.give_up_after_s`. Raised by `Subscriber.wait` and `apply`; the target
+    keeps the last version applied, and `health` says what went wrong."""
+
+    def __init__(self, message: str, health: Health):
+        super().__init__(message)
+        self.health = health
+        """The subscriber's health when it gave up (its `last_error` is the cause)."""
 
 
 def _shape(message: str) -> str:

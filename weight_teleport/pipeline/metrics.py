@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from weight_teleport.pipeline.manifest import Entry
+from weight_teleport.format.manifest import Entry
 
 
 @dataclass

@@ -13,7 +13,7 @@ from weight_teleport.observe.subscriber import SubscriberMetrics
 from weight_teleport.pipeline.errors import ObjectRejected
 from weight_teleport.pipeline.failures import Failures
 from weight_teleport.pipeline.fetch import Fetched, fetch_pack, fetch_parts
-from weight_teleport.pipeline.manifest import Entry
+from weight_teleport.format.manifest import Entry
 from weight_teleport.pipeline.metrics import SubscriberStats
 from weight_teleport.store import InvalidKey, NotFound, Store, TooLarge
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from weight_teleport.pipeline.errors import NoPlanError
-from weight_teleport.pipeline.manifest import Entry, Manifest, Retention
+from weight_teleport.format.manifest import Entry, Manifest, Retention
 
 
 @dataclass(frozen=True)

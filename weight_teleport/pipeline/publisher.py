@@ -20,7 +20,7 @@ from weight_teleport.errors import WeightTeleportError
 from weight_teleport.observe.logs import kv
 from weight_teleport.observe.publisher import PublisherMetrics
 from weight_teleport.pipeline.errors import PublishCancelled, PublishConflict, PublishFailed
-from weight_teleport.pipeline.manifest import from_json
+from weight_teleport.format.manifest import from_json
 from weight_teleport.pipeline.metrics import PublishResult
 from weight_teleport.pipeline.snapshots import SnapshotPool, check_config
 from weight_teleport.pipeline.writes import TrackedWrites, describe_cancel

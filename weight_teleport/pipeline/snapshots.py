@@ -15,7 +15,7 @@ import torch
 
 from weight_teleport.pipeline.config import PublisherConfig
 from weight_teleport.pipeline.errors import ConfigError
-from weight_teleport.pipeline.signing import ManifestSigner, signer
+from weight_teleport.format.signing import ManifestSigner, signer
 
 State = dict[str, torch.Tensor]
 

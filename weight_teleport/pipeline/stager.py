@@ -18,7 +18,7 @@ from weight_teleport.codec.cuda.config import CudaCodecConfig
 from weight_teleport.codec.dtypes import BY_NAME, dtype_info
 from weight_teleport.codec.plan import DEFAULT_CHUNK_ELEMS
 from weight_teleport.format import PackHeader
-from weight_teleport.pipeline.manifest import Entry
+from weight_teleport.format.manifest import Entry
 from weight_teleport.pipeline import assemble
 from weight_teleport.pipeline.assemble import FlatParts
 from weight_teleport.pipeline.fetch import Fetched

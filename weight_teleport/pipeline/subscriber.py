@@ -16,7 +16,7 @@ from weight_teleport.pipeline.metrics import UpdateReport, SubscriberStats
 from weight_teleport.pipeline.stager import Stager
 from weight_teleport.pipeline.subscriber_follow import SubscriberFollower
 from weight_teleport.store import Store, open_store
-from weight_teleport.targets.base import Target
+from weight_teleport.pipeline.target import Target
 
 log = logging.getLogger(__name__)
 

@@ -18,11 +18,10 @@ from typing import TYPE_CHECKING
 from weight_teleport.errors import DigestMismatchError, PackFormatError, PackMismatchError
 from weight_teleport.observe.subscriber import SubscriberMetrics, Where
 from weight_teleport.pipeline.config import SubscriberConfig
-from weight_teleport.pipeline.errors import SubscriberFailed
-from weight_teleport.pipeline.fetch import Fetched
+from weight_teleport.pipeline.health import SubscriberFailed
 from weight_teleport.pipeline.follow import FollowLoop
 from weight_teleport.pipeline.handoff import Handoff
-from weight_teleport.pipeline.manifest import Entry
+from weight_teleport.format.manifest import Entry
 from weight_teleport.pipeline.metrics import SubscriberStats
 from weight_teleport.pipeline.objects import Objects
 from weight_teleport.pipeline.plan import Plan

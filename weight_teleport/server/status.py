@@ -17,8 +17,8 @@ from aiohttp import web
 
 from ..observe.probe import object_problems
 from ..observe.status import store_summary
-from ..pipeline.errors import ManifestError
-from ..pipeline.manifest import Manifest, from_json
+from ..errors import ManifestError
+from ..format.manifest import Manifest, from_json
 from .origin import ORIGIN
 from .samplers import BOOK, Book
 

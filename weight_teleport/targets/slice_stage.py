@@ -38,8 +38,8 @@ from weight_teleport.errors import PackMismatchError
 from weight_teleport.format import PackHeader, read_header
 from weight_teleport.pipeline.errors import ObjectRejected
 from weight_teleport.pipeline.fetch import FETCH_THREADS, RANGE_BYTES, check_covers, check_parts_whole, part_entry
-from weight_teleport.pipeline.manifest import Entry
-from weight_teleport.pipeline.parts import Part
+from weight_teleport.format.manifest import Entry
+from weight_teleport.format.parts import Part
 from weight_teleport.targets.slice_view import box_view
 from weight_teleport.targets.vllm_layout import Slice
 

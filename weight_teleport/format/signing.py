@@ -14,7 +14,7 @@ import functools
 import hashlib
 from collections.abc import Sequence
 
-from weight_teleport.pipeline.errors import ConfigError, ManifestSignatureError
+from weight_teleport.errors import ConfigError, ManifestSignatureError
 
 ALGORITHM = "ed25519"
 _INSTALL = "pip install 'weight-teleport[sign]' (the `cryptography` package)"

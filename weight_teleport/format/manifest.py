@@ -14,8 +14,8 @@ import re
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Callable
 
-from weight_teleport.pipeline.errors import ManifestError
-from weight_teleport.pipeline.parts import Part, check_covers, parse_part
+from weight_teleport.errors import ManifestError
+from weight_teleport.format.parts import Part, check_covers, parse_part
 from weight_teleport.store.errors import InvalidKey
 from weight_teleport.store.hashing import PIECE_BYTES, tree_sha256
 from weight_teleport.store.keys import validate_key

@@ -8,7 +8,7 @@ import math
 import re
 from dataclasses import dataclass
 
-from weight_teleport.pipeline.errors import ManifestError
+from weight_teleport.errors import ManifestError
 from weight_teleport.store.errors import InvalidKey
 from weight_teleport.store.keys import validate_key
 
