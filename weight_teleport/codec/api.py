@@ -1,6 +1,7 @@
 """The codec's public functions, over the backend of the tensors' device (the interface
 and the one place that picks it: codec/backend.py)."""
 
+import math
 import os
 import time
 from collections.abc import Callable, Iterable, Mapping, MutableMapping
@@ -17,7 +18,7 @@ from weight_teleport.codec.dtypes import BY_NAME, dtype_info
 from weight_teleport.codec.patch import ApplyReport, StagedParts, StagedPatch
 from weight_teleport.codec.plan import DEFAULT_CHUNK_ELEMS, check_chunk_elems
 from weight_teleport.errors import PackMismatchError
-from weight_teleport.format import PackHeader, PackLimits, read_header, write_pack, write_pack_into
+from weight_teleport.format import PackHeader, PackLimits, TensorRecord, read_header, write_pack, write_pack_into
 from weight_teleport.format.limits import over_limit
 from weight_teleport.host_memory import collections_paused
 
@@ -319,15 +320,17 @@ def decode_snapshot(pack: bytes, *, threads: int | None = None,
     if header.kind != "snapshot":
         raise PackMismatchError(f"pack is a {header.kind} for version {header.base_version}; "
                                 "a receiver with no weights needs a snapshot pack")
-    _check_allocation(header, limits)
+    check_allocation(header.tensors, limits)
     state = {t.name: torch.empty(t.shape, dtype=BY_NAME[t.dtype].torch_dtype) for t in header.tensors}
     apply_delta(state, pack, threads=threads, limits=limits)
     return state
 
 
-def _check_allocation(header: PackHeader, limits: PackLimits | None) -> None:
-    """PackLimitError where the header's tensors take more bytes than `limits` allow."""
-    nbytes = sum(t.numel * BY_NAME[t.dtype].nbytes for t in header.tensors)
+def check_allocation(records: Iterable[TensorRecord], limits: PackLimits | None = None) -> None:
+    """PackLimitError where tensors of the records' shapes and dtypes (whole tensors: the
+    records' full shapes) would take more bytes than `limits.max_bytes` allows (by default
+    this machine's physical memory): checked before a receiver allocates them."""
+    nbytes = sum(math.prod(t.shape) * BY_NAME[t.dtype].nbytes for t in records)
     limit = limits.max_bytes if limits is not None else None
     setting = "max_bytes"
     if limit is None:

@@ -2,15 +2,20 @@
 
 A box is a tuple of (offset, extent) per dimension, in checkpoint coordinates. A record's
 walk numbers its box's elements: `rows` (row-major) or `cols` (column-major over the box's
-2-D view [e0, e1*e2*...]). Plain geometry, plus the torch views that put a tensor's
-elements in walk order without copying them."""
+2-D view [e0, e1*e2*...]). Plain geometry, the torch views that put a tensor's elements
+in walk order without copying them, and staged chunks of walks put back in whole tensors'
+row-major order (`flat_chunk`, `flat_walks`)."""
 
 import bisect
+import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
+
+from weight_teleport.codec.patch import ChunkPatch, StagedPatch
 
 Box = tuple[tuple[int, int], ...]
 ORDERS = ("rows", "cols")
@@ -204,3 +209,32 @@ def _unravel(positions: torch.Tensor, box, shape) -> torch.Tensor:
         rest = rest // e if e else rest
         out += (idx + box[k][0]) * math.prod(shape[k + 1:])
     return out
+
+
+def flat_walks(staged: StagedPatch) -> StagedPatch:
+    """`staged` (one pack) with its records walked by columns or over a box rewritten as
+    flat row-major chunks of whole tensors: the contract of targets without a view
+    (pipeline/target.py), which know nothing of walks. Packs cut for sliced receivers
+    (`PublisherConfig.hints`) walk row-parallel tensors by columns."""
+    if not staged.walks:
+        return staged
+    tensors = [t if t.name not in staged.walks else
+               dataclasses.replace(t, chunks=[flat_chunk(c, staged.walks[t.name][1], staged.walks[t.name][2],
+                                                          tuple(t.shape)) for c in t.chunks])
+               for t in staged.tensors]
+    return dataclasses.replace(staged, tensors=tensors, walks={})
+
+
+def flat_chunk(c: ChunkPatch, box, order: str, shape: tuple[int, ...]) -> ChunkPatch:
+    """A chunk of a record over `box` (None: the whole tensor, rows) in the record's walk,
+    as positions in the whole tensor's row-major order (ascending)."""
+    if box is None or (order == "rows" and tuple(map(tuple, box)) == whole(shape)):
+        return c
+    walk = torch.arange(c.values.size, dtype=torch.int64) if c.positions is None \
+        else torch.from_numpy(c.positions.astype(np.int64))
+    pos = tensor_positions(tuple(map(tuple, box)), order, shape, walk + c.start)
+    if order == "cols" and len(shape) >= 2:
+        rows = shape[0]
+        pos = (pos % rows) * (math.prod(shape) // max(rows, 1)) + pos // rows
+    pos, perm = torch.sort(pos)
+    return ChunkPatch(0, pos.numpy(), c.values[perm.numpy()])

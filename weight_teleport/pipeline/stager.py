@@ -15,6 +15,7 @@ import torch
 
 from weight_teleport.codec import StagedParts, StagedPatch, apply_staged, encode_delta, stage_delta
 from weight_teleport.codec.cuda.config import CudaCodecConfig
+from weight_teleport.codec import walks as W
 from weight_teleport.codec.dtypes import BY_NAME, dtype_info
 from weight_teleport.codec.plan import DEFAULT_CHUNK_ELEMS
 from weight_teleport.format import PackHeader
@@ -85,7 +86,7 @@ class Stager:
                     self.shadow = target
         if not self.uses_view:
             apply_staged(self.shadow, staged, self.threads)
-            return assemble.flat_walks(staged)
+            return W.flat_walks(staged)
         return staged
 
     def _options(self) -> dict:
