@@ -275,3 +275,30 @@ def test_ctrl_c_during_the_publish_command(tmp_path: Path) -> None:
         held = [str(p.relative_to(store_dir / "objects")) for p in
                 (store_dir / "objects").rglob("*.pack")] if (store_dir / "objects").exists() else []
         assert sorted(k.rstrip(",") for k in named) == sorted(held), text[-500:]
+
+
+@pytest.mark.parametrize("field, value", [
+    ("initial_version", -1), ("max_staged_bytes", 0), ("device_staged_bytes", 1.5),
+    ("decompress_backend", "nvidia"), ("watch_timeout_s", 0), ("fetch_attempts", True),
+    ("retry_backoff_s", -0.1), ("give_up_after_s", float("inf")), ("on_health", 3),
+    ("follow_resets", "yes"), ("trusted_keys", b"\x00" * 32), ("threads", 0), ("store", {}),
+    ("heartbeat_s", "5"), ("sampler_id", 7)])
+def test_a_subscriber_config_refuses_an_unusable_field_when_made(field, value):
+    """Every field is checked when the config is made: the error names the field, before
+    a store is opened or a thread started."""
+    from weight_teleport.pipeline import SubscriberConfig
+    from weight_teleport.pipeline.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=f"SubscriberConfig.{field}="):
+        SubscriberConfig(**{field: value})
+
+
+def test_the_config_literals_list_the_choices_the_checks_accept():
+    import typing
+
+    from weight_teleport.format.codecs import CHOICES
+    from weight_teleport.pipeline import config
+    from weight_teleport.codec.cuda.config import BACKENDS
+
+    assert typing.get_args(config.Codec) == CHOICES
+    assert set(typing.get_args(config.DecompressBackend)) == set(BACKENDS)

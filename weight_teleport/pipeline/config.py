@@ -5,7 +5,7 @@ from __future__ import annotations
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Literal, get_args
 
 from weight_teleport.format.codecs import CHOICES, DEFAULT, DEPRECATED_CODERS
 from weight_teleport.format.limits import MAX_CHUNK_ELEMS
@@ -16,8 +16,47 @@ from weight_teleport.store import StoreConfig
 if TYPE_CHECKING:
     from weight_teleport.pipeline.health import Health
 
-BACKPRESSURE = ("block", "skip")
-BASELINE_DEVICES = ("cpu", "cuda")
+Backpressure = Literal["block", "skip"]
+BaselineDevice = Literal["cpu", "cuda"]
+Codec = Literal["sparse", "sparse_ac"]
+"""`format/codecs.py`'s CHOICES (a test holds them equal)."""
+DecompressBackend = Literal["default", "cuda", "hardware"]
+BACKPRESSURE, BASELINE_DEVICES = get_args(Backpressure), get_args(BaselineDevice)
+DECOMPRESS_BACKENDS = get_args(DecompressBackend)
+
+
+class _Fields:
+    """Checks of a config's fields, each raising ConfigError that names the field."""
+
+    def __init__(self, config):
+        self.config = config
+
+    def bad(self, name: str, why: str) -> ConfigError:
+        return ConfigError(f"{type(self.config).__name__}.{name}={getattr(self.config, name)!r}: {why}")
+
+    def whole(self, name: str, low: int, none: bool = False) -> None:
+        value = getattr(self.config, name)
+        if value is None and none:
+            return
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise self.bad(name, f"use an integer >= {low}" + (" or None" if none else ""))
+
+    def seconds(self, name: str, positive: bool = False, none: bool = False) -> None:
+        value = getattr(self.config, name)
+        if value is None and none:
+            return
+        if isinstance(value, bool) or not isinstance(value, (int, float)) \
+                or not (value > 0 if positive else value >= 0) or value == float("inf"):
+            raise self.bad(name, f"use a finite number of seconds {'> 0' if positive else '>= 0'}"
+                                 + (" or None" if none else ""))
+
+    def choice(self, name: str, choices: tuple) -> None:
+        if getattr(self.config, name) not in choices:
+            raise self.bad(name, f"use one of {', '.join(map(repr, choices))}")
+
+    def instance(self, name: str, kind, what: str) -> None:
+        if not isinstance(getattr(self.config, name), kind):
+            raise self.bad(name, f"use {what}")
 
 
 @dataclass
@@ -38,10 +77,10 @@ class PublisherConfig:
     anchor, beside that version's delta. The first version is always an anchor."""
     max_pending: int = 1
     """Snapshots waiting to be encoded while one is in flight (the bounded queue)."""
-    backpressure: str = "block"
+    backpressure: Backpressure = "block"
     """When the queue is full: "block" makes `publish` wait for a slot; "skip" drops the
     oldest waiting snapshot (that version is never published; the next delta spans it)."""
-    baseline_device: str = "cpu"
+    baseline_device: BaselineDevice = "cpu"
     """Where the baseline (the last published weights) and the snapshots live: "cpu"
     (pinned when CUDA is present; the CPU codec encodes) or "cuda" (device copies on a
     side stream; the CUDA codec encodes on a side stream while training goes on)."""
@@ -60,7 +99,7 @@ class PublisherConfig:
     version 2). None: regular chunks (format version 1)."""
     level: int = 3
     """Zstd level of the pack streams."""
-    codec: str = DEFAULT
+    codec: Codec = DEFAULT
     """The codec of a delta's sparse records (`encode_delta`'s `codec`): "sparse", or
     "sparse_ac", smaller packs, slower to code where many elements change (readers older
     than codec `sparse_ac` refuse them)."""
@@ -96,16 +135,8 @@ class PublisherConfig:
     def validate(self) -> None:
         """Raise ConfigError naming the first field whose value no publisher can use;
         `Publisher` calls it again (fields may change after construction)."""
-        def bad(name: str, why: str) -> ConfigError:
-            return ConfigError(f"PublisherConfig.{name}={getattr(self, name)!r}: {why}")
-
-        def whole(name: str, low: int, none: bool = False) -> None:
-            value = getattr(self, name)
-            if value is None and none:
-                return
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                raise bad(name, f"use an integer >= {low}" + (" or None" if none else ""))
-
+        f = _Fields(self)
+        bad, whole = f.bad, f.whole
         if self.coder is not None:
             if self.coder not in DEPRECATED_CODERS:
                 raise bad("coder", f"coder is deprecated: set codec, one of {', '.join(map(repr, CHOICES))}")
@@ -116,8 +147,7 @@ class PublisherConfig:
             self.codec, self.coder = DEPRECATED_CODERS[self.coder], None
         for name, choices in (("backpressure", BACKPRESSURE), ("baseline_device", BASELINE_DEVICES),
                               ("codec", CHOICES)):
-            if getattr(self, name) not in choices:
-                raise bad(name, f"use one of {', '.join(map(repr, choices))}")
+            f.choice(name, choices)
         whole("anchor_every", 1)
         whole("max_pending", 1)
         whole("memory_budget_bytes", 1, none=True)
@@ -132,15 +162,12 @@ class PublisherConfig:
             raise bad("resume", "use True or False")
         if self.hints is not None and not isinstance(self.hints, Mapping):
             raise bad("hints", "use a mapping of tensor name -> hint, or None")
-        if isinstance(self.retry_for_s, bool) or not isinstance(self.retry_for_s, (int, float)) \
-                or not self.retry_for_s >= 0:
-            raise bad("retry_for_s", "use a number of seconds >= 0")
+        f.seconds("retry_for_s")
         if self.signing_key is not None and not isinstance(self.signing_key, (bytes, str)):
             raise bad("signing_key", "use the key's bytes (raw or PEM), or None")
         for name, kind in (("retention", RetentionConfig), ("store", StoreConfig),
                            ("metrics", MetricsConfig)):
-            if not isinstance(getattr(self, name), kind):
-                raise bad(name, f"use a {kind.__name__}")
+            f.instance(name, kind, f"a {kind.__name__}")
         keep = self.retention.keep_anchors
         if isinstance(keep, bool) or not isinstance(keep, int) or keep < 0:
             raise ConfigError(f"RetentionConfig.keep_anchors={keep!r}: use an integer >= 0 "
@@ -160,7 +187,7 @@ class SubscriberConfig:
     device_staged_bytes: int | None = None
     """CUDA targets: a staged patch larger than this is held in pinned host memory instead
     of device memory (`stage_delta`'s `device_budget`); None keeps patches on the device."""
-    decompress_backend: str = "default"
+    decompress_backend: DecompressBackend = "default"
     """CUDA targets: nvCOMP's decompression backend (`CudaCodecConfig.decompress_backend`):
     "default", "cuda", or "hardware" (Blackwell's decompression engine, for LZ4 packs;
     it raises on older GPUs)."""
@@ -208,3 +235,32 @@ class SubscriberConfig:
     (else `store.token`)."""
     sampler_id: str | None = None
     """This sampler's name on the status page; None: HOST-PID."""
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        """Raise ConfigError naming the first field whose value no subscriber can use;
+        `Subscriber` calls it again (fields may change after construction). The trusted
+        keys' bytes are parsed when the subscriber starts (format/signing.py)."""
+        f = _Fields(self)
+        f.whole("initial_version", 0, none=True)
+        f.whole("max_staged_bytes", 1)
+        f.whole("device_staged_bytes", 0, none=True)
+        f.choice("decompress_backend", DECOMPRESS_BACKENDS)
+        f.seconds("watch_timeout_s", positive=True)
+        f.whole("fetch_attempts", 1)
+        f.seconds("retry_backoff_s")
+        f.seconds("retry_backoff_max_s")
+        f.seconds("give_up_after_s", positive=True, none=True)
+        if self.on_health is not None and not callable(self.on_health):
+            raise f.bad("on_health", "use a function of one Health, or None")
+        f.instance("follow_resets", bool, "True or False")
+        if isinstance(self.trusted_keys, (bytes, str)) or not isinstance(self.trusted_keys, (tuple, list)):
+            raise f.bad("trusted_keys", "use a tuple of public keys (bytes each)")
+        f.whole("threads", 1, none=True)
+        f.instance("store", StoreConfig, "a StoreConfig")
+        f.instance("metrics", MetricsConfig, "a MetricsConfig")
+        f.seconds("heartbeat_s", positive=True, none=True)
+        for name in ("report_to", "sampler_id"):
+            f.instance(name, (str, type(None)), "a string, or None")

@@ -35,6 +35,7 @@ class Subscriber:
     def __init__(self, url: str, target: Target, config: SubscriberConfig | None = None, *,
                  store: Store | None = None):
         self.config = config = config or SubscriberConfig()
+        config.validate()
         self.target = target
         self._own_store = store is None
         self._store = store or open_store(url, config.store)
