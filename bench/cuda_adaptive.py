@@ -38,7 +38,7 @@ def run(model: str, lr: float, repeats: int) -> dict:
         wt.apply_staged(state, staged)
         row["packs"][codec] = {"bytes": len(pack), "encode_ms": enc_s * 1e3, "stage_ms": stage_s * 1e3,
                                "stage_gbps": 2 * n / stage_s / 1e9, "bit_exact": _exact(state, new)}
-        del state, staged
+        state = staged = None  # their device memory, freed before the next codec
         torch.cuda.empty_cache()
     old_c = {k: v.cpu() for k, v in old.items()}
     new_c = {k: v.cpu() for k, v in new.items()}
@@ -47,7 +47,7 @@ def run(model: str, lr: float, repeats: int) -> dict:
     row["cpu_encode_s"] = time.perf_counter() - t0
     row["cpu_pack_identical"] = cpu_pack == pack
     del old_c, new_c, cpu_pack
-    del old, new
+    old = new = None
     torch.cuda.empty_cache()
     return row
 

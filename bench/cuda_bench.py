@@ -213,7 +213,7 @@ def main() -> None:
     ans_stage_s, ans_staged = wall_s(lambda: wt.stage_delta(ans_state, ans_pinned), 5)
     wt.apply_staged(ans_state, ans_staged)
     ans_ok = all(torch.equal(ans_state[k].view(torch.int16), new[k].view(torch.int16)) for k in new)
-    del ans_state, ans_staged
+    ans_state = ans_staged = None
     apply_ms = cuda_ms(lambda: wt.apply_staged(state, staged), 10)
     ok = all(torch.equal(state[k].view(torch.int16), new[k].view(torch.int16)) for k in new)
     host_apply_ms = pinned_patch_apply_ms(old, pack)

@@ -14,7 +14,6 @@ import torch  # noqa: E402
 import weight_teleport as wt  # noqa: E402
 from helpers import with_renewed_crcs  # noqa: E402
 from weight_teleport.codec import api  # noqa: E402
-from weight_teleport.codec.cpu import backend as cpu  # noqa: E402
 from weight_teleport.codec.cuda import backend as gpu  # noqa: E402
 from weight_teleport.codec.cuda import snapshot  # noqa: E402
 from weight_teleport.codec.cuda.runtime import memory  # noqa: E402

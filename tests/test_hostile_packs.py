@@ -18,8 +18,7 @@ from hypothesis import strategies as st
 import weight_teleport as wt
 from weight_teleport.codec import digest as D
 from weight_teleport.codec.dtypes import BY_NAME
-from weight_teleport.errors import (DigestMismatchError, PackFormatError, PackLimitError, PackMismatchError,
-                                    UnsupportedFormatError, WeightTeleportError)
+from weight_teleport.errors import PackFormatError, PackLimitError, UnsupportedFormatError, WeightTeleportError
 from weight_teleport.format import Group, PackLimits, Stream, read_groups, read_header, write_groups
 from weight_teleport.format.checks import DTYPE_BYTES
 

@@ -19,10 +19,9 @@ import torch
 
 from services import free_port
 from test_pipeline_helpers import expected, same_bits
-from test_pipeline_local import FAST, follow, memory_url, publish
+from test_pipeline_local import FAST, memory_url, publish
 from weight_teleport.codec import encode_delta, encode_snapshot
-from weight_teleport.pipeline import (Publisher, PublisherConfig, RetentionConfig, Subscriber,
-                                      SubscriberConfig)
+from weight_teleport.pipeline import Publisher, PublisherConfig, RetentionConfig, Subscriber
 from weight_teleport.pipeline.health import SubscriberFailed
 from weight_teleport.format.manifest import Manifest, from_json, make_entry
 from weight_teleport.store import RetryConfig, Store, StoreConfig, open_store
