@@ -65,7 +65,7 @@ def corrupt_a_chunk_of(store_dir: str, key: str, config, tp: int, rank: int) -> 
     name = "model.layers.1.mlp.down_proj.weight"
     rec = next(r for r in header.tensors if r.name == name)
     _, i, j = chunk_window(header, rec, held_box(worker_slices(config, tp, rank)[name]))
-    (lo, hi), = chunk_byte_ranges(header, rec, i, j)
+    lo, hi = chunk_byte_ranges(header, rec, i, j)[0]  # its first run of bytes
     bad = bytearray(data)
     bad[(lo + hi) // 2] ^= 0x40
     with open(path, "wb") as f:
