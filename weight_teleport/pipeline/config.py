@@ -41,14 +41,14 @@ class _Fields:
         if isinstance(value, bool) or not isinstance(value, int) or value < low:
             raise self.bad(name, f"use an integer >= {low}" + (" or None" if none else ""))
 
-    def seconds(self, name: str, positive: bool = False, none: bool = False) -> None:
+    def seconds(self, name: str, positive: bool = False, none: bool = False, finite: bool = True) -> None:
         value = getattr(self.config, name)
         if value is None and none:
             return
         if isinstance(value, bool) or not isinstance(value, (int, float)) \
-                or not (value > 0 if positive else value >= 0) or value == float("inf"):
-            raise self.bad(name, f"use a finite number of seconds {'> 0' if positive else '>= 0'}"
-                                 + (" or None" if none else ""))
+                or not (value > 0 if positive else value >= 0) or (finite and value == float("inf")):
+            raise self.bad(name, f"use a{' finite' if finite else ''} number of seconds "
+                                 f"{'> 0' if positive else '>= 0'}" + (" or None" if none else ""))
 
     def choice(self, name: str, choices: tuple) -> None:
         if getattr(self.config, name) not in choices:
@@ -162,7 +162,7 @@ class PublisherConfig:
             raise bad("resume", "use True or False")
         if self.hints is not None and not isinstance(self.hints, Mapping):
             raise bad("hints", "use a mapping of tensor name -> hint, or None")
-        f.seconds("retry_for_s")
+        f.seconds("retry_for_s", finite=False)  # inf: retry for as long as it takes
         if self.signing_key is not None and not isinstance(self.signing_key, (bytes, str)):
             raise bad("signing_key", "use the key's bytes (raw or PEM), or None")
         for name, kind in (("retention", RetentionConfig), ("store", StoreConfig),
