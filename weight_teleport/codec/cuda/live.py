@@ -41,9 +41,7 @@ class Live:
 
     @cached_property
     def u(self) -> torch.Tensor:
-        if self.window is None:
-            return walk_bits(self.tensor, self.info)
-        return walk_bits(self.tensor, self.info, *self.window)
+        return walk_bits(self.tensor, self.info, *(self.window or (0, None)))
 
     @property
     def in_place(self) -> bool:
