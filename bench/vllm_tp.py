@@ -194,7 +194,7 @@ def before_route(sub, target, conn, mem: Memory) -> dict:
 
 def check_bits(target, path: str, config: dict, tp: int) -> None:
     """Every rank's parameters hold the trainer's last version in vLLM's layout, bit for
-    bit (the layout itself is checked against vLLM's own loader in tests/test_vllm_backend.py)."""
+    bit (the layout itself is checked against vLLM's own loader in tests/engines/test_vllm_backend.py)."""
     from safetensors.torch import load_file
 
     from weight_teleport.targets.slice_view import walk_view

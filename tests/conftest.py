@@ -1,8 +1,6 @@
 import os
-import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parent))
+import folders  # noqa: F401 (every test folder on sys.path)
 
 try:
     from hypothesis import settings

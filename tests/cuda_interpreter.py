@@ -4,7 +4,7 @@ bit-exact (versions made of parts too: records over boxes, cut where a sampler's
 ends), digests match the CPU's, and corrupt chunks behind valid CRCs are refused with the
 state untouched.
 
-Run by tests/test_codec_cuda_interpreter.py in a subprocess (TRITON_INTERPRET=1 must be set
+Run by tests/codec/test_codec_cuda_interpreter.py in a subprocess (TRITON_INTERPRET=1 must be set
 before triton is imported). Exits 1 and prints the failing cases on a mismatch."""
 
 import dataclasses
@@ -13,6 +13,7 @@ import sys
 
 os.environ["TRITON_INTERPRET"] = "1"
 
+import folders  # noqa: E402,F401 (helpers of other test folders)
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import zlib  # noqa: E402

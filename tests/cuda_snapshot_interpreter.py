@@ -1,13 +1,14 @@
 """The CUDA backend's snapshot path (codec/cuda/snapshot.py) run by Triton's interpreter on
 CPU tensors: its packs decode bit-exact on the CPU backend, stage + apply bit-exact through
 the CUDA backend, and a corrupt plane behind a renewed CRC is refused by the digest with the
-state untouched. Run by tests/test_codec_cuda_snapshot.py in a subprocess (TRITON_INTERPRET=1
+state untouched. Run by tests/codec/test_codec_cuda_snapshot.py in a subprocess (TRITON_INTERPRET=1
 must be set before triton is imported); exits 1 on a failure."""
 
 import os
 
 os.environ["TRITON_INTERPRET"] = "1"
 
+import folders  # noqa: E402,F401 (helpers of other test folders)
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 

@@ -1,5 +1,5 @@
 """Hostile packs, crafted byte by byte: valid containers (CRCs recomputed) around headers,
-chunk tables and zstd frames that lie. Used by tests/test_hostile_packs.py; run as a script
+chunk tables and zstd frames that lie. Used by tests/codec/test_hostile_packs.py; run as a script
 it is the child process whose peak memory that test measures:
 
     python hostile.py baseline|hostile DIR

@@ -8,7 +8,7 @@ import threading
 
 import torch
 
-from test_pipeline_helpers import expected
+from weight_versions import expected
 from weight_teleport.pipeline import Subscriber, SubscriberConfig
 from weight_teleport.targets.torch import TorchTarget
 

@@ -13,8 +13,8 @@ import pytest
 
 pytest.importorskip("cryptography")
 
-from test_pipeline_helpers import expected, same_bits  # noqa: E402
-from test_pipeline_local import FAST, publish  # noqa: E402
+from weight_versions import expected, same_bits  # noqa: E402
+from weight_versions import FAST, publish  # noqa: E402
 from test_subscriber_recovery import follow_checked, until, zeros  # noqa: E402
 from weight_teleport.codec import encode_delta  # noqa: E402
 from weight_teleport.pipeline import Publisher, PublisherConfig, Subscriber  # noqa: E402

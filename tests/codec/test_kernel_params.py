@@ -1,6 +1,6 @@
 """The host mirrors of the CUDA kernels' parameter structs (codec/cuda/runtime/params.py) match
 the structs declared in the CUDA source, field for field, by name, kind, offset and size: read
-off the source here, no GPU or NVRTC needed (tests/test_codec_warp_compile.py also compiles
+off the source here, no GPU or NVRTC needed (tests/codec/test_codec_warp_compile.py also compiles
 the mirrors' static_asserts with NVRTC)."""
 
 import ctypes

@@ -51,7 +51,7 @@ def test_every_kernel_compiles_for_every_element_type(dtype, nvrtc_found):
 
 def test_a_drifted_parameter_struct_fails_to_compile(nvrtc_found):
     """The static_assert appended to warp.cu catches a struct that lost a field (the
-    order of the fields is checked on the host by tests/test_kernel_params.py)."""
+    order of the fields is checked on the host by tests/codec/test_kernel_params.py)."""
     info = dtype_info(torch.bfloat16)
     options = [f"-D{k}={int(v)}" for k, v in warp._defines(info, 1024, None, NCP=16, NB=512)]
     drifted = warp.source().replace("    int* pos;\n    U* val;\n", "    U* val;\n", 1)

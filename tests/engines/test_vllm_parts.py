@@ -6,7 +6,7 @@ what the engine splits by rows and the other way round, 3/8 : 5/8, norms on one 
 Each engine worker fetches only the byte ranges of the parts that overlap its own slices
 and stages them against its own parameters. After every version, every worker's parameters
 equal vLLM's own loader of the unsharded run's weights, bit for bit.
-Each engine runs in its own process (`python tests/test_vllm_parts.py tp|fsdp`)."""
+Each engine runs in its own process (`python tests/engines/test_vllm_parts.py tp|fsdp`)."""
 
 import importlib.util
 import multiprocessing as mp
@@ -162,5 +162,6 @@ def scenario(layout: str) -> None:
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    import folders  # noqa: F401 (helpers of other test folders)
     scenario(sys.argv[1])

@@ -11,7 +11,7 @@ import urllib.request
 import pytest
 
 from services import TOKEN, origin  # noqa: F401 (fixture)
-from test_pipeline_helpers import expected
+from weight_versions import expected
 from weight_teleport.cli import main
 from weight_teleport.observe.status import missing_version
 from weight_teleport.pipeline import Publisher, PublisherConfig, RetentionConfig

@@ -9,7 +9,7 @@ import pytest
 
 from services import TOKEN, origin  # noqa: F401 (fixture)
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _section(title: str) -> str:

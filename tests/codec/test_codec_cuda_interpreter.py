@@ -22,7 +22,7 @@ pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None,
 
 @pytest.mark.parametrize("part", ["states-a", "states-b", "kernels", "parts", "slices", "adaptive"])
 def test_cuda_kernels_in_the_triton_interpreter(part):
-    script = Path(__file__).with_name("cuda_interpreter.py")
+    script = Path(__file__).resolve().parents[1] / "cuda_interpreter.py"
     # TRITON_INTERPRET must be set before triton is imported; the checkout's package first
     env = {**os.environ, "TRITON_INTERPRET": "1",
            "PYTHONPATH": os.pathsep.join(filter(None, [str(script.parents[1]), os.environ.get("PYTHONPATH")]))}

@@ -15,7 +15,7 @@ pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None,
 
 
 def test_snapshot_kernels_in_the_triton_interpreter():
-    script = Path(__file__).with_name("cuda_snapshot_interpreter.py")
+    script = Path(__file__).resolve().parents[1] / "cuda_snapshot_interpreter.py"
     env = {**os.environ, "TRITON_INTERPRET": "1"}
     run = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True,
                          cwd=script.parent)

@@ -13,7 +13,7 @@ pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None,
 
 @pytest.fixture
 def bench(monkeypatch):
-    bench = Path(__file__).resolve().parent.parent / "bench"
+    bench = Path(__file__).resolve().parents[2] / "bench"
     monkeypatch.syspath_prepend(str(bench))
     monkeypatch.syspath_prepend(str(bench / "investigations"))
     yield

@@ -13,8 +13,8 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
 from services import TOKEN, origin  # noqa: F401 (fixture)
-from test_pipeline_helpers import expected, same_bits
-from test_pipeline_local import FAST, follow, memory_url
+from weight_versions import expected, same_bits
+from weight_versions import FAST, follow, memory_url
 from weight_teleport.observe.config import MetricsConfig
 from weight_teleport.pipeline import Publisher, PublisherConfig, Subscriber
 from weight_teleport.pipeline.snapshots import state_nbytes

@@ -21,7 +21,7 @@ TIMEOUT_S = 60
 
 
 def _publisher_main(url: str, store: StoreConfig, halfway, go, early: int, errors) -> None:
-    from test_pipeline_helpers import expected
+    from weight_versions import expected
     from weight_teleport.pipeline import Publisher, PublisherConfig, RetentionConfig
 
     try:
@@ -44,7 +44,7 @@ def _follow(url: str, store: StoreConfig, name: str, stop_at: int, saved: str | 
             restarted: bool, go) -> list[int]:
     import torch
 
-    from test_pipeline_helpers import expected, same_bits
+    from weight_versions import expected, same_bits
     from weight_teleport.pipeline import Subscriber, SubscriberConfig
     from weight_teleport.targets.torch import TorchTarget
 
@@ -157,7 +157,7 @@ def _rank_main(rank: int, world: int, port: int, errors, results) -> None:
                                 world_size=world)
         store = open_store("dist://?src=0")
         if rank == 0:
-            from test_pipeline_helpers import expected
+            from weight_versions import expected
             from weight_teleport.pipeline import Publisher, PublisherConfig
 
             with Publisher("dist://", PublisherConfig(anchor_every=4, threads=1), store=store) as pub:
@@ -176,7 +176,7 @@ def _rank_main(rank: int, world: int, port: int, errors, results) -> None:
 def _follow_store(store, rank: int) -> list[int]:
     import torch
 
-    from test_pipeline_helpers import expected, same_bits
+    from weight_versions import expected, same_bits
     from weight_teleport.pipeline import Subscriber, SubscriberConfig
     from weight_teleport.targets.torch import TorchTarget
 

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from helpers import bits
-from test_pipeline_local import FAST
+from weight_versions import FAST
 from weight_teleport.codec import Hint, TensorSlice, encode_delta, encode_snapshot
 from weight_teleport.format import read_header
 from weight_teleport.pipeline import Subscriber

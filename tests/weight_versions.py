@@ -6,9 +6,13 @@ the version, so any process can rebuild any version on its own."""
 
 from __future__ import annotations
 
+import itertools
+import time
+
 import torch
 
 from helpers import bits
+from weight_teleport.pipeline import Publisher, Subscriber, SubscriberConfig
 
 SHAPES = {
     "model.embed_tokens.weight": ((96, 32), torch.bfloat16),
@@ -46,3 +50,29 @@ def same_bits(live, version: int) -> bool:
     """Whether the name -> tensor mapping `live` holds exactly the weights of `version`."""
     want = expected(version)
     return all(torch.equal(bits(live[k]), bits(want[k])) for k in want)
+
+
+# Following and publishing them in one process.
+
+FAST = SubscriberConfig(watch_timeout_s=0.2, retry_backoff_s=0.02, retry_backoff_max_s=0.1)
+_names = itertools.count()
+
+
+def memory_url() -> str:
+    return f"memory://pipeline-{next(_names)}"
+
+
+def follow(sub: Subscriber, version: int, timeout: float = 20.0) -> list:
+    """Apply until the target holds `version`; return the reports."""
+    reports, deadline = [], time.monotonic() + timeout
+    while sub.version != version:
+        assert time.monotonic() < deadline, f"stuck at {sub.version}, want {version}"
+        if sub.wait(0.2):
+            reports.append(sub.apply())
+    return reports
+
+
+def publish(pub: Publisher, versions) -> None:
+    for v in versions:
+        pub.publish(expected(v), v)
+    assert pub.flush(30)

@@ -2,7 +2,7 @@
 
 After each version: every worker's parameters are bit-identical to what vLLM's own loader
 makes from the trainer's weights, and vLLM's greedy generation equals HF transformers'.
-Each engine runs in its own process (`python tests/test_target_vllm.py --tp N`): vLLM
+Each engine runs in its own process (`python tests/engines/test_target_vllm.py --tp N`): vLLM
 spawns workers and keeps global state, so a clean process per engine keeps runs apart.
 An engine whose compiled graph freezes the weights into constants (vLLM's CPU backend
 under max_autotune) is refused."""

@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from services import TOKEN, origin  # noqa: F401 (fixture)
-from test_pipeline_helpers import expected, same_bits
-from test_pipeline_local import FAST, follow, memory_url
+from weight_versions import expected, same_bits
+from weight_versions import FAST, follow, memory_url
 from weight_teleport.pipeline import Publisher, PublisherConfig, Subscriber
 from weight_teleport.server import OriginServer, ServerConfig
 from weight_teleport.store import StoreConfig

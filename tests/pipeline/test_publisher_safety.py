@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from services import TOKEN, free_port, origin  # noqa: F401
-from test_pipeline_helpers import expected
+from weight_versions import expected
 from weight_teleport.pipeline import Publisher, PublisherConfig, RetentionConfig
 from weight_teleport.pipeline.errors import (ConfigError, PublishCancelled, PublishConflict,
                                              PublishFailed)

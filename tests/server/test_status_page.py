@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from services import TOKEN, stop_process
-from test_pipeline_helpers import expected
+from weight_versions import expected
 from weight_teleport.pipeline import Publisher, PublisherConfig
 from weight_teleport.server import OriginServer, ServerConfig
 from weight_teleport.store import StoreConfig
@@ -21,7 +21,7 @@ from weight_teleport.store import StoreConfig
 CHROMIUM = "/usr/bin/chromium"
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
          "--disable-component-update", "--disable-sync", "--no-first-run"]
-TESTS = Path(__file__).resolve().parent
+TESTS = Path(__file__).resolve().parents[1]
 OUT = TESTS.parent / "out"
 HANG_MS = 90_000  # a guard against a hang, not a speed limit: the page is polled for a state
 

@@ -22,7 +22,7 @@ from weight_teleport.errors import PackFormatError, PackLimitError, UnsupportedF
 from weight_teleport.format import Group, PackLimits, Stream, read_groups, read_header, write_groups
 from weight_teleport.format.checks import DTYPE_BYTES
 
-TESTS = Path(__file__).parent
+TESTS = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
