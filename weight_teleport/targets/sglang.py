@@ -5,7 +5,7 @@ request, "apply version V", committed across the TP group.
 UNTESTED AGAINST A REAL SGLANG: no SGLang server has run this code (SGLang needs a CUDA
 build of torch, flashinfer and sglang-kernel). Its entry points were read in the source of
 SGLang 0.5.23 (the PyPI release), with the differences of 0.5.16 to 0.5.22 noted below;
-docs/ARCHITECTURE.md says what tests/test_sglang_worker.py runs without SGLang.
+docs/ARCHITECTURE.md says what tests/targets/test_sglang_worker.py runs without SGLang.
 
     python -m sglang.launch_server --model-path MODEL --tp-size N \\
         --custom-weight-loader weight_teleport.targets.sglang.teleport_loader
@@ -29,7 +29,7 @@ server's `--tp-size`: rank i reads copy i. An in-process `sglang.Engine` offers
 Every worker stages through `worker_local.WorkerLocal`, the vLLM backend's code: on a GPU it
 fetches its slices into pinned memory, decodes them on its GPU on a stream of its own and
 commits with a device scatter (tested as plain CUDA tensors in SGLang's layout, which is
-vLLM's: tests/test_worker_cuda.py, bench/worker_gpu.py). SGLang's other update routes are
+vLLM's: tests/targets/test_worker_cuda.py, bench/worker_gpu.py). SGLang's other update routes are
 not what this needs: `/update_weights_from_disk` reloads checkpoint files,
 `/update_weights_from_distributed` broadcasts whole tensors from trainer ranks, and
 `/update_weights_from_ipc` takes whole tensors from checkpoint-engine over ZMQ sockets on

@@ -27,7 +27,7 @@ PIECE = 1 << PIECE_BITS
 LANES = 128
 """Pieces of one program (all of one range)."""
 SOURCE = Path(__file__).with_name("crc.cu")
-"""The CUDA C kernel (tests/test_codec_warp_compile.py compiles it without a GPU)."""
+"""The CUDA C kernel (tests/codec/test_codec_warp_compile.py compiles it without a GPU)."""
 C_PIECE = 2048
 """Bytes of one lane's piece in the CUDA C kernel, counted from the range's start."""
 

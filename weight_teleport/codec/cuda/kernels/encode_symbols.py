@@ -35,7 +35,7 @@ _ESCAPE = tl.constexpr(ESCAPE)
 TILE = 1024
 """Events (or residuals) a segment's program codes at once."""
 SOURCE = Path(__file__).with_name("encode_symbols.cu")
-"""The CUDA C kernels (tests/test_codec_warp_compile.py compiles them without a GPU)."""
+"""The CUDA C kernels (tests/codec/test_codec_warp_compile.py compiles them without a GPU)."""
 SEG_WARPS = 4
 """Segments (a warp each) of a CTA of the CUDA C kernels."""
 

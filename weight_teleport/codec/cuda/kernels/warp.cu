@@ -102,7 +102,7 @@ __device__ __forceinline__ Block table_block(i64 pid, const i64* rows, const int
 
 // The parameters of the events and the placement kernels, each taken as one struct by
 // value; kernels/warp.py's EventParams and PlaceParams mirror them field for field (the
-// module's source ends with static_asserts of their sizes; tests/test_kernel_params.py
+// module's source ends with static_asserts of their sizes; tests/codec/test_kernel_params.py
 // checks the field order). Every field is 8 bytes: a device pointer or an i64.
 struct EventParams {
     const U* old;

@@ -19,7 +19,7 @@ from weight_teleport.codec.cuda.runtime import nvrtc
 from weight_teleport.codec.cuda.runtime.params import I64, POINTER, KernelParams
 
 SOURCE = Path(__file__).with_name("warp.cu")
-"""The kernels' CUDA C source (tests/test_codec_warp_compile.py compiles it without a GPU)."""
+"""The kernels' CUDA C source (tests/codec/test_codec_warp_compile.py compiles it without a GPU)."""
 WARPS, UNROLL = 4, 4
 """Warps of a CTA (one block of the chunk table each, or one block per CTA in the scan) and
 32-element slices loaded at once (at least the elements of an 8-byte word)."""

@@ -6,8 +6,8 @@ A mirror lists its fields in the CUDA struct's order, device pointers as `POINTE
 `i64` scalars as `I64` (8 bytes each, so neither side pads). `layout_checks` gives
 CUDA C a `static_assert` of the struct's size, which the modules that launch it append
 to their source: a mirror that gains or loses a field fails to compile
-(tests/test_codec_warp_compile.py compiles them without a GPU, and
-tests/test_kernel_params.py checks the mirrors against the declarations parsed from the
+(tests/codec/test_codec_warp_compile.py compiles them without a GPU, and
+tests/codec/test_kernel_params.py checks the mirrors against the declarations parsed from the
 source)."""
 
 import ctypes
@@ -52,7 +52,7 @@ class KernelParams(ctypes.Structure):
     def layout_checks(cls) -> str:
         """A CUDA C static_assert that `CUDA_NAME` has this mirror's size. Field offsets
         follow from the order since every field is 8 bytes; that order is checked against
-        the declaration by tests/test_kernel_params.py (NVRTC builds without a host
+        the declaration by tests/codec/test_kernel_params.py (NVRTC builds without a host
         compiler's `offsetof` reject it in device code)."""
         s = cls.CUDA_NAME
         line = f'static_assert(sizeof({s}) == {ctypes.sizeof(cls)}, "{s}: size differs from its host mirror");'

@@ -64,7 +64,7 @@ __device__ __forceinline__ int warp_max(int x) {
 __device__ __forceinline__ int quarter_of(int n) { return n < ONE_STREAM_BELOW ? n : (n + 3) / 4; }
 
 // HOST-TESTED BEGIN: Bits, describe(), code_lengths() and what they call compile for the host
-// too (tests/test_huffman_frames.py holds them to the reference without a GPU).
+// too (tests/codec/test_huffman_frames.py holds them to the reference without a GPU).
 
 // Little-endian bits into bytes, as zstd's bit streams take them.
 struct Bits {
