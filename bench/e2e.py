@@ -33,7 +33,9 @@ import torch
 
 from weight_teleport.bench.simulate import make_config, make_state
 from weight_teleport.codec.api import tensor_digests
-from weight_teleport.pipeline import Publisher, PublisherConfig, RetentionConfig, Subscriber, SubscriberConfig
+from weight_teleport.pipeline import PublisherConfig, RetentionConfig, SubscriberConfig
+from weight_teleport.publish import Publisher
+from weight_teleport.subscribe import Subscriber
 from weight_teleport.store import StoreConfig
 from weight_teleport.targets.torch import TorchTarget
 

@@ -71,7 +71,8 @@ def shard(state: dict, rank: int, world: int):
 def rank_main(rank: int, world: int, port: int, url: str, args, out) -> None:
     import torch.distributed as dist
 
-    from weight_teleport.pipeline import PublisherConfig, PublisherGroup
+    from weight_teleport.pipeline import PublisherConfig
+    from weight_teleport.publish import PublisherGroup
 
     torch.set_num_threads(args.threads)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,

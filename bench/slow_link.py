@@ -106,7 +106,8 @@ def _wait_file(path: Path, timeout: float = 600) -> None:
 
 def run_publisher(work: Path, steps: int, lr: float) -> None:
     """In the publisher's namespace: publish each version once the subscriber is idle."""
-    from weight_teleport.pipeline import Publisher, PublisherConfig
+    from weight_teleport.pipeline import PublisherConfig
+    from weight_teleport.publish import Publisher
     from weight_teleport.store import StoreConfig, open_store
 
     versions = make_versions(steps, lr)
@@ -132,7 +133,8 @@ def run_subscriber(work: Path, steps: int) -> None:
     import torch
 
     from weight_teleport.bench.simulate import tensor_shapes
-    from weight_teleport.pipeline import Subscriber, SubscriberConfig
+    from weight_teleport.pipeline import SubscriberConfig
+    from weight_teleport.subscribe import Subscriber
     from weight_teleport.store import StoreConfig, open_store
     from weight_teleport.targets.torch import TorchTarget
 

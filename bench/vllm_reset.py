@@ -83,7 +83,8 @@ def run(args) -> list[dict]:
     from transformers import Qwen3ForCausalLM
     from vllm import LLM
 
-    from weight_teleport.pipeline import Publisher, PublisherConfig
+    from weight_teleport.pipeline import PublisherConfig
+    from weight_teleport.publish import Publisher
     from weight_teleport.targets.vllm import VllmTarget
     from weight_teleport.targets.vllm_backend import BACKEND, WORKER_EXTENSION
     from weight_teleport.targets.vllm_layout import slice_hints

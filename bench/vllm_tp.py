@@ -77,7 +77,8 @@ def trainer(conn, path: str, stores: list[str], small: bool, layers: int, tp: in
     from safetensors.torch import save_file
     from transformers import Qwen3ForCausalLM
 
-    from weight_teleport.pipeline import Publisher, PublisherConfig
+    from weight_teleport.pipeline import PublisherConfig
+    from weight_teleport.publish import Publisher
     from weight_teleport.targets.vllm_layout import slice_hints
 
     torch.manual_seed(0)
@@ -212,7 +213,8 @@ def check_bits(target, path: str, config: dict, tp: int) -> None:
 def run(args) -> dict:
     from vllm import LLM
 
-    from weight_teleport.pipeline import Subscriber, SubscriberConfig
+    from weight_teleport.pipeline import SubscriberConfig
+    from weight_teleport.subscribe import Subscriber
     from weight_teleport.targets.vllm import VllmTarget
     from weight_teleport.targets.vllm_backend import BACKEND, WORKER_EXTENSION
 

@@ -40,7 +40,9 @@ import torch.multiprocessing as mp
 
 from e2e import TOKEN, Sampler, start_origin
 from weight_teleport.bench.simulate import make_config, make_state, tensor_shapes
-from weight_teleport.pipeline import Publisher, PublisherConfig, Subscriber, SubscriberConfig
+from weight_teleport.pipeline import PublisherConfig, SubscriberConfig
+from weight_teleport.publish import Publisher
+from weight_teleport.subscribe import Subscriber
 from weight_teleport.store import StoreConfig, memory
 from weight_teleport.targets.slice_stage import held_box, stage_entry
 from weight_teleport.targets.slice_view import box_view

@@ -422,7 +422,8 @@ def slice_failures() -> list[str]:
     of chunks corrupted behind renewed CRCs is refused with nothing written, or (a byte no
     decoder reads) gives the right weights."""
     from test_slice_stage import CONFIG, TP, _mutate, _state, engine_params
-    from weight_teleport.pipeline import Publisher, PublisherConfig
+    from weight_teleport.pipeline import PublisherConfig
+    from weight_teleport.publish import Publisher
     from weight_teleport.format.manifest import from_json
     from weight_teleport.store import open_store
     from weight_teleport.targets.slice_stage import apply_steps, stage_entry

@@ -9,7 +9,8 @@ import threading
 import torch
 
 from weight_versions import expected
-from weight_teleport.pipeline import Subscriber, SubscriberConfig
+from weight_teleport.pipeline import SubscriberConfig
+from weight_teleport.subscribe import Subscriber
 from weight_teleport.targets.torch import TorchTarget
 
 

@@ -12,7 +12,9 @@ import time
 import torch
 
 from helpers import bits
-from weight_teleport.pipeline import Publisher, Subscriber, SubscriberConfig
+from weight_teleport.pipeline import SubscriberConfig
+from weight_teleport.publish import Publisher
+from weight_teleport.subscribe import Subscriber
 
 SHAPES = {
     "model.embed_tokens.weight": ((96, 32), torch.bfloat16),

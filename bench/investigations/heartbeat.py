@@ -19,7 +19,9 @@ from dataclasses import replace
 
 import torch
 
-from weight_teleport.pipeline import Publisher, PublisherConfig, Subscriber, SubscriberConfig
+from weight_teleport.pipeline import PublisherConfig, SubscriberConfig
+from weight_teleport.publish import Publisher
+from weight_teleport.subscribe import Subscriber
 from weight_teleport.targets.torch import TorchTarget
 
 MODES = {"off": None, "every 5 s": 5.0, "every 1 ms": 0.001}

@@ -145,7 +145,7 @@ def test_cuda_configuration_for_cpu_weights_is_refused(states, pack):
 
 
 def test_subscriber_refuses_an_unknown_decompression_backend():
-    from weight_teleport.pipeline.stager import Stager
+    from weight_teleport.subscribe.stager import Stager
     with pytest.raises(ValueError, match="decompress_backend"):
         Stager(None, None, decompress_backend="fpga")
 

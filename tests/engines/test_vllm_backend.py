@@ -105,7 +105,8 @@ def scenario(tp: int) -> None:
     from vllm import LLM
 
     from test_target_vllm import bf16, check_loader_equal, tiny_qwen3
-    from weight_teleport.pipeline import Publisher, PublisherConfig
+    from weight_teleport.pipeline import PublisherConfig
+    from weight_teleport.publish import Publisher
     from weight_teleport.targets.vllm import VllmTarget
     from weight_teleport.targets.vllm_backend import BACKEND, WORKER_EXTENSION
     from weight_teleport.targets.vllm_layout import slice_hints

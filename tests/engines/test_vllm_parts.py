@@ -73,7 +73,7 @@ def fsdp_versions(master: dict, path: str):
     from torch.distributed.fsdp import fully_shard
     from transformers import AutoConfig, Qwen3ForCausalLM
 
-    from weight_teleport.pipeline.shards import local_shards
+    from weight_teleport.publish.shards import local_shards
 
     model = Qwen3ForCausalLM(AutoConfig.from_pretrained(path)).float()
     model.load_state_dict(master)
@@ -98,7 +98,8 @@ def trainer(rank: int, port: int, url: str, master: dict, path: str, layout: str
 
     from transformers import AutoConfig
 
-    from weight_teleport.pipeline import PublisherConfig, PublisherGroup
+    from weight_teleport.pipeline import PublisherConfig
+    from weight_teleport.publish import PublisherGroup
     from weight_teleport.targets.vllm_layout import slice_hints
 
     try:

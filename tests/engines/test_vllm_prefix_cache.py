@@ -129,7 +129,8 @@ def scenario() -> None:
     from vllm import LLM
 
     from weight_teleport.codec import encode_delta, stage_delta
-    from weight_teleport.pipeline import Publisher, PublisherConfig
+    from weight_teleport.pipeline import PublisherConfig
+    from weight_teleport.publish import Publisher
     from weight_teleport.targets.vllm import VllmTarget
     from weight_teleport.targets.vllm_backend import BACKEND, WORKER_EXTENSION, commit_version
     from weight_teleport.targets.vllm_layout import slice_hints

@@ -129,7 +129,8 @@ def _commit_in_flight(base: str, server, version: int, prompt: list[int]) -> Non
 def test_vllm_serve_follows_a_store_and_generates_with_each_version(tmp_path):
     from test_vllm_prefix_cache import BLOCK, prompts, train
     from transformers import AutoConfig, Qwen3ForCausalLM
-    from weight_teleport.pipeline import Publisher, PublisherConfig
+    from weight_teleport.pipeline import PublisherConfig
+    from weight_teleport.publish import Publisher
     from weight_teleport.targets.vllm_layout import slice_hints
     from weight_teleport.targets.vllm_server import VllmServer
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from weight_teleport.cli import main
-from weight_teleport.pipeline.checkpoint import load_side_files
+from weight_teleport.publish.checkpoint import load_side_files
 from weight_teleport.pipeline.errors import ObjectRejected
 from weight_teleport.pipeline.fetch import fetch_side_files
 from weight_teleport.format.manifest import from_json

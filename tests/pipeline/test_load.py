@@ -35,7 +35,8 @@ def _follow(url: str, index: int, ready, progress) -> tuple:
     import torch
 
     from weight_versions import expected, same_bits
-    from weight_teleport.pipeline import Subscriber, SubscriberConfig
+    from weight_teleport.pipeline import SubscriberConfig
+    from weight_teleport.subscribe import Subscriber
     from weight_teleport.targets.torch import TorchTarget
 
     live = {k: torch.zeros_like(t) for k, t in expected(0).items()}
@@ -71,7 +72,8 @@ def _await(condition, errors, what: str) -> None:
 
 def test_sixteen_subscribers_through_the_origin(origin) -> None:  # noqa: F811
     from weight_versions import expected
-    from weight_teleport.pipeline import Publisher, PublisherConfig
+    from weight_teleport.pipeline import PublisherConfig
+    from weight_teleport.publish import Publisher
 
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(["torch", "weight_teleport.pipeline", "weight_versions"])

@@ -8,7 +8,9 @@ import time
 import pytest
 import torch
 
-from weight_teleport.pipeline import Publisher, PublisherConfig, Subscriber, SubscriberConfig
+from weight_teleport.pipeline import PublisherConfig, SubscriberConfig
+from weight_teleport.publish import Publisher
+from weight_teleport.subscribe import Subscriber
 from weight_teleport.store import StoreConfig
 from weight_teleport.targets.torch import TorchTarget
 

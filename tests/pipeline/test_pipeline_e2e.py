@@ -22,7 +22,8 @@ TIMEOUT_S = 60
 
 def _publisher_main(url: str, store: StoreConfig, halfway, go, early: int, errors) -> None:
     from weight_versions import expected
-    from weight_teleport.pipeline import Publisher, PublisherConfig, RetentionConfig
+    from weight_teleport.pipeline import PublisherConfig, RetentionConfig
+    from weight_teleport.publish import Publisher
 
     try:
         config = PublisherConfig(anchor_every=4, retention=RetentionConfig(keep_anchors=2),
@@ -45,7 +46,8 @@ def _follow(url: str, store: StoreConfig, name: str, stop_at: int, saved: str | 
     import torch
 
     from weight_versions import expected, same_bits
-    from weight_teleport.pipeline import Subscriber, SubscriberConfig
+    from weight_teleport.pipeline import SubscriberConfig
+    from weight_teleport.subscribe import Subscriber
     from weight_teleport.targets.torch import TorchTarget
 
     initial, live = torch.load(saved) if restarted else \
@@ -158,7 +160,8 @@ def _rank_main(rank: int, world: int, port: int, errors, results) -> None:
         store = open_store("dist://?src=0")
         if rank == 0:
             from weight_versions import expected
-            from weight_teleport.pipeline import Publisher, PublisherConfig
+            from weight_teleport.pipeline import PublisherConfig
+            from weight_teleport.publish import Publisher
 
             with Publisher("dist://", PublisherConfig(anchor_every=4, threads=1), store=store) as pub:
                 for v in range(VERSIONS):
@@ -177,7 +180,8 @@ def _follow_store(store, rank: int) -> list[int]:
     import torch
 
     from weight_versions import expected, same_bits
-    from weight_teleport.pipeline import Subscriber, SubscriberConfig
+    from weight_teleport.pipeline import SubscriberConfig
+    from weight_teleport.subscribe import Subscriber
     from weight_teleport.targets.torch import TorchTarget
 
     live = {k: torch.zeros_like(t) for k, t in expected(0).items()}

@@ -12,10 +12,11 @@ from torch import nn
 
 from weight_versions import FAST, expected, follow, memory_url, publish, same_bits
 from weight_teleport.codec import StagedPatch
-from weight_teleport.pipeline import (Publisher, PublisherConfig, RetentionConfig, Subscriber,
-                                      SubscriberConfig)
+from weight_teleport.pipeline import PublisherConfig, RetentionConfig, SubscriberConfig
+from weight_teleport.publish import Publisher
+from weight_teleport.subscribe import Subscriber
 from weight_teleport.pipeline.errors import ConfigError
-from weight_teleport.pipeline.target import Target
+from weight_teleport.subscribe.target import Target
 from weight_teleport.targets.torch import TorchTarget
 
 class TinyCausalLM(nn.Module):
@@ -205,7 +206,7 @@ def test_an_anchor_upload_pauses_while_a_delta_uploads() -> None:
     flight, and goes on once it is announced (or after `max_wait_s`, whatever holds it)."""
     import threading
 
-    from weight_teleport.pipeline.anchors import DeltasFirst
+    from weight_teleport.publish.anchors import DeltasFirst
 
     gate, passed = DeltasFirst(max_wait_s=600), threading.Event()
     anchor = threading.Thread(target=lambda: (gate.wait_turn(), passed.set()))

@@ -5,11 +5,11 @@ when the manifest drops them; each one reported, a broken one as permanent."""
 import uuid
 
 from weight_teleport.observe.subscriber import SubscriberMetrics, Where
-from weight_teleport.pipeline.failures import Failures
+from weight_teleport.subscribe.failures import Failures
 from weight_teleport.pipeline.health import HealthMonitor
 from weight_teleport.format.manifest import Entry
 from weight_teleport.pipeline.metrics import SubscriberStats
-from weight_teleport.pipeline.objects import Objects
+from weight_teleport.subscribe.objects import Objects
 from weight_teleport.store import open_store
 
 

@@ -11,7 +11,9 @@ import torch
 
 from weight_versions import expected, same_bits
 from weight_versions import FAST, follow, publish
-from weight_teleport.pipeline import Publisher, PublisherConfig, Subscriber
+from weight_teleport.pipeline import PublisherConfig
+from weight_teleport.publish import Publisher
+from weight_teleport.subscribe import Subscriber
 from weight_teleport.format.manifest import Manifest, from_json
 from weight_teleport.store import open_store
 from weight_teleport.targets.torch import TorchTarget

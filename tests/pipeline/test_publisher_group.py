@@ -93,7 +93,8 @@ def _tp_shards(state: dict, rank: int, world: int):
 def _rank_main(rank: int, world: int, port: int, url: str, layout: str, errors) -> None:
     import torch.distributed as dist
 
-    from weight_teleport.pipeline import PublisherConfig, PublisherGroup
+    from weight_teleport.pipeline import PublisherConfig
+    from weight_teleport.publish import PublisherGroup
     from weight_teleport.pipeline.errors import PublishFailed
     from weight_teleport.store import StoreConfig
 
@@ -192,7 +193,8 @@ def _follow_to(sub, want, version) -> list[int]:
 
 
 def _subscriber(url):
-    from weight_teleport.pipeline import Subscriber, SubscriberConfig
+    from weight_teleport.pipeline import SubscriberConfig
+    from weight_teleport.subscribe import Subscriber
     from weight_teleport.targets.torch import TorchTarget
 
     m = _model()

@@ -17,7 +17,8 @@ import pytest
 
 from services import TOKEN, free_port, origin  # noqa: F401
 from weight_versions import expected
-from weight_teleport.pipeline import Publisher, PublisherConfig, RetentionConfig
+from weight_teleport.pipeline import PublisherConfig, RetentionConfig
+from weight_teleport.publish import Publisher
 from weight_teleport.pipeline.errors import (ConfigError, PublishCancelled, PublishConflict,
                                              PublishFailed)
 from weight_teleport.format.manifest import from_json
@@ -197,7 +198,7 @@ def test_cancel_after_the_version_was_published_says_so() -> None:
 
 EXIT_WHILE_ENCODING = """
 import sys, torch
-from weight_teleport.pipeline import Publisher
+from weight_teleport.publish import Publisher
 g = torch.Generator().manual_seed(0)
 state = {f"w{i}": torch.randn(2048, 4096, generator=g).to(torch.bfloat16) for i in range(8)}
 pub = Publisher(sys.argv[1])

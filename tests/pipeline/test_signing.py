@@ -17,7 +17,9 @@ from weight_versions import expected, same_bits  # noqa: E402
 from weight_versions import FAST, publish  # noqa: E402
 from test_subscriber_recovery import follow_checked, until, zeros  # noqa: E402
 from weight_teleport.codec import encode_delta  # noqa: E402
-from weight_teleport.pipeline import Publisher, PublisherConfig, Subscriber  # noqa: E402
+from weight_teleport.pipeline import PublisherConfig
+from weight_teleport.publish import Publisher
+from weight_teleport.subscribe import Subscriber  # noqa: E402
 from weight_teleport.pipeline.errors import ConfigError, ManifestSignatureError  # noqa: E402
 from weight_teleport.format.manifest import Entry, Manifest, from_json, make_entry  # noqa: E402
 from weight_teleport.format.signing import (ManifestSigner, ManifestVerifier,  # noqa: E402

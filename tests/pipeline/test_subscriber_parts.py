@@ -17,7 +17,7 @@ from helpers import bits
 from weight_versions import FAST
 from weight_teleport.codec import Hint, TensorSlice, encode_delta, encode_snapshot
 from weight_teleport.format import read_header
-from weight_teleport.pipeline import Subscriber
+from weight_teleport.subscribe import Subscriber
 from weight_teleport.pipeline.fetch import fetch_parts
 from weight_teleport.pipeline.errors import ObjectRejected
 from weight_teleport.pipeline.fetch import materialize

@@ -21,7 +21,9 @@ from services import free_port
 from weight_versions import expected, same_bits
 from weight_versions import FAST, memory_url, publish
 from weight_teleport.codec import encode_delta, encode_snapshot
-from weight_teleport.pipeline import Publisher, PublisherConfig, RetentionConfig, Subscriber
+from weight_teleport.pipeline import PublisherConfig, RetentionConfig
+from weight_teleport.publish import Publisher
+from weight_teleport.subscribe import Subscriber
 from weight_teleport.pipeline.health import SubscriberFailed
 from weight_teleport.format.manifest import Manifest, from_json, make_entry
 from weight_teleport.store import RetryConfig, Store, StoreConfig, open_store
@@ -201,7 +203,7 @@ def test_delta_of_another_base_is_set_aside_without_cycling(tmp_path: Path) -> N
 def test_pack_raising_an_untyped_error_is_set_aside(monkeypatch) -> None:
     """A pack whose decoding raises an unexpected exception is counted like any failure,
     set aside after `fetch_attempts`, and another plan (a later anchor) is taken."""
-    from weight_teleport.pipeline import stager
+    from weight_teleport.subscribe import stager
 
     url = memory_url()
     with Publisher(url, PublisherConfig(anchor_every=3)) as pub:

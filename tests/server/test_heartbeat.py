@@ -16,7 +16,9 @@ import torch
 from services import TOKEN, origin  # noqa: F401 (fixture)
 from weight_versions import expected, same_bits
 from weight_versions import FAST, follow, memory_url
-from weight_teleport.pipeline import Publisher, PublisherConfig, Subscriber
+from weight_teleport.pipeline import PublisherConfig
+from weight_teleport.publish import Publisher
+from weight_teleport.subscribe import Subscriber
 from weight_teleport.server import OriginServer, ServerConfig
 from weight_teleport.store import StoreConfig
 from weight_teleport.targets.torch import TorchTarget

@@ -14,7 +14,8 @@ from services import TOKEN, origin  # noqa: F401 (fixture)
 from weight_versions import expected
 from weight_teleport.cli import main
 from weight_teleport.observe.status import missing_version
-from weight_teleport.pipeline import Publisher, PublisherConfig, RetentionConfig
+from weight_teleport.pipeline import PublisherConfig, RetentionConfig
+from weight_teleport.publish import Publisher
 from weight_teleport.format.manifest import from_json
 from weight_teleport.store import StoreConfig, open_store
 

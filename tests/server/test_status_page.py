@@ -14,7 +14,8 @@ import pytest
 
 from services import TOKEN, stop_process
 from weight_versions import expected
-from weight_teleport.pipeline import Publisher, PublisherConfig
+from weight_teleport.pipeline import PublisherConfig
+from weight_teleport.publish import Publisher
 from weight_teleport.server import OriginServer, ServerConfig
 from weight_teleport.store import StoreConfig
 

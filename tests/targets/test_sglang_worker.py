@@ -89,7 +89,8 @@ def _rank(rank: int, port: int, url: str, status_dir: str, states: list) -> None
     import torch.distributed as dist
 
     from test_slice_stage import CONFIG, engine_params
-    from weight_teleport.pipeline import Publisher, PublisherConfig
+    from weight_teleport.pipeline import PublisherConfig
+    from weight_teleport.publish import Publisher
     from weight_teleport.targets.vllm_layout import slice_hints
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2,

@@ -7,8 +7,10 @@ import torch
 
 from helpers import assert_bits_equal
 from test_slice_stage import CONFIG, _mutate, _state
-from weight_teleport.pipeline import Publisher, PublisherConfig, Subscriber, SubscriberConfig
-from weight_teleport.pipeline.target import Target
+from weight_teleport.pipeline import PublisherConfig, SubscriberConfig
+from weight_teleport.publish import Publisher
+from weight_teleport.subscribe import Subscriber
+from weight_teleport.subscribe.target import Target
 from weight_teleport.targets.vllm_layout import slice_hints
 
 

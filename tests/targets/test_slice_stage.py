@@ -10,7 +10,8 @@ import pytest
 
 from helpers import bits
 from weight_teleport.errors import PackFormatError
-from weight_teleport.pipeline import Publisher, PublisherConfig
+from weight_teleport.pipeline import PublisherConfig
+from weight_teleport.publish import Publisher
 from weight_teleport.format.manifest import from_json
 from weight_teleport.store import open_store
 from weight_teleport.targets.slice_stage import apply_steps, held_box, stage_entry

@@ -16,7 +16,8 @@ from weight_teleport import codec
 from weight_teleport.codec import walks as W
 from weight_teleport.codec.cuda.stage.patch import DevicePatch
 from weight_teleport.errors import WeightTeleportError
-from weight_teleport.pipeline import Publisher, PublisherConfig
+from weight_teleport.pipeline import PublisherConfig
+from weight_teleport.publish import Publisher
 from weight_teleport.format.manifest import from_json
 from weight_teleport.store import open_store
 from weight_teleport.targets import slice_stage

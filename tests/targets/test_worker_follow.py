@@ -15,7 +15,8 @@ from helpers import bits
 from test_slice_stage import CONFIG, TP, _mutate, _state, engine_params
 from weight_teleport.codec.slices import chunk_byte_ranges, chunk_window
 from weight_teleport.format import read_header
-from weight_teleport.pipeline import Publisher, PublisherConfig
+from weight_teleport.pipeline import PublisherConfig
+from weight_teleport.publish import Publisher
 from weight_teleport.store import open_store
 from weight_teleport.targets import worker_follow
 from weight_teleport.targets.slice_stage import apply_steps, held_box

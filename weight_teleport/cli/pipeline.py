@@ -52,8 +52,9 @@ def publish_main(args: argparse.Namespace) -> int:
 
     The store's write access is checked before the checkpoint is read. Ctrl-C cancels:
     nothing more is written, and the message says what was left."""
-    from weight_teleport.pipeline import Publisher, PublisherConfig, RetentionConfig
-    from weight_teleport.pipeline.checkpoint import load_checkpoint, load_side_files
+    from weight_teleport.pipeline import PublisherConfig, RetentionConfig
+    from weight_teleport.publish import Publisher
+    from weight_teleport.publish.checkpoint import load_checkpoint, load_side_files
 
     codec = _codec(args)
     with ByteBar("upload") as bar:
@@ -92,7 +93,7 @@ def pull_main(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from weight_teleport.observe.status import missing_version
-    from weight_teleport.pipeline.checkpoint import save_checkpoint, save_side_files
+    from weight_teleport.publish.checkpoint import save_checkpoint, save_side_files
     from weight_teleport.pipeline.errors import NoPlanError
     from weight_teleport.pipeline.fetch import fetch_side_files, materialize
     from weight_teleport.pipeline.plan import plan_catchup
@@ -131,8 +132,9 @@ def _follow(args: argparse.Namespace, state: dict, version: int) -> int:
     `version`, which OUT holds), and each version applied is written out; the side files
     that go with it are written when they change (an anchor may be announced after its
     version's delta: they are looked at again every few seconds)."""
-    from weight_teleport.pipeline import Subscriber, SubscriberConfig
-    from weight_teleport.pipeline.checkpoint import save_checkpoint, save_side_files
+    from weight_teleport.pipeline import SubscriberConfig
+    from weight_teleport.subscribe import Subscriber
+    from weight_teleport.publish.checkpoint import save_checkpoint, save_side_files
     from weight_teleport.pipeline.fetch import fetch_side_files, side_file_records
     from weight_teleport.store import open_store
     from weight_teleport.targets.torch import TorchTarget

@@ -46,7 +46,8 @@ def _changed(old: dict, new: dict) -> int:
 def trainer(url: str, token: str, cfg: DemoConfig, rows, timeout: float = 120.0) -> None:
     """Train on the sampler's rollouts; publish every new version."""
     from weight_teleport import tensor_digest
-    from weight_teleport.pipeline import Publisher, PublisherConfig
+    from weight_teleport.pipeline import PublisherConfig
+    from weight_teleport.publish import Publisher
     from weight_teleport.store import StoreConfig, open_store
 
     torch.set_num_threads(1)
@@ -79,7 +80,8 @@ def sampler(url: str, token: str, cfg: DemoConfig, rows, engine: str = "hf", tim
     """Follow the published versions; generate rollouts with each one; at the end check the
     live weights against the trainer's."""
     from weight_teleport.demo.engines import ENGINES
-    from weight_teleport.pipeline import Subscriber, SubscriberConfig
+    from weight_teleport.pipeline import SubscriberConfig
+    from weight_teleport.subscribe import Subscriber
     from weight_teleport.store import StoreConfig, open_store
 
     torch.set_num_threads(1)

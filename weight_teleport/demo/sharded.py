@@ -41,8 +41,9 @@ def trainer_rank(rank: int, world: int, port: int, url: str, token: str, cfg: De
     rank's shard of every version."""
     import torch.distributed as dist
 
-    from weight_teleport.pipeline import PublisherConfig, PublisherGroup
-    from weight_teleport.pipeline.ranks import Ranks
+    from weight_teleport.pipeline import PublisherConfig
+    from weight_teleport.publish import PublisherGroup
+    from weight_teleport.publish.ranks import Ranks
     from weight_teleport.store import StoreConfig, open_store
 
     torch.set_num_threads(1)

@@ -1,4 +1,8 @@
-"""Publish weight versions from a trainer; follow them on samplers, anywhere.
+"""What publishing and subscribing share: their configurations, errors and results, the plan
+of which objects bring a sampler to a version, and fetching them from a store.
+
+The publishing side lives in `weight_teleport.publish`, the subscribing side in
+`weight_teleport.subscribe`; both import from here, never the other way.
 
 The names are imported on first use, so that `weight_teleport.pipeline.config` and the
 other plain-Python modules load without torch (the CLI's `--help` reads their defaults)."""
@@ -7,14 +11,9 @@ from weight_teleport.lazy import lazy_exports
 
 _HOMES = {
     "Health": ".health",
-    "PartResult": ".group",
-    "PublishHandle": ".publisher",
     "PublishResult": ".metrics",
-    "Publisher": ".publisher",
     "PublisherConfig": ".config",
-    "PublisherGroup": ".group",
     "RetentionConfig": ".config",
-    "Subscriber": ".subscriber",
     "SubscriberConfig": ".config",
     "SubscriberFailed": ".health",
     "SubscriberStats": ".metrics",

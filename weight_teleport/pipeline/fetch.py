@@ -13,6 +13,7 @@ import torch
 from weight_teleport.codec import apply_delta, decode_snapshot, pinned_pack
 from weight_teleport.errors import PackFormatError
 from weight_teleport.format import PackHeader, read_header
+from weight_teleport.pipeline import assemble
 from weight_teleport.pipeline.errors import ManifestError, ObjectRejected
 from weight_teleport.format.manifest import Entry, Manifest
 from weight_teleport.format.parts import Part, check_whole
@@ -235,8 +236,6 @@ def check_parts_whole(entry: Entry, shapes: dict[str, tuple[int, ...]]) -> None:
 def _apply_parts(store: Store, entry: Entry, state: dict, progress: Progress | None,
                  threads: int | None) -> dict[str, torch.Tensor]:
     """`state` advanced by a version made of parts (a snapshot's parts build a new state)."""
-    from weight_teleport.pipeline import assemble
-
     packs = fetch_parts(store, entry)
     if progress is not None:
         progress(sum(len(p.data) for p in packs))

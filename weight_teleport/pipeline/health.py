@@ -18,7 +18,7 @@ from typing import Callable
 from weight_teleport.observe.logs import kv
 from weight_teleport.errors import WeightTeleportError
 
-log = logging.getLogger("weight_teleport.pipeline.subscriber")
+log = logging.getLogger("weight_teleport.subscribe.subscriber")
 
 _TOLD_MAX = 32  # distinct errors logged per failure streak; later ones go to debug
 _REMIND_FROM = 32  # a streak this long is logged again at each power of two

@@ -315,7 +315,7 @@ def warm_up(device: torch.device, dtypes) -> None:
     of columns, each some chunks of a record cut at its bounds), so that no kernel is
     compiled or loaded in a worker's first pause, nor its first stage."""
     from weight_teleport.codec import encode_delta
-    from weight_teleport.pipeline.stager import warm_pair
+    from weight_teleport.subscribe.stager import warm_pair
 
     for dtype in sorted(set(dtypes), key=str):
         old, new = warm_pair(dtype)

@@ -19,7 +19,7 @@ import torch
 from weight_teleport.codec import StagedPatch, apply_staged
 from weight_teleport.codec.patch import ChunkPatch, TensorPatch
 from weight_teleport.errors import PackMismatchError
-from weight_teleport.pipeline.target import Target
+from weight_teleport.subscribe.target import Target
 
 
 def _signed(values: np.ndarray) -> torch.Tensor:

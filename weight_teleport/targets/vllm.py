@@ -36,7 +36,7 @@ import torch
 from weight_teleport.codec import StagedPatch
 from weight_teleport.codec.dtypes import BY_TORCH
 from weight_teleport.errors import PackMismatchError, WeightTeleportError
-from weight_teleport.pipeline.target import Target
+from weight_teleport.subscribe.target import Target
 from weight_teleport.targets.vllm_engine import reset_weight_caches
 
 WORKER_EXTENSION = "weight_teleport.targets.vllm.TeleportWorkerExtension"

@@ -31,7 +31,7 @@ from weight_teleport import threads
 from weight_teleport.errors import WeightTeleportError
 from weight_teleport.pipeline.config import SubscriberConfig
 from weight_teleport.pipeline.health import SubscriberFailed
-from weight_teleport.pipeline.follow import FollowLoop
+from weight_teleport.subscribe.follow import FollowLoop
 from weight_teleport.format.manifest import Entry
 from weight_teleport.pipeline.plan import Plan
 from weight_teleport.store.errors import StoreError

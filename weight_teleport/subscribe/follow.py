@@ -23,7 +23,7 @@ import logging
 from weight_teleport.pipeline.config import SubscriberConfig
 from weight_teleport.pipeline.errors import ManifestError, ManifestRollback, NoPlanError
 from weight_teleport.pipeline.health import SubscriberFailed
-from weight_teleport.pipeline.failures import Failures
+from weight_teleport.subscribe.failures import Failures
 from weight_teleport.pipeline.health import HealthMonitor
 from weight_teleport.format.manifest import Entry, Manifest, from_json
 from weight_teleport.pipeline.plan import Plan, plan_avoiding

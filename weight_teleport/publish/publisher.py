@@ -15,15 +15,15 @@ import torch
 
 from weight_teleport import threads
 from weight_teleport.pipeline.config import PublisherConfig
-from weight_teleport.pipeline.encode import EncodeJob, Encoder
+from weight_teleport.publish.encode import EncodeJob, Encoder
 from weight_teleport.errors import WeightTeleportError
 from weight_teleport.observe.logs import kv
 from weight_teleport.observe.publisher import PublisherMetrics
 from weight_teleport.pipeline.errors import PublishCancelled, PublishConflict, PublishFailed
 from weight_teleport.format.manifest import from_json
 from weight_teleport.pipeline.metrics import PublishResult
-from weight_teleport.pipeline.snapshots import SnapshotPool, check_config
-from weight_teleport.pipeline.writes import TrackedWrites, describe_cancel
+from weight_teleport.publish.snapshots import SnapshotPool, check_config
+from weight_teleport.publish.writes import TrackedWrites, describe_cancel
 from weight_teleport.store import ManifestChanged, Store, StoreError, open_store
 
 log = logging.getLogger(__name__)

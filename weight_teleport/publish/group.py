@@ -19,13 +19,13 @@ import torch
 from weight_teleport.codec import TensorSlice, encode_delta, encode_snapshot
 from weight_teleport.format import read_header
 from weight_teleport.pipeline.config import PublisherConfig
-from weight_teleport.pipeline.encode import Encoder
+from weight_teleport.publish.encode import Encoder
 from weight_teleport.pipeline.errors import GroupFailed, PublishFailed
 from weight_teleport.format.manifest import object_key, parts_entry
 from weight_teleport.format.parts import Part
 from weight_teleport.pipeline.plan import needs_anchor
-from weight_teleport.pipeline.ranks import Ranks
-from weight_teleport.pipeline.shards import local_shards
+from weight_teleport.publish.ranks import Ranks
+from weight_teleport.publish.shards import local_shards
 from weight_teleport.store import Store, open_store
 from weight_teleport.store.hashing import PIECE_BYTES, tree_sha256
 

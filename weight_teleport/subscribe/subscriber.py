@@ -10,13 +10,13 @@ import torch
 from weight_teleport import threads
 from weight_teleport.observe.heartbeat import heartbeat_for
 from weight_teleport.pipeline.config import SubscriberConfig
-from weight_teleport.pipeline.handoff import Handoff
+from weight_teleport.subscribe.handoff import Handoff
 from weight_teleport.pipeline.health import Health
 from weight_teleport.pipeline.metrics import UpdateReport, SubscriberStats
-from weight_teleport.pipeline.stager import Stager
-from weight_teleport.pipeline.subscriber_follow import SubscriberFollower
+from weight_teleport.subscribe.stager import Stager
+from weight_teleport.subscribe.subscriber_follow import SubscriberFollower
 from weight_teleport.store import Store, open_store
-from weight_teleport.pipeline.target import Target
+from weight_teleport.subscribe.target import Target
 
 log = logging.getLogger(__name__)
 

@@ -16,13 +16,13 @@ from weight_teleport.observe.logs import kv
 from weight_teleport.pipeline.config import PublisherConfig
 from weight_teleport.pipeline.errors import ObjectRejected
 from weight_teleport.pipeline.fetch import materialize
-from weight_teleport.pipeline.anchors import AnchorUploader
+from weight_teleport.publish.anchors import AnchorUploader
 from weight_teleport.format.manifest import (KINDS, Entry, Manifest, checked, from_json, make_entry,
                                                side_file)
 from weight_teleport.pipeline.metrics import PublishResult
 from weight_teleport.pipeline.plan import needs_anchor, plan_retention, unreferenced_keys
 from weight_teleport.format.signing import ManifestSigner, signer
-from weight_teleport.pipeline.snapshots import State, state_nbytes
+from weight_teleport.publish.snapshots import State, state_nbytes
 from weight_teleport.store import NotFound, Store, manifest_etag
 
 log = logging.getLogger(__name__)

@@ -11,7 +11,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 from weight_teleport.observe.subscriber import SubscriberMetrics
 from weight_teleport.pipeline.errors import ObjectRejected
-from weight_teleport.pipeline.failures import Failures
+from weight_teleport.subscribe.failures import Failures
 from weight_teleport.pipeline.fetch import Fetched, fetch_pack, fetch_parts
 from weight_teleport.format.manifest import Entry
 from weight_teleport.pipeline.metrics import SubscriberStats

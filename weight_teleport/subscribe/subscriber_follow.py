@@ -19,13 +19,13 @@ from weight_teleport.errors import DigestMismatchError, PackFormatError, PackMis
 from weight_teleport.observe.subscriber import SubscriberMetrics, Where
 from weight_teleport.pipeline.config import SubscriberConfig
 from weight_teleport.pipeline.health import SubscriberFailed
-from weight_teleport.pipeline.follow import FollowLoop
-from weight_teleport.pipeline.handoff import Handoff
+from weight_teleport.subscribe.follow import FollowLoop
+from weight_teleport.subscribe.handoff import Handoff
 from weight_teleport.format.manifest import Entry
 from weight_teleport.pipeline.metrics import SubscriberStats
-from weight_teleport.pipeline.objects import Objects
+from weight_teleport.subscribe.objects import Objects
 from weight_teleport.pipeline.plan import Plan
-from weight_teleport.pipeline.stager import Stager
+from weight_teleport.subscribe.stager import Stager
 from weight_teleport.pipeline.verify import patch_records, record_key
 from weight_teleport.store import Store
 
