@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 
 import weight_teleport as wt
+from weight_teleport.codec import inspect, pinned_pack
 from weight_teleport.bench.simulate import make_config, make_state
 from weight_teleport.codec.cuda.kernels import chunk_table, class_ranks
 from weight_teleport.codec.cuda.config import CudaCodecConfig
@@ -201,14 +202,14 @@ def main() -> None:
     ans_s, ans_pack = wall_s(lambda: wt.encode_delta(old, new, base_version=0, version=1,
                                                      cuda=CudaCodecConfig(stream_coder="nvcomp-ans")), 5)
     enc_phases = encode_phases(old, new)
-    info = wt.inspect(pack)
+    info = inspect(pack)
     changed = info["changed"]
     state = {k: v.clone() for k, v in old.items()}
     stage_s, staged = wall_s(lambda: wt.stage_delta(state, pack), 9)
-    pinned = wt.pinned_pack(pack)
+    pinned = pinned_pack(pack)
     pinned_s, _ = wall_s(lambda: wt.stage_delta(state, pinned), 9)
     st_phases = stage_phases(state, pack)
-    ans_pinned = wt.pinned_pack(ans_pack)
+    ans_pinned = pinned_pack(ans_pack)
     ans_state = {k: v.clone() for k, v in old.items()}  # a patch applies to the tensors it was staged on
     ans_stage_s, ans_staged = wall_s(lambda: wt.stage_delta(ans_state, ans_pinned), 5)
     wt.apply_staged(ans_state, ans_staged)

@@ -22,6 +22,7 @@ from helpers import (chunk_table_failures, crc_ranges, decode_one_gap, decoded_o
                      popcount_prefix, with_renewed_crcs)
 
 import weight_teleport as wt  # noqa: E402
+from weight_teleport.codec import Hint, TensorSlice  # noqa: E402
 from weight_teleport.codec import api  # noqa: E402
 from weight_teleport.codec import digest as D  # noqa: E402
 from weight_teleport.codec.cpu import backend as cpu  # noqa: E402
@@ -496,8 +497,8 @@ def refusal_failures() -> list[str]:
     failures = []
     dense = pair(torch.float32, 48 * 40, 0.5, 8)
     olds, news = {"w": old, "d": dense[0].view(48, 40)}, {"w": new, "d": dense[1].view(48, 40)}
-    for hints in ({"w": wt.Hint("rows", (32 * 64,)), "d": wt.Hint("cols", (10 * 48, 30 * 48))},
-                  {"w": wt.Hint("cols", ()), "d": wt.Hint("rows", ())}):
+    for hints in ({"w": Hint("rows", (32 * 64,)), "d": Hint("cols", (10 * 48, 30 * 48))},
+                  {"w": Hint("cols", ()), "d": Hint("rows", ())}):
         for kind in ("delta", "snapshot"):
             encode = lambda: (wt.encode_delta(olds, news, base_version=0, version=1, chunk_elems=512, hints=hints)
                               if kind == "delta" else wt.encode_snapshot(news, version=1, chunk_elems=512, hints=hints))
@@ -506,12 +507,12 @@ def refusal_failures() -> list[str]:
                 failures.append(f"{kind} {hints}: the CPU's records carry no chunk digests")
             failures += [] if got == want else [f"{kind} over walks {hints}: GPU-path pack differs from the CPU's"]
     cut = on(cpu, lambda: wt.encode_delta({"w": old}, {"w": new}, base_version=0, version=1,
-                                          hints={"w": wt.Hint("rows", (32 * 64,))}))
+                                          hints={"w": Hint("rows", (32 * 64,))}))
     whole = on(cpu, lambda: wt.encode_delta({"w": old}, {"w": new}, base_version=0, version=1, chunk_elems=1024))
     live = {"w": old.clone()}
     on(gpu, lambda: wt.apply_delta(live, cut))
     failures += [] if bits(live["w"]) == bits(new) else ["a record with cuts staged on the GPU path is not bit-exact"]
-    bottom = wt.TensorSlice((64, 64), ((32, 32), (0, 64)))
+    bottom = TensorSlice((64, 64), ((32, 32), (0, 64)))
     live = {"w": old[32:].clone()}
     on(gpu, lambda: wt.apply_delta(live, cut, held={"w": bottom}))
     failures += [] if bits(live["w"]) == bits(new[32:]) else ["a slice of a record staged on the GPU path is wrong"]

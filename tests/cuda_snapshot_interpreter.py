@@ -13,6 +13,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 import weight_teleport as wt  # noqa: E402
+from weight_teleport.codec import inspect  # noqa: E402
 from helpers import with_renewed_crcs  # noqa: E402
 from weight_teleport.codec import api  # noqa: E402
 from weight_teleport.codec.cuda import backend as gpu  # noqa: E402
@@ -38,7 +39,7 @@ def main() -> None:
              "nan": torch.tensor([float("nan"), -0.0, 0.0, float("-inf")]).bfloat16()}
     api._backend = lambda tensors: gpu
     pack = wt.encode_snapshot(state, version=3, chunk_elems=1024)
-    assert {t["codec"] for t in wt.inspect(pack)["tensors"]} == {"dense_values"}
+    assert {t["codec"] for t in inspect(pack)["tensors"]} == {"dense_values"}
     decoded = wt.decode_snapshot(pack)  # the CPU backend reads the device's raw planes
     assert all(bits(decoded[k]) == bits(state[k]) for k in state), "CPU decode of a GPU snapshot differs"
     api._backend = lambda tensors: gpu

@@ -17,6 +17,7 @@ import torch
 import zstandard
 
 import weight_teleport as wt
+from weight_teleport.codec import inspect
 from weight_teleport.errors import WeightTeleportError
 from weight_teleport.format import Group, Stream, container, read_groups, write_groups
 
@@ -172,7 +173,7 @@ def _decode(how: str, pack: bytes) -> None:
     if how == "decode_snapshot":
         wt.decode_snapshot(pack)
     elif how == "inspect":
-        wt.inspect(pack)
+        inspect(pack)
     else:
         wt.apply_delta(sparse_state(), pack)
 

@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 
 import weight_teleport as wt
+from weight_teleport.codec import pinned_pack
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # bench/: cuda_bench, versions
 from cuda_bench import make_delta
 from versions import ROOT
@@ -130,7 +131,7 @@ def main() -> None:
     if args.kernel not in CALLS[args.what]:
         ap.error(f"{args.what} launches {', '.join(CALLS[args.what])}")
     old, new = make_delta("qwen3-8b", args.lr)
-    pack = wt.pinned_pack(wt.encode_delta(old, new, base_version=0, version=1))
+    pack = pinned_pack(wt.encode_delta(old, new, base_version=0, version=1))
     pair = Pair(args.kernel, other_source(args.other))
     warp.launch = pair
     try:

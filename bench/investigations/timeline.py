@@ -18,6 +18,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 import weight_teleport as wt
+from weight_teleport.codec import pinned_pack
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # bench/: cuda_bench, versions
 from cuda_bench import make_delta
 from weight_teleport.codec import api
@@ -140,7 +141,7 @@ def main() -> None:
         pack = wt.encode_delta(old, new, base_version=0, version=1)
         del new
         if args.pinned:
-            pack = wt.pinned_pack(pack)
+            pack = pinned_pack(pack)
         state = {k: v.clone() for k, v in old.items()}
         call = lambda: wt.stage_delta(state, pack)
     print("\n".join(timeline(call, SPOTS[args.what], args.min_ms, args.host_only, args.warm)))

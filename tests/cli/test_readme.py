@@ -50,8 +50,8 @@ def test_the_top_level_lists_the_public_surface():
     import weight_teleport as wt
 
     surface = {"Publisher", "Subscriber", "PublisherGroup", "PublisherConfig", "SubscriberConfig",
-               "StoreConfig", "TorchTarget", "encode_delta", "encode_snapshot", "decode_snapshot",
-               "stage_delta", "apply_staged", "apply_delta", "inspect", "errors"}
+               "RetentionConfig", "StoreConfig", "TorchTarget", "encode_delta", "encode_snapshot",
+               "decode_snapshot", "stage_delta", "apply_staged", "apply_delta", "errors"}
     assert set(wt.__all__) == surface
     assert set(dir(wt)) == surface | {"__version__"}
     for name in surface:

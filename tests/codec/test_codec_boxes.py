@@ -7,6 +7,7 @@ import torch
 from helpers import assert_bits_equal
 
 import weight_teleport as wt
+from weight_teleport.codec import Hint, TensorSlice
 from weight_teleport.errors import DigestMismatchError, PackMismatchError
 from weight_teleport.format import read_header
 
@@ -30,7 +31,7 @@ def _shards(t, n, dim):
         box = [(0, d) for d in t.shape]
         box[dim] = (at, part.shape[dim])
         at += part.shape[dim]
-        out.append((part.contiguous(), wt.TensorSlice(t.shape, box)))
+        out.append((part.contiguous(), TensorSlice(t.shape, box)))
     return out
 
 
@@ -40,7 +41,7 @@ def test_shards_encoded_alone_assemble_the_whole_tensor(dim, n, order):
     live = {"w": old.clone()}
     for (o, sl), (nw, _) in zip(_shards(old, n, dim), _shards(new, n, dim)):
         pack = wt.encode_delta({"w": o}, {"w": nw}, base_version=1, version=2, chunk_elems=16,
-                               slices={"w": sl}, hints={"w": wt.Hint(order)})
+                               slices={"w": sl}, hints={"w": Hint(order)})
         h = read_header(pack)
         assert h.format_version == 2 and tuple(map(tuple, h.tensors[0].box)) == sl.box
         wt.apply_delta(live, pack)
@@ -59,7 +60,7 @@ def test_parts_cut_at_a_samplers_bound_assemble_on_any_device(device, dim, order
     column walk a copy written back)."""
     old, new = _pair()
     live, cut = {"w": torch.zeros_like(old).to(device)}, False
-    opts = dict(version=2, chunk_elems=64, hints={"w": wt.Hint(order, (bound,))})
+    opts = dict(version=2, chunk_elems=64, hints={"w": Hint(order, (bound,))})
     for (o, sl), (nw, _) in zip(_shards(old, 3, dim), _shards(new, 3, dim)):
         wt.apply_delta(live, wt.encode_snapshot({"w": o}, slices={"w": sl}, **{**opts, "version": 1}))
     assert_bits_equal({"w": live["w"].cpu()}, {"w": old})
@@ -89,7 +90,7 @@ def test_slice_holders_stage_only_their_chunks(order, dim):
     o_part, n_part = old[16:], new[16:]
     bounds = ((COLS // 2) * ROWS,) if order == "cols" else ((ROWS * 3 // 4) * COLS,)
     pack = wt.encode_delta({"w": o_part.contiguous()}, {"w": n_part.contiguous()}, base_version=1, version=2,
-                           chunk_elems=64, slices={"w": trainer}, hints={"w": wt.Hint(order, bounds)})
+                           chunk_elems=64, slices={"w": trainer}, hints={"w": Hint(order, bounds)})
     for mine in _shards(old, 2, dim):
         local, sl = mine[0].clone(), mine[1]
         wt.apply_delta({"w": local}, pack, held={"w": sl})
@@ -102,15 +103,15 @@ def test_slice_holders_stage_only_their_chunks(order, dim):
 def test_a_slice_across_chunks_is_refused_and_a_bad_chunk_named():
     old, new = _pair(2)
     pack = wt.encode_delta({"w": old}, {"w": new}, base_version=1, version=2, chunk_elems=64,
-                           hints={"w": wt.Hint("rows")})
+                           hints={"w": Hint("rows")})
     part = old[:ROWS // 3].clone()
     with pytest.raises(PackMismatchError, match="not cut at the bounds"):
-        wt.stage_delta({"w": part}, pack, held={"w": wt.TensorSlice(old.shape, [(0, ROWS // 3), (0, COLS)])})
+        wt.stage_delta({"w": part}, pack, held={"w": TensorSlice(old.shape, [(0, ROWS // 3), (0, COLS)])})
     local = old[: ROWS // 2].clone()
     local.view(torch.int16)[0] ^= 1
     pack = wt.encode_delta({"w": old}, {"w": new}, base_version=1, version=2, chunk_elems=64,
-                           hints={"w": wt.Hint("rows", ((ROWS // 2) * COLS,))})
-    held = {"w": wt.TensorSlice(old.shape, [(0, ROWS // 2), (0, COLS)])}
+                           hints={"w": Hint("rows", ((ROWS // 2) * COLS,))})
+    held = {"w": TensorSlice(old.shape, [(0, ROWS // 2), (0, COLS)])}
     with pytest.raises(PackMismatchError, match="chunk 0"):
         wt.stage_delta({"w": local}, pack, held=held)
     local.view(torch.int16)[0] ^= 1
@@ -140,6 +141,6 @@ def test_odd_shapes_and_dtypes_round_trip_through_shards():
         live = {"w": old.clone()}
         for (o, sl), (nw, _) in zip(_shards(old, 3, 0), _shards(new, 3, 0)):
             wt.apply_delta(live, wt.encode_delta({"w": o}, {"w": nw}, base_version=1, version=2, chunk_elems=8,
-                                                 slices={"w": sl}, hints={"w": wt.Hint("cols")}))
+                                                 slices={"w": sl}, hints={"w": Hint("cols")}))
         assert_bits_equal(live, {"w": new})
 

@@ -10,6 +10,7 @@ from helpers import (DTYPES, assert_bits_equal, bits, clone_state, crc_ranges, d
 from test_codec_roundtrip import make_pair
 
 import weight_teleport as wt
+from weight_teleport.codec import inspect, pinned_pack, tensor_digest
 from weight_teleport.codec import digest as D
 from weight_teleport.codec.cpu import chunks as C
 from weight_teleport.codec.cuda.config import CudaCodecConfig
@@ -272,8 +273,8 @@ def test_gpu_digest_matches_cpu(dtype, n):
     assert digest(old.cuda()) == D.finish(C.digest_sum(u8, 0), u8.size)
     assert digest(old.cuda()[1:]) == D.finish(C.digest_sum(u8[old.element_size():], 0),
                                               max(u8.size - old.element_size(), 0))
-    assert wt.tensor_digest(old.cuda()) == wt.tensor_digest(old)  # computed on the GPU
-    assert wt.tensor_digest(old.cuda()[::2]) == wt.tensor_digest(old[::2])  # incl. one strided element
+    assert tensor_digest(old.cuda()) == tensor_digest(old)  # computed on the GPU
+    assert tensor_digest(old.cuda()[::2]) == tensor_digest(old[::2])  # incl. one strided element
 
 
 def test_gpu_word_sums_of_many_tensors_are_their_digests():
@@ -288,7 +289,7 @@ def test_gpu_word_sums_of_many_tensors_are_their_digests():
     for subset in (tensors, tensors[:2]):  # with copies among them, or views only
         sums = word_sums(subset).cpu().tolist()
         for t, s in zip(subset, sums):
-            assert D.to_hex(D.finish(s & D.MASK64, t.numel() * t.element_size())) == wt.tensor_digest(t.cpu())
+            assert D.to_hex(D.finish(s & D.MASK64, t.numel() * t.element_size())) == tensor_digest(t.cpu())
 
 
 @pytest.mark.parametrize("seed", [0, 1])
@@ -341,7 +342,7 @@ def test_pack_in_pinned_memory_is_staged_from_where_it_is(monkeypatch):
     from weight_teleport.codec.cuda.stage import decode_streams
     old, new = _pair(9, torch.bfloat16, "density", 0.05, shape=(300, 70))
     pack = wt.encode_delta(old, new, base_version=0, version=1, chunk_elems=2048)
-    pinned = wt.pinned_pack(pack)
+    pinned = pinned_pack(pack)
     assert memory.pinned(pinned) is not None and memory.pinned(pack) is None
     assert bytes(pinned) == pack
     state = _cuda(old)
@@ -407,7 +408,7 @@ def test_gpu_snapshots_round_trip_through_both_backends(waves, monkeypatch):
     size = sum(v.numel() * v.element_size() for v in new.values())
     monkeypatch.setattr(snapshot, "WAVE_BYTES", size // waves + 64)
     pack = wt.encode_snapshot(_cuda(new), version=7, chunk_elems=512, pinned=True)
-    assert {t["codec"] for t in wt.inspect(pack)["tensors"]} == {"dense_values"}
+    assert {t["codec"] for t in inspect(pack)["tensors"]} == {"dense_values"}
     assert_bits_equal(wt.decode_snapshot(bytes(pack)), new)
     target = {k: torch.zeros_like(v).cuda() for k, v in new.items()}
     wt.apply_delta(target, pack)

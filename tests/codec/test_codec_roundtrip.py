@@ -9,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import weight_teleport as wt
+from weight_teleport.codec import inspect
 from weight_teleport.codec.dtypes import dtype_info
 
 
@@ -118,7 +119,7 @@ def test_any_bytes_like_pack_is_read(kind):
     pack = wt.encode_delta({"x": old}, {"x": new}, base_version=0, version=1, chunk_elems=512)
     held = {"bytearray": bytearray(pack), "memoryview": memoryview(pack),
             "numpy": np.frombuffer(pack, np.uint8).copy()}[kind]
-    assert wt.inspect(held) == wt.inspect(pack)
+    assert inspect(held) == inspect(pack)
     state = {"x": old.clone()}
     wt.apply_delta(state, held)
     assert_bits_equal(state, {"x": new})
@@ -161,7 +162,7 @@ def test_dense_codecs_chosen_for_heavy_changes():
     nudge = old + 1e-3 * old
     for target, codecs in ((rewrite, ("dense_values", "dense_residual")), (nudge, ("dense_residual",))):
         pack = wt.encode_delta({"w": old}, {"w": target}, base_version=0, version=1)
-        assert wt.inspect(pack)["tensors"][0]["codec"] in codecs
+        assert inspect(pack)["tensors"][0]["codec"] in codecs
         state = {"w": old.clone()}
         wt.apply_delta(state, pack)
         assert_bits_equal(state, {"w": target})
@@ -170,6 +171,6 @@ def test_dense_codecs_chosen_for_heavy_changes():
 def test_unchanged_tensor_costs_almost_nothing():
     t = torch.randn(1 << 16).to(torch.bfloat16)
     pack = wt.encode_delta({"w": t}, {"w": t.clone()}, base_version=0, version=1)
-    info = wt.inspect(pack)
+    info = inspect(pack)
     assert info["tensors"][0]["codec"] == "same" and info["tensors"][0]["bytes"] == 0
     assert len(pack) < 300

@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import weight_teleport as wt
+from weight_teleport.codec import Hint, TensorSlice
 from weight_teleport.codec.slices import chunk_byte_ranges, chunk_window, record_layout
 from weight_teleport.errors import DigestMismatchError, PackFormatError, PackMismatchError
 from weight_teleport.format import read_header
@@ -31,7 +32,7 @@ def _pair(seed=4):
 def _trainer_part(old, new, hint, snapshot=False):
     """The pack of the trainer rank holding rows 8..23, cut for a sampler split at column 12."""
     box = ((8, 16), (0, COLS))
-    sl = wt.TensorSlice(old.shape, box)
+    sl = TensorSlice(old.shape, box)
     o, n = old[8:24].contiguous(), new[8:24].contiguous()
     if snapshot:
         return wt.encode_snapshot({"w": n}, version=2, chunk_elems=64, slices={"w": sl}, hints={"w": hint})
@@ -40,7 +41,7 @@ def _trainer_part(old, new, hint, snapshot=False):
 
 
 def _held(cols):
-    return {"w": wt.TensorSlice((ROWS, COLS), ((0, ROWS), (cols[0], cols[1] - cols[0])))}
+    return {"w": TensorSlice((ROWS, COLS), ((0, ROWS), (cols[0], cols[1] - cols[0])))}
 
 
 def _fetched(pack, held) -> tuple:
@@ -64,7 +65,7 @@ def _sampler_stage(pack, old, cols=(COLS // 2, COLS)):
     return mine["w"], chunk_window(h, h.tensors[0], held["w"].box)[0]
 
 
-@pytest.mark.parametrize("hint", [wt.Hint("cols", (COLS // 2 * ROWS,)), ("cols", [COLS // 2 * ROWS]),
+@pytest.mark.parametrize("hint", [Hint("cols", (COLS // 2 * ROWS,)), ("cols", [COLS // 2 * ROWS]),
                                   SliceHint("cols", (COLS // 2 * ROWS,))])
 @pytest.mark.parametrize("snapshot", [False, True])
 def test_a_sampler_rank_stages_its_columns_of_a_trainer_ranks_rows(hint, snapshot):
@@ -82,7 +83,7 @@ def test_a_sampler_rank_stages_its_columns_of_a_trainer_ranks_rows(hint, snapsho
 
 def test_an_uncut_pack_is_refused_for_a_slice_inside_a_chunk():
     old, new = _pair()
-    pack = _trainer_part(old, new, wt.Hint("cols"))
+    pack = _trainer_part(old, new, Hint("cols"))
     with pytest.raises(PackMismatchError, match="not cut"):
         _sampler_stage(pack, old, cols=(5, COLS))
 
@@ -95,7 +96,7 @@ def _ready(pack, old):
 
 def test_hostile_chunk_bytes_and_wrong_base_raise_typed_errors():
     old, new = _pair()
-    h, data, (lo, hi), mine, held = _ready(_trainer_part(old, new, wt.Hint("cols", (COLS // 2 * ROWS,))), old)
+    h, data, (lo, hi), mine, held = _ready(_trainer_part(old, new, Hint("cols", (COLS // 2 * ROWS,))), old)
     before = mine["w"].clone()
     flipped = bytearray(data)
     flipped[(lo + hi) // 2] ^= 0x10
@@ -117,7 +118,7 @@ def test_hostile_chunk_bytes_and_wrong_base_raise_typed_errors():
 def test_a_chunk_digest_that_does_not_match_its_chunk_is_caught():
     """A writer's wrong digest for one chunk (recomputed so the record sum still adds up)."""
     old, new = _pair()
-    h, data, _, mine, held = _ready(_trainer_part(old, new, wt.Hint("cols", (COLS // 2 * ROWS,))), old)
+    h, data, _, mine, held = _ready(_trainer_part(old, new, Hint("cols", (COLS // 2 * ROWS,))), old)
     rec = h.tensors[0]
     k = chunk_window(h, rec, held["w"].box)[1]
     rec.chunk_digests[k], rec.chunk_digests[k - 1] = rec.chunk_digests[k - 1], rec.chunk_digests[k]
@@ -174,7 +175,7 @@ def test_a_tp_rank_reads_its_slices_of_every_tensor_in_two_runs_of_bytes():
         held = {}
         for rec in h.tensors:
             box = _rank_box(tuple(rec.shape), hints[rec.name].order, rank)
-            held[rec.name] = wt.TensorSlice(tuple(rec.shape), box)
+            held[rec.name] = TensorSlice(tuple(rec.shape), box)
             _, i, j = chunk_window(h, rec, box)
             ranges += chunk_byte_ranges(h, rec, i, j)
         assert len(_runs(ranges)) <= 2, _runs(ranges)

@@ -353,7 +353,7 @@ def test_chunk_table_is_checked_at_once_as_chunk_by_chunk(chunks, payload, rnd):
 def test_the_packages_names_load_on_first_use():
     """`weight_teleport.format` and `.pipeline` list their names (`dir`) without loading
     numpy or torch, load a name's module when it is first used, and refuse unknown names."""
-    code = ("import sys, weight_teleport.format as f, weight_teleport.pipeline as p\n"
+    code = ("import sys, weight_teleport.format as f, weight_teleport.publish as p\n"
             "assert 'read_header' in dir(f) and 'Publisher' in dir(p)\n"
             "assert 'numpy' not in sys.modules and 'torch' not in sys.modules\n"
             "assert f.PackLimits.__name__ == 'PackLimits'\n"

@@ -6,6 +6,7 @@ import torch
 from helpers import assert_bits_equal, from_bits
 
 import weight_teleport as wt
+from weight_teleport.codec import tensor_digest
 from weight_teleport.codec import digest as D
 from weight_teleport.codec.cpu.chunks import digest_sum
 from weight_teleport.format import read_header
@@ -113,6 +114,6 @@ def test_tensor_digest_matches_pack_records():
     old, new = _states()
     header = read_header(GOLDEN_DELTA)
     for rec in header.tensors:
-        assert wt.tensor_digest(new[rec.name]) == rec.digest
-        assert wt.tensor_digest(old[rec.name]) == rec.base_digest
-    assert wt.tensor_digest(new["w"].t()) != header.tensors[0].digest  # bytes in row-major order
+        assert tensor_digest(new[rec.name]) == rec.digest
+        assert tensor_digest(old[rec.name]) == rec.base_digest
+    assert tensor_digest(new["w"].t()) != header.tensors[0].digest  # bytes in row-major order

@@ -8,6 +8,7 @@ from hostile import chunks_of, framed, header_json, with_chunks
 from test_format_golden import _states
 
 import weight_teleport as wt
+from weight_teleport.codec import Hint, TensorSlice
 from weight_teleport.errors import PackFormatError, UnsupportedFormatError
 from weight_teleport.format import read_header
 
@@ -46,8 +47,8 @@ def v2_states():
 def v2_pack(old, new) -> bytes:
     """`w` is rows 3..5 of a 6x6 tensor walked by columns, `v` elements 8..31 of a vector of 40
     cut at element 16 (a receiver's bound)."""
-    slices = {"w": wt.TensorSlice((6, 6), [(3, 3), (0, 6)]), "v": wt.TensorSlice((40,), [(8, 24)])}
-    hints = {"w": wt.Hint("cols"), "v": wt.Hint("rows", (16,))}
+    slices = {"w": TensorSlice((6, 6), [(3, 3), (0, 6)]), "v": TensorSlice((40,), [(8, 24)])}
+    hints = {"w": Hint("cols"), "v": Hint("rows", (16,))}
     return wt.encode_delta(old, new, base_version=1, version=2, chunk_elems=16, slices=slices, hints=hints)
 
 
@@ -111,12 +112,12 @@ def test_a_version_1_pack_with_fields_of_version_2_is_refused():
 def test_cuts_on_an_unchanged_record_and_base_digests_of_a_snapshot_are_refused():
     old, new = v2_states()
     same = {"w": new["w"], "v": old["v"]}
-    pack = wt.encode_delta(old, same, base_version=1, version=2, slices={"v": wt.TensorSlice((24,), [(0, 24)])})
+    pack = wt.encode_delta(old, same, base_version=1, version=2, slices={"v": TensorSlice((24,), [(0, 24)])})
     h = header_json(pack)
     h["tensors"][1]["cuts"] = [24]
     with pytest.raises(PackFormatError, match="codec 'same' and cuts"):
         read_header(framed(*with_chunks(h, chunks_of(pack))))
-    snap = wt.encode_snapshot(new, version=2, slices={"v": wt.TensorSlice((40,), [(8, 24)])})
+    snap = wt.encode_snapshot(new, version=2, slices={"v": TensorSlice((40,), [(8, 24)])})
     h = header_json(snap)
     h["tensors"][1]["chunk_base_digests"] = h["tensors"][1]["chunk_digests"]
     with pytest.raises(PackFormatError, match="snapshot has chunk_base_digests"):

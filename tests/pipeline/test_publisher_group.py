@@ -73,7 +73,7 @@ def reference_states() -> list[dict[str, torch.Tensor]]:
 def _tp_shards(state: dict, rank: int, world: int):
     """A hand-sharded tensor-parallel layout: `up` column-parallel (rows), `down` row-parallel
     (columns), its bias and the embedding on rank 0 alone, the head's rows split."""
-    import weight_teleport as wt
+    from weight_teleport.codec import TensorSlice
 
     out, slices = {}, {}
     for name, t in state.items():
@@ -86,7 +86,7 @@ def _tp_shards(state: dict, rank: int, world: int):
         start = sum(p.shape[dim] for p in parts[:rank])
         box = [(0, d) for d in t.shape]
         box[dim] = (start, parts[rank].shape[dim])
-        out[name], slices[name] = parts[rank].contiguous(), wt.TensorSlice(t.shape, box)
+        out[name], slices[name] = parts[rank].contiguous(), TensorSlice(t.shape, box)
     return out, slices
 
 
