@@ -86,7 +86,7 @@ def origin(tmp_path: Path) -> Iterator[OriginServer]:
         yield server
 
 
-_NGINX_CONF = """
+NGINX_HTTP = """
 daemon off;
 master_process off;
 pid {d}/nginx.pid;
@@ -101,7 +101,11 @@ http {{
     scgi_temp_path {d}/scgi;
     proxy_cache_path {d}/cache levels=1:2 keys_zone=weights:10m max_size=1g
                      inactive=1d use_temp_path=off;
-    server {{
+"""
+"""The start of an nginx configuration run by the tests: one process in the foreground, every
+path under {d}, a cache zone `weights`; the caller goes on inside its `http` block."""
+
+_NGINX_CONF = NGINX_HTTP + """    server {{
         listen 127.0.0.1:{port};
         client_max_body_size 0;
         location / {{

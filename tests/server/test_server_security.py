@@ -14,7 +14,7 @@ from typing import Iterator
 
 import pytest
 
-from services import (TOKEN, answers_http, free_port, origin, run_nginx,  # noqa: F401
+from services import (NGINX_HTTP, TOKEN, answers_http, free_port, origin, run_nginx,  # noqa: F401
                       self_signed_cert, stop_process, wait_until)
 from weight_teleport.server import OriginServer, ServerConfig
 from weight_teleport.store import (AuthError, RetryConfig, StoreConfig, StoreError, StoreFull,
@@ -144,22 +144,7 @@ def test_tls_origin(tmp_path: Path) -> None:
                        StoreConfig(retry=RetryConfig(attempts=1))).get_manifest()
 
 
-_NGINX_TLS = """
-daemon off;
-master_process off;
-pid {d}/nginx.pid;
-error_log {d}/error.log warn;
-events {{ worker_connections 256; }}
-http {{
-    access_log {d}/access.log;
-    client_body_temp_path {d}/body;
-    proxy_temp_path {d}/proxy;
-    fastcgi_temp_path {d}/fastcgi;
-    uwsgi_temp_path {d}/uwsgi;
-    scgi_temp_path {d}/scgi;
-    proxy_cache_path {d}/cache levels=1:2 keys_zone=weights:10m max_size=1g
-                     inactive=1d use_temp_path=off;
-    # The cache serves its copies itself: it checks the tokens the origin would.
+_NGINX_TLS = NGINX_HTTP + """    # The cache serves its copies itself: it checks the tokens the origin would.
     map $http_authorization $reader {{
         default 0;
         "Bearer {read}" 1;
