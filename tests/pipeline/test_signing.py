@@ -58,6 +58,7 @@ def _tampered(data: bytes, change) -> bytes:
     (lambda d: d["model"].update(names=["x"]), "does not match"),
     (lambda d: d.pop("signature"), "unsigned"),
     (lambda d: d["signature"].update(key_id="0" * 16), "not by a trusted key"),
+    (lambda d: d["signature"].update(key_id=["0"]), "not by a trusted key"),  # not a name
     (lambda d: d["signature"].update(sig="not base64!"), "64 bytes"),
     (lambda d: d["signature"].update(alg="rsa"), "not an ed25519"),
     (lambda d: d.update(signature="x"), "not an ed25519"),

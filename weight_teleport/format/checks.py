@@ -5,6 +5,7 @@ the few a record needs run in one loop over the records."""
 
 import itertools
 import math
+from typing import NoReturn
 
 import numpy as np
 
@@ -159,7 +160,7 @@ def _check_chunk_digests(t, digests: list, total: str | None, what: str, n_chunk
         raise PackFormatError(f"tensor {t.name!r}: its {what} do not add up to its record's digest")
 
 
-def _refuse_names(t, snapshot: bool) -> None:
+def _refuse_names(t, snapshot: bool) -> NoReturn:
     """The error for a record whose dtype or codec is unknown, or whose codec a snapshot
     cannot hold."""
     if t.dtype not in DTYPE_BYTES:
@@ -183,7 +184,7 @@ def _capped_prod(shape, cap: int) -> int:
     return n
 
 
-def _refuse_shape(t, max_numel: int) -> None:
+def _refuse_shape(t, max_numel: int) -> NoReturn:
     """The error for a record past `max_numel`."""
     if max(t.shape) > max_numel:
         raise over_limit(f"tensor {t.name!r} dimension", max(t.shape), max_numel, "max_numel")
@@ -197,7 +198,8 @@ def _check_digests(h: PackHeader) -> None:
     message."""
     fields = [("digest", t.digest) for t in h.tensors]
     if h.kind == "delta":
-        fields += [("base_digest", t.base_digest) for t in h.tensors]
+        # each set: _check_records refused a delta's record without one
+        fields += [("base_digest", t.base_digest or "") for t in h.tensors]
     joined = "".join(text for _, text in fields).encode()
     if len(joined) == 16 * len(fields) and not joined.translate(None, _HEX_DIGITS):
         return
@@ -234,6 +236,7 @@ def _check_dense_sizes(h: PackHeader, dense_bytes: list[int]) -> None:
     """A dense record's elements come from its chunks' streams, raw or zstd: at most
     ZSTD_MAX_EXPANSION bytes a stored byte. (A tiny pack that declares a huge dense tensor
     is refused here, before a receiver with no weights allocates it.)"""
+    assert h.chunk_rows is not None and h.chunk_first is not None  # check_layout set them
     ends = np.concatenate([[0], np.cumsum(h.chunk_rows[:, 1])])
     stored = ends[h.chunk_first[1:]] - ends[h.chunk_first[:-1]]
     need = np.array(dense_bytes, np.int64)  # below 2^59: 8-byte elements, max_numel below 2^56

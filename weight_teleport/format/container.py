@@ -214,6 +214,7 @@ class ChunkSpans:
     @classmethod
     def of(cls, header: PackHeader, recs: list[TensorRecord]) -> "ChunkSpans":
         """The chunks of `recs`, records of `header` (from read_header, which has their rows)."""
+        assert header.chunk_rows is not None and header.chunk_first is not None
         index = {id(t): i for i, t in enumerate(header.tensors)}
         which = np.array([index[id(r)] for r in recs], np.int64)
         first, n = header.chunk_first[which], header.chunk_first[which + 1] - header.chunk_first[which]

@@ -148,7 +148,8 @@ class ManifestVerifier:
         if not isinstance(signature, dict) or signature.get("alg") != ALGORITHM:
             raise ManifestSignatureError(f"the manifest's signature is not an {ALGORITHM} "
                                          "signature object")
-        key = self._keys.get(signature.get("key_id"))
+        key_id = signature.get("key_id")
+        key = self._keys.get(key_id) if isinstance(key_id, str) else None  # JSON: may be a list
         if key is None:
             raise ManifestSignatureError(
                 f"the manifest is signed by key {str(signature.get('key_id'))[:40]!r}, not by a "
