@@ -6,10 +6,12 @@ size bounds and change notification by polling live here, once.
 
 from __future__ import annotations
 
+import builtins
+import enum
 import logging
 import random
 import time
-from typing import TYPE_CHECKING, Callable, TypeVar, Union
+from typing import TYPE_CHECKING, Callable, Final, TypeVar, Union
 
 if TYPE_CHECKING:  # numpy is imported where ranges are read (the CLI starts without it)
     import numpy as np
@@ -22,12 +24,18 @@ T = TypeVar("T")
 log = logging.getLogger(__name__)
 
 
-class _Unconditional:
+class _Unconditional(enum.Enum):
+    # an enum's one member: `if_match is UNCONDITIONAL` narrows IfMatch for the type checker,
+    # and the sentinel is still itself after a pickle round trip
+    UNCONDITIONAL = "UNCONDITIONAL"
+
     def __repr__(self) -> str:
         return "UNCONDITIONAL"
 
+    __str__ = __repr__
 
-UNCONDITIONAL = _Unconditional()
+
+UNCONDITIONAL: Final = _Unconditional.UNCONDITIONAL
 """`put_manifest(data, if_match=UNCONDITIONAL)` (the default) replaces any manifest."""
 IfMatch = Union[str, None, _Unconditional]
 
@@ -197,7 +205,7 @@ class Store:
         out[:len(part)] = np.frombuffer(part, np.uint8)
         return len(part)
 
-    def _list(self, prefix: str) -> list[str]:
+    def _list(self, prefix: str) -> builtins.list[str]:  # `list` here is Store.list
         raise NotImplementedError
 
     def _delete(self, key: str) -> None:

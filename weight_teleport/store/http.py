@@ -255,6 +255,7 @@ class HttpStore(Store):
             status, _, body = self._request("GET", self._blob_path(key), headers=self._auth(),
                                             limit=max_bytes)
         except _BodyTooLarge:
+            assert max_bytes is not None  # raised only past a limit
             raise too_large(key, max_bytes) from None
         if status == 404:
             self._forget(key)  # deleted (and perhaps rewritten) since it was resolved
