@@ -67,6 +67,7 @@ def join(parts: list) -> bytes:
         return b"".join(parts)
     out = _new_bytes(None, n)
     addr = ctypes.cast(ctypes.c_char_p(out), ctypes.c_void_p).value
+    assert addr is not None  # a bytes object's data, never NULL
     _advise_huge_pages(addr, n)
     fill(np.ctypeslib.as_array((ctypes.c_uint8 * n).from_address(addr)), parts)
     return out

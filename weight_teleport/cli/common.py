@@ -8,7 +8,7 @@ import argparse
 import os
 import threading
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 TOKEN_ENV = "WEIGHT_TELEPORT_TOKEN"
 READ_TOKEN_ENV = "WEIGHT_TELEPORT_READ_TOKEN"
@@ -34,7 +34,8 @@ class ByteBar:
     threads (a version's upload and its anchor's)."""
 
     def __init__(self, desc: str):
-        self.desc, self._bar, self._lock = desc, None, threading.Lock()
+        self.desc, self._lock = desc, threading.Lock()
+        self._bar: Any = None  # a tqdm bar once the first bytes come
 
     def update(self, n: int) -> None:
         with self._lock:

@@ -76,7 +76,7 @@ def status_document(store, samplers: int) -> dict:
             return doc
     raw = store.get_manifest()
     manifest = None if raw is None else from_json(raw)
-    problems = manifest and object_problems(store, manifest)
+    problems = None if manifest is None else object_problems(store, manifest)
     return {"now": time.time(), "store": store_summary(manifest, problems=problems),
             "samplers": None}
 

@@ -88,4 +88,4 @@ class VllmEngine:
         self._dir.cleanup()
 
 
-ENGINES = {"hf": HfEngine, "vllm": VllmEngine}
+ENGINES: dict[str, type[HfEngine] | type[VllmEngine]] = {"hf": HfEngine, "vllm": VllmEngine}

@@ -3,9 +3,14 @@
 Plain torch + transformers, shared by the trainer, the sampler and the colocated reference
 run, so that all three compute exactly the same thing."""
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from weight_teleport.demo.config import DemoConfig
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 
 def build_model(cfg: DemoConfig, dtype: torch.dtype):
@@ -35,7 +40,7 @@ def prompts(cfg: DemoConfig, version: int) -> torch.Tensor:
     return torch.randint(0, cfg.vocab, (cfg.batch, cfg.prompt_len), generator=gen)
 
 
-def rollout(sampler: torch.nn.Module, cfg: DemoConfig, version: int) -> torch.Tensor:
+def rollout(sampler: "PreTrainedModel", cfg: DemoConfig, version: int) -> torch.Tensor:
     """Prompts and sampled continuations [batch, prompt_len + new_tokens] at `version`
     (HF transformers `generate`)."""
     ids = prompts(cfg, version)
