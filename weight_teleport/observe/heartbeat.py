@@ -93,13 +93,15 @@ class Heartbeat:
     def _body(self) -> bytes:
         report = {k: (None if isinstance(v, float) and not math.isfinite(v) else v)
                   for k, v in self._position().items()}
-        if report.get("last_error"):
-            report["last_error"] = report["last_error"][:MAX_ERROR_CHARS]
+        error = report.get("last_error")
+        if error:
+            report["last_error"] = error[:MAX_ERROR_CHARS]
         report["interval_s"] = self.interval_s
         return json.dumps(report).encode()
 
     def _send(self) -> None:
         body = self._body()
+        conn: http.client.HTTPConnection
         if self._tls is not None:
             conn = http.client.HTTPSConnection(*self._netloc, timeout=self.timeout_s,
                                                context=self._tls)

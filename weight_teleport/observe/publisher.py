@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from prometheus_client import Counter, Gauge, Histogram
 
@@ -15,8 +16,8 @@ class PublisherMetrics(Exposed):
 
     def __init__(self, config: MetricsConfig | None, queue_depth: Callable[[], int]):
         super().__init__(config, "publisher")
-        opts = dict(namespace=NAMESPACE, subsystem="publisher", registry=self.registry)
-        seconds = dict(buckets=SECONDS_BUCKETS, **opts)
+        opts: dict[str, Any] = dict(namespace=NAMESPACE, subsystem="publisher", registry=self.registry)
+        seconds: dict[str, Any] = dict(buckets=SECONDS_BUCKETS, **opts)
         self.versions = Counter("versions_published", "Versions published (in the manifest).", **opts)
         self.skipped = Counter("versions_skipped", "Snapshots dropped by back-pressure "
                                                    "(backpressure='skip').", **opts)

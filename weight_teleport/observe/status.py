@@ -5,6 +5,7 @@ the CLI share it."""
 from __future__ import annotations
 
 import time
+from typing import Any
 
 from weight_teleport.format.manifest import Manifest
 
@@ -36,7 +37,7 @@ def store_summary(manifest: Manifest | None, now: float | None = None,
             row["age_s"] = max(0.0, now - e.published_at_ms / 1000)
     for row in rows.values():
         row["ratio"] = row["raw_bytes"] / row["wire_bytes"] if row["wire_bytes"] else None
-    doc = {"latest": manifest.latest, "versions": [rows[v] for v in sorted(rows)],
+    doc: dict[str, Any] = {"latest": manifest.latest, "versions": [rows[v] for v in sorted(rows)],
            "anchors": [e.version for e in manifest.anchors],
            "stored_bytes": sum(e.size for e in manifest.entries),
            "retention": retention_summary(manifest),

@@ -7,6 +7,7 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any, Protocol
 
 from prometheus_client import Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily, InfoMetricFamily, StateSetMetricFamily
@@ -20,6 +21,17 @@ PAUSE_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1
 _PREFIX = f"{NAMESPACE}_subscriber"
 
 
+class HealthView(Protocol):
+    """What the metrics read of the subscriber's `Health`."""
+
+    @property
+    def state(self) -> str: ...
+    @property
+    def last_error(self) -> str | None: ...
+    @property
+    def consecutive_failures(self) -> int: ...
+
+
 @dataclass(frozen=True)
 class Where:
     """The subscriber's state as its metrics read it, at scrape time."""
@@ -31,7 +43,7 @@ class Where:
     latest_published_at: float | None
     """When the oldest version newer than `version` was published (Unix seconds; None if
     up to date or unknown)."""
-    health: object
+    health: HealthView
     """The subscriber's `Health`."""
 
 
@@ -42,8 +54,8 @@ class SubscriberMetrics(Exposed):
     def __init__(self, config: MetricsConfig | None, where: Callable[[], Where]):
         super().__init__(config, "subscriber")
         self.where = where
-        opts = dict(namespace=NAMESPACE, subsystem="subscriber", registry=self.registry)
-        seconds = dict(buckets=SECONDS_BUCKETS, **opts)
+        opts: dict[str, Any] = dict(namespace=NAMESPACE, subsystem="subscriber", registry=self.registry)
+        seconds: dict[str, Any] = dict(buckets=SECONDS_BUCKETS, **opts)
         self.fetch = Histogram("fetch_seconds", "Time to fetch and check an object.", **seconds)
         self.stage = Histogram("stage_seconds", "Time to decode and verify an object "
                                                 "(outside the pause).", **seconds)
