@@ -93,13 +93,15 @@ class ConnectionLimits:
             else:
                 self.stats["refused"] += 1
                 return False
+        assert guard.transport is not None  # set by connection_made, which admits
         self._open[guard.transport] = guard
         self._idle[guard] = None
         return True
 
     def forget(self, guard: "Guard") -> None:
         """Count a closed connection out."""
-        self._open.pop(guard.transport, None)
+        if guard.transport is not None:
+            self._open.pop(guard.transport, None)
         self._idle.pop(guard, None)
         self._reads.discard(guard)
         self._polls.pop(guard, None)
@@ -111,12 +113,11 @@ class ConnectionLimits:
         self._idle.pop(guard, None)
         if request.path in RESERVED_PATHS or matches(bearer(request), self.token):
             return True
-        poll = request.path in POLL_PATHS
-        if poll:
-            guard.poll_over = asyncio.Event()
+        poll_over = guard.poll_over = asyncio.Event() if request.path in POLL_PATHS else None
+        poll = poll_over is not None
         if len(self._reads) >= self.read_slots and (poll or not self._end_oldest_poll()):
-            if poll:
-                guard.poll_over.set()
+            if poll_over is not None:
+                poll_over.set()
                 self.stats["poll_ended"] += 1
             else:
                 self.stats["busy"] += 1

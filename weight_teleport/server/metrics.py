@@ -4,6 +4,7 @@ bytes served, uploads refused, long-polls open, samplers known."""
 from __future__ import annotations
 
 import time
+from typing import Any
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -22,7 +23,7 @@ class OriginMetrics:
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
-        opts = dict(namespace=NAMESPACE, subsystem="origin", registry=self.registry)
+        opts: dict[str, Any] = dict(namespace=NAMESPACE, subsystem="origin", registry=self.registry)
         self.requests = Counter("requests", "Requests answered, by route, method and status.",
                                 labelnames=("route", "method", "status"), **opts)
         self.seconds = Histogram("request_seconds", "Time to answer a request (a long-poll's "

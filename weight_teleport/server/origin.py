@@ -71,7 +71,8 @@ def require_reader(request: web.Request, config: ServerConfig) -> None:
 
 
 def _too_large(limit: int) -> web.HTTPRequestEntityTooLarge:
-    return web.HTTPRequestEntityTooLarge(max_size=limit, actual_size=None,
+    # the body's size is unknown (it is cut at the limit); `text` replaces the message that names it
+    return web.HTTPRequestEntityTooLarge(max_size=limit, actual_size=None,  # type: ignore[arg-type]
                                          text=f"body larger than the limit of {limit} "
                                               f"bytes (see ServerConfig)")
 

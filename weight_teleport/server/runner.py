@@ -43,6 +43,7 @@ class _GuardedSite(web.BaseSite):
     async def start(self) -> None:
         await super().start()
         server = self._runner.server
+        assert server is not None  # made by super().start()
         limits: ConnectionLimits = self._runner.app[CONNECTIONS]  # type: ignore[attr-defined]
         self._server = await asyncio.get_running_loop().create_server(
             lambda: limits.guard(server()), self._config.host, self._config.port,

@@ -119,11 +119,11 @@ async def put_sampler(request: web.Request) -> web.Response:
         raise web.HTTPBadRequest(text="a sampler id is 1-128 letters, digits and _ . : @ -, "
                                       "starting with a letter, digit or _")
     if (request.content_length or 0) > MAX_REPORT_BYTES:
-        raise web.HTTPRequestEntityTooLarge(max_size=MAX_REPORT_BYTES, actual_size=None,
+        raise web.HTTPRequestEntityTooLarge(max_size=MAX_REPORT_BYTES, actual_size=request.content_length or 0,
                                             text=f"a heartbeat is at most {MAX_REPORT_BYTES} bytes")
     body = await request.content.read(MAX_REPORT_BYTES + 1)
     if len(body) > MAX_REPORT_BYTES:
-        raise web.HTTPRequestEntityTooLarge(max_size=MAX_REPORT_BYTES, actual_size=None,
+        raise web.HTTPRequestEntityTooLarge(max_size=MAX_REPORT_BYTES, actual_size=len(body),  # at least
                                             text=f"a heartbeat is at most {MAX_REPORT_BYTES} bytes")
     try:
         report = _decode.decode(body)

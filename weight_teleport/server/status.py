@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from typing import Any
 
 from aiohttp import web
 
@@ -57,7 +58,7 @@ def samplers_section(book: Book, latest: int | None, *, offset: int = 0,
     the worst first (failing, stale, degraded...; then the most behind)."""
     book.sweep()
     now, wall = time.monotonic(), time.time()
-    rows = []
+    rows: list[dict[str, Any]] = []
     for s in book.samplers.values():
         r = s.report
         behind = None if latest is None or r.version is None else max(0, latest - r.version)
@@ -66,7 +67,7 @@ def samplers_section(book: Book, latest: int | None, *, offset: int = 0,
                      "ready_s": r.ready_s, "last_error": r.last_error, "resyncs": r.resyncs,
                      "heard_s_ago": round(now - s.heard, 3),
                      "first_heard": s.first_heard_wall, "since_s": round(wall - s.first_heard_wall, 1)})
-    by_state, by_version = {k: 0 for k in _WORST_FIRST}, {}
+    by_state, by_version = {k: 0 for k in _WORST_FIRST}, dict[str, int]()
     for row in rows:
         by_state[row["state"]] = by_state.get(row["state"], 0) + 1
         key = "none" if row["version"] is None else str(row["version"])
@@ -101,7 +102,7 @@ def status_document(request: web.Request) -> dict:
     q = request.query
     manifest, unreadable = _manifest(request)
     origin = request.app[ORIGIN]
-    store = store_summary(manifest, problems=manifest and object_problems(origin.store, manifest))
+    store = store_summary(manifest, problems=None if manifest is None else object_problems(origin.store, manifest))
     if unreadable:
         store["error"] = f"the store's manifest is unreadable: {unreadable}"
     state = q.get("state") or None

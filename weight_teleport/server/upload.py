@@ -62,23 +62,25 @@ class PieceSink:
         self._free: list[bytearray] = []
         self._pending: deque[tuple[Future, bytearray]] = deque()
         self._digests: list[bytes] = []
-        self._buf = self._view = None
+        self._buf: bytearray | None = None  # the piece being filled, and a view of it
+        self._view: memoryview | None = None
         self._fill = 0
 
     async def feed(self, data: bytes) -> None:
         """Append `data`; waits while `depth` pieces are being hashed and written."""
-        data = memoryview(data)
-        while len(data):
+        rest = memoryview(data)
+        while len(rest):
             if self._buf is None:
                 await self._new_piece()
+            assert self._buf is not None and self._view is not None
             if self._fill == len(self._buf):  # a body longer than it announced
                 self._view.release()
                 self._buf.extend(bytes(self._piece_bytes - len(self._buf)))
                 self._view = memoryview(self._buf)
-            take = min(len(data), len(self._buf) - self._fill)
-            self._view[self._fill:self._fill + take] = data[:take]
+            take = min(len(rest), len(self._buf) - self._fill)
+            self._view[self._fill:self._fill + take] = rest[:take]
             self._fill += take
-            data = data[take:]
+            rest = rest[take:]
             if self._fill == self._piece_bytes:
                 self._submit()
 
@@ -109,6 +111,7 @@ class PieceSink:
         self._view, self._fill = memoryview(self._buf), 0
 
     def _submit(self) -> None:
+        assert self._buf is not None and self._view is not None  # a piece is being filled
         offset = self._submitted() * self._piece_bytes
         piece = self._view[:self._fill]
         future = hash_pool().submit(_store_piece, self._fd, piece, offset)
