@@ -43,7 +43,7 @@ def _items(new: Mapping[str, torch.Tensor], old: Mapping[str, torch.Tensor] | No
     if unknown:
         raise ValueError(f"slices or hints name tensors the state does not hold, e.g. {unknown[:5]}")
     backend = _backend([*new.values(), *(old.values() if old is not None else [])])
-    items, walks = [], []
+    items, walks = [], list[tuple[TensorSlice, Hint] | None]()
     for name, t in new.items():
         info = dtype_info(t.dtype)
         if old is not None and (old[name].shape != t.shape or old[name].dtype != t.dtype):
@@ -98,7 +98,7 @@ def _laid_out(records, chunks: list, walks, chunk_elems: int) -> list:
     where a hint cut records at receivers' slice bounds, else as the backend wrote them."""
     slices = []
     for rec, walk in zip(records, walks):
-        cut = None if walk is None or not walk[1].bounds else W.cut_slices(*walk, chunk_elems)
+        cut = None if walk is None or not walk[1].bounds else W.cut_slices(walk[0], walk[1], chunk_elems)
         slices.append(cut if cut is not None and len(cut) == len(rec.chunks) else None)
     if all(s is None for s in slices):
         return chunks

@@ -28,7 +28,7 @@ def slice_major(records: Sequence[TensorRecord], parts: list, slices: Sequence[S
     for v in views:
         starts.append(at)
         at += len(v)
-    out, offsets, at = [], [dict() for _ in records], 0
+    out, offsets, at = [], [dict[int, int]() for _ in records], 0
     for _, i, k in order:
         offset, length, _ = records[i].chunks[k]
         p = bisect.bisect_right(starts, offset) - 1

@@ -4,11 +4,13 @@ the range coder's constants and context layout, which the CPU's coder
 stage_adaptive.py) both follow, and a chunk's class table, which both write and read on
 the host."""
 
+from typing import Any
+
 from numba import njit
 
 from weight_teleport.format.groups import read_varint
 
-KERNEL = dict(nogil=True, cache=True, boundscheck=False)
+KERNEL: dict[str, Any] = dict(nogil=True, cache=True, boundscheck=False)
 
 PROB_BITS = 16
 RATE_MAX = 7

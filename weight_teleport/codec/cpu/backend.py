@@ -227,6 +227,7 @@ def _stage_chunk(live: Live, rec: TensorRecord, decode: Callable, ref: ChunkRef,
     s_new = C.digest_sum(values, fw)
     if header.kind == "snapshot":
         return ChunkPatch(start, None, values), s_old, s_new
+    assert s_old is not None  # a dense delta reads its base
     return ChunkPatch(start, None, values), s_old, s_new - s_old
 
 

@@ -4,6 +4,8 @@ All element arithmetic is done on uint64 so that one kernel serves every width; 
 is the element mask (2^bits - 1) and `signbit` its top bit (0 for integer dtypes, which
 then use the identity as their order-preserving key)."""
 
+from typing import Any
+
 import numpy as np
 from numba import njit
 
@@ -16,7 +18,7 @@ RC = 5
 """Residual classes in a joint event symbol: zigzag 0..3 (+1, -1, +2, -2), 4 = look in the
 residual stream. Bucket b and class rc make the symbol b * RC + rc (b <= 44, so < 255)."""
 MAX_BUCKET = 44
-KERNEL = dict(nogil=True, cache=True, boundscheck=False)
+KERNEL: dict[str, Any] = dict(nogil=True, cache=True, boundscheck=False)
 
 
 @njit(inline="always")

@@ -61,7 +61,7 @@ def digest(tensor) -> str:
 
 def digests(tensors) -> list[str]:
     """The pack digests of CUDA tensors: one reduction per device, one read-back each."""
-    out: list[str | None] = [None] * len(tensors)
+    out = [""] * len(tensors)  # every index is some device's
     by_device: dict = {}
     for i, t in enumerate(tensors):
         by_device.setdefault(t.device, []).append(i)

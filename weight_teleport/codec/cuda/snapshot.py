@@ -60,7 +60,7 @@ def _planes_kernel(src_ptr, dst_ptr, plane_ptr, n, chunk_elems, WIDTH: tl.conste
             tl.store(at_src, tl.load(at_dst, mask=live), mask=live)
 
 
-def _transpose(tensor_bytes: torch.Tensor, buffer: torch.Tensor, planes: np.ndarray, n: int, chunk_elems: int,
+def _transpose(tensor_bytes: torch.Tensor, buffer: torch.Tensor, planes: list[int] | np.ndarray, n: int, chunk_elems: int,
                width: int, to_planes: bool) -> None:
     if not len(planes):
         return
@@ -96,7 +96,7 @@ class _Chunk:
 
 def _lay_out(numels: list[int], widths: list[int], chunk_elems: int) -> list[_Chunk]:
     """Every chunk of tensors of `numels` elements of `widths` bytes, end to end."""
-    out, at, tables = [], 0, {}
+    out, at, tables = [], 0, dict[tuple[int, int], bytes]()
     for i, (n, w) in enumerate(zip(numels, widths)):
         for k, lo in enumerate(range(0, n, chunk_elems)):
             count = min(chunk_elems, n - lo)
@@ -108,7 +108,7 @@ def _lay_out(numels: list[int], widths: list[int], chunk_elems: int) -> list[_Ch
 
 def _waves(chunks: list[_Chunk]) -> list[list[_Chunk]]:
     """Runs of consecutive chunks of at most WAVE_BYTES bytes (a longer chunk alone)."""
-    waves, cur, size, limit = [], [], 0, WAVE_BYTES
+    waves, cur, size, limit = [], list[_Chunk](), 0, WAVE_BYTES
     for ch in chunks:
         if cur and size + ch.length > limit:
             waves.append(cur)
@@ -174,8 +174,9 @@ class _Ring:
     def take(self) -> tuple[int, torch.Tensor]:
         k = self.turn % len(self.buffers)
         self.turn += 1
-        if self.done[k] is not None:
-            torch.cuda.current_stream().wait_event(self.done[k])
+        done = self.done[k]
+        if done is not None:
+            torch.cuda.current_stream().wait_event(done)
         return k, self.buffers[k]
 
     def copy(self, k: int, dst: torch.Tensor, src: torch.Tensor) -> None:
@@ -183,11 +184,12 @@ class _Ring:
         if not self.cuda:
             dst.copy_(src)
             return
+        assert self.copier is not None  # made on CUDA
         self.copier.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(self.copier):
             dst.copy_(src, non_blocking=True)
-            self.done[k] = torch.cuda.Event()
-            self.done[k].record()
+            done = self.done[k] = torch.cuda.Event()
+            done.record()
 
     def finish(self) -> None:
         """The caller's stream waits for every copy."""
@@ -223,14 +225,17 @@ class _Inbound:
             buf.copy_(src)
             return buf
         if self.staging is not None:
-            if self.sent[k] is not None:
-                self.sent[k].synchronize()  # the copy out of this staging buffer is done
+            sent = self.sent[k]
+            if sent is not None:
+                sent.synchronize()  # the copy out of this staging buffer is done
             host = self.staging[k][:src.numel()]
             fill(host.numpy(), [src.numpy()])
             src = host
+        assert self.copier is not None  # made on CUDA
         with torch.cuda.stream(self.copier):
-            if self.read[k] is not None:
-                self.copier.wait_event(self.read[k])
+            read = self.read[k]
+            if read is not None:
+                self.copier.wait_event(read)
             buf.copy_(src, non_blocking=True)
             self.sent[k] = filled = torch.cuda.Event()
             filled.record()
@@ -277,7 +282,8 @@ def encode(items: list[EncodeItem], chunk_elems: int, pinned: bool, host_empty):
             ring.copy(k, host_t[lo:hi], buf[:hi - lo])
         ring.finish()
     # one read-back, behind the copies of every wave (ring.finish): the payload is complete
-    back = torch.cat([sums, *[c.long() & 0xFFFFFFFF for c in crcs]]).cpu().numpy() if items else np.zeros(0, np.int64)
+    back = torch.cat([sums, *[c.long() & 0xFFFFFFFF for c in crcs]]).cpu().numpy() if sums is not None \
+        else np.zeros(0, np.int64)
     for rec, it, s in zip(records, items, back[:len(items)].tolist()):
         rec.digest = D.to_hex(D.finish(s & D.MASK64, it.new.numel() * it.info.nbytes))
     for ch, crc in zip(chunks, back[len(items):].tolist()):

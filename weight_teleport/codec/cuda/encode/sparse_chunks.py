@@ -54,10 +54,10 @@ def _use(c: Coded, which: np.ndarray, codec, stored: np.ndarray, src_off: np.nda
     """`c` with the flat streams `which` stored as `codec` at `src_off` of `coded`."""
     c.coded = coded.to(c.codec.device)
     if which.size:
-        which, stored, src_off = memory.to_device([which, stored, src_off], c.codec.device)
-        c.codec.view(-1)[which] = codec
-        c.stored.view(-1)[which] = stored
-        c.src_off.view(-1)[which] = src_off
+        at, stored_d, src_off_d = memory.to_device([which, stored, src_off], c.codec.device)
+        c.codec.view(-1)[at] = codec
+        c.stored.view(-1)[at] = stored_d
+        c.src_off.view(-1)[at] = src_off_d
     return c
 
 

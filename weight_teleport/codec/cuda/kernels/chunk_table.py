@@ -155,7 +155,8 @@ def build_cached(flats: list[torch.Tensor], chunk_elems: int, block: int, info=N
         if len(_cached) >= CACHED:
             _cached.clear()
         table = build(flats, chunk_elems, block, info, cuts, origins)
-        _cached[key] = dataclasses.replace(table, base=None), _elements_from_base(flats)[1]
+        # cached without its tensor (not kept alive here): a hit sets `base` again
+        _cached[key] = dataclasses.replace(table, base=None), _elements_from_base(flats)[1]  # type: ignore[arg-type]
         return table
     table, base = _cached[key]
     return dataclasses.replace(table, base=_base(flats[base], info))

@@ -157,6 +157,7 @@ def table_counts(table: chunk_table.ChunkTable, luts: torch.Tensor, info, ncp: i
     counts = torch.empty((table.programs, ncp), dtype=torch.int32, device=table.base.device)
     events = counts
     if new is not None:
+        assert inverted is not None  # given with `new`
         memory.require(new.base, info.int_torch)
         assert new.offsets.shape == (table.chunks,) and new.offsets.dtype == torch.int64
         assert inverted.dtype == torch.int8 and inverted.is_contiguous() and inverted.shape[1] == ncp

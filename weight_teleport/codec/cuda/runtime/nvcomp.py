@@ -149,7 +149,7 @@ def _buckets(lengths: np.ndarray, codec: np.ndarray | None = None) -> tuple[np.n
     return order, bucket_ranges(cuts, keys, n)
 
 
-def _stream() -> P:
+def _stream() -> ctypes.c_void_p:
     return P(torch.cuda.current_stream().cuda_stream)
 
 
@@ -204,8 +204,8 @@ def compress(algorithm: str, src: torch.Tensor, offsets: np.ndarray, lengths: np
     (buffer, host slot offsets, Pending); nothing syncs."""
     assert src.dtype == torch.uint8 and src.is_cuda and src.is_contiguous()
     assert (offsets % SLOT_ALIGN == 0).all() and src.data_ptr() % SLOT_ALIGN == 0
-    order, ranges = _buckets(lengths)
-    ranges = [(a, b) for a, b, _ in ranges]
+    order, buckets = _buckets(lengths)
+    ranges = [(a, b) for a, b, _ in buckets]
     opts = _compress_opts()
     max_out = _fn(algorithm, "CompressGetMaxOutputChunkSize", [S, _Opts, ctypes.POINTER(S)])
     temp_size = _fn(algorithm, "CompressGetTempSize", [S, S, _Opts, ctypes.POINTER(S), S, P])
@@ -256,7 +256,8 @@ def plan_decompress(cfg: CudaCodecConfig, offsets: np.ndarray, stored: np.ndarra
     `stream` (a handle; nothing is queued on it)."""
     order, ranges = _buckets(raw, codec)
     table = memory.arena().empty((4, raw.size), np.int64)
-    plan_rows(order, *(np.asarray(a, np.int64) for a in (offsets, stored, raw, dst_offsets)), table)
+    offsets, stored, raw, dst_offsets = (np.asarray(a, np.int64) for a in (offsets, stored, raw, dst_offsets))
+    plan_rows(order, offsets, stored, raw, dst_offsets, table)
     return sized_plan(cfg, order, ranges, table, stream)
 
 
@@ -282,9 +283,9 @@ def decompress(cfg: CudaCodecConfig, src: torch.Tensor, dst: torch.Tensor, plan:
     after its one sync."""
     order, ranges, temps = plan.order, plan.ranges, plan.temps
     scratch_at = np.cumsum([0] + temps)
-    table = memory.arena().empty(plan.table.shape, np.int64)
-    np.add(plan.table, np.array([[src.data_ptr()], [0], [0], [dst.data_ptr()]], np.int64), out=table)
-    table = memory.upload(table, src.device)
+    rows = memory.arena().empty(plan.table.shape, np.int64)
+    np.add(plan.table, np.array([[src.data_ptr()], [0], [0], [dst.data_ptr()]], np.int64), out=rows)
+    table = memory.upload(rows, src.device)
     n = order.size
     sizes = torch.empty(n, dtype=torch.int64, device=src.device)
     statuses = torch.empty(n, dtype=torch.int32, device=src.device)

@@ -29,12 +29,12 @@ class KernelParams(ctypes.Structure):
         """The struct with every field set by name: a tensor's data pointer for a `POINTER`
         field, an int for an `I64` one. TypeError for a field missing, unknown or of the
         wrong kind."""
-        names = [name for name, _ in cls._fields_]
+        names = [field[0] for field in cls._fields_]
         missing, unknown = [n for n in names if n not in values], sorted(set(values) - set(names))
         if missing or unknown:
             raise TypeError(f"{cls.__name__}: missing fields {missing}, unknown fields {unknown}")
         out = {}
-        for name, kind in cls._fields_:
+        for name, kind, *_ in cls._fields_:
             v = values[name]
             if kind is POINTER:
                 if not isinstance(v, torch.Tensor):

@@ -101,6 +101,7 @@ class Upload:
     def bytes(self) -> torch.Tensor:
         """The bytes on the device; the caller's current stream waits for their copy."""
         self.start()
+        assert self._bytes is not None  # start() made it
         out, done = self._bytes.result()
         current = torch.cuda.current_stream(out.device)
         current.wait_event(done)
@@ -219,7 +220,11 @@ def _decode_on(pack, prep: Prepared, device, upload) -> tuple[torch.Tensor, torc
     """`_on_gpu`'s work, on the current stream."""
     lay = prep.layout
     buf = torch.zeros(lay.out_total + lay.comp_total + PAD, dtype=torch.uint8, device=device)
-    src = upload.bytes() if upload else upload_range(pack, prep.lo, prep.hi, device, memory.pinned(pack))
+    if upload:
+        src = upload.bytes()
+    else:
+        assert prep.hi is not None  # None only where an Upload holds the bytes
+        src = upload_range(pack, prep.lo, prep.hi, device, memory.pinned(pack))
     gather_rows(src, buf, lay.copies)
     if prep.plan is None:
         return buf, torch.zeros((), dtype=torch.bool, device=device)
@@ -255,7 +260,7 @@ def prepare(pack, table: StreamTable, device, upload: Upload | None = None,
 
 
 def planned(lay: Layout, lo: int, hi: int | None, codec: np.ndarray, raw: np.ndarray, stored: np.ndarray, device,
-            cfg: CudaCodecConfig | None = None, bucketed: tuple | None = None) -> Prepared:
+            cfg: CudaCodecConfig | None = None, bucketed: tuple[np.ndarray, list[tuple[int, int, str]], np.ndarray] | None = None) -> Prepared:
     """`lay` (of streams of `codec`, `raw` and `stored` lengths) and, with nvCOMP, the plan of
     its coded streams' decompression with `cfg`'s backend; `bucketed`: their (order, ranges,
     table) made already (`nvcomp.bucket_sort`, `nvcomp.plan_rows`)."""
@@ -279,6 +284,6 @@ def inflate(pack, table: StreamTable, device, threads: int | None = None, upload
     if nvcomp.available():
         buf, failed = _on_gpu(pack, prep, device, upload)
     else:
-        flat = (a.ravel() for a in (table.codec, table.raw, table.stored, table.at))
-        buf, failed = _on_cpu(pack, prep.layout, *flat, device, threads)
+        codec, raw, stored, at = (a.ravel() for a in (table.codec, table.raw, table.stored, table.at))
+        buf, failed = _on_cpu(pack, prep.layout, codec, raw, stored, at, device, threads)
     return Inflated(buf, prep.layout.out_off.reshape(table.raw.shape), failed)

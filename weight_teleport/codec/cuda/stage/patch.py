@@ -38,7 +38,7 @@ def _moved(at: torch.Tensor, addresses: dict[str, int], base: str, nbytes: int,
     """Element offsets `at` (from `base`'s first element, each inside one member of
     `addresses`) as offsets from the lowest of the members' new addresses `to`, each kept at
     its place in its member; (offsets, the new base)."""
-    names = sorted(addresses, key=addresses.get)
+    names = sorted(addresses, key=addresses.__getitem__)
     new_base = min(names, key=to.__getitem__)
     old = torch.tensor([(addresses[n] - addresses[base]) // nbytes for n in names], device=at.device)
     new = torch.tensor([(to[n] - to[new_base]) // nbytes for n in names], device=at.device)
@@ -144,6 +144,7 @@ class DevicePatch:
                     setattr(g, f.name, pin(getattr(g, f.name)))
         for t in self.tensors:
             if t.positions is not None:
+                assert t.values is not None  # set with the positions
                 t.positions, t.values = pin(t.positions), pin(t.values)
             t.dense = [(s, pin(v)) for s, v in t.dense]
         return self
