@@ -53,16 +53,24 @@ class VllmServer:
         TeleportInitInfo(**init_info)  # a typo fails here, not in the workers
         self._post("/init_weight_transfer_engine", {"init_info": init_info})
 
-    def commit_version(self, version: int, *, wait_s: float | None = None) -> str:
+    def commit_version(self, version: int, *, wait_s: float | None = None, through=None) -> str:
         """The pause: apply `version` on every worker or none, then reset the caches and
         label the outputs (module docstring). Returns the group's outcome, as
-        `vllm_engine.commit_version` does."""
+        `vllm_engine.commit_version` does.
+
+        `through`: a vLLM `VLLMWeightSyncClient` of this server (the trainer-side engine's,
+        `vllm_trainer.py`) that makes the three weight-update calls instead of this client;
+        its finish carries `str(version)` as `weight_version`, as vLLM's trainer engines
+        send it, which labels the outputs before the outcome is known, so a version not
+        applied gets the server's previous label back before generation resumes."""
         info = {"version": version, "resets_caches": True} | ({} if wait_s is None else {"wait_s": wait_s})
+        sync = self if through is None else through
         self._post("/pause", query={"mode": "keep", "clear_cache": "false"})
         try:
-            self._post("/start_weight_update")
-            self._post("/update_weights", {"update_info": info})
-            self._post("/finish_weight_update")
+            label = None if through is None else self.weight_version()
+            sync.start_weight_update()
+            sync.update_weights(info)
+            sync.finish_weight_update(None if through is None else str(version))
             statuses = self.status()
             outcome = group_outcome(statuses, version)
             if outcome is None:
@@ -70,10 +78,34 @@ class VllmServer:
                                       f"{[s['outcomes'][-1:] for s in statuses]}")
             if outcome == "APPLIED":
                 self._reset_caches()
-                self._post("/update_weight_version", {"new_version": str(version)})
+                self.update_weight_version(str(version))
+            elif label is not None:
+                self.update_weight_version(label)
         finally:
             self._post("/resume")
         return outcome
+
+    # vLLM's `VLLMWeightSyncClient` protocol (structural): a `VllmServer` can be handed to
+    # the trainer-side engine as its client.
+    def init_weight_transfer_engine(self, init_info: dict) -> None:
+        self.init(init_info)
+
+    def start_weight_update(self) -> None:
+        self._post("/start_weight_update")
+
+    def update_weights(self, update_info: dict) -> None:
+        self._post("/update_weights", {"update_info": update_info})
+
+    def finish_weight_update(self, weight_version: str | None = None) -> None:
+        self._post("/finish_weight_update", None if weight_version is None else {"weight_version": weight_version})
+
+    def update_weight_version(self, label: str) -> None:
+        """Label what the server generates from now on (`weight_versions` in responses)."""
+        self._post("/update_weight_version", {"new_version": label})
+
+    def weight_version(self) -> str:
+        """The server's current label (`GET /weight_info`)."""
+        return self._request("GET", "/weight_info", None)["weight_version"]
 
     def status(self) -> list[dict]:
         """Every worker's state (`WorkerLocal.status`; JSON: integer keys become strings)."""
@@ -88,13 +120,16 @@ class VllmServer:
         self._post("/reset_encoder_cache")
 
     def _post(self, route: str, body: dict | None = None, query: dict | None = None) -> dict:
-        url = self.url + route + ("?" + urllib.parse.urlencode(query) if query else "")
-        request = urllib.request.Request(url, data=json.dumps(body or {}).encode(), method="POST",
-                                         headers={"Content-Type": "application/json"})
+        return self._request("POST", route + ("?" + urllib.parse.urlencode(query) if query else ""), body or {})
+
+    def _request(self, method: str, route: str, body: dict | None) -> dict:
+        url = self.url + route
+        request = urllib.request.Request(url, data=None if body is None else json.dumps(body).encode(),
+                                         method=method, headers={"Content-Type": "application/json"})
         try:
             with urllib.request.urlopen(request, timeout=self.timeout) as response:
                 raw = response.read()
         except urllib.error.HTTPError as e:
-            raise VllmServerError(f"POST {route} failed ({e.code}): {e.read()[:2000]!r}; the server needs "
+            raise VllmServerError(f"{method} {route} failed ({e.code}): {e.read()[:2000]!r}; the server needs "
                                   "VLLM_SERVER_DEV_MODE=1 and the backend's serve arguments") from e
         return json.loads(raw) if raw else {}
