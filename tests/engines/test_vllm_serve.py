@@ -30,6 +30,8 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import pytest
 import torch
@@ -64,6 +66,34 @@ def _wait_ready(base: str, server: subprocess.Popen, log_path: str) -> None:
                 return
         except OSError:
             time.sleep(1.0)
+
+
+@contextmanager
+def vllm_serve(ckpt: str, tmp_path, max_model_len: int) -> Iterator[str]:
+    """`vllm serve` of `ckpt` with the backend (TP=1, bf16, greedy-friendly settings): its
+    base URL once it answers; stopped on exit."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    base = f"http://127.0.0.1:{port}"
+    env = dict(os.environ, VLLM_SERVER_DEV_MODE="1", VLLM_CPU_KVCACHE_SPACE="1")
+    log_path = str(tmp_path / "serve.log")
+    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", ckpt, "--host", "127.0.0.1",
+           "--port", str(port), "--skip-tokenizer-init", "--enforce-eager", "--dtype", "bfloat16",
+           "--max-model-len", str(max_model_len), "--max-num-seqs", "4", "--seed", "0", "--enable-scale-out",
+           *BACKEND_ARGS]
+    with open(log_path, "w") as log:
+        server = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        _wait_ready(base, server, log_path)
+        yield base
+    finally:
+        server.terminate()
+        try:
+            server.wait(60)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
 
 
 def _checksums(base: str) -> dict:
@@ -139,20 +169,7 @@ def test_vllm_serve_follows_a_store_and_generates_with_each_version(tmp_path):
     model.load_state_dict(versions[-1])
     model.save_pretrained(ckpt)                     # the server loads the last version itself
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    base = f"http://127.0.0.1:{port}"
-    env = dict(os.environ, VLLM_SERVER_DEV_MODE="1", VLLM_CPU_KVCACHE_SPACE="1")
-    log_path = str(tmp_path / "serve.log")
-    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", ckpt, "--host", "127.0.0.1",
-           "--port", str(port), "--skip-tokenizer-init", "--enforce-eager", "--dtype", "bfloat16",
-           "--max-model-len", str(4 * BLOCK), "--max-num-seqs", "4", "--seed", "0", "--enable-scale-out",
-           *BACKEND_ARGS]
-    with open(log_path, "w") as log:
-        server = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
-    try:
-        _wait_ready(base, server, log_path)
+    with vllm_serve(ckpt, tmp_path, 4 * BLOCK) as base:
         _post(base, "/collective_rpc", {"method": "teleport_attach"})  # CPU backend: plain weights
         want = _checksums(base)
         fresh = _check_fresh(base, 0, "default")    # a fresh engine's generations
@@ -171,10 +188,3 @@ def test_vllm_serve_follows_a_store_and_generates_with_each_version(tmp_path):
                     assert _checksums(base) != want  # the engine really moved away
         assert _checksums(base) == want
         assert [g[:2] for g in got] == [f[:2] for f in fresh], "the last version differs from a fresh engine's"
-    finally:
-        server.terminate()
-        try:
-            server.wait(60)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait()

@@ -143,11 +143,16 @@ class TeleportBackendExtension(TeleportWorkerExtension):
 
 
 def register() -> None:
-    """Register the backend with vLLM's factory (idempotent; the entry point calls it)."""
-    from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
+    """Register the backend with vLLM's factories (idempotent; the entry point calls it):
+    this worker engine, and the trainer engine by module path (`vllm_trainer.py`, imported
+    when a trainer asks for it)."""
+    from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory, WeightTransferTrainerFactory
 
     if BACKEND not in WeightTransferEngineFactory._registry:
         WeightTransferEngineFactory.register_engine(BACKEND, TeleportTransferEngine)
+    if BACKEND not in WeightTransferTrainerFactory._registry:
+        WeightTransferTrainerFactory.register_engine(BACKEND, "weight_teleport.targets.vllm_trainer",
+                                                     "TeleportTrainerEngine")
 
 
 register()
