@@ -133,3 +133,69 @@ def test_trainer_engine_drives_vllm_serve_and_reports_a_lagging_engine(tmp_path,
             assert _label(base) == "5"
         finally:
             engine.shutdown()
+
+
+def _sharded_rank(rank: int, world: int, port: int, url: str, errors) -> None:
+    """One FSDP2 trainer rank: vLLM's trainer API over a `ShardedModuleSource`, no engine."""
+    import traceback
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    try:
+        from test_publisher_group import _model, _train, VERSIONS
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+        from vllm.distributed.weight_transfer import WeightTransferTrainerFactory
+
+        from weight_teleport.pipeline import PublisherConfig
+        from weight_teleport.targets.vllm_trainer import ShardedModuleSource, TeleportTrainerInitInfo
+
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+                                timeout=timedelta(seconds=120))
+        torch.set_num_threads(1)
+        m = _model()
+        mesh = init_device_mesh("cpu", (world,))
+        for name in ("up", "down"):
+            fully_shard(getattr(m, name), mesh=mesh)
+        fully_shard(m, mesh=mesh)
+        config = PublisherConfig(anchor_every=3, threads=1, chunk_elems=64,
+                                 hints={"down.weight": ("cols", (6 * 8,))})
+        info = TeleportTrainerInitInfo(url, config, rank=rank)
+        engine = WeightTransferTrainerFactory.trainer_init(info, client=[], source=ShardedModuleSource(m))
+        try:
+            for step, _ in enumerate(_train(m, VERSIONS)):
+                assert engine.send_weights().version == step == engine.version
+        finally:
+            engine.shutdown()
+        dist.destroy_process_group()
+    except BaseException:
+        errors.put(f"rank {rank}: {traceback.format_exc()}")
+        raise
+
+
+def test_sharded_source_publishes_parts_from_each_rank(tmp_path):
+    """Two FSDP2 ranks (gloo) call `trainer_init` and `send_weights` as vLLM's API has every
+    rank call them; each publishes its own shards: every version is one part per rank, and
+    the parts assemble to the unsharded run's weights, bit for bit."""
+    import torch.multiprocessing as mp
+    from test_publisher_group import VERSIONS, _check_every_version, reference_states
+
+    from services import free_port
+
+    url, world = f"file://{tmp_path}/store", 2
+    ctx = mp.get_context("spawn")
+    errors = ctx.Queue()
+    port = free_port()
+    procs = [ctx.Process(target=_sharded_rank, args=(r, world, port, url, errors)) for r in range(world)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(300)
+    assert errors.empty(), errors.get()
+    assert [p.exitcode for p in procs] == [0] * world
+    want = reference_states()
+    want = [{k: v for k, v in s.items() if k != "head.weight"} for s in want]  # tied: a parameter once
+    manifest = _check_every_version(url, want, list(range(VERSIONS)))
+    assert all(len(e.parts) == world for e in manifest.entries)
+    assert [e.version for e in manifest.anchors] == [0, 3]
