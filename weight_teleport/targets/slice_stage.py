@@ -20,7 +20,9 @@ Applying a version twice writes the same values, so a commit that applies a pend
 while a later one stages changes nothing in what that one reads.
 
 Layouts come from `targets.vllm_layout.Slice` (fused qkv_proj / gate_up_proj, column-,
-row- and vocab-parallel shards); this module knows no engine."""
+row- and vocab-parallel shards, experts of stacked fused-MoE parameters); this module knows
+no engine. The model's tensors a worker holds no element of (`WorkerSlices.absent`: other
+ranks' experts) are skipped: their chunks are never read, their parts never fetched."""
 
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -41,7 +43,7 @@ from weight_teleport.pipeline.fetch import FETCH_THREADS, RANGE_BYTES, check_cov
 from weight_teleport.format.manifest import Entry
 from weight_teleport.format.parts import Part
 from weight_teleport.targets.slice_view import box_view
-from weight_teleport.targets.vllm_layout import Slice
+from weight_teleport.targets.vllm_layout import Slice, absent_of
 
 HEADER_PROBE = 16 << 10
 """Bytes read first: the preamble and, for most packs, the whole header (chunks inside
@@ -262,7 +264,7 @@ def state_on_cuda(state: Mapping[str, torch.Tensor]) -> bool:
 
 
 def _check_names(header: PackHeader, slices: Mapping[str, Slice]) -> None:
-    extra = sorted({r.name for r in header.tensors} - set(slices))
+    extra = sorted({r.name for r in header.tensors} - set(slices) - set(absent_of(slices)))
     if extra:
         raise PackMismatchError(f"the pack holds tensor {extra[0]!r}, which this engine's model lacks")
 
@@ -272,6 +274,8 @@ def _chunk_ranges(header: PackHeader, held: Mapping[str, W.TensorSlice]) -> list
     merges those that touch)."""
     out = []
     for rec in header.tensors:
+        if rec.name not in held:  # a tensor of the model this worker holds none of
+            continue
         box = W.whole(rec.shape) if rec.box is None else tuple(map(tuple, rec.box))
         if W.intersect(box, held[rec.name].box) == box:  # all of the record: no walk to look at
             i, j = 0, len(rec.chunks)
@@ -285,11 +289,13 @@ def _overlapping_parts(entry: Entry, slices: Mapping[str, Slice]) -> list[Part]:
     """The parts of `entry` that hold elements of this worker's slices, after
     checking the manifest's covers (disjoint, and here covering every tensor whole), so that
     every element of a slice lies in exactly one staged record."""
-    extra = sorted({name for p in entry.parts for name, _ in p.covers} - set(slices))
+    absent = absent_of(slices)
+    extra = sorted({name for p in entry.parts for name, _ in p.covers} - set(slices) - set(absent))
     if extra:
         raise PackMismatchError(f"the version holds tensor {extra[0]!r}, which this engine's model lacks")
-    check_parts_whole(entry, {n: s.shape for n, s in slices.items()})
-    return [p for p in entry.parts if any(W.intersect(box, held_box(slices[name])) for name, box in p.covers)]
+    check_parts_whole(entry, {**absent, **{n: s.shape for n, s in slices.items()}})
+    return [p for p in entry.parts if any(name in slices and W.intersect(box, held_box(slices[name]))
+                                          for name, box in p.covers)]
 
 
 def apply_steps(params: Mapping[str, torch.Tensor], steps: Sequence[Step], views: HeldViews | None = None) -> None:

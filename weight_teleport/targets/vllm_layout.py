@@ -10,12 +10,32 @@ Two products:
 - `worker_slices(config, tp, rank)`: for one worker, per checkpoint tensor, the rows (walk
   `rows`) or columns (walk `cols`) it holds, the parameter they live in and where there:
   fused qkv_proj / gate_up_proj, column- and vocab-parallel rows (vLLM pads the vocabulary
-  to a multiple of 64 before splitting it), row-parallel columns, replicated tensors.
+  to a multiple of 64 before splitting it), row-parallel columns, replicated tensors, and
+  one expert's matrix inside a stacked fused-MoE parameter.
 
 The layouts are those of vLLM's dense decoder models (Llama, Qwen2, Qwen3 and their kin:
 `QKVParallelLinear`, `MergedColumnParallelLinear`, `RowParallelLinear`,
-`VocabParallelEmbedding`, `ParallelLMHead`). A model this module does not know raises
-`UnsupportedLayoutError`; the probe in `targets.vllm` can still map it on the engine."""
+`VocabParallelEmbedding`, `ParallelLMHead`) and of its `FusedMoE` models (Qwen3-MoE,
+Qwen2-MoE with its shared expert, Mixtral), as vLLM 0.32's loaders fill them (read in
+`fused_moe/routed_experts.py`, `unquantized_fused_moe_method.py`, `expert_map_manager.py`):
+
+- per layer, two stacked parameters `{block}.experts.routed_experts.w13_weight`
+  [E_local, 2 * I_shard, H] (per expert: its gate rows, then its up rows) and `...w2_weight`
+  [E_local, H, I_shard] (its down_proj columns); the router `{block}.gate.weight` [E, H] is
+  replicated;
+- tensor parallelism alone: every rank holds all E experts, each cut as a gate_up_proj /
+  down_proj is (rows [r * I_shard, (r + 1) * I_shard) of gate and up, those columns of down);
+- expert parallelism (`enable_expert_parallel`, DP = 1): EP size = TP size, the MoE layers
+  are not tensor-parallel, and rank r holds experts [r * (E // tp) + min(r, E % tp), ...)
+  whole, E // tp of them plus one for the first E % tp ranks (vLLM's "linear" placement;
+  its "round_robin" applies to grouped-routing models only, none of these); the other
+  ranks' experts are `WorkerSlices.absent` on it. Attention, dense MLPs and a shared expert
+  stay tensor-parallel.
+
+The stacked parameters hold this layout as loaded; a backend that repacks them after
+loading (vLLM's CPU kernels) keeps plain copies in it (`targets.vllm_moe_cpu`). A model this
+module does not know raises `UnsupportedLayoutError`; the probe in `targets.vllm` can still
+map a dense one on the engine."""
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -27,7 +47,9 @@ VOCAB_PADDING = 64
 """vLLM's DEFAULT_VOCAB_PADDING_SIZE: vocab-parallel tables are padded to a multiple of it."""
 
 ORDERS = ("rows", "cols")
-FAMILIES = ("llama", "qwen2", "qwen3", "mistral")
+DENSE = ("llama", "qwen2", "qwen3", "mistral")
+MOE = ("qwen3_moe", "qwen2_moe", "mixtral")
+FAMILIES = DENSE + MOE
 
 
 class UnsupportedLayoutError(WeightTeleportError, ValueError):
@@ -40,7 +62,8 @@ class Slice:
     """Worker-held part of checkpoint tensor `name` (shape `shape`): its rows [lo, hi)
     (order `rows`) or columns [lo, hi) of the 2-D view [shape[0], rest] (order `cols`),
     stored at rows (resp. columns) [dest, dest + hi - lo) of parameter `param`, whose
-    full local shape is `param_shape`."""
+    full local shape is `param_shape`; with `expert`, of the matrix `param[expert]` of a
+    stacked parameter [E_local, ...] instead (one expert of a fused-MoE layer)."""
     name: str
     shape: tuple[int, ...]
     order: str
@@ -49,6 +72,12 @@ class Slice:
     param: str
     dest: int
     param_shape: tuple[int, ...]
+    expert: int | None = None
+
+    @property
+    def matrix_shape(self) -> tuple[int, ...]:
+        """The shape of what the slice lies in: the parameter, or its matrix `expert`."""
+        return self.param_shape if self.expert is None else self.param_shape[1:]
 
     @property
     def inner(self) -> int:
@@ -66,9 +95,25 @@ class Slice:
         if not start <= position < stop:
             raise IndexError(f"walk position {position} lies outside {self.name!r}'s slice [{start}, {stop})")
         line, within = divmod(position - start, self.inner)
+        base = 0 if self.expert is None else self.expert * prod(self.matrix_shape)
         if self.order == "rows":
-            return (self.dest + line) * self.inner + within
-        return within * self.param_shape[1] + self.dest + line
+            return base + (self.dest + line) * self.inner + within
+        return base + within * self.matrix_shape[1] + self.dest + line
+
+
+class WorkerSlices(dict):
+    """One worker's slices by checkpoint name (`worker_slices`), and `absent`: the shapes,
+    by checkpoint name, of the model's tensors it holds no element of (other ranks' experts
+    under expert parallelism), which it skips rather than refuses."""
+
+    def __init__(self, slices: Mapping[str, Slice], absent: Mapping[str, tuple[int, ...]] | None = None):
+        super().__init__(slices)
+        self.absent = dict(absent or {})
+
+
+def absent_of(slices: Mapping[str, Slice]) -> dict[str, tuple[int, ...]]:
+    """`slices.absent` where it is a `WorkerSlices`, else none."""
+    return getattr(slices, "absent", {})
 
 
 @dataclass(frozen=True)
@@ -92,6 +137,18 @@ class _Dims:
     tied: bool
     bias: bool
     qk_norm: bool
+    experts: int = 0
+    """Routed experts per MoE layer (0: a dense model)."""
+    moe_inter: int = 0
+    sparse: frozenset = frozenset()
+    """Indices of the layers whose MLP is a fused-MoE block."""
+    block: str = "mlp"
+    """The MoE block's module name in a layer (`mlp`, Mixtral's `block_sparse_moe`)."""
+    names: tuple[str, str, str] = ("gate_proj", "up_proj", "down_proj")
+    """Checkpoint names of an expert's gate, up and down projections."""
+    shared_inter: int = 0
+    """A shared expert's intermediate size (0: none)."""
+    shared_gate: bool = False
 
 
 def _dims(config) -> _Dims:
@@ -101,13 +158,25 @@ def _dims(config) -> _Dims:
         raise UnsupportedLayoutError(f"no vLLM layout known for model_type {family!r}; "
                                      f"known: {', '.join(FAMILIES)}")
     heads = c["num_attention_heads"]
-    return _Dims(vocab=c["vocab_size"], hidden=c["hidden_size"], inter=c["intermediate_size"],
-                 layers=c["num_hidden_layers"], heads=heads,
+    layers = c["num_hidden_layers"]
+    moe = {}
+    if family == "mixtral":
+        moe = dict(experts=c["num_local_experts"], moe_inter=c["intermediate_size"], sparse=frozenset(range(layers)),
+                   block="block_sparse_moe", names=("w1", "w3", "w2"))
+    elif family in MOE:  # Qwen's sparse layers, as vLLM's Qwen3MoeDecoderLayer / Qwen2MoeDecoderLayer pick them
+        experts, step = c["num_experts"], c.get("decoder_sparse_step") or 1
+        dense = set(c.get("mlp_only_layers") or ())
+        shared = c.get("shared_expert_intermediate_size") or 0
+        moe = dict(experts=experts, moe_inter=c["moe_intermediate_size"], shared_inter=shared,
+                   sparse=frozenset(i for i in range(layers) if i not in dense and experts > 0 and (i + 1) % step == 0),
+                   shared_gate=family == "qwen2_moe" or shared > 0)
+    return _Dims(vocab=c["vocab_size"], hidden=c["hidden_size"], inter=c.get("intermediate_size") or 0,
+                 layers=layers, heads=heads,
                  kv_heads=c.get("num_key_value_heads") or heads,
                  head_dim=c.get("head_dim") or c["hidden_size"] // heads,
                  tied=bool(c.get("tie_word_embeddings", False)),
-                 bias=bool(c.get("attention_bias", family == "qwen2")),
-                 qk_norm=family == "qwen3")
+                 bias=family == "qwen2_moe" or bool(c.get("attention_bias", family == "qwen2")),
+                 qk_norm=family in ("qwen3", "qwen3_moe"), **moe)
 
 
 def _split(total: int, tp: int, what: str) -> int:
@@ -144,53 +213,108 @@ def _attention(d: _Dims, prefix: str, tp: int, rank: int) -> list[Slice]:
     return out
 
 
-def _mlp(d: _Dims, prefix: str, tp: int, rank: int) -> list[Slice]:
-    inter = _split(d.inter, tp, "intermediate_size")
+def _mlp(d: _Dims, prefix: str, tp: int, rank: int, total: int | None = None) -> list[Slice]:
+    total = d.inter if total is None else total
+    inter = _split(total, tp, "intermediate_size")
     lo, hi = rank * inter, (rank + 1) * inter
-    return [Slice(f"{prefix}.gate_proj.weight", (d.inter, d.hidden), "rows", lo, hi,
+    return [Slice(f"{prefix}.gate_proj.weight", (total, d.hidden), "rows", lo, hi,
                   f"{prefix}.gate_up_proj.weight", 0, (2 * inter, d.hidden)),
-            Slice(f"{prefix}.up_proj.weight", (d.inter, d.hidden), "rows", lo, hi,
+            Slice(f"{prefix}.up_proj.weight", (total, d.hidden), "rows", lo, hi,
                   f"{prefix}.gate_up_proj.weight", inter, (2 * inter, d.hidden)),
-            Slice(f"{prefix}.down_proj.weight", (d.hidden, d.inter), "cols", lo, hi,
+            Slice(f"{prefix}.down_proj.weight", (d.hidden, total), "cols", lo, hi,
                   f"{prefix}.down_proj.weight", 0, (d.hidden, inter))]
+
+
+def expert_range(experts: int, tp: int, rank: int, expert_parallel: bool) -> range:
+    """The global experts worker `rank` of `tp` holds: all of them under tensor parallelism,
+    vLLM's linear placement under expert parallelism (`determine_expert_map`: E // tp each,
+    one more for each of the first E % tp ranks)."""
+    if not expert_parallel or tp == 1:
+        return range(experts)
+    base, extra = divmod(experts, tp)
+    first = rank * base + min(rank, extra)
+    return range(first, first + base + (rank < extra))
+
+
+def _moe(d: _Dims, prefix: str, tp: int, rank: int, ep: bool) -> tuple[list[Slice], dict[str, tuple[int, ...]]]:
+    """A fused-MoE block's slices, and the shapes of the experts this worker does not hold."""
+    if tp > d.experts:
+        raise UnsupportedLayoutError(f"the TP size {tp} exceeds the {d.experts} experts (vLLM refuses it)")
+    h, total = d.hidden, d.moe_inter
+    mine = expert_range(d.experts, tp, rank, ep)
+    inter = total if ep else _split(total, tp, "moe_intermediate_size")
+    lo, hi = (0, total) if ep else (rank * inter, (rank + 1) * inter)
+    stacked = f"{prefix}.experts.routed_experts"
+    w13, w2 = (len(mine), 2 * inter, h), (len(mine), h, inter)
+    gate, up, down = d.names
+    out, absent = [], {}
+    for e in range(d.experts):
+        names = [f"{prefix}.experts.{e}.{n}.weight" for n in (gate, up, down)]
+        if e not in mine:
+            absent.update({names[0]: (total, h), names[1]: (total, h), names[2]: (h, total)})
+            continue
+        local = e - mine.start
+        out += [Slice(names[0], (total, h), "rows", lo, hi, f"{stacked}.w13_weight", 0, w13, local),
+                Slice(names[1], (total, h), "rows", lo, hi, f"{stacked}.w13_weight", inter, w13, local),
+                Slice(names[2], (h, total), "cols", lo, hi, f"{stacked}.w2_weight", 0, w2, local)]
+    out.append(_replicated(f"{prefix}.gate.weight", (d.experts, h)))
+    if d.shared_inter:
+        out += _mlp(d, f"{prefix}.shared_expert", tp, rank, d.shared_inter)
+    if d.shared_gate:
+        out.append(_replicated(f"{prefix}.shared_expert_gate.weight", (1, h)))
+    return out, absent
 
 
 def _replicated(name: str, shape: tuple[int, ...]) -> Slice:
     return Slice(name, shape, "rows", 0, shape[0], name, 0, shape)
 
 
-def worker_slices(config, tp: int, rank: int) -> dict[str, Slice]:
+def worker_slices(config, tp: int, rank: int, expert_parallel: bool = False) -> WorkerSlices:
     """Every checkpoint tensor of the model (a HF config or its config.json dict) as worker
     `rank` of `tp` holds it, keyed by checkpoint name (a tied lm_head is absent: the
-    checkpoint has none and the engine shares the embedding)."""
+    checkpoint has none and the engine shares the embedding). `expert_parallel`: the engine
+    runs with `enable_expert_parallel` (and one data-parallel rank): the MoE layers' experts
+    are spread whole over the `tp` ranks, the ones this worker lacks listed in `absent`."""
     if not 0 <= rank < tp:
         raise ValueError(f"rank {rank} is not in [0, {tp})")
     d = _dims(config)
     out = [_vocab(d, "model.embed_tokens.weight", tp, rank), _replicated("model.norm.weight", (d.hidden,))]
+    absent: dict[str, tuple[int, ...]] = {}
     if not d.tied:
         out.append(_vocab(d, "lm_head.weight", tp, rank))
     for i in range(d.layers):
         layer = f"model.layers.{i}"
-        out += _attention(d, f"{layer}.self_attn", tp, rank) + _mlp(d, f"{layer}.mlp", tp, rank)
+        out += _attention(d, f"{layer}.self_attn", tp, rank)
+        if i in d.sparse:
+            moe, lacks = _moe(d, f"{layer}.{d.block}", tp, rank, expert_parallel)
+            out += moe
+            absent.update(lacks)
+        else:
+            out += _mlp(d, f"{layer}.mlp", tp, rank)
         out += [_replicated(f"{layer}.{n}.weight", (d.hidden,))
                 for n in ("input_layernorm", "post_attention_layernorm")]
         if d.qk_norm:
             out += [_replicated(f"{layer}.self_attn.{n}.weight", (d.head_dim,)) for n in ("q_norm", "k_norm")]
-    return {s.name: s for s in out}
+    return WorkerSlices({s.name: s for s in out}, absent)
 
 
-def slice_hints(config, tp_sizes: Iterable[int]) -> dict[str, SliceHint]:
+def slice_hints(config, tp_sizes: Iterable[int], expert_parallel: bool | Iterable[bool] = False
+                ) -> dict[str, SliceHint]:
     """Walk order and slice bounds of every checkpoint tensor for samplers running at any
-    of `tp_sizes` (e.g. [1, 2, 8]). Replicated tensors get no bounds: every rank decodes
-    them whole. Raises `UnsupportedLayoutError` if a bound is not a multiple of 8."""
+    of `tp_sizes` (e.g. [1, 2, 8]), with expert parallelism off, on, or either
+    (`expert_parallel`: a bool or several: (False, True)). Replicated tensors and experts
+    held whole get no bounds: a rank decodes them whole or skips them. Raises
+    `UnsupportedLayoutError` if a bound is not a multiple of 8."""
     bounds: dict[str, set[int]] = {}
     orders: dict[str, str] = {}
+    modes = {expert_parallel} if isinstance(expert_parallel, bool) else set(expert_parallel)
     for tp in sorted(set(tp_sizes)):
-        for rank in range(tp):
-            for name, s in worker_slices(config, tp, rank).items():
-                orders[name] = s.order
-                numel = prod(s.shape)
-                bounds.setdefault(name, set()).update(p for p in s.walk if 0 < p < numel)
+        for ep in sorted(modes):
+            for rank in range(tp):
+                for name, s in worker_slices(config, tp, rank, ep).items():
+                    orders[name] = s.order
+                    numel = prod(s.shape)
+                    bounds.setdefault(name, set()).update(p for p in s.walk if 0 < p < numel)
     for name, cut in bounds.items():
         if bad := sorted(p for p in cut if p % 8):
             raise UnsupportedLayoutError(f"{name!r}: a sampler slice starts at walk position {bad[0]}, "
