@@ -27,7 +27,7 @@ BASE = {"vocab_size": 200, "hidden_size": 64, "num_hidden_layers": 2, "num_atten
 CONFIGS = {
     "qwen3_moe": {**BASE, "model_type": "qwen3_moe", "num_experts": 8, "moe_intermediate_size": 64,
                   "intermediate_size": 128, "mlp_only_layers": [1], "num_experts_per_tok": 2},
-    "qwen3_moe_6": {**BASE, "model_type": "qwen3_moe", "num_experts": 6, "moe_intermediate_size": 64,
+    "qwen3_moe_6": {**BASE, "model_type": "qwen3_moe", "num_local_experts": 6, "moe_intermediate_size": 64,
                     "intermediate_size": 128, "num_experts_per_tok": 2},
     "qwen2_moe": {**BASE, "model_type": "qwen2_moe", "num_experts": 8, "moe_intermediate_size": 64,
                   "intermediate_size": 128, "shared_expert_intermediate_size": 128, "num_experts_per_tok": 2},
@@ -37,7 +37,7 @@ CONFIGS = {
 
 
 def experts_of(c: dict) -> int:
-    return c.get("num_experts") or c["num_local_experts"]
+    return c.get("num_experts") or c["num_local_experts"]  # transformers 5 writes Qwen3-MoE's as the latter
 
 
 def moe_layers(c: dict) -> list[int]:

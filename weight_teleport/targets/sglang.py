@@ -93,7 +93,7 @@ from multiprocessing.reduction import ForkingPickler
 import torch
 
 from weight_teleport.errors import WeightTeleportError
-from weight_teleport.targets.vllm_layout import worker_slices
+from weight_teleport.targets.vllm_layout import UnsupportedLayoutError, worker_slices
 from weight_teleport.targets.worker_local import TeleportInitInfo, TeleportUpdateInfo, WorkerLocal, group_outcome
 
 LOADER = "weight_teleport.targets.sglang.teleport_loader"
@@ -153,8 +153,10 @@ def _worker(model: torch.nn.Module) -> WorkerLocal:
         rank, size, group = _tp_group()
         params = lambda: {n: p.data for n, p in model.named_parameters()}  # noqa: E731
         device = next(model.parameters()).device
-        _workers[id(model)] = (WorkerLocal(params, worker_slices(model.config, size, rank), rank, group, device),
-                               None)
+        slices = worker_slices(model.config, size, rank)
+        if any(s.expert is not None for s in slices.values()):
+            raise UnsupportedLayoutError("SGLang's fused-MoE parameters are not mapped (vLLM's are)")
+        _workers[id(model)] = (WorkerLocal(params, slices, rank, group, device), None)
     return _workers[id(model)][0]
 
 

@@ -163,6 +163,9 @@ def _probe_one(model, name: str, shape: tuple[int, ...], params: Mapping, saved:
     """Load indices 1..numel as `name` into a capture of its parameter; the block it fills
     (None when the engine does not use the tensor, e.g. a tied lm_head)."""
     pname = _param_name(model, name, params)
+    if pname is None and ".experts." in name:  # stacked fused-MoE parameters: no block per checkpoint tensor
+        raise UnsupportedLayoutError(f"{name!r} lives in a stacked fused-MoE parameter, which this target "
+                                     "does not map; use the weight-transfer backend (targets.vllm_backend)")
     numel = int(np.prod(shape))
     kind = torch.int32 if numel < 2**31 - 1 else torch.int64
     cap = None if pname is None else torch.full(saved[pname].shape, -1, dtype=kind)

@@ -49,7 +49,14 @@ What the weight-transfer API cannot carry stays in the worker extension, because
 return nothing to the caller: the outcome of each commit and the workers' state
 (`teleport_status`), holding a worker's staging (`teleport_hold`), the parameters for checks
 (`teleport_local_weights`), and on vLLM's CPU backend, which repacks linear weights for
-oneDNN, the switch to plain, patchable weights (`teleport_attach`, needs the worker)."""
+oneDNN, the switch to plain, patchable weights (`teleport_attach`, needs the worker).
+
+Fused-MoE models (`vllm_layout`: Qwen3-MoE, Qwen2-MoE, Mixtral) are mapped with tensor
+parallelism and with expert parallelism (`enable_expert_parallel`) on one data-parallel
+rank, without EPLB, on the backends whose stacked expert parameters keep the loader's
+layout; on vLLM's CPU backend, whose MoE kernel reads a prepacked copy, each worker stages
+against plain copies and packs them again in the commit (`targets/vllm_moe_cpu.py`). Other
+configurations are refused when the engine starts."""
 
 import logging
 from dataclasses import dataclass
@@ -57,9 +64,10 @@ from dataclasses import dataclass
 import torch
 
 from weight_teleport.targets.commit import Outcome
-from weight_teleport.targets.vllm import TeleportWorkerExtension
+from weight_teleport.targets.vllm import TeleportWorkerExtension, _tensor_bytes
 from weight_teleport.targets.vllm_engine import commit_version
-from weight_teleport.targets.vllm_layout import worker_slices
+from weight_teleport.targets.vllm_layout import UnsupportedLayoutError, expert_range, worker_slices
+from weight_teleport.targets.vllm_moe_cpu import CpuPackedExperts, check_moe_layers, moe_layers
 from weight_teleport.targets.worker_local import TeleportInitInfo, TeleportUpdateInfo, WorkerLocal
 
 BACKEND = "weight_teleport"
@@ -96,16 +104,32 @@ class TeleportTransferEngine(_engine_base()):
 
         super().__init__(config, vllm_config, device, model)
         group = get_tp_group()
-        self.worker = WorkerLocal(self._params, worker_slices(vllm_config.model_config.hf_config,
-                                                              group.world_size, group.rank_in_group),
-                                  group.rank_in_group, group.cpu_group, torch.device(device))
+        tp, rank = group.world_size, group.rank_in_group
+        parallel = vllm_config.parallel_config
+        ep = bool(parallel.enable_expert_parallel) and tp > 1
+        slices = worker_slices(vllm_config.model_config.hf_config, tp, rank, ep)
+        self.packed: CpuPackedExperts | None = None
+        if layers := moe_layers(model):
+            if parallel.data_parallel_size > 1:
+                raise UnsupportedLayoutError("a fused-MoE model with data parallelism: vLLM spreads its experts over "
+                                             "the DP x TP ranks, the layout maps one DP rank")
+            if parallel.enable_eplb:
+                raise UnsupportedLayoutError("a fused-MoE model with EPLB: its experts move between ranks")
+            check_moe_layers(model, {n: expert_range(m.global_num_experts, tp, rank, ep) for n, m in layers.items()})
+            if torch.device(device).type == "cpu":
+                self.packed = CpuPackedExperts(model) or None
+        self.worker = WorkerLocal(self._params, slices, rank, group.cpu_group, torch.device(device),
+                                  after_apply=self.packed.repack if self.packed else None)
 
     def init_transfer_engine(self, init_info: TeleportInitInfo) -> None:
         """Start following `init_info.store_url` on this worker (again: from scratch)."""
         self.worker.start(init_info)
 
     def _params(self) -> dict[str, torch.Tensor]:
-        return {n: p.data for n, p in self.model.named_parameters()}
+        params = {n: p.data for n, p in self.model.named_parameters()}
+        if self.packed is not None:  # vLLM's CPU MoE kernel reads a prepacked copy: stage the plain one
+            params.update(self.packed.plain())
+        return params
 
     def start_weight_update(self) -> None:
         """Patches are applied in place: nothing to prepare."""
@@ -140,6 +164,13 @@ class TeleportBackendExtension(TeleportWorkerExtension):
 
     def teleport_status(self) -> dict:
         return self.weight_transfer_engine.worker.status()
+
+    def teleport_plain_experts(self) -> dict[str, list]:
+        """On vLLM's CPU backend, the plain copies of the prepacked fused-MoE parameters that
+        this worker stages against, as `teleport_local_weights` gives parameters (for checks)."""
+        packed = self.weight_transfer_engine.packed
+        return {} if packed is None else {n: [str(t.dtype).removeprefix("torch."), list(t.shape), _tensor_bytes(t)]
+                                          for n, t in packed.plain().items()}
 
 
 def register() -> None:

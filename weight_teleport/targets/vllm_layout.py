@@ -151,6 +151,12 @@ class _Dims:
     shared_gate: bool = False
 
 
+def _experts(c: Mapping) -> int:
+    """Routed experts per layer: `num_experts` (Qwen's configs) or `num_local_experts`
+    (Mixtral's, and transformers 5's Qwen3-MoE config, which aliases one to the other)."""
+    return c["num_experts"] if "num_experts" in c else c["num_local_experts"]
+
+
 def _dims(config) -> _Dims:
     c = config if isinstance(config, Mapping) else config.to_dict()
     family = c.get("model_type")
@@ -161,10 +167,10 @@ def _dims(config) -> _Dims:
     layers = c["num_hidden_layers"]
     moe = {}
     if family == "mixtral":
-        moe = dict(experts=c["num_local_experts"], moe_inter=c["intermediate_size"], sparse=frozenset(range(layers)),
+        moe = dict(experts=_experts(c), moe_inter=c["intermediate_size"], sparse=frozenset(range(layers)),
                    block="block_sparse_moe", names=("w1", "w3", "w2"))
     elif family in MOE:  # Qwen's sparse layers, as vLLM's Qwen3MoeDecoderLayer / Qwen2MoeDecoderLayer pick them
-        experts, step = c["num_experts"], c.get("decoder_sparse_step") or 1
+        experts, step = _experts(c), c.get("decoder_sparse_step") or 1
         dense = set(c.get("mlp_only_layers") or ())
         shared = c.get("shared_expert_intermediate_size") or 0
         moe = dict(experts=experts, moe_inter=c["moe_intermediate_size"], shared_inter=shared,

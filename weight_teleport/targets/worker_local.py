@@ -65,11 +65,14 @@ class TeleportUpdateInfo:
 class WorkerLocal:
     """Worker-local staging for TP rank `rank` of `group` (a CPU process group; None: the
     default group): `params()` gives its parameters by name (read at each stage and apply:
-    an engine may replace them), held as `slices` (checkpoint name -> `Slice`) describe."""
+    an engine may replace them), held as `slices` (checkpoint name -> `Slice`) describe.
+    `after_apply`: called once a version is written, inside the commit, on every rank that
+    applied it (an engine's tensors derived from the parameters are made again there)."""
 
     def __init__(self, params: Callable[[], Mapping[str, torch.Tensor]], slices: Mapping[str, Slice],
-                 rank: int, group, device: torch.device) -> None:
+                 rank: int, group, device: torch.device, after_apply: Callable[[], None] | None = None) -> None:
         self.params, self.slices, self.rank, self.group, self.device = params, slices, rank, group, device
+        self.after_apply = after_apply
         self.board = StageBoard()
         self.outcomes: list[tuple[int, str]] = []
         self.apply_s: dict[int, float] = {}
@@ -108,6 +111,8 @@ class WorkerLocal:
         applied, t0 = self.board.applied, time.perf_counter()
         apply_steps(self.params(), [st for st in steps if applied is None or st.version > applied],
                     self.follower.views)
+        if self.after_apply is not None:
+            self.after_apply()
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         self.apply_s[steps[-1].version] = time.perf_counter() - t0
