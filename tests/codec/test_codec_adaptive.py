@@ -1,6 +1,12 @@
 """Codec `sparse_ac`: the adaptive range coder's round trips (kernels and packs, on random
 and adversarial inputs), its golden bytes, and its refusal of malformed chunks."""
 
+import ast
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -280,12 +286,13 @@ ENCODER_SIGNATURE = dict(ranks_ptr="*i32", res_ptr="*i16", ev_ptr="*i64", ev_sta
                          len_ptr="*i64", need_ptr="*i64")
 
 
-@pytest.mark.parametrize("side", ["decoder", "encoder"])
-@pytest.mark.parametrize("bits", [8, 16, 32, 64])
-def test_gpu_range_coder_compiles_for_the_h200(side, bits):
-    """The Triton range coder compiles to PTX for compute capability 9.0 (no GPU needed): a
-    construct the interpreter runs but the compiler refuses fails here, not only on a GPU."""
-    triton = pytest.importorskip("triton")
+RANGE_CODERS = [(side, bits) for bits in (8, 16, 32, 64) for side in ("decoder", "encoder")]
+
+
+def range_coder_ptx(side: str, bits: int) -> str:
+    """The PTX of the Triton range coder's `side` for elements of `bits` bits, compiled for
+    compute capability 9.0 (no GPU needed); in a process whose kernels are compiled."""
+    import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
@@ -294,8 +301,33 @@ def test_gpu_range_coder_compiles_for_the_h200(side, bits):
                          (encode_adaptive._chunk_kernel, dict(ENCODER_SIGNATURE, res_ptr=f"*i{bits}")))
     signature.update(NCP="constexpr", BITS="constexpr")
     src = ASTSource(fn=kernel, signature=signature, constexprs={"NCP": 16, "BITS": bits})
-    compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 1})
-    assert "_chunk_kernel" in compiled.asm["ptx"]
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 1}).asm["ptx"]
+
+
+@pytest.fixture(scope="module")
+def range_coders_compiled() -> dict:
+    """{(side, bits): whether its PTX holds the kernel}. Triton reads its interpreter mode
+    when a kernel (its own library's too) is defined, so where this process runs the
+    interpreter (tests/conftest.py, without a GPU) the compiler runs in a process of its own,
+    all of them in one."""
+    pytest.importorskip("triton")
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        return {(s, b): "_chunk_kernel" in range_coder_ptx(s, b) for s, b in RANGE_CODERS}
+    tests = Path(__file__).resolve().parents[1]
+    code = ("import folders, test_codec_adaptive as t\n"
+            "print({(s, b): '_chunk_kernel' in t.range_coder_ptx(s, b) for s, b in t.RANGE_CODERS})")
+    path = os.pathsep.join([str(tests), str(tests.parent), os.environ.get("PYTHONPATH", "")])
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env={**os.environ, "TRITON_INTERPRET": "0", "PYTHONPATH": path})
+    assert run.returncode == 0, run.stderr[-4000:]
+    return ast.literal_eval(run.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("side,bits", RANGE_CODERS)
+def test_gpu_range_coder_compiles_for_the_h200(side, bits, range_coders_compiled):
+    """The Triton range coder compiles to PTX for compute capability 9.0 (no GPU needed): a
+    construct the interpreter runs but the compiler refuses fails here, not only on a GPU."""
+    assert range_coders_compiled[side, bits]
 
 
 def test_publish_command_with_codec_sparse_ac(tmp_path, capsys):
