@@ -6,7 +6,6 @@ import pytest
 import torch
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
-from helpers import chunk_table_failures
 from test_codec_roundtrip import make_pair
 
 import weight_teleport as wt
@@ -101,13 +100,6 @@ def test_corrupt_tables_are_refused_or_read_as_the_format_reader_reads_them(thre
                     assert (st.codec[row, s], st.raw[row, s], st.stored[row, s]) == (codec, raw, stored)
                     assert at is None or st.at[row, s] == at
     assert 0 < refused < 300
-
-
-@pytest.mark.cuda
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU (torch.cuda)")
-def test_chunk_tables_match_the_format_writer():
-    """The GPU's chunk-table writer (also run by Triton's interpreter: tests/cuda_interpreter.py)."""
-    assert chunk_table_failures("cuda") == []
 
 
 def _plan_reference(codec, raw, stored, at, lo):
