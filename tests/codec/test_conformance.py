@@ -2,7 +2,7 @@
 cuda): packs written on a backend are the CPU backend's bytes, packs staged and applied on it
 give the new weights bit for bit, its digests are the CPU's, corrupt chunks behind renewed
 CRCs are refused with the state untouched, versions made of parts and a worker's slices
-stage exactly. The kernel-level
+stage exactly, and each codec's pack of a small delta is its golden bytes. The kernel-level
 checks (walk copy, CRC-32, chunk tables, per-tensor sums, decoder edges) run on the backends
 that run the CUDA backend's kernels.
 
@@ -12,6 +12,7 @@ its states are of one to a few chunks, and its round trips a selection of the gr
 other backends run. Nothing here bounds its time (a busy machine is slow, not wrong)."""
 
 import dataclasses
+import hashlib
 import uuid
 import zlib
 
@@ -19,9 +20,10 @@ import numpy as np
 import pytest
 import torch
 from backends import CPU, CUDA, INTERPRETER, backend, corrupt, gpu_backend, pair, params, same_bits  # noqa: F401
-from helpers import (DTYPES, chunk_table_failures, clone_state, crc_ranges, decode_one_gap,
+from helpers import (DTYPES, bits, chunk_table_failures, clone_state, crc_ranges, decode_one_gap,
                      decoded_one_gap, inverted_pair, popcount_prefix, with_renewed_crcs)
 from test_codec_roundtrip import make_pair
+from test_format_golden import GOLDEN_DELTA, GOLDEN_SNAPSHOT, _states
 
 import weight_teleport as wt
 from weight_teleport.codec import Hint, TensorSlice, inspect, tensor_digest
@@ -653,3 +655,44 @@ def test_inflate_fills_the_cpu_paths_buffer(gpu_backend, monkeypatch):
     n = want.buffer.numel() - decode_streams.PAD
     assert np.array_equal(got.offsets, want.offsets) and torch.equal(got.buffer[:n], want.buffer[:n])
     assert not bool(got.failed)
+
+
+# --- golden bytes per codec ---------------------------------------------------------------------
+
+def _golden_pack(codec: str, b) -> bytes:
+    """Backend `b`'s pack of test_format_golden's small states that holds a record of `codec`."""
+    old, new = _states()
+    with b.active():
+        if codec == "dense_values":
+            return bytes(wt.encode_snapshot(b.inputs({"w": new["w"]}), version=2, chunk_elems=8))
+        if codec == "dense_residual":  # every element steps of 1 to 251 up: a dense delta of residuals
+            steps = torch.tensor([37 * i % 251 + 1 for i in range(18)], dtype=torch.int16).view(3, 6)
+            new = {"w": (bits(old["w"]) + steps).view(torch.bfloat16), "i": new["i"]}
+        return bytes(wt.encode_delta(b.inputs(old), b.inputs(new), base_version=1, version=2, chunk_elems=8,
+                                     codec="sparse_ac" if codec == "sparse_ac" else "sparse", **portable(b)))
+
+
+GOLDEN = {"same": GOLDEN_DELTA, "sparse": GOLDEN_DELTA, "dense_values": GOLDEN_SNAPSHOT,
+          "sparse_ac": (537, "a961ee9541b19812ce6383183a500ffe12772eac4e19cd8a21bf39ea0ff9fc47"),
+          "dense_residual": (532, "3a8ad6d12feb8129e08b64378b55f712592a5b96b2ce25bbcd6e44166eedef39")}
+"""Each codec of the registry: the bytes of its pack of `_golden_pack`, or (length, sha256) of
+them; the hex constants are tests/format/test_format_golden.py's (a change is a format
+change: docs/FORMAT.md)."""
+
+
+def test_golden_bytes_cover_every_codec():
+    assert set(GOLDEN) == set(CODECS)
+
+
+@pytest.mark.parametrize("codec", list(CODECS))
+def test_golden_bytes_per_codec(backend, codec):
+    """Every backend writes each codec's pack of a small delta (or snapshot) to the same
+    golden bytes (the CUDA backend with the CPU's zstd for its streams), which hold a record
+    of that codec and decode to the new state."""
+    pack = _golden_pack(codec, backend)
+    assert codec in {t.codec for t in read_header(pack).tensors}
+    want = GOLDEN[codec]
+    if isinstance(want, bytes):
+        assert pack == want
+    else:
+        assert (len(pack), hashlib.sha256(pack).hexdigest()) == want
