@@ -145,6 +145,9 @@ def test_adaptive_packs_are_smaller_on_weight_like_steps():
 OLD_BITS = [0x3C00, 0xBC00, 0x0000, 0x8000, 0x7F80, 0x7FC1, 0x0001, 0x3F80, 0x4000, 0xC040,
             0x3A00, 0x1234, 0x4321, 0x0F0F, 0xF0F0, 0x3C01, 0x3C02, 0x3C03]
 CHANGES = {0: 0x3C01, 3: 0x0000, 5: 0x7FC2, 9: 0xC03F, 17: 0x3C02}
+CODEC_GOLDEN = {"sparse_ac": (537, "a961ee9541b19812ce6383183a500ffe12772eac4e19cd8a21bf39ea0ff9fc47")}
+"""(length, sha256) of the `sparse_ac` pack of test_format_golden's states that every backend
+writes (tests/codec/test_conformance.py holds each backend to it)."""
 GOLDEN = ["020003012280", "02000108", "0200010a"]
 """The chunks of the delta of test_format_golden's states: the class table (2 classes,
 their events), then the coded stream."""

@@ -13,8 +13,10 @@ other backends run. Nothing here bounds its time (a busy machine is slow, not wr
 
 import dataclasses
 import hashlib
+import importlib
 import uuid
 import zlib
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -23,14 +25,14 @@ from backends import CPU, CUDA, INTERPRETER, backend, corrupt, gpu_backend, pair
 from helpers import (DTYPES, bits, chunk_table_failures, clone_state, crc_ranges, decode_one_gap,
                      decoded_one_gap, inverted_pair, popcount_prefix, with_renewed_crcs)
 from test_codec_roundtrip import make_pair
-from test_format_golden import GOLDEN_DELTA, GOLDEN_SNAPSHOT, _states
+from test_format_golden import GOLDEN_DELTA, GOLDEN_DENSE_RESIDUAL, GOLDEN_SNAPSHOT, _states
 
 import weight_teleport as wt
 from weight_teleport.codec import Hint, TensorSlice, inspect, tensor_digest
 from weight_teleport.codec import digest as D
 from weight_teleport.errors import DigestMismatchError, PackMismatchError, WeightTeleportError
 from weight_teleport.format import read_groups, read_header
-from weight_teleport.format.codecs import CODECS
+from weight_teleport.format.codecs import CHOICES, CODECS
 
 def portable(b) -> dict:
     """encode_delta's keyword arguments that make backend `b` write the CPU backend's bytes."""
@@ -669,15 +671,22 @@ def _golden_pack(codec: str, b) -> bytes:
             steps = torch.tensor([37 * i % 251 + 1 for i in range(18)], dtype=torch.int16).view(3, 6)
             new = {"w": (bits(old["w"]) + steps).view(torch.bfloat16), "i": new["i"]}
         return bytes(wt.encode_delta(b.inputs(old), b.inputs(new), base_version=1, version=2, chunk_elems=8,
-                                     codec="sparse_ac" if codec == "sparse_ac" else "sparse", **portable(b)))
+                                     codec=codec if codec in CHOICES else "sparse", **portable(b)))
 
 
-GOLDEN = {"same": GOLDEN_DELTA, "sparse": GOLDEN_DELTA, "dense_values": GOLDEN_SNAPSHOT,
-          "sparse_ac": (537, "a961ee9541b19812ce6383183a500ffe12772eac4e19cd8a21bf39ea0ff9fc47"),
-          "dense_residual": (532, "3a8ad6d12feb8129e08b64378b55f712592a5b96b2ce25bbcd6e44166eedef39")}
-"""Each codec of the registry: the bytes of its pack of `_golden_pack`, or (length, sha256) of
-them; the hex constants are tests/format/test_format_golden.py's (a change is a format
-change: docs/FORMAT.md)."""
+def _goldens() -> dict:
+    """Each codec of the registry: the bytes of its pack of `_golden_pack`, or (length, sha256)
+    of them. The container's own codecs are tests/format/test_format_golden.py's; every other
+    codec's are in its own test module, tests/codec/test_codec_*.py, as `CODEC_GOLDEN` (a
+    change is a format change: docs/FORMAT.md)."""
+    found = {"same": GOLDEN_DELTA, "sparse": GOLDEN_DELTA, "dense_values": GOLDEN_SNAPSHOT,
+             "dense_residual": GOLDEN_DENSE_RESIDUAL}
+    for path in sorted(Path(__file__).parent.glob("test_codec_*.py")):
+        found.update(getattr(importlib.import_module(path.stem), "CODEC_GOLDEN", {}))
+    return found
+
+
+GOLDEN = _goldens()
 
 
 def test_golden_bytes_cover_every_codec():

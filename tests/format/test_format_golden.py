@@ -40,6 +40,9 @@ GOLDEN_SNAPSHOT = bytes.fromhex(
     "2c5b35302c31332c333336333739383130305d5d7d5d7d0108020008080008080100000080c201803cbc00007f7f003f"
     "010802000808000808003f0034210ff00140c03a12430ff03c01020200020200020202023c3c"
 )
+GOLDEN_DENSE_RESIDUAL = (532, "3a8ad6d12feb8129e08b64378b55f712592a5b96b2ce25bbcd6e44166eedef39")
+"""(length, sha256) of a delta whose tensor "w" is one `dense_residual` record (every element
+steps up by 1 to 251: tests/codec/test_conformance.py's `_golden_pack`)."""
 
 
 def _states():
