@@ -2,11 +2,13 @@
 tensor-parallel workers hold them (`targets.vllm_layout.worker_slices`: fused qkv_proj /
 gate_up_proj, column-, row- and vocab-parallel shards), each rank a `WorkerLocal` (the
 code a vLLM or SGLang worker runs) following a store while a trainer publishes, beside the
-`TorchTarget` route on the same versions as the reference.
+`TorchTarget` route on the same versions as the reference. A mixture-of-experts model
+(`--model qwen3-30b-a3b`, vLLM's fused-MoE layout, cut to `--layers`) adds the route `ep2`.
 
 Routes, one after another in this process, each with its own trainer and publisher over
 the same versions (seeded): `torch` (a Subscriber with a TorchTarget over the checkpoint's
-tensors), `tp1` (one worker), `tp2` (both ranks of TP=2 on this one GPU). The trainer holds
+tensors), `tp1` (one worker), `tp2` (both ranks of TP=2 on this one GPU), `ep2` (both
+ranks of TP=2 with expert parallelism: each holds half the experts whole). The trainer holds
 bf16 weights on the GPU and moves `density` of them by one unit in the last place per
 version; its publisher encodes on the GPU (`baseline_device="cuda"`, with the slice hints
 of TP=1 and TP=2 for the worker routes). Every sampler starts from version 0 (the
@@ -32,6 +34,7 @@ import shutil
 import socket
 import tempfile
 import time
+from math import prod
 from pathlib import Path
 
 import torch
@@ -62,7 +65,16 @@ def sync() -> None:
         torch.cuda.synchronize()
 
 
-def hf_config(name: str) -> dict:
+MOE = {"qwen3-30b-a3b": {"model_type": "qwen3_moe", "vocab_size": 151936, "hidden_size": 2048,
+                         "intermediate_size": 6144, "moe_intermediate_size": 768, "num_experts": 128,
+                         "num_experts_per_tok": 8, "num_hidden_layers": 48, "num_attention_heads": 32,
+                         "num_key_value_heads": 4, "head_dim": 128, "tie_word_embeddings": False}}
+"""Mixture-of-experts models by their config (vLLM's fused-MoE layout), cut to `--layers`."""
+
+
+def hf_config(name: str, layers: int | None = None) -> dict:
+    if name in MOE:
+        return {**MOE[name], **({"num_hidden_layers": layers} if layers else {})}
     c = make_config(name)
     return {"model_type": "qwen3", "vocab_size": c.vocab, "hidden_size": c.hidden, "intermediate_size": c.intermediate,
             "num_hidden_layers": c.layers, "num_attention_heads": c.heads, "num_key_value_heads": c.kv_heads,
@@ -72,11 +84,17 @@ def hf_config(name: str) -> dict:
 class Trainer:
     """bf16 weights on the GPU; a step moves `density` of them by one unit in the last place."""
 
-    def __init__(self, model: str, seed: int = 0):
-        master = make_state(make_config(model), seed, device=DEVICE)
+    def __init__(self, model: str, seed: int = 0, layers: int | None = None):
         self.weights = {}
-        for k in list(master):
-            self.weights[k] = master.pop(k).to(torch.bfloat16)
+        if model in MOE:  # every checkpoint tensor the layout names, N(0, 0.02)
+            gen = torch.Generator(device=DEVICE).manual_seed(seed)
+            for s in worker_slices(hf_config(model, layers), 1, 0).values():
+                w = torch.empty(s.shape, dtype=torch.bfloat16, device=DEVICE)
+                self.weights[s.name] = w.normal_(0, 0.02, generator=gen)
+        else:
+            master = make_state(make_config(model), seed, device=DEVICE)
+            for k in list(master):
+                self.weights[k] = master.pop(k).to(torch.bfloat16)
         self.gen = torch.Generator(device=DEVICE).manual_seed(seed + 1)
 
     def step(self, density: float) -> None:
@@ -88,9 +106,10 @@ class Trainer:
         sync()
 
 
-def engine_params(weights: dict, config: dict, tp: int, rank: int) -> dict:
-    """What a vLLM worker's loader makes of the checkpoint `weights`: its own parameters."""
-    slices = worker_slices(config, tp, rank)
+def engine_params(weights: dict, config: dict, tp: int, rank: int, ep: bool = False) -> dict:
+    """What a vLLM worker's loader makes of the checkpoint `weights`: its own parameters
+    (`ep`: its experts whole, with expert parallelism)."""
+    slices = worker_slices(config, tp, rank, ep)
     params = {}
     for s in slices.values():
         params.setdefault(s.param, torch.zeros(s.param_shape, dtype=torch.bfloat16, device=DEVICE))
@@ -99,8 +118,8 @@ def engine_params(weights: dict, config: dict, tp: int, rank: int) -> dict:
     return params
 
 
-def exact(params: dict, weights: dict, config: dict, tp: int, rank: int) -> bool:
-    for name, s in worker_slices(config, tp, rank).items():
+def exact(params: dict, weights: dict, config: dict, tp: int, rank: int, ep: bool = False) -> bool:
+    for name, s in worker_slices(config, tp, rank, ep).items():
         want = weights[name][tuple(slice(o, o + e) for o, e in held_box(s))]
         if not torch.equal(box_view(params[s.param], s).view(torch.int16), want.view(torch.int16)):
             return False
@@ -243,10 +262,11 @@ class ProcessRank:
 
 
 def workers_route(url: str, trainer: Trainer, pub: Publisher, config: dict, tp: int, versions: int,
-                  density: float, processes: bool) -> list[dict]:
+                  density: float, processes: bool, ep: bool = False) -> list[dict]:
     """`processes`: each rank in a child process, its memory measured there (else every rank
-    in this process, whose memory holds the trainer's publisher too)."""
-    params = [engine_params(trainer.weights, config, tp, r) for r in range(tp)]
+    in this process, whose memory holds the trainer's publisher too). `ep`: the ranks hold
+    their experts whole (expert parallelism)."""
+    params = [engine_params(trainer.weights, config, tp, r, ep) for r in range(tp)]
     sync()
     release = processes and DEVICE == "cuda"  # the ranks' processes draw on the device memory this one caches
     if release:
@@ -256,7 +276,7 @@ def workers_route(url: str, trainer: Trainer, pub: Publisher, config: dict, tp: 
     try:
         group = (_free_port(), tp)
         for r in range(tp):
-            slices = worker_slices(config, tp, r)
+            slices = worker_slices(config, tp, r, ep)
             ranks.append(ProcessRank(params[r], slices, r, url, group) if processes
                          else LocalRank(params[r], slices, r, url))
         for rk in ranks:
@@ -297,7 +317,9 @@ def workers_route(url: str, trainer: Trainer, pub: Publisher, config: dict, tp: 
                              fetched_share=[s["fetched"][v] / size for s in st],
                              patch_bytes=[s["patch_bytes"][v] for s in st], host_added=host_added,
                              pinned_added=pinned_added, device_added=dev_added,
-                             exact=all(exact(params[r], trainer.weights, config, tp, r) for r in range(tp))))
+                             param_bytes=[sum(p.numel() * p.element_size() for p in params[r].values())
+                                          for r in range(tp)],
+                             exact=all(exact(params[r], trainer.weights, config, tp, r, ep) for r in range(tp))))
             print(json.dumps(rows[-1]), flush=True)
     finally:
         for rk in ranks:
@@ -403,14 +425,15 @@ def torch_route(url: str, trainer: Trainer, pub: Publisher, versions: int, densi
 
 
 def run(route: str, transport: str, args) -> dict:
-    config = hf_config(args.model)
-    trainer = Trainer(args.model)
+    config = hf_config(args.model, args.layers)
+    trainer = Trainer(args.model, layers=args.layers)
     origin, root = None, Path(tempfile.mkdtemp(prefix="wt-worker-"))
     if transport == "http":
         origin, url = start_origin(root)
     else:
         url = f"memory://worker-{route}-{time.monotonic_ns()}"
-    hints = None if route == "torch" else slice_hints(config, [1, 2])
+    moe = args.model in MOE
+    hints = None if route == "torch" else slice_hints(config, [1, 2], expert_parallel=(False, True) if moe else False)
     pc = PublisherConfig(baseline_device=DEVICE, anchor_every=1 << 20, resume=False, hints=hints,
                          store=StoreConfig(token=TOKEN))
     try:
@@ -422,7 +445,7 @@ def run(route: str, transport: str, args) -> dict:
                 rows = torch_route(url, trainer, pub, args.versions, args.density)
             else:
                 rows = workers_route(url, trainer, pub, config, 1 if route == "tp1" else 2, args.versions,
-                                     args.density, args.processes)
+                                     args.density, args.processes, ep=route == "ep2")
     finally:
         if origin is not None:
             origin.terminate()
@@ -436,18 +459,20 @@ def table(results: list[dict], raw_gb: float) -> str:
     med = lambda xs: sorted(xs)[len(xs) // 2]
     lines = [f"weights {raw_gb:.1f} GB bf16; medians over versions 2.. (version 1 in brackets)",
              "| route | transport | pack MB | ready s | fetch + stage ms (per rank) | of which fetch ms "
-             "| pause ms (per rank) | fetched share | patch MB (per rank) | host +GB (pinned) | device +GB | exact |",
-             "|" + "---|" * 12]
+             "| pause ms (per rank) | rank GB | fetched share | patch MB (per rank) | host +GB (pinned) "
+             "| device +GB | exact |",
+             "|" + "---|" * 13]
     for r in results:
         rows = r["rows"][1:] or r["rows"]
         ranks = len(rows[0]["stage_ms"])
         per = lambda key: " / ".join(f"{med([x[key][k] for x in rows]):.1f}" for k in range(ranks))
         share = " / ".join(f"{med([x['fetched_share'][k] for x in rows]):.2f}" for k in range(ranks))
         first = r["rows"][0]
+        rank_gb = lambda row: " / ".join(f"{b / 1e9:.1f}" for b in row.get("param_bytes", [])) or "-"
         lines.append(f"| {r['route']}{' (processes)' if r.get('processes') else ''} | {r['transport']} | {med([x['pack_bytes'] for x in rows]) / 1e6:.0f} "
                      f"| {med([x['ready_s'] for x in rows]):.3f} ({first['ready_s']:.3f}) | {per('stage_ms')} "
                      f"| {per('fetch_ms')} "
-                     f"| {per('pause_ms')} | {share} | {' / '.join(f'{b / 1e6:.0f}' for b in rows[-1]['patch_bytes'])} "
+                     f"| {per('pause_ms')} | {rank_gb(rows[-1])} | {share} | {' / '.join(f'{b / 1e6:.0f}' for b in rows[-1]['patch_bytes'])} "
                      f"| {max(x['host_added'] for x in r['rows']) / 1e9:.2f} "
                      f"({max(x['pinned_added'] for x in r['rows']) / 1e9:.2f}) "
                      f"| {max(x['device_added'] for x in r['rows']) / 1e9:.2f} "
@@ -461,7 +486,9 @@ def main() -> None:
     ap.add_argument("--versions", type=int, default=6)
     ap.add_argument("--density", type=float, default=0.027)
     ap.add_argument("--transport", action="append", choices=["memory", "http"])
-    ap.add_argument("--route", action="append", choices=["torch", "tp1", "tp2"])
+    ap.add_argument("--route", action="append", choices=["torch", "tp1", "tp2", "ep2"],
+                    help="ep2: two ranks with expert parallelism (a MoE model)")
+    ap.add_argument("--layers", type=int, default=None, help="cut the model to this many layers")
     ap.add_argument("--out", default=None)
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     ap.add_argument("--profile", action="store_true")
@@ -480,7 +507,10 @@ def main() -> None:
             gc.collect()  # the route's trainer, publisher baseline and sampler weights, before the next one's
             if DEVICE == "cuda":
                 torch.cuda.empty_cache()
-    raw = sum(torch.Size(s).numel() for s in tensor_shapes(make_config(args.model)).values()) * 2 / 1e9
+    if args.model in MOE:
+        raw = sum(prod(s.shape) for s in worker_slices(hf_config(args.model, args.layers), 1, 0).values()) * 2 / 1e9
+    else:
+        raw = sum(torch.Size(s).numel() for s in tensor_shapes(make_config(args.model)).values()) * 2 / 1e9
     text = table(results, raw)
     print(text)
     if args.out:

@@ -45,7 +45,7 @@ def _changed(old: dict, new: dict) -> int:
 
 def trainer(url: str, token: str, cfg: DemoConfig, rows, timeout: float = 120.0) -> None:
     """Train on the sampler's rollouts; publish every new version."""
-    from weight_teleport import tensor_digest
+    from weight_teleport.codec import tensor_digest
     from weight_teleport.pipeline import PublisherConfig
     from weight_teleport.publish import Publisher
     from weight_teleport.store import StoreConfig, open_store
@@ -119,7 +119,7 @@ def sampler(url: str, token: str, cfg: DemoConfig, rows, engine: str = "hf", tim
 def _digests(eng) -> dict[str, str]:
     """Digests of the live weights in checkpoint layout (HF only: vLLM keeps its own layout,
     checked against vLLM's loader at the end instead)."""
-    from weight_teleport import tensor_digest
+    from weight_teleport.codec import tensor_digest
 
     if not hasattr(eng, "weights"):
         return {}
@@ -137,7 +137,7 @@ def _matches(eng, final: dict[str, torch.Tensor]) -> bool:
 def colocated(cfg: DemoConfig) -> list[dict[str, str]]:
     """The same run in one process without any transport: the digests of the sampler's
     weights at every version, for the bit-exactness check."""
-    from weight_teleport import tensor_digest
+    from weight_teleport.codec import tensor_digest
 
     torch.set_num_threads(1)
     master = build_model(cfg, torch.float32)
