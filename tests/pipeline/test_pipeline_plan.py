@@ -95,6 +95,14 @@ def test_up_to_date_and_explicit_target() -> None:
     assert plan_catchup(Manifest(), None).steps == ()
 
 
+def test_materialize_refuses_a_manifest_without_versions(tmp_path) -> None:
+    from weight_teleport.pipeline.fetch import materialize
+    from weight_teleport.store import open_store
+
+    with pytest.raises(NoPlanError, match="no version"):
+        materialize(open_store(f"file://{tmp_path}"), Manifest())
+
+
 def test_broken_chain_falls_back_to_an_anchor() -> None:
     kept, _ = plan_retention(log(10, anchors=(0, 4, 8)), keep_anchors=1)
     plan = plan_catchup(kept, 2)

@@ -19,6 +19,7 @@ from weight_teleport.codec.patch import ApplyReport, StagedParts, StagedPatch
 from weight_teleport.codec.plan import DEFAULT_CHUNK_ELEMS, check_chunk_elems
 from weight_teleport.errors import PackMismatchError
 from weight_teleport.format import PackHeader, PackLimits, TensorRecord, read_header, write_pack, write_pack_into
+from weight_teleport.format.container import PackBuffer
 from weight_teleport.format.limits import over_limit
 from weight_teleport.host_memory import collections_paused
 
@@ -208,7 +209,7 @@ def pinned_pack(pack) -> np.ndarray:
 
 
 @collections_paused()
-def stage_delta(state: Mapping[str, torch.Tensor], pack: bytes, *, base_version: int | None = None,
+def stage_delta(state: Mapping[str, torch.Tensor], pack: PackBuffer, *, base_version: int | None = None,
                 check_base: bool = True, strict: bool = True, threads: int | None = None,
                 device_budget: int | None = None, cuda=None, limits: PackLimits | None = None,
                 held: Mapping[str, TensorSlice] | None = None,
@@ -290,7 +291,7 @@ def apply_staged(state: MutableMapping[str, torch.Tensor], staged: StagedPatch |
     bind_staged(state, staged, threads, relocate)()
 
 
-def apply_delta(state: MutableMapping[str, torch.Tensor], pack: bytes, *,
+def apply_delta(state: MutableMapping[str, torch.Tensor], pack: PackBuffer, *,
                 base_version: int | None = None, check_base: bool = True, strict: bool = True,
                 threads: int | None = None, cuda=None, limits: PackLimits | None = None,
                 held: Mapping[str, TensorSlice] | None = None) -> ApplyReport:
@@ -311,7 +312,7 @@ def apply_delta(state: MutableMapping[str, torch.Tensor], pack: bytes, *,
                        stage_seconds=t1 - t0, apply_seconds=t2 - t1)
 
 
-def decode_snapshot(pack: bytes, *, threads: int | None = None,
+def decode_snapshot(pack: PackBuffer, *, threads: int | None = None,
                     limits: PackLimits | None = None) -> dict[str, torch.Tensor]:
     """The full weights of a snapshot pack, as new CPU tensors. Refused with PackLimitError
     before anything is allocated where they would take more than `limits.max_bytes` (by
@@ -360,7 +361,7 @@ def tensor_digests(tensors: list[torch.Tensor]) -> list[str]:
     return _backend(tensors).digests(tensors) if tensors else []
 
 
-def inspect(pack: bytes, *, limits: PackLimits | None = None) -> dict:
+def inspect(pack: PackBuffer, *, limits: PackLimits | None = None) -> dict:
     """Header fields and size statistics of a pack (reads only the preamble and header)."""
     header = read_header(pack, limits=limits)
     tensors = []

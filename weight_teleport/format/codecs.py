@@ -12,6 +12,7 @@ A codec has one name everywhere: in packs (a name, once written, never changes),
 and the docs."""
 
 from dataclasses import dataclass
+from typing import Final
 
 
 @dataclass(frozen=True)
@@ -64,7 +65,7 @@ CODECS: dict[str, Codec] = {c.name: c for c in (
 """Every codec, by name. A delta's dense codecs are tried in this order (the first of two
 equal sizes is kept)."""
 
-DEFAULT = "sparse"
+DEFAULT: Final = "sparse"
 """The codec of a delta's sparse records unless a user picks another: every reader stages
 it, and the GPU's speed is measured on it (BENCHMARKS.md)."""
 CHOICES = tuple(name for name, c in CODECS.items() if c.family == "sparse")

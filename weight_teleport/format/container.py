@@ -30,6 +30,10 @@ from weight_teleport.format.checks import check_layout
 from weight_teleport.format.header import FORMAT_VERSION, ChunkRef, PackHeader, TensorRecord
 from weight_teleport.format.limits import DEFAULT_LIMITS, PackLimits, header_bytes_allowed, over_limit
 
+PackBuffer = bytes | memoryview | np.ndarray
+"""A pack in memory: bytes, a memoryview of them, or a uint8 array (`codec.pinned_pack`,
+a fetch into pinned memory)."""
+
 MAGIC = b"WTPK"
 READ_VERSIONS = (1, 2)
 """Container versions this build reads (it writes FORMAT_VERSION, format/header.py)."""
@@ -136,14 +140,14 @@ def write_pack_into(header: PackHeader, chunks: list, empty, ready=None) -> np.n
     return out
 
 
-def read_header(buf: bytes | memoryview, *, total_length: int | None = None,
+def read_header(buf: PackBuffer, *, total_length: int | None = None,
                 limits: PackLimits | None = None) -> PackHeader:
     """Parse and check the preamble and header. `buf` needs only the first 24 + H bytes;
     pass `total_length` when `buf` is a prefix, to check the payload length against it.
     `limits`: what the reader accepts beyond the spec's rules (PackLimits' defaults pass any
     pack of a real model). Raises PackFormatError (or a subclass) for anything else."""
     limits = limits or DEFAULT_LIMITS
-    mv = memoryview(buf)
+    mv = memoryview(buf)  # type: ignore[arg-type]  # an ndarray is a buffer; its stubs say so from 3.12 only
     if len(mv) < PREAMBLE.size:
         raise PackFormatError(f"pack truncated: {len(mv)} bytes, the preamble alone is {PREAMBLE.size}")
     magic, version, flags, hlen, hcrc, plen = PREAMBLE.unpack_from(mv, 0)
@@ -242,10 +246,10 @@ def _corrupted(offset: int) -> PackFormatError:
     return PackFormatError(f"pack chunk at payload offset {offset} is corrupted (CRC-32 mismatch)")
 
 
-def chunk_payload(pack: bytes | memoryview, header: PackHeader, ref: ChunkRef) -> memoryview:
+def chunk_payload(pack: PackBuffer, header: PackHeader, ref: ChunkRef) -> memoryview:
     """The bytes of one chunk, after checking its CRC-32."""
     start = header.payload_offset + ref.offset
-    data = memoryview(pack)[start:start + ref.length]
+    data = memoryview(pack)[start:start + ref.length]  # type: ignore[arg-type]  # as in read_header
     if len(data) != ref.length or zlib.crc32(data) != ref.crc32:
         raise _corrupted(ref.offset)
     return data

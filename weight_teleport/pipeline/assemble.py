@@ -15,7 +15,7 @@ from weight_teleport.codec.api import check_allocation, tensor_digests
 from weight_teleport.codec.digest import from_hex
 from weight_teleport.codec.dtypes import BY_NAME
 from weight_teleport.codec.patch import ChunkPatch, TensorPatch
-from weight_teleport.format import PackHeader
+from weight_teleport.format import PackHeader, TensorRecord
 from weight_teleport.pipeline.verify import patch_records
 
 
@@ -64,7 +64,7 @@ def empty_state(headers: list[PackHeader]) -> dict[str, torch.Tensor]:
     """Uninitialized whole tensors for the records of the packs of `headers` (a snapshot
     made of parts); PackLimitError before anything is allocated where they take more than
     this machine's memory."""
-    records = {}
+    records: dict[str, TensorRecord] = {}
     for header in headers:
         for r in header.tensors:
             records.setdefault(r.name, r)

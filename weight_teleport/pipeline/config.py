@@ -5,7 +5,7 @@ from __future__ import annotations
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Literal, get_args
+from typing import TYPE_CHECKING, Any, Callable, Literal, cast, get_args
 
 from weight_teleport.format.codecs import CHOICES, DEFAULT, DEPRECATED_CODERS
 from weight_teleport.format.limits import MAX_CHUNK_ELEMS
@@ -144,7 +144,8 @@ class PublisherConfig:
                 raise bad("coder", f"it is deprecated: set codec={self.codec!r} alone")
             warnings.warn(f"PublisherConfig.coder={self.coder!r} is deprecated: use "
                           f"codec={DEPRECATED_CODERS[self.coder]!r}", DeprecationWarning, stacklevel=4)
-            self.codec, self.coder = DEPRECATED_CODERS[self.coder], None
+            # a deprecated coder names one of CHOICES (checked below with the rest)
+            self.codec, self.coder = cast(Codec, DEPRECATED_CODERS[self.coder]), None
         for name, choices in (("backpressure", BACKPRESSURE), ("baseline_device", BASELINE_DEVICES),
                               ("codec", CHOICES)):
             f.choice(name, choices)

@@ -14,7 +14,7 @@ from weight_teleport.codec import apply_delta, decode_snapshot, pinned_pack
 from weight_teleport.errors import PackFormatError
 from weight_teleport.format import PackHeader, read_header
 from weight_teleport.pipeline import assemble
-from weight_teleport.pipeline.errors import ManifestError, ObjectRejected
+from weight_teleport.pipeline.errors import ManifestError, NoPlanError, ObjectRejected
 from weight_teleport.format.manifest import Entry, Manifest
 from weight_teleport.format.parts import Part, check_whole
 from weight_teleport.pipeline.plan import plan_catchup
@@ -60,6 +60,7 @@ def fetch_pack(store: Store, entry: Entry, pinned: bool = False) -> Fetched:
     several threads at once from stores that serve ranges, each range copied into the
     result and its pieces hashed by the thread that read it."""
     pinned = pinned and entry.size <= PINNED_MAX_BYTES
+    data: bytes | np.ndarray
     if entry.piece_bytes and entry.size > RANGE_BYTES and store.parallel_ranges:
         data = _fetch_ranges(store, entry, pinned)
     else:
@@ -95,7 +96,7 @@ def _fetch_ranges(store: Store, entry: Entry, pinned: bool) -> np.ndarray:
     def place(start: int) -> list[bytes]:
         stop = min(start + span, entry.size)
         _check_range(entry, start, stop, store.get_range_into(entry.key, start, out[start:stop]))
-        view = memoryview(out)[start:stop]
+        view = memoryview(out)[start:stop]  # type: ignore[arg-type]  # an ndarray is a buffer; its stubs say so from 3.12 only
         return [piece_digest(view[at:at + entry.piece_bytes])
                 for at in range(0, len(view), entry.piece_bytes)]
 
@@ -175,8 +176,11 @@ def materialize(store: Store, manifest: Manifest, version: int | None = None,
                 progress: Progress | None = None,
                 threads: int | None = None) -> tuple[dict[str, torch.Tensor], int]:
     """Full weights of `version` (default: the latest) decoded from the store's anchor and
-    deltas, with every digest checked; returns (state, version)."""
+    deltas, with every digest checked; returns (state, version). NoPlanError where the
+    manifest lists no version."""
     plan = plan_catchup(manifest, None, version)
+    if plan.target is None:
+        raise NoPlanError("the manifest lists no version: nothing to materialize")
     state: dict[str, torch.Tensor] = {}
     for entry in plan.steps:
         if entry.parts:
@@ -197,11 +201,12 @@ def part_entry(entry: Entry, part: Part) -> Entry:
     return Entry(entry.version, entry.kind, entry.base, part.key, part.size, part.sha256, 0, part.piece_bytes)
 
 
-def fetch_parts(store: Store, entry: Entry, pinned: bool = False) -> list:
+def fetch_parts(store: Store, entry: Entry, pinned: bool = False) -> list[Fetched]:
     """Every part's pack of `entry` (a `fetch.Fetched` each), each checked as `fetch` checks
     an object and against its covers (the names and boxes of its records), and all together
     covering each of their tensors whole: else ObjectRejected."""
-    packs, shapes = [], {}
+    packs: list[Fetched] = []
+    shapes: dict[str, tuple[tuple[int, ...], str]] = {}
     for part in entry.parts:
         pack = fetch_pack(store, part_entry(entry, part), pinned)
         header = pack.header

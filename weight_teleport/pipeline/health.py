@@ -90,6 +90,7 @@ class HealthMonitor:
         if h.state == "healthy" and not h.consecutive_failures:
             return
         if h.consecutive_failures:
+            assert self._streak_start is not None  # set by the streak's first failure
             log.warning("%s", kv(f"{self._who}_recovered", failures=h.consecutive_failures,
                                  seconds=time.monotonic() - self._streak_start, what=what))
         self._streak_start, self._told = None, set()

@@ -60,6 +60,7 @@ def _cheapest(manifest: Manifest, current: int | None, target: int,
         if e.version > target or (current is not None and e.version <= current) \
                 or e.key in exclude:
             continue
+        candidate: tuple[int, int, tuple[Entry, ...]]
         if e.kind == "snapshot":
             candidate = (e.size, 1, (e,))
         elif e.base in best:
