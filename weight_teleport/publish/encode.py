@@ -8,6 +8,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from typing import Any
 
 import torch
 
@@ -60,7 +61,7 @@ class Encoder:
         self.sign = sign or signer(config.signing_key)
         """The manifest's signer (None: unsigned): `check_config`'s, where the caller has it."""
         sign = self.sign  # a signing publisher builds on signed history only
-        self.manifest = from_json(raw, verify=sign and sign.verifier()) \
+        self.manifest = from_json(raw, verify=sign.verifier() if sign is not None else None) \
             if raw is not None and config.resume else Manifest()
         self.manifest_etag = None if raw is None else manifest_etag(raw)
         """The ETag of the store's manifest as last read or written: the next write is
@@ -114,10 +115,12 @@ class Encoder:
         r.queued_s = t0 - job.t_publish - r.snapshot_s
         self._resume()
         base = self.baseline_version
-        if base is not None and _layout(self.baseline) != _layout(job.snapshot):
-            log.warning("version %d changes tensor names, shapes or dtypes: publishing an anchor "
-                        "only; followers restart from it", job.version)
-            base = None
+        if base is not None:
+            assert self.baseline is not None  # a baseline version comes with its baseline
+            if _layout(self.baseline) != _layout(job.snapshot):
+                log.warning("version %d changes tensor names, shapes or dtypes: publishing an "
+                            "anchor only; followers restart from it", job.version)
+                base = None
         with _side_stream(self.stream):
             kind, pack = ("delta", self._encode_delta(job, base)) if base is not None \
                 else ("snapshot", self._encode_snapshot(job))
@@ -172,8 +175,8 @@ class Encoder:
     def _options(self) -> dict:
         # a CUDA baseline's packs are copied from the device into pinned memory directly,
         # with no copy into a fresh `bytes` after (for an anchor, the whole model's size)
-        opts = {"level": self.config.level, "threads": self.config.threads,
-                "pinned": self.config.baseline_device == "cuda"}
+        opts: dict[str, Any] = {"level": self.config.level, "threads": self.config.threads,
+                                "pinned": self.config.baseline_device == "cuda"}
         if self.config.chunk_elems is not None:
             opts["chunk_elems"] = self.config.chunk_elems
         if self.config.hints:
@@ -181,6 +184,7 @@ class Encoder:
         return opts
 
     def _encode_delta(self, job: EncodeJob, base: int):
+        assert self.baseline is not None  # `base` is the baseline's version
         return encode_delta(self.baseline, job.snapshot, base_version=base, version=job.version,
                             codec=self.config.codec, **self._options())
 

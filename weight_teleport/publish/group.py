@@ -13,6 +13,7 @@ import logging
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -122,11 +123,14 @@ class PublisherGroup:
             r.part_bytes[kind] = 0
             return None
         t0 = time.perf_counter()
-        opts = {"level": self.config.level, "threads": self.config.threads,
-                "slices": boxes or None, "hints": {k: h for k, h in self.hints.items() if k in snapshot} or None}
+        opts: dict[str, Any] = {
+            "level": self.config.level, "threads": self.config.threads, "slices": boxes or None,
+            "hints": {k: h for k, h in self.hints.items() if k in snapshot} or None}
         if self.config.chunk_elems is not None:
             opts["chunk_elems"] = self.config.chunk_elems
         if kind == "delta":
+            # a delta is published only with a baseline (`publish`)
+            assert self.baseline is not None and self.baseline_version is not None
             pack = encode_delta(self.baseline, snapshot, base_version=self.baseline_version, version=version,
                                 codec=self.config.codec, **opts)
         else:
@@ -137,6 +141,7 @@ class PublisherGroup:
         base = self.baseline_version if kind == "delta" else None
         key = object_key(version, kind, base, pack, digest).replace(
             ".pack", f"-r{self.rank}.pack")
+        assert self.store is not None  # opened in __init__
         self.store.put(key, pack, content_hash=digest)
         r.encode_s += t1 - t0
         r.upload_s += time.perf_counter() - t1
@@ -153,6 +158,7 @@ class PublisherGroup:
         errors = [e for _, e, _ in reports if e is not None]
         outcome = "; ".join(errors) if errors else None
         if self.rank == 0 and outcome is None:
+            assert self._encoder is not None  # rank 0's
             try:
                 raw = sum(b for _, _, b in reports)
                 for kind in kinds:

@@ -233,8 +233,12 @@ class Publisher:
     def _raise_failures(self) -> None:
         with self._cond:
             failed, self._failed = self._failed, []
-        failures = [(q.handle.version, q.handle.future.exception()) for q in failed
-                    if not q.handle.reported]
+        failures: list[tuple[int, BaseException]] = []
+        for q in failed:
+            if not q.handle.reported:
+                exc = q.handle.future.exception()
+                assert exc is not None  # a failed version's future holds its error
+                failures.append((q.handle.version, exc))
         if failures:
             raise PublishFailed(failures) from failures[0][1]
 

@@ -70,11 +70,13 @@ class SnapshotPool:
 
     def _copy_on_side_stream(self, state: Mapping[str, torch.Tensor], buffers: State) -> None:
         """Device copies that wait for the work producing `state`, off the training stream."""
-        self._stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(self._stream):
+        stream = self._stream
+        assert stream is not None  # called only where there is a side stream
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
             for k, t in state.items():
                 buffers[k].copy_(t.detach(), non_blocking=True)
-        self._stream.synchronize()
+        stream.synchronize()
 
     def give(self, buffers: State | None) -> None:
         """Return a buffer set for reuse (ignored if the layout changed since)."""
