@@ -12,7 +12,7 @@ from weight_teleport.pipeline.health import SubscriberFailed
 from weight_teleport.format.manifest import Entry
 
 if TYPE_CHECKING:
-    from weight_teleport.codec import StagedPatch
+    from weight_teleport.codec import StagedParts, StagedPatch
 
 log = logging.getLogger(__name__)
 
@@ -28,12 +28,12 @@ class Handoff:
     def __init__(self, live_version: int | None, one_at_a_time: bool, max_staged_bytes: int):
         self._one_at_a_time, self._max_staged_bytes = one_at_a_time, max_staged_bytes
         self._cond = threading.Condition()
-        self._pending: list[tuple[Entry, StagedPatch]] = []
+        self._pending: list[tuple[Entry, StagedPatch | StagedParts]] = []
         self._events: list[str] = []
         self._resynced = self._applying = self._closed = False
         self._failed: SubscriberFailed | None = None
         self._live_version = live_version
-        self._applied: StagedPatch | None = None
+        self._applied: StagedPatch | StagedParts | None = None
         """The last patch applied to the target's weights, until its digests are checked."""
 
     @property
@@ -80,14 +80,14 @@ class Handoff:
             self._cond.wait_for(room)
             return not self._closed
 
-    def push(self, entry: Entry, staged: StagedPatch) -> None:
+    def push(self, entry: Entry, staged: StagedPatch | StagedParts) -> None:
         with self._cond:
             if entry.kind == "snapshot":
                 self._pending.clear()  # it overwrites whatever older patches would write
             self._pending.append((entry, staged))
             self._cond.notify_all()
 
-    def take_applied(self) -> StagedPatch | None:
+    def take_applied(self) -> StagedPatch | StagedParts | None:
         """The last patch applied to the target's weights since the previous call, if any."""
         with self._cond:
             staged, self._applied = self._applied, None
@@ -107,7 +107,7 @@ class Handoff:
                 raise self._failed
             return bool(self._pending)
 
-    def begin_apply(self) -> tuple[list[tuple[Entry, StagedPatch]], list[str], bool]:
+    def begin_apply(self) -> tuple[list[tuple[Entry, StagedPatch | StagedParts]], list[str], bool]:
         """(every staged version, the events since the last apply, whether it resynced):
         taken for `apply`, which then writes them (no version is staged meanwhile in
         one-at-a-time mode). Raises SubscriberFailed once the subscriber gave up and nothing
@@ -120,7 +120,7 @@ class Handoff:
             self._events, self._resynced, self._applying = [], False, bool(pending)
         return pending, events, resynced
 
-    def end_apply(self, pending: list[tuple[Entry, StagedPatch]]) -> int | None:
+    def end_apply(self, pending: list[tuple[Entry, StagedPatch | StagedParts]]) -> int | None:
         """`pending` (from `begin_apply`) is written: the target holds its last version,
         whose patch the follower checks next in one-at-a-time mode. Returns the version the
         target holds."""

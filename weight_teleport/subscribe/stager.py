@@ -72,19 +72,23 @@ class Stager:
         weights at version `head` (raises the codec's typed errors when they are not the
         pack's base). In shadow mode the shadow moves to the pack's version."""
         if entry.parts:
+            assert isinstance(pack, list)  # an entry made of parts comes as its parts' packs
             return self._stage_parts(entry, pack, head)
+        assert not isinstance(pack, list)
         base = self.view if self.uses_view else self.shadow
         options = dict(self._options(), header=pack.header)
         with self._on_stream():
             if entry.kind == "delta":
                 assert base is not None, "plans from no weights start with a snapshot"
                 staged = stage_delta(base, pack.data, base_version=head, **options)
+            elif self.view is not None:
+                staged = stage_delta(self.view, pack.data, **options)
             else:
-                target = base if self.uses_view else _empty_like(pack.header)
-                staged = stage_delta(target, pack.data, **options)
-                if not self.uses_view:
-                    self.shadow = target
-        if not self.uses_view:
+                fresh = _empty_like(pack.header)
+                staged = stage_delta(fresh, pack.data, **options)
+                self.shadow = fresh
+        if self.view is None:
+            assert self.shadow is not None  # a snapshot made it, or it was the base
             apply_staged(self.shadow, staged, self.threads)
             return W.flat_walks(staged)
         return staged
@@ -96,22 +100,25 @@ class Stager:
     def _stage_parts(self, entry: Entry, packs: list[Fetched], head: int | None) -> StagedParts | FlatParts:
         """Every part staged before any is applied. In shadow mode the shadow (a new one for
         a snapshot) takes every part, and the target gets one flat patch of whole tensors."""
-        base = self.view if self.uses_view else self.shadow
+        shadow = self.shadow
         if entry.kind == "snapshot" and not self.uses_view:
-            base = assemble.empty_state([p.header for p in packs])
+            shadow = assemble.empty_state([p.header for p in packs])
+        base = self.view if self.uses_view else shadow
         assert base is not None, "plans from no weights start with a snapshot"
         with self._on_stream():
             staged = assemble.stage_parts(base, packs, base_version=head if entry.kind == "delta" else None,
                                           **self._options())
         if self.uses_view:
             return staged
-        apply_staged(base, staged, self.threads)
-        self.shadow = base
-        return assemble.flat_patch(staged, base)
+        assert shadow is not None  # without a view, the base is the shadow
+        apply_staged(shadow, staged, self.threads)
+        self.shadow = shadow
+        return assemble.flat_patch(staged, shadow)
 
-    def verify(self, staged: StagedPatch) -> list[str]:
+    def verify(self, staged: StagedPatch | StagedParts) -> list[str]:
         """Names of the view's tensors that lack the digests `staged` promised, once it was
         applied (read where the view lives, beside the sampler's work)."""
+        assert self.view is not None  # staged patches are verified on the view only
         with self._on_stream():
             return mismatched(self.view, staged)
 
@@ -121,6 +128,8 @@ class Stager:
         (nor the first stage). A no-op for other views."""
         if self.device is None:
             return
+        # a device comes from the view, and a stream with it
+        assert self.view is not None and self.stream is not None
         dtypes = {t.dtype for t in self.view.values()}
         with self._on_stream():
             for dtype in sorted(dtypes, key=str):

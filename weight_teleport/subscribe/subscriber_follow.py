@@ -30,7 +30,7 @@ from weight_teleport.pipeline.verify import patch_records, record_key
 from weight_teleport.store import Store
 
 if TYPE_CHECKING:
-    from weight_teleport.codec import StagedPatch
+    from weight_teleport.codec import StagedParts, StagedPatch
 
 log = logging.getLogger(__name__)
 
@@ -149,7 +149,7 @@ class SubscriberFollower(FollowLoop):
             self.resync(f"after applying version {staged.version}, tensor {bad[0]!r} "
                         f"({len(bad)} in all) lacks its digest", failed=True)
 
-    def _staged(self, entry: Entry, staged: "StagedPatch") -> None:
+    def _staged(self, entry: Entry, staged: StagedPatch | StagedParts) -> None:
         self.head, self.head_entry = entry.version, entry
         self.head_digests = {key: d for key, d, _ in patch_records(staged)}
         self._progressed(entry)

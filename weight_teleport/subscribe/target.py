@@ -13,7 +13,7 @@ from collections.abc import Mapping
 
 import torch
 
-from weight_teleport.codec import StagedPatch
+from weight_teleport.codec import StagedParts, StagedPatch
 
 
 class Target(ABC):
@@ -32,9 +32,10 @@ class Target(ABC):
         """Overwrite the live weights with a full checkpoint-layout state (cold start, resync)."""
 
     @abstractmethod
-    def apply(self, staged: StagedPatch) -> None:
+    def apply(self, staged: StagedPatch | StagedParts) -> None:
         """Write a staged patch into the live weights, in place. This is the sampler's pause:
-        it must not allocate per element or touch unchanged weights.
+        it must not allocate per element or touch unchanged weights. A version made of parts
+        staged against the lent view comes as a `StagedParts` (`apply_staged` writes either).
 
         After `apply` (and `load`), nothing the sampler derived from the old weights may
         serve again, such as an engine's prefix cache of KV blocks: a target that owns the
