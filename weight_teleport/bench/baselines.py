@@ -56,10 +56,10 @@ def _tensor(bits: np.ndarray, like: torch.Tensor) -> torch.Tensor:
 
 def _join(payloads: Iterable[bytes | np.ndarray]) -> bytes:
     """Concatenate bytes-like payloads, each behind its length, copying each once."""
-    parts = []
+    parts: list[bytes | np.ndarray] = []
     for payload in payloads:
-        parts += [_LENGTH.pack(memoryview(payload).nbytes), payload]
-    return b"".join(parts)
+        parts += [_LENGTH.pack(memoryview(payload).nbytes), payload]  # type: ignore[arg-type]  # an ndarray is a buffer; its stubs say so from 3.12 only
+    return b"".join(parts)  # type: ignore[arg-type]  # as above
 
 
 def _split(blob: bytes) -> list[memoryview]:

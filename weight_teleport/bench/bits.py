@@ -106,8 +106,8 @@ def _h0_bits(raw: np.ndarray) -> float:
     """Order-0 entropy of a byte stream, in bits (the floor of a static byte coder)."""
     if raw.size == 0:
         return 0.0
-    q = np.bincount(raw, minlength=256)
-    q = q[q > 0] / raw.size
+    counts = np.bincount(raw, minlength=256)
+    q = counts[counts > 0] / raw.size
     return float(-(q * np.log2(q)).sum() * raw.size)
 
 

@@ -117,9 +117,11 @@ def _write_run(path: Path, versions: list[State]) -> None:
     from weight_teleport.codec import encode_delta, encode_snapshot
 
     path.mkdir(parents=True, exist_ok=True)
-    (path / "v0.wtpk").write_bytes(encode_snapshot(versions[0], version=0))
+    # an ndarray is a buffer (a pinned pack); its stubs say so from Python 3.12 only
+    (path / "v0.wtpk").write_bytes(encode_snapshot(versions[0], version=0))  # type: ignore[arg-type]
     for v in range(1, len(versions)):
-        (path / f"v{v}.wtpk").write_bytes(encode_delta(versions[v - 1], versions[v], base_version=v - 1, version=v))
+        pack = encode_delta(versions[v - 1], versions[v], base_version=v - 1, version=v)
+        (path / f"v{v}.wtpk").write_bytes(pack)  # type: ignore[arg-type]
 
 
 def _read_run(path: Path, steps: int) -> Iterator[tuple[State, State]]:

@@ -15,6 +15,7 @@ import platform
 import statistics
 import time
 from collections.abc import Callable
+from typing import TypeVar
 from pathlib import Path
 
 import numpy as np
@@ -50,9 +51,12 @@ def _our_codec(threads: int | None, codec: str = DEFAULT) -> Codec | None:
         return None
 
     def encode(old: State, new: State) -> bytes:
-        return encode_delta(old, new, base_version=0, version=1, threads=threads, codec=codec)
+        pack = encode_delta(old, new, base_version=0, version=1, threads=threads, codec=codec)
+        assert isinstance(pack, bytes)  # not pinned
+        return pack
 
     def decode(state: State, blob: bytes) -> State:
+        assert isinstance(state, dict)  # in_place: the copy made for it
         apply_delta(state, blob, threads=threads)
         return state
 
@@ -76,7 +80,10 @@ def _same_bits(a: State, b: State) -> bool:
     )
 
 
-def _timed(fn: Callable[[], object]) -> tuple[object, float]:
+T = TypeVar("T")
+
+
+def _timed(fn: Callable[[], T]) -> tuple[T, float]:
     start = time.perf_counter()
     result = fn()
     return result, time.perf_counter() - start
@@ -119,7 +126,7 @@ def _add_ratios(row: dict) -> None:
                 stats["xor_zstd1_over_this"] = reference["bytes_per_step"] / stats["bytes_per_step"]
 
 
-def bench_lr(master: State, lr: float, steps: int, seed: int, codec_list: list[Codec], repeats: int,
+def bench_lr(master: dict[str, torch.Tensor], lr: float, steps: int, seed: int, codec_list: list[Codec], repeats: int,
              calibration: Calibration = UNCALIBRATED) -> dict:
     """Benchmark every codec on ``steps`` simulated steps at ``lr``; ``master`` (made with
     the same ``calibration``) advances."""
@@ -128,7 +135,7 @@ def bench_lr(master: State, lr: float, steps: int, seed: int, codec_list: list[C
 
 def bench_pairs(lr: float, pairs, codec_list: list[Codec], repeats: int) -> dict:
     """Benchmark every codec on the (old, new) states of ``pairs``, one row."""
-    runs = {c.name: [] for c in codec_list}
+    runs: dict[str, list[dict]] = {c.name: [] for c in codec_list}
     unavailable, entropies = {}, []
     for old, new in pairs:
         entropies.append(delta_entropy(old, new))

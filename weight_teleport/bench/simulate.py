@@ -118,7 +118,7 @@ def make_config(name: str) -> ModelConfig:
 def tensor_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
     """Return every tensor name of the model, in checkpoint order, with its shape."""
     h, q, kv = config.hidden, config.heads * config.head_dim, config.kv_heads * config.head_dim
-    shapes = {"model.embed_tokens.weight": (config.vocab, h)}
+    shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (config.vocab, h)}
     for i in range(config.layers):
         p = f"model.layers.{i}."
         shapes |= {
