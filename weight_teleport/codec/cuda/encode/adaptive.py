@@ -4,6 +4,7 @@ lengths, copies the streams and puts each chunk's class table before its stream,
 the chunks' CRC-32s. The chunks are byte-identical to the CPU backend's."""
 
 import os
+from typing import cast
 
 import numpy as np
 import torch
@@ -41,17 +42,20 @@ def encode(ev: sparse.Events, cfg=None, level: int = 0, threads: int | None = No
     on the host (a sparse codec's CUDA encoder: `cfg`, `level`, `threads` and `room` serve
     the stream coding of `sparse` and are not used)."""
     seg = ev.segments
+    # the events kernels leave the segment tables on the device
+    seg_ev_cnt, seg_res_cnt = cast(torch.Tensor, seg.ev_cnt), cast(torch.Tensor, seg.res_cnt)
+    seg_inverted = cast(torch.Tensor, seg.inverted)
     ranks = ev.ranks[0] if len(ev.ranks) == 1 else torch.cat(ev.ranks)
     residuals = ev.residuals[0] if len(ev.residuals) == 1 else torch.cat(ev.residuals)
     n_chunks = int(ev.first_chunk[-1])
-    host = torch.stack([seg.ev_cnt.long(), seg.res_cnt.long(), seg.inverted.long()]).cpu().numpy()
+    host = torch.stack([seg_ev_cnt.long(), seg_res_cnt.long(), seg_inverted.long()]).cpu().numpy()
     ev_cnt, res_cnt, inverted = host[0], host[1], host[2] != 0
     per_chunk = (ROOM_EVENT * ev_cnt + ROOM_CHANGE * res_cnt).reshape(n_chunks, ev.ncp).sum(1) + ROOM_BASE
-    room = torch.from_numpy(per_chunk).to(ranks.device)
-    buf, room_at, coded_len = encode_adaptive.encode(ranks, residuals, seg.ev_cnt, seg.res_cnt, seg.inverted,
-                                                     ev.ncp, seg.bits, room)
-    coded_len = coded_len.cpu().numpy()
-    room_at = room_at.cpu().numpy()
+    chunk_room = torch.from_numpy(per_chunk).to(ranks.device)
+    buf, room_at_d, coded_len_d = encode_adaptive.encode(ranks, residuals, seg_ev_cnt, seg_res_cnt, seg_inverted,
+                                                         ev.ncp, seg.bits, chunk_room)
+    coded_len = coded_len_d.cpu().numpy()
+    room_at = room_at_d.cpu().numpy()
     coded = buf.cpu().numpy()
     table_bound = 10 * (1 + 2 * ev.n_groups.astype(np.int64))
     out = np.empty(int(coded_len.sum() + table_bound.sum()), np.uint8)

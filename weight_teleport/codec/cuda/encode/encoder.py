@@ -14,6 +14,7 @@ import dataclasses
 import os
 import zlib
 from dataclasses import dataclass
+from typing import cast
 
 import numpy as np
 import torch
@@ -112,7 +113,9 @@ def _launch_scan(items: list[EncodeItem], which: list[int], chunk_elems: int) ->
     rows of all are queued to the host in one transfer."""
     groups = []
     for g in _by_type(items, which):
-        olds, news = [aligned(items[i].old) for i in g], [aligned(items[i].new) for i in g]  # alive until launched
+        # alive until launched; a scanned item is a delta's, with its base
+        olds = [aligned(cast(torch.Tensor, items[i].old)) for i in g]
+        news = [aligned(items[i].new) for i in g]
         info = items[g[0]].info
         table = chunk_table.build_cached(olds, chunk_elems, SPAN, info, _cuts([items[i] for i in g]))
         done = scan(table, chunk_table.pair(news, table, info), info, any(items[i].chunk_digests for i in g))
@@ -135,13 +138,14 @@ def _scans(w: _Launched) -> list[_Scan]:
     """The scans of a launched wave, its rows waited for."""
     memory.wait(w.copied)
     scans, at = [], 0
+    copied = cast(np.ndarray, w.rows)  # set wherever there are groups
     for g, done, first, table in w.groups:
         n = done.rows.numel()
-        scan = _Scan(g, w.rows[at:at + n].reshape(done.rows.shape), done.hist, first)
+        scan = _Scan(g, copied[at:at + n].reshape(done.rows.shape), done.hist, first)
         at += n
         if done.chunk_sums is not None:
             n = done.chunk_sums.numel()
-            rows = np.concatenate([table[:, chunk_table.LEN, None], w.rows[at:at + n].reshape(-1, 2)], 1)
+            rows = np.concatenate([table[:, chunk_table.LEN, None], copied[at:at + n].reshape(-1, 2)], 1)
             # a tensor's chunks are consecutive rows of the table
             bounds = np.searchsorted(table[:, chunk_table.TENSOR], np.arange(len(g) + 1))
             scan.chunks = {i: rows[a:b] for i, a, b in zip(g, bounds[:-1], bounds[1:])}
@@ -199,7 +203,8 @@ def _records(items: list[EncodeItem], scans: list[_Scan], plans: list[PlanTable]
             if out[i] is None:
                 out[i] = _record(items[i], s_old, s_new, int(changed[i]), p[j] if changed[i] else None, codec)
                 if items[i].chunk_digests and changed[i]:
-                    _add_chunk_digests(out[i], items[i], s.chunks[i])
+                    # a scan of items with chunk digests has their chunks' sums
+                    _add_chunk_digests(out[i], items[i], cast("dict[int, np.ndarray]", s.chunks)[i])
 
 
 def _add_chunk_digests(rec: TensorRecord, it: EncodeItem, chunks: np.ndarray) -> None:
@@ -297,7 +302,7 @@ def _tensor_parts(done: sparse.Encoded, n: int) -> list[_Part]:
     """The parts of a batch's n tensors."""
     p = done.payload
     offsets, lengths = p.offsets.tolist(), p.lengths.tolist()
-    data, out = memoryview(p.data), []
+    data, out = memoryview(p.data), []  # type: ignore[arg-type]  # an ndarray is a buffer; its stubs say so from 3.12 only
     for a, b in zip(done.first_chunk[:n].tolist(), done.first_chunk[1:n + 1].tolist()):
         start = offsets[a] if b > a else 0
         stop = offsets[b - 1] + lengths[b - 1] if b > a else 0

@@ -5,6 +5,7 @@ state scanned in two waves are merged after it: `merge`), symbol coding of every
 class) segment, stream coding and the payload (codec/cuda/encode/sparse_chunks.py)."""
 
 from dataclasses import dataclass
+from typing import cast
 
 import numpy as np
 import torch
@@ -66,9 +67,9 @@ class Events:
 def events(b: Batch, chunk_elems: int) -> Events:
     """Launch the class counts and the events kernel of every chunk of the batch (no host
     sync: the caller's host work overlaps them)."""
-    info, dev = b.items[0].info, b.items[0].old.device
+    olds = cast("list[torch.Tensor]", [it.old for it in b.items])  # a delta's items have their base
+    info, dev = b.items[0].info, olds[0].device
     luts, inv, k, ncp = _class_tables(b.plans, dev)
-    olds = [it.old for it in b.items]
     fast = warp.available(olds[0])  # the scan's blocks, their class counts from its histograms
     cuts = [it.cuts for it in b.items]
     table = chunk_table.build_cached(olds, chunk_elems, encode_scan.SPAN if fast else class_ranks.BLOCK, info,

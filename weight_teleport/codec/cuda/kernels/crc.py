@@ -134,11 +134,12 @@ def crc32(data: torch.Tensor, offsets, lengths, bounds: np.ndarray | None = None
     owner, k = memory.items(-(-pieces // LANES))
     if not owner.size:
         return out
-    progs = np.stack([owner, k * LANES], 1)
+    host_progs = np.stack([owner, k * LANES], 1)
+    progs: torch.Tensor
     if ranges is None:
-        progs, ranges = memory.to_device([progs, np.stack([offsets, lengths], 1)], data.device)
+        progs, ranges = memory.to_device([host_progs, np.stack([offsets, lengths], 1)], data.device)
     else:
-        progs = memory.upload(progs, data.device)
+        progs = memory.upload(host_progs, data.device)
     if fast:
         _module().launch("crc_ranges", owner.size, LANES, [data, _device_tables(data.device, True), progs, ranges, out,
                                                            owner.size], data.device)

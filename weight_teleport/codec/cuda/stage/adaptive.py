@@ -8,6 +8,7 @@ there the batch is a `SparseBatch`: the same checks against the live weights' cl
 counts, the same placement, digests and flags."""
 
 import os
+from typing import cast
 
 import numpy as np
 import torch
@@ -27,7 +28,9 @@ class AdaptiveBatch(SparseBatch):
     """A `SparseBatch` of `sparse_ac` records: `decompress` reads the class tables and
     copies the chunks to the device, `decode` launches the range decoder and the rest."""
 
-    def decompress(self, pack, spans: ChunkSpans, threads: int | None = None, upload=None) -> None:
+    # the stager hands each codec's batch what it reads: here the chunks' spans
+    def decompress(self, pack, spans: ChunkSpans, threads: int | None = None,  # type: ignore[override]
+                   upload=None) -> None:
         """Reads the chunks' class tables (`spans`: the batch's chunks in the pack, in order)
         and queues their bytes' copy to the device; `threads` and `upload` are unused (a
         `sparse` batch's)."""
@@ -57,7 +60,7 @@ class AdaptiveBatch(SparseBatch):
         inv = inv != 0
         tot = self.tot.view(-1)
         seg_word = memory.starts((tot + 31) // 32)
-        words, self.bitmap = self.bitmap, None
+        words, self.bitmap = cast(torch.Tensor, self.bitmap), None
         dec = stage_adaptive.decode(buf, st, en, ev, res_cnt, inv, seg_word, words, n_res, self.info.bits, self.ncp)
         self.place(dec, ev, res_cnt, inv, res_off, seg_word, torch.zeros((), dtype=torch.bool, device=dev))
 

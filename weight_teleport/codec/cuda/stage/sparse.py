@@ -9,7 +9,7 @@ written."""
 
 from concurrent.futures import Executor
 from functools import cached_property
-from typing import NamedTuple
+from typing import NamedTuple, cast
 
 import numpy as np
 import torch
@@ -91,8 +91,9 @@ class StreamsRead:
         arena = memory.arena()
         sizes = (n, n, n, n, n, nvcomp.N_KEYS + 1, nvcomp.N_KEYS, 4 * n)
         self.buckets = [arena.empty(size, np.int64) for size in sizes]
-        self.done = pool.submit(_walk, np.frombuffer(pack, np.uint8), spans.starts, spans.lengths, k, ncp,
-                                *self.table.arrays(), self.lo, *self.arrays, *self.buckets)
+        self.done = pool.submit(  # type: ignore[call-arg]  # star-args of unknown length fill the walk's 23
+            _walk, np.frombuffer(pack, np.uint8), spans.starts, spans.lengths, k, ncp,
+            *self.table.arrays(), self.lo, *self.arrays, *self.buckets)
 
     def result(self, device, cfg: CudaCodecConfig | None = None) -> Streams:
         """The tables and the plan of their decoding (`cfg`: its backend), once the walk is
@@ -132,7 +133,7 @@ class SparseBatch:
         # runs on its own, not in `decode`, where clearing them (a GB for a large state) would
         # sit in the chain between the decompression and the symbol decoder
         n_words = int((-(-self.table.host[:, chunk_table.LEN] // 32)).sum()) + self.table.chunks * self.ncp
-        self.bitmap = torch.zeros(max(n_words, 1), dtype=torch.int32, device=dev)
+        self.bitmap: torch.Tensor | None = torch.zeros(max(n_words, 1), dtype=torch.int32, device=dev)
 
     def decompress(self, pack, streams: Streams, threads: int | None,
                    upload: decode_streams.Upload | None = None) -> None:
@@ -155,7 +156,8 @@ class SparseBatch:
         inv = inv != 0
         tot = self.tot.view(-1)
         seg_word = memory.starts((tot + 31) // 32)
-        words, self.bitmap = self.bitmap, None  # freed with the decoding's other temporaries
+        # freed with the decoding's other temporaries
+        words, self.bitmap = cast(torch.Tensor, self.bitmap), None
         dec = stage_symbols.decode(inf.buffer, memory.to_device([inf.offsets], dev)[0], raw, ev, res_cnt, inv, seg_word,
                                words, n_res, self.info.bits)
         self.place(dec, ev, res_cnt, inv, res_off, seg_word, inf.failed)

@@ -16,6 +16,7 @@ import dataclasses
 import os
 import re
 from concurrent.futures import ThreadPoolExecutor, wait
+from typing import cast
 
 import numpy as np
 import torch
@@ -255,7 +256,9 @@ class SparseStage:
         self.lives, self.header, self.pack, self.threads, self.config = lives, header, pack, threads, config
         self.groups = _by_type(lives, recs)
         self.spans = ChunkSpans.of(header, [r for rs in self.groups for r in rs])
-        self.uploaded, self.reads, self.crcs = nvcomp.available(), [], None
+        self.uploaded = nvcomp.available()
+        self.reads: list[sparse.StreamsRead] = []
+        self.crcs: torch.Tensor | None = None
         self.runs = [run_arrays([r.classes for r in rs]) for rs in self.groups]
         try:
             _start_reads(pack, self.groups, self.runs, self.spans, self.uploaded, self.reads)
@@ -296,7 +299,9 @@ def stage(lives: dict[str, Live], header, pack, check_base: bool, threads: int |
         for st in stages:
             st.close()
     patch = _patch(lives, header, batches, dense, check)  # host work while the device decodes
-    patch.windows = {name: (w[0] - windows[name][0], lives[name].u.numel(), w[0]) for name, (_, w) in cut.items()}
+    # records are cut only where `windows` names them
+    patch.windows = {name: (w[0] - cast(dict, windows)[name][0], lives[name].u.numel(), w[0])
+                     for name, (_, w) in cut.items()}
     same = [r for r in header.tensors if r.codec in SAME and check and r.name not in cut]
     same_sums = word_sums([lives[r.name].tensor for r in same]) if same else None
     # what the digest checks need of the records, made while the device works, not on the
@@ -402,7 +407,7 @@ def _walk_group(b: SparseBatch, walked: dict[int, tuple[int, int, int]]) -> Walk
         return None
     members = sorted(walked)
     ptrs = {b.recs[i].name: b.lives[i].tensor.data_ptr() for i in members}
-    base = min(ptrs, key=ptrs.get)
+    base = min(ptrs, key=ptrs.__getitem__)
     rows = b.table.host
     chunks = np.flatnonzero(np.isin(rows[:, chunk_table.TENSOR], members))
     tensor = rows[chunks, chunk_table.TENSOR]
@@ -425,7 +430,7 @@ def _fused_group(b: SparseBatch) -> FusedGroup | None:
     if not members:
         return None
     ptrs = {b.recs[i].name: b.lives[i].tensor.data_ptr() for i in members}
-    base = min(ptrs, key=ptrs.get)
+    base = min(ptrs, key=ptrs.__getitem__)
     chunks = np.flatnonzero(np.isin(b.table.host[:, chunk_table.TENSOR], members))
     rows = _fused_rows(b, chunks, ptrs[base])
     return FusedGroup(base, ptrs, memory.upload(rows, b.pos.device), b.pos, b.val)
@@ -438,10 +443,11 @@ def _strided_group(b: SparseBatch, patches: list[DeviceTensorPatch]) -> ScatterG
     if not members:
         return None
     ptrs = {t.name: lv.tensor.data_ptr() for lv, t in members}
-    base = min(ptrs, key=ptrs.get)
-    offsets = torch.cat([lv.storage_offsets(t.positions) + (ptrs[t.name] - ptrs[base]) // b.info.nbytes
-                         for lv, t in members])
-    values = torch.cat([t.values for _, t in members])
+    base = min(ptrs, key=ptrs.__getitem__)
+    # members have their positions, and staged tensors their values
+    offsets = torch.cat([lv.storage_offsets(cast(torch.Tensor, t.positions))
+                         + (ptrs[t.name] - ptrs[base]) // b.info.nbytes for lv, t in members])
+    values = torch.cat([cast(torch.Tensor, t.values) for _, t in members])
     for _, t in members:
         t.positions, t.values, t.fused = None, None, True
     return ScatterGroup(base, ptrs, offsets, values)

@@ -173,17 +173,18 @@ def _fse_weights(weights: np.ndarray) -> bytes | None:
     # states: symbol spread, then per value its next states and transform
     step, mask = (size >> 1) + (size >> 3) + 3, size - 1
     spread, pos = [0] * size, 0
-    for value in range(norm.size):
-        for _ in range(int(norm[value])):
-            spread[pos] = value
+    for symbol in range(norm.size):
+        for _ in range(int(norm[symbol])):
+            spread[pos] = symbol
             pos = (pos + step) & mask
     cumul = np.r_[0, np.cumsum(norm)]
     table, nxt = [0] * size, list(cumul[:-1])
     for u in range(size):
         table[nxt[spread[u]]] = size + u
         nxt[spread[u]] += 1
-    delta_bits, delta_state = {}, {}
-    for value in np.flatnonzero(norm):
+    delta_bits: dict[int, int] = {}
+    delta_state: dict[int, int] = {}
+    for value in np.flatnonzero(norm).tolist():
         n_v = int(norm[value])
         out_bits = WEIGHT_LOG - (n_v - 1).bit_length() + 1 if n_v > 1 else WEIGHT_LOG
         delta_bits[value] = (out_bits << 16) - (n_v << out_bits) if n_v > 1 else (WEIGHT_LOG << 16) - size
@@ -284,8 +285,8 @@ def frame(data) -> bytes:
         if np.count_nonzero(hist) == 1:
             kind, content, size = RLE_BLOCK, bytes(block[:1]), block.size
         else:
-            content = _huffman_block(block, hist)
-            kind, size = (COMPRESSED_BLOCK, len(content)) if content else (RAW_BLOCK, block.size)
-            content = content or block.tobytes()
+            coded = _huffman_block(block, hist)
+            kind, size = (COMPRESSED_BLOCK, len(coded)) if coded else (RAW_BLOCK, block.size)
+            content = coded or block.tobytes()
         out += [(last | kind << 1 | size << 3).to_bytes(3, "little"), content]
     return b"".join(out)
