@@ -145,6 +145,7 @@ def commit(version: int, board: StageBoard, apply: Callable[[Any], None], *,
     mine = Outcome.SKIPPED if entry is None else Outcome.RESYNC if entry.error is not None else Outcome.APPLIED
     outcome = _vote(mine, group)
     if outcome is Outcome.APPLIED:
+        assert entry is not None  # the group's outcome is its worst vote: this rank's was APPLIED
         apply(entry.patch)
     board._decided(version, outcome)
     return outcome

@@ -248,7 +248,7 @@ def _stage(store, entry: Entry, params, slices, state, held, pending: Sequence[S
                             base_version=entry.base if entry.kind == "delta" else None)
         if on_host:  # the CPU staged it: the CUDA backend's form for the parameters
             from weight_teleport.codec.cuda.stage.patch import DevicePatch
-            patch = DevicePatch.of_host(patch)
+            patch = DevicePatch.of_host(patch)  # type: ignore[assignment]  # the same patch, in that form
         patches.append(patch)
         packs.append((data, header))
         read += len(prefix) + n

@@ -11,12 +11,12 @@ patches, one indexed copy per chunk."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, MutableMapping
+from collections.abc import Iterable, Mapping, MutableMapping
 
 import numpy as np
 import torch
 
-from weight_teleport.codec import StagedPatch, apply_staged
+from weight_teleport.codec import StagedParts, StagedPatch, apply_staged
 from weight_teleport.codec.patch import ChunkPatch, TensorPatch
 from weight_teleport.errors import PackMismatchError
 from weight_teleport.subscribe.target import Target
@@ -37,6 +37,7 @@ class TorchTarget(Target):
 
     def __init__(self, weights: torch.nn.Module | MutableMapping[str, torch.Tensor],
                  prefix: str = ""):
+        named: Iterable[tuple[str, torch.Tensor]]
         if isinstance(weights, torch.nn.Module):
             named = weights.state_dict(keep_vars=True).items()
         else:
@@ -71,7 +72,7 @@ class TorchTarget(Target):
             for name, t in state.items():
                 self.tensors[name].copy_(t)
 
-    def apply(self, staged: StagedPatch) -> None:
+    def apply(self, staged: StagedPatch | StagedParts) -> None:
         """Write the staged patch: the codec's scatter into the lent view, else indexed
         copies of a shadow's patch into tensors on several devices."""
         for t in staged.tensors:

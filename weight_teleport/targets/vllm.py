@@ -27,13 +27,14 @@ After every `apply` and `load`, the engine's caches derived from the old weights
 prefix cache's KV, the encoder cache) are reset before it generates again
 (`vllm_engine.reset_weight_caches`); `apply` also labels its outputs with the version."""
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
 
-from weight_teleport.codec import StagedPatch
+from weight_teleport.codec import StagedParts, StagedPatch
 from weight_teleport.codec.dtypes import BY_TORCH
 from weight_teleport.errors import PackMismatchError, WeightTeleportError
 from weight_teleport.subscribe.target import Target
@@ -62,7 +63,7 @@ class VllmTarget(Target):
         self._llm.collective_rpc("teleport_load", args=(wire,))
         reset_weight_caches(self._llm)
 
-    def apply(self, staged: StagedPatch) -> None:
+    def apply(self, staged: StagedPatch | StagedParts) -> None:
         wire = [[t.name, t.info.name, list(t.shape),
                  [[c.start, None if c.positions is None else c.positions.dtype.str,
                    None if c.positions is None else c.positions.tobytes(),
@@ -134,7 +135,7 @@ def _box_from_capture(name: str, param: str, shape: tuple[int, ...], cap: torch.
     for d in range(len(shape) - 2, -1, -1):
         strides[d] = strides[d + 1] * shape[d + 1]
     for d in range(len(shape)):
-        axis = (torch.arange(extent[d]) + int(lo[d])) * strides[d]
+        axis = (torch.arange(int(extent[d])) + int(lo[d])) * strides[d]
         expected = expected.unsqueeze(-1) + axis
     block = cap[tuple(slice(int(a), int(a + e)) for a, e in zip(dest, extent))]
     if len(written) != expected.numel() or not torch.equal(block.to(torch.int64) - 1, expected) \
@@ -181,6 +182,7 @@ def _probe_one(model, name: str, shape: tuple[int, ...], params: Mapping, saved:
             params[pname].data = _guard(saved[pname])
     if cap is None or not bool((cap > 0).any()):
         return None
+    assert pname is not None  # a capture is made for a named parameter only
     return _box_from_capture(name, pname, tuple(shape), cap)
 
 
@@ -247,6 +249,10 @@ def _use_plain_linear(worker) -> None:
 
 class TeleportWorkerExtension:
     """Mixed into each vLLM worker; its methods run there through `collective_rpc`."""
+
+    # the vLLM worker's, which this class is mixed into (annotations only)
+    model_runner: Any
+    reload_weights: Callable[..., None]
 
     def teleport_attach(self) -> None:
         if hasattr(self, "_teleport_boxes"):

@@ -91,7 +91,7 @@ def _engine_base():
     return WeightTransferEngine
 
 
-class TeleportTransferEngine(_engine_base()):
+class TeleportTransferEngine(_engine_base()):  # type: ignore[misc]  # vLLM's base, imported with this module
     """One per vLLM worker, made by vLLM's `WeightTransferEngineFactory`: vLLM's calls on
     a `WorkerLocal` (targets/worker_local.py)."""
 
@@ -155,6 +155,8 @@ class TeleportTransferEngine(_engine_base()):
 
 class TeleportBackendExtension(TeleportWorkerExtension):
     """Mixed into each vLLM worker (worker_extension_cls): calls the weight-transfer API lacks."""
+
+    weight_transfer_engine: TeleportTransferEngine  # the vLLM worker's (an annotation only)
 
     def teleport_hold(self, ranks: list[int], on: bool) -> None:
         """Stop (on) or restart (off) staging on the workers of TP ranks `ranks`."""

@@ -253,7 +253,8 @@ def _moe(d: _Dims, prefix: str, tp: int, rank: int, ep: bool) -> tuple[list[Slic
     stacked = f"{prefix}.experts.routed_experts"
     w13, w2 = (len(mine), 2 * inter, h), (len(mine), h, inter)
     gate, up, down = d.names
-    out, absent = [], {}
+    out: list[Slice] = []
+    absent: dict[str, tuple[int, ...]] = {}
     for e in range(d.experts):
         names = [f"{prefix}.experts.{e}.{n}.weight" for n in (gate, up, down)]
         if e not in mine:

@@ -26,6 +26,7 @@ does not pack them again (its kernel then misreads them until the next commit pa
 copies back); start the transfer engine from an anchor after one."""
 
 from collections.abc import Mapping
+from typing import Any
 
 import torch
 
@@ -35,8 +36,9 @@ PLAIN_BACKENDS = ("TRITON", "BATCHED_TRITON")
 """vLLM unquantized MoE backends whose kernels read the stacked parameters as loaded."""
 
 
-def moe_layers(model) -> dict[str, torch.nn.Module]:
-    """The model's fused-MoE expert modules (vLLM's `RoutedExperts`) by module name."""
+def moe_layers(model) -> dict[str, Any]:
+    """The model's fused-MoE expert modules (vLLM's `RoutedExperts`, whose attributes the
+    checker does not know) by module name."""
     return {name: m for name, m in model.named_modules()
             if isinstance(getattr(m, "w13_weight", None), torch.Tensor) and hasattr(m, "expert_map_manager")}
 

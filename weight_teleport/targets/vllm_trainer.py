@@ -214,6 +214,7 @@ class TeleportTrainerEngine(TrainerWeightTransferEngine[TeleportTrainerInitInfo]
         if self.ranks is not None:
             report, error = self.ranks.broadcast((report, error))
         self.version, self.last_report = (version if report is None else report.version), report
+        assert report is not None  # the sender's, broadcast to every rank
         if error is not None:
             raise FleetLagging(error, report)
         return report

@@ -109,15 +109,17 @@ class WorkerFollower(FollowLoop):
         self._thread.join(timeout_s)
 
     # The loop's primitives.
+    # the loop only reads head and head_entry; this follower derives them
     @property
-    def head(self) -> int | None:
+    def head(self) -> int | None:  # type: ignore[override]
         if self.chain:
             return self.chain[-1].version
         return None if self._from_anchor else self.board.applied
 
     @property
-    def head_entry(self) -> Entry | None:
-        return self._made.get(self.head)
+    def head_entry(self) -> Entry | None:  # type: ignore[override]
+        head = self.head
+        return None if head is None else self._made.get(head)
 
     @property
     def live_version(self) -> int | None:

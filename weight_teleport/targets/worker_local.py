@@ -108,6 +108,7 @@ class WorkerLocal:
         return outcome
 
     def _apply(self, steps) -> None:
+        assert self.follower is not None  # `commit` runs only between `start` and `shutdown`
         applied, t0 = self.board.applied, time.perf_counter()
         apply_steps(self.params(), [st for st in steps if applied is None or st.version > applied],
                     self.follower.views)
@@ -143,7 +144,8 @@ def group_outcome(statuses: list[dict], version: int) -> str | None:
     rank's `status()` after the commit; None unless every rank's latest commit was
     `version` with one outcome."""
     latest = {tuple(s["outcomes"][-1]) if s["outcomes"] else None for s in statuses}
-    if len(latest) != 1 or None in latest:
+    only = latest.pop() if len(latest) == 1 else None
+    if only is None:
         return None
-    committed, outcome = latest.pop()
+    committed, outcome = only
     return outcome if committed == version else None
