@@ -1,0 +1,1 @@
+"""Plugs for RL frameworks: their trainers' weight sync through weight-teleport."""
