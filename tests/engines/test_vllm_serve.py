@@ -69,9 +69,10 @@ def _wait_ready(base: str, server: subprocess.Popen, log_path: str) -> None:
 
 
 @contextmanager
-def vllm_serve(ckpt: str, tmp_path, max_model_len: int) -> Iterator[str]:
+def vllm_serve(ckpt: str, tmp_path, max_model_len: int, tokenizer: bool = False) -> Iterator[str]:
     """`vllm serve` of `ckpt` with the backend (TP=1, bf16, greedy-friendly settings): its
-    base URL once it answers; stopped on exit."""
+    base URL once it answers; stopped on exit. `tokenizer`: the server loads the checkpoint's
+    tokenizer (the OpenAI routes need it); otherwise it takes and returns token ids alone."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -79,7 +80,7 @@ def vllm_serve(ckpt: str, tmp_path, max_model_len: int) -> Iterator[str]:
     env = dict(os.environ, VLLM_SERVER_DEV_MODE="1", VLLM_CPU_KVCACHE_SPACE="1")
     log_path = str(tmp_path / "serve.log")
     cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", ckpt, "--host", "127.0.0.1",
-           "--port", str(port), "--skip-tokenizer-init", "--enforce-eager", "--dtype", "bfloat16",
+           "--port", str(port), *([] if tokenizer else ["--skip-tokenizer-init"]), "--enforce-eager", "--dtype", "bfloat16",
            "--max-model-len", str(max_model_len), "--max-num-seqs", "4", "--seed", "0", "--enable-scale-out",
            *BACKEND_ARGS]
     with open(log_path, "w") as log:
