@@ -31,13 +31,17 @@ def run(model: str, lr: float, repeats: int) -> dict:
     changed = sum(int((old[k].view(torch.int16) != new[k].view(torch.int16)).sum()) for k in old)
     row = {"lr": lr, "elements": n, "density": changed / n, "packs": {}}
     for codec in ("sparse", "sparse_ac"):
-        enc_s, pack = wall_s(lambda: bytes(wt.encode_delta(old, new, base_version=0, version=1, codec=codec)),
-                             repeats)
+        enc_s, pack = wall_s(lambda: bytes(wt.encode_delta(old, new, base_version=0, version=1, codec=codec)), repeats)
         state = {k: v.clone() for k, v in old.items()}
         stage_s, staged = wall_s(lambda: wt.stage_delta(state, pack), repeats)
         wt.apply_staged(state, staged)
-        row["packs"][codec] = {"bytes": len(pack), "encode_ms": enc_s * 1e3, "stage_ms": stage_s * 1e3,
-                               "stage_gbps": 2 * n / stage_s / 1e9, "bit_exact": _exact(state, new)}
+        row["packs"][codec] = {
+            "bytes": len(pack),
+            "encode_ms": enc_s * 1e3,
+            "stage_ms": stage_s * 1e3,
+            "stage_gbps": 2 * n / stage_s / 1e9,
+            "bit_exact": _exact(state, new),
+        }
         state = staged = None  # their device memory, freed before the next codec
         torch.cuda.empty_cache()
     old_c = {k: v.cpu() for k, v in old.items()}
@@ -65,8 +69,10 @@ def main() -> None:
     print(f"{'lr':>6} {'density':>8} {'codec':<9} {'bytes':>12} {'encode ms':>10} {'stage ms':>9} {'GB/s':>7} exact")
     for r in rows:
         for name, p in r["packs"].items():
-            print(f"{r['lr']:>6g} {r['density']:>8.3%} {name:<9} {p['bytes']:>12,} {p['encode_ms']:>10.1f} "
-                  f"{p['stage_ms']:>9.1f} {p['stage_gbps']:>7.1f} {p['bit_exact']}")
+            print(
+                f"{r['lr']:>6g} {r['density']:>8.3%} {name:<9} {p['bytes']:>12,} {p['encode_ms']:>10.1f} "
+                f"{p['stage_ms']:>9.1f} {p['stage_gbps']:>7.1f} {p['bit_exact']}"
+            )
         print(f"       the CPU's sparse_ac pack ({r['cpu_encode_s']:.1f} s) is identical: {r['cpu_pack_identical']}")
 
 

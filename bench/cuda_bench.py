@@ -109,6 +109,7 @@ def phases(call, spots, repeats: int = 3) -> dict[str, float]:
             torch.cuda.synchronize()
             times[name][-1] += (time.perf_counter() - t0) * 1e3
             return out
+
         return run
 
     for m, f, fn in saved:
@@ -133,16 +134,29 @@ def encode_spots() -> list[tuple]:
     from weight_teleport.codec import api
     from weight_teleport.codec.cuda.encode import encoder, sparse as encode_sparse, sparse_chunks
     from weight_teleport.codec.cuda.kernels import encode_symbols
-    return [(encoder, "_launch_scan"), (encoder, "_scans"), (encode_sparse, "events"), (encode_symbols, "encode"),
-            (sparse_chunks, "code"), (sparse_chunks, "assemble"), (api, "write_pack")]
+
+    return [
+        (encoder, "_launch_scan"),
+        (encoder, "_scans"),
+        (encode_sparse, "events"),
+        (encode_symbols, "encode"),
+        (sparse_chunks, "code"),
+        (sparse_chunks, "assemble"),
+        (api, "write_pack"),
+    ]
 
 
 def stage_spots() -> list[tuple]:
     """The (owner, function name) phases `stage_phases` times."""
     from weight_teleport.codec.cuda.kernels import stage_place
     from weight_teleport.codec.cuda.stage import decode_streams, sparse as stage_sparse, staging
-    return [(stage_sparse.StreamsRead, "result"), (decode_streams, "inflate"), (stage_place, "decode"),
-            (staging, "_read_back")]
+
+    return [
+        (stage_sparse.StreamsRead, "result"),
+        (decode_streams, "inflate"),
+        (stage_place, "decode"),
+        (staging, "_read_back"),
+    ]
 
 
 def encode_phases(old, new) -> dict[str, float]:
@@ -165,6 +179,7 @@ def profile(calls: dict, out: Path) -> None:
     to out/profile_<name>.txt (where the device time goes and how many launches it takes),
     and its host functions by cumulative time to out/host_<name>.txt."""
     from torch.profiler import ProfilerActivity, profile as torch_profile
+
     for name, fn in calls.items():
         fn()
         torch.cuda.synchronize()
@@ -197,10 +212,13 @@ def main() -> None:
     enc_s, pack = wall_s(lambda: wt.encode_delta(old, new, base_version=0, version=1), 9)
     enc_pinned_s, pinned_out = wall_s(lambda: wt.encode_delta(old, new, base_version=0, version=1, pinned=True), 9)
     assert bytes(pinned_out) == pack
-    nvz_s, nvz_pack = wall_s(lambda: wt.encode_delta(old, new, base_version=0, version=1,
-                                                     cuda=CudaCodecConfig(stream_coder="nvcomp-zstd")), 5)
-    ans_s, ans_pack = wall_s(lambda: wt.encode_delta(old, new, base_version=0, version=1,
-                                                     cuda=CudaCodecConfig(stream_coder="nvcomp-ans")), 5)
+    nvz_s, nvz_pack = wall_s(
+        lambda: wt.encode_delta(old, new, base_version=0, version=1, cuda=CudaCodecConfig(stream_coder="nvcomp-zstd")),
+        5,
+    )
+    ans_s, ans_pack = wall_s(
+        lambda: wt.encode_delta(old, new, base_version=0, version=1, cuda=CudaCodecConfig(stream_coder="nvcomp-ans")), 5
+    )
     enc_phases = encode_phases(old, new)
     info = inspect(pack)
     changed = info["changed"]
@@ -219,38 +237,93 @@ def main() -> None:
     ok = all(torch.equal(state[k].view(torch.int16), new[k].view(torch.int16)) for k in new)
     host_apply_ms = pinned_patch_apply_ms(old, pack)
     subset = list(old)[:12]
-    cpu_pack = wt.encode_delta({k: old[k].cpu() for k in subset}, {k: new[k].cpu() for k in subset},
-                               base_version=0, version=1)
+    cpu_pack = wt.encode_delta(
+        {k: old[k].cpu() for k in subset}, {k: new[k].cpu() for k in subset}, base_version=0, version=1
+    )
     gpu_pack = wt.encode_delta({k: old[k] for k in subset}, {k: new[k] for k in subset}, base_version=0, version=1)
-    cpu_zstd_gpu = wt.encode_delta({k: old[k] for k in subset}, {k: new[k] for k in subset}, base_version=0,
-                                   version=1, cuda=CudaCodecConfig(stream_coder="cpu-zstd"))
+    cpu_zstd_gpu = wt.encode_delta(
+        {k: old[k] for k in subset},
+        {k: new[k] for k in subset},
+        base_version=0,
+        version=1,
+        cuda=CudaCodecConfig(stream_coder="cpu-zstd"),
+    )
     floor = lambda nbytes: nbytes / bw * 1e3
     rows = [
         ("copy bandwidth (read+write)", f"{bw / 1e12:.2f} TB/s", "", ""),
-        ("digest of every tensor (GPU, one launch)", f"{gb / (digest_ms / 1e3):.0f} GB/s", f"{digest_ms:.2f} ms", f"{floor(2 * n):.2f} ms"),
+        (
+            "digest of every tensor (GPU, one launch)",
+            f"{gb / (digest_ms / 1e3):.0f} GB/s",
+            f"{digest_ms:.2f} ms",
+            f"{floor(2 * n):.2f} ms",
+        ),
         ("encode scan (one launch)", f"{gb / (scan_ms / 1e3):.0f} GB/s", f"{scan_ms:.2f} ms", f"{floor(4 * n):.2f} ms"),
-        ("stage class counts, 16 classes (one launch)", f"{gb / (count_ms / 1e3):.0f} GB/s", f"{count_ms:.2f} ms",
-         f"{floor(2 * n):.2f} ms"),
-        ("encode_delta end to end (Huffman zstd frames)", f"{gb / enc_s:.1f} GB/s", f"{enc_s * 1e3:.0f} ms",
-         f"{floor(4 * n):.2f} ms"),
-        ("encode_delta, pack into pinned memory", f"{gb / enc_pinned_s:.1f} GB/s", f"{enc_pinned_s * 1e3:.0f} ms",
-         f"{floor(4 * n):.2f} ms"),
-        ("encode_delta end to end (nvCOMP zstd)", f"{gb / nvz_s:.1f} GB/s", f"{nvz_s * 1e3:.0f} ms", f"{floor(4 * n):.2f} ms"),
-        ("encode_delta end to end (nvCOMP ANS)", f"{gb / ans_s:.1f} GB/s", f"{ans_s * 1e3:.0f} ms", f"{floor(4 * n):.2f} ms"),
+        (
+            "stage class counts, 16 classes (one launch)",
+            f"{gb / (count_ms / 1e3):.0f} GB/s",
+            f"{count_ms:.2f} ms",
+            f"{floor(2 * n):.2f} ms",
+        ),
+        (
+            "encode_delta end to end (Huffman zstd frames)",
+            f"{gb / enc_s:.1f} GB/s",
+            f"{enc_s * 1e3:.0f} ms",
+            f"{floor(4 * n):.2f} ms",
+        ),
+        (
+            "encode_delta, pack into pinned memory",
+            f"{gb / enc_pinned_s:.1f} GB/s",
+            f"{enc_pinned_s * 1e3:.0f} ms",
+            f"{floor(4 * n):.2f} ms",
+        ),
+        (
+            "encode_delta end to end (nvCOMP zstd)",
+            f"{gb / nvz_s:.1f} GB/s",
+            f"{nvz_s * 1e3:.0f} ms",
+            f"{floor(4 * n):.2f} ms",
+        ),
+        (
+            "encode_delta end to end (nvCOMP ANS)",
+            f"{gb / ans_s:.1f} GB/s",
+            f"{ans_s * 1e3:.0f} ms",
+            f"{floor(4 * n):.2f} ms",
+        ),
         ("stage_delta end to end", f"{gb / stage_s:.1f} GB/s", f"{stage_s * 1e3:.0f} ms", f"{floor(2 * n):.2f} ms"),
-        ("stage_delta, pack in pinned memory", f"{gb / pinned_s:.1f} GB/s", f"{pinned_s * 1e3:.0f} ms",
-         f"{floor(2 * n):.2f} ms"),
-        ("stage_delta, nvCOMP ANS pack in pinned memory", f"{gb / ans_stage_s:.1f} GB/s",
-         f"{ans_stage_s * 1e3:.0f} ms", f"{floor(2 * n):.2f} ms"),
+        (
+            "stage_delta, pack in pinned memory",
+            f"{gb / pinned_s:.1f} GB/s",
+            f"{pinned_s * 1e3:.0f} ms",
+            f"{floor(2 * n):.2f} ms",
+        ),
+        (
+            "stage_delta, nvCOMP ANS pack in pinned memory",
+            f"{gb / ans_stage_s:.1f} GB/s",
+            f"{ans_stage_s * 1e3:.0f} ms",
+            f"{floor(2 * n):.2f} ms",
+        ),
         ("apply (pause)", f"{apply_ms / gb:.3f} ms/GB", f"{apply_ms:.2f} ms", f"{floor(8 * changed):.2f} ms"),
         ("apply, patch in pinned host memory", f"{host_apply_ms / gb:.3f} ms/GB", f"{host_apply_ms:.2f} ms", ""),
     ]
-    result = {"date": time.strftime("%Y-%m-%d"), "gpu": torch.cuda.get_device_name(), "model": args.model,
-              "lr": args.lr, "elements": n, "changed": changed, "density": changed / n,
-              "pack_bytes": len(pack), "bits_per_element": 8 * len(pack) / n, "bit_exact": ok, "ans_bit_exact": ans_ok,
-              "nvcomp_zstd_pack_bytes": len(nvz_pack), "ans_pack_bytes": len(ans_pack), "subset_cpu_zstd_pack_identical_to_cpu": cpu_pack == cpu_zstd_gpu,
-              "subset_wire_gpu_over_cpu": len(gpu_pack) / len(cpu_pack),
-              "encode_phases_ms": enc_phases, "stage_phases_ms": st_phases, "rows": rows}
+    result = {
+        "date": time.strftime("%Y-%m-%d"),
+        "gpu": torch.cuda.get_device_name(),
+        "model": args.model,
+        "lr": args.lr,
+        "elements": n,
+        "changed": changed,
+        "density": changed / n,
+        "pack_bytes": len(pack),
+        "bits_per_element": 8 * len(pack) / n,
+        "bit_exact": ok,
+        "ans_bit_exact": ans_ok,
+        "nvcomp_zstd_pack_bytes": len(nvz_pack),
+        "ans_pack_bytes": len(ans_pack),
+        "subset_cpu_zstd_pack_identical_to_cpu": cpu_pack == cpu_zstd_gpu,
+        "subset_wire_gpu_over_cpu": len(gpu_pack) / len(cpu_pack),
+        "encode_phases_ms": enc_phases,
+        "stage_phases_ms": st_phases,
+        "rows": rows,
+    }
     Path(args.out).mkdir(parents=True, exist_ok=True)
     Path(args.out, "cuda_bench.json").write_text(json.dumps(result, indent=1))
     print(json.dumps({k: v for k, v in result.items() if k != "rows"}))
@@ -261,9 +334,14 @@ def main() -> None:
         del state, staged
         fresh = {k: v.clone() for k, v in old.items()}
         staged = wt.stage_delta(fresh, pack)
-        profile({"encode": lambda: wt.encode_delta(old, new, base_version=0, version=1),
-                 "stage": lambda: wt.stage_delta(fresh, pack),
-                 "apply": lambda: wt.apply_staged(fresh, staged)}, Path(args.out))
+        profile(
+            {
+                "encode": lambda: wt.encode_delta(old, new, base_version=0, version=1),
+                "stage": lambda: wt.stage_delta(fresh, pack),
+                "apply": lambda: wt.apply_staged(fresh, staged),
+            },
+            Path(args.out),
+        )
 
 
 if __name__ == "__main__":

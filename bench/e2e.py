@@ -90,9 +90,15 @@ class Sampler:
             report = self.sub.apply()
             s = self.sub.stats
             for v in report.versions:
-                self.rows[v] = dict(ready=ready, pause_ms=report.pause_s * 1e3, resynced=report.resynced,
-                                    fetch_s=s.fetch_s - last["fetch_s"], stage_s=s.stage_s - last["stage_s"],
-                                    fetched=s.bytes_fetched - last["bytes_fetched"], live=self.sub.version)
+                self.rows[v] = dict(
+                    ready=ready,
+                    pause_ms=report.pause_s * 1e3,
+                    resynced=report.resynced,
+                    fetch_s=s.fetch_s - last["fetch_s"],
+                    stage_s=s.stage_s - last["stage_s"],
+                    fetched=s.bytes_fetched - last["bytes_fetched"],
+                    live=self.sub.version,
+                )
             last = dict(fetch_s=s.fetch_s, stage_s=s.stage_s, bytes_fetched=s.bytes_fetched)
 
     def wait_for(self, version: int, timeout: float) -> dict | None:
@@ -146,8 +152,13 @@ def cold_start(url: str, shapes: dict, device: str, latest: int, digests: list[s
         warm = sub.stats
     done = time.monotonic()
     exact = row is not None and tensor_digests(list(live.values())) == digests
-    return dict(seconds=done - t0, exact=exact, fetch_s=warm.fetch_s, stage_s=warm.stage_s,
-                pause_ms=None if row is None else row["pause_ms"])
+    return dict(
+        seconds=done - t0,
+        exact=exact,
+        fetch_s=warm.fetch_s,
+        stage_s=warm.stage_s,
+        pause_ms=None if row is None else row["pause_ms"],
+    )
 
 
 def _free_port() -> int:
@@ -159,8 +170,9 @@ def _free_port() -> int:
 def start_origin(root: Path) -> tuple[subprocess.Popen, str]:
     port = _free_port()
     env = {**os.environ, "WEIGHT_TELEPORT_TOKEN": TOKEN}
-    proc = subprocess.Popen([sys.executable, "-m", "weight_teleport.cli", "serve", "--root", str(root),
-                             "--port", str(port)], env=env)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "weight_teleport.cli", "serve", "--root", str(root), "--port", str(port)], env=env
+    )
     url = f"http://127.0.0.1:{port}"
     for _ in range(300):
         try:
@@ -171,8 +183,9 @@ def start_origin(root: Path) -> tuple[subprocess.Popen, str]:
     raise RuntimeError("the origin did not start")
 
 
-def run(transport: str, trainer: Trainer, lrs: list[float], versions: int, anchor_every: int,
-        codec: str = "sparse") -> dict:
+def run(
+    transport: str, trainer: Trainer, lrs: list[float], versions: int, anchor_every: int, codec: str = "sparse"
+) -> dict:
     tmp = tempfile.mkdtemp(prefix="wt-e2e-")
     origin = None
     if transport == "http":
@@ -180,8 +193,14 @@ def run(transport: str, trainer: Trainer, lrs: list[float], versions: int, ancho
     else:
         url = f"memory://e2e-{time.monotonic_ns()}"
     device = trainer.device
-    config = PublisherConfig(baseline_device=device, anchor_every=anchor_every, resume=False, codec=codec,
-                             retention=RetentionConfig(keep_anchors=1), store=StoreConfig(token=TOKEN))
+    config = PublisherConfig(
+        baseline_device=device,
+        anchor_every=anchor_every,
+        resume=False,
+        codec=codec,
+        retention=RetentionConfig(keep_anchors=1),
+        store=StoreConfig(token=TOKEN),
+    )
     shapes = {k: tuple(v.shape) for k, v in trainer.weights.items()}
     rows, child, sampler, sub = [], None, None, None
     pub = Publisher(url, config)
@@ -211,22 +230,43 @@ def run(transport: str, trainer: Trainer, lrs: list[float], versions: int, ancho
             else:
                 row = sampler.wait_for(v, 600)
                 if row is not None:
-                    row["exact"] = all(torch.equal(live[k].view(torch.int16), w.view(torch.int16))
-                                       for k, w in trainer.weights.items())
-            r = dict(version=v, lr=lr, density=density, publish_ms=blocked * 1e3,
-                     encode_ms=result.encode_s * 1e3, upload_ms=result.upload_s * 1e3,
-                     anchor_encode_ms=result.anchor_encode_s * 1e3,
-                     bytes=result.objects[0].size, kind=result.objects[0].kind,
-                     visible_s=result.total_s)
+                    row["exact"] = all(
+                        torch.equal(live[k].view(torch.int16), w.view(torch.int16)) for k, w in trainer.weights.items()
+                    )
+            r = dict(
+                version=v,
+                lr=lr,
+                density=density,
+                publish_ms=blocked * 1e3,
+                encode_ms=result.encode_s * 1e3,
+                upload_ms=result.upload_s * 1e3,
+                anchor_encode_ms=result.anchor_encode_s * 1e3,
+                bytes=result.objects[0].size,
+                kind=result.objects[0].kind,
+                visible_s=result.total_s,
+            )
             if row is not None:
-                r.update(ready_s=row["ready"] - t0, pause_ms=row["pause_ms"], fetch_ms=row["fetch_s"] * 1e3,
-                         stage_ms=row["stage_s"] * 1e3, exact=row["exact"], resynced=row["resynced"])
+                r.update(
+                    ready_s=row["ready"] - t0,
+                    pause_ms=row["pause_ms"],
+                    fetch_ms=row["fetch_s"] * 1e3,
+                    stage_ms=row["stage_s"] * 1e3,
+                    exact=row["exact"],
+                    resynced=row["resynced"],
+                )
             rows.append(r)
             print(json.dumps(r), flush=True)
         pub.flush(600)
-        anchors = [dict(version=x.version, encode_ms=x.anchor_encode_s * 1e3 or x.encode_s * 1e3,
-                        store_s=x.anchor_s, bytes=[e.size for e in x.objects if e.kind == "snapshot"])
-                   for x in pub.results if any(e.kind == "snapshot" for e in x.objects)]
+        anchors = [
+            dict(
+                version=x.version,
+                encode_ms=x.anchor_encode_s * 1e3 or x.encode_s * 1e3,
+                store_s=x.anchor_s,
+                bytes=[e.size for e in x.objects if e.kind == "snapshot"],
+            )
+            for x in pub.results
+            if any(e.kind == "snapshot" for e in x.objects)
+        ]
         latest_digests = trainer.digests()
         if child is not None:
             jobs.put(None)
@@ -247,24 +287,30 @@ def run(transport: str, trainer: Trainer, lrs: list[float], versions: int, ancho
         if origin is not None:
             origin.terminate()
             origin.wait(30)
-    return dict(transport=transport, rows=rows, anchors=anchors, memory=memory, cold=cold,
-                raw_bytes=2 * trainer.numel)
+    return dict(transport=transport, rows=rows, anchors=anchors, memory=memory, cold=cold, raw_bytes=2 * trainer.numel)
 
 
 def table(res: dict) -> str:
-    lines = [f"## {res['transport']}  (raw {res['raw_bytes'] / 1e9:.1f} GB)",
-             "| v | kind | density | publish ms | encode ms | upload ms | visible s | fetch ms | stage ms "
-             "| ready s | pause ms | MB | exact |", "|" + "---|" * 13]
+    lines = [
+        f"## {res['transport']}  (raw {res['raw_bytes'] / 1e9:.1f} GB)",
+        "| v | kind | density | publish ms | encode ms | upload ms | visible s | fetch ms | stage ms "
+        "| ready s | pause ms | MB | exact |",
+        "|" + "---|" * 13,
+    ]
     for r in res["rows"]:
-        lines.append(f"| {r['version']} | {r['kind']}{'+A' if r['anchor_encode_ms'] else ''} | {r['density']:.2%} "
-                     f"| {r['publish_ms']:.1f} | {r['encode_ms']:.0f} | {r['upload_ms']:.0f} | {r['visible_s']:.2f} "
-                     f"| {r.get('fetch_ms', float('nan')):.0f} | {r.get('stage_ms', float('nan')):.0f} "
-                     f"| {r.get('ready_s', float('nan')):.2f} | {r.get('pause_ms', float('nan')):.1f} "
-                     f"| {r['bytes'] / 1e6:.0f} | {r.get('exact')} |")
+        lines.append(
+            f"| {r['version']} | {r['kind']}{'+A' if r['anchor_encode_ms'] else ''} | {r['density']:.2%} "
+            f"| {r['publish_ms']:.1f} | {r['encode_ms']:.0f} | {r['upload_ms']:.0f} | {r['visible_s']:.2f} "
+            f"| {r.get('fetch_ms', float('nan')):.0f} | {r.get('stage_ms', float('nan')):.0f} "
+            f"| {r.get('ready_s', float('nan')):.2f} | {r.get('pause_ms', float('nan')):.1f} "
+            f"| {r['bytes'] / 1e6:.0f} | {r.get('exact')} |"
+        )
     for a in res["anchors"]:
         gbps = res["raw_bytes"] / (a["encode_ms"] / 1e3) / 1e9 if a["encode_ms"] else 0
-        lines.append(f"anchor v{a['version']}: encode {a['encode_ms']:.0f} ms ({gbps:.0f} GB/s), "
-                     f"stored+announced {a['store_s']:.1f} s, {a['bytes']}")
+        lines.append(
+            f"anchor v{a['version']}: encode {a['encode_ms']:.0f} ms ({gbps:.0f} GB/s), "
+            f"stored+announced {a['store_s']:.1f} s, {a['bytes']}"
+        )
     lines.append(f"cold start: {json.dumps(res['cold'])}")
     lines.append(f"subscriber memory: {json.dumps(res['memory'])}")
     return "\n".join(lines)
@@ -279,18 +325,20 @@ def main() -> None:
     p.add_argument("--transport", action="append", choices=["memory", "http"])
     p.add_argument("--device", default="cuda", help="cuda, or cpu for a quick check of the script")
     p.add_argument("--out", type=Path)
-    p.add_argument("--codec", default="sparse", choices=["sparse", "sparse_ac"],
-                   help="the codec of a delta's sparse records")
+    p.add_argument(
+        "--codec", default="sparse", choices=["sparse", "sparse_ac"], help="the codec of a delta's sparse records"
+    )
     args = p.parse_args()
     trainer = Trainer(args.model, args.device)
-    results = [run(t, trainer, args.lr or [5e-7], args.versions, args.anchor_every, args.codec)
-               for t in args.transport or ["memory", "http"]]
+    results = [
+        run(t, trainer, args.lr or [5e-7], args.versions, args.anchor_every, args.codec)
+        for t in args.transport or ["memory", "http"]
+    ]
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "e2e.json").write_text(json.dumps(results, indent=1))
     name = torch.cuda.get_device_name() if args.device == "cuda" else "CPU"
-    print(f"\n{name}, {args.model}, {args.versions} versions, "
-          f"anchor every {args.anchor_every}")
+    print(f"\n{name}, {args.model}, {args.versions} versions, anchor every {args.anchor_every}")
     for res in results:
         print(table(res))
 

@@ -31,22 +31,33 @@ LR = 3e-6
 
 def model_shapes(hidden: int, layers: int, vocab: int) -> dict[str, tuple[int, ...]]:
     """A Qwen3-style decoder's checkpoint shapes (untied embeddings, no biases)."""
-    shapes = {"model.embed_tokens.weight": (vocab, hidden), "lm_head.weight": (vocab, hidden),
-              "model.norm.weight": (hidden,)}
+    shapes = {
+        "model.embed_tokens.weight": (vocab, hidden),
+        "lm_head.weight": (vocab, hidden),
+        "model.norm.weight": (hidden,),
+    }
     for i in range(layers):
         p = f"model.layers.{i}."
-        shapes |= {p + "self_attn.q_proj.weight": (hidden, hidden), p + "self_attn.k_proj.weight": (hidden // 4, hidden),
-                   p + "self_attn.v_proj.weight": (hidden // 4, hidden), p + "self_attn.o_proj.weight": (hidden, hidden),
-                   p + "mlp.gate_proj.weight": (3 * hidden, hidden), p + "mlp.up_proj.weight": (3 * hidden, hidden),
-                   p + "mlp.down_proj.weight": (hidden, 3 * hidden), p + "input_layernorm.weight": (hidden,)}
+        shapes |= {
+            p + "self_attn.q_proj.weight": (hidden, hidden),
+            p + "self_attn.k_proj.weight": (hidden // 4, hidden),
+            p + "self_attn.v_proj.weight": (hidden // 4, hidden),
+            p + "self_attn.o_proj.weight": (hidden, hidden),
+            p + "mlp.gate_proj.weight": (3 * hidden, hidden),
+            p + "mlp.up_proj.weight": (3 * hidden, hidden),
+            p + "mlp.down_proj.weight": (hidden, 3 * hidden),
+            p + "input_layernorm.weight": (hidden,),
+        }
     return shapes
 
 
 def versions(shapes: dict, n: int):
     """The bf16 checkpoint of each of `n` versions (seeded: the same in every process)."""
     g = torch.Generator().manual_seed(0)
-    master = {k: torch.randn(s, generator=g) * (0.02 if len(s) > 1 else 0.1) + (0 if len(s) > 1 else 1.0)
-              for k, s in shapes.items()}
+    master = {
+        k: torch.randn(s, generator=g) * (0.02 if len(s) > 1 else 0.1) + (0 if len(s) > 1 else 1.0)
+        for k, s in shapes.items()
+    }
     for _ in range(n):
         yield {k: w.to(torch.bfloat16) for k, w in master.items()}
         for w in master.values():
@@ -75,10 +86,11 @@ def rank_main(rank: int, world: int, port: int, url: str, args, out) -> None:
     from weight_teleport.publish import PublisherGroup
 
     torch.set_num_threads(args.threads)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
-                            timeout=timedelta(seconds=600))
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world, timeout=timedelta(seconds=600)
+    )
     shapes = model_shapes(args.hidden, args.layers, args.vocab)
-    config = PublisherConfig(anchor_every=10 ** 6, threads=args.threads, level=args.level)
+    config = PublisherConfig(anchor_every=10**6, threads=args.threads, level=args.level)
     rows = []
     with PublisherGroup(url, config) as group:
         for v, state in enumerate(versions(shapes, args.versions)):
@@ -139,10 +151,14 @@ def main() -> None:
     args = ap.parse_args()
     shapes = model_shapes(args.hidden, args.layers, args.vocab)
     params = sum(torch.Size(s).numel() for s in shapes.values())
-    print(f"model: {params / 1e6:.1f}M bf16 parameters ({2 * params / 1e6:.1f} MB), {len(shapes)} tensors; "
-          f"{args.versions - 1} deltas at lr {LR}; {args.threads} encoder thread(s) per rank")
-    print("| world | encode s / rank (max) | delta bytes / rank (max) | delta bytes, all ranks | "
-          "vs world 1 | wall s / version |")
+    print(
+        f"model: {params / 1e6:.1f}M bf16 parameters ({2 * params / 1e6:.1f} MB), {len(shapes)} tensors; "
+        f"{args.versions - 1} deltas at lr {LR}; {args.threads} encoder thread(s) per rank"
+    )
+    print(
+        "| world | encode s / rank (max) | delta bytes / rank (max) | delta bytes, all ranks | "
+        "vs world 1 | wall s / version |"
+    )
     print("|---|---|---|---|---|---|")
     base = None
     for world in [int(w) for w in args.worlds.split(",")]:
@@ -153,8 +169,10 @@ def main() -> None:
         total = statistics.mean(sum(rows[i][3] for rows in deltas) for i in range(len(deltas[0])))
         wall = statistics.mean(max(rows[i][5] for rows in deltas) for i in range(len(deltas[0])))
         base = base or total
-        print(f"| {world} | {enc:.3f} | {per_rank / 1e3:.1f} kB | {total / 1e3:.1f} kB | {total / base:.3f}x "
-              f"| {wall:.3f} |")
+        print(
+            f"| {world} | {enc:.3f} | {per_rank / 1e3:.1f} kB | {total / 1e3:.1f} kB | {total / base:.3f}x "
+            f"| {wall:.3f} |"
+        )
 
 
 if __name__ == "__main__":

@@ -40,13 +40,29 @@ def setup_link() -> None:
     for ns in (NS_PUB, NS_SUB):
         sh("ip", "netns", "add", ns)
         sh("ip", "-n", ns, "link", "set", "lo", "up")
-    sh("ip", "link", "add", "wtb-pub", "netns", NS_PUB, "type", "veth", "peer", "name", "wtb-sub",
-       "netns", NS_SUB)
+    sh("ip", "link", "add", "wtb-pub", "netns", NS_PUB, "type", "veth", "peer", "name", "wtb-sub", "netns", NS_SUB)
     for ns, dev, ip in ((NS_PUB, "wtb-pub", IP_PUB), (NS_SUB, "wtb-sub", IP_SUB)):
         sh("ip", "-n", ns, "addr", "add", f"{ip}/24", "dev", dev)
         sh("ip", "-n", ns, "link", "set", dev, "up")
-        sh("ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", dev, "root", "tbf", "rate",
-           "1gbit", "burst", "64kb", "latency", "50ms")
+        sh(
+            "ip",
+            "netns",
+            "exec",
+            ns,
+            "tc",
+            "qdisc",
+            "add",
+            "dev",
+            dev,
+            "root",
+            "tbf",
+            "rate",
+            "1gbit",
+            "burst",
+            "64kb",
+            "latency",
+            "50ms",
+        )
 
 
 def teardown_link() -> None:
@@ -76,8 +92,7 @@ async def _pipe(reader, writer, delay: float) -> None:
 async def _proxy(delay: float) -> None:
     async def handle(reader, writer) -> None:
         up_reader, up_writer = await asyncio.open_connection(IP_PUB, ORIGIN_PORT)
-        await asyncio.gather(_pipe(reader, up_writer, delay), _pipe(up_reader, writer, delay),
-                             return_exceptions=True)
+        await asyncio.gather(_pipe(reader, up_writer, delay), _pipe(up_reader, writer, delay), return_exceptions=True)
 
     server = await asyncio.start_server(handle, "127.0.0.1", PROXY_PORT)
     async with server:
@@ -122,9 +137,17 @@ def run_publisher(work: Path, steps: int, lr: float) -> None:
             _wait_file(work / f"go-{v}")
             t = time.time()
             r = pub.publish(state, v).wait()
-            records.append({"version": v, "t_publish": t, "snapshot_s": r.snapshot_s,
-                            "encode_s": r.encode_s, "upload_s": r.upload_s,
-                            "wire_bytes": r.wire_bytes, "raw_bytes": r.raw_bytes})
+            records.append(
+                {
+                    "version": v,
+                    "t_publish": t,
+                    "snapshot_s": r.snapshot_s,
+                    "encode_s": r.encode_s,
+                    "upload_s": r.upload_s,
+                    "wire_bytes": r.wire_bytes,
+                    "raw_bytes": r.raw_bytes,
+                }
+            )
     (work / "publisher.json").write_text(json.dumps(records))
 
 
@@ -145,6 +168,7 @@ def run_subscriber(work: Path, steps: int) -> None:
         full = len(store.get("reference/full-bf16"))
         full_s = time.perf_counter() - t0
     from weight_teleport.bench.simulate import ModelConfig
+
     shapes = tensor_shapes(ModelConfig("qwen3-0.56b", 1024, 3072, 16, 16, 8, 128, 151936))
     live = {k: torch.zeros(s, dtype=torch.bfloat16) for k, s in shapes.items()}
     records = []
@@ -155,9 +179,16 @@ def run_subscriber(work: Path, steps: int) -> None:
             sub.wait()
             t_ready = time.time()
             report = sub.apply()
-            records.append({"version": v, "t_ready": t_ready, "pause_s": report.pause_s,
-                            "decode_s": sub.stats.stage_s - stage_before,
-                            "fetched": report.bytes_fetched, "versions": report.versions})
+            records.append(
+                {
+                    "version": v,
+                    "t_ready": t_ready,
+                    "pause_s": report.pause_s,
+                    "decode_s": sub.stats.stage_s - stage_before,
+                    "fetched": report.bytes_fetched,
+                    "versions": report.versions,
+                }
+            )
     out = {"full_bytes": full, "full_fetch_s": full_s, "versions": records}
     (work / "subscriber.json").write_text(json.dumps(out))
 
@@ -171,14 +202,28 @@ def summarize(work: Path) -> dict:
         link_s = p["wire_bytes"] * 8 / RATE_BPS
         budget = 1.2 * link_s + 0.2 + p["snapshot_s"] + p["encode_s"] + s["decode_s"]
         ready = s["t_ready"] - p["t_publish"]
-        rows.append({"version": p["version"], "wire_MB": p["wire_bytes"] / 1e6,
-                     "ratio": p["raw_bytes"] / p["wire_bytes"], "snapshot_s": p["snapshot_s"],
-                     "encode_s": p["encode_s"], "upload_s": p["upload_s"],
-                     "decode_s": s["decode_s"], "publish_to_ready_s": ready,
-                     "target_s": budget, "met": ready <= budget, "pause_ms": s["pause_s"] * 1e3})
-    return {"weights_MB": pub[0]["raw_bytes"] / 1e6, "full_bf16_fetch_s": sub["full_fetch_s"],
-            "full_bf16_MB": sub["full_bytes"] / 1e6,
-            "link_MBps_measured": sub["full_bytes"] / sub["full_fetch_s"] / 1e6, "versions": rows}
+        rows.append(
+            {
+                "version": p["version"],
+                "wire_MB": p["wire_bytes"] / 1e6,
+                "ratio": p["raw_bytes"] / p["wire_bytes"],
+                "snapshot_s": p["snapshot_s"],
+                "encode_s": p["encode_s"],
+                "upload_s": p["upload_s"],
+                "decode_s": s["decode_s"],
+                "publish_to_ready_s": ready,
+                "target_s": budget,
+                "met": ready <= budget,
+                "pause_ms": s["pause_s"] * 1e3,
+            }
+        )
+    return {
+        "weights_MB": pub[0]["raw_bytes"] / 1e6,
+        "full_bf16_fetch_s": sub["full_fetch_s"],
+        "full_bf16_MB": sub["full_bytes"] / 1e6,
+        "link_MBps_measured": sub["full_bytes"] / sub["full_fetch_s"] / 1e6,
+        "versions": rows,
+    }
 
 
 def orchestrate(steps: int, lr: float) -> dict:
@@ -189,14 +234,13 @@ def orchestrate(steps: int, lr: float) -> dict:
     try:
         with tempfile.TemporaryDirectory(prefix="wt-slow-link-") as tmp:
             work = Path(tmp)
-            procs.append(subprocess.Popen(["ip", "netns", "exec", NS_PUB, py, me, "origin",
-                                           str(work / "origin")]))
+            procs.append(subprocess.Popen(["ip", "netns", "exec", NS_PUB, py, me, "origin", str(work / "origin")]))
             procs.append(subprocess.Popen(["ip", "netns", "exec", NS_SUB, py, me, "proxy"]))
-            procs.append(subprocess.Popen(["ip", "netns", "exec", NS_SUB, py, me, "subscribe",
-                                           str(work), str(steps)]))
+            procs.append(subprocess.Popen(["ip", "netns", "exec", NS_SUB, py, me, "subscribe", str(work), str(steps)]))
             time.sleep(2)
-            subprocess.run(["ip", "netns", "exec", NS_PUB, py, me, "publish", str(work),
-                            str(steps), str(lr)], check=True)
+            subprocess.run(
+                ["ip", "netns", "exec", NS_PUB, py, me, "publish", str(work), str(steps), str(lr)], check=True
+            )
             procs[-1].wait(timeout=600)
             return summarize(work)
     finally:
@@ -209,8 +253,7 @@ def orchestrate(steps: int, lr: float) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("role", nargs="?", default="all",
-                        choices=["all", "origin", "proxy", "publish", "subscribe"])
+    parser.add_argument("role", nargs="?", default="all", choices=["all", "origin", "proxy", "publish", "subscribe"])
     parser.add_argument("rest", nargs="*")
     parser.add_argument("--steps", type=int, default=3, help="delta versions after the anchor")
     parser.add_argument("--lr", type=float, default=2e-6)
@@ -218,8 +261,7 @@ def main() -> None:
     if args.role == "origin":
         from weight_teleport.server import ServerConfig, serve_forever
 
-        serve_forever(ServerConfig(root=Path(args.rest[0]), host=IP_PUB, port=ORIGIN_PORT,
-                                   token=TOKEN))
+        serve_forever(ServerConfig(root=Path(args.rest[0]), host=IP_PUB, port=ORIGIN_PORT, token=TOKEN))
     elif args.role == "proxy":
         asyncio.run(_proxy(DELAY_S))
     elif args.role == "publish":

@@ -38,8 +38,9 @@ def _package(version: str, into: Path, index: int) -> str:
     if (src / "weight_teleport").is_dir():
         shutil.copytree(src / "weight_teleport", dst, ignore=shutil.ignore_patterns("__pycache__"))
     else:
-        tar = subprocess.run(["git", "-C", str(ROOT), "archive", version, "weight_teleport"], check=True,
-                             capture_output=True).stdout
+        tar = subprocess.run(
+            ["git", "-C", str(ROOT), "archive", version, "weight_teleport"], check=True, capture_output=True
+        ).stdout
         with tarfile.open(fileobj=BytesIO(tar)) as t:
             t.extractall(into / "_tmp", filter="data")
         (into / "_tmp" / "weight_teleport").rename(dst)
@@ -53,8 +54,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("versions", nargs="+", help="git revisions or directories holding weight_teleport/")
     ap.add_argument("--calls", type=int, default=10)
-    ap.add_argument("--what", default="encode,stage", help="of encode, encode_pinned (the pack written into "
-                    "pinned memory), stage, pinned (stage of the pack in pinned memory); the pinned ones CUDA only")
+    ap.add_argument(
+        "--what",
+        default="encode,stage",
+        help="of encode, encode_pinned (the pack written into "
+        "pinned memory), stage, pinned (stage of the pack in pinned memory); the pinned ones CUDA only",
+    )
     ap.add_argument("--model", default=None, help="default: qwen3-8b on CUDA, qwen3-0.6b on the CPU")
     ap.add_argument("--apart", action="store_true", help="each call's repeats in a row, not alternated")
     args = ap.parse_args()
@@ -73,23 +78,31 @@ def main() -> None:
         state = {k: t.clone() for k, t in old.items()}
         m.apply_staged(state, m.stage_delta(state, pack))
         exact = all(torch.equal(state[k].view(torch.int16), new[k].view(torch.int16)) for k in new)
-        print(f"{v}: pack {len(p)} bytes, {'the same' if p == pack else 'DIFFERENT'}; stage + apply "
-              f"{'bit-exact' if exact else 'NOT EXACT'}", flush=True)
+        print(
+            f"{v}: pack {len(p)} bytes, {'the same' if p == pack else 'DIFFERENT'}; stage + apply "
+            f"{'bit-exact' if exact else 'NOT EXACT'}",
+            flush=True,
+        )
     state = {k: t.clone() for k, t in old.items()}
     pinned = next(iter(mods.values())).pinned_pack(pack) if "pinned" in args.what else None
     if pinned is not None:
         for m in mods.values():  # untimed: each version's first stage of a pinned pack took 0.9-1.6 s
             m.stage_delta(state, pinned)
-    calls = {"encode": lambda m: m.encode_delta(old, new, base_version=0, version=1),
-             "encode_pinned": lambda m: m.encode_delta(old, new, base_version=0, version=1, pinned=True),
-             "stage": lambda m: m.stage_delta(state, pack), "pinned": lambda m: m.stage_delta(state, pinned)}
+    calls = {
+        "encode": lambda m: m.encode_delta(old, new, base_version=0, version=1),
+        "encode_pinned": lambda m: m.encode_delta(old, new, base_version=0, version=1, pinned=True),
+        "stage": lambda m: m.stage_delta(state, pack),
+        "pinned": lambda m: m.stage_delta(state, pinned),
+    }
     if "encode_pinned" in args.what:  # versions without pinned packs are left out of its rows
         mods_of = {v: m for v, m in mods.items() if "pinned" in inspect.signature(m.encode_delta).parameters}
         for v, m in mods_of.items():
             same = bytes(calls["encode_pinned"](m)) == pack
             print(f"{v}: pack in pinned memory {'the same' if same else 'DIFFERENT'}", flush=True)
     times: dict = {}
-    runs = [(what, v, m) for what in args.what.split(",") for v, m in (mods_of if what == "encode_pinned" else mods).items()]
+    runs = [
+        (what, v, m) for what in args.what.split(",") for v, m in (mods_of if what == "encode_pinned" else mods).items()
+    ]
     order = [r for r in runs for _ in range(args.calls)] if args.apart else runs * args.calls
     for what, v, m in order:
         sync()

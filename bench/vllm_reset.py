@@ -97,20 +97,33 @@ def run(args) -> list[dict]:
         torch.manual_seed(0)
         model = Qwen3ForCausalLM(config).to(torch.bfloat16)
         model.save_pretrained(path)
-        state = {k: v.detach().clone() for k, v in model.state_dict().items()
-                 if not (config.tie_word_embeddings and k == "lm_head.weight")}
+        state = {
+            k: v.detach().clone()
+            for k, v in model.state_dict().items()
+            if not (config.tie_word_embeddings and k == "lm_head.weight")
+        }
         del model
-        llm = LLM(model=path, skip_tokenizer_init=True, enforce_eager=True, dtype="bfloat16",
-                  tensor_parallel_size=args.tp, max_model_len=(args.prefix_blocks + 1) * BLOCK,
-                  max_num_seqs=PROMPTS, seed=0, worker_extension_cls=WORKER_EXTENSION,
-                  weight_transfer_config={"backend": BACKEND})
+        llm = LLM(
+            model=path,
+            skip_tokenizer_init=True,
+            enforce_eager=True,
+            dtype="bfloat16",
+            tensor_parallel_size=args.tp,
+            max_model_len=(args.prefix_blocks + 1) * BLOCK,
+            max_num_seqs=PROMPTS,
+            seed=0,
+            worker_extension_cls=WORKER_EXTENSION,
+            weight_transfer_config={"backend": BACKEND},
+        )
         VllmTarget(llm)  # on vLLM's CPU backend: plain, patchable linear weights
         blocks = llm.llm_engine.vllm_config.cache_config.num_gpu_blocks
-        llm.init_weight_transfer_engine({"init_info": {"store_url": f"file://{store}", "initial_version": 0,
-                                                       "watch_timeout_s": 0.2}})
+        llm.init_weight_transfer_engine(
+            {"init_info": {"store_url": f"file://{store}", "initial_version": 0, "watch_timeout_s": 0.2}}
+        )
         gen = torch.Generator().manual_seed(1)
-        with Publisher(f"file://{store}", PublisherConfig(hints=slice_hints(config.to_dict(), [args.tp]),
-                                                          anchor_every=10 ** 6)) as pub:
+        with Publisher(
+            f"file://{store}", PublisherConfig(hints=slice_hints(config.to_dict(), [args.tp]), anchor_every=10**6)
+        ) as pub:
             pub.publish(state, version=0).wait()
             for version in range(1, args.versions + 1):
                 state = mutate(state, args.density, gen)
@@ -129,13 +142,15 @@ def run(args) -> list[dict]:
 def table(rows: list[dict]) -> str:
     med = {k: statistics.median(r[k] for r in rows[1:] or rows) for k in rows[0] if k != "version"}
     lines = [f"| KV cache of {med['kv_blocks']} blocks | median (ms) |", "|---|---|"]
-    lines += [f"| pause without the reset: vLLM's three calls | {med['update']:.1f} |",
-              f"| the workers' outcome (`teleport_status`) | {med['outcome']:.1f} |",
-              f"| the reset: prefix cache and encoder cache | {med['reset']:.1f} |",
-              f"| the label (`update_weight_version`) | {med['label']:.1f} |",
-              f"| **pause with the reset** (`commit_version`) | **{med['with_reset']:.1f}** |",
-              f"| first generation after the pause (prefix computed again) | {med['generate_after_reset_s'] * 1e3:.0f} |",
-              f"| the same generation, prefix cached | {med['generate_cached_s'] * 1e3:.0f} |"]
+    lines += [
+        f"| pause without the reset: vLLM's three calls | {med['update']:.1f} |",
+        f"| the workers' outcome (`teleport_status`) | {med['outcome']:.1f} |",
+        f"| the reset: prefix cache and encoder cache | {med['reset']:.1f} |",
+        f"| the label (`update_weight_version`) | {med['label']:.1f} |",
+        f"| **pause with the reset** (`commit_version`) | **{med['with_reset']:.1f}** |",
+        f"| first generation after the pause (prefix computed again) | {med['generate_after_reset_s'] * 1e3:.0f} |",
+        f"| the same generation, prefix cached | {med['generate_cached_s'] * 1e3:.0f} |",
+    ]
     return "\n".join(lines)
 
 

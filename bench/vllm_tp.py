@@ -51,12 +51,28 @@ def qwen3_config(small: bool, layers: int):
     from transformers import Qwen3Config
 
     if small:
-        return Qwen3Config(vocab_size=512, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-                           num_attention_heads=4, num_key_value_heads=2, head_dim=64,
-                           max_position_embeddings=256, tie_word_embeddings=False)
-    return Qwen3Config(vocab_size=151936, hidden_size=1024, intermediate_size=3072, num_hidden_layers=layers,
-                       num_attention_heads=16, num_key_value_heads=8, head_dim=128,
-                       max_position_embeddings=4096, tie_word_embeddings=True)
+        return Qwen3Config(
+            vocab_size=512,
+            hidden_size=128,
+            intermediate_size=256,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=64,
+            max_position_embeddings=256,
+            tie_word_embeddings=False,
+        )
+    return Qwen3Config(
+        vocab_size=151936,
+        hidden_size=1024,
+        intermediate_size=3072,
+        num_hidden_layers=layers,
+        num_attention_heads=16,
+        num_key_value_heads=8,
+        head_dim=128,
+        max_position_embeddings=4096,
+        tie_word_embeddings=True,
+    )
 
 
 def mutate(state: dict, density: float, gen: torch.Generator) -> dict:
@@ -85,11 +101,14 @@ def trainer(conn, path: str, stores: list[str], small: bool, layers: int, tp: in
     config = qwen3_config(small, layers)
     model = Qwen3ForCausalLM(config).to(torch.bfloat16)
     model.save_pretrained(path)
-    state = {k: v.detach().clone() for k, v in model.state_dict().items()
-             if not (config.tie_word_embeddings and k == "lm_head.weight")}
+    state = {
+        k: v.detach().clone()
+        for k, v in model.state_dict().items()
+        if not (config.tie_word_embeddings and k == "lm_head.weight")
+    }
     del model
-    hinted = PublisherConfig(hints=slice_hints(config.to_dict(), [tp]), anchor_every=10 ** 6)
-    pubs = [Publisher(stores[0], hinted), Publisher(stores[1], PublisherConfig(anchor_every=10 ** 6))]
+    hinted = PublisherConfig(hints=slice_hints(config.to_dict(), [tp]), anchor_every=10**6)
+    pubs = [Publisher(stores[0], hinted), Publisher(stores[1], PublisherConfig(anchor_every=10**6))]
     for pub in pubs:
         pub.publish(state, version=0).wait()
     gen, version = torch.Generator().manual_seed(1), 0
@@ -118,8 +137,9 @@ class Memory:
 
         me = psutil.Process()
         self.procs = {"outside (this process)": me.pid}
-        self.procs |= {p.name(): p.pid for p in me.children(recursive=True)
-                       if "Worker" in p.name() or "EngineCore" in p.name()}
+        self.procs |= {
+            p.name(): p.pid for p in me.children(recursive=True) if "Worker" in p.name() or "EngineCore" in p.name()
+        }
 
     @staticmethod
     def _kb(pid: int, field: str) -> int:
@@ -142,8 +162,9 @@ class Memory:
 
 def patch_bytes(staged) -> int:
     """Bytes of positions and values in a staged patch: what `VllmTarget.apply` sends."""
-    return sum((0 if c.positions is None else c.positions.nbytes) + c.values.nbytes
-               for t in staged.tensors for c in t.chunks)
+    return sum(
+        (0 if c.positions is None else c.positions.nbytes) + c.values.nbytes for t in staged.tensors for c in t.chunks
+    )
 
 
 def wait_staged(llm, version: int, timeout_s: float = 600.0) -> None:
@@ -175,10 +196,16 @@ def after_route(llm, conn, version: int, mem: Memory) -> dict:
     status = llm.collective_rpc("teleport_status")
     outcomes = {s["outcomes"][-1][1] for s in status}
     assert outcomes == {"APPLIED"}, outcomes
-    return {"pack": size, "rpc": len(msgspec.msgpack.encode(info)), "pause": t3 - t0, "update": t2 - t1,
-            "scatter": [s["apply_s"][version] for s in status],
-            "fetched": [s["fetched"][version] for s in status],
-            "ready": max(s["staged_at"][version] for s in status) - t_pub, "mem": mem.growth(start)}
+    return {
+        "pack": size,
+        "rpc": len(msgspec.msgpack.encode(info)),
+        "pause": t3 - t0,
+        "update": t2 - t1,
+        "scatter": [s["apply_s"][version] for s in status],
+        "fetched": [s["fetched"][version] for s in status],
+        "ready": max(s["staged_at"][version] for s in status) - t_pub,
+        "mem": mem.growth(start),
+    }
 
 
 def before_route(sub, target, conn, mem: Memory) -> dict:
@@ -189,8 +216,14 @@ def before_route(sub, target, conn, mem: Memory) -> dict:
     ready = time.time() - t_pub
     report = sub.apply()
     staged, target.last = target.last, None
-    return {"pack": size, "rpc": patch_bytes(staged), "pause": report.pause_s, "fetched": report.bytes_fetched,
-            "ready": ready, "mem": mem.growth(start)}
+    return {
+        "pack": size,
+        "rpc": patch_bytes(staged),
+        "pause": report.pause_s,
+        "fetched": report.bytes_fetched,
+        "ready": ready,
+        "mem": mem.growth(start),
+    }
 
 
 def check_bits(target, path: str, config: dict, tp: int) -> None:
@@ -204,10 +237,11 @@ def check_bits(target, path: str, config: dict, tp: int) -> None:
     want = load_file(path)
     for rank, got in enumerate(target.local_weights()):
         for name, s in worker_slices(config, tp, rank).items():
-            block = want[name][s.lo:s.hi] if s.order == "rows" else want[name][:, s.lo:s.hi].t()
+            block = want[name][s.lo : s.hi] if s.order == "rows" else want[name][:, s.lo : s.hi].t()
             view = walk_view(got[s.param], s)
-            assert torch.equal(view.reshape(block.shape).view(torch.int16), block.view(torch.int16)), \
+            assert torch.equal(view.reshape(block.shape).view(torch.int16), block.view(torch.int16)), (
                 f"rank {rank}: {name} differs"
+            )
 
 
 def run(args) -> dict:
@@ -223,6 +257,7 @@ def run(args) -> dict:
         version 0: the engine loaded those very weights from the checkpoint, and pushing a
         whole model through this route is what it cannot afford (at 0.53B parameters a
         worker took ~10 GB doing so on this machine and was killed)."""
+
         last = None
 
         def apply(self, staged) -> None:
@@ -238,12 +273,22 @@ def run(args) -> dict:
         proc = ctx.Process(target=trainer, args=(child, path, stores, args.small, args.layers, args.tp), daemon=True)
         proc.start()
         params = conn.recv()
-        llm = LLM(model=path, skip_tokenizer_init=True, enforce_eager=True, dtype="bfloat16",
-                  tensor_parallel_size=args.tp, max_model_len=128, max_num_seqs=4, seed=0,
-                  worker_extension_cls=WORKER_EXTENSION, weight_transfer_config={"backend": BACKEND})
+        llm = LLM(
+            model=path,
+            skip_tokenizer_init=True,
+            enforce_eager=True,
+            dtype="bfloat16",
+            tensor_parallel_size=args.tp,
+            max_model_len=128,
+            max_num_seqs=4,
+            seed=0,
+            worker_extension_cls=WORKER_EXTENSION,
+            weight_transfer_config={"backend": BACKEND},
+        )
         target = RecordingTarget(llm)
-        llm.init_weight_transfer_engine({"init_info": {"store_url": stores[0], "initial_version": 0,
-                                                       "watch_timeout_s": 0.2}})
+        llm.init_weight_transfer_engine(
+            {"init_info": {"store_url": stores[0], "initial_version": 0, "watch_timeout_s": 0.2}}
+        )
         mem = Memory()
         idle = mem.rss()
         sub = Subscriber(stores[1], target, SubscriberConfig(watch_timeout_s=0.2, heartbeat_s=None))
@@ -254,8 +299,14 @@ def run(args) -> dict:
         for density in args.densities:
             conn.send(("mutate", density))
             version = conn.recv()
-            rows.append({"version": version, "density": density, "after": after_route(llm, conn, version, mem),
-                         "before": before_route(sub, target, conn, mem)})
+            rows.append(
+                {
+                    "version": version,
+                    "density": density,
+                    "after": after_route(llm, conn, version, mem),
+                    "before": before_route(sub, target, conn, mem),
+                }
+            )
             print(json.dumps(rows[-1]), flush=True)
         sub.close()
         conn.send(("save", f"{d}/last.safetensors"))
@@ -273,22 +324,27 @@ def summary(result: dict) -> str:
     pack = med("after", "pack")
     fetched = max(max(r["after"]["fetched"]) / r["after"]["pack"] for r in rows)
     scatter = med("after", "pause") / statistics.median(max(r["after"]["scatter"]) for r in rows)
-    lines = [f"TP={result['tp']}, {result['params'] / 1e6:.1f}M bf16 parameters; versions "
-             f"{rows[0]['version']}-{rows[-1]['version']} at densities {[r['density'] for r in rows]}; medians",
-             "| | before (collective_rpc of the patch) | after (worker-local) |", "|---|---|---|",
-             f"| pack | {med('before', 'pack') / 1e6:.2f} MB | {pack / 1e6:.2f} MB (cut at the slice bounds) |",
-             f"| RPC bytes in the pause | {med('before', 'rpc') / 1e6:.2f} MB | {med('after', 'rpc')} B |",
-             f"| pause | {med('before', 'pause') * 1e3:.1f} ms | {med('after', 'pause') * 1e3:.1f} ms "
-             f"(update_weights {med('after', 'update') * 1e3:.1f} ms) |",
-             f"| worker's own scatter | | {statistics.median(max(r['after']['scatter']) for r in rows) * 1e3:.1f} ms "
-             f"(pause / scatter {scatter:.2f}x) |",
-             f"| fetched per rank | whole pack, once, in the engine's process | max {fetched:.3f} of the pack |",
-             f"| publish -> all ranks ready | {med('before', 'ready'):.2f} s (then the pause) | "
-             f"{med('after', 'ready'):.2f} s |",
-             f"| host shadow outside the engine | {result['shadow_rss_gb']:.2f} GB | none |"]
+    lines = [
+        f"TP={result['tp']}, {result['params'] / 1e6:.1f}M bf16 parameters; versions "
+        f"{rows[0]['version']}-{rows[-1]['version']} at densities {[r['density'] for r in rows]}; medians",
+        "| | before (collective_rpc of the patch) | after (worker-local) |",
+        "|---|---|---|",
+        f"| pack | {med('before', 'pack') / 1e6:.2f} MB | {pack / 1e6:.2f} MB (cut at the slice bounds) |",
+        f"| RPC bytes in the pause | {med('before', 'rpc') / 1e6:.2f} MB | {med('after', 'rpc')} B |",
+        f"| pause | {med('before', 'pause') * 1e3:.1f} ms | {med('after', 'pause') * 1e3:.1f} ms "
+        f"(update_weights {med('after', 'update') * 1e3:.1f} ms) |",
+        f"| worker's own scatter | | {statistics.median(max(r['after']['scatter']) for r in rows) * 1e3:.1f} ms "
+        f"(pause / scatter {scatter:.2f}x) |",
+        f"| fetched per rank | whole pack, once, in the engine's process | max {fetched:.3f} of the pack |",
+        f"| publish -> all ranks ready | {med('before', 'ready'):.2f} s (then the pause) | "
+        f"{med('after', 'ready'):.2f} s |",
+        f"| host shadow outside the engine | {result['shadow_rss_gb']:.2f} GB | none |",
+    ]
     for name in rows[0]["after"]["mem"]:
-        lines.append(f"| peak RSS growth, {name} (idle {result['idle_rss_gb'][name]:.2f} GB) | "
-                     f"{peak('before')[name] * 1e3:.1f} MB | {peak('after')[name] * 1e3:.1f} MB |")
+        lines.append(
+            f"| peak RSS growth, {name} (idle {result['idle_rss_gb'][name]:.2f} GB) | "
+            f"{peak('before')[name] * 1e3:.1f} MB | {peak('after')[name] * 1e3:.1f} MB |"
+        )
     return "\n".join(lines)
 
 
@@ -296,8 +352,11 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tp", type=int, default=2)
     ap.add_argument("--layers", type=int, default=24, help="Qwen3-0.6B shapes; 24 layers: 0.53B parameters")
-    ap.add_argument("--densities", default="0.01,0.02,0.03,0.01,0.02",
-                    help="fraction of elements changed per version (the first is a warm-up)")
+    ap.add_argument(
+        "--densities",
+        default="0.01,0.02,0.03,0.01,0.02",
+        help="fraction of elements changed per version (the first is a warm-up)",
+    )
     ap.add_argument("--small", action="store_true", help="a tiny Qwen3 (checks the script)")
     ap.add_argument("--out", help="write the per-version JSON here")
     args = ap.parse_args()

@@ -65,10 +65,22 @@ def sync() -> None:
         torch.cuda.synchronize()
 
 
-MOE = {"qwen3-30b-a3b": {"model_type": "qwen3_moe", "vocab_size": 151936, "hidden_size": 2048,
-                         "intermediate_size": 6144, "moe_intermediate_size": 768, "num_experts": 128,
-                         "num_experts_per_tok": 8, "num_hidden_layers": 48, "num_attention_heads": 32,
-                         "num_key_value_heads": 4, "head_dim": 128, "tie_word_embeddings": False}}
+MOE = {
+    "qwen3-30b-a3b": {
+        "model_type": "qwen3_moe",
+        "vocab_size": 151936,
+        "hidden_size": 2048,
+        "intermediate_size": 6144,
+        "moe_intermediate_size": 768,
+        "num_experts": 128,
+        "num_experts_per_tok": 8,
+        "num_hidden_layers": 48,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 4,
+        "head_dim": 128,
+        "tie_word_embeddings": False,
+    }
+}
 """Mixture-of-experts models by their config (vLLM's fused-MoE layout), cut to `--layers`."""
 
 
@@ -76,9 +88,17 @@ def hf_config(name: str, layers: int | None = None) -> dict:
     if name in MOE:
         return {**MOE[name], **({"num_hidden_layers": layers} if layers else {})}
     c = make_config(name)
-    return {"model_type": "qwen3", "vocab_size": c.vocab, "hidden_size": c.hidden, "intermediate_size": c.intermediate,
-            "num_hidden_layers": c.layers, "num_attention_heads": c.heads, "num_key_value_heads": c.kv_heads,
-            "head_dim": c.head_dim, "tie_word_embeddings": False}
+    return {
+        "model_type": "qwen3",
+        "vocab_size": c.vocab,
+        "hidden_size": c.hidden,
+        "intermediate_size": c.intermediate,
+        "num_hidden_layers": c.layers,
+        "num_attention_heads": c.heads,
+        "num_key_value_heads": c.kv_heads,
+        "head_dim": c.head_dim,
+        "tie_word_embeddings": False,
+    }
 
 
 class Trainer:
@@ -219,8 +239,14 @@ def rank_process(conn, params: dict, slices: dict, rank: int, url: str, device: 
             deadline = time.monotonic() + 600
             while v not in worker.status()["staged_at"] and time.monotonic() < deadline:
                 time.sleep(0.005)
-            conn.send({**worker.status(), "host_added": rss() - host0, "pinned_added": pinned() - pinned0,
-                       "device_added": device_added(dev0)})
+            conn.send(
+                {
+                    **worker.status(),
+                    "host_added": rss() - host0,
+                    "pinned_added": pinned() - pinned0,
+                    "device_added": device_added(dev0),
+                }
+            )
             dev0 = device_marker()  # the next version's stage starts after this one's commit
     finally:
         worker.shutdown()
@@ -233,8 +259,9 @@ class ProcessRank:
     def __init__(self, params: dict, slices: dict, rank: int, url: str, group: tuple[int, int]):
         ctx = mp.get_context("spawn")
         self.conn, child = ctx.Pipe()
-        self.proc = ctx.Process(target=rank_process, args=(child, params, slices, rank, url, DEVICE, group),
-                                daemon=True)
+        self.proc = ctx.Process(
+            target=rank_process, args=(child, params, slices, rank, url, DEVICE, group), daemon=True
+        )
         self.proc.start()
         self.last: dict = {}
 
@@ -261,8 +288,17 @@ class ProcessRank:
         self.proc.join(60)
 
 
-def workers_route(url: str, trainer: Trainer, pub: Publisher, config: dict, tp: int, versions: int,
-                  density: float, processes: bool, ep: bool = False) -> list[dict]:
+def workers_route(
+    url: str,
+    trainer: Trainer,
+    pub: Publisher,
+    config: dict,
+    tp: int,
+    versions: int,
+    density: float,
+    processes: bool,
+    ep: bool = False,
+) -> list[dict]:
     """`processes`: each rank in a child process, its memory measured there (else every rank
     in this process, whose memory holds the trainer's publisher too). `ep`: the ranks hold
     their experts whole (expert parallelism)."""
@@ -277,8 +313,9 @@ def workers_route(url: str, trainer: Trainer, pub: Publisher, config: dict, tp: 
         group = (_free_port(), tp)
         for r in range(tp):
             slices = worker_slices(config, tp, r, ep)
-            ranks.append(ProcessRank(params[r], slices, r, url, group) if processes
-                         else LocalRank(params[r], slices, r, url))
+            ranks.append(
+                ProcessRank(params[r], slices, r, url, group) if processes else LocalRank(params[r], slices, r, url)
+            )
         for rk in ranks:
             rk.attached()
         rows = []
@@ -295,8 +332,9 @@ def workers_route(url: str, trainer: Trainer, pub: Publisher, config: dict, tp: 
             st = [rk.status() for rk in ranks]
             ready = max(s["staged_at"][v] for s in st) - t0
             if processes:  # the ranks' own, added up
-                host_added, pinned_added, dev_added = (sum(s[k] for s in st) for k in
-                                                       ("host_added", "pinned_added", "device_added"))
+                host_added, pinned_added, dev_added = (
+                    sum(s[k] for s in st) for k in ("host_added", "pinned_added", "device_added")
+                )
             else:
                 host_added = rss() - host0 - _store_bytes(url, host_store0)
                 pinned_added, dev_added = pinned() - pinned0, device_added(dev0)
@@ -309,17 +347,25 @@ def workers_route(url: str, trainer: Trainer, pub: Publisher, config: dict, tp: 
                 [rk.staged(v) for rk in ranks]  # the status after the commit
             st = [rk.status() for rk in ranks]
             size = result.objects[0].size
-            rows.append(dict(version=v, pack_bytes=size, ready_s=ready, outcomes=outcomes,
-                             stage_ms=[s["stage_s"][v] * 1e3 for s in st],
-                             fetch_ms=[s["fetch_s"][v] * 1e3 for s in st],
-                             pause_ms=[s["apply_s"].get(v, float("nan")) * 1e3 for s in st],
-                             fetched=[s["fetched"][v] for s in st],
-                             fetched_share=[s["fetched"][v] / size for s in st],
-                             patch_bytes=[s["patch_bytes"][v] for s in st], host_added=host_added,
-                             pinned_added=pinned_added, device_added=dev_added,
-                             param_bytes=[sum(p.numel() * p.element_size() for p in params[r].values())
-                                          for r in range(tp)],
-                             exact=all(exact(params[r], trainer.weights, config, tp, r, ep) for r in range(tp))))
+            rows.append(
+                dict(
+                    version=v,
+                    pack_bytes=size,
+                    ready_s=ready,
+                    outcomes=outcomes,
+                    stage_ms=[s["stage_s"][v] * 1e3 for s in st],
+                    fetch_ms=[s["fetch_s"][v] * 1e3 for s in st],
+                    pause_ms=[s["apply_s"].get(v, float("nan")) * 1e3 for s in st],
+                    fetched=[s["fetched"][v] for s in st],
+                    fetched_share=[s["fetched"][v] / size for s in st],
+                    patch_bytes=[s["patch_bytes"][v] for s in st],
+                    host_added=host_added,
+                    pinned_added=pinned_added,
+                    device_added=dev_added,
+                    param_bytes=[sum(p.numel() * p.element_size() for p in params[r].values()) for r in range(tp)],
+                    exact=all(exact(params[r], trainer.weights, config, tp, r, ep) for r in range(tp)),
+                )
+            )
             print(json.dumps(rows[-1]), flush=True)
     finally:
         for rk in ranks:
@@ -327,10 +373,14 @@ def workers_route(url: str, trainer: Trainer, pub: Publisher, config: dict, tp: 
     return rows
 
 
-PHASES = [("weight_teleport.targets.slice_stage", ["read_pack_header", "_chunk_ranges", "_fetch_into", "stage_delta",
-                                                    "bind_staged"]),
-          ("weight_teleport.codec.api", ["_lives"]),
-          ("weight_teleport.codec.cuda.stage.staging", ["windowed", "_on_host", "_patch", "_read_back", "word_sums"])]
+PHASES = [
+    (
+        "weight_teleport.targets.slice_stage",
+        ["read_pack_header", "_chunk_ranges", "_fetch_into", "stage_delta", "bind_staged"],
+    ),
+    ("weight_teleport.codec.api", ["_lives"]),
+    ("weight_teleport.codec.cuda.stage.staging", ["windowed", "_on_host", "_patch", "_read_back", "word_sums"]),
+]
 """Functions `phases` times: (module, names)."""
 
 
@@ -340,6 +390,7 @@ def phases(stage) -> dict[str, float]:
     overhead on Python code. The synchronisations serialise host and device work: the sum
     is an upper bound of the stage."""
     import importlib
+
     spent, saved = {}, []
 
     def timed(name, fn):
@@ -350,6 +401,7 @@ def phases(stage) -> dict[str, float]:
             finally:
                 sync()
                 spent[name] = spent.get(name, 0.0) + (time.perf_counter() - t0) * 1e3
+
         return run
 
     for module, names in PHASES:
@@ -378,8 +430,16 @@ def profile_stage(worker: WorkerLocal, v: int, params: dict) -> None:
         t0 = time.perf_counter()
         stage_entry(f.store, entry, params, f.slices, views=f.views)
         print(f"stage alone: {(time.perf_counter() - t0) * 1e3:.1f} ms", flush=True)
-    print("phases (ms): " + json.dumps({k: round(x, 1) for k, x in phases(
-        lambda: stage_entry(f.store, entry, params, f.slices, views=f.views)).items()}), flush=True)
+    print(
+        "phases (ms): "
+        + json.dumps(
+            {
+                k: round(x, 1)
+                for k, x in phases(lambda: stage_entry(f.store, entry, params, f.slices, views=f.views)).items()
+            }
+        ),
+        flush=True,
+    )
     prof = cProfile.Profile()
     prof.enable()
     stage_entry(f.store, entry, params, f.slices, views=f.views)
@@ -389,6 +449,7 @@ def profile_stage(worker: WorkerLocal, v: int, params: dict) -> None:
     pstats.Stats(prof).sort_stats("tottime").print_stats(25)
     if DEVICE == "cuda":
         from torch.profiler import ProfilerActivity, profile
+
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as kprof:
             stage_entry(f.store, entry, params, f.slices, views=f.views)
             sync()
@@ -400,8 +461,11 @@ def torch_route(url: str, trainer: Trainer, pub: Publisher, versions: int, densi
     sync()
     host0, host_store0, pinned0 = rss(), _store_bytes(url, 0), pinned()
     rows = []
-    with Subscriber(url, TorchTarget(live), SubscriberConfig(initial_version=0, watch_timeout_s=1.0,
-                                                             retry_backoff_s=0.05, retry_backoff_max_s=0.5)) as sub:
+    with Subscriber(
+        url,
+        TorchTarget(live),
+        SubscriberConfig(initial_version=0, watch_timeout_s=1.0, retry_backoff_s=0.05, retry_backoff_max_s=0.5),
+    ) as sub:
         sampler = Sampler(sub)
         try:
             for v in range(1, versions + 1):
@@ -410,14 +474,26 @@ def torch_route(url: str, trainer: Trainer, pub: Publisher, versions: int, densi
                 result = pub.publish(trainer.weights, version=v).wait(600)
                 dev0 = device_marker()
                 row = sampler.wait_for(v, 600)
-                rows.append(dict(version=v, pack_bytes=result.objects[0].size, ready_s=row["ready"] - t0,
-                                 stage_ms=[(row["fetch_s"] + row["stage_s"]) * 1e3], fetch_ms=[row["fetch_s"] * 1e3],
-                                 pause_ms=[row["pause_ms"]],
-                                 fetched=[row["fetched"]], fetched_share=[row["fetched"] / result.objects[0].size],
-                                 patch_bytes=[float("nan")], host_added=rss() - host0 - _store_bytes(url, host_store0),
-                                 pinned_added=pinned() - pinned0, device_added=device_added(dev0),
-                                 exact=all(torch.equal(live[k].view(torch.int16), w.view(torch.int16))
-                                           for k, w in trainer.weights.items())))
+                rows.append(
+                    dict(
+                        version=v,
+                        pack_bytes=result.objects[0].size,
+                        ready_s=row["ready"] - t0,
+                        stage_ms=[(row["fetch_s"] + row["stage_s"]) * 1e3],
+                        fetch_ms=[row["fetch_s"] * 1e3],
+                        pause_ms=[row["pause_ms"]],
+                        fetched=[row["fetched"]],
+                        fetched_share=[row["fetched"] / result.objects[0].size],
+                        patch_bytes=[float("nan")],
+                        host_added=rss() - host0 - _store_bytes(url, host_store0),
+                        pinned_added=pinned() - pinned0,
+                        device_added=device_added(dev0),
+                        exact=all(
+                            torch.equal(live[k].view(torch.int16), w.view(torch.int16))
+                            for k, w in trainer.weights.items()
+                        ),
+                    )
+                )
                 print(json.dumps(rows[-1]), flush=True)
         finally:
             sampler.close()
@@ -434,8 +510,9 @@ def run(route: str, transport: str, args) -> dict:
         url = f"memory://worker-{route}-{time.monotonic_ns()}"
     moe = args.model in MOE
     hints = None if route == "torch" else slice_hints(config, [1, 2], expert_parallel=(False, True) if moe else False)
-    pc = PublisherConfig(baseline_device=DEVICE, anchor_every=1 << 20, resume=False, hints=hints,
-                         store=StoreConfig(token=TOKEN))
+    pc = PublisherConfig(
+        baseline_device=DEVICE, anchor_every=1 << 20, resume=False, hints=hints, store=StoreConfig(token=TOKEN)
+    )
     try:
         with Publisher(url, pc) as pub:
             t0 = time.monotonic()
@@ -444,8 +521,17 @@ def run(route: str, transport: str, args) -> dict:
             if route == "torch":
                 rows = torch_route(url, trainer, pub, args.versions, args.density)
             else:
-                rows = workers_route(url, trainer, pub, config, 1 if route == "tp1" else 2, args.versions,
-                                     args.density, args.processes, ep=route == "ep2")
+                rows = workers_route(
+                    url,
+                    trainer,
+                    pub,
+                    config,
+                    1 if route == "tp1" else 2,
+                    args.versions,
+                    args.density,
+                    args.processes,
+                    ep=route == "ep2",
+                )
     finally:
         if origin is not None:
             origin.terminate()
@@ -457,11 +543,13 @@ def run(route: str, transport: str, args) -> dict:
 
 def table(results: list[dict], raw_gb: float) -> str:
     med = lambda xs: sorted(xs)[len(xs) // 2]
-    lines = [f"weights {raw_gb:.1f} GB bf16; medians over versions 2.. (version 1 in brackets)",
-             "| route | transport | pack MB | ready s | fetch + stage ms (per rank) | of which fetch ms "
-             "| pause ms (per rank) | rank GB | fetched share | patch MB (per rank) | host +GB (pinned) "
-             "| device +GB | exact |",
-             "|" + "---|" * 13]
+    lines = [
+        f"weights {raw_gb:.1f} GB bf16; medians over versions 2.. (version 1 in brackets)",
+        "| route | transport | pack MB | ready s | fetch + stage ms (per rank) | of which fetch ms "
+        "| pause ms (per rank) | rank GB | fetched share | patch MB (per rank) | host +GB (pinned) "
+        "| device +GB | exact |",
+        "|" + "---|" * 13,
+    ]
     for r in results:
         rows = r["rows"][1:] or r["rows"]
         ranks = len(rows[0]["stage_ms"])
@@ -469,14 +557,16 @@ def table(results: list[dict], raw_gb: float) -> str:
         share = " / ".join(f"{med([x['fetched_share'][k] for x in rows]):.2f}" for k in range(ranks))
         first = r["rows"][0]
         rank_gb = lambda row: " / ".join(f"{b / 1e9:.1f}" for b in row.get("param_bytes", [])) or "-"
-        lines.append(f"| {r['route']}{' (processes)' if r.get('processes') else ''} | {r['transport']} | {med([x['pack_bytes'] for x in rows]) / 1e6:.0f} "
-                     f"| {med([x['ready_s'] for x in rows]):.3f} ({first['ready_s']:.3f}) | {per('stage_ms')} "
-                     f"| {per('fetch_ms')} "
-                     f"| {per('pause_ms')} | {rank_gb(rows[-1])} | {share} | {' / '.join(f'{b / 1e6:.0f}' for b in rows[-1]['patch_bytes'])} "
-                     f"| {max(x['host_added'] for x in r['rows']) / 1e9:.2f} "
-                     f"({max(x['pinned_added'] for x in r['rows']) / 1e9:.2f}) "
-                     f"| {max(x['device_added'] for x in r['rows']) / 1e9:.2f} "
-                     f"| {all(x['exact'] for x in r['rows'])} |")
+        lines.append(
+            f"| {r['route']}{' (processes)' if r.get('processes') else ''} | {r['transport']} | {med([x['pack_bytes'] for x in rows]) / 1e6:.0f} "
+            f"| {med([x['ready_s'] for x in rows]):.3f} ({first['ready_s']:.3f}) | {per('stage_ms')} "
+            f"| {per('fetch_ms')} "
+            f"| {per('pause_ms')} | {rank_gb(rows[-1])} | {share} | {' / '.join(f'{b / 1e6:.0f}' for b in rows[-1]['patch_bytes'])} "
+            f"| {max(x['host_added'] for x in r['rows']) / 1e9:.2f} "
+            f"({max(x['pinned_added'] for x in r['rows']) / 1e9:.2f}) "
+            f"| {max(x['device_added'] for x in r['rows']) / 1e9:.2f} "
+            f"| {all(x['exact'] for x in r['rows'])} |"
+        )
     return "\n".join(lines)
 
 
@@ -486,14 +576,21 @@ def main() -> None:
     ap.add_argument("--versions", type=int, default=6)
     ap.add_argument("--density", type=float, default=0.027)
     ap.add_argument("--transport", action="append", choices=["memory", "http"])
-    ap.add_argument("--route", action="append", choices=["torch", "tp1", "tp2", "ep2"],
-                    help="ep2: two ranks with expert parallelism (a MoE model)")
+    ap.add_argument(
+        "--route",
+        action="append",
+        choices=["torch", "tp1", "tp2", "ep2"],
+        help="ep2: two ranks with expert parallelism (a MoE model)",
+    )
     ap.add_argument("--layers", type=int, default=None, help="cut the model to this many layers")
     ap.add_argument("--out", default=None)
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     ap.add_argument("--profile", action="store_true")
-    ap.add_argument("--processes", action="store_true",
-                    help="each worker rank in a process of its own (not with the memory:// store)")
+    ap.add_argument(
+        "--processes",
+        action="store_true",
+        help="each worker rank in a process of its own (not with the memory:// store)",
+    )
     args = ap.parse_args()
     global DEVICE, PROFILE
     DEVICE, PROFILE = args.device, args.profile

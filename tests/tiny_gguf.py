@@ -5,7 +5,9 @@ import numpy as np
 
 def _byte_tokens() -> list[str]:
     """GPT-2's byte-to-unicode alphabet: 256 one-character tokens."""
-    keep = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    keep = (
+        list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    )
     chars, extra = [], 0
     for b in range(256):
         if b in keep:
@@ -48,9 +50,15 @@ def write_tiny_gguf(path, hidden=32, layers=2, heads=4, kv_heads=2, ffn=64, seed
     w.add_tensor("output_norm.weight", np.ones(hidden, np.float32))
     for i in range(layers):
         p = f"blk.{i}."
-        for name, shape in [("attn_q", (hidden, hidden)), ("attn_k", (kv, hidden)), ("attn_v", (kv, hidden)),
-                            ("attn_output", (hidden, hidden)), ("ffn_gate", (ffn, hidden)),
-                            ("ffn_up", (ffn, hidden)), ("ffn_down", (hidden, ffn))]:
+        for name, shape in [
+            ("attn_q", (hidden, hidden)),
+            ("attn_k", (kv, hidden)),
+            ("attn_v", (kv, hidden)),
+            ("attn_output", (hidden, hidden)),
+            ("ffn_gate", (ffn, hidden)),
+            ("ffn_up", (ffn, hidden)),
+            ("ffn_down", (hidden, ffn)),
+        ]:
             w.add_tensor(p + name + ".weight", mat(*shape))
         w.add_tensor(p + "attn_norm.weight", np.ones(hidden, np.float32))
         w.add_tensor(p + "ffn_norm.weight", np.ones(hidden, np.float32))

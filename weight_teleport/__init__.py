@@ -13,11 +13,12 @@ import importlib
 __version__ = "0.1.0"
 
 _HOMES = {
-    **dict.fromkeys(["apply_delta", "apply_staged", "decode_snapshot", "encode_delta",
-                     "encode_snapshot", "stage_delta"], "weight_teleport.codec"),
+    **dict.fromkeys(
+        ["apply_delta", "apply_staged", "decode_snapshot", "encode_delta", "encode_snapshot", "stage_delta"],
+        "weight_teleport.codec",
+    ),
     **dict.fromkeys(["Publisher", "PublisherGroup"], "weight_teleport.publish"),
-    **dict.fromkeys(["PublisherConfig", "RetentionConfig", "SubscriberConfig"],
-                    "weight_teleport.pipeline"),
+    **dict.fromkeys(["PublisherConfig", "RetentionConfig", "SubscriberConfig"], "weight_teleport.pipeline"),
     "Subscriber": "weight_teleport.subscribe",
     "StoreConfig": "weight_teleport.store",
     "TorchTarget": "weight_teleport.targets.torch",

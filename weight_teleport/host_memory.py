@@ -115,6 +115,6 @@ def fill(dst: np.ndarray, parts: list, threads: int = FILL_THREADS) -> None:
                 break
             a, b = max(lo, starts[i]), min(hi, starts[i] + sizes[i])
             if b > a:
-                dst[a:b] = np.frombuffer(parts[i], np.uint8)[a - starts[i]:b - starts[i]]
+                dst[a:b] = np.frombuffer(parts[i], np.uint8)[a - starts[i] : b - starts[i]]
 
     in_runs(n, span, min(threads, os.cpu_count() or 1) if n >= THREADED_FILL_FROM else 1)

@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 import weight_teleport as wt
+
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # bench/: cuda_bench, versions
 from cuda_bench import make_delta
 from header_gc import run

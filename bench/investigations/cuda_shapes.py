@@ -16,14 +16,19 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 import weight_teleport as wt
+
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # bench/: cuda_bench, versions
 from cuda_bench import make_delta
 from weight_teleport.codec.cuda.kernels import class_ranks, encode_events, stage_place, warp
 
-KERNELS = {"scan": ("scan_words", "_scan_kernel"), "counts": ("class_counts", "hist_counts", "_table_counts_kernel"),
-           "events": ("class_events", "_events_kernel"),
-           "placement": ("place_lanes", "_decode_kernel"), "block starts": ("_block_changes_kernel",),
-           "bases": ("_bases_kernel",)}
+KERNELS = {
+    "scan": ("scan_words", "_scan_kernel"),
+    "counts": ("class_counts", "hist_counts", "_table_counts_kernel"),
+    "events": ("class_events", "_events_kernel"),
+    "placement": ("place_lanes", "_decode_kernel"),
+    "block starts": ("_block_changes_kernel",),
+    "bases": ("_bases_kernel",),
+}
 """Columns: the kernels (warp or Triton) that do each step."""
 SHAPES = ((2048, 16, 4), (1024, 16, 4), (1024, 8, 4), (2048, 8, 4), (512, 16, 4), (1024, 16, 2))
 """(block, rows, warps) of the Triton kernels tried with --all-shapes."""
@@ -69,8 +74,10 @@ def main() -> None:
         name = kind if shape is None else f"{kind} {shape[0]} x {shape[1]}, {shape[2]} warps"
         rows.append((name, pack is not None and pack == ref, exact, times))
         print(rows[-1], flush=True)
-    print(f"configured Triton shapes: block {configured[0]}, events rows {configured[1]} / {configured[2]} warps, "
-          f"placement rows {stage_place.ROW} / {stage_place.NUM_WARPS} warps")
+    print(
+        f"configured Triton shapes: block {configured[0]}, events rows {configured[1]} / {configured[2]} warps, "
+        f"placement rows {stage_place.ROW} / {stage_place.NUM_WARPS} warps"
+    )
     print(f"{'kernels':>28} {'same pack':>9} {'exact':>5} " + " ".join(f"{k:>12}" for k in KERNELS))
     for name, same, ok, t in rows:
         print(f"{name:>28} {str(same):>9} {str(ok):>5} " + " ".join(f"{t[k]:>9.2f} ms" for k in KERNELS))

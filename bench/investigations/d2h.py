@@ -1,7 +1,8 @@
 """Host <-> device copy bandwidth of pinned memory (the floor of a snapshot's encode and stage).
 
-    python bench/investigations/d2h.py [--gb 4]
+python bench/investigations/d2h.py [--gb 4]
 """
+
 import argparse
 
 import torch

@@ -29,20 +29,31 @@ def qwen3_8b_like_header(seed: int = 0) -> PackHeader:
         chunks = []
         for _ in part:
             n = int(rng.integers(5000, 40000))
-            chunks.append(ChunkRef(off, n, int(rng.integers(0, 2 ** 32))))
+            chunks.append(ChunkRef(off, n, int(rng.integers(0, 2**32))))
             off += n
-        recs.append(TensorRecord(name=f"model.layers.{i}.weight", dtype="bfloat16",
-                                 shape=(max(len(chunks), 1) * 4096, 1024), codec="sparse" if chunks else "same",
-                                 digest="0" * 16, base_digest="1" * 16, changed=len(chunks),
-                                 classes=[(0, 0), (100, 1), (120, 2)], inverted=[1], chunks=chunks))
+        recs.append(
+            TensorRecord(
+                name=f"model.layers.{i}.weight",
+                dtype="bfloat16",
+                shape=(max(len(chunks), 1) * 4096, 1024),
+                codec="sparse" if chunks else "same",
+                digest="0" * 16,
+                base_digest="1" * 16,
+                changed=len(chunks),
+                classes=[(0, 0), (100, 1), (120, 2)],
+                inverted=[1],
+                chunks=chunks,
+            )
+        )
     return PackHeader("delta", 1, 0, 1 << 22, recs, ["raw", "zstd"])
 
 
 def run(fn, calls: int) -> tuple[np.ndarray, int]:
     """(per-call ms, full collections that started inside a call)."""
     starts, spans = [], []
-    record = lambda phase, info: starts.append(time.perf_counter()) if phase == "start" and info["generation"] == 2 \
-        else None
+    record = lambda phase, info: (
+        starts.append(time.perf_counter()) if phase == "start" and info["generation"] == 2 else None
+    )
     gc.callbacks.append(record)
     try:
         for _ in range(calls):
@@ -63,11 +74,12 @@ def main() -> None:
     last = header.tensors[278].chunks[-1]
     pack = write_pack(header, [np.zeros(last.offset + last.length, np.uint8)])  # a payload the chunks fit
     paused = container.collections_paused
-    print(f"header {read_header(pack).payload_offset} bytes, "
-          f"{len(gc.get_objects())} objects tracked by the collector")
+    print(f"header {read_header(pack).payload_offset} bytes, {len(gc.get_objects())} objects tracked by the collector")
     print(f"{'call':12s} {'collector':10s} {'median':>8s} {'max':>8s} {'full collections inside':>24s}")
-    calls = (("write_pack", lambda: write_pack(header, [b""])),  # the header alone: no payload to join
-             ("read_header", lambda: read_header(pack)))
+    calls = (
+        ("write_pack", lambda: write_pack(header, [b""])),  # the header alone: no payload to join
+        ("read_header", lambda: read_header(pack)),
+    )
     for name, fn in calls:
         for mode in ("paused", "running"):
             container.collections_paused = paused if mode == "paused" else contextlib.nullcontext

@@ -63,13 +63,16 @@ def main() -> None:
     cli.add_argument("--rounds", type=int, default=2)
     args = cli.parse_args()
     with tempfile.TemporaryDirectory() as root:
-        origin = subprocess.Popen([sys.executable, "-m", "weight_teleport.cli", "serve", "--root",
-                                   root, "--port", "0"], stdout=subprocess.PIPE, text=True)
+        origin = subprocess.Popen(
+            [sys.executable, "-m", "weight_teleport.cli", "serve", "--root", root, "--port", "0"],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         try:
             origin_url = origin.stdout.readline().split()[-1]
             url = "memory://heartbeat-bench"
             states = versions(args.versions, args.mb)
-            with Publisher(url, PublisherConfig(anchor_every=10 ** 6)) as pub:
+            with Publisher(url, PublisherConfig(anchor_every=10**6)) as pub:
                 for s in states:
                     pub.publish(s)
                 pub.flush()
@@ -77,15 +80,27 @@ def main() -> None:
                 found: dict[str, list[float]] = {m: [] for m in MODES}
                 for _ in range(args.rounds):
                     for mode, every in MODES.items():
-                        found[mode] += pauses(url, replace(base, heartbeat_s=every), states[0],
-                                              args.versions - 1)
+                        found[mode] += pauses(url, replace(base, heartbeat_s=every), states[0], args.versions - 1)
         finally:
             origin.terminate()
             origin.wait()
-    print(json.dumps({"mb": args.mb, "deltas_per_mode": len(found["off"]), "pause_ms": {
-        mode: {"median": round(statistics.median(p) * 1e3, 3),
-               "p90": round(sorted(p)[int(0.9 * (len(p) - 1))] * 1e3, 3),
-               "max": round(max(p) * 1e3, 3)} for mode, p in found.items()}}, indent=1))
+    print(
+        json.dumps(
+            {
+                "mb": args.mb,
+                "deltas_per_mode": len(found["off"]),
+                "pause_ms": {
+                    mode: {
+                        "median": round(statistics.median(p) * 1e3, 3),
+                        "p90": round(sorted(p)[int(0.9 * (len(p) - 1))] * 1e3, 3),
+                        "max": round(max(p) * 1e3, 3),
+                    }
+                    for mode, p in found.items()
+                },
+            },
+            indent=1,
+        )
+    )
 
 
 if __name__ == "__main__":

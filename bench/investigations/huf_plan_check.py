@@ -26,8 +26,13 @@ def original() -> nvrtc.Module:
     if len(sys.argv) > 1:
         src = Path(sys.argv[1]).read_text()
     else:
-        src = subprocess.run(["git", "show", "67916b7:weight_teleport/codec/cuda/huffman.cu"], check=True,
-                             capture_output=True, text=True, cwd=Path(__file__).parent).stdout
+        src = subprocess.run(
+            ["git", "show", "67916b7:weight_teleport/codec/cuda/huffman.cu"],
+            check=True,
+            capture_output=True,
+            text=True,
+            cwd=Path(__file__).parent,
+        ).stdout
     return nvrtc.Module(src, "huffman_head.cu", {})
 
 
@@ -67,12 +72,14 @@ def qwen_like(rng, blocks: int) -> tuple[torch.Tensor, torch.Tensor]:
     sizes = torch.from_numpy(np.clip(rng.lognormal(np.log(4347), 0.75, blocks), 16, 131072).astype(np.int64)).to(DEV)
     stream = torch.repeat_interleave(torch.arange(blocks, device=DEV), sizes)
     gap = torch.from_numpy(rng.random(blocks) < 0.5).to(DEV)
-    p = torch.from_numpy(np.where(gap.cpu().numpy(), rng.uniform(0.05, 0.3, blocks),
-                                  rng.uniform(0.5, 0.9, blocks))).to(DEV)
+    p = torch.from_numpy(np.where(gap.cpu().numpy(), rng.uniform(0.05, 0.3, blocks), rng.uniform(0.5, 0.9, blocks))).to(
+        DEV
+    )
     g = torch.floor(torch.log(torch.rand(stream.numel(), device=DEV, dtype=torch.float64)) / torch.log1p(-p[stream]))
     residual = torch.tensor([0, 1, 255, 2, 254, 3], dtype=torch.uint8, device=DEV)
-    return torch.where(gap[stream], torch.clamp(g, max=40) * 5, residual[torch.clamp(g, max=5).long()].double()
-                       ).to(torch.uint8), sizes
+    return torch.where(gap[stream], torch.clamp(g, max=40) * 5, residual[torch.clamp(g, max=5).long()].double()).to(
+        torch.uint8
+    ), sizes
 
 
 def layout(data: torch.Tensor, sizes: torch.Tensor):
@@ -123,8 +130,10 @@ def compare(name: str, new, outs) -> int:
     bad |= coded & ((trees != o_trees) & (torch.arange(gpu_writer.TREE_MAX, device=DEV) < o_info[:, 6:7])).any(1)
     n_bad = int(bad.sum())
     kinds = torch.bincount(o_info[real, 0], minlength=3).tolist()
-    print(f"{name}: {int(real.sum())} blocks (raw, RLE, compressed: {kinds}), {n_bad} differ"
-          + (f", first {torch.nonzero(bad)[:5, 0].tolist()}" if n_bad else ""))
+    print(
+        f"{name}: {int(real.sum())} blocks (raw, RLE, compressed: {kinds}), {n_bad} differ"
+        + (f", first {torch.nonzero(bad)[:5, 0].tolist()}" if n_bad else "")
+    )
     return n_bad
 
 

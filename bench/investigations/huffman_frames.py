@@ -55,7 +55,7 @@ def main() -> None:
         for codec, raw_len, size, at in zip(*(a.ravel() for a in (st.codec, st.raw, st.stored, st.at))):
             if raw_len == 0:
                 continue
-            data = buf[at:at + size].tobytes()
+            data = buf[at : at + size].tobytes()
             raw = unzstd.decompress(data, max_output_size=int(raw_len)) if codec == codecs.ZSTD else data
             stored += int(size)
             raw_total += int(raw_len)
@@ -68,10 +68,14 @@ def main() -> None:
             assert unzstd.decompress(f, max_output_size=int(raw_len)) == raw
             ours += min(len(f), int(raw_len))
             n_streams += 1
-    print(f"{args.model}, lr {args.lr}: pack {len(pack)} bytes, {n_streams} streams of 16 bytes or more, "
-          f"{raw_total} raw bytes, every frame decoded by zstandard to its stream")
-    print(f"stored by the CPU's zstd: {stored} bytes; as Huffman-literal frames: {ours} bytes "
-          f"({ours / stored:.4f}x); the reference writer took {seconds:.1f} s (Python)")
+    print(
+        f"{args.model}, lr {args.lr}: pack {len(pack)} bytes, {n_streams} streams of 16 bytes or more, "
+        f"{raw_total} raw bytes, every frame decoded by zstandard to its stream"
+    )
+    print(
+        f"stored by the CPU's zstd: {stored} bytes; as Huffman-literal frames: {ours} bytes "
+        f"({ours / stored:.4f}x); the reference writer took {seconds:.1f} s (Python)"
+    )
 
 
 if __name__ == "__main__":

@@ -24,14 +24,19 @@ import torch
 
 import weight_teleport as wt
 from weight_teleport.codec import pinned_pack
+
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # bench/: cuda_bench, versions
 from cuda_bench import make_delta
 from versions import ROOT
 from weight_teleport.codec.cuda.kernels import warp
 from weight_teleport.codec.cuda.runtime import nvrtc, params
 
-OUTPUTS = {"class_counts": ("counts", "old_sums"), "hist_counts": ("counts", "events"),
-           "class_events": ("ranks_out", "res_out"), "place_lanes": ("pos", "val", "sums")}
+OUTPUTS = {
+    "class_counts": ("counts", "old_sums"),
+    "hist_counts": ("counts", "events"),
+    "class_events": ("ranks_out", "res_out"),
+    "place_lanes": ("pos", "val", "sums"),
+}
 """The output parameters of each kernel launched through `warp.launch`."""
 CALLS = {"stage": ("class_counts", "place_lanes"), "encode": ("hist_counts", "class_events")}
 """The kernels each call launches through `warp.launch`."""
@@ -115,9 +120,11 @@ class Pair:
         same = all(torch.equal(a.view(torch.uint8), b.view(torch.uint8)) for _, x, y in self.runs for a, b in zip(x, y))
         other = [e[0].elapsed_time(e[1]) for e, _, _ in self.runs][1:]  # the first compiles the other version
         this = [e[1].elapsed_time(e[2]) for e, _, _ in self.runs][1:]
-        return (f"{self.kernel}, {len(this)} launches after the first: other version median {statistics.median(other):.3f} ms "
-                f"(min {min(other):.3f}), this version median {statistics.median(this):.3f} ms (min {min(this):.3f}); "
-                f"outputs byte-identical in every launch: {same}")
+        return (
+            f"{self.kernel}, {len(this)} launches after the first: other version median {statistics.median(other):.3f} ms "
+            f"(min {min(other):.3f}), this version median {statistics.median(this):.3f} ms (min {min(this):.3f}); "
+            f"outputs byte-identical in every launch: {same}"
+        )
 
 
 def main() -> None:

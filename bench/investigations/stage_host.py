@@ -84,23 +84,31 @@ def main() -> None:
         "read_header": lambda: read_header(pack),
         "ChunkSpans.of": lambda: ChunkSpans.of(header, recs),
         "class-map runs as arrays and their classes (plan.run_arrays)": lambda: run_arrays(
-            [r.classes for r in recs]).top_classes(),
+            [r.classes for r in recs]
+        ).top_classes(),
         "class maps from those arrays (plan.class_maps)": lambda: class_maps(recs, info, runs),
         "the stream tables' walk on a helper, waited for (StreamsRead)": lambda: sparse.StreamsRead(
-            pack, spans, recs, n_classes, *spans.bounds(), pool).done.result(),
+            pack, spans, recs, n_classes, *spans.bounds(), pool
+        ).done.result(),
         "the same, then its checks and layout (StreamsRead.result)": lambda: sparse.StreamsRead(
-            pack, spans, recs, n_classes, *spans.bounds(), pool).result("cpu"),
+            pack, spans, recs, n_classes, *spans.bounds(), pool
+        ).result("cpu"),
         "digest checks after the read-back, a record at a time": lambda: record_at_a_time(
-            checked, nbytes, sums, header),
+            checked, nbytes, sums, header
+        ),
         "the same over all records at once (stage._digest_failures)": lambda: staging._digest_failures(
-            checked, nbytes, sums),
+            checked, nbytes, sums
+        ),
         "the records' sizes and digests, which the stage now reads before the read-back": lambda: (
             np.array([r.numel * BY_NAME[r.dtype].nbytes for r in checked], np.uint64),
-            staging._record_digests(checked)),
+            staging._record_digests(checked),
+        ),
         "the checks on those, after the read-back": lambda: staging._digest_failures(checked, nbytes, sums, digests),
     }
-    print(f"pack {len(pack):,} bytes, {len(header.tensors)} tensors, {len(recs)} sparse, "
-          f"{spans.starts.size} sparse chunks (scale 1/{args.scale}); medians of {args.repeats}, ms")
+    print(
+        f"pack {len(pack):,} bytes, {len(header.tensors)} tensors, {len(recs)} sparse, "
+        f"{spans.starts.size} sparse chunks (scale 1/{args.scale}); medians of {args.repeats}, ms"
+    )
     for name, fn in rows.items():
         print(f"{median_ms(fn, args.repeats):8.3f}  {name}")
 

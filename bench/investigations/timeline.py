@@ -19,44 +19,99 @@ from torch.profiler import ProfilerActivity, profile
 
 import weight_teleport as wt
 from weight_teleport.codec import pinned_pack
+
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # bench/: cuda_bench, versions
 from cuda_bench import make_delta
 from weight_teleport.codec import api
 from weight_teleport.codec.cuda.encode import encoder, sparse as encode_sparse, sparse_chunks
-from weight_teleport.codec.cuda.kernels import (chunk_table, class_ranks, encode_events, encode_symbols, stage_bitmap,
-                                                stage_place, stage_symbols, stream_tables, warp)
+from weight_teleport.codec.cuda.kernels import (
+    chunk_table,
+    class_ranks,
+    encode_events,
+    encode_symbols,
+    stage_bitmap,
+    stage_place,
+    stage_symbols,
+    stream_tables,
+    warp,
+)
 from weight_teleport.codec.cuda.runtime import memory, nvcomp
 from weight_teleport.codec.cuda.stage import decode_streams, sparse as stage_sparse, staging
 from weight_teleport.codec.cuda.zstd_literals import gpu_writer
 from weight_teleport.format import container
 
 SPOTS = {
-    "stage": [(api, "read_header"), (api, "_lives"), (staging, "_batches"), (stage_sparse.SparseBatch, "__init__"),
-              (stage_sparse.StreamsRead, "result"), (stage_sparse.SparseBatch, "decode"), (staging, "class_maps"),
-              (stage_sparse.SparseBatch, "decompress"),
-              (stream_tables, "read"),
-              (chunk_table, "build"), (class_ranks, "table_counts"), (decode_streams, "_on_gpu"),
-              (decode_streams.Upload, "bytes"),
-              (decode_streams, "upload_range"), (nvcomp, "decompress"), (memory, "to_device"), (stage_symbols, "decode"),
-              (stream_tables, "in_runs"), (decode_streams, "_plan"), (nvcomp, "_buckets"), (memory.PinnedRing, "send"),
-              (memory, "fill"),
-              (stage_bitmap, "prefix"), (stage_place, "decode"), (staging, "_device_crcs"), (staging, "_patch"),
-              (staging, "word_sums"), (staging, "_read_back"), (decode_streams, "_layout"), (decode_streams, "planned"),
-              (stage_sparse, "_walk"),
-              (nvcomp, "plan_decompress"),
-              (staging, "_fused_group")],
-    "encode": [(encoder, "_launch_scan"), (encoder, "_scans"), (encode_sparse, "merge"), (encoder, "_plans"),
-               (encoder, "_records"), (encoder, "plan_table"),
-               (encode_sparse, "events"), (encode_sparse, "encode"), (encode_sparse, "_class_tables"),
-               (chunk_table, "build"),
-               (chunk_table, "pair"), (warp, "hist_counts"), (class_ranks, "table_bases"), (encode_events, "events"),
-               (encode_symbols, "encode"), (sparse_chunks, "code"), (gpu_writer, "plan"), (gpu_writer, "frame_sizes"),
-               (gpu_writer, "write"), (sparse_chunks, "assemble"), (stream_tables.Tables, "lengths"),
-               (stream_tables.Tables, "write"), (sparse_chunks, "gather"), (sparse_chunks, "_side_crcs"),
-               (sparse_chunks, "_to_host"), (encoder, "_tensor_parts"),
-               (api, "_items"), (container, "_prefix"), (memory, "to_device"),
-               (memory, "upload"), (encoder, "_lay_out"), (api, "write_pack"), (container, "_header_json"),
-               (container, "join")],
+    "stage": [
+        (api, "read_header"),
+        (api, "_lives"),
+        (staging, "_batches"),
+        (stage_sparse.SparseBatch, "__init__"),
+        (stage_sparse.StreamsRead, "result"),
+        (stage_sparse.SparseBatch, "decode"),
+        (staging, "class_maps"),
+        (stage_sparse.SparseBatch, "decompress"),
+        (stream_tables, "read"),
+        (chunk_table, "build"),
+        (class_ranks, "table_counts"),
+        (decode_streams, "_on_gpu"),
+        (decode_streams.Upload, "bytes"),
+        (decode_streams, "upload_range"),
+        (nvcomp, "decompress"),
+        (memory, "to_device"),
+        (stage_symbols, "decode"),
+        (stream_tables, "in_runs"),
+        (decode_streams, "_plan"),
+        (nvcomp, "_buckets"),
+        (memory.PinnedRing, "send"),
+        (memory, "fill"),
+        (stage_bitmap, "prefix"),
+        (stage_place, "decode"),
+        (staging, "_device_crcs"),
+        (staging, "_patch"),
+        (staging, "word_sums"),
+        (staging, "_read_back"),
+        (decode_streams, "_layout"),
+        (decode_streams, "planned"),
+        (stage_sparse, "_walk"),
+        (nvcomp, "plan_decompress"),
+        (staging, "_fused_group"),
+    ],
+    "encode": [
+        (encoder, "_launch_scan"),
+        (encoder, "_scans"),
+        (encode_sparse, "merge"),
+        (encoder, "_plans"),
+        (encoder, "_records"),
+        (encoder, "plan_table"),
+        (encode_sparse, "events"),
+        (encode_sparse, "encode"),
+        (encode_sparse, "_class_tables"),
+        (chunk_table, "build"),
+        (chunk_table, "pair"),
+        (warp, "hist_counts"),
+        (class_ranks, "table_bases"),
+        (encode_events, "events"),
+        (encode_symbols, "encode"),
+        (sparse_chunks, "code"),
+        (gpu_writer, "plan"),
+        (gpu_writer, "frame_sizes"),
+        (gpu_writer, "write"),
+        (sparse_chunks, "assemble"),
+        (stream_tables.Tables, "lengths"),
+        (stream_tables.Tables, "write"),
+        (sparse_chunks, "gather"),
+        (sparse_chunks, "_side_crcs"),
+        (sparse_chunks, "_to_host"),
+        (encoder, "_tensor_parts"),
+        (api, "_items"),
+        (container, "_prefix"),
+        (memory, "to_device"),
+        (memory, "upload"),
+        (encoder, "_lay_out"),
+        (api, "write_pack"),
+        (container, "_header_json"),
+        (container, "join"),
+    ],
 }
 """(owner, function name) of the host spans traced for each call."""
 
@@ -81,6 +136,7 @@ class Spans:
             finally:
                 self._local.depth = depth
                 self.rows.append((t0, time.perf_counter(), depth, threading.get_ident(), label))
+
         return run
 
     def restore(self) -> None:
@@ -106,19 +162,29 @@ def timeline(call, spots, min_ms: float, host_only: bool = False, warm: int = 2)
             wall = (time.perf_counter() - t0) * 1e3
     finally:
         spans.restore()
-    dev = [] if host_only else sorted((e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA),
-                                      key=lambda e: e.time_range.start)
+    dev = (
+        []
+        if host_only
+        else sorted(
+            (e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA),
+            key=lambda e: e.time_range.start,
+        )
+    )
     z = dev[0].time_range.start if dev else 0  # the marker
     threads = {threading.get_ident(): "main"}
-    rows = [((a - t0) * 1e3, (b - t0) * 1e3,
-             f"{threads.setdefault(tid, f'thread {len(threads)}'):<9} {'  ' * d}{name}")
-            for a, b, d, tid, name in sorted(spans.rows)]
-    rows += [((e.time_range.start - z) / 1e3, (e.time_range.end - z) / 1e3, f"{'device':<9} {e.name[:60]}")
-             for e in dev[1:]]
+    rows = [
+        ((a - t0) * 1e3, (b - t0) * 1e3, f"{threads.setdefault(tid, f'thread {len(threads)}'):<9} {'  ' * d}{name}")
+        for a, b, d, tid, name in sorted(spans.rows)
+    ]
+    rows += [
+        ((e.time_range.start - z) / 1e3, (e.time_range.end - z) / 1e3, f"{'device':<9} {e.name[:60]}") for e in dev[1:]
+    ]
     busy = sum(e.time_range.elapsed_us() for e in dev[1:]) / 1e3
     device = "the host's spans only" if host_only else f"device busy {busy:.1f} ms"
-    out = [f"one call: {wall:.1f} ms, {device}; ms from the call's start",
-           f"{'start':>7} {'end':>7} {'ms':>6}  where      what"]
+    out = [
+        f"one call: {wall:.1f} ms, {device}; ms from the call's start",
+        f"{'start':>7} {'end':>7} {'ms':>6}  where      what",
+    ]
     out += [f"{a:7.1f} {b:7.1f} {b - a:6.1f}  {what}" for a, b, what in sorted(rows) if b - a >= min_ms]
     return out
 
@@ -131,8 +197,9 @@ def main() -> None:
     ap.add_argument("--min-ms", type=float, default=0.3)
     ap.add_argument("--host-only", action="store_true", help="the host's spans alone, without the profiler")
     ap.add_argument("--warm", type=int, default=2, help="calls before the one timed")
-    ap.add_argument("--pinned", action="store_true", help="stage a pack held in pinned host memory; encode one "
-                    "into pinned memory")
+    ap.add_argument(
+        "--pinned", action="store_true", help="stage a pack held in pinned host memory; encode one into pinned memory"
+    )
     args = ap.parse_args()
     old, new = make_delta(args.model, args.lr)
     if args.what == "encode":

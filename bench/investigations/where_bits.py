@@ -41,11 +41,20 @@ def main() -> None:
         pack = encode_delta(old, new, base_version=0, version=1)
         parts = {k: 8 * v / n for k, v in pack_breakdown(pack).items() if not k.endswith("streams")}
         costs = {k: v / n for k, v in context_costs(prev, old, new).items()}
-        row = {"lr": lr, "loss": loss, "density": e.density, "bound": e.bound_bits_per_element / e.density,
-               "pack": 8 * len(pack) / n, "parts": parts, "contexts": costs}
+        row = {
+            "lr": lr,
+            "loss": loss,
+            "density": e.density,
+            "bound": e.bound_bits_per_element / e.density,
+            "pack": 8 * len(pack) / n,
+            "parts": parts,
+            "contexts": costs,
+        }
         rows.append(row)
-        print(f"lr {lr:g} {loss}: density {e.density:.3%}; bits per changed element: order-0 bound "
-              f"{row['bound']:.2f}, pack {row['pack']:.2f}")
+        print(
+            f"lr {lr:g} {loss}: density {e.density:.3%}; bits per changed element: order-0 bound "
+            f"{row['bound']:.2f}, pack {row['pack']:.2f}"
+        )
         for k in ["header", "chunk tables", "dense chunks", *STREAM_KINDS]:
             h0 = f" (order-0 of raw bytes {parts[k + ' h0']:.2f})" if k in STREAM_KINDS else ""
             print(f"  {k:<18}{parts[k]:6.2f}{h0}")

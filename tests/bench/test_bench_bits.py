@@ -58,8 +58,7 @@ def _row_structured_versions(versions=3, seed=0):
 def test_structure_costs_are_code_lengths_that_see_rows():
     *earlier, old, new = _row_structured_versions()
     costs = structure_costs(earlier, old, new)
-    assert set(costs) == ({f"mask:{m}" for m in (*STRUCTURE_MASK, "mix", "best")}
-                          | {f"res:{m}" for m in STRUCTURE_RES})
+    assert set(costs) == ({f"mask:{m}" for m in (*STRUCTURE_MASK, "mix", "best")} | {f"res:{m}" for m in STRUCTURE_RES})
     assert all(v > 0 for v in costs.values())
     for m in ("key+rowprev", "key+rowrate", "key>key+row"):
         assert costs[f"mask:{m}"] < 0.95 * costs["mask:key"]

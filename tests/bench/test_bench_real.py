@@ -26,10 +26,22 @@ def test_real_mode_trains_caches_and_benches(tmp_path):
     write_tiny_gguf(model)
     loaded, tokenizer = gguf_model.load(model)
     assert loaded.config.num_hidden_layers == 2 and tokenizer("ab").input_ids
-    cfg = RealConfig(model=str(model), lrs=(1e-3,), steps=1, finetune_steps=1,
-                     train=TrainConfig(batch=2, seq=48, group=2, completion=4))
-    args = dict(out_dir=tmp_path / "out", repeats=1, data="real", real_config=cfg, cache_dir=tmp_path / "cache",
-                lrs=(1e-3,), steps=1)
+    cfg = RealConfig(
+        model=str(model),
+        lrs=(1e-3,),
+        steps=1,
+        finetune_steps=1,
+        train=TrainConfig(batch=2, seq=48, group=2, completion=4),
+    )
+    args = dict(
+        out_dir=tmp_path / "out",
+        repeats=1,
+        data="real",
+        real_config=cfg,
+        cache_dir=tmp_path / "cache",
+        lrs=(1e-3,),
+        steps=1,
+    )
     first = run_bench(**args)
     rows = first["results"]
     assert [r["loss"] for r in rows] == ["ntl", "pg"]

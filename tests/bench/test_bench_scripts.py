@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None,
-                                reason="triton is not installed (pip install triton)")
+pytestmark = pytest.mark.skipif(
+    importlib.util.find_spec("triton") is None, reason="triton is not installed (pip install triton)"
+)
 
 
 @pytest.fixture
@@ -24,9 +25,13 @@ def bench(monkeypatch):
 def test_timed_functions_exist(bench):
     import cuda_bench
     import timeline
+
     spots = [*cuda_bench.encode_spots(), *cuda_bench.stage_spots(), *(s for v in timeline.SPOTS.values() for s in v)]
-    missing = [f"{getattr(owner, '__name__', owner)}.{name}" for owner, name in spots
-               if not callable(getattr(owner, name, None))]
+    missing = [
+        f"{getattr(owner, '__name__', owner)}.{name}"
+        for owner, name in spots
+        if not callable(getattr(owner, name, None))
+    ]
     assert not missing, missing
     assert len(spots) > 40
 
@@ -34,6 +39,7 @@ def test_timed_functions_exist(bench):
 def test_stage_host_bench_runs(bench, monkeypatch, capsys):
     """bench/investigations/stage_host.py (the stage's host path on the CPU) on a small structured pack."""
     import stage_host
+
     monkeypatch.setattr(sys, "argv", ["stage_host.py", "--scale", "512", "--repeats", "1"])
     stage_host.main()
     out = capsys.readouterr().out
@@ -46,6 +52,7 @@ def test_kernel_ab_finds_every_kernels_outputs(bench):
     import kernel_ab
 
     from weight_teleport.codec.cuda.kernels import warp
+
     source = warp.SOURCE.read_text()
     assert kernel_ab.output_indices(source, "place_lanes") == [14, 15, 16]
     assert kernel_ab.output_indices(source, "class_counts") == [4, 5]

@@ -42,24 +42,29 @@ def test_version(capsys: pytest.CaptureFixture) -> None:
 def test_help_imports_nothing_heavy() -> None:
     """What makes `--help` slow is what it imports: none of these may load."""
     heavy = ("torch", "numba", "aiohttp", "numpy", "prometheus_client")
-    code = ("import sys; from weight_teleport.cli import main\n"
-            "for c in [[], *[[c] for c in %r]]:\n"
-            "    try: main([*c, '--help'])\n"
-            "    except SystemExit: pass\n"
-            "print(sorted(m for m in %r if m in sys.modules))" % (COMMANDS, heavy))
+    code = (
+        "import sys; from weight_teleport.cli import main\n"
+        "for c in [[], *[[c] for c in %r]]:\n"
+        "    try: main([*c, '--help'])\n"
+        "    except SystemExit: pass\n"
+        "print(sorted(m for m in %r if m in sys.modules))" % (COMMANDS, heavy)
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip().splitlines()[-1] == "[]"
 
 
 def test_serve_without_aiohttp_says_what_to_install(tmp_path) -> None:
     """A missing optional package is an error message with the install line, not a traceback."""
-    code = ("import sys; sys.modules['aiohttp'] = None\n"
-            "from weight_teleport.cli import main\n"
-            f"sys.exit(main(['serve', '--root', {str(tmp_path / 'root')!r}, '--port', '0']))")
+    code = (
+        "import sys; sys.modules['aiohttp'] = None\n"
+        "from weight_teleport.cli import main\n"
+        f"sys.exit(main(['serve', '--root', {str(tmp_path / 'root')!r}, '--port', '0']))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.returncode == 1
-    assert out.stderr.strip() == ("weight-teleport serve: the origin server needs 'aiohttp': "
-                                  'pip install "weight-teleport[http]"')
+    assert out.stderr.strip() == (
+        "weight-teleport serve: the origin server needs 'aiohttp': pip install \"weight-teleport[http]\""
+    )
 
 
 def _checkpoint(directory, torch):
@@ -98,9 +103,11 @@ def test_a_damaged_pack_is_named(tmp_path, capsys, command) -> None:
 
 def test_a_reader_that_goes_away_ends_the_output_quietly(tmp_path) -> None:
     """`status --json | head`: no "Broken pipe" message, the status SIGPIPE would give."""
-    proc = subprocess.Popen([sys.executable, "-m", "weight_teleport.cli", "status",
-                             f"file://{tmp_path}", "--json"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "weight_teleport.cli", "status", f"file://{tmp_path}", "--json"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     proc.stdout.close()  # before the command writes: it starts an interpreter first
     err = proc.stderr.read().decode()
     assert proc.wait() == 141 and err == "", err

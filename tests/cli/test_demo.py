@@ -19,8 +19,9 @@ def test_demo_runs_and_matches_colocated(tmp_path, capsys):
 
 @pytest.mark.slow
 def test_demo_with_sharded_trainers_matches_the_unsharded_run(tmp_path, capsys):
-    rc = main(["demo", "--trainer-ranks", "2", "--steps", "2", "--hidden", "64", "--batch", "8",
-               "--out-dir", str(tmp_path)])
+    rc = main(
+        ["demo", "--trainer-ranks", "2", "--steps", "2", "--hidden", "64", "--batch", "8", "--out-dir", str(tmp_path)]
+    )
     out = capsys.readouterr().out
     assert rc == 0, out
     assert "2 trainer ranks (FSDP2, gloo)" in out and out.count(" ok ") == 3
@@ -42,9 +43,28 @@ def test_demo_with_a_real_vllm_engine(tmp_path):
     import sys
 
     env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1")
-    run = subprocess.run([sys.executable, "-m", "weight_teleport.cli", "demo", "--engine", "vllm",
-                          "--steps", "3", "--hidden", "128", "--batch", "4", "--out-dir", str(tmp_path)],
-                         env=env, capture_output=True, text=True, timeout=900)
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "weight_teleport.cli",
+            "demo",
+            "--engine",
+            "vllm",
+            "--steps",
+            "3",
+            "--hidden",
+            "128",
+            "--batch",
+            "4",
+            "--out-dir",
+            str(tmp_path),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     assert "equal vLLM's own loader of the trainer's, bit for bit: yes" in run.stdout
 
@@ -58,13 +78,24 @@ def test_the_demo_says_what_it_does_before_the_first_row(capsys):
     from weight_teleport.demo.run import HEADER, _collect
 
     rows = queue.Queue()
-    for message in [("note", None, "trainer: model built; publishing version 0"),
-                    ("note", None, "sampler: hf engine ready"),
-                    ("trainer", 0, {"wire": 10, "full": 20, "encode_ms": 1.0, "published_at": 0.0,
-                                    "published": {"w": "d"}}),
-                    ("sampler", 0, {"pause_ms": 0.1, "stage_ms": 1.0, "fetch_ms": 1.0, "ready_at": 1.0,
-                                    "resynced": False, "digests": {"w": "d"}}),
-                    ("check", 0, {"matches_trainer": True})]:
+    for message in [
+        ("note", None, "trainer: model built; publishing version 0"),
+        ("note", None, "sampler: hf engine ready"),
+        ("trainer", 0, {"wire": 10, "full": 20, "encode_ms": 1.0, "published_at": 0.0, "published": {"w": "d"}}),
+        (
+            "sampler",
+            0,
+            {
+                "pause_ms": 0.1,
+                "stage_ms": 1.0,
+                "fetch_ms": 1.0,
+                "ready_at": 1.0,
+                "resynced": False,
+                "digests": {"w": "d"},
+            },
+        ),
+        ("check", 0, {"matches_trainer": True}),
+    ]:
         rows.put(message)
     _collect(DemoConfig(steps=0), rows, [], numel=10)
     lines = capsys.readouterr().out.splitlines()

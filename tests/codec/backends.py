@@ -74,6 +74,7 @@ class Interpreter(Backend):
     def __init__(self, monkeypatch):
         super().__init__(INTERPRETER, "cpu", True)
         from weight_teleport.codec.cuda.runtime import memory
+
         # the interpreter runs the kernels on CPU tensors, and there is no pinned memory
         monkeypatch.setattr(memory, "on_device", lambda t: True)
         monkeypatch.setattr(memory, "pinned_empty", lambda n: np.empty(n, np.uint8))
@@ -82,6 +83,7 @@ class Interpreter(Backend):
     def active(self):
         from weight_teleport.codec import api
         from weight_teleport.codec.cuda import backend as gpu
+
         choose = api._backend
         api._backend = lambda tensors: gpu
         try:
@@ -97,8 +99,10 @@ def skip_reason(name: str) -> str | None:
     if not HAS_TRITON:
         return "triton is not installed (pip install triton)"
     if name == INTERPRETER and not INTERPRETED:
-        return ("Triton's interpreter is chosen per process before triton is imported; this "
-                "process has a GPU and runs the kernels compiled (the cuda parameter)")
+        return (
+            "Triton's interpreter is chosen per process before triton is imported; this "
+            "process has a GPU and runs the kernels compiled (the cuda parameter)"
+        )
     if name == CUDA and not HAS_CUDA:
         return "needs an NVIDIA GPU (torch.cuda)"
     if name == CUDA and INTERPRETED:
@@ -154,7 +158,9 @@ def same_bits(a: dict, b: dict) -> bool:
 
 def corrupt(pack: bytes, index: int, at: int, value: int) -> bytes:
     """`pack` with byte `at` of its chunk `index` set to `value`, the chunk's CRC renewed."""
+
     def mutate(i: int, data: bytearray) -> None:
         if i == index:
             data[at % len(data)] = value
+
     return with_renewed_crcs(pack, mutate)

@@ -78,9 +78,11 @@ def test_coder_round_trips_any_gaps_and_residuals(case):
 def test_coder_round_trips_long_skewed_streams():
     """Many events (carries through long runs of 0xFF bytes, probabilities at their limits)."""
     rng = np.random.default_rng(0)
-    cases = [(False, [0] * 50_000, [1] * 50_000),
-             (True, [MAX_GAP] * 300, list(rng.integers(1, 1 << 16, 30_000))),
-             (False, list(rng.geometric(0.003, 20_000) - 1), list(rng.choice([1, 65535, 2, 65534], 20_000)))]
+    cases = [
+        (False, [0] * 50_000, [1] * 50_000),
+        (True, [MAX_GAP] * 300, list(rng.integers(1, 1 << 16, 30_000))),
+        (False, list(rng.geometric(0.003, 20_000) - 1), list(rng.choice([1, 65535, 2, 65534], 20_000))),
+    ]
     for case in cases:
         _, gaps, res, ok = _code([case], 16)
         assert ok and np.array_equal(*gaps) and np.array_equal(*res)
@@ -97,8 +99,9 @@ def test_decoder_refuses_codes_no_encoder_writes(bits):
 
     def decodes(stream) -> bool:
         g, r = np.empty(2, np.int64), np.empty(2, np.uint64)
-        ok = A.decode_classes(np.asarray(stream, np.uint8), one[0], one[1], one[0], one[1],
-                              np.array([False]), wmask, g, r)
+        ok = A.decode_classes(
+            np.asarray(stream, np.uint8), one[0], one[1], one[0], one[1], np.array([False]), wmask, g, r
+        )
         if ok:  # what it accepts are values an encoder codes back to the same values
             assert (g < (1 << 22)).all() and (r != 0).all() and (r <= wmask).all()
             _, regaps, reres, again = _code([(False, list(g), list(r))], bits)
@@ -114,11 +117,16 @@ def test_decoder_refuses_codes_no_encoder_writes(bits):
 
 
 @settings(max_examples=120, deadline=None)
-@given(seed=st.integers(0, 2**32 - 1), dtype=st.sampled_from(DTYPES),
-       shape=st.lists(st.integers(0, 33), min_size=0, max_size=3).map(tuple),
-       base=st.sampled_from(["weights", "random"]), mode=st.sampled_from(["none", "single", "density", "all"]),
-       change=st.sampled_from(["ulp", "random", "specials"]), p=st.sampled_from([0.003, 0.05, 0.5, 0.95]),
-       chunk=st.sampled_from([8, 24, 1 << 22]))
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    dtype=st.sampled_from(DTYPES),
+    shape=st.lists(st.integers(0, 33), min_size=0, max_size=3).map(tuple),
+    base=st.sampled_from(["weights", "random"]),
+    mode=st.sampled_from(["none", "single", "density", "all"]),
+    change=st.sampled_from(["ulp", "random", "specials"]),
+    p=st.sampled_from([0.003, 0.05, 0.5, 0.95]),
+    chunk=st.sampled_from([8, 24, 1 << 22]),
+)
 def test_adaptive_pack_round_trip(seed, dtype, shape, base, mode, change, p, chunk):
     old, new = make_pair(seed, dtype, shape, base, mode, change, p)
     pack = wt.encode_delta({"w": old}, {"w": new}, base_version=3, version=4, chunk_elems=chunk, codec="sparse_ac")
@@ -137,13 +145,33 @@ def test_adaptive_packs_are_smaller_on_weight_like_steps():
     old = master.to(torch.bfloat16)
     new = (master + 2e-7 * torch.randn(512, 512, generator=g)).to(torch.bfloat16)
     assert 0.001 < (old != new).float().mean() < 0.02
-    sizes = {c: len(wt.encode_delta({"w": old}, {"w": new}, base_version=0, version=1, codec=c))
-             for c in ("sparse", "sparse_ac")}
+    sizes = {
+        c: len(wt.encode_delta({"w": old}, {"w": new}, base_version=0, version=1, codec=c))
+        for c in ("sparse", "sparse_ac")
+    }
     assert sizes["sparse_ac"] < sizes["sparse"]
 
 
-OLD_BITS = [0x3C00, 0xBC00, 0x0000, 0x8000, 0x7F80, 0x7FC1, 0x0001, 0x3F80, 0x4000, 0xC040,
-            0x3A00, 0x1234, 0x4321, 0x0F0F, 0xF0F0, 0x3C01, 0x3C02, 0x3C03]
+OLD_BITS = [
+    0x3C00,
+    0xBC00,
+    0x0000,
+    0x8000,
+    0x7F80,
+    0x7FC1,
+    0x0001,
+    0x3F80,
+    0x4000,
+    0xC040,
+    0x3A00,
+    0x1234,
+    0x4321,
+    0x0F0F,
+    0xF0F0,
+    0x3C01,
+    0x3C02,
+    0x3C03,
+]
 CHANGES = {0: 0x3C01, 3: 0x0000, 5: 0x7FC2, 9: 0xC03F, 17: 0x3C02}
 CODEC_GOLDEN = {"sparse_ac": (537, "a961ee9541b19812ce6383183a500ffe12772eac4e19cd8a21bf39ea0ff9fc47")}
 """(length, sha256) of the `sparse_ac` pack of test_format_golden's states that every backend
@@ -163,8 +191,10 @@ def _golden_states():
 
 def _chunks(pack: bytes) -> list[str]:
     h = read_header(pack)
-    return [bytes(pack[h.payload_offset + r.offset:h.payload_offset + r.offset + r.length]).hex()
-            for r in h.tensors[0].chunks]
+    return [
+        bytes(pack[h.payload_offset + r.offset : h.payload_offset + r.offset + r.length]).hex()
+        for r in h.tensors[0].chunks
+    ]
 
 
 def test_golden_chunks():
@@ -206,11 +236,13 @@ def test_corrupt_chunks_behind_valid_checksums_are_refused(states, seed):
 def test_resized_or_miscounted_chunks_are_refused(states, kind):
     old, _ = states
     pack = wt.encode_delta(old, states[1], base_version=1, version=2, chunk_elems=2048, codec="sparse_ac")
-    mutate = {"truncate": lambda d: d.__delitem__(slice(len(d) // 2, None)),
-              "extend": lambda d: d.extend(b"\x07" * 9),
-              "zero": lambda d: d.__setitem__(slice(None), bytes(len(d))),
-              "one_byte": lambda d: d.__delitem__(slice(1, None)),
-              "counts": lambda d: d.__setitem__(slice(1, 4), b"\xff\xff\x7f")}[kind]
+    mutate = {
+        "truncate": lambda d: d.__delitem__(slice(len(d) // 2, None)),
+        "extend": lambda d: d.extend(b"\x07" * 9),
+        "zero": lambda d: d.__setitem__(slice(None), bytes(len(d))),
+        "one_byte": lambda d: d.__delitem__(slice(1, None)),
+        "counts": lambda d: d.__setitem__(slice(1, 4), b"\xff\xff\x7f"),
+    }[kind]
     state = clone_state(old)
     with pytest.raises((PackFormatError, PackMismatchError, DigestMismatchError)):
         wt.apply_delta(state, with_renewed_crcs(pack, lambda i, data: mutate(data)))
@@ -240,8 +272,17 @@ def test_the_deprecated_coder_still_picks_its_codec(coder, codec):
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize("dtype,density", [(torch.bfloat16, 0.003), (torch.bfloat16, 0.05), (torch.float32, 0.9),
-                                           (torch.float16, 0.3), (torch.int8, 0.5), (torch.float64, 0.02)])
+@pytest.mark.parametrize(
+    "dtype,density",
+    [
+        (torch.bfloat16, 0.003),
+        (torch.bfloat16, 0.05),
+        (torch.float32, 0.9),
+        (torch.float16, 0.3),
+        (torch.int8, 0.5),
+        (torch.float64, 0.02),
+    ],
+)
 def test_cuda_stages_adaptive_packs_bit_exact(dtype, density):
     """`sparse_ac` packs written by the CUDA encoder: byte-identical to the CPU's; staged onto
     CUDA weights: the new weights, bit for bit."""
@@ -251,8 +292,9 @@ def test_cuda_stages_adaptive_packs_bit_exact(dtype, density):
     olds, news = {"w": old, "r": old.flip(0)}, {"w": new, "r": new.flip(0)}
     pack = wt.encode_delta(olds, news, base_version=0, version=1, chunk_elems=4096, codec="sparse_ac")
     on_gpu = {k: v.cuda() for k, v in olds.items()}
-    gpu_pack = wt.encode_delta(on_gpu, {k: v.cuda() for k, v in news.items()}, base_version=0, version=1,
-                               chunk_elems=4096, codec="sparse_ac")
+    gpu_pack = wt.encode_delta(
+        on_gpu, {k: v.cuda() for k, v in news.items()}, base_version=0, version=1, chunk_elems=4096, codec="sparse_ac"
+    )
     assert bytes(gpu_pack) == pack
     wt.apply_staged(on_gpu, wt.stage_delta(on_gpu, pack))
     assert_bits_equal({k: v.cpu() for k, v in on_gpu.items()}, news)
@@ -268,8 +310,10 @@ def test_cuda_refuses_corrupt_adaptive_chunks():
     rng = np.random.default_rng(0)
     refused = 0
     for _ in range(20):
+
         def mutate(i, data):
             data[int(rng.integers(len(data)))] = int(rng.integers(256))
+
         state = {"w": old.cuda()}
         try:
             wt.apply_staged(state, wt.stage_delta(state, with_renewed_crcs(pack, mutate)))
@@ -281,12 +325,36 @@ def test_cuda_refuses_corrupt_adaptive_chunks():
     assert refused >= 10
 
 
-DECODER_SIGNATURE = dict(buf_ptr="*u8", start_ptr="*i64", end_ptr="*i64", ev_ptr="*i64", res_cnt_ptr="*i64",
-                         res_start_ptr="*i64", inv_ptr="*i8", seg_word_ptr="*i64", top_bit="i64", bitmap_ptr="*i32",
-                         last_ptr="*i64", res_ptr="*i64", n_res="i64", bad_ptr="*i8")
-ENCODER_SIGNATURE = dict(ranks_ptr="*i32", res_ptr="*i16", ev_ptr="*i64", ev_start_ptr="*i64", res_cnt_ptr="*i64",
-                         res_start_ptr="*i64", inv_ptr="*i8", out_ptr="*u8", room_at_ptr="*i64", room_ptr="*i64",
-                         len_ptr="*i64", need_ptr="*i64")
+DECODER_SIGNATURE = dict(
+    buf_ptr="*u8",
+    start_ptr="*i64",
+    end_ptr="*i64",
+    ev_ptr="*i64",
+    res_cnt_ptr="*i64",
+    res_start_ptr="*i64",
+    inv_ptr="*i8",
+    seg_word_ptr="*i64",
+    top_bit="i64",
+    bitmap_ptr="*i32",
+    last_ptr="*i64",
+    res_ptr="*i64",
+    n_res="i64",
+    bad_ptr="*i8",
+)
+ENCODER_SIGNATURE = dict(
+    ranks_ptr="*i32",
+    res_ptr="*i16",
+    ev_ptr="*i64",
+    ev_start_ptr="*i64",
+    res_cnt_ptr="*i64",
+    res_start_ptr="*i64",
+    inv_ptr="*i8",
+    out_ptr="*u8",
+    room_at_ptr="*i64",
+    room_ptr="*i64",
+    len_ptr="*i64",
+    need_ptr="*i64",
+)
 
 
 RANGE_CODERS = [(side, bits) for bits in (8, 16, 32, 64) for side in ("decoder", "encoder")]
@@ -300,8 +368,12 @@ def range_coder_ptx(side: str, bits: int) -> str:
     from triton.compiler import ASTSource
 
     from weight_teleport.codec.cuda.kernels import encode_adaptive, stage_adaptive
-    kernel, signature = ((stage_adaptive._chunk_kernel, dict(DECODER_SIGNATURE)) if side == "decoder" else
-                         (encode_adaptive._chunk_kernel, dict(ENCODER_SIGNATURE, res_ptr=f"*i{bits}")))
+
+    kernel, signature = (
+        (stage_adaptive._chunk_kernel, dict(DECODER_SIGNATURE))
+        if side == "decoder"
+        else (encode_adaptive._chunk_kernel, dict(ENCODER_SIGNATURE, res_ptr=f"*i{bits}"))
+    )
     signature.update(NCP="constexpr", BITS="constexpr")
     src = ASTSource(fn=kernel, signature=signature, constexprs={"NCP": 16, "BITS": bits})
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 1}).asm["ptx"]
@@ -317,11 +389,17 @@ def range_coders_compiled() -> dict:
     if os.environ.get("TRITON_INTERPRET") != "1":
         return {(s, b): "_chunk_kernel" in range_coder_ptx(s, b) for s, b in RANGE_CODERS}
     tests = Path(__file__).resolve().parents[1]
-    code = ("import folders, test_codec_adaptive as t\n"
-            "print({(s, b): '_chunk_kernel' in t.range_coder_ptx(s, b) for s, b in t.RANGE_CODERS})")
+    code = (
+        "import folders, test_codec_adaptive as t\n"
+        "print({(s, b): '_chunk_kernel' in t.range_coder_ptx(s, b) for s, b in t.RANGE_CODERS})"
+    )
     path = os.pathsep.join([str(tests), str(tests.parent), os.environ.get("PYTHONPATH", "")])
-    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         env={**os.environ, "TRITON_INTERPRET": "0", "PYTHONPATH": path})
+    run = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "TRITON_INTERPRET": "0", "PYTHONPATH": path},
+    )
     assert run.returncode == 0, run.stderr[-4000:]
     return ast.literal_eval(run.stdout.strip().splitlines()[-1])
 
@@ -342,6 +420,7 @@ def test_publish_command_with_codec_sparse_ac(tmp_path, capsys):
     from weight_teleport.cli import main
     from weight_teleport.format.manifest import from_json
     from weight_teleport.store import open_store
+
     g = torch.Generator().manual_seed(0)
     master = torch.randn(256, 512, generator=g) * 0.02
     ckpt, url = tmp_path / "ckpt", f"file://{tmp_path}/store"

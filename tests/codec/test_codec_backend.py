@@ -19,9 +19,10 @@ def test_backends_implement_the_protocol(name):
     if name == "cuda":
         pytest.importorskip("triton", reason="the CUDA backend needs triton")
     from importlib import import_module
+
     backend = import_module(f"weight_teleport.codec.{name}.backend")
     assert isinstance(backend, Backend)
     for member in MEMBERS:
         want, have = _params(getattr(Backend, member)), _params(getattr(backend, member))
-        assert [p.name for p in have[:len(want)]] == [p.name for p in want], member
-        assert all(p.default is not inspect.Parameter.empty for p in have[len(want):]), member
+        assert [p.name for p in have[: len(want)]] == [p.name for p in want], member
+        assert all(p.default is not inspect.Parameter.empty for p in have[len(want) :]), member

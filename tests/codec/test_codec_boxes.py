@@ -40,16 +40,22 @@ def test_shards_encoded_alone_assemble_the_whole_tensor(dim, n, order):
     old, new = _pair()
     live = {"w": old.clone()}
     for (o, sl), (nw, _) in zip(_shards(old, n, dim), _shards(new, n, dim)):
-        pack = wt.encode_delta({"w": o}, {"w": nw}, base_version=1, version=2, chunk_elems=16,
-                               slices={"w": sl}, hints={"w": Hint(order)})
+        pack = wt.encode_delta(
+            {"w": o}, {"w": nw}, base_version=1, version=2, chunk_elems=16, slices={"w": sl}, hints={"w": Hint(order)}
+        )
         h = read_header(pack)
         assert h.format_version == 2 and tuple(map(tuple, h.tensors[0].box)) == sl.box
         wt.apply_delta(live, pack)
     assert_bits_equal(live, {"w": new})
 
 
-CUDA = pytest.param("cuda", marks=[pytest.mark.cuda, pytest.mark.skipif(
-    not torch.cuda.is_available(), reason="needs an NVIDIA GPU (torch.cuda)")])
+CUDA = pytest.param(
+    "cuda",
+    marks=[
+        pytest.mark.cuda,
+        pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU (torch.cuda)"),
+    ],
+)
 
 
 @pytest.mark.parametrize("device", ["cpu", CUDA])
@@ -89,8 +95,15 @@ def test_slice_holders_stage_only_their_chunks(order, dim):
     trainer = _shards(old, 2, 0)[1][1]  # the trainer rank holding rows 16..31
     o_part, n_part = old[16:], new[16:]
     bounds = ((COLS // 2) * ROWS,) if order == "cols" else ((ROWS * 3 // 4) * COLS,)
-    pack = wt.encode_delta({"w": o_part.contiguous()}, {"w": n_part.contiguous()}, base_version=1, version=2,
-                           chunk_elems=64, slices={"w": trainer}, hints={"w": Hint(order, bounds)})
+    pack = wt.encode_delta(
+        {"w": o_part.contiguous()},
+        {"w": n_part.contiguous()},
+        base_version=1,
+        version=2,
+        chunk_elems=64,
+        slices={"w": trainer},
+        hints={"w": Hint(order, bounds)},
+    )
     for mine in _shards(old, 2, dim):
         local, sl = mine[0].clone(), mine[1]
         wt.apply_delta({"w": local}, pack, held={"w": sl})
@@ -102,15 +115,20 @@ def test_slice_holders_stage_only_their_chunks(order, dim):
 
 def test_a_slice_across_chunks_is_refused_and_a_bad_chunk_named():
     old, new = _pair(2)
-    pack = wt.encode_delta({"w": old}, {"w": new}, base_version=1, version=2, chunk_elems=64,
-                           hints={"w": Hint("rows")})
-    part = old[:ROWS // 3].clone()
+    pack = wt.encode_delta({"w": old}, {"w": new}, base_version=1, version=2, chunk_elems=64, hints={"w": Hint("rows")})
+    part = old[: ROWS // 3].clone()
     with pytest.raises(PackMismatchError, match="not cut at the bounds"):
         wt.stage_delta({"w": part}, pack, held={"w": TensorSlice(old.shape, [(0, ROWS // 3), (0, COLS)])})
     local = old[: ROWS // 2].clone()
     local.view(torch.int16)[0] ^= 1
-    pack = wt.encode_delta({"w": old}, {"w": new}, base_version=1, version=2, chunk_elems=64,
-                           hints={"w": Hint("rows", ((ROWS // 2) * COLS,))})
+    pack = wt.encode_delta(
+        {"w": old},
+        {"w": new},
+        base_version=1,
+        version=2,
+        chunk_elems=64,
+        hints={"w": Hint("rows", ((ROWS // 2) * COLS,))},
+    )
     held = {"w": TensorSlice(old.shape, [(0, ROWS // 2), (0, COLS)])}
     with pytest.raises(PackMismatchError, match="chunk 0"):
         wt.stage_delta({"w": local}, pack, held=held)
@@ -122,6 +140,7 @@ def test_a_slice_across_chunks_is_refused_and_a_bad_chunk_named():
 def _corrupt_stage(local, pack, held):
     """A chunk digest that lies (the header re-framed with its CRC) is caught on its own."""
     from hostile import chunks_of, framed, header_json, with_chunks
+
     h = header_json(pack)
     rec = h["tensors"][0]
     digests = rec["chunk_digests"]
@@ -140,7 +159,16 @@ def test_odd_shapes_and_dtypes_round_trip_through_shards():
         new.view(-1)[::3] += 1
         live = {"w": old.clone()}
         for (o, sl), (nw, _) in zip(_shards(old, 3, 0), _shards(new, 3, 0)):
-            wt.apply_delta(live, wt.encode_delta({"w": o}, {"w": nw}, base_version=1, version=2, chunk_elems=8,
-                                                 slices={"w": sl}, hints={"w": Hint("cols")}))
+            wt.apply_delta(
+                live,
+                wt.encode_delta(
+                    {"w": o},
+                    {"w": nw},
+                    base_version=1,
+                    version=2,
+                    chunk_elems=8,
+                    slices={"w": sl},
+                    hints={"w": Hint("cols")},
+                ),
+            )
         assert_bits_equal(live, {"w": new})
-

@@ -15,8 +15,10 @@ from weight_teleport.codec.cuda.config import CudaCodecConfig
 from weight_teleport.errors import PackFormatError, PackMismatchError, UnsupportedFormatError, WeightTeleportError
 from weight_teleport.format import read_groups, read_header
 
-pytestmark = [pytest.mark.cuda,
-              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU (torch.cuda)")]
+pytestmark = [
+    pytest.mark.cuda,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU (torch.cuda)"),
+]
 pytest.importorskip("triton", reason="the CUDA backend needs triton")
 
 
@@ -43,6 +45,7 @@ def test_gpu_symbol_streams_match_cpu_kernel(warp_kernels, pieces, monkeypatch):
     among them)."""
     from weight_teleport.codec.cpu import kernels as K
     from weight_teleport.codec.cuda.kernels import encode_symbols, warp
+
     monkeypatch.setattr(warp, "enabled", warp_kernels)
     rng = np.random.default_rng(0)
     for width in (8, 16, 32, 64):
@@ -61,21 +64,24 @@ def test_gpu_symbol_streams_match_cpu_kernel(warp_kernels, pieces, monkeypatch):
             rv[rv == 0] = 1
             syms, bb = np.empty(n, np.uint8), np.empty(n * 4 + 8, np.uint8)
             rsy, esc = np.empty(max(n, nres), np.uint8), np.empty(max(n, nres), np.uint64)
-            nb, nr, ne = K.class_to_symbols(np.diff(r, prepend=-1) - 1, rv, not iv, np.uint64(1 << (width - 1)),
-                                            np.uint64(wm), syms, bb, rsy, esc)
-            ref.append([syms.tobytes(), bb[:nb].tobytes(), rsy[:nr].tobytes(),
-                        esc[:ne].astype(f"<u{width // 8}").tobytes()])
+            nb, nr, ne = K.class_to_symbols(
+                np.diff(r, prepend=-1) - 1, rv, not iv, np.uint64(1 << (width - 1)), np.uint64(wm), syms, bb, rsy, esc
+            )
+            ref.append(
+                [syms.tobytes(), bb[:nb].tobytes(), rsy[:nr].tobytes(), esc[:ne].astype(f"<u{width // 8}").tobytes()]
+            )
             ranks.append(r.astype(np.int32))
             res.append(rv.astype(f"u{width // 8}").view(f"i{width // 8}"))  # stored in the elements' width
             ev, rc, inv = ev + [n], rc + [nres], inv + [iv]
         seg = encode_symbols.Segments(np.array(ev, np.int64), np.array(rc, np.int64), np.array(inv), width, pieces)
         at = np.cumsum([0, *(pieces or (40,))])
-        split = lambda arrays, dtype: [torch.from_numpy(np.concatenate([np.zeros(0, dtype), *arrays[a:b]])).cuda()
-                                       for a, b in zip(at, at[1:])]
+        split = lambda arrays, dtype: [
+            torch.from_numpy(np.concatenate([np.zeros(0, dtype), *arrays[a:b]])).cuda() for a, b in zip(at, at[1:])
+        ]
         out = encode_symbols.encode(split(ranks, np.int32), split(res, f"i{width // 8}"), seg)
         buf = out.buffer.cpu().numpy()
         offsets, lengths = out.on_host()
-        got = [[buf[o:o + n].tobytes() for o, n in zip(offsets[s], lengths[s])] for s in range(40)]
+        got = [[buf[o : o + n].tobytes() for o, n in zip(offsets[s], lengths[s])] for s in range(40)]
         assert out.segment_bytes.tolist() == [sum(map(len, r)) for r in ref]
         assert got == ref
 
@@ -84,16 +90,18 @@ def test_nvcomp_streams_round_trip_and_cpu_decodes_zstd():
     import zstandard
 
     from weight_teleport.codec.cuda.runtime import nvcomp
+
     if not nvcomp.available():
         pytest.skip("nvCOMP (nvidia-libnvcomp-cu13) is not installed")
     rng = np.random.default_rng(1)
-    raws = [np.minimum(rng.geometric(0.3, size=int(n)), 255).astype(np.uint8) for n in
-            rng.integers(16, 200000, size=60)]
+    raws = [
+        np.minimum(rng.geometric(0.3, size=int(n)), 255).astype(np.uint8) for n in rng.integers(16, 200000, size=60)
+    ]
     lengths = np.array([r.size for r in raws], np.int64)
     offs = np.concatenate([[0], np.cumsum(-(-lengths // 16) * 16)[:-1]]).astype(np.int64)
     host = np.zeros(int(offs[-1] + lengths[-1] + 16), np.uint8)
     for r, o in zip(raws, offs):
-        host[o:o + r.size] = r
+        host[o : o + r.size] = r
     src = torch.from_numpy(host).cuda()
     for alg in ("zstd", "lz4", "ans"):
         cfg = CudaCodecConfig()  # the decompression backend
@@ -103,24 +111,31 @@ def test_nvcomp_streams_round_trip_and_cpu_decodes_zstd():
         comp = out.cpu().numpy()
         if alg == "zstd":
             for r, o, n in zip(raws, out_off, sizes):
-                assert zstandard.ZstdDecompressor().decompress(comp[o:o + n].tobytes(), max_output_size=r.size) == r.tobytes()
+                assert (
+                    zstandard.ZstdDecompressor().decompress(comp[o : o + n].tobytes(), max_output_size=r.size)
+                    == r.tobytes()
+                )
         dst = torch.full_like(src, 7)
         codec = np.full(lengths.size, nvcomp.CODEC_ID[alg], np.int64)
-        plan = nvcomp.plan_decompress(cfg, out_off, sizes, offs, lengths, torch.cuda.current_stream().cuda_stream,
-                                      codec)
+        plan = nvcomp.plan_decompress(
+            cfg, out_off, sizes, offs, lengths, torch.cuda.current_stream().cuda_stream, codec
+        )
         back = nvcomp.decompress(cfg, out, dst, plan)
         got, st = (back.unpermute(t.cpu().numpy()) for t in back.host())
         assert (st == 0).all() and np.array_equal(got, lengths)
         d = dst.cpu().numpy()
-        assert all(np.array_equal(d[o:o + r.size], r) for r, o in zip(raws, offs))
+        assert all(np.array_equal(d[o : o + r.size], r) for r, o in zip(raws, offs))
 
 
 def test_gpu_only_stream_codec_is_refused_on_cpu():
     from weight_teleport.codec.cuda.runtime import nvcomp
+
     if not nvcomp.available():
         pytest.skip("nvCOMP (nvidia-libnvcomp-cu13) is not installed")
     old, new = _pair(2, torch.bfloat16, "density", 0.05, shape=(300, 64))
-    pack = wt.encode_delta(_cuda(old), _cuda(new), base_version=0, version=1, cuda=CudaCodecConfig(stream_coder="nvcomp-ans"))
+    pack = wt.encode_delta(
+        _cuda(old), _cuda(new), base_version=0, version=1, cuda=CudaCodecConfig(stream_coder="nvcomp-ans")
+    )
     assert "nvcomp-ans" in read_header(pack).stream_codecs
     with pytest.raises(UnsupportedFormatError, match="stream_coder='huffman'"):
         wt.apply_delta(clone_state(old), pack)
@@ -128,9 +143,11 @@ def test_gpu_only_stream_codec_is_refused_on_cpu():
 
 def _flip(chunk: int, where, bits: int):
     """A `with_renewed_crcs` mutation: byte where(len) of chunk `chunk` XOR `bits`."""
+
     def mutate(i, c):
         if i == chunk:
             c[where(len(c))] ^= bits
+
     return mutate
 
 
@@ -152,12 +169,19 @@ def _refusals(old, new, pack: bytes, mutations) -> int:
 
 def _gpu_only_pack(algorithm):
     from weight_teleport.codec.cuda.runtime import nvcomp
+
     if not nvcomp.available():
         pytest.skip("nvCOMP (nvidia-libnvcomp-cu13) is not installed")
     old, new = _pair(5, torch.bfloat16, "density", 0.1, shape=(600, 96))
     old["f"], new["f"] = (t["w"].float() for t in (old, new))
-    pack = wt.encode_delta(_cuda(old), _cuda(new), base_version=0, version=1, chunk_elems=4096,
-                           cuda=CudaCodecConfig(stream_coder=f"nvcomp-{algorithm}"))
+    pack = wt.encode_delta(
+        _cuda(old),
+        _cuda(new),
+        base_version=0,
+        version=1,
+        chunk_elems=4096,
+        cuda=CudaCodecConfig(stream_coder=f"nvcomp-{algorithm}"),
+    )
     return old, new, pack
 
 
@@ -168,11 +192,17 @@ def test_gpu_only_stream_codecs_stage_on_gpu(algorithm, monkeypatch):
     weights untouched; without nvCOMP they are refused with the install command."""
     from weight_teleport.codec import streams as codecs
     from weight_teleport.codec.cuda.runtime import nvcomp
+
     old, new, pack = _gpu_only_pack(algorithm)
     header = read_header(pack)
     assert codecs.NAMES[nvcomp.CODEC_ID[algorithm]] in header.stream_codecs
-    used = {s.codec for t in header.tensors for c in t.chunks
-            for g in read_groups(pack[header.payload_offset + c.offset:][:c.length]) for s in g.streams}
+    used = {
+        s.codec
+        for t in header.tensors
+        for c in t.chunks
+        for g in read_groups(pack[header.payload_offset + c.offset :][: c.length])
+        for s in g.streams
+    }
     assert nvcomp.CODEC_ID[algorithm] in used
     for backend in ("default", "cuda"):
         state = _cuda(old)
@@ -186,8 +216,10 @@ def test_gpu_only_stream_codecs_stage_on_gpu(algorithm, monkeypatch):
         wt.apply_delta(_cuda(old), pack)
 
 
-@pytest.mark.skipif(torch.cuda.is_available() and torch.cuda.get_device_capability()[0] >= 10,
-                    reason="Blackwell has the decompression engine")
+@pytest.mark.skipif(
+    torch.cuda.is_available() and torch.cuda.get_device_capability()[0] >= 10,
+    reason="Blackwell has the decompression engine",
+)
 def test_hardware_decompression_backend_raises_before_blackwell():
     """nvCOMP's hardware backend (Blackwell's decompression engine) refuses to run on an
     older GPU: the stage raises and writes nothing."""
@@ -212,8 +244,7 @@ def test_cross_decoding_both_ways(chunk):
 
 def test_non_contiguous_state_and_inputs():
     old, new = make_pair(5, torch.bfloat16, (64, 48), "weights", "density", "ulp", 0.05)
-    pack = wt.encode_delta({"x": old.cuda().t()}, {"x": new.cuda().t()}, base_version=0, version=1,
-                           chunk_elems=64)
+    pack = wt.encode_delta({"x": old.cuda().t()}, {"x": new.cuda().t()}, base_version=0, version=1, chunk_elems=64)
     buf = old.cuda()
     state = {"x": buf.t()}
     wt.apply_delta(state, pack)
@@ -253,6 +284,7 @@ def test_pack_in_pinned_memory_is_staged_from_where_it_is(monkeypatch):
     stages the same patch; a corrupt one is refused and changes nothing."""
     from weight_teleport.codec.cuda.runtime import memory
     from weight_teleport.codec.cuda.stage import decode_streams
+
     old, new = _pair(9, torch.bfloat16, "density", 0.05, shape=(300, 70))
     pack = wt.encode_delta(old, new, base_version=0, version=1, chunk_elems=2048)
     pinned = pinned_pack(pack)
@@ -262,8 +294,10 @@ def test_pack_in_pinned_memory_is_staged_from_where_it_is(monkeypatch):
     want = wt.stage_delta(state, pack)
     monkeypatch.setattr(decode_streams, "_pack_ring", None)  # the ring is not used: None would raise
     got = wt.stage_delta(state, pinned)
-    assert all(torch.equal(a.offsets, b.offsets) and torch.equal(a.values, b.values)
-               for a, b in zip(want.groups, got.groups, strict=True))
+    assert all(
+        torch.equal(a.offsets, b.offsets) and torch.equal(a.values, b.values)
+        for a, b in zip(want.groups, got.groups, strict=True)
+    )
     wt.apply_staged(state, got)
     assert_bits_equal(_cpu(state), new)
     state = _cuda(old)
@@ -281,9 +315,11 @@ def test_pinned_packs_are_the_bytes_packs(waves, monkeypatch):
     into it on the host."""
     from weight_teleport.codec.cuda.encode import encoder
     from weight_teleport.codec.cuda.runtime import memory
+
     if waves == 2:
         monkeypatch.setattr(encoder, "WAVE_ELEMS", 0)
     from weight_teleport.format import container
+
     joins = []
     fill = container.fill
     monkeypatch.setattr(container, "fill", lambda dst, parts, *a: joins.append(len(parts)) or fill(dst, parts, *a))
@@ -295,8 +331,9 @@ def test_pinned_packs_are_the_bytes_packs(waves, monkeypatch):
     wt.apply_delta(state, pack, base_version=0)
     assert_bits_equal(_cpu(state), new)
     old, new = {}, {}
-    for i, (dt, mode, p) in enumerate([(torch.bfloat16, "density", 0.02), (torch.float32, "density", 0.05),
-                                       (torch.float16, "all", 0.0)]):
+    for i, (dt, mode, p) in enumerate(
+        [(torch.bfloat16, "density", 0.02), (torch.float32, "density", 0.05), (torch.float16, "all", 0.0)]
+    ):
         old[f"t{i}"], new[f"t{i}"] = make_pair(30 + i, dt, (70, 33), "weights", mode, "ulp", p)
     cfg = CudaCodecConfig(stream_coder="cpu-zstd")
     pack = wt.encode_delta(_cuda(old), _cuda(new), base_version=0, version=1, chunk_elems=512, cuda=cfg, pinned=True)
@@ -327,6 +364,7 @@ def test_staged_patch_held_on_device_or_in_pinned_host_memory(budget):
 @pytest.mark.parametrize("with_nvcomp", [True, False])
 def test_corrupt_streams_with_valid_crcs_are_refused_on_gpu(with_nvcomp, monkeypatch):
     from weight_teleport.codec.cuda.runtime import nvcomp
+
     if not with_nvcomp:
         monkeypatch.setattr(nvcomp, "available", lambda: False)
     old, new = _pair(4, torch.bfloat16, "density", 0.02, shape=(200, 64))
@@ -355,18 +393,33 @@ def test_mixed_batches_match_cpu_pack(waves, monkeypatch):
     with two waves (each dtype's batches of the two merged), in one part or in pinned
     memory."""
     from weight_teleport.codec.cuda.encode import encoder
+
     if waves == 2:
         monkeypatch.setattr(encoder, "WAVE_ELEMS", 0)
     old, new = {}, {}
-    for i, (dt, mode, p) in enumerate([(torch.bfloat16, "density", 0.02), (torch.float32, "density", 0.05),
-                                       (torch.bfloat16, "none", 0.0), (torch.int8, "density", 0.5),
-                                       (torch.bfloat16, "density", 0.01), (torch.float16, "all", 0.0)]):
+    for i, (dt, mode, p) in enumerate(
+        [
+            (torch.bfloat16, "density", 0.02),
+            (torch.float32, "density", 0.05),
+            (torch.bfloat16, "none", 0.0),
+            (torch.int8, "density", 0.5),
+            (torch.bfloat16, "density", 0.01),
+            (torch.float16, "all", 0.0),
+        ]
+    ):
         old[f"t{i}"], new[f"t{i}"] = make_pair(20 + i, dt, (70, 33), "weights", mode, "ulp", p)
     old["empty"], new["empty"] = torch.zeros(0, 5, dtype=torch.bfloat16), torch.zeros(0, 5, dtype=torch.bfloat16)
     cpu_pack = wt.encode_delta(old, new, base_version=0, version=1, chunk_elems=512)
     for pinned in (False, True):
-        gpu_pack = wt.encode_delta(_cuda(old), _cuda(new), base_version=0, version=1, chunk_elems=512,
-                                   cuda=CudaCodecConfig(stream_coder="cpu-zstd"), pinned=pinned)
+        gpu_pack = wt.encode_delta(
+            _cuda(old),
+            _cuda(new),
+            base_version=0,
+            version=1,
+            chunk_elems=512,
+            cuda=CudaCodecConfig(stream_coder="cpu-zstd"),
+            pinned=pinned,
+        )
         assert bytes(gpu_pack) == cpu_pack
     state = clone_state(old)
     wt.apply_delta(state, wt.encode_delta(_cuda(old), _cuda(new), base_version=0, version=1, chunk_elems=512))
@@ -379,11 +432,15 @@ def test_unaligned_views_in_a_batch_match_cpu_pack():
     old, new = {}, {}
     for i, dt in enumerate([torch.float32, torch.bfloat16, torch.bfloat16, torch.float8_e4m3fn]):
         o, n = make_pair(40 + i, dt, (1601,), "weights", "density", "ulp", 0.03)
-        old[f"t{i}"], new[f"t{i}"] = o.cuda()[i % 2:], n.cuda()[i % 2:]
+        old[f"t{i}"], new[f"t{i}"] = o.cuda()[i % 2 :], n.cuda()[i % 2 :]
     cpu_pack = wt.encode_delta(_cpu(old), _cpu(new), base_version=0, version=1, chunk_elems=512)
     for _ in range(2):  # the second call reuses the first one's staging buffers
-        assert wt.encode_delta(old, new, base_version=0, version=1, chunk_elems=512,
-                               cuda=CudaCodecConfig(stream_coder="cpu-zstd")) == cpu_pack
+        assert (
+            wt.encode_delta(
+                old, new, base_version=0, version=1, chunk_elems=512, cuda=CudaCodecConfig(stream_coder="cpu-zstd")
+            )
+            == cpu_pack
+        )
     state = {k: v.clone() for k, v in old.items()}
     wt.apply_delta(state, cpu_pack, base_version=0)
     assert_bits_equal(_cpu(state), _cpu(new))
@@ -394,16 +451,36 @@ def test_stage_of_dtypes_sharing_a_width():
     int16; float32 and int32; the float8 types, int8 and uint8): each is staged with its own
     layout, bit-exact, where they once shared a batch and a valid pack was refused."""
     old, new = {}, {}
-    for i, dt in enumerate([torch.bfloat16, torch.float16, torch.int16, torch.float32, torch.int32,
-                            torch.float8_e4m3fn, torch.float8_e5m2, torch.int8, torch.uint8]):
+    for i, dt in enumerate(
+        [
+            torch.bfloat16,
+            torch.float16,
+            torch.int16,
+            torch.float32,
+            torch.int32,
+            torch.float8_e4m3fn,
+            torch.float8_e5m2,
+            torch.int8,
+            torch.uint8,
+        ]
+    ):
         old[f"t{i}"], new[f"t{i}"] = make_pair(70 + i, dt, (5, 1003), "weights", "density", "ulp", 0.05)
     pack = wt.encode_delta(old, new, base_version=0, version=1, chunk_elems=2056)
     state = _cuda(old)
     report = wt.apply_delta(state, pack, base_version=0)
     assert report.digest_verified
     assert_bits_equal(_cpu(state), new)
-    assert wt.encode_delta(_cuda(old), _cuda(new), base_version=0, version=1, chunk_elems=2056,
-                           cuda=CudaCodecConfig(stream_coder="cpu-zstd")) == pack  # the CPU's zstd: the same bytes
+    assert (
+        wt.encode_delta(
+            _cuda(old),
+            _cuda(new),
+            base_version=0,
+            version=1,
+            chunk_elems=2056,
+            cuda=CudaCodecConfig(stream_coder="cpu-zstd"),
+        )
+        == pack
+    )  # the CPU's zstd: the same bytes
 
 
 @pytest.mark.parametrize("offset", [1, 3])
@@ -415,7 +492,7 @@ def test_stage_onto_live_views_off_word_boundaries(offset):
         o, n = make_pair(60 + i, dt, (3, 2051), "weights", "density", "ulp", 0.05)
         size = o.element_size()
         raw = torch.zeros((o.numel() + 8) * size, dtype=torch.uint8, device="cuda")
-        view = raw[offset * size:(offset + o.numel()) * size].view(dt).view(o.shape)
+        view = raw[offset * size : (offset + o.numel()) * size].view(dt).view(o.shape)
         view.view(torch.uint8).copy_(o.contiguous().view(torch.uint8).cuda())
         assert view.data_ptr() % 8 != 0
         old[f"t{i}"], new[f"t{i}"], views[f"t{i}"] = o, n, view
@@ -435,6 +512,7 @@ def test_warp_kernels_match_triton_kernels(case, monkeypatch):
     """The CUDA C warp kernels and the Triton kernels write the same packs and stage patches
     that apply to the same bits, over several chunks of several blocks with ragged ends."""
     from weight_teleport.codec.cuda.kernels import warp
+
     if case == "inverted":
         o, m = inverted_pair(50_001, 4)
         old, new = {"w": o}, {"w": m}
@@ -462,6 +540,7 @@ def test_warp_kernels_from_ptx_of_an_older_architecture(monkeypatch):
     driver compiles for it: pretend this GPU is unknown to NVRTC and compare the packs."""
     from weight_teleport.codec.cuda.kernels import warp
     from weight_teleport.codec.cuda.runtime import nvrtc
+
     major, minor = torch.cuda.get_device_capability()
     older = [a for a in nvrtc._supported_archs() if a < 10 * major + minor]
     if not older:
@@ -470,8 +549,14 @@ def test_warp_kernels_from_ptx_of_an_older_architecture(monkeypatch):
     warp._module.cache_clear()
     try:
         old, new = _pair(5, torch.bfloat16, "density", 0.05, shape=(301, 70))
-        pack = wt.encode_delta(_cuda(old), _cuda(new), base_version=1, version=2, chunk_elems=4104,
-                               cuda=CudaCodecConfig(stream_coder="cpu-zstd"))
+        pack = wt.encode_delta(
+            _cuda(old),
+            _cuda(new),
+            base_version=1,
+            version=2,
+            chunk_elems=4104,
+            cuda=CudaCodecConfig(stream_coder="cpu-zstd"),
+        )
         assert pack == wt.encode_delta(old, new, base_version=1, version=2, chunk_elems=4104)
         state = _cuda(old)
         assert wt.apply_delta(state, pack, base_version=1).digest_verified
@@ -484,6 +569,7 @@ def test_pinned_ring_rewinds_at_a_call_instead_of_growing():
     """Tables of calls whose copies are still queued behind kernels when the buffer fills:
     rewound at each call's start, the ring keeps its first buffer and delivers every byte."""
     from weight_teleport.codec.cuda.runtime import memory
+
     ring, n = memory.PinnedRing(), 1 << 20
     first = None
     for call in range(6):

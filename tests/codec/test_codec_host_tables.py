@@ -78,8 +78,12 @@ def test_zeros_from_the_arena_are_zero_after_reuse():
 def test_tables_uploaded_from_the_arena_are_copies():
     """`to_device` puts its arrays end to end in the thread's arena; what it returns (here on
     the CPU, where an upload is a copy) keeps its values after the arena is reused."""
-    arrays = [np.array([True, False, True]), np.arange(12, dtype=np.int32).reshape(3, 4),
-              np.array([-(1 << 40), 5], np.int64), np.zeros(0, np.int64)]
+    arrays = [
+        np.array([True, False, True]),
+        np.arange(12, dtype=np.int32).reshape(3, 4),
+        np.array([-(1 << 40), 5], np.int64),
+        np.zeros(0, np.int64),
+    ]
     memory.begin_call()
     got = memory.to_device(arrays, "cpu")
     memory.begin_call()
@@ -99,8 +103,9 @@ def _rows_reference(elem, first, n, block):
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.lists(st.integers(0, 5000), max_size=40), st.sampled_from([1, 7, stage_scatter.BLOCK]),
-       st.integers(0, 1 << 40))
+@given(
+    st.lists(st.integers(0, 5000), max_size=40), st.sampled_from([1, 7, stage_scatter.BLOCK]), st.integers(0, 1 << 40)
+)
 def test_program_rows_match_the_vectorised_rows(counts, block, base):
     n = np.array(counts, np.int64)
     first = np.cumsum(n) - n
@@ -155,13 +160,21 @@ def test_merged_events_pad_each_waves_chunks_to_the_most_class_slots():
     """Two waves' events as one batch's: the segment tables end to end, the first wave's
     chunks (4 class slots) padded with empty segments to the second's 8; the chunk indices
     continue across the waves; the ranks and residuals stay a piece per wave."""
+
     def events(chunks, ncp, seed):
         g = torch.Generator().manual_seed(seed)
         ev = torch.randint(0, 50, (chunks * ncp,), generator=g)
         seg = encode_symbols.Segments(ev, ev // 2, ev % 3 == 0, 16)
         ranks = [torch.arange(int(ev.sum()), dtype=torch.int32)]
-        return sparse.Events(ranks, [torch.zeros(int((ev // 2).sum()), dtype=torch.int16)], seg, ncp,
-                                   np.full(chunks, ncp - 1), np.array([0, 2, chunks]))
+        return sparse.Events(
+            ranks,
+            [torch.zeros(int((ev // 2).sum()), dtype=torch.int16)],
+            seg,
+            ncp,
+            np.full(chunks, ncp - 1),
+            np.array([0, 2, chunks]),
+        )
+
     a, b = events(3, 4, 0), events(5, 8, 1)
     m = sparse.merge([a, b])
     assert m.ncp == 8 and m.segments.pieces == (24, 40) and m.segments.bits == 16
@@ -181,8 +194,8 @@ def test_stage_digest_checks_over_all_records_refuse_what_the_scalar_checks_refu
     records whose digests `_check_base` and `_check_result` refuse: word sums of either sign,
     sizes, and digests off by one bit or in another form (upper case, short, missing)."""
     k = data.draw(st.integers(0, 12))
-    u64, i64 = st.integers(0, 2 ** 64 - 1), st.integers(-2 ** 63, 2 ** 63 - 1)
-    nbytes = np.array(data.draw(st.lists(st.integers(1, 2 ** 40), min_size=k, max_size=k)), np.uint64)
+    u64, i64 = st.integers(0, 2**64 - 1), st.integers(-(2**63), 2**63 - 1)
+    nbytes = np.array(data.draw(st.lists(st.integers(1, 2**40), min_size=k, max_size=k)), np.uint64)
     sums = np.array(data.draw(st.lists(st.tuples(i64, i64), min_size=k, max_size=k)), np.int64).reshape(k, 2)
     recs = []
     for i in range(k):
@@ -223,14 +236,19 @@ def test_stage_digest_checks_over_all_records_refuse_what_the_scalar_checks_refu
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.lists(st.tuples(st.integers(-2, 12), st.integers(-2, 12), st.integers(-2, 12)), max_size=8),
-       st.integers(0, 12), st.integers(0, 12))
+@given(
+    st.lists(st.tuples(st.integers(-2, 12), st.integers(-2, 12), st.integers(-2, 12)), max_size=8),
+    st.integers(0, 12),
+    st.integers(0, 12),
+)
 def test_gather_rows_inside_both_buffers_as_numpy_says(rows, n_src, n_dst):
     """The gather's check of its rows (one compiled pass) against numpy's reading of it: each
     row copies a non-empty range inside both buffers."""
     from weight_teleport.codec.cuda.kernels.gather import _inside
+
     r = np.array(rows, np.int64).reshape(-1, 3)
     ends = r[:, :2] + r[:, 2:]
-    want = bool((r[:, 2] > 0).all() and (r[:, :2] >= 0).all() and (ends[:, 0] <= n_src).all()
-                and (ends[:, 1] <= n_dst).all())
+    want = bool(
+        (r[:, 2] > 0).all() and (r[:, :2] >= 0).all() and (ends[:, 0] <= n_src).all() and (ends[:, 1] <= n_dst).all()
+    )
     assert _inside(r, n_src, n_dst) == want

@@ -73,8 +73,11 @@ def test_neither_backend_imports_the_other():
         for path in (CODEC / side).rglob("*.py"):
             bad = sorted(n for n in _imports(path) if n.startswith(f"weight_teleport.codec.{other}"))
             assert not bad, f"{path.relative_to(CODEC)} imports {bad}"
-    bad = sorted(n for n in _imports(CODEC / "backend.py") if n.startswith(("weight_teleport.codec.cpu",
-                                                                            "weight_teleport.codec.cuda")))
+    bad = sorted(
+        n
+        for n in _imports(CODEC / "backend.py")
+        if n.startswith(("weight_teleport.codec.cpu", "weight_teleport.codec.cuda"))
+    )
     assert not bad
 
 
@@ -95,8 +98,11 @@ def _states(seed: int):
     g = torch.Generator().manual_seed(seed)
     master = torch.randn(300, 257, generator=g) * 0.02
     old = {"w": master.bfloat16(), "d": torch.randn(4096, generator=g), "s": torch.randn(64, generator=g)}
-    new = {"w": (master + 2e-6 * torch.randn(300, 257, generator=g)).bfloat16(),
-           "d": old["d"] + torch.randn(4096, generator=g), "s": old["s"].clone()}
+    new = {
+        "w": (master + 2e-6 * torch.randn(300, 257, generator=g)).bfloat16(),
+        "d": old["d"] + torch.randn(4096, generator=g),
+        "s": old["s"].clone(),
+    }
     return old, new
 
 
@@ -112,8 +118,9 @@ def test_a_codec_without_cuda_functions_goes_through_the_cpu(monkeypatch):
     codecs = [t.codec for t in read_header(pack).tensors]
     assert codecs[0] == "sparse_ac" and codecs[1].startswith("dense") and codecs[2] == "same"
     on_gpu = {k: v.cuda() for k, v in old.items()}
-    gpu_pack = wt.encode_delta(on_gpu, {k: v.cuda() for k, v in new.items()}, base_version=0, version=1,
-                               chunk_elems=4096, codec="sparse_ac")
+    gpu_pack = wt.encode_delta(
+        on_gpu, {k: v.cuda() for k, v in new.items()}, base_version=0, version=1, chunk_elems=4096, codec="sparse_ac"
+    )
     assert bytes(gpu_pack) == pack
     wt.apply_staged(on_gpu, wt.stage_delta(on_gpu, pack))
     assert all(torch.equal(on_gpu[k].cpu().view(torch.uint8), new[k].view(torch.uint8)) for k in new)

@@ -8,16 +8,14 @@ import torch
 from helpers import assert_bits_equal, clone_state, with_renewed_crcs
 
 import weight_teleport as wt
-from weight_teleport.errors import (DigestMismatchError, PackFormatError, PackMismatchError,
-                                    UnsupportedFormatError)
+from weight_teleport.errors import DigestMismatchError, PackFormatError, PackMismatchError, UnsupportedFormatError
 from weight_teleport.format import read_header
 
 
 @pytest.fixture(scope="module")
 def states():
     g = torch.Generator().manual_seed(0)
-    old = {"a": (torch.randn(300, 70, generator=g) * 0.02).to(torch.bfloat16),
-           "b": torch.randn(513, generator=g)}
+    old = {"a": (torch.randn(300, 70, generator=g) * 0.02).to(torch.bfloat16), "b": torch.randn(513, generator=g)}
     new = clone_state(old)
     new["a"].view(-1)[::37] = (new["a"].view(-1)[::37].float() * 1.01).to(torch.bfloat16)
     new["b"][::5] += 1e-3
@@ -53,12 +51,14 @@ def test_other_weights_than_the_base_are_named_as_such(states, codec):
     fit: the error names the base, not corrupt streams."""
     pack = wt.encode_delta(*states, base_version=1, version=2, chunk_elems=4096, codec=codec)
     g = torch.Generator().manual_seed(9)
-    other = {"a": (torch.randn(300, 70, generator=g) * 4).to(torch.bfloat16),
-             "b": states[0]["b"].clone()}
+    other = {"a": (torch.randn(300, 70, generator=g) * 4).to(torch.bfloat16), "b": states[0]["b"].clone()}
     with pytest.raises(PackMismatchError, match="does not hold the weights of base version 1"):
         wt.apply_delta(clone_state(other), pack)
-    with pytest.raises(PackFormatError, match="likely not the weights of the pack's base "
-                                              r"version 1 \(the base digest check was skipped"):
+    with pytest.raises(
+        PackFormatError,
+        match="likely not the weights of the pack's base "
+        r"version 1 \(the base digest check was skipped",
+    ):
         wt.apply_delta(clone_state(other), pack, check_base=False)
 
 
@@ -84,7 +84,7 @@ def test_extra_state_tensors_allowed_when_not_strict(states, pack):
 
 @pytest.mark.parametrize("cut", [0, 3, 20, 30, -1, -7])
 def test_truncated(states, pack, cut):
-    _rejects(clone_state(states[0]), pack[:cut] if cut >= 0 else pack[:len(pack) + cut], PackFormatError)
+    _rejects(clone_state(states[0]), pack[:cut] if cut >= 0 else pack[: len(pack) + cut], PackFormatError)
 
 
 def test_every_bit_flip_in_a_sample_is_caught(states, pack):
@@ -110,6 +110,7 @@ def test_gpu_only_stream_codec_refused_on_cpu(states):
     header.stream_codecs = ["raw", "nvcomp-ans"]
     from weight_teleport.format import write_pack
     from weight_teleport.format.container import chunk_payload
+
     chunks = [bytes(chunk_payload(pack, header, c)) for t in header.tensors for c in t.chunks]
     with pytest.raises(UnsupportedFormatError, match="zstd"):
         wt.apply_delta(clone_state(old), write_pack(header, chunks))
@@ -122,6 +123,7 @@ def test_which_stream_codecs_each_backend_reads(monkeypatch):
     from weight_teleport.codec.cpu import backend as cpu
     from weight_teleport.codec.cuda import backend as cuda
     from weight_teleport.codec.cuda.runtime import nvcomp
+
     cpu.check_readable(["raw", "zstd"])
     for codec in ("lz4", "nvcomp-ans"):
         with pytest.raises(UnsupportedFormatError, match="stream_coder='huffman'"):
@@ -137,6 +139,7 @@ def test_which_stream_codecs_each_backend_reads(monkeypatch):
 
 def test_cuda_configuration_for_cpu_weights_is_refused(states, pack):
     from weight_teleport.codec.cuda.config import CudaCodecConfig
+
     old, _ = states
     state = clone_state(old)
     with pytest.raises(ValueError, match="CPU tensors"):
@@ -146,6 +149,7 @@ def test_cuda_configuration_for_cpu_weights_is_refused(states, pack):
 
 def test_subscriber_refuses_an_unknown_decompression_backend():
     from weight_teleport.subscribe.stager import Stager
+
     with pytest.raises(ValueError, match="decompress_backend"):
         Stager(None, None, decompress_backend="fpga")
 
@@ -159,6 +163,7 @@ def test_consistent_but_wrong_pack_caught_by_digest(states):
     header.tensors[0].digest = "0" * 16
     from weight_teleport.format import write_pack
     from weight_teleport.format.container import chunk_payload
+
     chunks = [bytes(chunk_payload(pack, header, c)) for t in header.tensors for c in t.chunks]
     _rejects(clone_state(old), write_pack(header, chunks), DigestMismatchError)
 
@@ -207,30 +212,36 @@ def test_corrupt_streams_behind_valid_checksums_are_refused(states, seed):
 def test_resized_streams_behind_valid_checksums_are_refused(states, kind):
     old, new = states
     pack = wt.encode_delta(old, new, base_version=1, version=2, chunk_elems=4096)
-    mutate = {"truncate": lambda d: d.__delitem__(slice(len(d) // 2, None)),
-              "extend": lambda d: d.extend(b"\x07" * 9),
-              "zero": lambda d: d.__setitem__(slice(None), bytes(len(d)))}[kind]
+    mutate = {
+        "truncate": lambda d: d.__delitem__(slice(len(d) // 2, None)),
+        "extend": lambda d: d.extend(b"\x07" * 9),
+        "zero": lambda d: d.__setitem__(slice(None), bytes(len(d))),
+    }[kind]
     state = clone_state(old)
     with pytest.raises((PackFormatError, PackMismatchError, DigestMismatchError)):
         wt.apply_delta(state, with_renewed_crcs(pack, lambda i, data: mutate(data)))
     assert_bits_equal(state, old)
 
 
-@pytest.mark.parametrize("classes,inverted,message", [
-    ([(1, 0)], [], "class map must start at key 0"),
-    ([(0, 0), (5, 99)], [], "malformed class map run"),
-    ([(0, 0), (5, 10 ** 30)], [], "malformed class map run"),  # past int64
-    (None, [7], "inverted class 7 does not exist"),
-])
+@pytest.mark.parametrize(
+    "classes,inverted,message",
+    [
+        ([(1, 0)], [], "class map must start at key 0"),
+        ([(0, 0), (5, 99)], [], "malformed class map run"),
+        ([(0, 0), (5, 10**30)], [], "malformed class map run"),  # past int64
+        (None, [7], "inverted class 7 does not exist"),
+    ],
+)
 def test_malformed_class_map_is_refused_naming_its_tensor(states, pack, classes, inverted, message):
     """A header whose class map (or inverted list) of a sparse tensor is malformed, behind a
     valid header CRC: refused with the tensor's name, the state untouched."""
     from weight_teleport.format import write_pack
+
     h = read_header(pack)
     rec = next(r for r in h.tensors if r.codec == "sparse")
     rec.classes = classes if classes is not None else rec.classes
     rec.inverted = inverted
-    bad = write_pack(h, [pack[h.payload_offset:]])
+    bad = write_pack(h, [pack[h.payload_offset :]])
     old, _ = states
     state = clone_state(old)
     with pytest.raises(PackFormatError, match=f"tensor '{rec.name}': {message}"):

@@ -3,8 +3,7 @@
 import numpy as np
 import pytest
 import torch
-from helpers import (DTYPES, assert_bits_equal, bits, clone_state, from_bits, random_bits,
-                     specials, weight_like)
+from helpers import DTYPES, assert_bits_equal, bits, clone_state, from_bits, random_bits, specials, weight_like
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -37,8 +36,12 @@ def make_pair(seed, dtype, shape, base, mode, change, p):
     sp = np.array(specials(dtype), dtype=np.uint64).astype(old.dtype)
     if n:
         old[rng.integers(0, n, size=min(n, 4))] = rng.choice(sp, size=min(n, 4))
-    mask = {"none": np.zeros(n, bool), "single": np.arange(n) == (seed % max(n, 1)),
-            "density": rng.random(n) < p, "all": np.ones(n, bool)}[mode]
+    mask = {
+        "none": np.zeros(n, bool),
+        "single": np.arange(n) == (seed % max(n, 1)),
+        "density": rng.random(n) < p,
+        "all": np.ones(n, bool),
+    }[mode]
     new = old.copy()
     k = int(mask.sum())
     if change == "ulp":
@@ -61,10 +64,16 @@ shapes = st.lists(st.integers(0, 33), min_size=0, max_size=3).map(tuple)
 
 
 @settings(max_examples=150, deadline=None)
-@given(seed=st.integers(0, 2**32 - 1), dtype=st.sampled_from(DTYPES), shape=shapes,
-       base=st.sampled_from(["weights", "random"]), mode=st.sampled_from(["none", "single", "density", "all"]),
-       change=st.sampled_from(["ulp", "random", "specials"]), p=st.sampled_from([0.01, 0.1, 0.5, 0.9]),
-       chunk=st.sampled_from([8, 24, 1 << 22]))
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    dtype=st.sampled_from(DTYPES),
+    shape=shapes,
+    base=st.sampled_from(["weights", "random"]),
+    mode=st.sampled_from(["none", "single", "density", "all"]),
+    change=st.sampled_from(["ulp", "random", "specials"]),
+    p=st.sampled_from([0.01, 0.1, 0.5, 0.9]),
+    chunk=st.sampled_from([8, 24, 1 << 22]),
+)
 def test_delta_round_trip(seed, dtype, shape, base, mode, change, p, chunk):
     old, new = make_pair(seed, dtype, shape, base, mode, change, p)
     olds, news = {"w": old, "b": _flipped(old)}, {"w": new, "b": _flipped(new)}
@@ -79,8 +88,9 @@ def test_delta_round_trip(seed, dtype, shape, base, mode, change, p, chunk):
 
 
 @settings(max_examples=60, deadline=None)
-@given(seed=st.integers(0, 2**32 - 1), dtype=st.sampled_from(DTYPES), shape=shapes,
-       chunk=st.sampled_from([8, 40, 1 << 22]))
+@given(
+    seed=st.integers(0, 2**32 - 1), dtype=st.sampled_from(DTYPES), shape=shapes, chunk=st.sampled_from([8, 40, 1 << 22])
+)
 def test_snapshot_round_trip(seed, dtype, shape, chunk):
     rng = np.random.default_rng(seed)
     n = int(np.prod(shape)) if shape else 1
@@ -117,8 +127,11 @@ def test_any_bytes_like_pack_is_read(kind):
     """A pack may be any bytes-like object (a download buffer, pinned memory): same result."""
     old, new = make_pair(7, torch.bfloat16, (64, 48), "weights", "density", "ulp", 0.05)
     pack = wt.encode_delta({"x": old}, {"x": new}, base_version=0, version=1, chunk_elems=512)
-    held = {"bytearray": bytearray(pack), "memoryview": memoryview(pack),
-            "numpy": np.frombuffer(pack, np.uint8).copy()}[kind]
+    held = {
+        "bytearray": bytearray(pack),
+        "memoryview": memoryview(pack),
+        "numpy": np.frombuffer(pack, np.uint8).copy(),
+    }[kind]
     assert inspect(held) == inspect(pack)
     state = {"x": old.clone()}
     wt.apply_delta(state, held)
@@ -145,8 +158,10 @@ def test_chain_of_versions():
         nxt = prev.copy()
         nxt[mask] = _key_step(prev[mask], torch.bfloat16, steps[mask])
         versions.append(from_bits(nxt, torch.bfloat16, (5000,)))
-    packs = [wt.encode_delta({"w": a}, {"w": b}, base_version=i, version=i + 1)
-             for i, (a, b) in enumerate(zip(versions, versions[1:]))]
+    packs = [
+        wt.encode_delta({"w": a}, {"w": b}, base_version=i, version=i + 1)
+        for i, (a, b) in enumerate(zip(versions, versions[1:]))
+    ]
     state = {"w": versions[0].clone()}
     for i, pack in enumerate(packs):
         wt.apply_delta(state, pack, base_version=i)

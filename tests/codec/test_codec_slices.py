@@ -36,8 +36,9 @@ def _trainer_part(old, new, hint, snapshot=False):
     o, n = old[8:24].contiguous(), new[8:24].contiguous()
     if snapshot:
         return wt.encode_snapshot({"w": n}, version=2, chunk_elems=64, slices={"w": sl}, hints={"w": hint})
-    return wt.encode_delta({"w": o}, {"w": n}, base_version=1, version=2, chunk_elems=64, slices={"w": sl},
-                           hints={"w": hint})
+    return wt.encode_delta(
+        {"w": o}, {"w": n}, base_version=1, version=2, chunk_elems=64, slices={"w": sl}, hints={"w": hint}
+    )
 
 
 def _held(cols):
@@ -47,11 +48,11 @@ def _held(cols):
 def _fetched(pack, held) -> tuple:
     """The header, and a buffer laid out as the pack holding its first bytes and the rank's
     chunks alone (what a sampler rank fetches): the rest is garbage."""
-    h = read_header(pack[:1 << 16], total_length=len(pack))
+    h = read_header(pack[: 1 << 16], total_length=len(pack))
     _, i, j = chunk_window(h, h.tensors[0], held["w"].box)
-    (lo, hi), = chunk_byte_ranges(h, h.tensors[0], i, j)
+    ((lo, hi),) = chunk_byte_ranges(h, h.tensors[0], i, j)
     buf = bytearray(b"\xa5" * len(pack))
-    buf[:h.payload_offset] = pack[:h.payload_offset]
+    buf[: h.payload_offset] = pack[: h.payload_offset]
     buf[lo:hi] = pack[lo:hi]
     return h, buf, (lo, hi)
 
@@ -59,14 +60,15 @@ def _fetched(pack, held) -> tuple:
 def _sampler_stage(pack, old, cols=(COLS // 2, COLS)):
     """Sampler rank 1 (columns 12..23): stage its chunks against its own columns, write them."""
     held = _held(cols)
-    mine = {"w": old[:, cols[0]:cols[1]].clone()}
+    mine = {"w": old[:, cols[0] : cols[1]].clone()}
     h, buf, _ = _fetched(pack, held)
     wt.apply_staged(mine, wt.stage_delta(mine, bytes(buf), header=h, held=held))
     return mine["w"], chunk_window(h, h.tensors[0], held["w"].box)[0]
 
 
-@pytest.mark.parametrize("hint", [Hint("cols", (COLS // 2 * ROWS,)), ("cols", [COLS // 2 * ROWS]),
-                                  SliceHint("cols", (COLS // 2 * ROWS,))])
+@pytest.mark.parametrize(
+    "hint", [Hint("cols", (COLS // 2 * ROWS,)), ("cols", [COLS // 2 * ROWS]), SliceHint("cols", (COLS // 2 * ROWS,))]
+)
 @pytest.mark.parametrize("snapshot", [False, True])
 def test_a_sampler_rank_stages_its_columns_of_a_trainer_ranks_rows(hint, snapshot):
     old, new = _pair()
@@ -77,8 +79,8 @@ def test_a_sampler_rank_stages_its_columns_of_a_trainer_ranks_rows(hint, snapsho
     got, walk_start = _sampler_stage(pack, old)
     assert walk_start == COLS // 2 * 16
     want = old.clone()
-    want[8:24, COLS // 2:] = new[8:24, COLS // 2:]
-    assert torch.equal(got.view(torch.int16), want[:, COLS // 2:].view(torch.int16))
+    want[8:24, COLS // 2 :] = new[8:24, COLS // 2 :]
+    assert torch.equal(got.view(torch.int16), want[:, COLS // 2 :].view(torch.int16))
 
 
 def test_an_uncut_pack_is_refused_for_a_slice_inside_a_chunk():
@@ -91,7 +93,7 @@ def test_an_uncut_pack_is_refused_for_a_slice_inside_a_chunk():
 def _ready(pack, old):
     held = _held((COLS // 2, COLS))
     h, buf, span = _fetched(pack, held)
-    return h, buf, span, {"w": old[:, COLS // 2:].clone()}, held
+    return h, buf, span, {"w": old[:, COLS // 2 :].clone()}, held
 
 
 def test_hostile_chunk_bytes_and_wrong_base_raise_typed_errors():
@@ -103,7 +105,7 @@ def test_hostile_chunk_bytes_and_wrong_base_raise_typed_errors():
     with pytest.raises(PackFormatError, match="CRC"):
         wt.stage_delta(mine, bytes(flipped), header=h, held=held)
     with pytest.raises(PackFormatError):
-        wt.stage_delta(mine, bytes(data[:hi - 3]), held=held)
+        wt.stage_delta(mine, bytes(data[: hi - 3]), held=held)
     stale = {"w": mine["w"].clone()}
     stale["w"].view(torch.int16)[10, 2] ^= 1  # a row of the trainer rank's part
     with pytest.raises(PackMismatchError, match="base version"):
@@ -136,8 +138,13 @@ def _layered(seed=7):
     for k, t in old.items():
         moved = torch.rand(t.shape, generator=g) < 0.1
         new[k] = torch.where(moved, (t.float() * 1.01).to(torch.bfloat16), t)
-    hints = {"q": SliceHint("rows", (32 * 40,)), "up": SliceHint("rows", (48 * 40,)),
-             "o": SliceHint("cols", (32 * 40,)), "down": SliceHint("cols", (48 * 40,)), "norm": SliceHint("rows", ())}
+    hints = {
+        "q": SliceHint("rows", (32 * 40,)),
+        "up": SliceHint("rows", (48 * 40,)),
+        "o": SliceHint("cols", (32 * 40,)),
+        "down": SliceHint("cols", (48 * 40,)),
+        "norm": SliceHint("rows", ()),
+    }
     return old, new, hints
 
 
@@ -180,7 +187,7 @@ def test_a_tp_rank_reads_its_slices_of_every_tensor_in_two_runs_of_bytes():
             ranges += chunk_byte_ranges(h, rec, i, j)
         assert len(_runs(ranges)) <= 2, _runs(ranges)
         buf = bytearray(b"\xa5" * len(pack))  # the rank's runs alone, the rest garbage
-        buf[:h.payload_offset] = pack[:h.payload_offset]
+        buf[: h.payload_offset] = pack[: h.payload_offset]
         for a, b in _runs(ranges):
             buf[a:b] = pack[a:b]
         mine = {k: old[k][tuple(slice(o, o + e) for o, e in held[k].box)].clone() for k in old}
@@ -201,19 +208,28 @@ def test_a_pack_without_slice_bounds_keeps_its_records_chunks_in_record_order():
 
 
 @settings(max_examples=25, deadline=None)
-@given(rows=st.sampled_from([8, 16, 24]), cols=st.sampled_from([8, 16, 24]), order=st.sampled_from(["rows", "cols"]),
-       cut_lines=st.sets(st.integers(1, 23), max_size=3), density=st.floats(0.0, 1.0),
-       chunk_elems=st.sampled_from([8, 16, 64]), seed=st.integers(0, 2 ** 16))
-def test_a_pack_laid_out_by_slice_round_trips_and_tiles_its_payload(rows, cols, order, cut_lines, density,
-                                                                    chunk_elems, seed):
+@given(
+    rows=st.sampled_from([8, 16, 24]),
+    cols=st.sampled_from([8, 16, 24]),
+    order=st.sampled_from(["rows", "cols"]),
+    cut_lines=st.sets(st.integers(1, 23), max_size=3),
+    density=st.floats(0.0, 1.0),
+    chunk_elems=st.sampled_from([8, 16, 64]),
+    seed=st.integers(0, 2**16),
+)
+def test_a_pack_laid_out_by_slice_round_trips_and_tiles_its_payload(
+    rows, cols, order, cut_lines, density, chunk_elems, seed
+):
     """Any slice bounds: the payload's chunks tile it exactly (no byte shared, none left
     over), and the pack turns the old weights into the new ones bit for bit, beside a
     tensor every receiver reads whole."""
     g = torch.Generator().manual_seed(seed)
     shapes = {"w": (rows, cols), "v": (cols, 8), "n": (cols,)}
     old = {k: torch.randn(s, generator=g).to(torch.bfloat16) for k, s in shapes.items()}
-    new = {k: torch.where(torch.rand(t.shape, generator=g) < density, (t.float() * 1.5).to(torch.bfloat16), t)
-           for k, t in old.items()}
+    new = {
+        k: torch.where(torch.rand(t.shape, generator=g) < density, (t.float() * 1.5).to(torch.bfloat16), t)
+        for k, t in old.items()
+    }
     line = cols if order == "rows" else rows
     lines = rows if order == "rows" else cols
     bounds = tuple(sorted(b * line for b in cut_lines if b < lines))

@@ -31,8 +31,9 @@ def threads(request, monkeypatch):
         monkeypatch.setattr(stream_tables, "CHUNKS_A_THREAD", 3)
 
 
-@pytest.mark.parametrize("dtype,shape,chunk,p", [(torch.float32, (300, 41), 512, 0.05),
-                                                 (torch.bfloat16, (300, 1000), 1 << 16, 0.2)])
+@pytest.mark.parametrize(
+    "dtype,shape,chunk,p", [(torch.float32, (300, 41), 512, 0.05), (torch.bfloat16, (300, 1000), 1 << 16, 0.2)]
+)
 def test_stream_tables_match_the_format_reader(dtype, shape, chunk, p, threads):
     old, new = make_pair(11, dtype, shape, "weights", "density", "ulp", p)
     pack = wt.encode_delta({"w": old}, {"w": new}, base_version=0, version=1, chunk_elems=chunk)
@@ -41,12 +42,12 @@ def test_stream_tables_match_the_format_reader(dtype, shape, chunk, p, threads):
     st = stream_tables.read(np.frombuffer(pack, np.uint8), starts, lengths, k, 16)
     for i, (t, ref) in enumerate(refs):
         start = ref.offset + read_header(pack).payload_offset
-        for c, g in enumerate(read_groups(pack[start:start + ref.length])):
+        for c, g in enumerate(read_groups(pack[start : start + ref.length])):
             row = i * 16 + c
             assert st.events[row] == (g.count if g.streams else 0)
             for j, s in enumerate(g.streams):
                 assert (st.codec[row, j], st.raw[row, j]) == (s.codec, s.raw_len)
-                assert pack[st.at[row, j]:st.at[row, j] + st.stored[row, j]] == bytes(s.data)
+                assert pack[st.at[row, j] : st.at[row, j] + st.stored[row, j]] == bytes(s.data)
 
 
 def test_truncated_table_is_refused(threads):
@@ -61,15 +62,27 @@ def _table_rows(pack: bytes, start: int, length: int, k: int):
     """(events, [(codec, raw, stored, offset)] per class) of one chunk by the format's reader,
     or None where it refuses the chunk or the chunk breaks the sparse layout."""
     try:
-        groups = read_groups(memoryview(pack)[start:start + length])
+        groups = read_groups(memoryview(pack)[start : start + length])
     except PackFormatError:
         return None
     if len(groups) != k or any(len(g.streams) not in (0, 4) for g in groups):
         return None
     base = np.frombuffer(pack, np.uint8).ctypes.data
-    return [(g.count if g.streams else 0,
-             [(s.codec, s.raw_len, len(s.data), np.frombuffer(s.data, np.uint8).ctypes.data - base if len(s.data)
-               else None) for s in g.streams]) for g in groups]
+    return [
+        (
+            g.count if g.streams else 0,
+            [
+                (
+                    s.codec,
+                    s.raw_len,
+                    len(s.data),
+                    np.frombuffer(s.data, np.uint8).ctypes.data - base if len(s.data) else None,
+                )
+                for s in g.streams
+            ],
+        )
+        for g in groups
+    ]
 
 
 def test_corrupt_tables_are_refused_or_read_as_the_format_reader_reads_them(threads):
@@ -107,6 +120,7 @@ def _plan_reference(codec, raw, stored, at, lo):
     its compiled walk)."""
     from weight_teleport.codec import streams as codecs
     from weight_teleport.codec.cuda.stage.decode_streams import A
+
     slots = lambda n: (np.cumsum(-(-n // A) * A) - -(-n // A) * A, int((-(-n // A) * A).sum()))
     out_off, out_total = slots(raw)
     zs = np.isin(codec, [codecs.ZSTD, codecs.LZ4, codecs.NVCOMP_ANS])
@@ -126,6 +140,7 @@ def test_inflate_layout_matches_the_vectorised_layout():
     decoder's error for it (for lz4 and nvcomp-ans, which the CPU does not decode, its own)."""
     from weight_teleport.codec import streams as codecs
     from weight_teleport.codec.cuda.stage import decode_streams
+
     old, new = make_pair(14, torch.float32, (300, 41), "weights", "density", "ulp", 0.3)
     pack = wt.encode_delta({"w": old}, {"w": new}, base_version=0, version=1, chunk_elems=512)
     _, k, starts, lengths = _sparse_refs(pack)
@@ -147,9 +162,14 @@ def test_inflate_layout_matches_the_vectorised_layout():
             np.testing.assert_array_equal(g, w)
     codec, raw, stored, at = cases[-1]
     blob = bytes(int(at[-1] + stored[-1]))
-    for bad, message in (("unknown codec", "stream codec"), ("raw length", "raw stream holds"),
-                         ("empty zstd", "empty zstd stream"), ("zstd of no bytes", "zstd stream is corrupted"),
-                         ("empty lz4", "lz4 stream is empty"), ("nvcomp-ans of no bytes", "nvcomp-ans stream is empty")):
+    for bad, message in (
+        ("unknown codec", "stream codec"),
+        ("raw length", "raw stream holds"),
+        ("empty zstd", "empty zstd stream"),
+        ("zstd of no bytes", "zstd stream is corrupted"),
+        ("empty lz4", "lz4 stream is empty"),
+        ("nvcomp-ans of no bytes", "nvcomp-ans stream is empty"),
+    ):
         c, r, s = codec.copy(), raw.copy(), stored.copy()
         which = {"raw length": codecs.RAW, "empty lz4": codecs.LZ4, "nvcomp-ans of no bytes": codecs.NVCOMP_ANS}
         i = int(np.flatnonzero(c == which.get(bad, codecs.ZSTD))[3])
@@ -174,10 +194,15 @@ def test_size_buckets_are_powers_of_four():
     order, against numpy's; a codec nvCOMP does not decode is refused."""
     from weight_teleport.codec import streams as codecs
     from weight_teleport.codec.cuda.runtime import nvcomp
+
     rng = np.random.default_rng(8)
     for n in (0, 1, 9, 5000):
-        lengths = np.concatenate([rng.integers(0, 1 << int(rng.integers(1, 41)), n),
-                                  [0, 1, 2, 3, 4, 5, 15, 16, 17, 1 << 40, (1 << 40) + 1, 1 << 47]]).astype(np.int64)
+        lengths = np.concatenate(
+            [
+                rng.integers(0, 1 << int(rng.integers(1, 41)), n),
+                [0, 1, 2, 3, 4, 5, 15, 16, 17, 1 << 40, (1 << 40) + 1, 1 << 47],
+            ]
+        ).astype(np.int64)
         for codec in (None, rng.choice([codecs.ZSTD, codecs.LZ4, codecs.NVCOMP_ANS], lengths.size)):
             group = np.zeros(lengths.size, np.int64) if codec is None else codec - codecs.ZSTD
             key = group * nvcomp.MAX_BUCKETS + np.ceil(np.log2(np.maximum(lengths, 1)) / 2).astype(np.int64)
@@ -201,6 +226,7 @@ def test_helper_walk_matches_the_tables_and_layout():
     from weight_teleport.codec.cuda.runtime import memory, nvcomp
     from weight_teleport.codec.cuda.stage import decode_streams, sparse
     from weight_teleport.format.container import ChunkSpans
+
     old, new = make_pair(15, torch.float32, (300, 41), "weights", "density", "ulp", 0.3)
     pack = wt.encode_delta({"w": old}, {"w": new}, base_version=0, version=1, chunk_elems=512)
     header = read_header(pack)
@@ -251,9 +277,15 @@ def _varint_reference(data: bytes, p: int, end: int) -> tuple[int, int]:
 
 
 @settings(max_examples=400, deadline=None)
-@given(st.lists(st.one_of(st.integers(0, 0x7F), st.integers(0x80, 0xFF), st.sampled_from([0x80, 0xFF, 0x01])),
-                min_size=1, max_size=14),
-       st.integers(0, 13), st.integers(0, 14))
+@given(
+    st.lists(
+        st.one_of(st.integers(0, 0x7F), st.integers(0x80, 0xFF), st.sampled_from([0x80, 0xFF, 0x01])),
+        min_size=1,
+        max_size=14,
+    ),
+    st.integers(0, 13),
+    st.integers(0, 14),
+)
 @example([0x80] * 9 + [0x01], 0, 10).via("2^63: past 64 bits as a signed value")
 @example([0x80] * 9 + [0x02], 0, 10).via("2^64: wraps to 0 in 64 bits")
 @example([0xFF] * 8 + [0x7F], 0, 9).via("2^63 - 1")
@@ -267,8 +299,9 @@ def test_varints_read_as_the_format_defines_them(data, p, end):
     assert read_varint(np.frombuffer(data, np.uint8), p, end) == _varint_reference(data, p, end)
 
 
-@pytest.mark.parametrize("value", [0, 1, 127, 128, 300, 1 << 35, stream_tables.MAX_VALUE, stream_tables.MAX_VALUE + 1,
-                                   (1 << 63) - 1])
+@pytest.mark.parametrize(
+    "value", [0, 1, 127, 128, 300, 1 << 35, stream_tables.MAX_VALUE, stream_tables.MAX_VALUE + 1, (1 << 63) - 1]
+)
 def test_varint_limits(value):
     """Written by the format's encoder: read back, or refused (-1) above MAX_VALUE."""
     out = bytearray()

@@ -74,12 +74,12 @@ def test_the_crc_kernel_compiles(capability, nvrtc_found):
 
 def test_a_gpu_newer_than_nvrtc_gets_ptx(nvrtc_found):
     newest = max(nvrtc._supported_archs())
-    image = nvrtc.compile_image("extern \"C\" __global__ void f(int* x) { x[0] = 1; }", "f.cu", newest + 1000, [])
+    image = nvrtc.compile_image('extern "C" __global__ void f(int* x) { x[0] = 1; }', "f.cu", newest + 1000, [])
     assert f".target sm_{newest}".encode() in image and image.endswith(b"\0")
 
 
 def test_compile_errors_name_the_line(nvrtc_found):
-    with pytest.raises(RuntimeError, match="identifier \"oops\" is undefined"):
-        nvrtc.compile_image("extern \"C\" __global__ void f() { oops; }", "bad.cu", 90, [])
+    with pytest.raises(RuntimeError, match='identifier "oops" is undefined'):
+        nvrtc.compile_image('extern "C" __global__ void f() { oops; }', "bad.cu", 90, [])
     with pytest.raises(RuntimeError, match="none of the compute capabilities"):
         nvrtc.compile_image("", "old.cu", 10, [])

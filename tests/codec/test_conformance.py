@@ -22,8 +22,18 @@ import numpy as np
 import pytest
 import torch
 from backends import CPU, CUDA, INTERPRETER, backend, corrupt, gpu_backend, pair, params, same_bits  # noqa: F401
-from helpers import (DTYPES, bits, chunk_table_failures, clone_state, crc_ranges, decode_one_gap,
-                     decoded_one_gap, inverted_pair, popcount_prefix, with_renewed_crcs)
+from helpers import (
+    DTYPES,
+    bits,
+    chunk_table_failures,
+    clone_state,
+    crc_ranges,
+    decode_one_gap,
+    decoded_one_gap,
+    inverted_pair,
+    popcount_prefix,
+    with_renewed_crcs,
+)
 from test_codec_roundtrip import make_pair
 from test_format_golden import GOLDEN_DELTA, GOLDEN_DENSE_RESIDUAL, GOLDEN_SNAPSHOT, _states
 
@@ -34,11 +44,13 @@ from weight_teleport.errors import DigestMismatchError, PackMismatchError, Weigh
 from weight_teleport.format import read_groups, read_header
 from weight_teleport.format.codecs import CHOICES, CODECS
 
+
 def portable(b) -> dict:
     """encode_delta's keyword arguments that make backend `b` write the CPU backend's bytes."""
     if not b.gpu_path:
         return {}
     from weight_teleport.codec.cuda.config import CudaCodecConfig
+
     return {"cuda": CudaCodecConfig(stream_coder="cpu-zstd")}
 
 
@@ -65,11 +77,17 @@ def free_classes(monkeypatch):
 
 # --- packs and stages of states ---------------------------------------------------------------
 
-CASES = {"bf16": (torch.bfloat16, (9000,), 0.02), "bf16-dense": (torch.bfloat16, (3000, 1100), 0.8),
-         "f32-batches": (torch.float32, (3000,), 0.05), "f16-widths": (torch.float16, (3000,), 0.1),
-         "f64": (torch.float64, (2000,), 0.05), "f8-widths": (torch.float8_e4m3fn, (3000,), 0.05),
-         "i32-widths": (torch.int32, (3000,), 0.05), "inverted": (torch.bfloat16, (3000,), None),
-         "16-classes": (torch.bfloat16, (), "classes")}
+CASES = {
+    "bf16": (torch.bfloat16, (9000,), 0.02),
+    "bf16-dense": (torch.bfloat16, (3000, 1100), 0.8),
+    "f32-batches": (torch.float32, (3000,), 0.05),
+    "f16-widths": (torch.float16, (3000,), 0.1),
+    "f64": (torch.float64, (2000,), 0.05),
+    "f8-widths": (torch.float8_e4m3fn, (3000,), 0.05),
+    "i32-widths": (torch.int32, (3000,), 0.05),
+    "inverted": (torch.bfloat16, (3000,), None),
+    "16-classes": (torch.bfloat16, (), "classes"),
+}
 """name: (dtype, element counts of its tensors, density or None: an inverted class, "classes":
 16 classes). The tensors are of one chunk (4,096 elements), but for one of three chunks
 (first, middle and last); the float32 state has several tensors of a type in one batch, its
@@ -97,8 +115,11 @@ def _state(name):
         old["d"], new["d"] = pair(torch.float32, 1000, 0.8, 95)  # dense (CPU-coded) beside sparse batches
         old["z"], new["z"] = pair(torch.bfloat16, 1000, 0.0, 94)  # unchanged
     # element types of one width with other bit layouts: each is a batch of its own
-    for other in {torch.float16: [torch.bfloat16, torch.int16], torch.int32: [torch.float32],
-                  torch.float8_e4m3fn: [torch.float8_e5m2, torch.int8]}.get(dtype, []):
+    for other in {
+        torch.float16: [torch.bfloat16, torch.int16],
+        torch.int32: [torch.float32],
+        torch.float8_e4m3fn: [torch.float8_e5m2, torch.int8],
+    }.get(dtype, []):
         old[str(other)], new[str(other)] = pair(other, 1500, 0.08, 96)
     return old, new
 
@@ -110,6 +131,7 @@ def test_packs_of_states_are_the_cpus_and_stage_exactly(backend, case, free_clas
     merged); the CPU's pack staged and applied on the backend gives the new weights bit for
     bit. The 16-classes state reaches the class plan's limit."""
     from weight_teleport.codec.cuda.encode import encoder
+
     old, new = _state(case)
     cpu_pack = wt.encode_delta(old, new, base_version=0, version=1, chunk_elems=4096)
     kw = portable(backend)
@@ -118,7 +140,9 @@ def test_packs_of_states_are_the_cpus_and_stage_exactly(backend, case, free_clas
         if case in TWO_WAVES:
             monkeypatch.setattr(encoder, "WAVE_ELEMS", 0)
     with backend.active():
-        pack = wt.encode_delta(backend.inputs(old), backend.inputs(new), base_version=0, version=1, chunk_elems=4096, **kw)
+        pack = wt.encode_delta(
+            backend.inputs(old), backend.inputs(new), base_version=0, version=1, chunk_elems=4096, **kw
+        )
     assert bytes(pack) == cpu_pack
     if case == "16-classes":
         assert max(c for t in read_header(cpu_pack).tensors for _, c in t.classes) == 15
@@ -131,8 +155,12 @@ def test_packs_of_states_are_the_cpus_and_stage_exactly(backend, case, free_clas
 MODES = [("none", 0.0), ("single", 0.0), ("density", 0.01), ("density", 0.5), ("all", 0.0)]
 GRID = [(dt, m, p, c) for dt in DTYPES for m, p in MODES for c in ("ulp", "specials")]
 """Round trips the cpu and cuda backends run: every dtype, density and kind of change."""
-INTERPRETED_GRID = [(torch.bfloat16, "density", 0.5, "specials"), (torch.float8_e5m2, "density", 0.5, "specials"),
-                    (torch.float32, "all", 0.0, "ulp"), (torch.bool, "all", 0.0, "ulp")]
+INTERPRETED_GRID = [
+    (torch.bfloat16, "density", 0.5, "specials"),
+    (torch.float8_e5m2, "density", 0.5, "specials"),
+    (torch.float32, "all", 0.0, "ulp"),
+    (torch.bool, "all", 0.0, "ulp"),
+]
 """The interpreter's selection of them: dense adversarial changes of 2- and 1-byte types, every
 element of a 4-byte type and of bool changed (the states above cover the other widths)."""
 
@@ -142,11 +170,18 @@ def _grid_id(case):
     return f"{str(dt).removeprefix('torch.')}-{m}{p or ''}-{c}"
 
 
-@pytest.mark.parametrize("backend,case", [
-    *[pytest.param(b, case, id=f"{b}-{_grid_id(case)}", marks=[pytest.mark.cuda] if b == CUDA else [])
-      for b in (CPU, CUDA) for case in GRID],
-    *[pytest.param(INTERPRETER, case, id=f"{INTERPRETER}-{_grid_id(case)}") for case in INTERPRETED_GRID]],
-    indirect=["backend"])
+@pytest.mark.parametrize(
+    "backend,case",
+    [
+        *[
+            pytest.param(b, case, id=f"{b}-{_grid_id(case)}", marks=[pytest.mark.cuda] if b == CUDA else [])
+            for b in (CPU, CUDA)
+            for case in GRID
+        ],
+        *[pytest.param(INTERPRETER, case, id=f"{INTERPRETER}-{_grid_id(case)}") for case in INTERPRETED_GRID],
+    ],
+    indirect=["backend"],
+)
 def test_round_trip_of_random_and_adversarial_changes(backend, case):
     """Two tensors (one the other's rows reversed) of a dtype, changed by ulps or to
     adversarial bit patterns (NaN payloads, infinities, signed zeros, subnormals), none to
@@ -158,8 +193,9 @@ def test_round_trip_of_random_and_adversarial_changes(backend, case):
     old, new = {"w": o, "b": o.flip(0).contiguous()}, {"w": n, "b": n.flip(0).contiguous()}
     cpu_pack = wt.encode_delta(old, new, base_version=1, version=2, chunk_elems=256)
     with backend.active():
-        pack = wt.encode_delta(backend.inputs(old), backend.inputs(new), base_version=1, version=2, chunk_elems=256,
-                               **portable(backend))
+        pack = wt.encode_delta(
+            backend.inputs(old), backend.inputs(new), base_version=1, version=2, chunk_elems=256, **portable(backend)
+        )
     assert pack == cpu_pack
     state = backend.to(old)
     with backend.active():
@@ -176,17 +212,19 @@ def test_round_trip_of_random_and_adversarial_changes(backend, case):
 def _raw_streams(pack: bytes) -> list[bytes]:
     """Every stream of every chunk, decoded (what the entropy coder was given)."""
     from weight_teleport.codec.cpu import chunks as C
+
     header = read_header(pack)
     out = []
     for rec in header.tensors:
         for ref in rec.chunks:
             start = header.payload_offset + ref.offset
-            for g in read_groups(pack[start:start + ref.length]):
+            for g in read_groups(pack[start : start + ref.length]):
                 out += [C._decoded(s).tobytes() for s in g.streams]
     return out
 
 
 # --- corrupt chunks -------------------------------------------------------------------------
+
 
 def _staged_corruptions(b, pack: bytes, old, new, edits: list) -> int:
     """How many of `pack`'s corruptions `edits` ((chunk, byte, value) behind a renewed CRC; a
@@ -218,19 +256,27 @@ def test_corrupt_chunks_behind_renewed_crcs_are_refused(backend):
 
 # --- sparse_ac (adaptive) ---------------------------------------------------------------------
 
-ADAPTIVE_STATES = [(torch.bfloat16, 1500, 0.02, 512), (torch.float32, 400, 0.9, 256), (torch.float16, 300, 0.3, 4096),
-                   (torch.int8, 300, 0.5, 128), (torch.float64, 200, 0.05, 64), (torch.bfloat16, 3000, 0.002, 1 << 22)]
+ADAPTIVE_STATES = [
+    (torch.bfloat16, 1500, 0.02, 512),
+    (torch.float32, 400, 0.9, 256),
+    (torch.float16, 300, 0.3, 4096),
+    (torch.int8, 300, 0.5, 128),
+    (torch.float64, 200, 0.05, 64),
+    (torch.bfloat16, 3000, 0.002, 1 << 22),
+]
 """(dtype, elements, density, chunk_elems) of the `sparse_ac` states: every element width,
 inverted classes (density 0.9), several chunks and one."""
 
 
-@pytest.mark.parametrize("i", range(len(ADAPTIVE_STATES)),
-                         ids=[f"{str(d).removeprefix('torch.')}-{p}" for d, _, p, _ in ADAPTIVE_STATES])
+@pytest.mark.parametrize(
+    "i", range(len(ADAPTIVE_STATES)), ids=[f"{str(d).removeprefix('torch.')}-{p}" for d, _, p, _ in ADAPTIVE_STATES]
+)
 def test_sparse_ac_packs_are_the_cpus_and_stage_exactly(backend, i, monkeypatch):
     """`sparse_ac` packs written on the backend are the CPU's bytes (the first state with
     its chunks' first room too small for their streams: coded again), staged bit-exact, a
     record and its reversal (two tensors of one batch)."""
     from weight_teleport.codec.cuda.encode import adaptive
+
     dtype, n, density, chunk = ADAPTIVE_STATES[i]
     old, new = pair(dtype, n, density, 1)
     olds, news = {"a": old, "b": old.flip(0)}, {"a": new, "b": new.flip(0)}
@@ -240,8 +286,9 @@ def test_sparse_ac_packs_are_the_cpus_and_stage_exactly(backend, i, monkeypatch)
         for name, value in (("ROOM_BASE", 1), ("ROOM_EVENT", 0), ("ROOM_CHANGE", 0)):
             monkeypatch.setattr(adaptive, name, value)
     with backend.active():
-        got = wt.encode_delta(backend.inputs(olds), backend.inputs(news), base_version=0, version=1, chunk_elems=chunk,
-                              codec="sparse_ac")
+        got = wt.encode_delta(
+            backend.inputs(olds), backend.inputs(news), base_version=0, version=1, chunk_elems=chunk, codec="sparse_ac"
+        )
     assert bytes(got) == pack
     state = backend.to(olds)
     with backend.active():
@@ -260,14 +307,17 @@ def test_corrupt_sparse_ac_chunks_are_refused(backend):
 
 # --- snapshots -------------------------------------------------------------------------------
 
+
 def _snapshot_state():
     g = torch.Generator().manual_seed(0)
-    state = {"bf16": (torch.randn(2100, generator=g) * 0.02).bfloat16(),  # three chunks, the last short
-             "f32": torch.randn(7, 13, generator=g),
-             "i8": torch.randint(-5, 5, (300,), generator=g).to(torch.int8),
-             "empty": torch.zeros(0, dtype=torch.float16),
-             "f64": torch.randn(1100, generator=g).double(),
-             "nan": torch.tensor([float("nan"), -0.0, 0.0, float("-inf")]).bfloat16()}
+    state = {
+        "bf16": (torch.randn(2100, generator=g) * 0.02).bfloat16(),  # three chunks, the last short
+        "f32": torch.randn(7, 13, generator=g),
+        "i8": torch.randint(-5, 5, (300,), generator=g).to(torch.int8),
+        "empty": torch.zeros(0, dtype=torch.float16),
+        "f64": torch.randn(1100, generator=g).double(),
+        "nan": torch.tensor([float("nan"), -0.0, 0.0, float("-inf")]).bfloat16(),
+    }
     for i, dt in enumerate(DTYPES):  # every dtype, random bit patterns
         state[f"t{i}"] = make_pair(40 + i, dt, (31, 7), "random", "none", "ulp", 0.0)[0]
     return state
@@ -280,6 +330,7 @@ def test_snapshots_are_the_cpus_and_stage_exactly(backend, monkeypatch):
     pinned memory on a GPU; the CPU decodes them and the backend stages them bit for bit; a
     corrupt plane behind a renewed CRC is refused by the digest, nothing written."""
     from weight_teleport.codec.cuda import snapshot
+
     state = _snapshot_state()
     cpu_pack = wt.encode_snapshot(state, version=3, chunk_elems=1024)
     assert {t["codec"] for t in inspect(cpu_pack)["tensors"]} == {"dense_values"}
@@ -289,8 +340,7 @@ def test_snapshots_are_the_cpus_and_stage_exactly(backend, monkeypatch):
         if wave is not None:
             monkeypatch.setattr(snapshot, "WAVE_BYTES", wave)
         with backend.active():
-            pack = wt.encode_snapshot(backend.inputs(state), version=3, chunk_elems=1024,
-                                      pinned=backend.name == CUDA)
+            pack = wt.encode_snapshot(backend.inputs(state), version=3, chunk_elems=1024, pinned=backend.name == CUDA)
         first = bytes(pack) if first is None else first
         assert {t["codec"] for t in inspect(pack)["tensors"]} == {"dense_values"}
         assert bytes(pack) == (first if backend.gpu_path else cpu_pack), f"waves of {wave} bytes"
@@ -303,6 +353,7 @@ def test_snapshots_are_the_cpus_and_stage_exactly(backend, monkeypatch):
     def flip(i: int, chunk: bytearray) -> None:
         if i == 1:  # the second chunk of the first tensor: a byte of its planes
             chunk[50] ^= 0x40
+
     bad = with_renewed_crcs(cpu_pack, flip)
     live = backend.to({k: torch.zeros_like(v) for k, v in state.items()})
     with pytest.raises(DigestMismatchError), backend.active():
@@ -312,6 +363,7 @@ def test_snapshots_are_the_cpus_and_stage_exactly(backend, monkeypatch):
 
 # --- records over walks, with cuts, staged in part -------------------------------------------
 
+
 @pytest.mark.parametrize("kind", ["delta", "snapshot"])
 @pytest.mark.parametrize("cut", ["cuts", "regular"])
 def test_records_over_walks_are_the_cpus(backend, kind, cut):
@@ -320,13 +372,23 @@ def test_records_over_walks_are_the_cpus(backend, kind, cut):
     CPU's bytes."""
     old, new = pair(torch.bfloat16, 64 * 64, 0.05, 7)
     dense = pair(torch.float32, 48 * 40, 0.5, 8)
-    olds, news = {"w": old.view(64, 64), "d": dense[0].view(48, 40)}, {"w": new.view(64, 64), "d": dense[1].view(48, 40)}
-    hints = ({"w": Hint("rows", (32 * 64,)), "d": Hint("cols", (10 * 48, 30 * 48))} if cut == "cuts"
-             else {"w": Hint("cols", ()), "d": Hint("rows", ())})
+    olds, news = (
+        {"w": old.view(64, 64), "d": dense[0].view(48, 40)},
+        {"w": new.view(64, 64), "d": dense[1].view(48, 40)},
+    )
+    hints = (
+        {"w": Hint("rows", (32 * 64,)), "d": Hint("cols", (10 * 48, 30 * 48))}
+        if cut == "cuts"
+        else {"w": Hint("cols", ()), "d": Hint("rows", ())}
+    )
 
     def encode(o, n, **kw):
-        return (wt.encode_delta(o, n, base_version=0, version=1, chunk_elems=512, hints=hints, **kw)
-                if kind == "delta" else wt.encode_snapshot(n, version=1, chunk_elems=512, hints=hints))
+        return (
+            wt.encode_delta(o, n, base_version=0, version=1, chunk_elems=512, hints=hints, **kw)
+            if kind == "delta"
+            else wt.encode_snapshot(n, version=1, chunk_elems=512, hints=hints)
+        )
+
     want = encode(olds, news)
     assert all(t.chunk_digests for t in read_header(want).tensors)
     with backend.active():
@@ -367,9 +429,11 @@ split), a tensor on one rank alone."""
 
 def _part_boxes(rank: int) -> dict:
     """Rank `rank`'s box of each tensor it holds (uneven)."""
-    boxes = {"rows": ((0, 16), (0, 24)) if rank == 0 else ((16, 24), (0, 24)),
-             "cols": ((0, 24), (0, 16)) if rank == 0 else ((0, 24), (16, 24)),
-             "tile": ((0, 12), (0, 8)) if rank == 0 else ((12, 18), (8, 12))}
+    boxes = {
+        "rows": ((0, 16), (0, 24)) if rank == 0 else ((16, 24), (0, 24)),
+        "cols": ((0, 24), (0, 16)) if rank == 0 else ((0, 24), (16, 24)),
+        "tile": ((0, 12), (0, 8)) if rank == 0 else ((12, 18), (8, 12)),
+    }
     if rank == 0:
         boxes["norm"] = ((0, 50),)
     return boxes
@@ -384,6 +448,7 @@ def test_parts_stage_against_whole_tensors(gpu_backend, kind):
     no decoder reads) gives the right weights. The tile's other corners stay at the base."""
     from weight_teleport.pipeline import assemble, verify
     from weight_teleport.pipeline.fetch import Fetched
+
     b = gpu_backend
 
     def stage(state, packs):  # as the subscriber stages what fetch_parts returns
@@ -403,10 +468,18 @@ def test_parts_stage_against_whole_tensors(gpu_backend, kind):
     for rank in (0, 1):
         boxes = _part_boxes(rank)
         cut = lambda st: {k: st[k][tuple(slice(o, o + e) for o, e in bx)].contiguous() for k, bx in boxes.items()}  # noqa: E731
-        opts = dict(version=1, chunk_elems=64, threads=1, hints=hints,
-                    slices={k: TensorSlice(PART_SHAPES[k], bx) for k, bx in boxes.items()})
-        parts.append(wt.encode_delta(cut(old), cut(new), base_version=0, **opts) if kind == "delta"
-                     else wt.encode_snapshot(cut(new), **opts))
+        opts = dict(
+            version=1,
+            chunk_elems=64,
+            threads=1,
+            hints=hints,
+            slices={k: TensorSlice(PART_SHAPES[k], bx) for k, bx in boxes.items()},
+        )
+        parts.append(
+            wt.encode_delta(cut(old), cut(new), base_version=0, **opts)
+            if kind == "delta"
+            else wt.encode_snapshot(cut(new), **opts)
+        )
     assert any(t.cuts for p in parts for t in read_header(p).tensors)
     want = clone_state(old)
     for rank in (0, 1):
@@ -449,6 +522,7 @@ def test_worker_slices_stage_in_part(gpu_backend):
     from weight_teleport.store import open_store
     from weight_teleport.targets.slice_stage import apply_steps, stage_entry
     from weight_teleport.targets.vllm_layout import slice_hints, worker_slices
+
     b = gpu_backend
     gen = torch.Generator().manual_seed(3)
     states = [_state(gen)]
@@ -468,8 +542,9 @@ def test_worker_slices_stage_in_part(gpu_backend):
             for e in entries:
                 chain.append(stage_entry(store, e, params, slices, pending=chain))
             assert all(type(p).__name__ == "DevicePatch" for step in chain for p in step.patches)
-            assert any(type(g).__name__ == "WalkGroup" for step in chain for p in step.patches for g in p.groups), \
+            assert any(type(g).__name__ == "WalkGroup" for step in chain for p in step.patches for g in p.groups), (
                 "no column-parallel shard was written by a walk scatter"
+            )
             apply_steps(params, chain)
         assert same_bits(params, engine_params(states[-1], rank)), f"rank {rank}"
     delta = entries[1]
@@ -500,15 +575,26 @@ INTERPRETED_DIGESTS = [torch.bfloat16, torch.float32, torch.float8_e4m3fn, torch
 """The interpreter's digests: a type of each width (the digest reads words, whatever the type)."""
 
 
-@pytest.mark.parametrize("gpu_backend,dtype", [
-    *[pytest.param(CUDA, dt, id=f"{CUDA}-{str(dt).removeprefix('torch.')}", marks=[pytest.mark.cuda]) for dt in DTYPES],
-    *[pytest.param(INTERPRETER, dt, id=f"{INTERPRETER}-{str(dt).removeprefix('torch.')}")
-      for dt in INTERPRETED_DIGESTS]], indirect=["gpu_backend"])
+@pytest.mark.parametrize(
+    "gpu_backend,dtype",
+    [
+        *[
+            pytest.param(CUDA, dt, id=f"{CUDA}-{str(dt).removeprefix('torch.')}", marks=[pytest.mark.cuda])
+            for dt in DTYPES
+        ],
+        *[
+            pytest.param(INTERPRETER, dt, id=f"{INTERPRETER}-{str(dt).removeprefix('torch.')}")
+            for dt in INTERPRETED_DIGESTS
+        ],
+    ],
+    indirect=["gpu_backend"],
+)
 def test_digests_are_the_cpus(gpu_backend, dtype):
     """The GPU path's digests of tensors and views (off 8-byte alignment, strided), of one
     word to several programs' words (16,384 words a program), are the CPU backend's."""
     from weight_teleport.codec.cpu import backend as cpu
     from weight_teleport.codec.cuda import backend as gpu
+
     for n in (0, 1, 3, 8, 1001, 70001):
         t = make_pair(n, dtype, (n,), "random", "none", "ulp", 0.0)[0]
         for view in (slice(None), slice(1, None), slice(None, None, 2)):
@@ -520,11 +606,19 @@ def test_word_sums_of_many_tensors_are_their_digests(gpu_backend):
     8-byte boundary, a ragged last word, empty, non-contiguous) as padded copies: each sum
     gives the CPU's digest."""
     from weight_teleport.codec.cuda.kernels.digest import word_sums
+
     to = gpu_backend.tensor
     big = to(make_pair(5, torch.bfloat16, (70000,), "random", "none", "ulp", 0.0)[0])
-    tensors = [big, big[4:40004], big[1:3001], big[:1001], big[:0], big[::3][:4000],
-               to(make_pair(6, torch.float64, (1234,), "random", "none", "ulp", 0.0)[0]),
-               to(make_pair(7, torch.float8_e4m3fn, (4096,), "random", "none", "ulp", 0.0)[0])]
+    tensors = [
+        big,
+        big[4:40004],
+        big[1:3001],
+        big[:1001],
+        big[:0],
+        big[::3][:4000],
+        to(make_pair(6, torch.float64, (1234,), "random", "none", "ulp", 0.0)[0]),
+        to(make_pair(7, torch.float8_e4m3fn, (4096,), "random", "none", "ulp", 0.0)[0]),
+    ]
     for subset in (tensors, tensors[:2]):  # with copies among them, or views only
         for t, s in zip(subset, word_sums(subset).cpu().tolist()):
             assert D.to_hex(D.finish(s & D.MASK64, t.numel() * t.element_size())) == tensor_digest(t.cpu())
@@ -536,13 +630,15 @@ def test_walk_copy_is_torchs(gpu_backend):
     the same walk."""
     from weight_teleport.codec.cuda.kernels import walk_copy
     from weight_teleport.codec.cuda.live import walk_2d
+
     t = gpu_backend.tensor(torch.arange(150 * 140, dtype=torch.int16).view(150, 140))
     for k, view in enumerate((t.t(), t[:, 20:90].t(), t[:, 20:90], t[10:140].t(), t.t()[7:100])):
         flat = view.contiguous().view(-1)
         for start, count in ((0, flat.numel()), (131, 4099), (flat.numel() - 65, 65), (64, 0)):
-            out = walk_copy.copy_walk(view, torch.empty(count, dtype=torch.int16, device=t.device), start,
-                                      walk_2d(view))
-            assert torch.equal(out, flat[start:start + count]), (k, start, count)
+            out = walk_copy.copy_walk(
+                view, torch.empty(count, dtype=torch.int16, device=t.device), start, walk_2d(view)
+            )
+            assert torch.equal(out, flat[start : start + count]), (k, start, count)
 
 
 def test_crc32_of_byte_ranges_is_zlibs(gpu_backend):
@@ -551,18 +647,22 @@ def test_crc32_of_byte_ranges_is_zlibs(gpu_backend):
     zlib's, with the ranges given on the host or on the device (the launch sized by bounds;
     programs past a range's end add nothing)."""
     from weight_teleport.codec.cuda.kernels.crc import crc32
+
     if gpu_backend.name == INTERPRETER:  # a byte a step: no program, one, two (the first piece partial)
         data, offsets, lengths = crc_ranges(lengths=(0, 1, 32769))
     else:
         data, offsets, lengths = crc_ranges(0)
         big = np.random.default_rng(0).integers(0, 256, 9_000_000, dtype=np.uint8)  # ranges of many programs
-        data, offsets, lengths = (np.concatenate([data, big]), np.append(offsets, [data.size, data.size + 1]),
-                                  np.append(lengths, [big.size, big.size - 7]))
-    want = [zlib.crc32(data[o:o + n]) for o, n in zip(offsets, lengths)]
+        data, offsets, lengths = (
+            np.concatenate([data, big]),
+            np.append(offsets, [data.size, data.size + 1]),
+            np.append(lengths, [big.size, big.size - 7]),
+        )
+    want = [zlib.crc32(data[o : o + n]) for o, n in zip(offsets, lengths)]
     on = gpu_backend.tensor(torch.from_numpy(data))
     assert crc32(on, offsets, lengths).cpu().numpy().view(np.uint32).tolist() == want
     ranges = gpu_backend.tensor(torch.from_numpy(np.stack([offsets, lengths])))
-    bounds = lengths + np.array([0, 1, 40000] * lengths.size)[:lengths.size]
+    bounds = lengths + np.array([0, 1, 40000] * lengths.size)[: lengths.size]
     assert crc32(on, ranges[0], ranges[1], bounds).cpu().numpy().view(np.uint32).tolist() == want
 
 
@@ -577,6 +677,7 @@ def test_per_tensor_sums_are_numpys(gpu_backend):
     tensor) against numpy's sums mod 2^64: int32 and int64 rows, values that wrap, tensors
     without chunks, runs across tensor boundaries."""
     from weight_teleport.codec.cuda.kernels import chunk_table
+
     rng = np.random.default_rng(7)
     sizes = [0, 1, 5000, 0, 37, 10000, 3, 0]
     table = chunk_table.build([torch.empty(n, dtype=torch.int16, device=gpu_backend.device) for n in sizes], 64, 16)
@@ -601,7 +702,8 @@ def test_decoder_refuses_a_gap_past_the_largest_chunk(gpu_backend, extra, malfor
 @pytest.mark.parametrize("n", [0, 1, 33, 5000, 100_003])
 def test_bitmap_prefix_is_the_exclusive_popcount_prefix(gpu_backend, n):
     from weight_teleport.codec.cuda.kernels import stage_bitmap
-    words = torch.from_numpy(np.random.default_rng(n).integers(-2 ** 31, 2 ** 31, n, dtype=np.int64).astype(np.int32))
+
+    words = torch.from_numpy(np.random.default_rng(n).integers(-(2**31), 2**31, n, dtype=np.int64).astype(np.int32))
     words[::5], words[1::7] = -1, 0
     got = stage_bitmap.prefix(gpu_backend.tensor(words))
     assert got.dtype == torch.int32 and got.is_contiguous()
@@ -619,6 +721,7 @@ def test_inflate_fills_the_cpu_paths_buffer(gpu_backend, monkeypatch):
     from weight_teleport.codec.cuda.kernels import stream_tables
     from weight_teleport.codec.cuda.runtime import nvcomp
     from weight_teleport.codec.cuda.stage import decode_streams
+
     old, new = pair(torch.float32, 6000, 0.3, 21)
     pack = wt.encode_delta({"w": old}, {"w": new}, base_version=0, version=1, chunk_elems=4096)
     header = read_header(pack)
@@ -645,8 +748,8 @@ def test_inflate_fills_the_cpu_paths_buffer(gpu_backend, monkeypatch):
     def decompress(cfg, src, dst, plan):
         sizes = []
         for o, n, r, d in plan.table.T.tolist():
-            out = zstandard.ZstdDecompressor().decompress(src[o:o + n].numpy().tobytes(), max_output_size=r)
-            dst[d:d + len(out)] = torch.frombuffer(bytearray(out), dtype=torch.uint8)
+            out = zstandard.ZstdDecompressor().decompress(src[o : o + n].numpy().tobytes(), max_output_size=r)
+            dst[d : d + len(out)] = torch.frombuffer(bytearray(out), dtype=torch.uint8)
             sizes.append(len(out))
         return Done(sizes)
 
@@ -661,6 +764,7 @@ def test_inflate_fills_the_cpu_paths_buffer(gpu_backend, monkeypatch):
 
 # --- golden bytes per codec ---------------------------------------------------------------------
 
+
 def _golden_pack(codec: str, b) -> bytes:
     """Backend `b`'s pack of test_format_golden's small states that holds a record of `codec`."""
     old, new = _states()
@@ -670,8 +774,17 @@ def _golden_pack(codec: str, b) -> bytes:
         if codec == "dense_residual":  # every element steps of 1 to 251 up: a dense delta of residuals
             steps = torch.tensor([37 * i % 251 + 1 for i in range(18)], dtype=torch.int16).view(3, 6)
             new = {"w": (bits(old["w"]) + steps).view(torch.bfloat16), "i": new["i"]}
-        return bytes(wt.encode_delta(b.inputs(old), b.inputs(new), base_version=1, version=2, chunk_elems=8,
-                                     codec=codec if codec in CHOICES else "sparse", **portable(b)))
+        return bytes(
+            wt.encode_delta(
+                b.inputs(old),
+                b.inputs(new),
+                base_version=1,
+                version=2,
+                chunk_elems=8,
+                codec=codec if codec in CHOICES else "sparse",
+                **portable(b),
+            )
+        )
 
 
 def _goldens() -> dict:
@@ -679,8 +792,12 @@ def _goldens() -> dict:
     of them. The container's own codecs are tests/format/test_format_golden.py's; every other
     codec's are in its own test module, tests/codec/test_codec_*.py, as `CODEC_GOLDEN` (a
     change is a format change: docs/FORMAT.md)."""
-    found = {"same": GOLDEN_DELTA, "sparse": GOLDEN_DELTA, "dense_values": GOLDEN_SNAPSHOT,
-             "dense_residual": GOLDEN_DENSE_RESIDUAL}
+    found = {
+        "same": GOLDEN_DELTA,
+        "sparse": GOLDEN_DELTA,
+        "dense_values": GOLDEN_SNAPSHOT,
+        "dense_residual": GOLDEN_DENSE_RESIDUAL,
+    }
     for path in sorted(Path(__file__).parent.glob("test_codec_*.py")):
         found.update(getattr(importlib.import_module(path.stem), "CODEC_GOLDEN", {}))
     return found

@@ -41,11 +41,16 @@ def test_slicing_table_k_is_a_byte_then_k_zero_bytes():
 def test_pieces_moved_into_place_give_zlibs_crc():
     _, x2n = crc._tables()
     data = np.random.default_rng(0).integers(0, 256, 9000, dtype=np.uint8).tobytes()
-    for start, length, piece in ((0, 9000, crc.C_PIECE), (3, 8000, crc.C_PIECE), (1, 4097, 64), (5, 17, 16),
-                                 (7, 0, 16)):
-        whole = data[start:start + length]
+    for start, length, piece in (
+        (0, 9000, crc.C_PIECE),
+        (3, 8000, crc.C_PIECE),
+        (1, 4097, 64),
+        (5, 17, 16),
+        (7, 0, 16),
+    ):
+        whole = data[start : start + length]
         out = 0
         for lo in range(0, length, piece):
-            part = whole[lo:lo + piece]
+            part = whole[lo : lo + piece]
             out ^= crc._mulmod_host(_shift(length - lo - len(part), x2n.tolist()), zlib.crc32(part))
         assert out == zlib.crc32(whole)

@@ -6,9 +6,15 @@ import torch
 
 from weight_teleport.codec.cuda.config import STREAM_CODERS, CudaCodecConfig
 
-LEGACY = [({}, "huffman"), ({"huffman": False}, "nvcomp-zstd"), ({"use_nvcomp": False}, "cpu-zstd"),
-          ({"algorithm": "lz4", "use_nvcomp": False}, "cpu-zstd"), ({"algorithm": "lz4"}, "nvcomp-lz4"),
-          ({"algorithm": "ans", "huffman": False}, "nvcomp-ans"), ({"algorithm": "zstd", "huffman": True}, "huffman")]
+LEGACY = [
+    ({}, "huffman"),
+    ({"huffman": False}, "nvcomp-zstd"),
+    ({"use_nvcomp": False}, "cpu-zstd"),
+    ({"algorithm": "lz4", "use_nvcomp": False}, "cpu-zstd"),
+    ({"algorithm": "lz4"}, "nvcomp-lz4"),
+    ({"algorithm": "ans", "huffman": False}, "nvcomp-ans"),
+    ({"algorithm": "zstd", "huffman": True}, "huffman"),
+]
 
 
 @pytest.mark.parametrize("flags, coder", LEGACY)
@@ -37,10 +43,13 @@ def test_the_coder_that_runs(monkeypatch):
     pytest.importorskip("triton")
     from weight_teleport.codec.cuda import choice
     from weight_teleport.codec.cuda.zstd_literals import gpu_writer
+
     buf = torch.zeros(16, dtype=torch.uint8)
-    for writer, nvcomp, want in ((True, True, ["huffman", "nvcomp-zstd", "nvcomp-lz4", "nvcomp-ans", "cpu-zstd"]),
-                                 (False, True, ["nvcomp-zstd", "nvcomp-zstd", "nvcomp-lz4", "nvcomp-ans", "cpu-zstd"]),
-                                 (False, False, ["cpu-zstd", "cpu-zstd", None, None, "cpu-zstd"])):
+    for writer, nvcomp, want in (
+        (True, True, ["huffman", "nvcomp-zstd", "nvcomp-lz4", "nvcomp-ans", "cpu-zstd"]),
+        (False, True, ["nvcomp-zstd", "nvcomp-zstd", "nvcomp-lz4", "nvcomp-ans", "cpu-zstd"]),
+        (False, False, ["cpu-zstd", "cpu-zstd", None, None, "cpu-zstd"]),
+    ):
         monkeypatch.setattr(gpu_writer, "available", lambda t, w=writer: w)
         monkeypatch.setattr(choice, "nvcomp_found", lambda n=nvcomp: n)
         for coder, expect in zip(STREAM_CODERS, want):

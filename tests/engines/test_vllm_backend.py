@@ -88,6 +88,7 @@ def check_fetched(llm, version: int, size: int, tp: int) -> None:
 
 def same_bits(a: list[dict], b: list[dict]) -> bool:
     from helpers import bits
+
     return all(torch.equal(bits(x[n]), bits(y[n])) for x, y in zip(a, b) for n in y)
 
 
@@ -106,9 +107,18 @@ def scenario(tp: int) -> None:
         state = bf16(tiny_qwen3(path))
         config = AutoConfig.from_pretrained(path).to_dict()
         pub = Publisher(f"file://{store}", PublisherConfig(hints=slice_hints(config, [1, 2]), threads=1))
-        llm = LLM(model=path, skip_tokenizer_init=True, enforce_eager=True, dtype="bfloat16",
-                  tensor_parallel_size=tp, max_model_len=128, max_num_seqs=4, seed=0,
-                  worker_extension_cls=WORKER_EXTENSION, weight_transfer_config={"backend": BACKEND})
+        llm = LLM(
+            model=path,
+            skip_tokenizer_init=True,
+            enforce_eager=True,
+            dtype="bfloat16",
+            tensor_parallel_size=tp,
+            max_model_len=128,
+            max_num_seqs=4,
+            seed=0,
+            worker_extension_cls=WORKER_EXTENSION,
+            weight_transfer_config={"backend": BACKEND},
+        )
         target = VllmTarget(llm)  # on vLLM's CPU backend: plain, patchable linear weights
         llm.init_weight_transfer_engine({"init_info": {"store_url": f"file://{store}", "watch_timeout_s": 0.2}})
         gen = torch.Generator().manual_seed(3)

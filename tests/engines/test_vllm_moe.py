@@ -42,10 +42,21 @@ def tiny_qwen3_moe(path: str) -> dict[str, torch.Tensor]:
     from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
     torch.manual_seed(0)
-    config = Qwen3MoeConfig(vocab_size=512, hidden_size=128, intermediate_size=256, moe_intermediate_size=64,
-                            num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
-                            num_experts=8, num_experts_per_tok=2, max_position_embeddings=256,
-                            initializer_range=0.1, tie_word_embeddings=False)
+    config = Qwen3MoeConfig(
+        vocab_size=512,
+        hidden_size=128,
+        intermediate_size=256,
+        moe_intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        num_experts=8,
+        num_experts_per_tok=2,
+        max_position_embeddings=256,
+        initializer_range=0.1,
+        tie_word_embeddings=False,
+    )
     Qwen3MoeForCausalLM(config).to(torch.bfloat16).save_pretrained(path)
     state = load_file(os.path.join(path, "model.safetensors"))
     assert "model.layers.1.mlp.experts.7.down_proj.weight" in state
@@ -91,8 +102,9 @@ def check_moe_loader_equal(llm, target, trainer: dict, packed: bool = True) -> N
 
     isa = "amx" if torch.cpu._is_amx_tile_supported() else "vec"  # the x86 CPU experts' (bf16)
     patched = target.local_weights()
-    plain = [{n: _tensor_from(d, s, b) for n, (d, s, b) in r.items()}
-             for r in llm.collective_rpc("teleport_plain_experts")]
+    plain = [
+        {n: _tensor_from(d, s, b) for n, (d, s, b) in r.items()} for r in llm.collective_rpc("teleport_plain_experts")
+    ]
     target.load(trainer)
     loaded = target.local_weights()
     for rank, (got, copies, want) in enumerate(zip(patched, plain, loaded)):
@@ -100,9 +112,9 @@ def check_moe_loader_equal(llm, target, trainer: dict, packed: bool = True) -> N
         for name in want:
             if name in copies:
                 assert torch.equal(bits(copies[name]), bits(want[name])), f"rank {rank}: {name}'s copy differs"
-                assert torch.equal(bits(got[name]), bits(cpu_prepack_moe_weight(want[name], isa) if packed
-                                                         else want[name])), \
-                    f"rank {rank}: {name} is not packed as vLLM packs its load"
+                assert torch.equal(
+                    bits(got[name]), bits(cpu_prepack_moe_weight(want[name], isa) if packed else want[name])
+                ), f"rank {rank}: {name} is not packed as vLLM packs its load"
             else:
                 assert torch.equal(bits(got[name]), bits(want[name])), f"rank {rank}: {name} differs"
         assert torch.equal(bits(want["model.norm.weight"]), bits(trainer["model.norm.weight"]))
@@ -124,9 +136,19 @@ def scenario(tp: int, ep: bool) -> None:
         config = AutoConfig.from_pretrained(path).to_dict()
         hints = slice_hints(config, [1, 2], expert_parallel=(False, True))
         pub = Publisher(f"file://{store}", PublisherConfig(hints=hints, threads=1))
-        llm = LLM(model=path, skip_tokenizer_init=True, enforce_eager=True, dtype="bfloat16",
-                  tensor_parallel_size=tp, enable_expert_parallel=ep, max_model_len=128, max_num_seqs=4, seed=0,
-                  worker_extension_cls=WORKER_EXTENSION, weight_transfer_config={"backend": BACKEND})
+        llm = LLM(
+            model=path,
+            skip_tokenizer_init=True,
+            enforce_eager=True,
+            dtype="bfloat16",
+            tensor_parallel_size=tp,
+            enable_expert_parallel=ep,
+            max_model_len=128,
+            max_num_seqs=4,
+            seed=0,
+            worker_extension_cls=WORKER_EXTENSION,
+            weight_transfer_config={"backend": BACKEND},
+        )
         target = VllmTarget(llm)  # on vLLM's CPU backend: plain, patchable linear weights
         llm.init_weight_transfer_engine({"init_info": {"store_url": f"file://{store}", "watch_timeout_s": 0.2}})
         gen = torch.Generator().manual_seed(3)

@@ -47,6 +47,7 @@ def versions(master: dict):
 
 def digests(state: dict) -> dict:
     from weight_teleport.codec import tensor_digest
+
     return {k: tensor_digest(t) for k, t in state.items()}
 
 
@@ -99,8 +100,13 @@ def trainer(rank: int, port: int, url: str, master: dict, path: str, layout: str
     try:
         master = {k: v.clone() for k, v in master.items()}  # own memory: tensors pass to processes shared
         torch.set_num_threads(1)
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=TRAINERS,
-                                timeout=timedelta(seconds=WAIT_S))
+        dist.init_process_group(
+            "gloo",
+            init_method=f"tcp://127.0.0.1:{port}",
+            rank=rank,
+            world_size=TRAINERS,
+            timeout=timedelta(seconds=WAIT_S),
+        )
         hints = slice_hints(AutoConfig.from_pretrained(path).to_dict(), [1, TP])
         steps = tp_versions(master, rank, hints) if layout == "tp" else fsdp_versions(master, path)
         with PublisherGroup(url, PublisherConfig(anchor_every=3, threads=1), hints=hints) as group:
@@ -128,14 +134,25 @@ def scenario(layout: str) -> None:
         master = tiny_qwen3(path)
         url, ctx = f"file://{store}", mp.get_context("spawn")
         go, done, port = [ctx.Queue() for _ in range(TRAINERS)], ctx.Queue(), free_port()
-        procs = [ctx.Process(target=trainer, args=(r, port, url, master, path, layout, go[r], done), daemon=True)
-                 for r in range(TRAINERS)]
+        procs = [
+            ctx.Process(target=trainer, args=(r, port, url, master, path, layout, go[r], done), daemon=True)
+            for r in range(TRAINERS)
+        ]
         wants = list(versions({k: v.clone() for k, v in master.items()}))
         for p in procs:
             p.start()
-        llm = LLM(model=path, skip_tokenizer_init=True, enforce_eager=True, dtype="bfloat16",
-                  tensor_parallel_size=TP, max_model_len=128, max_num_seqs=4, seed=0,
-                  worker_extension_cls=WORKER_EXTENSION, weight_transfer_config={"backend": BACKEND})
+        llm = LLM(
+            model=path,
+            skip_tokenizer_init=True,
+            enforce_eager=True,
+            dtype="bfloat16",
+            tensor_parallel_size=TP,
+            max_model_len=128,
+            max_num_seqs=4,
+            seed=0,
+            worker_extension_cls=WORKER_EXTENSION,
+            weight_transfer_config={"backend": BACKEND},
+        )
         target = VllmTarget(llm)  # on vLLM's CPU backend: plain, patchable linear weights
         llm.init_weight_transfer_engine({"init_info": {"store_url": url, "watch_timeout_s": 0.2}})
         for version, want in enumerate(wants):

@@ -63,7 +63,7 @@ def train(path: str, versions: int, gen: torch.Generator) -> list[dict[str, torc
     for _ in range(versions):
         for _ in range(STEPS_PER_VERSION):
             starts = torch.randint(0, tokens.numel() - 256, (4,), generator=gen)
-            batch = torch.stack([tokens[s:s + 256] for s in starts.tolist()])
+            batch = torch.stack([tokens[s : s + 256] for s in starts.tolist()])
             loss = model(batch, labels=batch).loss
             opt.zero_grad(set_to_none=True)
             loss.backward()
@@ -75,8 +75,8 @@ def train(path: str, versions: int, gen: torch.Generator) -> list[dict[str, torc
 def prompts() -> list[list[int]]:
     """`PROMPTS` prompts of PREFIX_BLOCKS full KV blocks of shared prefix and a tail each."""
     tokens = text_tokens().tolist()
-    prefix = tokens[:PREFIX_BLOCKS * BLOCK]
-    return [prefix + tokens[600 + 97 * i:600 + 97 * i + TAIL] for i in range(PROMPTS)]
+    prefix = tokens[: PREFIX_BLOCKS * BLOCK]
+    return [prefix + tokens[600 + 97 * i : 600 + 97 * i + TAIL] for i in range(PROMPTS)]
 
 
 def generate(llm, salt: str | None = None) -> list[tuple]:
@@ -87,10 +87,14 @@ def generate(llm, salt: str | None = None) -> list[tuple]:
     params = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True, detokenize=False, logprobs=0)
     inputs = [{"prompt_token_ids": p} | ({"cache_salt": salt} if salt else {}) for p in prompts()]
     outs = llm.generate(inputs, params, use_tqdm=False)
-    return [(tuple(o.outputs[0].token_ids),
-             tuple(step[t].logprob for step, t in zip(o.outputs[0].logprobs, o.outputs[0].token_ids)),
-             tuple((s.version, s.start, s.end) for s in o.outputs[0].weight_versions or ()))
-            for o in outs]
+    return [
+        (
+            tuple(o.outputs[0].token_ids),
+            tuple(step[t].logprob for step, t in zip(o.outputs[0].logprobs, o.outputs[0].token_ids)),
+            tuple((s.version, s.start, s.end) for s in o.outputs[0].weight_versions or ()),
+        )
+        for o in outs
+    ]
 
 
 def check_fresh(llm, version: int, label: str) -> list[tuple]:
@@ -100,7 +104,8 @@ def check_fresh(llm, version: int, label: str) -> list[tuple]:
     want = generate(llm, salt=f"fresh-{version}")
     for i, ((tok, lp, spans), (tok_w, lp_w, _)) in enumerate(zip(got, want)):
         assert tok == tok_w and lp == lp_w, (
-            f"version {version}, prompt {i}: the engine generated {tok} {lp}, a fresh cache {tok_w} {lp_w}")
+            f"version {version}, prompt {i}: the engine generated {tok} {lp}, a fresh cache {tok_w} {lp_w}"
+        )
         assert spans == ((label, 0, NEW_TOKENS),), spans
     return got
 
@@ -133,9 +138,17 @@ def scenario() -> None:
         model = Qwen3ForCausalLM.from_pretrained(path, dtype=torch.bfloat16)
         model.load_state_dict(states[-1])
         model.save_pretrained(path)  # the engine starts from the last version
-        llm = LLM(model=path, skip_tokenizer_init=True, enforce_eager=True, dtype="bfloat16",
-                  max_model_len=4 * BLOCK, max_num_seqs=PROMPTS, seed=0,
-                  worker_extension_cls=WORKER_EXTENSION, weight_transfer_config={"backend": BACKEND})
+        llm = LLM(
+            model=path,
+            skip_tokenizer_init=True,
+            enforce_eager=True,
+            dtype="bfloat16",
+            max_model_len=4 * BLOCK,
+            max_num_seqs=PROMPTS,
+            seed=0,
+            worker_extension_cls=WORKER_EXTENSION,
+            weight_transfer_config={"backend": BACKEND},
+        )
         target = VllmTarget(llm)  # on vLLM's CPU backend: plain, patchable linear weights
         seen = [check_version(llm, target, 0, states[-1], "default")]  # a fresh engine's
         llm.init_weight_transfer_engine({"init_info": {"store_url": f"file://{store}", "watch_timeout_s": 0.2}})
@@ -146,8 +159,11 @@ def scenario() -> None:
                 assert commit_version(llm, version, wait_s=60.0) == "APPLIED"
                 seen.append(check_version(llm, target, version, state, str(version)))
         old, new = states[-2], states[-1]
-        target.apply(stage_delta(old, encode_delta(old, new, base_version=VERSIONS - 1, version=VERSIONS),
-                                 base_version=VERSIONS - 1))
+        target.apply(
+            stage_delta(
+                old, encode_delta(old, new, base_version=VERSIONS - 1, version=VERSIONS), base_version=VERSIONS - 1
+            )
+        )
         seen.append(check_version(llm, target, VERSIONS, new, str(VERSIONS)))
         assert [s[:2] for s in seen[-1]] == [s[:2] for s in seen[0]], "the last version differs from a fresh engine's"
         moved = [max(abs(a - b) for x, y in zip(s, t) for a, b in zip(x[1], y[1])) for s, t in zip(seen, seen[1:])]

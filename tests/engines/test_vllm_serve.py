@@ -40,16 +40,21 @@ from engine_runs import NEEDS_VLLM
 
 pytestmark = [pytest.mark.vllm, NEEDS_VLLM]
 
-BACKEND_ARGS = ["--weight-transfer-config", json.dumps({"backend": "weight_teleport"}),
-                "--worker-extension-cls", "weight_teleport.targets.vllm_backend.TeleportBackendExtension"]
+BACKEND_ARGS = [
+    "--weight-transfer-config",
+    json.dumps({"backend": "weight_teleport"}),
+    "--worker-extension-cls",
+    "weight_teleport.targets.vllm_backend.TeleportBackendExtension",
+]
 """The switch: these two serve arguments (the backend registers itself when vLLM imports the
 worker extension)."""
 IN_FLIGHT_TOKENS = 480
 
 
 def _post(base: str, route: str, body: dict | None = None, timeout: float = 300) -> dict:
-    req = urllib.request.Request(base + route, data=json.dumps(body or {}).encode(), method="POST",
-                                 headers={"Content-Type": "application/json"})
+    req = urllib.request.Request(
+        base + route, data=json.dumps(body or {}).encode(), method="POST", headers={"Content-Type": "application/json"}
+    )
     with urllib.request.urlopen(req, timeout=timeout) as r:
         raw = r.read()
     return json.loads(raw) if raw else {}
@@ -79,10 +84,29 @@ def vllm_serve(ckpt: str, tmp_path, max_model_len: int, tokenizer: bool = False)
     base = f"http://127.0.0.1:{port}"
     env = dict(os.environ, VLLM_SERVER_DEV_MODE="1", VLLM_CPU_KVCACHE_SPACE="1")
     log_path = str(tmp_path / "serve.log")
-    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", ckpt, "--host", "127.0.0.1",
-           "--port", str(port), *([] if tokenizer else ["--skip-tokenizer-init"]), "--enforce-eager", "--dtype", "bfloat16",
-           "--max-model-len", str(max_model_len), "--max-num-seqs", "4", "--seed", "0", "--enable-scale-out",
-           *BACKEND_ARGS]
+    cmd = [
+        sys.executable,
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        ckpt,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        *([] if tokenizer else ["--skip-tokenizer-init"]),
+        "--enforce-eager",
+        "--dtype",
+        "bfloat16",
+        "--max-model-len",
+        str(max_model_len),
+        "--max-num-seqs",
+        "4",
+        "--seed",
+        "0",
+        "--enable-scale-out",
+        *BACKEND_ARGS,
+    ]
     with open(log_path, "w") as log:
         server = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
     try:
@@ -109,8 +133,11 @@ def _request(tokens: list[int], max_tokens: int, salt: str | None = None, stream
 def _generate(base: str, tokens: list[int], max_tokens: int, salt: str | None = None) -> tuple:
     """Greedy tokens, their logprobs and the weight-version spans the server reports."""
     choice = _post(base, "/inference/v1/generate", _request(tokens, max_tokens, salt))["choices"][0]
-    return (tuple(choice["token_ids"]), tuple(c["logprob"] for c in choice["logprobs"]["content"]),
-            tuple(tuple(s.values()) for s in choice["weight_versions"] or ()))
+    return (
+        tuple(choice["token_ids"]),
+        tuple(c["logprob"] for c in choice["logprobs"]["content"]),
+        tuple(tuple(s.values()) for s in choice["weight_versions"] or ()),
+    )
 
 
 def _check_fresh(base: str, version: int, label: str) -> list[tuple]:
@@ -136,9 +163,12 @@ def _stream_lines(response):
 
 def _commit_in_flight(base: str, server, version: int, prompt: list[int]) -> None:
     """Commit `version` while a streamed request generates; check what it saw."""
-    req = urllib.request.Request(base + "/inference/v1/generate", method="POST",
-                                 data=json.dumps(_request(prompt, IN_FLIGHT_TOKENS, stream=True)).encode(),
-                                 headers={"Content-Type": "application/json"})
+    req = urllib.request.Request(
+        base + "/inference/v1/generate",
+        method="POST",
+        data=json.dumps(_request(prompt, IN_FLIGHT_TOKENS, stream=True)).encode(),
+        headers={"Content-Type": "application/json"},
+    )
     tokens, logprobs, spans = [], [], None
     with urllib.request.urlopen(req, timeout=600) as response:
         for n, chunk in enumerate(_stream_lines(response)):
@@ -151,8 +181,9 @@ def _commit_in_flight(base: str, server, version: int, prompt: list[int]) -> Non
     (old, lo, k), (new, k2, end) = [tuple(s.values()) for s in spans]
     assert (old, new, lo, k2, end) == (str(version - 1), str(version), 0, k, IN_FLIGHT_TOKENS) and 0 < k, spans
     after = _generate(base, prompt + tokens[:k], IN_FLIGHT_TOKENS - k, salt=f"in-flight-{version}")
-    assert tuple(tokens[k:]) == after[0] and tuple(logprobs[k:]) == after[1], \
+    assert tuple(tokens[k:]) == after[0] and tuple(logprobs[k:]) == after[1], (
         "after the commit, the request in flight did not generate what the new version does"
+    )
     print(f"in flight across version {version}: {k} tokens before the pause, {IN_FLIGHT_TOKENS - k} after")
 
 
@@ -168,12 +199,12 @@ def test_vllm_serve_follows_a_store_and_generates_with_each_version(tmp_path):
     versions = train(ckpt, 3, torch.Generator().manual_seed(5))
     model = Qwen3ForCausalLM.from_pretrained(ckpt, dtype=torch.bfloat16)
     model.load_state_dict(versions[-1])
-    model.save_pretrained(ckpt)                     # the server loads the last version itself
+    model.save_pretrained(ckpt)  # the server loads the last version itself
 
     with vllm_serve(ckpt, tmp_path, 4 * BLOCK) as base:
         _post(base, "/collective_rpc", {"method": "teleport_attach"})  # CPU backend: plain weights
         want = _checksums(base)
-        fresh = _check_fresh(base, 0, "default")    # a fresh engine's generations
+        fresh = _check_fresh(base, 0, "default")  # a fresh engine's generations
         vllm = VllmServer(base)
         vllm.init({"store_url": f"file://{store}", "watch_timeout_s": 0.2})
         hints = slice_hints(AutoConfig.from_pretrained(ckpt).to_dict(), [1])

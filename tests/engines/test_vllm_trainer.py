@@ -37,10 +37,12 @@ def vllm_layout(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     for name, t in state.items():
         if ".q_proj." in name:
             out[name.replace("q_proj", "qkv_proj")] = torch.cat(
-                [state[name], state[name.replace("q_proj", "k_proj")], state[name.replace("q_proj", "v_proj")]])
+                [state[name], state[name.replace("q_proj", "k_proj")], state[name.replace("q_proj", "v_proj")]]
+            )
         elif ".gate_proj." in name:
             out[name.replace("gate_proj", "gate_up_proj")] = torch.cat(
-                [state[name], state[name.replace("gate_proj", "up_proj")]])
+                [state[name], state[name.replace("gate_proj", "up_proj")]]
+            )
         elif not any(f".{p}." in name for p in ("k_proj", "v_proj", "up_proj")):
             out[name] = t
     return out
@@ -51,8 +53,10 @@ def assert_bit_exact(base: str, state: dict[str, torch.Tensor], version: int) ->
     from test_vllm_serve import _checksums
 
     got = {k.rpartition(":")[2]: d for k, d in _checksums(base).items()}  # keys: "dp0:pp0:pcp0:tp0:NAME"
-    want = {n: hashlib.sha256(t.contiguous().view(-1).view(torch.uint8).numpy()).hexdigest()
-            for n, t in vllm_layout(state).items()}
+    want = {
+        n: hashlib.sha256(t.contiguous().view(-1).view(torch.uint8).numpy()).hexdigest()
+        for n, t in vllm_layout(state).items()
+    }
     assert sorted(got) == sorted(want)
     differ = [n for n in want if got[n] != want[n]]
     assert not differ, f"version {version}: {differ} differ from the trainer's"
@@ -86,17 +90,25 @@ def test_trainer_engine_drives_vllm_serve_and_reports_a_lagging_engine(tmp_path,
 
     with vllm_serve(ckpt, tmp_path, 2 * BLOCK) as base:
         _post(base, "/collective_rpc", {"method": "teleport_attach"})  # CPU backend: plain weights
-        info = TeleportTrainerInitInfo(origin.url, config, rank=0, fleet=FleetWait(min_applied=1),
-                                       engine_init={"watch_timeout_s": 0.2, "wait_s": WAIT_S})
-        engine = WeightTransferTrainerFactory.trainer_init(info, client=HTTPVLLMWeightSyncClient(base),
-                                                           source=ModuleSource(model))
+        info = TeleportTrainerInitInfo(
+            origin.url,
+            config,
+            rank=0,
+            fleet=FleetWait(min_applied=1),
+            engine_init={"watch_timeout_s": 0.2, "wait_s": WAIT_S},
+        )
+        engine = WeightTransferTrainerFactory.trainer_init(
+            info, client=HTTPVLLMWeightSyncClient(base), source=ModuleSource(model)
+        )
         try:
-            for step, state in enumerate(versions[:3]):   # an anchor, a delta, a delta with an anchor
+            for step, state in enumerate(versions[:3]):  # an anchor, a delta, a delta with an anchor
                 model.load_state_dict(state)
                 t0 = time.perf_counter()
                 report = engine.send_weights()
-                print(f"version {report.version}: {report.outcomes()} in {time.perf_counter() - t0:.2f} s "
-                      f"({report.rounds} commit round(s), {report.waited_s:.2f} s of them)")
+                print(
+                    f"version {report.version}: {report.outcomes()} in {time.perf_counter() - t0:.2f} s "
+                    f"({report.rounds} commit round(s), {report.waited_s:.2f} s of them)"
+                )
                 assert report.version == step and report.met
                 assert report.outcomes() == {base: "APPLIED"} and report.lagging == []
                 assert_bit_exact(base, state, step)
@@ -106,7 +118,7 @@ def test_trainer_engine_drives_vllm_serve_and_reports_a_lagging_engine(tmp_path,
             _post(base, "/collective_rpc", {"method": "teleport_hold", "args": [[0], True]})
             model.load_state_dict(versions[3])
             engine.fleet.wait = None
-            report = engine.send_weights()                # version 3: reported, not hidden
+            report = engine.send_weights()  # version 3: reported, not hidden
             (lagging,) = report.engines
             assert (report.version, lagging.outcome, lagging.held, lagging.lag(3)) == (3, "SKIPPED", 2, 1)
             assert report.lagging == [base] and report.applied == []
@@ -115,7 +127,7 @@ def test_trainer_engine_drives_vllm_serve_and_reports_a_lagging_engine(tmp_path,
 
             engine.fleet.wait = FleetWait(max_lag=0, timeout_s=5.0, retry_s=0.5)
             t0 = time.perf_counter()
-            with pytest.raises(FleetLagging) as caught:   # version 4: every engine must hold it
+            with pytest.raises(FleetLagging) as caught:  # version 4: every engine must hold it
                 engine.send_weights()
             waited = time.perf_counter() - t0
             assert waited < WAIT_S + 30, f"the bounded wait took {waited:.1f} s"
@@ -125,7 +137,7 @@ def test_trainer_engine_drives_vllm_serve_and_reports_a_lagging_engine(tmp_path,
 
             _post(base, "/collective_rpc", {"method": "teleport_hold", "args": [[0], False]})
             engine.fleet.wait = FleetWait(max_lag=0, timeout_s=120.0)
-            report = engine.send_weights()                # version 5: applies 3, 4 and 5
+            report = engine.send_weights()  # version 5: applies 3, 4 and 5
             assert report.outcomes() == {base: "APPLIED"} and report.engines[0].held == 5 and report.met
             assert_bit_exact(base, versions[3], 5)
             assert _label(base) == "5"
@@ -149,16 +161,16 @@ def _sharded_rank(rank: int, world: int, port: int, url: str, errors) -> None:
         from weight_teleport.pipeline import PublisherConfig
         from weight_teleport.targets.vllm_trainer import ShardedModuleSource, TeleportTrainerInitInfo
 
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
-                                timeout=timedelta(seconds=120))
+        dist.init_process_group(
+            "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world, timeout=timedelta(seconds=120)
+        )
         torch.set_num_threads(1)
         m = _model()
         mesh = init_device_mesh("cpu", (world,))
         for name in ("up", "down"):
             fully_shard(getattr(m, name), mesh=mesh)
         fully_shard(m, mesh=mesh)
-        config = PublisherConfig(anchor_every=3, threads=1, chunk_elems=64,
-                                 hints={"down.weight": ("cols", (6 * 8,))})
+        config = PublisherConfig(anchor_every=3, threads=1, chunk_elems=64, hints={"down.weight": ("cols", (6 * 8,))})
         info = TeleportTrainerInitInfo(url, config, rank=rank)
         engine = WeightTransferTrainerFactory.trainer_init(info, client=[], source=ShardedModuleSource(m))
         try:

@@ -11,8 +11,26 @@ from weight_teleport.codec import digest as D
 from weight_teleport.codec.cpu.chunks import digest_sum
 from weight_teleport.format import read_header
 
-OLD_BITS = [0x3C00, 0xBC00, 0x0000, 0x8000, 0x7F80, 0x7FC1, 0x0001, 0x3F80, 0x4000, 0xC040,
-            0x3A00, 0x1234, 0x4321, 0x0F0F, 0xF0F0, 0x3C01, 0x3C02, 0x3C03]
+OLD_BITS = [
+    0x3C00,
+    0xBC00,
+    0x0000,
+    0x8000,
+    0x7F80,
+    0x7FC1,
+    0x0001,
+    0x3F80,
+    0x4000,
+    0xC040,
+    0x3A00,
+    0x1234,
+    0x4321,
+    0x0F0F,
+    0xF0F0,
+    0x3C01,
+    0x3C02,
+    0x3C03,
+]
 CHANGES = {0: 0x3C01, 3: 0x0000, 5: 0x7FC2, 9: 0xC03F, 17: 0x3C02}
 
 GOLDEN_DELTA = bytes.fromhex(
@@ -96,7 +114,7 @@ def _reference_digest(data: bytes) -> int:
     padded = data + bytes(-len(data) % 8)
     s = 0
     for j in range(len(padded) // 8):
-        w = int.from_bytes(padded[8 * j:8 * j + 8], "little")
+        w = int.from_bytes(padded[8 * j : 8 * j + 8], "little")
         s = (s + mix(w ^ ((j * 0x9E3779B97F4A7C15) & m))) & m
     return (s + len(data) * 0xD6E8FEB86659FD93) & m
 

@@ -75,26 +75,29 @@ def _set(i, field, value):
     return lambda recs: recs[i].__setitem__(field, value)
 
 
-@pytest.mark.parametrize("edit, error, message", [
-    (_set(0, "box", [[3, 3]]), PackFormatError, "box of 1 dimensions"),
-    (_set(0, "box", [[4, 3], [0, 6]]), PackFormatError, "outside its shape"),
-    (_set(0, "box", [[-1, 3], [0, 6]]), PackFormatError, "malformed"),
-    (_set(0, "box", [[3, 3, 1], [0, 6]]), PackFormatError, "malformed"),
-    (_set(0, "box", [[3, 3], [0, 10 ** 30]]), PackFormatError, ""),
-    (_set(0, "order", "diagonal"), UnsupportedFormatError, "walk order"),
-    (_set(0, "order", 1), PackFormatError, "malformed"),
-    (_set(1, "cuts", [8, 8, 8]), PackFormatError, "chunks, expected|digests for"),
-    (_set(1, "cuts", [4, 20]), PackFormatError, "multiple of 8"),
-    (_set(1, "cuts", [8, 8]), PackFormatError, "adding up to"),
-    (_set(1, "cuts", [0, 24]), PackFormatError, r"outside \[1"),
-    (_set(1, "cuts", [8, 1 << 23]), PackFormatError, r"outside \[1"),
-    (_set(1, "chunk_digests", ["0" * 16]), PackFormatError, "1 chunk_digests for 2"),
-    (_set(1, "chunk_digests", ["0" * 16, "g" * 16]), PackFormatError, "hex"),
-    (_set(1, "chunk_digests", ["0" * 16, "0" * 16]), PackFormatError, "add up"),
-    (_set(1, "chunk_base_digests", []), PackFormatError, "only together"),
-    (_set(1, "chunk_base_digests", ["1" * 16, "2" * 16]), PackFormatError, "add up"),
-    (_set(1, "chunk_digests", [1, 2]), PackFormatError, "malformed"),
-])
+@pytest.mark.parametrize(
+    "edit, error, message",
+    [
+        (_set(0, "box", [[3, 3]]), PackFormatError, "box of 1 dimensions"),
+        (_set(0, "box", [[4, 3], [0, 6]]), PackFormatError, "outside its shape"),
+        (_set(0, "box", [[-1, 3], [0, 6]]), PackFormatError, "malformed"),
+        (_set(0, "box", [[3, 3, 1], [0, 6]]), PackFormatError, "malformed"),
+        (_set(0, "box", [[3, 3], [0, 10**30]]), PackFormatError, ""),
+        (_set(0, "order", "diagonal"), UnsupportedFormatError, "walk order"),
+        (_set(0, "order", 1), PackFormatError, "malformed"),
+        (_set(1, "cuts", [8, 8, 8]), PackFormatError, "chunks, expected|digests for"),
+        (_set(1, "cuts", [4, 20]), PackFormatError, "multiple of 8"),
+        (_set(1, "cuts", [8, 8]), PackFormatError, "adding up to"),
+        (_set(1, "cuts", [0, 24]), PackFormatError, r"outside \[1"),
+        (_set(1, "cuts", [8, 1 << 23]), PackFormatError, r"outside \[1"),
+        (_set(1, "chunk_digests", ["0" * 16]), PackFormatError, "1 chunk_digests for 2"),
+        (_set(1, "chunk_digests", ["0" * 16, "g" * 16]), PackFormatError, "hex"),
+        (_set(1, "chunk_digests", ["0" * 16, "0" * 16]), PackFormatError, "add up"),
+        (_set(1, "chunk_base_digests", []), PackFormatError, "only together"),
+        (_set(1, "chunk_base_digests", ["1" * 16, "2" * 16]), PackFormatError, "add up"),
+        (_set(1, "chunk_digests", [1, 2]), PackFormatError, "malformed"),
+    ],
+)
 def test_malformed_v2_fields_raise_typed_errors(edit, error, message):
     with pytest.raises(error, match=message):
         read_header(_edited(edit))

@@ -23,9 +23,16 @@ def tiny_checkpoint(d: Path, seed: int) -> dict[str, torch.Tensor]:
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
 
-    config = Qwen3Config(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                         num_attention_heads=2, num_key_value_heads=1, head_dim=8,
-                         tie_word_embeddings=False)
+    config = Qwen3Config(
+        vocab_size=32,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=8,
+        tie_word_embeddings=False,
+    )
     torch.manual_seed(seed)
     model = Qwen3ForCausalLM(config).to(torch.bfloat16)
     model.save_pretrained(d)
@@ -33,7 +40,7 @@ def tiny_checkpoint(d: Path, seed: int) -> dict[str, torch.Tensor]:
     tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
     PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>").save_pretrained(d)
-    (d / "model.safetensors.index.json").write_text("{}")      # an index is never carried
+    (d / "model.safetensors.index.json").write_text("{}")  # an index is never carried
     return {k: v.clone() for k, v in model.state_dict().items()}
 
 
@@ -112,16 +119,20 @@ def test_pull_follow_keeps_a_checkpoint_at_the_newest_version(tmp_path: Path) ->
             assert proc.poll() is None, proc.stderr.read()
             assert time.monotonic() < deadline, (_version_of(out / "model.safetensors"), _config_of(out))
             time.sleep(0.1)
-        return torch.equal(load_file(str(out / "model.safetensors"))["w"].view(torch.int16),
-                           weights["w"].view(torch.int16))
+        return torch.equal(
+            load_file(str(out / "model.safetensors"))["w"].view(torch.int16), weights["w"].view(torch.int16)
+        )
 
     publish(0)
     publish(1)
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # as a terminal's Ctrl-C
     try:
-        proc = subprocess.Popen([sys.executable, "-m", "weight_teleport.cli", "pull", url,
-                                 "--out", str(out), "--follow"], stderr=subprocess.PIPE, text=True,
-                                env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "weight_teleport.cli", "pull", url, "--out", str(out), "--follow"],
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
     finally:
         signal.signal(signal.SIGINT, previous)
     try:

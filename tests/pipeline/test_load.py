@@ -40,8 +40,9 @@ def _follow(url: str, index: int, ready, progress) -> tuple:
     from weight_teleport.targets.torch import TorchTarget
 
     live = {k: torch.zeros_like(t) for k, t in expected(0).items()}
-    config = SubscriberConfig(watch_timeout_s=2.0, threads=1, retry_backoff_s=0.05,
-                              retry_backoff_max_s=0.5, give_up_after_s=TIMEOUT_S)
+    config = SubscriberConfig(
+        watch_timeout_s=2.0, threads=1, retry_backoff_s=0.05, retry_backoff_max_s=0.5, give_up_after_s=TIMEOUT_S
+    )
     applied, deadline = [], time.monotonic() + TIMEOUT_S
     with Subscriber(url, TorchTarget(live), config) as sub:
         ready.release()
@@ -81,8 +82,10 @@ def test_sixteen_subscribers_through_the_origin(origin) -> None:  # noqa: F811
     errors, results, ready = ctx.Queue(), ctx.Queue(), ctx.Semaphore(0)
     progress = ctx.Array("i", [-1] * SUBSCRIBERS, lock=False)
     t_start = time.perf_counter()
-    procs = [ctx.Process(target=_subscriber_main, args=(url, i, ready, progress, errors, results))
-             for i in range(SUBSCRIBERS)]
+    procs = [
+        ctx.Process(target=_subscriber_main, args=(url, i, ready, progress, errors, results))
+        for i in range(SUBSCRIBERS)
+    ]
     try:
         for p in procs:
             p.start()
@@ -108,6 +111,8 @@ def test_sixteen_subscribers_through_the_origin(origin) -> None:  # noqa: F811
     for index, applied, health, rejected, resyncs in outcomes:
         assert applied == list(range(VERSIONS)), (index, applied)
         assert (health, rejected, resyncs) == ("healthy", 0, 0), index
-    print(f"\n{SUBSCRIBERS} subscribers started in {t_started - t_start:.1f} s; publish -> all "
-          f"applied per version: {', '.join(f'{s:.2f}' for s in spread)} s; total "
-          f"{time.perf_counter() - t_start:.1f} s")
+    print(
+        f"\n{SUBSCRIBERS} subscribers started in {t_started - t_start:.1f} s; publish -> all "
+        f"applied per version: {', '.join(f'{s:.2f}' for s in spread)} s; total "
+        f"{time.perf_counter() - t_start:.1f} s"
+    )

@@ -14,14 +14,15 @@ from weight_teleport.subscribe import Subscriber
 from weight_teleport.store import StoreConfig
 from weight_teleport.targets.torch import TorchTarget
 
-pytestmark = [pytest.mark.cuda,
-              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
+pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 
 
 def _versions(n: int, seed: int = 0):
     g = torch.Generator(device="cuda").manual_seed(seed)
-    master = {"w": torch.randn(512, 300, device="cuda", generator=g) * 0.02,
-              "n": 1 + 0.1 * torch.randn(300, device="cuda", generator=g)}
+    master = {
+        "w": torch.randn(512, 300, device="cuda", generator=g) * 0.02,
+        "n": 1 + 0.1 * torch.randn(300, device="cuda", generator=g),
+    }
     out = []
     for _ in range(n):
         out.append({k: v.to(torch.bfloat16) for k, v in master.items()})
@@ -70,14 +71,17 @@ def test_gpu_target_stages_on_its_device_through_anchors_and_resyncs(transport, 
     a scribbled live weight makes it resync, and a new subscriber cold-starts from the newest
     anchor (staged on the GPU). Bit-exact at every version."""
     from weight_teleport.server import OriginServer, ServerConfig
+
     versions = _versions(7, seed=3)
     origin = OriginServer(ServerConfig(root=tmp_path, port=0, token="t")).start() if transport == "http" else None
     url = origin.url if origin else f"memory://cuda-gpu-target-{transport}"
     config = PublisherConfig(baseline_device="cuda", anchor_every=2, store=StoreConfig(token="t"))
     live = {k: torch.zeros_like(v) for k, v in versions[0].items()}
     try:
-        with Publisher(url, config) as pub, \
-                Subscriber(url, TorchTarget(live), SubscriberConfig(watch_timeout_s=0.2)) as sub:
+        with (
+            Publisher(url, config) as pub,
+            Subscriber(url, TorchTarget(live), SubscriberConfig(watch_timeout_s=0.2)) as sub,
+        ):
             assert sub._stager.on_cuda and sub._stager.shadow is None
             for v, state in enumerate(versions[:5]):
                 result = pub.publish(state, version=v).wait(60)
@@ -106,6 +110,7 @@ def test_gpu_snapshot_packs_stage_on_the_device_without_a_host_copy(monkeypatch)
     CPU backend is not called, and the live weights are never copied to the host."""
     import weight_teleport as wt
     from weight_teleport.codec.cpu import backend as cpu
+
     state = _versions(1, seed=4)[0]
     pack = wt.encode_snapshot(state, version=0, pinned=True)
     monkeypatch.setattr(cpu, "stage", lambda *a, **k: pytest.fail("a GPU snapshot went to the CPU backend"))

@@ -26,8 +26,7 @@ def _publisher_main(url: str, store: StoreConfig, halfway, go, early: int, error
     from weight_teleport.publish import Publisher
 
     try:
-        config = PublisherConfig(anchor_every=4, retention=RetentionConfig(keep_anchors=2),
-                                 store=store, threads=1)
+        config = PublisherConfig(anchor_every=4, retention=RetentionConfig(keep_anchors=2), store=store, threads=1)
         with Publisher(url, config) as pub:
             for _ in range(early):
                 assert go.acquire(timeout=TIMEOUT_S), "subscribers did not start"
@@ -41,8 +40,7 @@ def _publisher_main(url: str, store: StoreConfig, halfway, go, early: int, error
         raise
 
 
-def _follow(url: str, store: StoreConfig, name: str, stop_at: int, saved: str | None,
-            restarted: bool, go) -> list[int]:
+def _follow(url: str, store: StoreConfig, name: str, stop_at: int, saved: str | None, restarted: bool, go) -> list[int]:
     import torch
 
     from weight_versions import expected, same_bits
@@ -50,8 +48,7 @@ def _follow(url: str, store: StoreConfig, name: str, stop_at: int, saved: str | 
     from weight_teleport.subscribe import Subscriber
     from weight_teleport.targets.torch import TorchTarget
 
-    initial, live = torch.load(saved) if restarted else \
-        (None, {k: torch.zeros_like(t) for k, t in expected(0).items()})
+    initial, live = torch.load(saved) if restarted else (None, {k: torch.zeros_like(t) for k, t in expected(0).items()})
     config = SubscriberConfig(initial_version=initial, watch_timeout_s=1.0, store=store, threads=1)
     applied, deadline = [], time.monotonic() + TIMEOUT_S
     with Subscriber(url, TorchTarget(live), config) as sub:
@@ -68,8 +65,17 @@ def _follow(url: str, store: StoreConfig, name: str, stop_at: int, saved: str | 
     return applied
 
 
-def _subscriber_main(url: str, store: StoreConfig, name: str, errors, results, go=None,
-                     stop_at: int = LAST, saved: str | None = None, restarted: bool = False) -> None:
+def _subscriber_main(
+    url: str,
+    store: StoreConfig,
+    name: str,
+    errors,
+    results,
+    go=None,
+    stop_at: int = LAST,
+    saved: str | None = None,
+    restarted: bool = False,
+) -> None:
     try:
         results.put((name, _follow(url, store, name, stop_at, saved, restarted, go)))
     except BaseException:
@@ -95,8 +101,9 @@ def _finish(procs, errors, results, n_results: int) -> dict:
                 p.kill()
 
 
-def _run_fleet(pub_url: str, sub_url: str, pub_store: StoreConfig, sub_store: StoreConfig,
-               tmp_path: Path, restart: bool = False) -> dict[str, list[int]]:
+def _run_fleet(
+    pub_url: str, sub_url: str, pub_store: StoreConfig, sub_store: StoreConfig, tmp_path: Path, restart: bool = False
+) -> dict[str, list[int]]:
     ctx = mp.get_context("spawn")
     errors, results, halfway, go = ctx.Queue(), ctx.Queue(), ctx.Event(), ctx.Semaphore(0)
 
@@ -108,14 +115,16 @@ def _run_fleet(pub_url: str, sub_url: str, pub_store: StoreConfig, sub_store: St
     saved = str(tmp_path / "restart.pt")
     early = 2 + restart
     procs = [start(_publisher_main, pub_url, pub_store, halfway, go, early, errors)]
-    procs += [start(_subscriber_main, sub_url, sub_store, f"early{i}", errors, results, go)
-              for i in range(2)]
+    procs += [start(_subscriber_main, sub_url, sub_store, f"early{i}", errors, results, go) for i in range(2)]
     if restart:
-        first = start(_subscriber_main, sub_url, sub_store, "before-restart", errors, results, go,
-                      stop_at=2, saved=saved)
+        first = start(
+            _subscriber_main, sub_url, sub_store, "before-restart", errors, results, go, stop_at=2, saved=saved
+        )
         first.join(TIMEOUT_S)
-        procs += [first, start(_subscriber_main, sub_url, sub_store, "restarted", errors, results,
-                               saved=saved, restarted=True)]
+        procs += [
+            first,
+            start(_subscriber_main, sub_url, sub_store, "restarted", errors, results, saved=saved, restarted=True),
+        ]
     assert halfway.wait(TIMEOUT_S), "the publisher did not get halfway"
     procs.append(start(_subscriber_main, sub_url, sub_store, "late", errors, results))
     applied = _finish(procs, errors, results, len(procs) - 1)
@@ -137,8 +146,7 @@ def test_http_origin(origin, tmp_path: Path) -> None:  # noqa: F811
 
 
 def test_http_through_nginx_cache(origin, nginx, tmp_path: Path) -> None:  # noqa: F811
-    _run_fleet(f"http://127.0.0.1:{origin.port}", nginx.url, StoreConfig(token=TOKEN),
-               StoreConfig(), tmp_path)
+    _run_fleet(f"http://127.0.0.1:{origin.port}", nginx.url, StoreConfig(token=TOKEN), StoreConfig(), tmp_path)
     log = (Path(tmp_path) / "nginx" / "access.log").read_text()
     assert "/b/" in log
 
@@ -155,8 +163,7 @@ def _rank_main(rank: int, world: int, port: int, errors, results) -> None:
     from weight_teleport.store import open_store
 
     try:
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                                world_size=world)
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
         store = open_store("dist://?src=0")
         if rank == 0:
             from weight_versions import expected
@@ -186,8 +193,7 @@ def _follow_store(store, rank: int) -> list[int]:
 
     live = {k: torch.zeros_like(t) for k, t in expected(0).items()}
     applied, deadline = [], time.monotonic() + TIMEOUT_S
-    with Subscriber("dist://", TorchTarget(live), SubscriberConfig(watch_timeout_s=0.5, threads=1),
-                    store=store) as sub:
+    with Subscriber("dist://", TorchTarget(live), SubscriberConfig(watch_timeout_s=0.5, threads=1), store=store) as sub:
         while sub.version != LAST:
             assert time.monotonic() < deadline, f"rank {rank} stuck at {sub.version}"
             if sub.wait(0.5):
@@ -200,8 +206,7 @@ def _follow_store(store, rank: int) -> list[int]:
 def test_dist_gloo() -> None:
     ctx, world = mp.get_context("spawn"), 3
     errors, results, port = ctx.Queue(), ctx.Queue(), free_port()
-    procs = [ctx.Process(target=_rank_main, args=(r, world, port, errors, results))
-             for r in range(world)]
+    procs = [ctx.Process(target=_rank_main, args=(r, world, port, errors, results)) for r in range(world)]
     for p in procs:
         p.start()
     applied = _finish(procs, errors, results, world - 1)

@@ -19,6 +19,7 @@ from weight_teleport.pipeline.errors import ConfigError
 from weight_teleport.subscribe.target import Target
 from weight_teleport.targets.torch import TorchTarget
 
+
 class TinyCausalLM(nn.Module):
     """HF-like names: model.* decoder, lm_head tied to the embedding, unpublished buffers."""
 
@@ -41,8 +42,7 @@ class TinyCausalLM(nn.Module):
 
 def test_module_target_with_tied_weights_and_buffers() -> None:
     url, module = memory_url(), TinyCausalLM()
-    with Publisher(url, PublisherConfig(anchor_every=3)) as pub, \
-            Subscriber(url, TorchTarget(module), FAST) as sub:
+    with Publisher(url, PublisherConfig(anchor_every=3)) as pub, Subscriber(url, TorchTarget(module), FAST) as sub:
         for v in range(5):
             publish(pub, [v])
             follow(sub, v)
@@ -121,8 +121,7 @@ def test_wrong_version_claim_resyncs_from_an_anchor() -> None:
 
 def test_modified_live_weights_resync() -> None:
     url, live = memory_url(), {k: torch.zeros_like(t) for k, t in expected(0).items()}
-    with Publisher(url, PublisherConfig(anchor_every=2)) as pub, \
-            Subscriber(url, TorchTarget(live), FAST) as sub:
+    with Publisher(url, PublisherConfig(anchor_every=2)) as pub, Subscriber(url, TorchTarget(live), FAST) as sub:
         publish(pub, range(3))
         follow(sub, 2)
         live["model.norm.weight"].view(torch.int32)[0] ^= 1  # the sampler scribbles on it
@@ -194,8 +193,7 @@ def test_cli_publish_pull_status_round_trip(tmp_path, capsys) -> None:
         assert main(["publish", str(tmp_path), "--to", url, "--anchor-every", "2"]) == 0
     assert main(["status", url, "--manifest"]) == 0
     doc = json.loads(capsys.readouterr().out.split("\n", 3)[3])
-    assert doc["latest"] == 2 and [e["kind"] for e in doc["entries"]] == \
-        ["snapshot", "delta", "delta", "snapshot"]
+    assert doc["latest"] == 2 and [e["kind"] for e in doc["entries"]] == ["snapshot", "delta", "delta", "snapshot"]
     for v in (1, 2):
         assert main(["pull", url, "--out", str(tmp_path / f"out{v}"), "--version", str(v)]) == 0
         assert same_bits(load_file(tmp_path / f"out{v}" / "model.safetensors"), v)
@@ -247,6 +245,7 @@ def test_each_pack_header_is_parsed_once(monkeypatch, mode) -> None:
     stage takes that header (a snapshot and deltas, against the view or a shadow)."""
     from weight_teleport.codec import api
     from weight_teleport.pipeline import fetch as F
+
     url = memory_url()
     with Publisher(url, PublisherConfig(anchor_every=100)) as pub:
         publish(pub, range(3))
@@ -254,8 +253,11 @@ def test_each_pack_header_is_parsed_once(monkeypatch, mode) -> None:
         for mod in (api, F):
             real = mod.read_header
             monkeypatch.setattr(mod, "read_header", lambda *a, real=real, **k: parsed.append(1) or real(*a, **k))
-        target = ShadowedTarget() if mode == "shadow" else \
-            TorchTarget({k: torch.zeros_like(t) for k, t in expected(0).items()})
+        target = (
+            ShadowedTarget()
+            if mode == "shadow"
+            else TorchTarget({k: torch.zeros_like(t) for k, t in expected(0).items()})
+        )
         with Subscriber(url, target, FAST) as sub:
             follow(sub, 2)
             assert len(parsed) == sub.stats.objects_fetched == 3

@@ -7,10 +7,8 @@ import pytest
 from weight_teleport.pipeline.errors import ManifestError, NoPlanError
 from dataclasses import replace
 
-from weight_teleport.format.manifest import (Entry, Manifest, Retention, from_json, make_entry,
-                                               object_key, side_file)
-from weight_teleport.pipeline.plan import (needs_anchor, plan_avoiding, plan_catchup, unreferenced_keys,
-                                           plan_retention)
+from weight_teleport.format.manifest import Entry, Manifest, Retention, from_json, make_entry, object_key, side_file
+from weight_teleport.pipeline.plan import needs_anchor, plan_avoiding, plan_catchup, unreferenced_keys, plan_retention
 
 
 def delta(v: int, size: int = 10, base: int | None = None) -> Entry:
@@ -43,23 +41,30 @@ def test_json_round_trip_and_latest() -> None:
     assert from_json(Manifest().to_json()).latest is None
 
 
-@pytest.mark.parametrize("bad", [
-    b"not json", b'{"format": "other/1", "entries": []}',
-    b'{"format": "weight-teleport-manifest/1", "entries": [{"version": 1}]}',
-])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        b"not json",
+        b'{"format": "other/1", "entries": []}',
+        b'{"format": "weight-teleport-manifest/1", "entries": [{"version": 1}]}',
+    ],
+)
 def test_malformed_manifest_rejected(bad: bytes) -> None:
     with pytest.raises(ManifestError):
         from_json(bad)
 
 
-@pytest.mark.parametrize("entries", [
-    (snap(0), delta(2), delta(1)),                       # out of order
-    (snap(0), delta(1), delta(1)),                       # duplicated version
-    (snap(0), snap(0)),                                  # duplicated anchor
-    (snap(0), Entry(1, "delta", None, "x", 1, "0" * 64)),    # delta without base
-    (snap(0), Entry(1, "delta", 3, "x", 1, "0" * 64)),       # base after version
-    (snap(0), Entry(1, "delta", 0, "s0", 1, "0" * 64)),      # key reused
-])
+@pytest.mark.parametrize(
+    "entries",
+    [
+        (snap(0), delta(2), delta(1)),  # out of order
+        (snap(0), delta(1), delta(1)),  # duplicated version
+        (snap(0), snap(0)),  # duplicated anchor
+        (snap(0), Entry(1, "delta", None, "x", 1, "0" * 64)),  # delta without base
+        (snap(0), Entry(1, "delta", 3, "x", 1, "0" * 64)),  # base after version
+        (snap(0), Entry(1, "delta", 0, "s0", 1, "0" * 64)),  # key reused
+    ],
+)
 def test_inconsistent_manifest_rejected(entries) -> None:
     with pytest.raises(ManifestError):
         from_json(Manifest(entries).to_json())
@@ -131,7 +136,7 @@ def test_set_aside_keys_are_retried_only_when_no_other_plan_exists() -> None:
     assert keys(plan_avoiding(m, 6, {"d7-6"}, set())) == ["s8", "d9-8"]
     assert keys(plan_avoiding(m, 8, {"d9-8"}, set())) == ["d9-8"]  # the store may be repaired
     with pytest.raises(NoPlanError):
-        plan_avoiding(m, 8, {"d9-8"}, {"d9-8"})                        # broken: never again
+        plan_avoiding(m, 8, {"d9-8"}, {"d9-8"})  # broken: never again
 
 
 def test_an_unreachable_latest_version_plans_the_newest_reachable_one() -> None:
@@ -171,8 +176,10 @@ def test_retention_keeps_the_newest_anchors_and_what_follows() -> None:
 def test_retention_deletes_side_files_no_kept_anchor_lists() -> None:
     shared, old = side_file("config.json", b"{}"), side_file("tokenizer.json", b"old")
     m = log(10, anchors=(0, 4, 8))
-    entries = tuple(replace(e, files=(shared, old) if e.version == 0 else (shared,))
-                    if e.kind == "snapshot" else e for e in m.entries)
+    entries = tuple(
+        replace(e, files=(shared, old) if e.version == 0 else (shared,)) if e.kind == "snapshot" else e
+        for e in m.entries
+    )
     kept, dropped = plan_retention(replace(m, entries=entries), keep_anchors=2)
     assert unreferenced_keys(kept, dropped) == [e.key for e in dropped] + [old.key]
 

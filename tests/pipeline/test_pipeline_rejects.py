@@ -46,10 +46,10 @@ def test_truncated_and_corrupted_objects_are_retried_until_good(tmp_path: Path) 
     url, manifest = _store(tmp_path, range(3))
     snapshot, delta1 = _object(tmp_path, manifest.entries[0].key), _object(tmp_path, manifest.entries[1].key)
     good_snapshot, good_delta = snapshot.read_bytes(), delta1.read_bytes()
-    snapshot.write_bytes(good_snapshot[:-100])                    # truncated
+    snapshot.write_bytes(good_snapshot[:-100])  # truncated
     flipped = bytearray(good_delta)
     flipped[len(flipped) // 2] ^= 0x10
-    delta1.write_bytes(bytes(flipped))                            # corrupted, same size
+    delta1.write_bytes(bytes(flipped))  # corrupted, same size
     live = _zeros()
     with Subscriber(url, TorchTarget(live), FAST) as sub:
         _stays_unapplied(sub, 0.5)
@@ -68,18 +68,17 @@ def test_truncated_and_corrupted_objects_are_retried_until_good(tmp_path: Path) 
 def test_duplicated_and_out_of_order_objects_are_rejected(tmp_path: Path) -> None:
     url, good = _store(tmp_path, range(4))
     s0, d1, d2, d3 = good.entries
-    duplicate = d2.__class__(**{**d2.__dict__, "key": "copies/of-v1", "size": d1.size,
-                                "sha256": d1.sha256})
+    duplicate = d2.__class__(**{**d2.__dict__, "key": "copies/of-v1", "size": d1.size, "sha256": d1.sha256})
     live = _zeros()
     store = open_store(url)
     store.put(duplicate.key, store.get(d1.key))
     store.put_manifest(Manifest((s0, d1, duplicate, d3)).to_json())
     with Subscriber(url, TorchTarget(live), FAST) as sub:
         follow(sub, 1)
-        _stays_unapplied(sub, 0.5)                               # v2 is v1's object again
+        _stays_unapplied(sub, 0.5)  # v2 is v1's object again
         assert sub.version == 1 and sub.stats.objects_rejected >= 1
         store.put_manifest(Manifest((s0, d1, d3, d2)).to_json())
-        _stays_unapplied(sub, 0.3)                               # unordered manifest: ignored
+        _stays_unapplied(sub, 0.3)  # unordered manifest: ignored
         store.put_manifest(good.to_json())
         reports = follow(sub, 3)
     assert same_bits(live, 3)

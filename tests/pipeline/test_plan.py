@@ -7,8 +7,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from weight_teleport.codec import plan as P
-from weight_teleport.codec.plan import (MAX_CLASSES, ClassMapError, chunk_ranges, lut_to_runs, plan_classes, plan_table,
-                                        run_arrays, runs_to_luts)
+from weight_teleport.codec.plan import (
+    MAX_CLASSES,
+    ClassMapError,
+    chunk_ranges,
+    lut_to_runs,
+    plan_classes,
+    plan_table,
+    run_arrays,
+    runs_to_luts,
+)
 
 
 def test_chunk_ranges_cover_the_tensor():
@@ -23,7 +31,7 @@ def test_classes_follow_change_rates():
     changed[100:110] = [60_000, 30_000, 10_000, 5_000, 2_500, 1_200, 600, 0, 0, 0]
     plan = plan_classes(total, changed)
     lut = plan.lut
-    assert lut[107] == lut[108] == lut[109]          # never changed: one free class
+    assert lut[107] == lut[108] == lut[109]  # never changed: one free class
     assert len({int(lut[k]) for k in range(100, 105)}) == 5  # rates far apart: classes apart
     assert lut[105] == lut[106]  # 1.2% and 0.6%: a split saves less than a class costs
     assert plan.inverted[lut[100]] and not plan.inverted[lut[101]]
@@ -44,14 +52,22 @@ def test_runs_round_trip_and_validation():
     lut = np.array([0, 0, 2, 2, 1, 0], np.uint8)
     assert lut_to_runs(lut) == [(0, 0), (2, 2), (4, 1), (5, 0)]
     rng = np.random.default_rng(0)
-    luts = [lut] + [np.sort(rng.integers(0, 16, 6)).astype(np.uint8) for _ in range(30)] + \
-        [rng.integers(0, 16, 6).astype(np.uint8) for _ in range(30)]
+    luts = (
+        [lut]
+        + [np.sort(rng.integers(0, 16, 6)).astype(np.uint8) for _ in range(30)]
+        + [rng.integers(0, 16, 6).astype(np.uint8) for _ in range(30)]
+    )
     assert (runs_to_luts([lut_to_runs(x) for x in luts], 6) == np.stack(luts)).all()
     assert runs_to_luts([], 6).shape == (0, 6)
-    for bad, message in (([], "must start at key 0"), ([(1, 0)], "must start at key 0"),
-                         ([(0, 0), (0, 1)], r"run \(0, 0\)"), ([(0, 99)], r"run \(0, 99\)"),
-                         ([(0, 0), (9, 1)], r"run \(0, 0\)"), ([(0, -1)], r"run \(0, -1\)"),
-                         ([(0, 0), (3, 10 ** 30)], r"run \(3, 1000000000000000000000000000000\)")):
+    for bad, message in (
+        ([], "must start at key 0"),
+        ([(1, 0)], "must start at key 0"),
+        ([(0, 0), (0, 1)], r"run \(0, 0\)"),
+        ([(0, 99)], r"run \(0, 99\)"),
+        ([(0, 0), (9, 1)], r"run \(0, 0\)"),
+        ([(0, -1)], r"run \(0, -1\)"),
+        ([(0, 0), (3, 10**30)], r"run \(3, 1000000000000000000000000000000\)"),
+    ):
         with pytest.raises(ClassMapError, match=message) as e:
             runs_to_luts([[(0, 1)], [(0, 0), (3, 2)], bad, [(1, 0)]], 6)
         assert e.value.index == 2 and isinstance(e.value, ValueError)
@@ -69,7 +85,7 @@ def _partitions(items):
     first, rest = items[0], items[1:]
     for part in _partitions(rest):
         for i in range(len(part)):
-            yield part[:i] + [[first] + part[i]] + part[i + 1:]
+            yield part[:i] + [[first] + part[i]] + part[i + 1 :]
         yield [[first]] + part
 
 
@@ -82,7 +98,7 @@ def _estimate(total, changed, groups) -> float:
 def _small_counts(draw):
     """Up to 7 keys that changed (every way to group them is tried) and some that did not."""
     n = draw(st.integers(1, 7))
-    total = np.array(draw(st.lists(st.integers(1, 10 ** 6), min_size=n, max_size=n)), np.int64)
+    total = np.array(draw(st.lists(st.integers(1, 10**6), min_size=n, max_size=n)), np.int64)
     frac = draw(st.lists(st.sampled_from([1.0, 0.9, 0.5, 0.3, 0.05, 1e-2, 1e-3, 1e-4]), min_size=n, max_size=n))
     changed = np.maximum(1, np.round(total * np.array(frac))).astype(np.int64)
     still = draw(st.integers(0, 3))
@@ -112,7 +128,7 @@ def test_a_plan_table_holds_the_single_plans():
     """One walk over many rows plans each as alone (no scratch state leaks from row to row),
     and the rows a table takes are the same plans."""
     rng = np.random.default_rng(3)
-    total = rng.integers(0, 10 ** 7, (50, 256))
+    total = rng.integers(0, 10**7, (50, 256))
     changed = (total * rng.random((50, 256)) ** rng.choice([3, 4], (50, 1))).astype(np.int64)
     changed[::7] = 0  # unchanged tensors: one class, no events
     table = plan_table(total, changed)
@@ -123,7 +139,9 @@ def test_a_plan_table_holds_the_single_plans():
         for got in [table[i]] + [part[k] for k in np.flatnonzero(rows == i)]:
             assert (got.lut == ref.lut).all() and (got.inverted == ref.inverted).all() and got.events == ref.events
     assert table.n_classes[0] == 1 and table.events[0] == 0
-    assert not table.inverted[np.arange(MAX_CLASSES)[None, :] >= table.n_classes[:, None]].any()  # False past the classes
+    assert not table.inverted[
+        np.arange(MAX_CLASSES)[None, :] >= table.n_classes[:, None]
+    ].any()  # False past the classes
 
 
 def test_counts_are_checked():
@@ -132,8 +150,11 @@ def test_counts_are_checked():
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.lists(st.lists(st.tuples(st.integers(-3, 9), st.one_of(st.integers(-3, 20), st.just(10 ** 30))),
-                         max_size=4), max_size=6))
+@given(
+    st.lists(
+        st.lists(st.tuples(st.integers(-3, 9), st.one_of(st.integers(-3, 20), st.just(10**30))), max_size=4), max_size=6
+    )
+)
 def test_run_arrays_give_the_runs_and_their_top_classes(runs):
     """The runs as arrays (numbers past int64 as -1) and each list's largest class clipped
     into [0, MAX_CLASSES), 0 for an empty list, as the stage's walk takes them; for the maps

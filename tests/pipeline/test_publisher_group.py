@@ -99,8 +99,9 @@ def _rank_main(rank: int, world: int, port: int, url: str, layout: str, errors) 
     from weight_teleport.store import StoreConfig
 
     try:
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
-                                timeout=timedelta(seconds=120))
+        dist.init_process_group(
+            "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world, timeout=timedelta(seconds=120)
+        )
         torch.set_num_threads(1)
         m = _model()
         if layout == "fsdp":

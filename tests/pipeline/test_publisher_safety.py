@@ -19,8 +19,7 @@ from services import TOKEN, free_port, origin  # noqa: F401
 from weight_versions import expected
 from weight_teleport.pipeline import PublisherConfig, RetentionConfig
 from weight_teleport.publish import Publisher
-from weight_teleport.pipeline.errors import (ConfigError, PublishCancelled, PublishConflict,
-                                             PublishFailed)
+from weight_teleport.pipeline.errors import ConfigError, PublishCancelled, PublishConflict, PublishFailed
 from weight_teleport.format.manifest import from_json
 from weight_teleport.server import OriginServer
 from weight_teleport.store import AuthError, StoreConfig, StoreError, TransportError, open_store
@@ -54,18 +53,19 @@ def test_a_second_publisher_on_the_same_store_is_refused(url: str) -> None:
         assert later.publish(expected(1)).wait(30).version == 1
 
 
-def test_a_wrong_token_is_refused_before_anything_is_encoded(origin: OriginServer,
-                                                            tmp_path: Path, capsys) -> None:
+def test_a_wrong_token_is_refused_before_anything_is_encoded(origin: OriginServer, tmp_path: Path, capsys) -> None:
     for token in ["wrong", None]:
-        with pytest.raises(AuthError, match=r"--token-file FILE or WEIGHT_TELEPORT_TOKEN on the "
-                                            r"command line, StoreConfig\(token=...\) in Python"):
+        with pytest.raises(
+            AuthError,
+            match=r"--token-file FILE or WEIGHT_TELEPORT_TOKEN on the "
+            r"command line, StoreConfig\(token=...\) in Python",
+        ):
             Publisher(origin.url, PublisherConfig(store=StoreConfig(token=token)))
     from weight_teleport.cli import main
 
     (tmp_path / "token").write_text("wrong\n")
     missing = tmp_path / "no-checkpoint-here"  # never read: the token is checked first
-    assert main(["publish", str(missing), "--to", origin.url, "--token-file",
-                 str(tmp_path / "token")]) == 1
+    assert main(["publish", str(missing), "--to", origin.url, "--token-file", str(tmp_path / "token")]) == 1
     assert "WEIGHT_TELEPORT_TOKEN" in capsys.readouterr().err
     assert origin.stats["upload"] == 0
 
@@ -131,15 +131,25 @@ def test_a_store_that_stays_down_fails_the_version_saying_so() -> None:
 
 def test_a_publisher_whose_origin_refuses_connections_says_so_at_start() -> None:
     url = f"http://127.0.0.1:{free_port()}"
-    with pytest.raises(StoreError, match=f"the publisher cannot write to {url}: .*connection "
-                                         f"refused: is the origin running at {url}"):
+    with pytest.raises(
+        StoreError, match=f"the publisher cannot write to {url}: .*connection refused: is the origin running at {url}"
+    ):
         Publisher(url, PublisherConfig(store=StoreConfig(retry=RetryConfig(attempts=1))))
 
 
 def test_every_config_field_is_checked_when_the_config_is_made() -> None:
-    for field, value in [("codec", "sparse_acc"), ("coder", "adaptiv"), ("backpressure", "drop"),
-                         ("anchor_every", 0), ("chunk_elems", 12), ("threads", 0), ("level", 23),
-                         ("retry_for_s", -1), ("baseline_device", "gpu"), ("max_pending", 1.5)]:
+    for field, value in [
+        ("codec", "sparse_acc"),
+        ("coder", "adaptiv"),
+        ("backpressure", "drop"),
+        ("anchor_every", 0),
+        ("chunk_elems", 12),
+        ("threads", 0),
+        ("level", 23),
+        ("retry_for_s", -1),
+        ("baseline_device", "gpu"),
+        ("max_pending", 1.5),
+    ]:
         with pytest.raises(ConfigError, match=f"PublisherConfig.{field}="):
             PublisherConfig(**{field: value})
     with pytest.raises(ConfigError, match="keep_anchors"):
@@ -147,8 +157,9 @@ def test_every_config_field_is_checked_when_the_config_is_made() -> None:
 
 
 def test_the_deprecated_coder_field_sets_the_codec() -> None:
-    with pytest.warns(DeprecationWarning, match="PublisherConfig.coder='adaptive' is deprecated: use "
-                                                "codec='sparse_ac'") as caught:
+    with pytest.warns(
+        DeprecationWarning, match="PublisherConfig.coder='adaptive' is deprecated: use codec='sparse_ac'"
+    ) as caught:
         config = PublisherConfig(coder="adaptive")
     assert caught[0].filename == __file__
     assert (config.codec, config.coder) == ("sparse_ac", None)
@@ -214,8 +225,12 @@ def test_the_interpreter_exits_cleanly_while_a_version_encodes(tmp_path: Path, h
     process ("terminate called without an active exception", status 134): the exit
     stops it and waits for it first. The store then holds the version whole or not at all."""
     store_dir = tmp_path / "store"
-    proc = subprocess.run([sys.executable, "-c", EXIT_WHILE_ENCODING, f"file://{store_dir}", how],
-                          capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, "-c", EXIT_WHILE_ENCODING, f"file://{store_dir}", how],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0 and "terminate" not in proc.stderr, proc.stderr[-2000:]
     if (store_dir / "manifest").exists():
         assert from_json((store_dir / "manifest").read_bytes()).latest == 0
@@ -241,16 +256,20 @@ def test_ctrl_c_during_the_publish_command(tmp_path: Path) -> None:
     from safetensors.torch import save_file
 
     g = torch.Generator().manual_seed(0)
-    save_file({f"w{i}": torch.randn(4096, 4096, generator=g).to(torch.bfloat16)
-               for i in range(6)}, str(tmp_path / "model.safetensors"))  # 200 MB
+    save_file(
+        {f"w{i}": torch.randn(4096, 4096, generator=g).to(torch.bfloat16) for i in range(6)},
+        str(tmp_path / "model.safetensors"),
+    )  # 200 MB
     store_dir = tmp_path / "store"
     # a process started in the background of a script inherits SIGINT ignored, and so
     # would the command: it gets the disposition a terminal's Ctrl-C meets
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
-        proc = subprocess.Popen([sys.executable, "-m", "weight_teleport.cli", "publish",
-                                 str(tmp_path), "--to", f"file://{store_dir}"],
-                                stderr=subprocess.PIPE, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "weight_teleport.cli", "publish", str(tmp_path), "--to", f"file://{store_dir}"],
+            stderr=subprocess.PIPE,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
     finally:
         signal.signal(signal.SIGINT, previous)
     err = b""
@@ -273,17 +292,34 @@ def test_ctrl_c_during_the_publish_command(tmp_path: Path) -> None:
     else:
         assert not manifest.exists(), text[-500:]
         named = [k for k in text.split() if k.startswith("packs/")]
-        held = [str(p.relative_to(store_dir / "objects")) for p in
-                (store_dir / "objects").rglob("*.pack")] if (store_dir / "objects").exists() else []
+        held = (
+            [str(p.relative_to(store_dir / "objects")) for p in (store_dir / "objects").rglob("*.pack")]
+            if (store_dir / "objects").exists()
+            else []
+        )
         assert sorted(k.rstrip(",") for k in named) == sorted(held), text[-500:]
 
 
-@pytest.mark.parametrize("field, value", [
-    ("initial_version", -1), ("max_staged_bytes", 0), ("device_staged_bytes", 1.5),
-    ("decompress_backend", "nvidia"), ("watch_timeout_s", 0), ("fetch_attempts", True),
-    ("retry_backoff_s", -0.1), ("give_up_after_s", float("inf")), ("on_health", 3),
-    ("follow_resets", "yes"), ("trusted_keys", b"\x00" * 32), ("threads", 0), ("store", {}),
-    ("heartbeat_s", "5"), ("sampler_id", 7)])
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("initial_version", -1),
+        ("max_staged_bytes", 0),
+        ("device_staged_bytes", 1.5),
+        ("decompress_backend", "nvidia"),
+        ("watch_timeout_s", 0),
+        ("fetch_attempts", True),
+        ("retry_backoff_s", -0.1),
+        ("give_up_after_s", float("inf")),
+        ("on_health", 3),
+        ("follow_resets", "yes"),
+        ("trusted_keys", b"\x00" * 32),
+        ("threads", 0),
+        ("store", {}),
+        ("heartbeat_s", "5"),
+        ("sampler_id", 7),
+    ],
+)
 def test_a_subscriber_config_refuses_an_unusable_field_when_made(field, value):
     """Every field is checked when the config is made: the error names the field, before
     a store is opened or a thread started."""

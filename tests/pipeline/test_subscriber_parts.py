@@ -69,8 +69,10 @@ def part(store, version: int, kind: str, base, pack: bytes, rank: int) -> Part:
     digest = tree_sha256(pack, PIECE_BYTES)
     key = object_key(version, kind, base, pack, digest).replace(".pack", f"-r{rank}.pack")
     store.put(key, pack)
-    covers = tuple((r.name, tuple(map(tuple, r.box)) if r.box is not None else tuple((0, d) for d in r.shape))
-                   for r in read_header(pack).tensors)
+    covers = tuple(
+        (r.name, tuple(map(tuple, r.box)) if r.box is not None else tuple((0, d) for d in r.shape))
+        for r in read_header(pack).tensors
+    )
     return Part(key, len(pack), digest, covers, PIECE_BYTES)
 
 
@@ -81,8 +83,16 @@ def version_parts(store, version: int, kind: str) -> tuple[Part, ...]:
         hints = {k: h for k, h in HINTS.items() if k in new}
         if kind == "delta":
             old, _ = shard(weights(version - 1), rank)
-            pack = encode_delta(old, new, base_version=version - 1, version=version, chunk_elems=16,
-                                threads=1, slices=slices, hints=hints)
+            pack = encode_delta(
+                old,
+                new,
+                base_version=version - 1,
+                version=version,
+                chunk_elems=16,
+                threads=1,
+                slices=slices,
+                hints=hints,
+            )
         else:
             pack = encode_snapshot(new, version=version, chunk_elems=16, threads=1, slices=slices, hints=hints)
         out.append(part(store, version, kind, version - 1 if kind == "delta" else None, pack, rank))
@@ -140,6 +150,7 @@ def test_parts_reassemble_bit_exact_from_a_cold_start_on_anchor_parts(tmp_path, 
     header once (when it checks it)."""
     from weight_teleport.codec import api
     from weight_teleport.pipeline import fetch as F
+
     url = f"file://{tmp_path}/store"
     store, manifest, live = open_store(url), Manifest(), zeros()
     manifest = publish(store, manifest, 0)

@@ -45,6 +45,7 @@ def other(version: int) -> dict[str, torch.Tensor]:
 
 def same_bits_as(live, want) -> bool:
     from helpers import bits
+
     return all(torch.equal(bits(live[k]), bits(want[k])) for k in want)
 
 
@@ -107,13 +108,13 @@ def _manifest(url: str) -> Manifest:
         return from_json(store.get_manifest())
 
 
-def _put_object(url: str, manifest: Manifest, kind: str, version: int, base, pack: bytes,
-                replace_version: bool = False) -> Manifest:
+def _put_object(
+    url: str, manifest: Manifest, kind: str, version: int, base, pack: bytes, replace_version: bool = False
+) -> Manifest:
     """Store `pack` and list it in the manifest (in place of the entry of that version and
     kind when `replace_version`); returns the new manifest."""
     entry = make_entry(version, kind, base, pack, 0)
-    entries = [e for e in manifest.entries
-               if not (replace_version and (e.version, e.kind) == (version, kind))]
+    entries = [e for e in manifest.entries if not (replace_version and (e.version, e.kind) == (version, kind))]
     entries = sorted(entries + [entry], key=lambda e: (e.version, e.kind != "delta"))
     new = Manifest(tuple(entries), manifest.model)
     with open_store(url) as store:
@@ -123,6 +124,7 @@ def _put_object(url: str, manifest: Manifest, kind: str, version: int, base, pac
 
 
 # Item 1: weights that are not the next delta's base resync from the newest anchor.
+
 
 def test_wrong_initial_version_resyncs_instead_of_retrying_forever() -> None:
     """The claimed version's delta fails to decode on these weights (a format error, not a
@@ -140,8 +142,7 @@ def test_wrong_initial_version_resyncs_instead_of_retrying_forever() -> None:
 
 def test_scribbled_live_weights_resync(tmp_path: Path) -> None:
     url, live = f"file://{tmp_path}/store", zeros()
-    with Publisher(url, PublisherConfig(anchor_every=2)) as pub, \
-            Subscriber(url, TorchTarget(live), FAST) as sub:
+    with Publisher(url, PublisherConfig(anchor_every=2)) as pub, Subscriber(url, TorchTarget(live), FAST) as sub:
         publish(pub, range(3))
         follow_checked(sub, live, 2)
         time.sleep(0.5)  # after the check of the applied patch's digests: the next delta finds it
@@ -176,6 +177,7 @@ def test_store_reset_under_a_subscriber_resyncs(tmp_path: Path, latest: int) -> 
 
 
 # Item 2: the manifest is re-read between steps; bad entries are set aside, resyncs bounded.
+
 
 def test_delta_of_another_base_is_set_aside_without_cycling(tmp_path: Path) -> None:
     """Version 2's delta was encoded from other weights. The subscriber holds version 1,
@@ -242,6 +244,7 @@ def test_manifest_is_reread_between_steps() -> None:
 
 # Item 3: a deleted object backs off, and other plans (a newer anchor) are tried.
 
+
 def test_deleted_object_backs_off_and_takes_a_newer_anchor() -> None:
     url = memory_url()
     with Publisher(url, PublisherConfig(anchor_every=3, retention=RetentionConfig(keep_anchors=0))) as pub:
@@ -288,8 +291,9 @@ def test_an_unreachable_latest_version_does_not_stop_the_versions_before_it() ->
     with Publisher(url, PublisherConfig(anchor_every=100)) as pub:
         publish(pub, range(3))
     pack = encode_snapshot(expected(3), version=3)
-    missing = [e for e in _put_object(url, _memory_manifest(url), "snapshot", 3, None, pack)
-               .entries if e.version == 3][0]
+    missing = [e for e in _put_object(url, _memory_manifest(url), "snapshot", 3, None, pack).entries if e.version == 3][
+        0
+    ]
     open_store(url).delete(missing.key)
     live = {k: t.clone() for k, t in expected(1).items()}
     with Subscriber(url, TorchTarget(live), replace(FAST, initial_version=1)) as sub:
@@ -309,6 +313,7 @@ def test_an_unreachable_latest_version_does_not_stop_the_versions_before_it() ->
 
 
 # Item 4: incompatible snapshots and unreachable stores fail loudly within a bound.
+
 
 def test_incompatible_snapshot_raises_after_the_give_up_time() -> None:
     url = memory_url()
@@ -330,8 +335,7 @@ def test_incompatible_snapshot_raises_after_the_give_up_time() -> None:
 
 def test_unreachable_origin_raises_and_logs_once(caplog) -> None:
     port = free_port()
-    config = replace(FAST, give_up_after_s=1.0,
-                     store=StoreConfig(retry=RetryConfig(attempts=1), timeout_s=5))
+    config = replace(FAST, give_up_after_s=1.0, store=StoreConfig(retry=RetryConfig(attempts=1), timeout_s=5))
     caplog.set_level(logging.DEBUG, logger="weight_teleport")
     with Subscriber(f"http://127.0.0.1:{port}", TorchTarget(zeros()), config) as sub:
         with pytest.raises(SubscriberFailed, match="unreachable|refused") as failed:
@@ -349,13 +353,14 @@ def test_origin_that_comes_back_recovers_the_health(tmp_path: Path) -> None:
 
     port = free_port()
     seen, live = [], zeros()
-    config = replace(FAST, on_health=seen.append,
-                     store=StoreConfig(retry=RetryConfig(attempts=1), timeout_s=5))
+    config = replace(FAST, on_health=seen.append, store=StoreConfig(retry=RetryConfig(attempts=1), timeout_s=5))
     with Subscriber(f"http://127.0.0.1:{port}", TorchTarget(live), config) as sub:
         until(lambda: sub.health.state == "failing", "health to say failing")
         server_config = ServerConfig(root=tmp_path / "origin", port=port, token=TOKEN)
-        with OriginServer(server_config), \
-                Publisher(f"http://127.0.0.1:{port}", PublisherConfig(store=StoreConfig(token=TOKEN))) as pub:
+        with (
+            OriginServer(server_config),
+            Publisher(f"http://127.0.0.1:{port}", PublisherConfig(store=StoreConfig(token=TOKEN))) as pub,
+        ):
             publish(pub, range(2))
             follow_checked(sub, live, 1)
             until(lambda: sub.health.state == "healthy", "health to recover")
@@ -364,6 +369,7 @@ def test_origin_that_comes_back_recovers_the_health(tmp_path: Path) -> None:
 
 
 # Item 12: a manifest rolled back is refused, unless the subscriber follows resets.
+
 
 def _store_with_old_manifest(tmp_path: Path) -> tuple[str, bytes]:
     """A file:// store at version 3, and its manifest as it was at version 1."""

@@ -46,15 +46,19 @@ def put(server: OriginServer, sampler: str, body: bytes, token: str | None = Non
 
 def test_the_origin_hears_each_sampler_at_its_version(origin) -> None:  # noqa: F811
     config = replace(FAST, heartbeat_s=0.1, sampler_id="sampler-a")
-    with Publisher(origin.url, PublisherConfig(store=StoreConfig(token=TOKEN))) as pub, \
-            Subscriber(origin.url, TorchTarget(zeros()), config) as sub:
+    with (
+        Publisher(origin.url, PublisherConfig(store=StoreConfig(token=TOKEN))) as pub,
+        Subscriber(origin.url, TorchTarget(zeros()), config) as sub,
+    ):
         for v in range(3):
             pub.publish(expected(v))
         pub.flush()
         follow(sub, 2)
         book = origin.samplers
-        until(lambda: "sampler-a" in book.samplers
-              and book.samplers["sampler-a"].report.version == 2, "a heartbeat at version 2")
+        until(
+            lambda: "sampler-a" in book.samplers and book.samplers["sampler-a"].report.version == 2,
+            "a heartbeat at version 2",
+        )
         report = book.samplers["sampler-a"].report
         assert report.state == "healthy" and report.versions_behind == 0
         assert report.pause_s is not None and report.ready_s is not None
@@ -72,30 +76,32 @@ def test_heartbeats_need_the_read_token_where_the_origin_has_one(tmp_path) -> No
         assert sorted(server.samplers.samplers) == ["s", "t"]
 
 
-@pytest.mark.parametrize("sampler, body, status", [
-    ("ok", b'{"state": "healthy", "version": 3}', 204),
-    ("..", b'{"state": "healthy"}', 400),                      # not an id
-    ("a" * 200, b'{"state": "healthy"}', 400),
-    ("ok", b"not json", 400),
-    ("ok", b'{"version": 3}', 400),                            # no state
-    ("ok", b'{"state": "bogus"}', 400),
-    ("ok", b'{"state": "healthy", "version": -1}', 400),
-    ("ok", b'{"state": "healthy", "pause_s": "slow"}', 400),
-    ("ok", b'{"state": "healthy", "last_error": "' + b"x" * 3000 + b'"}', 400),
-    ("ok", b'{"state": "healthy", "pad": "' + b"x" * 9000 + b'"}', 413),
-])
+@pytest.mark.parametrize(
+    "sampler, body, status",
+    [
+        ("ok", b'{"state": "healthy", "version": 3}', 204),
+        ("..", b'{"state": "healthy"}', 400),  # not an id
+        ("a" * 200, b'{"state": "healthy"}', 400),
+        ("ok", b"not json", 400),
+        ("ok", b'{"version": 3}', 400),  # no state
+        ("ok", b'{"state": "bogus"}', 400),
+        ("ok", b'{"state": "healthy", "version": -1}', 400),
+        ("ok", b'{"state": "healthy", "pause_s": "slow"}', 400),
+        ("ok", b'{"state": "healthy", "last_error": "' + b"x" * 3000 + b'"}', 400),
+        ("ok", b'{"state": "healthy", "pad": "' + b"x" * 9000 + b'"}', 413),
+    ],
+)
 def test_hostile_heartbeats_are_refused(origin, sampler, body, status) -> None:  # noqa: F811
     assert put(origin, sampler, body) == status
     assert list(origin.samplers.samplers) == (["ok"] if status == 204 else [])
 
 
 def test_samplers_turn_stale_then_are_forgotten_and_are_bounded(tmp_path) -> None:
-    config = ServerConfig(root=tmp_path, port=0, sampler_stale_s=0.2, sampler_expiry_s=0.6,
-                          max_samplers=2)
+    config = ServerConfig(root=tmp_path, port=0, sampler_stale_s=0.2, sampler_expiry_s=0.6, max_samplers=2)
     with OriginServer(config) as server:
         body = b'{"state": "healthy", "version": 0}'
         assert put(server, "a", body) == put(server, "b", body) == 204
-        assert put(server, "c", body) == 503                      # the book is full
+        assert put(server, "c", body) == 503  # the book is full
         book = server.samplers
         until(lambda: book.counts()["stale"] == 2, "both samplers stale")
         until(lambda: put(server, "c", body) == 204, "the expired samplers forgotten")
@@ -120,8 +126,10 @@ def test_a_dead_origin_never_blocks_a_sampler(dead: str, caplog) -> None:
     config = replace(FAST, heartbeat_s=0.05, report_to=f"http://127.0.0.1:{port}")
     caplog.set_level(logging.WARNING, "weight_teleport.pipeline.heartbeat")
     try:
-        with Publisher(url, PublisherConfig(anchor_every=100)) as pub, \
-                Subscriber(url, TorchTarget(live), config) as sub:
+        with (
+            Publisher(url, PublisherConfig(anchor_every=100)) as pub,
+            Subscriber(url, TorchTarget(live), config) as sub,
+        ):
             for v in range(6):
                 pub.publish(expected(v)).wait()
                 follow(sub, v)

@@ -10,8 +10,10 @@ from weight_teleport.pipeline.health import HealthMonitor
 
 
 def test_events_are_key_value_lines() -> None:
-    assert kv("publish_failed", version=3, error='HTTP 503 "busy"', none=None, s=0.123456) == \
-        'event=publish_failed version=3 error="HTTP 503 \\"busy\\"" s=0.1235'
+    assert (
+        kv("publish_failed", version=3, error='HTTP 503 "busy"', none=None, s=0.123456)
+        == 'event=publish_failed version=3 error="HTTP 503 \\"busy\\"" s=0.1235'
+    )
     assert "\n" not in kv("x", error="two\nlines")
 
 
@@ -27,8 +29,11 @@ def test_a_store_down_for_long_logs_a_line_per_doubling(caplog) -> None:
     for _ in range(300):
         monitor.failure("cannot read the store: connection refused after 0.25 s")
     loud = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
-    assert [m.split()[0] for m in loud] == ["event=subscriber_retrying", "event=subscriber_failing",
-                                            *["event=subscriber_still_failing"] * 4]  # 32..256
+    assert [m.split()[0] for m in loud] == [
+        "event=subscriber_retrying",
+        "event=subscriber_failing",
+        *["event=subscriber_still_failing"] * 4,
+    ]  # 32..256
     assert all("Traceback" not in m for m in loud)
     monitor.progress("version 1 staged")
     assert caplog.records[-1].getMessage().startswith("event=subscriber_recovered failures=300")

@@ -102,10 +102,11 @@ def test_each_instance_has_its_own_registry_or_the_one_given() -> None:
     url, shared = memory_url(), CollectorRegistry()
     with Publisher(url, PublisherConfig(metrics=MetricsConfig(registry=shared))) as pub:
         pub.publish(expected(0)).wait()
-        with Subscriber(url, TorchTarget(zeros()), FAST) as a, \
-                Subscriber(url, TorchTarget(zeros()), FAST) as b, \
-                Subscriber(url, TorchTarget(zeros()),
-                           replace(FAST, metrics=MetricsConfig(port=0))) as served:
+        with (
+            Subscriber(url, TorchTarget(zeros()), FAST) as a,
+            Subscriber(url, TorchTarget(zeros()), FAST) as b,
+            Subscriber(url, TorchTarget(zeros()), replace(FAST, metrics=MetricsConfig(port=0))) as served,
+        ):
             for sub in (a, b, served):
                 follow(sub, 0)
             assert a.metrics.registry is not b.metrics.registry

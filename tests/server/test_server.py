@@ -15,15 +15,15 @@ import pytest
 from services import TOKEN, answers_http, free_port, origin, stop_process, wait_until  # noqa: F401
 from weight_teleport.store.keys import content_hash
 from weight_teleport.server import OriginServer, ServerConfig
-from weight_teleport.store import (AuthError, StoreConfig, TooLarge, manifest_etag,
-                                   open_store)
+from weight_teleport.store import AuthError, StoreConfig, TooLarge, manifest_etag, open_store
 from weight_teleport.store.file import FileStore
 
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
 
-def request(server: OriginServer, method: str, path: str, body: bytes | None = None,
-            headers: dict[str, str] | None = None) -> tuple[int, dict[str, str], bytes]:
+def request(
+    server: OriginServer, method: str, path: str, body: bytes | None = None, headers: dict[str, str] | None = None
+) -> tuple[int, dict[str, str], bytes]:
     conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
     try:
         conn.request(method, path, body=body, headers=headers or {})
@@ -61,8 +61,17 @@ def test_without_a_token_uploads_are_off(tmp_path: Path) -> None:
         assert request(server, "PUT", "/o/k", b"x", AUTH)[0] == 403
 
 
-@pytest.mark.parametrize("path", ["/o/..%2F..%2Fescape", "/o/%2e%2e/escape", "/o/a/%2E%2E/%2E%2E/x",
-                                  "/o/%2Fetc%2Fpasswd", "/o/.hidden", "/o/a%5C..%5Cb"])
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/o/..%2F..%2Fescape",
+        "/o/%2e%2e/escape",
+        "/o/a/%2E%2E/%2E%2E/x",
+        "/o/%2Fetc%2Fpasswd",
+        "/o/.hidden",
+        "/o/a%5C..%5Cb",
+    ],
+)
 def test_names_outside_the_root_are_refused(origin: OriginServer, path: str) -> None:
     assert request(origin, "PUT", path, b"x", AUTH)[0] == 400
     assert request(origin, "GET", path)[0] == 400
@@ -73,8 +82,7 @@ def test_names_outside_the_root_are_refused(origin: OriginServer, path: str) -> 
 def test_raw_dot_segments_never_reach_a_file(origin: OriginServer) -> None:
     (origin.config.root / "manifest").write_bytes(b"m")  # something to find at root
     for target in ["/o/../manifest", "/b/../../manifest", "/o/a/../../../etc/passwd"]:
-        answer = raw_request(origin.port, f"GET {target} HTTP/1.1\r\nHost: x\r\n"
-                                          f"Connection: close\r\n\r\n".encode())
+        answer = raw_request(origin.port, f"GET {target} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode())
         assert answer.startswith(b"HTTP/1.1 400"), (target, answer[:80])
 
 
@@ -98,8 +106,9 @@ def test_oversized_uploads_are_refused(origin: OriginServer) -> None:
 
 
 def test_disconnect_mid_upload_leaves_nothing(origin: OriginServer) -> None:
-    head = (f"PUT /o/cut HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\n"
-            f"Content-Length: 100000\r\n\r\n").encode()
+    head = (
+        f"PUT /o/cut HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\nContent-Length: 100000\r\n\r\n"
+    ).encode()
     with socket.create_connection(("127.0.0.1", origin.port)) as s:
         s.sendall(head + b"z" * 5000)
         time.sleep(0.2)
@@ -189,9 +198,22 @@ def test_serve_command(tmp_path: Path) -> None:
     upload and read."""
     token_file = tmp_path / "token"
     token_file.write_text("file-token\n")
-    proc = subprocess.Popen([sys.executable, "-m", "weight_teleport.cli", "serve", "--root",
-                             str(tmp_path / "root"), "--port", "0", "--token-file",
-                             str(token_file)], stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "weight_teleport.cli",
+            "serve",
+            "--root",
+            str(tmp_path / "root"),
+            "--port",
+            "0",
+            "--token-file",
+            str(token_file),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         said = [proc.stdout.readline() for _ in range(4)]
         url = said[0].split()[-1]

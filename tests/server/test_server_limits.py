@@ -34,9 +34,16 @@ HEAD = b"GET /healthz HTTP/1.1\r\nHost: x\r\n"
 @pytest.fixture
 def strict(tmp_path: Path) -> Iterator[OriginServer]:
     """An origin with a small connection cap and 1 s stall limits."""
-    config = ServerConfig(root=tmp_path / "origin", port=0, token=TOKEN,
-                          max_object_bytes=16 << 20, max_connections=40,
-                          header_timeout_s=1.0, body_timeout_s=1.0, keepalive_timeout_s=60.0)
+    config = ServerConfig(
+        root=tmp_path / "origin",
+        port=0,
+        token=TOKEN,
+        max_object_bytes=16 << 20,
+        max_connections=40,
+        header_timeout_s=1.0,
+        body_timeout_s=1.0,
+        keepalive_timeout_s=60.0,
+    )
     with OriginServer(config) as server:
         yield server
 
@@ -74,8 +81,7 @@ def hold(server: OriginServer, request: bytes, started) -> socket.socket:
     sock.settimeout(PATIENCE_S)
     sock.connect(("127.0.0.1", server.port))
     sock.sendall(request)
-    wait_until(lambda: started() or select.select([sock], [], [], 0)[0], PATIENCE_S,
-               "the server's start on a request")
+    wait_until(lambda: started() or select.select([sock], [], [], 0)[0], PATIENCE_S, "the server's start on a request")
     return sock
 
 
@@ -126,8 +132,9 @@ def test_a_trickled_request_head_is_cut(strict: OriginServer) -> None:
 
 
 def test_a_stalled_upload_body_is_cut(strict: OriginServer) -> None:
-    head = (f"PUT /o/stalled HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\n"
-            f"Content-Length: 100000\r\n\r\n").encode()
+    head = (
+        f"PUT /o/stalled HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\nContent-Length: 100000\r\n\r\n"
+    ).encode()
     with connect(strict.port) as sock:
         sock.sendall(head + b"z" * 5000)  # then nothing
         answer = answer_or_close(sock)
@@ -140,8 +147,7 @@ def loud(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
     return [r for r in caplog.records if r.levelno >= logging.WARNING]
 
 
-def test_a_response_nobody_reads_is_cut(strict: OriginServer,
-                                        caplog: pytest.LogCaptureFixture) -> None:
+def test_a_response_nobody_reads_is_cut(strict: OriginServer, caplog: pytest.LogCaptureFixture) -> None:
     """...and the cut is one log line, without a traceback."""
     data = bytes(range(256)) * (48 << 10)  # 12 MiB: more than the sockets buffer
     open_store(strict.url, StoreConfig(token=TOKEN)).put("big", data)
@@ -151,8 +157,9 @@ def test_a_response_nobody_reads_is_cut(strict: OriginServer,
         sock.connect(("127.0.0.1", strict.port))
         blob = f"/b/{content_hash(data)}/big"
         sock.sendall(f"GET {blob} HTTP/1.1\r\nHost: x\r\n\r\n".encode())  # never read
-        wait_until(lambda: strict.connection_stats["stalled_write"] == 1, PATIENCE_S,
-                   "the cut of a response nobody reads")
+        wait_until(
+            lambda: strict.connection_stats["stalled_write"] == 1, PATIENCE_S, "the cut of a response nobody reads"
+        )
     wait_until(lambda: loud(caplog), PATIENCE_S, "the log line of the cut")
     time.sleep(0.5)  # room for any further line the cut would log
     (line,) = loud(caplog)
@@ -160,8 +167,7 @@ def test_a_response_nobody_reads_is_cut(strict: OriginServer,
     works(strict.url)
 
 
-def test_a_client_leaving_mid_response_logs_no_warning(strict: OriginServer,
-                                                       caplog: pytest.LogCaptureFixture) -> None:
+def test_a_client_leaving_mid_response_logs_no_warning(strict: OriginServer, caplog: pytest.LogCaptureFixture) -> None:
     data = bytes(range(256)) * (48 << 10)
     open_store(strict.url, StoreConfig(token=TOKEN)).put("big", data)
     with connect(strict.port) as sock:
@@ -185,8 +191,7 @@ def test_a_slow_steady_reader_is_not_cut(tmp_path: Path) -> None:
         with sock:
             sock.settimeout(PATIENCE_S)
             sock.connect(("127.0.0.1", server.port))
-            sock.sendall(f"GET /b/{content_hash(data)}/big HTTP/1.1\r\nHost: x\r\n\r\n"
-                         .encode())
+            sock.sendall(f"GET /b/{content_hash(data)}/big HTTP/1.1\r\nHost: x\r\n\r\n".encode())
             got, t0 = 0, time.monotonic()
             while piece := _recv(sock):
                 got += len(piece)
@@ -215,12 +220,13 @@ def test_default_limits_survive_1100_idle_connections(tmp_path: Path) -> None:
         pytest.skip(f"this test opens 1,100 sockets; the open-file limit is {hard}")
     resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 1400), hard))
     port = free_port()
-    proc = subprocess.Popen([sys.executable, *SERVE, "--root", str(tmp_path / "root"),
-                             "--port", str(port)],
-                            stderr=subprocess.PIPE, preexec_fn=_low_file_limit)
+    proc = subprocess.Popen(
+        [sys.executable, *SERVE, "--root", str(tmp_path / "root"), "--port", str(port)],
+        stderr=subprocess.PIPE,
+        preexec_fn=_low_file_limit,
+    )
     try:
-        wait_until(lambda: proc.poll() is None and answers_http(port, "/healthz"), 60,
-                   "weight-teleport serve")
+        wait_until(lambda: proc.poll() is None and answers_http(port, "/healthz"), 60, "weight-teleport serve")
         with ExitStack() as stack:
             for _ in range(1100):
                 stack.enter_context(connect(port))
@@ -237,21 +243,18 @@ def test_long_polls_leave_room_for_writes_and_probes(strict: OriginServer) -> No
     health probe answers, and the long-polls the server held are woken by the publish."""
     writer = open_store(strict.url, StoreConfig(token=TOKEN))
     writer.put_manifest(b"version 1")
-    poll = (f"GET /watch?after={manifest_etag(b'version 1')}&timeout=60 HTTP/1.1\r\n"
-            f"Host: x\r\n\r\n").encode()
+    poll = (f"GET /watch?after={manifest_etag(b'version 1')}&timeout=60 HTTP/1.1\r\nHost: x\r\n\r\n").encode()
     with ExitStack() as stack:
         polls = []
         for _ in range(60):
             before = strict.stats["watch"]
-            polls.append(stack.enter_context(hold(strict, poll,
-                                                  lambda: strict.stats["watch"] > before)))
+            polls.append(stack.enter_context(hold(strict, poll, lambda: strict.stats["watch"] > before)))
         assert status_of(strict.port, "/healthz") == 200
         writer.put_manifest(b"version 2")  # a refused write would raise TransportError
         answers = [response_of(sock) for sock in polls]
     woken = [body for status, headers, body in answers if status == 200]
     assert woken and all(body == b"version 2" for body in woken)
-    early = [(status, headers.get("Retry-After")) for status, headers, _ in answers
-             if status != 200]
+    early = [(status, headers.get("Retry-After")) for status, headers, _ in answers if status != 200]
     assert set(early) <= {(304, "1")}, early  # answered at once, told when to come back
     works(strict.url)
 
@@ -259,8 +262,7 @@ def test_long_polls_leave_room_for_writes_and_probes(strict: OriginServer) -> No
 def test_downloads_nobody_reads_leave_room_for_writes_and_probes(tmp_path: Path) -> None:
     """More downloads that never read than connection slots, under a long stall limit:
     health probes and writes still get in."""
-    config = ServerConfig(root=tmp_path / "origin", port=0, token=TOKEN, max_connections=40,
-                          body_timeout_s=60.0)
+    config = ServerConfig(root=tmp_path / "origin", port=0, token=TOKEN, max_connections=40, body_timeout_s=60.0)
     with OriginServer(config) as server:
         data = bytes(range(256)) * (48 << 10)  # 12 MiB: more than the sockets buffer
         open_store(server.url, StoreConfig(token=TOKEN)).put("big", data)
@@ -286,8 +288,7 @@ def test_a_watch_answered_early_comes_back_when_told(strict: OriginServer) -> No
             before = strict.stats["watch"]
             stack.enter_context(hold(strict, poll, lambda: strict.stats["watch"] > before))
         seen: list[bytes | None] = []
-        watcher = threading.Thread(target=lambda: seen.append(
-            open_store(strict.url).watch(etag, timeout=PATIENCE_S)))
+        watcher = threading.Thread(target=lambda: seen.append(open_store(strict.url).watch(etag, timeout=PATIENCE_S)))
         before = strict.stats["watch"]
         watcher.start()
         time.sleep(2.0)

@@ -12,8 +12,7 @@ from weight_teleport.server import OriginServer
 from weight_teleport.store import StoreConfig, manifest_etag, open_store
 
 
-def get(proxy: Nginx, path: str, headers: dict[str, str] | None = None
-        ) -> tuple[int, http.client.HTTPMessage, bytes]:
+def get(proxy: Nginx, path: str, headers: dict[str, str] | None = None) -> tuple[int, http.client.HTTPMessage, bytes]:
     conn = http.client.HTTPConnection("127.0.0.1", proxy.port, timeout=30)
     try:
         conn.request("GET", path, headers=headers or {})

@@ -14,18 +14,36 @@ from typing import Iterator
 
 import pytest
 
-from services import (NGINX_HTTP, TOKEN, answers_http, free_port, origin, run_nginx,  # noqa: F401
-                      self_signed_cert, stop_process, wait_until)
+from services import (
+    NGINX_HTTP,
+    TOKEN,
+    answers_http,
+    free_port,
+    origin,  # noqa: F401 (fixture)
+    run_nginx,
+    self_signed_cert,
+    stop_process,
+    wait_until,
+)
 from weight_teleport.server import OriginServer, ServerConfig
-from weight_teleport.store import (AuthError, RetryConfig, StoreConfig, StoreError, StoreFull,
-                                   TransportError, manifest_etag, open_store)
+from weight_teleport.store import (
+    AuthError,
+    RetryConfig,
+    StoreConfig,
+    StoreError,
+    StoreFull,
+    TransportError,
+    manifest_etag,
+    open_store,
+)
 from weight_teleport.store.file import FileStore
 
 READ = "test-read-token"
 
 
-def status_of(port: int, method: str, path: str, headers: dict[str, str] | None = None,
-              body: bytes | None = None) -> tuple[int, bytes]:
+def status_of(
+    port: int, method: str, path: str, headers: dict[str, str] | None = None, body: bytes | None = None
+) -> tuple[int, bytes]:
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
     try:
         conn.request(method, path, body=body, headers=headers or {})
@@ -64,18 +82,18 @@ def test_reads_need_the_read_token(guarded: OriginServer) -> None:
     reader = open_store(guarded.url, StoreConfig(read_token=READ))
     assert reader.get("v/1") == b"weights" and reader.list() == ["v/1"]
     assert reader.watch(manifest_etag(b"m0"), timeout=5) == b"m1"
-    with pytest.raises(AuthError, match="--read-token-file.*WEIGHT_TELEPORT_READ_TOKEN.*"
-                                        "StoreConfig\\(read_token"):
+    with pytest.raises(AuthError, match="--read-token-file.*WEIGHT_TELEPORT_READ_TOKEN.*StoreConfig\\(read_token"):
         open_store(guarded.url).get_manifest()
     with pytest.raises(AuthError, match="--token-file.*WEIGHT_TELEPORT_TOKEN.*StoreConfig\\(token"):
         open_store(guarded.url, StoreConfig(token=READ)).put("v/2", b"x")  # reads only
 
 
 def test_a_non_ascii_authorization_header_is_400(origin: OriginServer) -> None:
-    for head in [b"PUT /manifest HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer \xff\xfe\r\n"
-                 b"Content-Length: 1\r\n\r\nx",  # not even UTF-8
-                 b"PUT /o/k HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer t\xc3\xb6ken\r\n"
-                 b"Content-Length: 1\r\n\r\nx"]:
+    for head in [
+        b"PUT /manifest HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer \xff\xfe\r\n"
+        b"Content-Length: 1\r\n\r\nx",  # not even UTF-8
+        b"PUT /o/k HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer t\xc3\xb6ken\r\nContent-Length: 1\r\n\r\nx",
+    ]:
         assert raw_status(origin.port, head) == b"HTTP/1.1 400 Bad Request"
 
 
@@ -91,8 +109,11 @@ def tiny_disk(tmp_path: Path) -> Iterator[Path]:
     """A real 1 MiB filesystem (tmpfs), to fill up."""
     d = tmp_path / "tiny"
     d.mkdir()
-    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs",
-                                            str(d)], capture_output=True).returncode != 0:
+    if (
+        os.geteuid() != 0
+        or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(d)], capture_output=True).returncode
+        != 0
+    ):
         pytest.skip("mounting a small tmpfs needs root (CAP_SYS_ADMIN)")
     try:
         yield d
@@ -103,8 +124,7 @@ def tiny_disk(tmp_path: Path) -> Iterator[Path]:
 def test_a_full_disk_is_507_and_leaves_nothing(tiny_disk: Path) -> None:
     big = b"w" * (2 << 20)
     with OriginServer(ServerConfig(root=tiny_disk, port=0, token=TOKEN)) as server:
-        status, body = status_of(server.port, "PUT", "/o/big",
-                                 {"Authorization": f"Bearer {TOKEN}"}, big)
+        status, body = status_of(server.port, "PUT", "/o/big", {"Authorization": f"Bearer {TOKEN}"}, big)
         assert status == 507 and b"disk is full" in body
         store = open_store(server.url, StoreConfig(token=TOKEN))
         with pytest.raises(StoreFull, match="507"):
@@ -128,8 +148,7 @@ def _https_get(port: int, context: ssl.SSLContext) -> bool:
 
 def test_tls_origin(tmp_path: Path) -> None:
     cert, key = self_signed_cert(tmp_path)
-    config = ServerConfig(root=tmp_path / "origin", port=0, token=TOKEN,
-                          tls_cert_file=cert, tls_key_file=key)
+    config = ServerConfig(root=tmp_path / "origin", port=0, token=TOKEN, tls_cert_file=cert, tls_key_file=key)
     with OriginServer(config) as server:
         assert server.url.startswith("https://")
         store = open_store(server.url, StoreConfig(token=TOKEN, ca_file=str(cert)))
@@ -140,11 +159,12 @@ def test_tls_origin(tmp_path: Path) -> None:
         with pytest.raises(StoreError, match="certificate was not verified.*--ca-file"):
             open_store(server.url).get_manifest()  # the system's authorities do not know it
         with pytest.raises(TransportError):
-            open_store(server.url.replace("https", "http"),
-                       StoreConfig(retry=RetryConfig(attempts=1))).get_manifest()
+            open_store(server.url.replace("https", "http"), StoreConfig(retry=RetryConfig(attempts=1))).get_manifest()
 
 
-_NGINX_TLS = NGINX_HTTP + """    # The cache serves its copies itself: it checks the tokens the origin would.
+_NGINX_TLS = (
+    NGINX_HTTP
+    + """    # The cache serves its copies itself: it checks the tokens the origin would.
     map $http_authorization $reader {{
         default 0;
         "Bearer {read}" 1;
@@ -174,20 +194,19 @@ _NGINX_TLS = NGINX_HTTP + """    # The cache serves its copies itself: it checks
     }}
 }}
 """
+)
 
 
 def test_tls_terminated_by_nginx(guarded: OriginServer, tmp_path: Path) -> None:
     cert, key = self_signed_cert(tmp_path)
     d, port = tmp_path / "nginx", free_port()
     trust = ssl.create_default_context(cafile=str(cert))
-    conf = _NGINX_TLS.format(d=d, port=port, upstream=guarded.port, cert=cert, key=key,
-                             read=READ, upload=TOKEN)
+    conf = _NGINX_TLS.format(d=d, port=port, upstream=guarded.port, cert=cert, key=key, read=READ, upload=TOKEN)
     with run_nginx(d, conf, port, ready=lambda: _https_get(port, trust)):
         url = f"https://127.0.0.1:{port}"
         reader = open_store(url, StoreConfig(read_token=READ, ca_file=str(cert)))
         assert reader.get("v/1") == b"weights"  # fills the cache
-        assert open_store(url, StoreConfig(read_token=READ, ca_file=str(cert))).get("v/1") == \
-            b"weights"
+        assert open_store(url, StoreConfig(read_token=READ, ca_file=str(cert))).get("v/1") == b"weights"
         assert guarded.stats["blob_get"] == 1  # the second read came from the cache
         with pytest.raises(AuthError):
             open_store(url, StoreConfig(ca_file=str(cert))).get("v/1")  # nor from the cache
@@ -200,14 +219,28 @@ def test_serve_command_with_tls_and_a_read_token(tmp_path: Path) -> None:
     cert, key = self_signed_cert(tmp_path)
     port, read_file = free_port(), tmp_path / "read-token"
     read_file.write_text(READ + "\n")
-    proc = subprocess.Popen([sys.executable, "-m", "weight_teleport.cli", "serve", "--root", str(tmp_path / "root"),
-                             "--port", str(port), "--read-token-file", str(read_file),
-                             "--tls-cert", str(cert), "--tls-key", str(key)],
-                            env={**os.environ, "WEIGHT_TELEPORT_TOKEN": "env-token"})
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "weight_teleport.cli",
+            "serve",
+            "--root",
+            str(tmp_path / "root"),
+            "--port",
+            str(port),
+            "--read-token-file",
+            str(read_file),
+            "--tls-cert",
+            str(cert),
+            "--tls-key",
+            str(key),
+        ],
+        env={**os.environ, "WEIGHT_TELEPORT_TOKEN": "env-token"},
+    )
     trust = ssl.create_default_context(cafile=str(cert))
     try:
-        wait_until(lambda: proc.poll() is None and _https_get(port, trust), 60,
-                   "weight-teleport serve --tls-cert")
+        wait_until(lambda: proc.poll() is None and _https_get(port, trust), 60, "weight-teleport serve --tls-cert")
         url = f"https://127.0.0.1:{port}"
         open_store(url, StoreConfig(token="env-token", ca_file=str(cert))).put("k", b"v")
         assert open_store(url, StoreConfig(read_token=READ, ca_file=str(cert))).get("k") == b"v"

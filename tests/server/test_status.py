@@ -46,20 +46,23 @@ def test_status_json_pages_and_groups_a_thousand_samplers(origin) -> None:  # no
     book = origin.samplers
     for i in range(1000):  # straight into the book: the HTTP path has its own tests
         from weight_teleport.server.samplers import Report
-        book.hear(f"s{i:04d}", Report(state="failing" if i % 100 == 0 else "healthy",
-                                      version=2 if i % 10 else 1, pause_s=0.001))
+
+        book.hear(
+            f"s{i:04d}",
+            Report(state="failing" if i % 100 == 0 else "healthy", version=2 if i % 10 else 1, pause_s=0.001),
+        )
     doc = json.loads(get(origin, "/status.json?limit=20"))
     s = doc["samplers"]
     assert s["total"] == 1000 and s["by_state"]["failing"] == 10 and s["by_state"]["healthy"] == 990
     assert s["by_version"] == {"1": 100, "2": 900}
     assert len(s["items"]) == 20 and all(r["state"] == "failing" for r in s["items"][:10])
-    assert s["items"][10]["versions_behind"] == 1                 # the most behind next
+    assert s["items"][10]["versions_behind"] == 1  # the most behind next
     page2 = json.loads(get(origin, "/status.json?state=healthy&offset=980&limit=50"))["samplers"]
     assert page2["matched"] == 990 and len(page2["items"]) == 10
     assert json.loads(get(origin, "/status.json?q=s099"))["samplers"]["matched"] == 10
     html = get(origin, "/status").decode()
-    assert html.count("<tr data-sampler=\"s") == 25 and "1000 samplers" in html
-    assert len(html) < 200_000                                    # one page, not a thousand rows
+    assert html.count('<tr data-sampler="s') == 25 and "1000 samplers" in html
+    assert len(html) < 200_000  # one page, not a thousand rows
     assert get(origin, "/").startswith(b"<!doctype html>")
     versions = doc["store"]["versions"]
     assert [v["version"] for v in versions] == [0, 1, 2] and versions[2]["anchor"]
@@ -95,7 +98,7 @@ def test_status_of_an_origin_lists_samplers_as_text_and_json(origin, capsys) -> 
     assert main(["status", origin.url]) == 0
     out = capsys.readouterr().out
     assert "2 samplers (2 healthy); by version: v0: 1, v1: 1" in out
-    assert out.index("sampler-y") < out.index("sampler-x")        # the most behind first
+    assert out.index("sampler-y") < out.index("sampler-x")  # the most behind first
     assert "cannot read the store" in out
     assert main(["status", origin.url, "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)

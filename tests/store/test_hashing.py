@@ -17,7 +17,7 @@ from weight_teleport.store.hashing import TreeHasher, object_hash, tree_sha256
 
 
 def _reference(data: bytes, piece: int) -> str:
-    digests = b"".join(hashlib.sha256(data[i:i + piece]).digest() for i in range(0, len(data), piece))
+    digests = b"".join(hashlib.sha256(data[i : i + piece]).digest() for i in range(0, len(data), piece))
     return hashlib.sha256(digests).hexdigest()
 
 
@@ -27,7 +27,7 @@ def test_tree_hash_matches_its_definition_in_any_cuts(data: bytes, piece: int, c
     assert tree_sha256(data, piece) == _reference(data, piece)
     hasher, at = TreeHasher(piece), 0
     for n in cuts + [len(data)]:
-        hasher.update(data[at:at + n])
+        hasher.update(data[at : at + n])
         at += n
     assert hasher.size == len(data) and hasher.hexdigest() == _reference(data, piece)
 
@@ -40,9 +40,11 @@ def test_plain_sha256_for_old_entries_and_tree_for_new() -> None:
 
 @pytest.mark.parametrize("piece", [3, 1 << 15, 3 << 20, 1 << 31, -1, True])
 def test_manifest_refuses_bad_piece_sizes(piece) -> None:
-    doc = ('{"format": "weight-teleport-manifest/1", "latest": 0, "model": {}, "entries": '
-           '[{"version": 0, "kind": "snapshot", "base": null, "key": "packs/s", "size": 1, '
-           f'"sha256": "{"a" * 64}", "piece_bytes": {str(piece).lower()}}}]}}')
+    doc = (
+        '{"format": "weight-teleport-manifest/1", "latest": 0, "model": {}, "entries": '
+        '[{"version": 0, "kind": "snapshot", "base": null, "key": "packs/s", "size": 1, '
+        f'"sha256": "{"a" * 64}", "piece_bytes": {str(piece).lower()}}}]}}'
+    )
     with pytest.raises(ManifestError):
         from_json(doc.encode())
 
@@ -76,10 +78,15 @@ def test_ranged_fetch_is_exact_and_refuses_short_or_corrupted_objects(tmp_path, 
 
 
 @settings(max_examples=40, deadline=None)
-@given(st.binary(max_size=5000), st.sampled_from([1, 7, 64, 1024]), st.lists(st.integers(0, 700), max_size=8),
-       st.sampled_from(["exact", "unknown", "short"]))
-def test_upload_sink_writes_and_hashes_any_cuts(tmp_path_factory, data: bytes, piece: int, cuts: list[int],
-                                                announced: str) -> None:
+@given(
+    st.binary(max_size=5000),
+    st.sampled_from([1, 7, 64, 1024]),
+    st.lists(st.integers(0, 700), max_size=8),
+    st.sampled_from(["exact", "unknown", "short"]),
+)
+def test_upload_sink_writes_and_hashes_any_cuts(
+    tmp_path_factory, data: bytes, piece: int, cuts: list[int], announced: str
+) -> None:
     """The origin's upload path: the file holds the bytes fed, the hash is the tree's, for
     any cuts, whether the body's length is known, unknown or announced too short."""
     import asyncio
@@ -94,7 +101,7 @@ def test_upload_sink_writes_and_hashes_any_cuts(tmp_path_factory, data: bytes, p
         out = AtomicFile(path, overwrite=False)
         sink, at = PieceSink(out, expected=expected, piece_bytes=piece, depth=2), 0
         for n in cuts + [len(data)]:
-            await sink.feed(data[at:at + n])
+            await sink.feed(data[at : at + n])
             at += n
         digest = await sink.finish()
         out.commit()

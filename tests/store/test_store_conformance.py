@@ -11,8 +11,18 @@ import numpy as np
 import pytest
 
 from services import S3_BUCKET, TOKEN, origin, s3_config, seaweed_s3  # noqa: F401
-from weight_teleport.store import (Conflict, InvalidKey, ManifestChanged, NotFound, Store,
-                                   StoreConfig, StoreError, TooLarge, manifest_etag, open_store)
+from weight_teleport.store import (
+    Conflict,
+    InvalidKey,
+    ManifestChanged,
+    NotFound,
+    Store,
+    StoreConfig,
+    StoreError,
+    TooLarge,
+    manifest_etag,
+    open_store,
+)
 from weight_teleport.store import http as http_store
 from weight_teleport.store.http import HttpStore
 from weight_teleport.store.keys import content_hash
@@ -70,11 +80,18 @@ def test_large_object_and_ranges(store: Store) -> None:
     data = bytes(range(251)) * 12000  # 3 MB: crosses the server's read chunks
     store.put("big", data)
     assert store.get("big") == data
-    for start, end in [(0, 1), (5, 17), (1 << 20, (1 << 20) + 4097), (len(data) - 3, len(data)),
-                       (10, len(data) + 100), (len(data), len(data) + 5), (7, 7)]:
+    for start, end in [
+        (0, 1),
+        (5, 17),
+        (1 << 20, (1 << 20) + 4097),
+        (len(data) - 3, len(data)),
+        (10, len(data) + 100),
+        (len(data), len(data) + 5),
+        (7, 7),
+    ]:
         assert store.get_range("big", start, end) == data[start:end], (start, end)
         out = np.full(max(end - start, 1), 0xAA, np.uint8)  # read straight into a buffer
-        got = store.get_range_into("big", start, out[:end - start])
+        got = store.get_range_into("big", start, out[: end - start])
         assert got == len(data[start:end]) and out[:got].tobytes() == data[start:end], (start, end)
         assert (out[got:] == 0xAA).all()  # nothing written past what came
     with pytest.raises(ValueError):
@@ -114,8 +131,10 @@ def test_objects_are_immutable(store: Store) -> None:
     assert store.get("k") == b"one"
 
 
-@pytest.mark.parametrize("key", ["", "/abs", "../up", "a/../../b", "a//b", "a/./b",
-                                 ".hidden", "a\\b", "sp ace", "x" * 2000, "v/" + "s" * 300])
+@pytest.mark.parametrize(
+    "key",
+    ["", "/abs", "../up", "a/../../b", "a//b", "a/./b", ".hidden", "a\\b", "sp ace", "x" * 2000, "v/" + "s" * 300],
+)
 def test_invalid_keys(store: Store, key: str) -> None:
     with pytest.raises(InvalidKey):
         store.put(key, b"x")

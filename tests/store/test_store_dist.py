@@ -8,23 +8,20 @@ import traceback
 import pytest
 
 from services import free_port
-from weight_teleport.store import (ManifestChanged, StoreError, TooLarge, manifest_etag,
-                                   open_store)
+from weight_teleport.store import ManifestChanged, StoreError, TooLarge, manifest_etag, open_store
 
 WORLD = 3
 OBJECTS = {f"v/{i}": bytes([i]) * (1000 * i + 1) for i in range(1, 6)}
 
 
-def _rank_main(rank: int, port: int, errors: "mp.Queue", backend: str = "gloo",
-               world: int = WORLD) -> None:
+def _rank_main(rank: int, port: int, errors: "mp.Queue", backend: str = "gloo", world: int = WORLD) -> None:
     import torch
     import torch.distributed as dist
 
     try:
         if backend == "nccl":
             torch.cuda.set_device(rank)
-        dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}",
-                                rank=rank, world_size=world)
+        dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
         store = open_store(f"dist://?src=0&backend={backend}")
         if rank == 0:
             for key, data in OBJECTS.items():
@@ -58,8 +55,16 @@ def _cuda_devices() -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
-@pytest.mark.parametrize("backend", ["gloo", pytest.param("nccl", marks=[
-    pytest.mark.cuda, pytest.mark.skipif(_cuda_devices() < 2, reason="NCCL needs two CUDA devices")])])
+@pytest.mark.parametrize(
+    "backend",
+    [
+        "gloo",
+        pytest.param(
+            "nccl",
+            marks=[pytest.mark.cuda, pytest.mark.skipif(_cuda_devices() < 2, reason="NCCL needs two CUDA devices")],
+        ),
+    ],
+)
 def test_broadcast_to_every_rank(backend: str) -> None:
     ctx = mp.get_context("spawn")
     errors, port = ctx.Queue(), free_port()

@@ -8,9 +8,18 @@ from pathlib import Path
 
 import pytest
 
-from weight_teleport.store import (Conflict, MissingDependency, NotFound, RetryConfig, Store,
-                                   StoreConfig, StoreError, TransportError, open_store,
-                                   register_store)
+from weight_teleport.store import (
+    Conflict,
+    MissingDependency,
+    NotFound,
+    RetryConfig,
+    Store,
+    StoreConfig,
+    StoreError,
+    TransportError,
+    open_store,
+    register_store,
+)
 from weight_teleport.store.file import LOCK_NAME, AtomicFile, FileStore
 from weight_teleport.store.memory import MemoryStore
 

@@ -37,8 +37,7 @@ class _Hostile(BaseHTTPRequestHandler):
             return
         self.send_response(200)
         chunked = self.server.mode == "chunked"  # type: ignore[attr-defined]
-        self.send_header(*(("Transfer-Encoding", "chunked") if chunked else
-                           ("Content-Length", str(1 << 40))))
+        self.send_header(*(("Transfer-Encoding", "chunked") if chunked else ("Content-Length", str(1 << 40))))
         self.end_headers()
         try:
             while self.server.sent < GIVE_UP:  # type: ignore[attr-defined]
@@ -106,8 +105,7 @@ def test_a_range_answered_whole_is_read_no_further(hostile: ThreadingHTTPServer)
 
 def test_a_large_fetch_answered_whole_is_refused(hostile: ThreadingHTTPServer) -> None:
     """A 64 MiB entry fetched in ranges from an origin that answers each with everything."""
-    entry = Entry(1, "snapshot", None, "packs/1.pack", 64 << 20, "0" * 64,
-                  piece_bytes=PIECE_BYTES)
+    entry = Entry(1, "snapshot", None, "packs/1.pack", 64 << 20, "0" * 64, piece_bytes=PIECE_BYTES)
     with pytest.raises(RangeIgnored):
         fetch(open_store(_url(hostile), StoreConfig(retry=RetryConfig(attempts=1))), entry)
     assert hostile.sent < GIVE_UP // 2

@@ -24,18 +24,18 @@ def _rank(rank: int, port: int, results) -> None:
         log.append((version, commit(version, board, applied.append, wait_s=wait_s).name, list(applied)))
 
     board.put(1, "v1")
-    step(1)                                        # both ready: applied on both
+    step(1)  # both ready: applied on both
     board.put(2, "v2") if rank == 0 else board.fail(2, DigestMismatchError("corrupt chunk"))
-    step(2)                                        # rank 1's copy is corrupt: nobody applies
+    step(2)  # rank 1's copy is corrupt: nobody applies
     log.append(board.resyncs)
     if rank == 0:
         board.put(3, "v3")
-    step(3)                                        # rank 1 lags: both skip
-    if rank == 1:                                  # rank 1 catches up while rank 0 waits
+    step(3)  # rank 1 lags: both skip
+    if rank == 1:  # rank 1 catches up while rank 0 waits
         threading.Thread(target=lambda: (time.sleep(0.2), board.put(3, "v3"))).start()
     step(3, wait_s=120)
     board.put(4, "v4") if rank == 0 else board.fail(4, DigestMismatchError("corrupt chunk"))
-    if rank == 1:                                  # the store is repaired: the vote's retry stages it
+    if rank == 1:  # the store is repaired: the vote's retry stages it
         threading.Thread(target=_retry_when_asked, args=(board, 4, board.epoch)).start()
     step(4, wait_s=120)
     results.put((rank, log))
@@ -63,8 +63,14 @@ def test_commit_is_all_or_nothing_across_ranks():
     for p in procs:
         p.join(timeout=60)
         assert p.exitcode == 0
-    expected = [(1, "APPLIED", ["v1"]), (2, "RESYNC", ["v1"]), 1,
-                (3, "SKIPPED", ["v1"]), (3, "APPLIED", ["v1", "v3"]), (4, "APPLIED", ["v1", "v3", "v4"])]
+    expected = [
+        (1, "APPLIED", ["v1"]),
+        (2, "RESYNC", ["v1"]),
+        1,
+        (3, "SKIPPED", ["v1"]),
+        (3, "APPLIED", ["v1", "v3"]),
+        (4, "APPLIED", ["v1", "v3", "v4"]),
+    ]
     assert logs[0] == logs[1] == expected
     assert Outcome.RESYNC > Outcome.SKIPPED > Outcome.APPLIED  # the vote takes the worst
 
@@ -76,6 +82,6 @@ def test_group_outcome_needs_every_rank_on_the_version():
         return [{"outcomes": [] if o is None else [[1, "APPLIED"], list(o)]} for o in latest]
 
     assert group_outcome(ranks((2, "SKIPPED"), (2, "SKIPPED")), 2) == "SKIPPED"
-    assert group_outcome(ranks((2, "APPLIED"), (2, "SKIPPED")), 2) is None   # ranks disagree
-    assert group_outcome(ranks((2, "APPLIED"), (2, "APPLIED")), 3) is None   # not this version's
-    assert group_outcome(ranks((2, "APPLIED"), None), 2) is None             # a rank never committed
+    assert group_outcome(ranks((2, "APPLIED"), (2, "SKIPPED")), 2) is None  # ranks disagree
+    assert group_outcome(ranks((2, "APPLIED"), (2, "APPLIED")), 3) is None  # not this version's
+    assert group_outcome(ranks((2, "APPLIED"), None), 2) is None  # a rank never committed

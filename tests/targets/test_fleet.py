@@ -69,8 +69,11 @@ def test_a_lagging_engine_is_committed_again_until_it_holds_the_version():
 
 
 def test_an_engine_that_never_catches_up_fails_the_wait_in_bounded_time():
-    fleet = Fleet(_engines(2), lambda i, v, w: ("APPLIED", v) if i == 0 else ("SKIPPED", v - 2),
-                  FleetWait(max_lag=1, timeout_s=0.3, retry_s=0.05))
+    fleet = Fleet(
+        _engines(2),
+        lambda i, v, w: ("APPLIED", v) if i == 0 else ("SKIPPED", v - 2),
+        FleetWait(max_lag=1, timeout_s=0.3, retry_s=0.05),
+    )
     t0 = time.monotonic()
     with pytest.raises(FleetLagging) as caught:
         fleet.send(7)

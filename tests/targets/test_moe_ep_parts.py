@@ -84,8 +84,13 @@ def _trainer(rank: int, port: int, url: str, errors) -> None:
     from weight_teleport.publish import PublisherGroup
 
     try:
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                                world_size=TRAINERS, timeout=timedelta(seconds=120))
+        dist.init_process_group(
+            "gloo",
+            init_method=f"tcp://127.0.0.1:{port}",
+            rank=rank,
+            world_size=TRAINERS,
+            timeout=timedelta(seconds=120),
+        )
         torch.set_num_threads(1)
         config = PublisherConfig(anchor_every=10, threads=1, chunk_elems=256)
         with PublisherGroup(url, config, hints=HINTS) as group:
@@ -132,8 +137,12 @@ def test_expert_parallel_trainers_feed_sampler_ranks_their_experts(tmp_path, ep)
         for e in entries:  # all staged before any is applied
             steps.append(stage_entry(store, e, params, slices, pending=steps))
             touched = sum(p.size for p in e.parts)
-            assert steps[-1].fetched <= (1 / SAMPLERS + 0.1) * touched + len(e.parts) * HEADER_PROBE, \
-                (rank, e.version, steps[-1].fetched, touched)
+            assert steps[-1].fetched <= (1 / SAMPLERS + 0.1) * touched + len(e.parts) * HEADER_PROBE, (
+                rank,
+                e.version,
+                steps[-1].fetched,
+                touched,
+            )
         apply_steps(params, steps)
         want = engine_params(states[-1], slices)
         assert set(params) == set(want)

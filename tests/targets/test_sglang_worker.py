@@ -22,12 +22,26 @@ import torch
 from weight_teleport.targets import sglang as S
 
 
-SGLANG_ALLOWED = {("builtins", "list"), ("builtins", "tuple"), ("torch", "Tensor"), ("torch", "Size"),
-                  ("torch", "float32"), ("torch.storage", "UntypedStorage"),
-                  *(("torch.multiprocessing.reductions", f) for f in (
-                      "rebuild_tensor", "rebuild_meta_tensor", "rebuild_storage_empty",
-                      "rebuild_storage_fd", "rebuild_storage_filename", "rebuild_typed_storage")),
-                  *(("torch._utils", f) for f in ("_rebuild_tensor", "_rebuild_tensor_v2"))}
+SGLANG_ALLOWED = {
+    ("builtins", "list"),
+    ("builtins", "tuple"),
+    ("torch", "Tensor"),
+    ("torch", "Size"),
+    ("torch", "float32"),
+    ("torch.storage", "UntypedStorage"),
+    *(
+        ("torch.multiprocessing.reductions", f)
+        for f in (
+            "rebuild_tensor",
+            "rebuild_meta_tensor",
+            "rebuild_storage_empty",
+            "rebuild_storage_fd",
+            "rebuild_storage_filename",
+            "rebuild_typed_storage",
+        )
+    ),
+    *(("torch._utils", f) for f in ("_rebuild_tensor", "_rebuild_tensor_v2")),
+}
 """Globals that SGLang 0.5.23's weight-payload unpickler (`SafeUnpickler.ALLOWED_GLOBALS`
 in sglang/srt/utils/common.py, an exact list) admits, among those a tensor pickled by
 torch's ForkingPickler can name; it refuses every other global."""
@@ -42,6 +56,7 @@ class _SglangUnpickler(pickle.Unpickler):
 
 def _decode(payload: str) -> list:
     import base64
+
     return _SglangUnpickler(io.BytesIO(base64.b64decode(payload, validate=True))).load()
 
 
@@ -54,10 +69,16 @@ def test_control_messages_round_trip_small():
     assert S.parse(_decode(payloads[0])) == {"command": "update", "version": 123456, "wait_s": 30.0}
 
 
-@pytest.mark.parametrize("named", [[("model.norm.weight", torch.ones(4))],
-                                   [(S.PREFIX + '{"command": "update", "version": 1}', torch.ones(1))],
-                                   [(S.PREFIX + '{"command": "drop"}', torch.empty(0))],
-                                   [(S.PREFIX + "[1]", torch.empty(0))], []])
+@pytest.mark.parametrize(
+    "named",
+    [
+        [("model.norm.weight", torch.ones(4))],
+        [(S.PREFIX + '{"command": "update", "version": 1}', torch.ones(1))],
+        [(S.PREFIX + '{"command": "drop"}', torch.empty(0))],
+        [(S.PREFIX + "[1]", torch.empty(0))],
+        [],
+    ],
+)
 def test_loader_refuses_what_is_not_a_control_message_without_raising(named):
     with pytest.raises(ValueError):
         S.parse(named)
@@ -93,8 +114,9 @@ def _rank(rank: int, port: int, url: str, status_dir: str, states: list) -> None
     from weight_teleport.publish import Publisher
     from weight_teleport.targets.vllm_layout import slice_hints
 
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2,
-                            timeout=timedelta(seconds=120))
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2, timeout=timedelta(seconds=120)
+    )
     S._tp_group = lambda: (rank, 2, None)
     model = _module(engine_params(states[0], rank), CONFIG)
     send = lambda command, **f: S.teleport_loader(model, S.control(command, **f))  # noqa: E731
@@ -214,8 +236,10 @@ def test_update_flushes_the_cache_and_labels_an_applied_version(tmp_path):
         assert not state["open"]
     assert [path for path, _ in seen] == SESSION * 2 + ["/update_weight_version"]
     updates = [body for path, body in seen if path == "/update_weights_from_tensor"]
-    assert all(b["flush_cache"] and b["load_format"] == S.LOADER and b["selector"] == "target"
-               and b["disable_draft_model"] for b in updates)
+    assert all(
+        b["flush_cache"] and b["load_format"] == S.LOADER and b["selector"] == "target" and b["disable_draft_model"]
+        for b in updates
+    )
     assert all(body == {"selector": "target"} for path, body in seen if path == "/begin_weight_update")
     assert seen[-1][1] == {"new_version": "3", "abort_all_requests": False}  # SGLang's default aborts
 

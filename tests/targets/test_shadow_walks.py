@@ -39,8 +39,10 @@ def test_shadow_mode_flattens_column_walks(tmp_path):
     states += [_mutate(states[-1], 0.05, gen) for _ in range(2)]
     url = f"file://{tmp_path}"
     target = FlatTarget()
-    with Publisher(url, PublisherConfig(hints=slice_hints(CONFIG, [2]), threads=1)) as pub, \
-            Subscriber(url, target, SubscriberConfig(watch_timeout_s=0.1, heartbeat_s=None)) as sub:
+    with (
+        Publisher(url, PublisherConfig(hints=slice_hints(CONFIG, [2]), threads=1)) as pub,
+        Subscriber(url, target, SubscriberConfig(watch_timeout_s=0.1, heartbeat_s=None)) as sub,
+    ):
         for version, state in enumerate(states):
             pub.publish(state, version=version).wait()
             assert sub.wait(60)

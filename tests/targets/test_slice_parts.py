@@ -80,8 +80,10 @@ def publish_parts(store, states: list) -> list:
 
 def _stage_chain(store, entries, rank: int, device: str = "cpu") -> dict:
     slices = worker_slices(CONFIG, TP, rank)
-    params = {n: p.to(device) for n, p in  # not the trainer's weights
-              engine_params(_state(torch.Generator().manual_seed(9)), rank).items()}
+    params = {
+        n: p.to(device)
+        for n, p in engine_params(_state(torch.Generator().manual_seed(9)), rank).items()  # not the trainer's weights
+    }
     chain = []
     for e in entries:  # all staged before any is applied
         chain.append(stage_entry(store, e, params, slices, pending=chain))

@@ -18,14 +18,22 @@ from weight_teleport.targets.slice_stage import apply_steps, held_box, stage_ent
 from weight_teleport.targets.slice_view import box_view, walk_view
 from weight_teleport.targets.vllm_layout import slice_hints, worker_slices
 
-CONFIG = {"model_type": "qwen3", "vocab_size": 200, "hidden_size": 64, "intermediate_size": 128,
-          "num_hidden_layers": 1, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
-          "tie_word_embeddings": False}
+CONFIG = {
+    "model_type": "qwen3",
+    "vocab_size": 200,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 1,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "tie_word_embeddings": False,
+}
 TP = 2
 
 
 def _walk(t: torch.Tensor, s) -> torch.Tensor:
-    return t[s.lo:s.hi].reshape(-1) if s.order == "rows" else t[:, s.lo:s.hi].t().reshape(-1)
+    return t[s.lo : s.hi].reshape(-1) if s.order == "rows" else t[:, s.lo : s.hi].t().reshape(-1)
 
 
 def engine_params(state: dict, rank: int) -> dict:
@@ -36,8 +44,7 @@ def engine_params(state: dict, rank: int) -> dict:
         params.setdefault(s.param, torch.zeros(s.param_shape, dtype=torch.bfloat16))
     for name, s in slices.items():
         view = walk_view(params[s.param], s)
-        view.copy_(_walk(state[name], s).view(view.shape) if s.order == "rows"
-                   else state[name][:, s.lo:s.hi].t())
+        view.copy_(_walk(state[name], s).view(view.shape) if s.order == "rows" else state[name][:, s.lo : s.hi].t())
     return params
 
 
@@ -59,8 +66,16 @@ def _entries(store) -> list:
     return list(from_json(store.get_manifest()).entries)
 
 
-DEVICES = ["cpu", pytest.param("cuda", marks=[pytest.mark.cuda, pytest.mark.skipif(
-    not torch.cuda.is_available(), reason="needs an NVIDIA GPU (torch.cuda)")])]
+DEVICES = [
+    "cpu",
+    pytest.param(
+        "cuda",
+        marks=[
+            pytest.mark.cuda,
+            pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU (torch.cuda)"),
+        ],
+    ),
+]
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -79,8 +94,12 @@ def test_two_ranks_stage_their_slices_of_chained_versions(tmp_path, device):
     entries = [e for e in _entries(store) if e.version == 1 or e.kind == "delta"]
     for rank in range(TP):
         slices = worker_slices(CONFIG, TP, rank)
-        params = {n: p.to(device) for n, p in  # not the trainer's weights
-                  engine_params(_state(torch.Generator().manual_seed(9)), rank).items()}
+        params = {
+            n: p.to(device)
+            for n, p in engine_params(  # not the trainer's weights
+                _state(torch.Generator().manual_seed(9)), rank
+            ).items()
+        }
         chain = []
         for e in entries:  # all staged before any is applied
             chain.append(stage_entry(store, e, params, slices, pending=chain))
@@ -104,6 +123,7 @@ def test_a_corrupt_chunk_fails_only_the_rank_that_fetches_it(tmp_path):
     data = bytearray(path.read_bytes())
     from weight_teleport.codec.slices import chunk_byte_ranges, chunk_window
     from weight_teleport.format import read_header
+
     header = read_header(bytes(data))
     name = "model.layers.0.mlp.down_proj.weight"
     rec = next(r for r in header.tensors if r.name == name)
@@ -128,6 +148,7 @@ def test_a_short_object_is_refused_before_its_buffer_is_taken(tmp_path):
     """The manifest's size and the header's chunk offsets are the store's word: an object
     that ends before the chunks the header points at is refused (typed), nothing written."""
     from weight_teleport.pipeline.errors import ObjectRejected
+
     gen = torch.Generator().manual_seed(2)
     old = _state(gen)
     url = f"file://{tmp_path}"
@@ -135,7 +156,7 @@ def test_a_short_object_is_refused_before_its_buffer_is_taken(tmp_path):
         pub.publish(old, version=1).wait()
         entry = pub.publish(_mutate(old, 0.05, gen), version=2).wait().objects[0]
     path = tmp_path / "objects" / entry.key
-    path.write_bytes(path.read_bytes()[:len(path.read_bytes()) // 2])
+    path.write_bytes(path.read_bytes()[: len(path.read_bytes()) // 2])
     params = engine_params(old, 1)
     before = {n: p.clone() for n, p in params.items()}
     with pytest.raises(ObjectRejected, match="ends before byte"):

@@ -10,11 +10,23 @@ import torch
 from weight_teleport.targets.slice_view import gather_walk, walk_view
 from weight_teleport.targets.vllm_layout import UnsupportedLayoutError, slice_hints, worker_slices
 
-CONFIG = {"model_type": "qwen3", "vocab_size": 500, "hidden_size": 64, "intermediate_size": 128,
-          "num_hidden_layers": 1, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
-          "tie_word_embeddings": False}
-DEVICES = ["cpu", pytest.param("cuda", marks=[pytest.mark.cuda, pytest.mark.skipif(
-    not torch.cuda.is_available(), reason="needs CUDA")])]
+CONFIG = {
+    "model_type": "qwen3",
+    "vocab_size": 500,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 1,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "tie_word_embeddings": False,
+}
+DEVICES = [
+    "cpu",
+    pytest.param(
+        "cuda", marks=[pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+    ),
+]
 
 
 def checkpoint() -> dict[str, torch.Tensor]:
@@ -36,7 +48,7 @@ def reference_shard(ckpt: dict, tp: int, rank: int) -> dict[str, torch.Tensor]:
     for name, t in ckpt.items():
         if "embed_tokens" in name or "lm_head" in name:
             padded = torch.zeros(per * tp, t.shape[1], dtype=t.dtype)
-            padded[:t.shape[0]] = t
+            padded[: t.shape[0]] = t
             out[name] = padded.narrow(0, rank * per, per)
         elif name.endswith(("q_proj.weight", "gate_proj.weight", "up_proj.weight")):
             out[name] = t.chunk(tp)[rank]
@@ -78,8 +90,11 @@ def test_worker_slices_match_vllm_sharding(tp, device):
             got = gather_walk(params[s.param], s).cpu()
             assert torch.equal(got, box_walk(ckpt[name], s.order, s.lo, s.hi)), name
             start, stop = s.walk
-            assert [s.local_index(p) for p in (start, stop - 1)] == \
-                [int(i) for i in _where(params[s.param], got[[0, -1]])] if stop > start else True
+            assert (
+                [s.local_index(p) for p in (start, stop - 1)] == [int(i) for i in _where(params[s.param], got[[0, -1]])]
+                if stop > start
+                else True
+            )
             covered[name][start:stop] += 1
             marker = torch.zeros_like(params[s.param], dtype=torch.int32)
             walk_view(marker, s).fill_(1)
@@ -87,8 +102,10 @@ def test_worker_slices_match_vllm_sharding(tp, device):
         vocab_rows = CONFIG["vocab_size"] - rank * params["lm_head.weight"].shape[0]
         for name, f in filled.items():  # every parameter element is some checkpoint element...
             if "embed_tokens" in name or "lm_head" in name:  # ...but vocab padding
-                assert f.view(params[name].shape)[:max(vocab_rows, 0)].all() and \
-                    not f.view(params[name].shape)[max(vocab_rows, 0):].any()
+                assert (
+                    f.view(params[name].shape)[: max(vocab_rows, 0)].all()
+                    and not f.view(params[name].shape)[max(vocab_rows, 0) :].any()
+                )
             else:
                 assert f.all(), name
     kv_copies = max(1, tp // CONFIG["num_key_value_heads"])  # ranks sharing one KV head
@@ -118,8 +135,13 @@ def test_slice_hints_cut_at_every_slice_boundary():
 
 def test_fused_offsets_and_local_index():
     s = worker_slices(CONFIG, 2, 1)["model.layers.0.self_attn.v_proj.weight"]
-    assert (s.param, s.lo, s.hi, s.dest, s.param_shape) == \
-        ("model.layers.0.self_attn.qkv_proj.weight", 16, 32, 48, (64, 64))
+    assert (s.param, s.lo, s.hi, s.dest, s.param_shape) == (
+        "model.layers.0.self_attn.qkv_proj.weight",
+        16,
+        32,
+        48,
+        (64, 64),
+    )
     o = worker_slices(CONFIG, 2, 1)["model.layers.0.self_attn.o_proj.weight"]
     assert o.walk == (32 * 64, 64 * 64) and o.local_index(32 * 64 + 65) == 1 * 32 + 1
     with pytest.raises(IndexError):
@@ -130,7 +152,16 @@ def test_unknown_models_and_unaligned_slices_are_refused():
     with pytest.raises(UnsupportedLayoutError, match="model_type"):
         worker_slices({**CONFIG, "model_type": "gpt2"}, 1, 0)
     with pytest.raises(UnsupportedLayoutError, match="multiple of 8"):
-        slice_hints({**CONFIG, "hidden_size": 6, "num_attention_heads": 2, "num_key_value_heads": 2,
-                     "head_dim": 2, "intermediate_size": 8}, [2])
+        slice_hints(
+            {
+                **CONFIG,
+                "hidden_size": 6,
+                "num_attention_heads": 2,
+                "num_key_value_heads": 2,
+                "head_dim": 2,
+                "intermediate_size": 8,
+            },
+            [2],
+        )
     with pytest.raises(UnsupportedLayoutError, match="divisible"):
         worker_slices(CONFIG, 3, 0)

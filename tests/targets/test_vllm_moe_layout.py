@@ -22,17 +22,49 @@ from weight_teleport.targets.slice_stage import apply_steps, stage_entry
 from weight_teleport.targets.slice_view import box_view, gather_walk, walk_view
 from weight_teleport.targets.vllm_layout import UnsupportedLayoutError, slice_hints, worker_slices
 
-BASE = {"vocab_size": 200, "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 8,
-        "num_key_value_heads": 2, "head_dim": 8, "tie_word_embeddings": False}
+BASE = {
+    "vocab_size": 200,
+    "hidden_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 2,
+    "head_dim": 8,
+    "tie_word_embeddings": False,
+}
 CONFIGS = {
-    "qwen3_moe": {**BASE, "model_type": "qwen3_moe", "num_experts": 8, "moe_intermediate_size": 64,
-                  "intermediate_size": 128, "mlp_only_layers": [1], "num_experts_per_tok": 2},
-    "qwen3_moe_6": {**BASE, "model_type": "qwen3_moe", "num_local_experts": 6, "moe_intermediate_size": 64,
-                    "intermediate_size": 128, "num_experts_per_tok": 2},
-    "qwen2_moe": {**BASE, "model_type": "qwen2_moe", "num_experts": 8, "moe_intermediate_size": 64,
-                  "intermediate_size": 128, "shared_expert_intermediate_size": 128, "num_experts_per_tok": 2},
-    "mixtral": {**BASE, "model_type": "mixtral", "num_local_experts": 8, "intermediate_size": 64,
-                "num_experts_per_tok": 2},
+    "qwen3_moe": {
+        **BASE,
+        "model_type": "qwen3_moe",
+        "num_experts": 8,
+        "moe_intermediate_size": 64,
+        "intermediate_size": 128,
+        "mlp_only_layers": [1],
+        "num_experts_per_tok": 2,
+    },
+    "qwen3_moe_6": {
+        **BASE,
+        "model_type": "qwen3_moe",
+        "num_local_experts": 6,
+        "moe_intermediate_size": 64,
+        "intermediate_size": 128,
+        "num_experts_per_tok": 2,
+    },
+    "qwen2_moe": {
+        **BASE,
+        "model_type": "qwen2_moe",
+        "num_experts": 8,
+        "moe_intermediate_size": 64,
+        "intermediate_size": 128,
+        "shared_expert_intermediate_size": 128,
+        "num_experts_per_tok": 2,
+    },
+    "mixtral": {
+        **BASE,
+        "model_type": "mixtral",
+        "num_local_experts": 8,
+        "intermediate_size": 64,
+        "num_experts_per_tok": 2,
+    },
 }
 
 
@@ -81,8 +113,14 @@ def reference_experts(c: dict, ckpt: dict, tp: int, rank: int, ep: bool) -> dict
     out = {}
     for i in moe_layers(c):
         p = f"model.layers.{i}.{block}.experts"
-        w13 = torch.stack([torch.cat([ckpt[f"{p}.{e}.{gate}.weight"].narrow(0, lo, per),
-                                      ckpt[f"{p}.{e}.{up}.weight"].narrow(0, lo, per)]) for e in mine])
+        w13 = torch.stack(
+            [
+                torch.cat(
+                    [ckpt[f"{p}.{e}.{gate}.weight"].narrow(0, lo, per), ckpt[f"{p}.{e}.{up}.weight"].narrow(0, lo, per)]
+                )
+                for e in mine
+            ]
+        )
         w2 = torch.stack([ckpt[f"{p}.{e}.{down}.weight"].narrow(1, lo, per) for e in mine])
         out[f"{p}.routed_experts.w13_weight"], out[f"{p}.routed_experts.w2_weight"] = w13.contiguous(), w2.contiguous()
     return out
@@ -92,8 +130,13 @@ def box_walk(t: torch.Tensor, order: str, lo: int, hi: int) -> torch.Tensor:
     return t[lo:hi].reshape(-1) if order == "rows" else t[:, lo:hi].t().reshape(-1)
 
 
-CASES = [(family, tp, ep) for family in CONFIGS for tp in (1, 2, 4, 8) for ep in (False, True)
-         if tp <= experts_of(CONFIGS[family])]
+CASES = [
+    (family, tp, ep)
+    for family in CONFIGS
+    for tp in (1, 2, 4, 8)
+    for ep in (False, True)
+    if tp <= experts_of(CONFIGS[family])
+]
 
 
 @pytest.mark.parametrize("family,tp,ep", CASES)
@@ -106,15 +149,18 @@ def test_moe_slices_match_vllm_sharding(family, tp, ep):
         p = f"model.layers.{i}.{block}"
         assert ckpt[f"{p}.gate.weight"].shape == (experts, h)
         for e in range(experts):
-            assert ckpt[f"{p}.experts.{e}.{gate}.weight"].shape == ckpt[f"{p}.experts.{e}.{up}.weight"].shape == (inter, h)
+            assert (
+                ckpt[f"{p}.experts.{e}.{gate}.weight"].shape == ckpt[f"{p}.experts.{e}.{up}.weight"].shape == (inter, h)
+            )
             assert ckpt[f"{p}.experts.{e}.{down}.weight"].shape == (h, inter)
     covered = {n: torch.zeros(t.numel(), dtype=torch.int32) for n, t in ckpt.items() if ".experts." in n}
     placement = owners(experts, tp, ep)
     for rank in range(tp):
         slices = worker_slices(c, tp, rank, ep)
         assert set(slices) | set(slices.absent) == set(ckpt) and not set(slices) & set(slices.absent)
-        assert {n.split(".experts.")[1].split(".")[0] for n in slices if ".experts." in n} == \
-            {str(e) for e in placement[rank]}
+        assert {n.split(".experts.")[1].split(".")[0] for n in slices if ".experts." in n} == {
+            str(e) for e in placement[rank]
+        }
         params = reference_experts(c, ckpt, tp, rank, ep)
         local, per = len(placement[rank]), inter if ep else inter // tp
         for i in moe_layers(c):
@@ -133,8 +179,9 @@ def test_moe_slices_match_vllm_sharding(family, tp, ep):
             start, stop = s.walk
             for position in (start, stop - 1, (start + stop) // 2):
                 assert int(param.view(-1)[s.local_index(position)]) == int(got[position - start])
-            assert torch.equal(box_view(param, s), ckpt[name][s.lo:s.hi] if s.order == "rows"
-                               else ckpt[name][:, s.lo:s.hi])
+            assert torch.equal(
+                box_view(param, s), ckpt[name][s.lo : s.hi] if s.order == "rows" else ckpt[name][:, s.lo : s.hi]
+            )
             covered[name][start:stop] += 1
             marker = torch.zeros_like(param)
             walk_view(marker, s).fill_(1)
@@ -149,8 +196,14 @@ def test_shared_expert_and_router_stay_tensor_parallel_under_ep():
     c = CONFIGS["qwen2_moe"]
     s = worker_slices(c, 2, 1, expert_parallel=True)
     shared = s["model.layers.0.mlp.shared_expert.up_proj.weight"]
-    assert (shared.param, shared.lo, shared.hi, shared.dest, shared.param_shape, shared.expert) == \
-        ("model.layers.0.mlp.shared_expert.gate_up_proj.weight", 64, 128, 64, (128, 64), None)
+    assert (shared.param, shared.lo, shared.hi, shared.dest, shared.param_shape, shared.expert) == (
+        "model.layers.0.mlp.shared_expert.gate_up_proj.weight",
+        64,
+        128,
+        64,
+        (128, 64),
+        None,
+    )
     router = s["model.layers.0.mlp.gate.weight"]
     assert (router.lo, router.hi, router.param_shape) == (0, 8, (8, 64))
     assert s["model.layers.0.mlp.shared_expert_gate.weight"].shape == (1, 64)
@@ -200,7 +253,9 @@ def engine_params(state: dict, slices) -> dict[str, torch.Tensor]:
     for s in slices.values():
         params.setdefault(s.param, torch.zeros(s.param_shape, dtype=torch.bfloat16))
     for name, s in slices.items():
-        box_view(params[s.param], s).copy_(state[name][s.lo:s.hi] if s.order == "rows" else state[name][:, s.lo:s.hi])
+        box_view(params[s.param], s).copy_(
+            state[name][s.lo : s.hi] if s.order == "rows" else state[name][:, s.lo : s.hi]
+        )
     return params
 
 
@@ -223,8 +278,9 @@ def test_two_ranks_stage_their_experts_of_chained_versions(tmp_path, ep):
     states = [{n: torch.randn(shape, generator=gen).to(torch.bfloat16) for n, shape in shapes.items()}]
     for density in (0.02, 0.2, 0.01):
         states.append(_mutate(states[-1], density, gen))
-    with Publisher(url, PublisherConfig(hints=slice_hints(STAGE, [1, 2], expert_parallel=(False, True)),
-                                        threads=1)) as pub:
+    with Publisher(
+        url, PublisherConfig(hints=slice_hints(STAGE, [1, 2], expert_parallel=(False, True)), threads=1)
+    ) as pub:
         for v, st in enumerate(states, start=1):
             pub.publish(st, version=v).wait()
     store = open_store(url)

@@ -35,8 +35,7 @@ def _published(url: str, tp_sizes, n: int, density: float = 0.03, seed: int = 0)
     states = [_state(gen)]
     for k in range(n - 1):
         states.append(_mutate(states[-1], 0.4 if k == 1 else density, gen))  # one with dense records
-    config = PublisherConfig(hints=slice_hints(CONFIG, tp_sizes), baseline_device="cuda", chunk_elems=512,
-                             resume=False)
+    config = PublisherConfig(hints=slice_hints(CONFIG, tp_sizes), baseline_device="cuda", chunk_elems=512, resume=False)
     with Publisher(url, config) as pub:
         for v, st in enumerate(states, start=1):
             pub.publish({k: t.cuda() for k, t in st.items()}, version=v).wait()
@@ -65,8 +64,11 @@ def test_cuda_workers_stage_chained_versions_on_their_gpu(tp, shadow, monkeypatc
     assert len(entries) == 4
     for rank in range(tp):
         slices = worker_slices(CONFIG, tp, rank) if tp == 2 else worker_slices(CONFIG, 1, 0)
-        params = {n: p.cuda() for n, p in engine_params(states[0], rank).items()} if tp == 2 else \
-            {n: p.cuda() for n, p in _tp1_params(states[0]).items()}
+        params = (
+            {n: p.cuda() for n, p in engine_params(states[0], rank).items()}
+            if tp == 2
+            else {n: p.cuda() for n, p in _tp1_params(states[0]).items()}
+        )
         first = stage_entry(store, entries[0], params, slices)
         assert _on_device(first) and not first.relocate
         apply_steps(params, [first])
@@ -104,9 +106,11 @@ def test_a_corrupt_run_of_chunks_is_refused_on_the_gpu_with_nothing_written():
     data = store.get(entry.key)
     refused = 0
     for k in range(8):
+
         def mutate(i: int, chunk: bytearray) -> None:
             if i == 2 * k + 1 and len(chunk) > 3:
                 chunk[3] = (chunk[3] + 1 + k) % 256
+
         bad = with_renewed_crcs(data, mutate)
         store.put(f"{entry.key}.bad{k}", bad)
         bad_entry = dataclasses.replace(entry, key=f"{entry.key}.bad{k}", size=len(bad))
@@ -132,8 +136,14 @@ def test_gpu_encoder_cuts_packs_as_the_cpu_does():
     new = _mutate(old, 0.05, gen)
     hints = slice_hints(CONFIG, [2, 4])
     want = codec.encode_delta(old, new, base_version=1, version=2, chunk_elems=512, hints=hints)
-    got = codec.encode_delta({k: v.cuda() for k, v in old.items()}, {k: v.cuda() for k, v in new.items()},
-                             base_version=1, version=2, chunk_elems=512, hints=hints)
+    got = codec.encode_delta(
+        {k: v.cuda() for k, v in old.items()},
+        {k: v.cuda() for k, v in new.items()},
+        base_version=1,
+        version=2,
+        chunk_elems=512,
+        hints=hints,
+    )
     assert bytes(got) == bytes(want)
 
 

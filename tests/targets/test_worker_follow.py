@@ -111,8 +111,11 @@ def test_a_worker_trusts_only_manifests_its_keys_signed(tmp_path, quick_retries)
     from weight_teleport.format.signing import generate_keypair
 
     def pem(raw: bytes) -> str:
-        return ed25519.Ed25519PublicKey.from_public_bytes(raw).public_bytes(
-            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo).decode()
+        return (
+            ed25519.Ed25519PublicKey.from_public_bytes(raw)
+            .public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+            .decode()
+        )
 
     (private, public), (_, other) = generate_keypair(), generate_keypair()
     url, states = f"file://{tmp_path}", _states(2, 1)
@@ -198,4 +201,5 @@ def test_a_failed_stage_is_tried_again_for_a_vote_at_once(tmp_path, monkeypatch)
 
 def _entries(store) -> list:
     from weight_teleport.format.manifest import from_json
+
     return list(from_json(store.get_manifest()).entries)

@@ -88,8 +88,14 @@ def context_costs(prev_old, old, new) -> dict[str, float]:
         row, col = idx // cols, idx % cols
         changed = (move > 0).astype(np.uint8)
         left = np.concatenate([[0], changed[:-1]]).astype(np.int64)
-        ctxs = {"none": np.zeros_like(key), "key": key, "key+prev": key * 3 + prev,
-                "key+row": row * 256 + key, "key+col": col * 256 + key, "key+left": key * 2 + left}
+        ctxs = {
+            "none": np.zeros_like(key),
+            "key": key,
+            "key+prev": key * 3 + prev,
+            "key+row": row * 256 + key,
+            "key+col": col * 256 + key,
+            "key+left": key * 2 + left,
+        }
         for m in MASK_MODELS:
             costs[f"mask:{m}"] += _kt_binary(ctxs[m], changed, int(ctxs[m].max()) + 1)
         sel = changed.astype(bool)

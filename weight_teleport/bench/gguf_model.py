@@ -62,7 +62,8 @@ def read_config(reader):
     hidden, heads = int(_field(reader, "llama.embedding_length")), int(_field(reader, "llama.attention.head_count"))
     names = {t.name for t in reader.tensors}
     return LlamaConfig(
-        vocab_size=vocab, hidden_size=hidden,
+        vocab_size=vocab,
+        hidden_size=hidden,
         intermediate_size=int(_field(reader, "llama.feed_forward_length")),
         num_hidden_layers=int(_field(reader, "llama.block_count")),
         num_attention_heads=heads,

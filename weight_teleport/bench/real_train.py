@@ -48,14 +48,18 @@ def windows(tokens: torch.Tensor, index: int, count: int, seq: int) -> torch.Ten
     """[count, seq] token windows, the `index`-th batch of them (wrapping around)."""
     n = tokens.numel() // seq
     rows = [(index * count + i) % n for i in range(count)]
-    return torch.stack([tokens[r * seq:(r + 1) * seq] for r in rows])
+    return torch.stack([tokens[r * seq : (r + 1) * seq] for r in rows])
 
 
 def make_optimizer(model, lr: float) -> torch.optim.AdamW:
     decay = [p for p in model.parameters() if p.dim() > 1]
     rest = [p for p in model.parameters() if p.dim() <= 1]
-    return torch.optim.AdamW([{"params": decay, "weight_decay": 0.01}, {"params": rest, "weight_decay": 0.0}],
-                             lr=lr, betas=(0.9, 0.999), eps=1e-8)
+    return torch.optim.AdamW(
+        [{"params": decay, "weight_decay": 0.01}, {"params": rest, "weight_decay": 0.0}],
+        lr=lr,
+        betas=(0.9, 0.999),
+        eps=1e-8,
+    )
 
 
 def _word_share(tokenizer, ids: torch.Tensor) -> torch.Tensor:
@@ -73,13 +77,20 @@ def pg_loss(model, tokenizer, prompts: torch.Tensor, cfg: TrainConfig, seed: int
     prompts = prompts.repeat_interleave(cfg.group, 0)
     torch.manual_seed(seed)
     with torch.no_grad():
-        out = model.generate(prompts, attention_mask=torch.ones_like(prompts), do_sample=True, top_k=0,
-                             temperature=1.0, max_new_tokens=cfg.completion, min_new_tokens=cfg.completion,
-                             pad_token_id=model.config.eos_token_id)
-    completion = out[:, prompts.shape[1]:]
+        out = model.generate(
+            prompts,
+            attention_mask=torch.ones_like(prompts),
+            do_sample=True,
+            top_k=0,
+            temperature=1.0,
+            max_new_tokens=cfg.completion,
+            min_new_tokens=cfg.completion,
+            pad_token_id=model.config.eos_token_id,
+        )
+    completion = out[:, prompts.shape[1] :]
     reward = _word_share(tokenizer, completion).view(-1, cfg.group)
     adv = ((reward - reward.mean(1, keepdim=True)) / (reward.std(1, keepdim=True) + 1e-4)).view(-1)
-    logits = model(out).logits[:, prompts.shape[1] - 1:-1].float()
+    logits = model(out).logits[:, prompts.shape[1] - 1 : -1].float()
     logp = torch.log_softmax(logits, -1).gather(-1, completion[..., None])[..., 0]
     return -(adv * logp.mean(1)).mean()
 

@@ -39,9 +39,21 @@ from weight_teleport.bench.bits import _RES_ALPHABET, _keys_and_moves, _kt_binar
 HALF_BINS = 3
 BACKOFF = 8.0
 _BINS = 2 * HALF_BINS + 1
-MASK_MODELS = ("key", "key+prev", "key+hist", "key+hist+since", "key+hist>key+hist+since",
-               "key+rowprev", "key+colprev", "key+rowrate", "key+colrate", "key>key+row", "key>key+col",
-               "key+hist>key+hist+col", "key+hist>key+hist+colprev+rowrate")
+MASK_MODELS = (
+    "key",
+    "key+prev",
+    "key+hist",
+    "key+hist+since",
+    "key+hist>key+hist+since",
+    "key+rowprev",
+    "key+colprev",
+    "key+rowrate",
+    "key+colrate",
+    "key>key+row",
+    "key>key+col",
+    "key+hist>key+hist+col",
+    "key+hist>key+hist+colprev+rowrate",
+)
 RES_MODELS = ("key", "key+prev", "key+histsign", "key>key+col", "key+prev>key+prev+col")
 _MIXED = ("key", "key+hist", "key+colprev", "key+rowrate", "key+colrate")
 
@@ -191,13 +203,22 @@ def _contexts(key, earlier, old, name, changed, rows, cols):
     rowprev, colprev = _prev_buckets(key, prev > 0, rows, cols)
     rowrate, colrate = _running_buckets(key, changed, cols, 256, HALF_BINS)
     idx = np.arange(key.size)
-    return {"key": key, "key+prev": key * 3 + prev, "key+hist": hist, "key+histsign": key * 5 + signs,
-            "key+rowprev": key * _BINS + rowprev, "key+colprev": key * _BINS + colprev,
-            "key+rowrate": key * _BINS + rowrate, "key+colrate": key * _BINS + colrate,
-            "key+row": (idx // cols) * 256 + key, "key+col": (idx % cols) * 256 + key,
-            "key+prev+col": (key * 3 + prev) * cols + idx % cols,
-            "key+hist+col": hist * cols + idx % cols, "key+hist+since": hist * (len(earlier) + 1) + since,
-            "key+hist+colprev+rowrate": (hist * _BINS + colprev) * _BINS + rowrate}
+    return {
+        "key": key,
+        "key+prev": key * 3 + prev,
+        "key+hist": hist,
+        "key+histsign": key * 5 + signs,
+        "key+rowprev": key * _BINS + rowprev,
+        "key+colprev": key * _BINS + colprev,
+        "key+rowrate": key * _BINS + rowrate,
+        "key+colrate": key * _BINS + colrate,
+        "key+row": (idx // cols) * 256 + key,
+        "key+col": (idx % cols) * 256 + key,
+        "key+prev+col": (key * 3 + prev) * cols + idx % cols,
+        "key+hist+col": hist * cols + idx % cols,
+        "key+hist+since": hist * (len(earlier) + 1) + since,
+        "key+hist+colprev+rowrate": (hist * _BINS + colprev) * _BINS + rowrate,
+    }
 
 
 def _mask_cost(model, ctxs, changed):
@@ -213,8 +234,7 @@ def _res_cost(model, ctxs, sel, syms):
         c = ctxs[model][sel]
         return _kt_symbols(c, syms, int(c.max(initial=0)) + 1, _RES_ALPHABET)
     a, c = (ctxs[m][sel] for m in model.split(">"))
-    return _kt_symbols_backoff(a, c, syms, int(a.max(initial=0)) + 1, int(c.max(initial=0)) + 1,
-                               _RES_ALPHABET, BACKOFF)
+    return _kt_symbols_backoff(a, c, syms, int(a.max(initial=0)) + 1, int(c.max(initial=0)) + 1, _RES_ALPHABET, BACKOFF)
 
 
 def structure_costs(earlier, old, new, mix_lr: float = 0.002) -> dict[str, float]:

@@ -73,10 +73,7 @@ def codecs(threads: int | None = None) -> list[Codec]:
 
 def _same_bits(a: State, b: State) -> bool:
     return a.keys() == b.keys() and all(
-        a[n].dtype == b[n].dtype
-        and a[n].shape == b[n].shape
-        and torch.equal(bit_view(a[n]), bit_view(b[n]))
-        for n in a
+        a[n].dtype == b[n].dtype and a[n].shape == b[n].shape and torch.equal(bit_view(a[n]), bit_view(b[n])) for n in a
     )
 
 
@@ -126,8 +123,15 @@ def _add_ratios(row: dict) -> None:
                 stats["xor_zstd1_over_this"] = reference["bytes_per_step"] / stats["bytes_per_step"]
 
 
-def bench_lr(master: dict[str, torch.Tensor], lr: float, steps: int, seed: int, codec_list: list[Codec], repeats: int,
-             calibration: Calibration = UNCALIBRATED) -> dict:
+def bench_lr(
+    master: dict[str, torch.Tensor],
+    lr: float,
+    steps: int,
+    seed: int,
+    codec_list: list[Codec],
+    repeats: int,
+    calibration: Calibration = UNCALIBRATED,
+) -> dict:
     """Benchmark every codec on ``steps`` simulated steps at ``lr``; ``master`` (made with
     the same ``calibration``) advances."""
     return bench_pairs(lr, delta_pairs(master, lr, steps, seed, calibration), codec_list, repeats)
@@ -156,8 +160,7 @@ def bench_pairs(lr: float, pairs, codec_list: list[Codec], repeats: int) -> dict
         "residual_bits": statistics.mean(e.residual_bits for e in entropies),
         "bound_bits_per_element": statistics.mean(e.bound_bits_per_element for e in entropies),
         "codecs": {
-            c.name: unavailable.get(c.name) or _summarise(runs[c.name], elements, weight_bytes)
-            for c in codec_list
+            c.name: unavailable.get(c.name) or _summarise(runs[c.name], elements, weight_bytes) for c in codec_list
         },
     }
     _add_ratios(row)
@@ -185,7 +188,9 @@ def _print_row(row: dict) -> None:
         f"lr {row['lr']:.0e}{loss}: density {row['density']:.3%}, residual {row['residual_bits']:.2f} bits,"
         f" order-0 bound {row['bound_bits_per_element']:.4f} bits/elem"
     )
-    print(f"  {'codec':<16}{'bits/elem':>10}{'bits/chg':>10}{'x bound':>9}{'xor/this':>10}{'enc GB/s':>10}{'dec GB/s':>10}")
+    print(
+        f"  {'codec':<16}{'bits/elem':>10}{'bits/chg':>10}{'x bound':>9}{'xor/this':>10}{'enc GB/s':>10}{'dec GB/s':>10}"
+    )
     for name, s in row["codecs"].items():
         if not s["available"]:
             print(f"  {name:<16}not available: {s['reason']}")
@@ -259,8 +264,10 @@ def run_bench(
     codec_list = codecs(threads)
     if data == "sim":
         rows_iter = _sim_rows(config_name, lrs, steps, seed, codec_list, repeats, calibration)
-        described = {"config": dataclasses.asdict(make_config(config_name)),
-                     "calibration": dataclasses.asdict(calibration)}
+        described = {
+            "config": dataclasses.asdict(make_config(config_name)),
+            "calibration": dataclasses.asdict(calibration),
+        }
     elif data == "real":
         from weight_teleport.bench.real import RealConfig
 
@@ -297,6 +304,17 @@ def main(args: argparse.Namespace) -> int:
 
         real_config = RealConfig(model=args.model, lrs=tuple(args.lrs), steps=args.steps, seed=args.seed)
     calibration = UNCALIBRATED if args.uncalibrated else REAL_STEPS
-    run_bench(args.config, tuple(args.lrs), args.steps, args.seed, args.out_dir, args.threads, args.repeats,
-              args.data, real_config, args.cache_dir, calibration)
+    run_bench(
+        args.config,
+        tuple(args.lrs),
+        args.steps,
+        args.seed,
+        args.out_dir,
+        args.threads,
+        args.repeats,
+        args.data,
+        real_config,
+        args.cache_dir,
+        calibration,
+    )
     return 0

@@ -172,8 +172,9 @@ def _init_tensor(name: str, shape: tuple[int, ...], gen: torch.Generator, cal: "
     return w
 
 
-def make_state(config: ModelConfig, seed: int = 0, device: str = "cpu",
-               calibration: "Calibration | None" = None) -> State:
+def make_state(
+    config: ModelConfig, seed: int = 0, device: str = "cpu", calibration: "Calibration | None" = None
+) -> State:
     """Return fp32 master weights with trained-like magnitudes (see the module docstring),
     scaled by `calibration` (default `UNCALIBRATED`)."""
     cal = calibration or UNCALIBRATED
@@ -253,8 +254,9 @@ class AdamWSimulator:
             w.addcdiv_(m, denom, value=-lr / (1 - b1**self._t))
 
 
-def delta_pairs(master: State, lr: float, steps: int, seed: int = 0,
-                calibration: "Calibration | None" = None) -> Iterator[tuple[State, State]]:
+def delta_pairs(
+    master: State, lr: float, steps: int, seed: int = 0, calibration: "Calibration | None" = None
+) -> Iterator[tuple[State, State]]:
     """Yield ``steps`` successive (old, new) bf16 states; ``master`` advances in place.
     ``calibration`` (default `UNCALIBRATED`) sets the warm-up and signal of the gradients;
     make ``master`` with the same one."""

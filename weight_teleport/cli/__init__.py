@@ -30,9 +30,11 @@ options, and `<command>_main(args)`, which runs it and returns the exit status."
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="weight-teleport", formatter_class=HelpFormatter,
-                                     description="Bit-exact weight deltas from RL trainers "
-                                                 "to samplers.")
+    parser = argparse.ArgumentParser(
+        prog="weight-teleport",
+        formatter_class=HelpFormatter,
+        description="Bit-exact weight deltas from RL trainers to samplers.",
+    )
     parser.add_argument("--version", action="version", version=f"weight-teleport {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for command, group, summary in COMMANDS:

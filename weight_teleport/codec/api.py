@@ -32,9 +32,13 @@ def _backend(tensors: Iterable[torch.Tensor]) -> Backend:
     return backend_of(tensors)
 
 
-def _items(new: Mapping[str, torch.Tensor], old: Mapping[str, torch.Tensor] | None,
-           slices: Mapping[str, TensorSlice] | None = None, hints: Mapping[str, Hint] | None = None,
-           chunk_elems: int = DEFAULT_CHUNK_ELEMS):
+def _items(
+    new: Mapping[str, torch.Tensor],
+    old: Mapping[str, torch.Tensor] | None,
+    slices: Mapping[str, TensorSlice] | None = None,
+    hints: Mapping[str, Hint] | None = None,
+    chunk_elems: int = DEFAULT_CHUNK_ELEMS,
+):
     if old is not None:
         if set(old) != set(new):
             diff = sorted(set(old) ^ set(new))[:5]
@@ -48,8 +52,10 @@ def _items(new: Mapping[str, torch.Tensor], old: Mapping[str, torch.Tensor] | No
     for name, t in new.items():
         info = dtype_info(t.dtype)
         if old is not None and (old[name].shape != t.shape or old[name].dtype != t.dtype):
-            raise ValueError(f"tensor {name!r} changed shape or dtype: {tuple(old[name].shape)} "
-                             f"{old[name].dtype} -> {tuple(t.shape)} {t.dtype}; publish a snapshot")
+            raise ValueError(
+                f"tensor {name!r} changed shape or dtype: {tuple(old[name].shape)} "
+                f"{old[name].dtype} -> {tuple(t.shape)} {t.dtype}; publish a snapshot"
+            )
         sl = slices.get(name) or TensorSlice(tuple(t.shape), W.whole(t.shape))
         if W.extents(sl.box) != tuple(t.shape):
             raise ValueError(f"tensor {name!r} is {tuple(t.shape)}, its slice's box is {sl.box}")
@@ -77,18 +83,35 @@ def _placed(records, walks) -> None:
         rec.order = "cols" if order == "cols" and len(sl.shape) >= 2 else None
 
 
-def _pack(kind, backend_items, version, base_version, chunk_elems, level, threads, cuda=None, pinned=False,
-          codec=registry.DEFAULT):
+def _pack(
+    kind,
+    backend_items,
+    version,
+    base_version,
+    chunk_elems,
+    level,
+    threads,
+    cuda=None,
+    pinned=False,
+    codec=registry.DEFAULT,
+):
     check_chunk_elems(chunk_elems)
     backend, items, walks = backend_items
     records, chunks, ready, codecs = backend.encode(items, chunk_elems, level, threads, cuda, pinned, codec)
     _placed(records, walks)
     if kind == "delta":
         chunks = _laid_out(records, chunks, walks, chunk_elems)
-    header = PackHeader(kind=kind, version=version, base_version=base_version,
-                        chunk_elems=chunk_elems, tensors=records, stream_codecs=codecs)
+    header = PackHeader(
+        kind=kind,
+        version=version,
+        base_version=base_version,
+        chunk_elems=chunk_elems,
+        tensors=records,
+        stream_codecs=codecs,
+    )
     if pinned:
         from weight_teleport.codec.cuda.runtime.memory import pinned_empty
+
         return write_pack_into(header, chunks, pinned_empty, ready)  # the header is written during the copy
     ready()
     return write_pack(header, chunks)
@@ -107,12 +130,22 @@ def _laid_out(records, chunks: list, walks, chunk_elems: int) -> list:
 
 
 @collections_paused()
-def encode_delta(old: Mapping[str, torch.Tensor], new: Mapping[str, torch.Tensor], *,
-                 base_version: int, version: int, chunk_elems: int = DEFAULT_CHUNK_ELEMS,
-                 level: int = DEFAULT_LEVEL, threads: int | None = None, cuda=None,
-                 pinned: bool = False, slices: Mapping[str, TensorSlice] | None = None,
-                 hints: Mapping[str, Hint] | None = None, codec: str = registry.DEFAULT,
-                 coder: str | None = None) -> bytes | np.ndarray:
+def encode_delta(
+    old: Mapping[str, torch.Tensor],
+    new: Mapping[str, torch.Tensor],
+    *,
+    base_version: int,
+    version: int,
+    chunk_elems: int = DEFAULT_CHUNK_ELEMS,
+    level: int = DEFAULT_LEVEL,
+    threads: int | None = None,
+    cuda=None,
+    pinned: bool = False,
+    slices: Mapping[str, TensorSlice] | None = None,
+    hints: Mapping[str, Hint] | None = None,
+    codec: str = registry.DEFAULT,
+    coder: str | None = None,
+) -> bytes | np.ndarray:
     """A pack that turns `old` (at `base_version`) into `new` (at `version`), bit for bit.
 
     Both states map the same names to tensors of the same shapes and dtypes. `level` is the
@@ -148,19 +181,34 @@ def encode_delta(old: Mapping[str, torch.Tensor], new: Mapping[str, torch.Tensor
 
 
 @collections_paused()
-def encode_snapshot(state: Mapping[str, torch.Tensor], *, version: int,
-                    chunk_elems: int = DEFAULT_CHUNK_ELEMS, level: int = DEFAULT_LEVEL,
-                    threads: int | None = None, pinned: bool = False,
-                    slices: Mapping[str, TensorSlice] | None = None,
-                    hints: Mapping[str, Hint] | None = None) -> bytes | np.ndarray:
+def encode_snapshot(
+    state: Mapping[str, torch.Tensor],
+    *,
+    version: int,
+    chunk_elems: int = DEFAULT_CHUNK_ELEMS,
+    level: int = DEFAULT_LEVEL,
+    threads: int | None = None,
+    pinned: bool = False,
+    slices: Mapping[str, TensorSlice] | None = None,
+    hints: Mapping[str, Hint] | None = None,
+) -> bytes | np.ndarray:
     """A pack holding the full weights of `state` (an anchor a receiver can start from);
     `pinned`, `slices` and `hints` as for `encode_delta` (a rank's slice of an anchor)."""
-    return _pack("snapshot", _items(state, None, slices, hints, chunk_elems), int(version), None, chunk_elems,
-                 level, threads, pinned=pinned)
+    return _pack(
+        "snapshot",
+        _items(state, None, slices, hints, chunk_elems),
+        int(version),
+        None,
+        chunk_elems,
+        level,
+        threads,
+        pinned=pinned,
+    )
 
 
-def _lives(state: Mapping[str, torch.Tensor], header: PackHeader, strict: bool,
-           held: Mapping[str, TensorSlice] | None = None):
+def _lives(
+    state: Mapping[str, torch.Tensor], header: PackHeader, strict: bool, held: Mapping[str, TensorSlice] | None = None
+):
     """(backend, lives, walks, windows): a live walk view of each record the state holds
     elements of; `walks[name]` = (held box, staged box, order) for records over boxes, and
     `windows[name]` = (walk start, first chunk, stop chunk) where the state holds a part of a
@@ -171,8 +219,10 @@ def _lives(state: Mapping[str, torch.Tensor], header: PackHeader, strict: bool,
         raise PackMismatchError(f"the state has no tensor {missing[0]!r} ({len(missing)} missing)")
     extra = set(state) - {t.name for t in header.tensors}
     if strict and extra:
-        raise PackMismatchError(f"the pack does not cover tensor {sorted(extra)[0]!r} of the state "
-                                f"({len(extra)} more); pass strict=False to leave such tensors alone")
+        raise PackMismatchError(
+            f"the pack does not cover tensor {sorted(extra)[0]!r} of the state "
+            f"({len(extra)} more); pass strict=False to leave such tensors alone"
+        )
     backend = _backend(state[t.name] for t in header.tensors if t.name in state)
     lives, walks, windows = {}, {}, {}
     for rec in header.tensors:
@@ -180,10 +230,15 @@ def _lives(state: Mapping[str, torch.Tensor], header: PackHeader, strict: bool,
             continue
         t, sl = state[rec.name], held.get(rec.name)
         mine = sl.box if sl is not None else W.whole(rec.shape)
-        if (sl is not None and sl.shape != rec.shape) or tuple(t.shape) != W.extents(mine) \
-                or t.dtype != BY_NAME[rec.dtype].torch_dtype:
-            raise PackMismatchError(f"tensor {rec.name!r} is {tuple(t.shape)} {t.dtype} in the state "
-                                    f"(box {mine}) but {rec.shape} {rec.dtype} in the pack")
+        if (
+            (sl is not None and sl.shape != rec.shape)
+            or tuple(t.shape) != W.extents(mine)
+            or t.dtype != BY_NAME[rec.dtype].torch_dtype
+        ):
+            raise PackMismatchError(
+                f"tensor {rec.name!r} is {tuple(t.shape)} {t.dtype} in the state "
+                f"(box {mine}) but {rec.shape} {rec.dtype} in the pack"
+            )
         box = tuple(map(tuple, rec.box)) if rec.box is not None else W.whole(rec.shape)
         order = rec.order or "rows"
         sub = W.intersect(box, mine) if W.numel(box) else box
@@ -205,15 +260,25 @@ def pinned_pack(pack) -> np.ndarray:
     on host threads. The memory comes from torch's caching allocator: freed, it serves the
     next pack. Needs CUDA."""
     from weight_teleport.codec.cuda.runtime.memory import pinned_copy
+
     return pinned_copy(pack)
 
 
 @collections_paused()
-def stage_delta(state: Mapping[str, torch.Tensor], pack: PackBuffer, *, base_version: int | None = None,
-                check_base: bool = True, strict: bool = True, threads: int | None = None,
-                device_budget: int | None = None, cuda=None, limits: PackLimits | None = None,
-                held: Mapping[str, TensorSlice] | None = None,
-                header: PackHeader | None = None) -> StagedPatch:
+def stage_delta(
+    state: Mapping[str, torch.Tensor],
+    pack: PackBuffer,
+    *,
+    base_version: int | None = None,
+    check_base: bool = True,
+    strict: bool = True,
+    threads: int | None = None,
+    device_budget: int | None = None,
+    cuda=None,
+    limits: PackLimits | None = None,
+    held: Mapping[str, TensorSlice] | None = None,
+    header: PackHeader | None = None,
+) -> StagedPatch:
     """Decode and verify a pack against `state` without writing anything.
 
     `held[name]` says that `state[name]` holds only a box of the checkpoint tensor (a
@@ -247,8 +312,9 @@ def stage_delta(state: Mapping[str, torch.Tensor], pack: PackBuffer, *, base_ver
     again."""
     header = read_header(pack, limits=limits) if header is None else header
     if header.kind == "delta" and base_version is not None and header.base_version != base_version:
-        raise PackMismatchError(f"pack applies to version {header.base_version}, the state is at "
-                                f"version {base_version}")
+        raise PackMismatchError(
+            f"pack applies to version {header.base_version}, the state is at version {base_version}"
+        )
     backend, lives, walks, windows = _lives(state, header, strict, held)
     backend.check_stage(header, windows)
     staged = backend.stage(lives, header, pack, check_base and header.kind == "delta", threads, windows, cuda)
@@ -260,14 +326,20 @@ def stage_delta(state: Mapping[str, torch.Tensor], pack: PackBuffer, *, base_ver
 
 def in_turn(writes: list[Callable[[], None]]) -> Callable[[], None]:
     """One function that calls `writes` in order."""
+
     def write() -> None:
         for w in writes:
             w()
+
     return write
 
 
-def bind_staged(state: MutableMapping[str, torch.Tensor], staged: StagedPatch | StagedParts,
-                threads: int | None = None, relocate: bool = False) -> Callable[[], None]:
+def bind_staged(
+    state: MutableMapping[str, torch.Tensor],
+    staged: StagedPatch | StagedParts,
+    threads: int | None = None,
+    relocate: bool = False,
+) -> Callable[[], None]:
     """`apply_staged`'s host work done now (the views of `state` the patch writes, their
     addresses checked, a patch staged elsewhere moved onto them with `relocate`), its writes
     returned as a function: a sampler binds before its pause, which then only writes. The
@@ -276,14 +348,20 @@ def bind_staged(state: MutableMapping[str, torch.Tensor], staged: StagedPatch | 
         return in_turn([bind_staged(state, patch, threads, relocate) for patch in staged.patches])
     backend = _backend(state[t.name] for t in staged.tensors)
     walks = getattr(staged, "walks", {})
-    lives = {t.name: backend.Live(W.walk_view(state[t.name], *walks[t.name]) if t.name in walks
-                                  else state[t.name], t.info) for t in staged.tensors}
+    lives = {
+        t.name: backend.Live(W.walk_view(state[t.name], *walks[t.name]) if t.name in walks else state[t.name], t.info)
+        for t in staged.tensors
+    }
     return backend.bind(lives, staged, threads, relocate)
 
 
 @collections_paused()
-def apply_staged(state: MutableMapping[str, torch.Tensor], staged: StagedPatch | StagedParts,
-                 threads: int | None = None, relocate: bool = False) -> None:
+def apply_staged(
+    state: MutableMapping[str, torch.Tensor],
+    staged: StagedPatch | StagedParts,
+    threads: int | None = None,
+    relocate: bool = False,
+) -> None:
     """Write a staged patch into `state` in place (the only step that modifies weights).
     `relocate`: `state` holds the weights the patch was staged against, possibly in other
     memory (a patch staged against a copy of them); without it, a CUDA patch refuses
@@ -291,36 +369,63 @@ def apply_staged(state: MutableMapping[str, torch.Tensor], staged: StagedPatch |
     bind_staged(state, staged, threads, relocate)()
 
 
-def apply_delta(state: MutableMapping[str, torch.Tensor], pack: PackBuffer, *,
-                base_version: int | None = None, check_base: bool = True, strict: bool = True,
-                threads: int | None = None, cuda=None, limits: PackLimits | None = None,
-                held: Mapping[str, TensorSlice] | None = None) -> ApplyReport:
+def apply_delta(
+    state: MutableMapping[str, torch.Tensor],
+    pack: PackBuffer,
+    *,
+    base_version: int | None = None,
+    check_base: bool = True,
+    strict: bool = True,
+    threads: int | None = None,
+    cuda=None,
+    limits: PackLimits | None = None,
+    held: Mapping[str, TensorSlice] | None = None,
+) -> ApplyReport:
     """Patch `state` in place with a delta (or overwrite it with a snapshot) pack.
 
     Everything is decoded and verified first (see stage_delta); a pack that does not fit
     raises before any tensor is modified."""
     t0 = time.perf_counter()
-    staged = stage_delta(state, pack, base_version=base_version, check_base=check_base,
-                         strict=strict, threads=threads, cuda=cuda, limits=limits, held=held)
+    staged = stage_delta(
+        state,
+        pack,
+        base_version=base_version,
+        check_base=check_base,
+        strict=strict,
+        threads=threads,
+        cuda=cuda,
+        limits=limits,
+        held=held,
+    )
     t1 = time.perf_counter()
     apply_staged(state, staged, threads)
     t2 = time.perf_counter()
-    return ApplyReport(version=staged.version, base_version=staged.base_version, kind=staged.kind,
-                       tensors_patched=sum(1 for t in staged.tensors if t.chunks),
-                       elements_changed=staged.changed, pack_bytes=len(pack),
-                       base_checked=staged.base_checked, digest_verified=True,
-                       stage_seconds=t1 - t0, apply_seconds=t2 - t1)
+    return ApplyReport(
+        version=staged.version,
+        base_version=staged.base_version,
+        kind=staged.kind,
+        tensors_patched=sum(1 for t in staged.tensors if t.chunks),
+        elements_changed=staged.changed,
+        pack_bytes=len(pack),
+        base_checked=staged.base_checked,
+        digest_verified=True,
+        stage_seconds=t1 - t0,
+        apply_seconds=t2 - t1,
+    )
 
 
-def decode_snapshot(pack: PackBuffer, *, threads: int | None = None,
-                    limits: PackLimits | None = None) -> dict[str, torch.Tensor]:
+def decode_snapshot(
+    pack: PackBuffer, *, threads: int | None = None, limits: PackLimits | None = None
+) -> dict[str, torch.Tensor]:
     """The full weights of a snapshot pack, as new CPU tensors. Refused with PackLimitError
     before anything is allocated where they would take more than `limits.max_bytes` (by
     default this machine's physical memory), or break another of `limits`."""
     header = read_header(pack, limits=limits)
     if header.kind != "snapshot":
-        raise PackMismatchError(f"pack is a {header.kind} for version {header.base_version}; "
-                                "a receiver with no weights needs a snapshot pack")
+        raise PackMismatchError(
+            f"pack is a {header.kind} for version {header.base_version}; "
+            "a receiver with no weights needs a snapshot pack"
+        )
     check_allocation(header.tensors, limits)
     state = {t.name: torch.empty(t.shape, dtype=BY_NAME[t.dtype].torch_dtype) for t in header.tensors}
     apply_delta(state, pack, threads=threads, limits=limits)
@@ -367,13 +472,33 @@ def inspect(pack: PackBuffer, *, limits: PackLimits | None = None) -> dict:
     tensors = []
     for t in header.tensors:
         nbytes = sum(c.length for c in t.chunks)
-        tensors.append({"name": t.name, "dtype": t.dtype, "shape": list(t.shape), "codec": t.codec,
-                        "changed": t.changed, "density": t.changed / max(t.numel, 1),
-                        "bytes": nbytes, "chunks": len(t.chunks), "digest": t.digest})
+        tensors.append(
+            {
+                "name": t.name,
+                "dtype": t.dtype,
+                "shape": list(t.shape),
+                "codec": t.codec,
+                "changed": t.changed,
+                "density": t.changed / max(t.numel, 1),
+                "bytes": nbytes,
+                "chunks": len(t.chunks),
+                "digest": t.digest,
+            }
+        )
     numel = sum(t.numel for t in header.tensors)
     changed = sum(t.changed for t in header.tensors)
-    return {"format_version": header.format_version, "kind": header.kind, "version": header.version,
-            "base_version": header.base_version, "chunk_elems": header.chunk_elems,
-            "stream_codecs": header.stream_codecs, "tensors": tensors, "numel": numel,
-            "changed": changed, "density": changed / max(numel, 1), "pack_bytes": len(pack),
-            "header_bytes": header.payload_offset, "bits_per_element": 8 * len(pack) / max(numel, 1)}
+    return {
+        "format_version": header.format_version,
+        "kind": header.kind,
+        "version": header.version,
+        "base_version": header.base_version,
+        "chunk_elems": header.chunk_elems,
+        "stream_codecs": header.stream_codecs,
+        "tensors": tensors,
+        "numel": numel,
+        "changed": changed,
+        "density": changed / max(numel, 1),
+        "pack_bytes": len(pack),
+        "header_bytes": header.payload_offset,
+        "bits_per_element": 8 * len(pack) / max(numel, 1),
+    }

@@ -32,15 +32,31 @@ class Backend(Protocol):
     def item(self, name: str, info: DtypeInfo, new: torch.Tensor, old: torch.Tensor | None) -> EncodeItem:
         """The encode item of a whole tensor (and of its base; None for snapshots)."""
 
-    def walk_item(self, name: str, info: DtypeInfo, new: torch.Tensor, old: torch.Tensor | None,
-                  sl: TensorSlice, hint: Hint, chunk_elems: int) -> EncodeItem:
+    def walk_item(
+        self,
+        name: str,
+        info: DtypeInfo,
+        new: torch.Tensor,
+        old: torch.Tensor | None,
+        sl: TensorSlice,
+        hint: Hint,
+        chunk_elems: int,
+    ) -> EncodeItem:
         """The encode item of a record over a walk: `new` and `old` are views of the box
         `sl` whose row-major order is `hint.order`'s walk (`walks.whole_walk`), which the
         backend flattens; the record is cut where `hint.bounds` fall and carries a
         digest per chunk."""
 
-    def encode(self, items: list[EncodeItem], chunk_elems: int, level: int, threads: int | None,
-               config: Any, pinned: bool, codec: str) -> Encoded:
+    def encode(
+        self,
+        items: list[EncodeItem],
+        chunk_elems: int,
+        level: int,
+        threads: int | None,
+        config: Any,
+        pinned: bool,
+        codec: str,
+    ) -> Encoded:
         """The records and chunks of `items`. `config`: the caller's `cuda` argument
         (ValueError where the backend takes none); `pinned`: the pack goes to pinned host
         memory; `codec`: the codec of the sparse records (`registry.CHOICES`)."""
@@ -49,14 +65,14 @@ class Backend(Protocol):
         """UnsupportedFormatError unless this backend stages the pack of `header`: its
         stream codecs, and records staged in part (`windows`)."""
 
-    def stage(self, lives: dict, header: PackHeader, pack, check_base: bool, threads: int | None,
-              windows: dict, config: Any) -> StagedPatch:
+    def stage(
+        self, lives: dict, header: PackHeader, pack, check_base: bool, threads: int | None, windows: dict, config: Any
+    ) -> StagedPatch:
         """Decode and verify the records named in `lives` against them; nothing is written.
         `windows`: as `_lives` in codec/api.py makes them; `config`: the caller's `cuda`
         argument (ValueError where the backend takes none)."""
 
-    def bind(self, lives: dict, staged: StagedPatch, threads: int | None, relocate: bool = False
-             ) -> Callable[[], None]:
+    def bind(self, lives: dict, staged: StagedPatch, threads: int | None, relocate: bool = False) -> Callable[[], None]:
         """The writes of a patch staged by this backend into the live tensors, as a function
         (the pause calls it), its host work (views, address checks, relocation) done now.
         `relocate`: the lives hold the weights the patch was staged against, possibly

@@ -15,6 +15,7 @@ from weight_teleport.format import TensorRecord
 @dataclass
 class EncodeItem:
     """One tensor (or walk over a box of one) to encode, as a backend holds it."""
+
     name: str
     info: DtypeInfo
     shape: tuple[int, ...]

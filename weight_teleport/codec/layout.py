@@ -20,8 +20,9 @@ def slice_major(records: Sequence[TensorRecord], parts: list, slices: Sequence[S
     for each slice index in increasing order the chunks of that slice (`slices[i][k]`: the
     slice of record i's chunk k) in record order. The records' chunk offsets are rewritten;
     returns the new parts (views of the old ones: nothing is copied)."""
-    order = [(-1, i, k) for i, (rec, sl) in enumerate(zip(records, slices)) if sl is None
-             for k in range(len(rec.chunks))]
+    order = [
+        (-1, i, k) for i, (rec, sl) in enumerate(zip(records, slices)) if sl is None for k in range(len(rec.chunks))
+    ]
     order += sorted((s, i, k) for i, sl in enumerate(slices) if sl is not None for k, s in enumerate(sl))
     views = [memoryview(p).cast("B") for p in parts]
     starts, at = [], 0
@@ -34,7 +35,7 @@ def slice_major(records: Sequence[TensorRecord], parts: list, slices: Sequence[S
         p = bisect.bisect_right(starts, offset) - 1
         lo = offset - starts[p]
         assert lo + length <= len(views[p]), "a chunk lies across two parts"
-        out.append(views[p][lo:lo + length])
+        out.append(views[p][lo : lo + length])
         offsets[i][k] = at
         at += length
     for rec, new in zip(records, offsets):

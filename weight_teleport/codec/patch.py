@@ -17,11 +17,15 @@ def misfit(base_version: int | None, base_checked: bool) -> PackFormatError:
     """The error of a sparse chunk that does not fit weights whose base digests matched
     the pack's (`base_checked`), or were not compared with them."""
     if base_checked:
-        return ChunkMisfit("sparse chunk does not fit the receiver's weights, which are the "
-                           "pack's base (their digests match): the pack's streams are corrupt")
-    return ChunkMisfit(f"sparse chunk does not fit the receiver's weights: they are likely not "
-                       f"the weights of the pack's base version {base_version} (the base "
-                       f"digest check was skipped: check_base=False), else the pack is corrupt")
+        return ChunkMisfit(
+            "sparse chunk does not fit the receiver's weights, which are the "
+            "pack's base (their digests match): the pack's streams are corrupt"
+        )
+    return ChunkMisfit(
+        f"sparse chunk does not fit the receiver's weights: they are likely not "
+        f"the weights of the pack's base version {base_version} (the base "
+        f"digest check was skipped: check_base=False), else the pack is corrupt"
+    )
 
 
 @dataclass
@@ -50,8 +54,7 @@ class TensorPatch:
 
     @property
     def nbytes(self) -> int:
-        return sum(c.values.nbytes + (0 if c.positions is None else c.positions.nbytes)
-                   for c in self.chunks)
+        return sum(c.values.nbytes + (0 if c.positions is None else c.positions.nbytes) for c in self.chunks)
 
 
 @dataclass
@@ -101,6 +104,7 @@ class ApplyReport:
 class StagedParts:
     """The staged patches of the parts of one version (packs over disjoint boxes of the
     same tensors, from several writers): `apply_staged` writes them all."""
+
     patches: list[StagedPatch]
 
     @property

@@ -27,8 +27,7 @@ def chunk_ranges(numel: int, chunk_elems: int) -> list[tuple[int, int]]:
 
 def check_chunk_elems(chunk_elems: int) -> None:
     if chunk_elems <= 0 or chunk_elems % 8 or chunk_elems > MAX_CHUNK_ELEMS:
-        raise ValueError(f"chunk_elems must be a positive multiple of 8, at most {MAX_CHUNK_ELEMS}; "
-                         f"got {chunk_elems}")
+        raise ValueError(f"chunk_elems must be a positive multiple of 8, at most {MAX_CHUNK_ELEMS}; got {chunk_elems}")
 
 
 @dataclass
@@ -74,6 +73,7 @@ def class_cost(codec: str) -> float:
 @dataclass
 class PlanTable:
     """`plan_classes` of many tensors as arrays, row i tensor i's (`plan_table`)."""
+
     lut: np.ndarray
     """[tensors, keys] uint8 class of every context key."""
     inverted: np.ndarray
@@ -87,7 +87,7 @@ class PlanTable:
         return len(self.n_classes)
 
     def __getitem__(self, i: int) -> ClassPlan:
-        return ClassPlan(self.lut[i], self.inverted[i, :self.n_classes[i]], int(self.events[i]))
+        return ClassPlan(self.lut[i], self.inverted[i, : self.n_classes[i]], int(self.events[i]))
 
     def take(self, rows) -> "PlanTable":
         """The table of `rows` (indices) of this one."""
@@ -99,10 +99,15 @@ def plan_table(total: np.ndarray, changed: np.ndarray, codec: str = DEFAULT) -> 
     total, changed = np.ascontiguousarray(total, np.int64), np.ascontiguousarray(changed, np.int64)
     if (changed < 0).any() or (changed > total).any():
         raise ValueError("changed counts must lie between 0 and the element counts")
-    plans = PlanTable(np.zeros(total.shape, np.uint8), np.zeros((total.shape[0], MAX_CLASSES), np.bool_),
-                      np.zeros(total.shape[0], np.int64), np.zeros(total.shape[0], np.int64))
-    _plan_rows(total, changed, class_cost(codec), DEFAULT_CHUNK_ELEMS,
-               plans.lut, plans.inverted, plans.n_classes, plans.events)
+    plans = PlanTable(
+        np.zeros(total.shape, np.uint8),
+        np.zeros((total.shape[0], MAX_CLASSES), np.bool_),
+        np.zeros(total.shape[0], np.int64),
+        np.zeros(total.shape[0], np.int64),
+    )
+    _plan_rows(
+        total, changed, class_cost(codec), DEFAULT_CHUNK_ELEMS, plans.lut, plans.inverted, plans.n_classes, plans.events
+    )
     return plans
 
 
@@ -203,6 +208,7 @@ class ClassMapError(ValueError):
 
 class Runs(NamedTuple):
     """The (first key, class) runs of several class maps as arrays (`run_arrays`)."""
+
     first: np.ndarray
     """[maps + 1]: where each map's runs start."""
     starts: np.ndarray
@@ -225,8 +231,9 @@ def run_arrays(runs: list[list[tuple[int, int]]]) -> Runs:
     first = np.zeros(len(runs) + 1, np.int64)
     np.cumsum([len(r) for r in runs], out=first[1:])
     try:
-        flat = np.fromiter(itertools.chain.from_iterable(itertools.chain.from_iterable(runs)), np.int64,
-                           2 * int(first[-1]))
+        flat = np.fromiter(
+            itertools.chain.from_iterable(itertools.chain.from_iterable(runs)), np.int64, 2 * int(first[-1])
+        )
     except OverflowError:
         flat = np.array([x if -(1 << 62) < x < 1 << 62 else -1 for r in runs for run in r for x in run], np.int64)
     flat = flat.reshape(-1, 2)
@@ -280,6 +287,5 @@ def _fill_luts(starts, classes, first, n_keys, max_classes, luts) -> tuple[int, 
             stop = starts[i + 1] if i + 1 < b else n_keys
             if not (0 <= starts[i] < stop <= n_keys) or not (0 <= classes[i] < max_classes):
                 return r, i - a
-            luts[r, starts[i]:stop] = classes[i]
+            luts[r, starts[i] : stop] = classes[i]
     return -1, -1
-

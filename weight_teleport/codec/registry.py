@@ -80,15 +80,18 @@ def choose(codec: str, coder: str | None = None, stacklevel: int = 2) -> str:
     the choices."""
     if coder is not None:
         if coder not in DEPRECATED_CODERS:
-            raise ValueError(f"unknown coder {coder!r}: coder is deprecated; choose codec, one of "
-                             f"{', '.join(map(repr, CHOICES))}")
+            raise ValueError(
+                f"unknown coder {coder!r}: coder is deprecated; choose codec, one of {', '.join(map(repr, CHOICES))}"
+            )
         if codec not in (DEFAULT, DEPRECATED_CODERS[coder]):
             raise ValueError(f"give codec={codec!r} alone, not with the deprecated coder={coder!r}")
         codec = DEPRECATED_CODERS[coder]
-        warnings.warn(f"coder={coder!r} is deprecated: use codec={codec!r}", DeprecationWarning,
-                      stacklevel=stacklevel + 1)
+        warnings.warn(
+            f"coder={coder!r} is deprecated: use codec={codec!r}", DeprecationWarning, stacklevel=stacklevel + 1
+        )
     if codec not in CHOICES:
         old = f" ({codec!r} was a coder: codec={DEPRECATED_CODERS[codec]!r})" if codec in DEPRECATED_CODERS else ""
-        raise ValueError(f"unknown codec {codec!r} for a delta's sparse records: choose one of "
-                         f"{', '.join(map(repr, CHOICES))}{old}")
+        raise ValueError(
+            f"unknown codec {codec!r} for a delta's sparse records: choose one of {', '.join(map(repr, CHOICES))}{old}"
+        )
     return codec

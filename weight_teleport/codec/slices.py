@@ -16,6 +16,7 @@ from weight_teleport.format import PackHeader, TensorRecord
 
 class RecordLayout(NamedTuple):
     """Where a record's elements lie, from its header alone."""
+
     shape: tuple[int, ...]
     """Shape of the whole checkpoint tensor."""
     box: W.Box
@@ -48,8 +49,10 @@ def chunk_window(header: PackHeader, rec: TensorRecord, held: W.Box) -> tuple[in
         raise PackMismatchError(f"tensor {rec.name!r}: {e}; publish with a hint of that order") from None
     inside = [k for k, (s, e) in enumerate(spans) if s < b and e > a]
     if any(spans[k][0] < a or spans[k][1] > b for k in inside):
-        raise PackMismatchError(f"tensor {rec.name!r}: the pack's chunks are not cut at the bounds of this "
-                                f"slice (walk elements {a}..{b}); publish with a hint giving its bounds")
+        raise PackMismatchError(
+            f"tensor {rec.name!r}: the pack's chunks are not cut at the bounds of this "
+            f"slice (walk elements {a}..{b}); publish with a hint giving its bounds"
+        )
     return (a, inside[0], inside[-1] + 1) if inside else (a, 0, 0)
 
 

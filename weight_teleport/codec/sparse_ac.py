@@ -29,6 +29,7 @@ N_CONTEXTS = GAP_TREE + 4 * GAP_MANT + RES_LEN + RES_MANT
 
 # ---- the class table before a chunk's coded stream ----
 
+
 @njit(inline="always")
 def _write_varint(out, at, v):
     while v >= 0x80:

@@ -27,8 +27,13 @@ def _compressor(level: int) -> zstandard.ZstdCompressor:
         # Streams are symbol streams with little repetition: long minimum matches keep
         # zstd from trading cheap Huffman-coded literals for costly short matches.
         params = zstandard.ZstdCompressionParameters(
-            compression_level=level, min_match=7, strategy=zstandard.STRATEGY_FAST,
-            write_checksum=0, write_content_size=0, write_dict_id=0)
+            compression_level=level,
+            min_match=7,
+            strategy=zstandard.STRATEGY_FAST,
+            write_checksum=0,
+            write_content_size=0,
+            write_dict_id=0,
+        )
         cache[level] = zstandard.ZstdCompressor(compression_params=params)
     return cache[level]
 
@@ -52,8 +57,10 @@ def decode_stream(codec: int, data: bytes | memoryview, raw_len: int) -> np.ndar
         if raw_len == 0:
             raise PackFormatError("empty zstd stream")
         if raw_len > ZSTD_MAX_EXPANSION * len(data):
-            raise PackFormatError(f"zstd stream is corrupted: its {len(data)} stored bytes cannot hold the "
-                                  f"{raw_len} raw bytes its table says")
+            raise PackFormatError(
+                f"zstd stream is corrupted: its {len(data)} stored bytes cannot hold the "
+                f"{raw_len} raw bytes its table says"
+            )
         out = zstd.inflate(data, raw_len, "zstd stream")
         if len(out) != raw_len:
             raise PackFormatError(f"zstd stream decodes to {len(out)} bytes, the table says {raw_len}")
@@ -61,8 +68,9 @@ def decode_stream(codec: int, data: bytes | memoryview, raw_len: int) -> np.ndar
     # Packs that use other codecs are refused from their header (stream_codecs) before any
     # chunk is read, so a chunk naming one disagrees with its own header.
     name = NAMES.get(codec, f"unknown codec id {codec}")
-    raise PackFormatError(f"a chunk uses stream codec {name!r}, which its pack header does not "
-                          "list: the chunk is corrupt")
+    raise PackFormatError(
+        f"a chunk uses stream codec {name!r}, which its pack header does not list: the chunk is corrupt"
+    )
 
 
 def check_sparse_lengths(events: np.ndarray, raw: np.ndarray, elems: np.ndarray, width: int) -> None:
@@ -72,9 +80,13 @@ def check_sparse_lengths(events: np.ndarray, raw: np.ndarray, elems: np.ndarray,
     elements, `width` the bytes of an element. Checked before any stream is decoded, these
     bound what decoding allocates by the chunks' elements, whatever the table declares."""
     bits_cap = 3 * events  # an event has at most 21 extra bits (bucket 44)
-    bad = ((raw[..., 0] != events).any(1)  # a symbol an event; no streams, no events
-           | (events.sum(1) > elems) | (raw[..., 2].sum(1) > elems)  # a class's events and changes are its elements
-           | (raw[..., 1] > bits_cap).any(1)
-           | (raw[..., 3] > width * raw[..., 2]).any(1) | (raw[..., 3] % width != 0).any(1))
+    bad = (
+        (raw[..., 0] != events).any(1)  # a symbol an event; no streams, no events
+        | (events.sum(1) > elems)
+        | (raw[..., 2].sum(1) > elems)  # a class's events and changes are its elements
+        | (raw[..., 1] > bits_cap).any(1)
+        | (raw[..., 3] > width * raw[..., 2]).any(1)
+        | (raw[..., 3] % width != 0).any(1)
+    )
     if bad.any():
         raise PackFormatError("sparse chunk's streams have lengths its elements cannot need (a corrupt stream table)")

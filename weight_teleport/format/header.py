@@ -16,6 +16,7 @@ FORMAT_VERSION = 2
 
 class ChunkRef(NamedTuple):
     """Where a chunk lies in the payload (a named tuple: a pack's header holds thousands)."""
+
     offset: int
     """Byte offset of the chunk from the start of the payload."""
     length: int
@@ -34,6 +35,7 @@ class TensorRecord(msgspec.Struct):
     decode into it straight from the JSON, typed on the way, with no intermediate dicts (a
     stage reads the header first, before any launch, so its decoding is on the critical
     path)."""
+
     name: str
     dtype: str
     shape: tuple[Count, ...]
@@ -72,7 +74,7 @@ class TensorRecord(msgspec.Struct):
     def numel(self) -> int:
         """Elements of the record: of its box, or of the whole tensor."""
         n = 1
-        for s in (self.shape if self.box is None else (e for _, e in self.box)):
+        for s in self.shape if self.box is None else (e for _, e in self.box):
             n *= s
         return n
 
@@ -84,8 +86,13 @@ class TensorRecord(msgspec.Struct):
     @property
     def is_v2(self) -> bool:
         """Whether the record uses a field of container version 2."""
-        return (self.box is not None or self.order is not None or bool(self.cuts)
-                or bool(self.chunk_digests) or bool(self.chunk_base_digests))
+        return (
+            self.box is not None
+            or self.order is not None
+            or bool(self.cuts)
+            or bool(self.chunk_digests)
+            or bool(self.chunk_base_digests)
+        )
 
     def chunk_spans(self, chunk_elems: int) -> list[tuple[int, int]]:
         """[start, stop) walk ranges of the record's chunks (none for a `same` record)."""

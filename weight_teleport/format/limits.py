@@ -56,5 +56,7 @@ def header_bytes_allowed(stored: int) -> int:
 
 def over_limit(what: str, amount: int, limit: int, setting: str) -> PackLimitError:
     """The error for a pack that needs `amount` of something a limit allows `limit` of."""
-    return PackLimitError(f"pack {what} ({amount}) exceeds the limit of {limit}; if the pack is trusted, "
-                          f"raise PackLimits.{setting} (pass limits=PackLimits(...))")
+    return PackLimitError(
+        f"pack {what} ({amount}) exceeds the limit of {limit}; if the pack is trusted, "
+        f"raise PackLimits.{setting} (pass limits=PackLimits(...))"
+    )

@@ -102,8 +102,13 @@ class Entry:
     def to_dict(self) -> dict:
         """The entry as stored (the optional members only where they say something)."""
         if self.parts:
-            d = {"version": self.version, "kind": self.kind, "base": self.base,
-                 "raw_bytes": self.raw_bytes, "parts": [p.to_doc() for p in self.parts]}
+            d = {
+                "version": self.version,
+                "kind": self.kind,
+                "base": self.base,
+                "raw_bytes": self.raw_bytes,
+                "parts": [p.to_doc() for p in self.parts],
+            }
         else:
             d = asdict(self)
             del d["parts"]
@@ -118,11 +123,22 @@ class Entry:
         return d
 
 
-def parts_entry(version: int, kind: str, base: int | None, parts: tuple[Part, ...], raw_bytes: int,
-                published_at_ms: int = 0) -> Entry:
+def parts_entry(
+    version: int, kind: str, base: int | None, parts: tuple[Part, ...], raw_bytes: int, published_at_ms: int = 0
+) -> Entry:
     """The entry of a version made of `parts` (at least one)."""
-    return Entry(version, kind, base, parts[0].key, sum(p.size for p in parts), parts[0].sha256, raw_bytes,
-                 0, published_at_ms, parts=tuple(parts))
+    return Entry(
+        version,
+        kind,
+        base,
+        parts[0].key,
+        sum(p.size for p in parts),
+        parts[0].sha256,
+        raw_bytes,
+        0,
+        published_at_ms,
+        parts=tuple(parts),
+    )
 
 
 _FIELDS = {f.name for f in fields(Entry)} - {"parts"}
@@ -164,8 +180,12 @@ class Manifest:
         """The manifest as the bytes stored in the store; `sign` (signing.ManifestSigner)
         adds a "signature" member over its canonical bytes (docs/FORMAT.md, Manifest)."""
         fmt = FORMAT_PARTS if any(e.parts for e in self.entries) else FORMAT
-        doc = {"format": fmt, "latest": self.latest, "model": self.model,
-               "entries": [e.to_dict() for e in self.entries]}
+        doc = {
+            "format": fmt,
+            "latest": self.latest,
+            "model": self.model,
+            "entries": [e.to_dict() for e in self.entries],
+        }
         if self.retention is not None:
             doc["retention"] = asdict(self.retention)
         if sign is not None:
@@ -179,55 +199,59 @@ def canonical_bytes(doc: dict) -> bytes:
     Manifests hold no floats (the parser refuses them), so these bytes are one function
     of the parsed document."""
     unsigned = {k: v for k, v in doc.items() if k != "signature"}
-    return json.dumps(unsigned, sort_keys=True, separators=(",", ":"), ensure_ascii=True,
-                      allow_nan=False).encode("ascii")
+    return json.dumps(unsigned, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False).encode(
+        "ascii"
+    )
 
 
-def from_json(data: bytes, *, verify: Verifier | None = None,
-              max_bytes: int = MAX_MANIFEST_BYTES) -> Manifest:
+def from_json(data: bytes, *, verify: Verifier | None = None, max_bytes: int = MAX_MANIFEST_BYTES) -> Manifest:
     """Parse and check a stored manifest; raise ManifestError if it is not a valid one.
 
     Untrusted input: the size is checked before parsing, every field's type and range
     after, and nothing but ManifestError escapes. `verify` (signing.ManifestVerifier)
     checks the signature before the entries are read; it raises ManifestSignatureError."""
     if len(data) > max_bytes:
-        raise ManifestError(f"the manifest is {len(data)} bytes, over the {max_bytes}-byte "
-                            "limit: not a manifest this library wrote")
+        raise ManifestError(
+            f"the manifest is {len(data)} bytes, over the {max_bytes}-byte limit: not a manifest this library wrote"
+        )
     doc = _parse(data)
     if verify is not None:
         verify(canonical_bytes(doc), doc.get("signature"))
     entries = doc["entries"]
     if not isinstance(entries, list):
         raise ManifestError(f"malformed manifest: entries is a {type(entries).__name__}, not a list")
-    manifest = checked(Manifest(tuple(_entry(i, e) for i, e in enumerate(entries)),
-                                _model(doc["model"]), _retention(doc.get("retention"))))
+    manifest = checked(
+        Manifest(
+            tuple(_entry(i, e) for i, e in enumerate(entries)), _model(doc["model"]), _retention(doc.get("retention"))
+        )
+    )
     if doc["format"] == FORMAT and any(e.parts for e in manifest.entries):
         raise ManifestError(f"malformed manifest: a {FORMAT} manifest with an entry made of parts")
     if doc["latest"] != manifest.latest or isinstance(doc["latest"], bool):
-        raise ManifestError(f"malformed manifest: latest is {str(doc['latest'])[:40]!r}, its last "
-                            f"entry is version {manifest.latest}")
+        raise ManifestError(
+            f"malformed manifest: latest is {str(doc['latest'])[:40]!r}, its last entry is version {manifest.latest}"
+        )
     return manifest
 
 
 def _parse(data: bytes) -> dict:
     """The manifest's top-level object: JSON without floats, NaNs or repeated keys."""
     try:
-        doc = json.loads(data, parse_float=_no_float, parse_constant=_no_float,
-                         object_pairs_hook=_unique)
+        doc = json.loads(data, parse_float=_no_float, parse_constant=_no_float, object_pairs_hook=_unique)
     except ManifestError:
         raise
     except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
-        raise ManifestError(f"malformed manifest: not JSON ({type(exc).__name__}: "
-                            f"{str(exc)[:200]})") from None
+        raise ManifestError(f"malformed manifest: not JSON ({type(exc).__name__}: {str(exc)[:200]})") from None
     if not isinstance(doc, dict):
         raise ManifestError(f"malformed manifest: a JSON {type(doc).__name__}, not an object")
     if doc.get("format") not in (FORMAT, FORMAT_PARTS):
-        raise ManifestError(f"not a {FORMAT} or {FORMAT_PARTS} manifest (format "
-                            f"{str(doc.get('format'))[:100]!r}): a newer writer's? upgrade weight-teleport")
+        raise ManifestError(
+            f"not a {FORMAT} or {FORMAT_PARTS} manifest (format "
+            f"{str(doc.get('format'))[:100]!r}): a newer writer's? upgrade weight-teleport"
+        )
     missing, unknown = _TOP_REQUIRED - doc.keys(), doc.keys() - _TOP_REQUIRED - _TOP_OPTIONAL
     if missing or unknown:
-        raise ManifestError(f"malformed manifest: missing {sorted(missing)}, unknown "
-                            f"{sorted(unknown)[:5]}")
+        raise ManifestError(f"malformed manifest: missing {sorted(missing)}, unknown {sorted(unknown)[:5]}")
     return doc
 
 
@@ -245,8 +269,10 @@ def _unique(pairs: list[tuple[str, object]]) -> dict:
 def _int(entry: dict, name: str, low: int) -> int:
     value = entry[name]
     if type(value) is not int or not low <= value <= MAX_INT:
-        raise ManifestError(f"manifest entry {str(entry.get('key'))[:200]!r}: {name} "
-                            f"{str(value)[:40]!r} is not an integer in [{low}, 2^63)")
+        raise ManifestError(
+            f"manifest entry {str(entry.get('key'))[:200]!r}: {name} "
+            f"{str(value)[:40]!r} is not an integer in [{low}, 2^63)"
+        )
     return value
 
 
@@ -258,8 +284,7 @@ def _entry(index: int, raw: object) -> Entry:
         return _parts_entry(index, raw)
     missing, unknown = _REQUIRED - raw.keys(), raw.keys() - _FIELDS
     if missing or unknown:
-        raise ManifestError(f"manifest entry {index}: missing {sorted(missing)}, unknown "
-                            f"{sorted(unknown)[:5]}")
+        raise ManifestError(f"manifest entry {index}: missing {sorted(missing)}, unknown {sorted(unknown)[:5]}")
     key, kind, sha = raw["key"], raw["kind"], raw["sha256"]
     try:
         validate_key(key)
@@ -268,36 +293,43 @@ def _entry(index: int, raw: object) -> Entry:
     if kind not in KINDS:
         raise ManifestError(f"manifest entry {key!r}: kind {str(kind)[:40]!r} is not one of {KINDS}")
     if not isinstance(sha, str) or not _SHA256.match(sha):
-        raise ManifestError(f"manifest entry {key!r}: sha256 {str(sha)[:80]!r} is not 64 "
-                            "lowercase hex digits")
+        raise ManifestError(f"manifest entry {key!r}: sha256 {str(sha)[:80]!r} is not 64 lowercase hex digits")
     base = None if raw["base"] is None else _int(raw, "base", 0)
     piece = _int(raw, "piece_bytes", 0) if "piece_bytes" in raw else 0
     _check_piece(piece, f"manifest entry {key!r}")
     files = _files(key, kind, raw.get("files", []))
-    return Entry(_int(raw, "version", 0), kind, base, key, _int(raw, "size", 1), sha,
-                 _int(raw, "raw_bytes", 0) if "raw_bytes" in raw else 0, piece,
-                 _int(raw, "published_at_ms", 0) if "published_at_ms" in raw else 0, files)
+    return Entry(
+        _int(raw, "version", 0),
+        kind,
+        base,
+        key,
+        _int(raw, "size", 1),
+        sha,
+        _int(raw, "raw_bytes", 0) if "raw_bytes" in raw else 0,
+        piece,
+        _int(raw, "published_at_ms", 0) if "published_at_ms" in raw else 0,
+        files,
+    )
 
 
 def _files(key: str, kind: str, raw: object) -> tuple[SideFile, ...]:
     """An entry's side files, each checked: a plain name (never a path, never a weights
     file), a valid key, a size, a digest; at most MAX_SIDE_FILES, names unique."""
     if not isinstance(raw, list) or len(raw) > MAX_SIDE_FILES:
-        raise ManifestError(f"manifest entry {key!r}: files is not a list of at most "
-                            f"{MAX_SIDE_FILES} objects")
+        raise ManifestError(f"manifest entry {key!r}: files is not a list of at most {MAX_SIDE_FILES} objects")
     if raw and kind != "snapshot":
         raise ManifestError(f"manifest entry {key!r}: a {kind} lists files; only snapshots do")
     out = []
     for f in raw:
         if not isinstance(f, dict) or f.keys() != _FILE_FIELDS:
-            raise ManifestError(f"manifest entry {key!r}: a file is not an object of "
-                                f"{sorted(_FILE_FIELDS)}")
+            raise ManifestError(f"manifest entry {key!r}: a file is not an object of {sorted(_FILE_FIELDS)}")
         name, sha = f["name"], f["sha256"]
-        if not isinstance(name, str) or not _FILE_NAME.match(name) \
-                or name.endswith(".safetensors"):
-            raise ManifestError(f"manifest entry {key!r}: file name {str(name)[:80]!r} is not "
-                                "a plain file name (letters, digits, _ . = + -; no "
-                                ".safetensors)")
+        if not isinstance(name, str) or not _FILE_NAME.match(name) or name.endswith(".safetensors"):
+            raise ManifestError(
+                f"manifest entry {key!r}: file name {str(name)[:80]!r} is not "
+                "a plain file name (letters, digits, _ . = + -; no "
+                ".safetensors)"
+            )
         if not isinstance(sha, str) or not _SHA256.match(sha):
             raise ManifestError(f"manifest entry {key!r}: file {name!r} has no valid sha256")
         try:
@@ -314,24 +346,24 @@ def _retention(raw: object) -> Retention | None:
     if raw is None:
         return None
     if not isinstance(raw, dict) or raw.keys() != {"keep_anchors", "removed_through"}:
-        raise ManifestError("malformed manifest: retention is not an object of keep_anchors "
-                            "and removed_through")
+        raise ManifestError("malformed manifest: retention is not an object of keep_anchors and removed_through")
     removed = None if raw["removed_through"] is None else _int(raw, "removed_through", 0)
     return Retention(_int(raw, "keep_anchors", 0), removed)
 
 
 def _check_piece(piece: int, where: str) -> None:
     if piece and not (MIN_PIECE <= piece <= MAX_PIECE and piece & (piece - 1) == 0):
-        raise ManifestError(f"{where}: piece_bytes {piece} is not 0 or a power of two in "
-                            f"[{MIN_PIECE}, {MAX_PIECE}]")
+        raise ManifestError(f"{where}: piece_bytes {piece} is not 0 or a power of two in [{MIN_PIECE}, {MAX_PIECE}]")
 
 
 def _parts_entry(index: int, raw: dict) -> Entry:
     """An entry made of parts, every field checked (the parts' covers disjoint)."""
     missing, unknown = (_PARTS_FIELDS - {"raw_bytes", "published_at_ms"}) - raw.keys(), raw.keys() - _PARTS_FIELDS
     if missing or unknown:
-        raise ManifestError(f"manifest entry {index} (with parts): missing {sorted(missing)}, unknown "
-                            f"{sorted(unknown)[:5]} (an entry has parts or a key, not both)")
+        raise ManifestError(
+            f"manifest entry {index} (with parts): missing {sorted(missing)}, unknown "
+            f"{sorted(unknown)[:5]} (an entry has parts or a key, not both)"
+        )
     kind, parts = raw["kind"], raw["parts"]
     if kind not in KINDS:
         raise ManifestError(f"manifest entry {index}: kind {str(kind)[:40]!r} is not one of {KINDS}")
@@ -341,9 +373,14 @@ def _parts_entry(index: int, raw: dict) -> Entry:
     parsed = tuple(parse_part(p, where, _check_piece) for p in parts)
     check_covers(parsed, where)
     base = None if raw["base"] is None else _int(raw, "base", 0)
-    return parts_entry(_int(raw, "version", 0), kind, base, parsed,
-                       _int(raw, "raw_bytes", 0) if "raw_bytes" in raw else 0,
-                       _int(raw, "published_at_ms", 0) if "published_at_ms" in raw else 0)
+    return parts_entry(
+        _int(raw, "version", 0),
+        kind,
+        base,
+        parsed,
+        _int(raw, "raw_bytes", 0) if "raw_bytes" in raw else 0,
+        _int(raw, "published_at_ms", 0) if "published_at_ms" in raw else 0,
+    )
 
 
 def _model(model: object) -> dict:
@@ -365,8 +402,7 @@ def checked(manifest: Manifest) -> Manifest:
         if e.base is not None and e.base >= e.version:
             raise ManifestError(f"entry {e.key!r}: delta to {e.version} from later base {e.base}")
         if i and _order(e) <= _order(manifest.entries[i - 1]):
-            raise ManifestError(f"entry {e.key!r} (version {e.version} {e.kind}) is out of order "
-                                "or duplicated")
+            raise ManifestError(f"entry {e.key!r} (version {e.version} {e.kind}) is out of order or duplicated")
         for key in e.keys:
             if key in keys:
                 raise ManifestError(f"key {key!r} is listed twice")
@@ -385,8 +421,9 @@ def object_key(version: int, kind: str, base: int | None, data: bytes, digest: s
 def make_entry(version: int, kind: str, base: int | None, data: bytes, raw_bytes: int) -> Entry:
     """The manifest entry of a freshly encoded object (its bytes hashed once, in parallel)."""
     digest = tree_sha256(data, PIECE_BYTES)
-    return Entry(version, kind, base, object_key(version, kind, base, data, digest), len(data),
-                 digest, raw_bytes, PIECE_BYTES)
+    return Entry(
+        version, kind, base, object_key(version, kind, base, data, digest), len(data), digest, raw_bytes, PIECE_BYTES
+    )
 
 
 def side_file(name: str, data: bytes) -> SideFile:

@@ -32,8 +32,12 @@ class Part:
     piece_bytes: int = 0
 
     def to_doc(self) -> dict:
-        doc = {"key": self.key, "size": self.size, "sha256": self.sha256,
-               "covers": [[name, [list(b) for b in box]] for name, box in self.covers]}
+        doc = {
+            "key": self.key,
+            "size": self.size,
+            "sha256": self.sha256,
+            "covers": [[name, [list(b) for b in box]] for name, box in self.covers],
+        }
         if self.piece_bytes:
             doc["piece_bytes"] = self.piece_bytes
         return doc
@@ -65,8 +69,9 @@ def parse_part(raw: object, where: str, check_piece) -> Part:
         raise ManifestError(f"{where}: covers is a {type(covers).__name__}, not a list")
     piece = _count(raw.get("piece_bytes", 0), f"{where}: piece_bytes")
     check_piece(piece, where)
-    return Part(raw["key"], _count(raw["size"], f"{where}: size", 1), sha,
-                tuple(_cover(c, where) for c in covers), piece)
+    return Part(
+        raw["key"], _count(raw["size"], f"{where}: size", 1), sha, tuple(_cover(c, where) for c in covers), piece
+    )
 
 
 def _cover(raw: object, where: str) -> tuple[str, Box]:
@@ -95,7 +100,7 @@ def check_covers(parts: tuple[Part, ...], where: str) -> None:
         if len({len(b) for b in boxes}) != 1:
             raise ManifestError(f"{where}: the boxes of {name!r} have different ranks")
         for i, a in enumerate(boxes):
-            for b in boxes[i + 1:]:
+            for b in boxes[i + 1 :]:
                 if _overlap(a, b):
                     raise ManifestError(f"{where}: the boxes {a} and {b} of {name!r} overlap")
 
@@ -112,8 +117,10 @@ def check_whole(parts: tuple[Part, ...], shapes: dict[str, tuple[int, ...]], whe
             covered[name] = covered.get(name, 0) + math.prod(e for _, e in box)
     short = [n for n, c in covered.items() if c != math.prod(shapes[n])]
     if short:
-        raise ManifestError(f"{where}: the parts do not cover tensor {short[0]!r} whole "
-                            f"({covered[short[0]]} of {math.prod(shapes[short[0]])} elements)")
+        raise ManifestError(
+            f"{where}: the parts do not cover tensor {short[0]!r} whole "
+            f"({covered[short[0]]} of {math.prod(shapes[short[0]])} elements)"
+        )
 
 
 def _overlap(a: Box, b: Box) -> bool:

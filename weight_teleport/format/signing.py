@@ -18,11 +18,12 @@ from weight_teleport.errors import ConfigError, ManifestSignatureError
 
 ALGORITHM = "ed25519"
 _INSTALL = "pip install 'weight-teleport[sign]' (the `cryptography` package)"
-_SUBSCRIBE_HINT = ("SubscriberConfig.trusted_keys; the publisher signs with "
-                   "PublisherConfig.signing_key")
-_RESUME_HINT = ("a publisher with PublisherConfig.signing_key resumes only from manifests its "
-                "key signed; to start signing an unsigned store, use resume=False and publish "
-                "at a version after the store's latest")
+_SUBSCRIBE_HINT = "SubscriberConfig.trusted_keys; the publisher signs with PublisherConfig.signing_key"
+_RESUME_HINT = (
+    "a publisher with PublisherConfig.signing_key resumes only from manifests its "
+    "key signed; to start signing an unsigned store, use resume=False and publish "
+    "at a version after the store's latest"
+)
 
 
 def _ed25519():
@@ -35,6 +36,7 @@ def _ed25519():
 
 def _raw_public(key) -> bytes:
     from cryptography.hazmat.primitives import serialization
+
     return key.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
 
 
@@ -49,8 +51,9 @@ def generate_keypair() -> tuple[bytes, bytes]:
     from cryptography.hazmat.primitives import serialization
 
     private = _ed25519().Ed25519PrivateKey.generate()
-    raw = private.private_bytes(serialization.Encoding.Raw, serialization.PrivateFormat.Raw,
-                                serialization.NoEncryption())
+    raw = private.private_bytes(
+        serialization.Encoding.Raw, serialization.PrivateFormat.Raw, serialization.NoEncryption()
+    )
     return raw, _raw_public(private.public_key())
 
 
@@ -62,16 +65,20 @@ def public_key(private_key: bytes) -> bytes:
 def _load_private(key: bytes):
     ed25519 = _ed25519()
     if not isinstance(key, bytes):
-        raise ConfigError(f"PublisherConfig.signing_key is a {type(key).__name__}: give the "
-                          "Ed25519 private key's 32 raw bytes or its PEM bytes")
+        raise ConfigError(
+            f"PublisherConfig.signing_key is a {type(key).__name__}: give the "
+            "Ed25519 private key's 32 raw bytes or its PEM bytes"
+        )
     if len(key) == 32:
         return ed25519.Ed25519PrivateKey.from_private_bytes(key)
     from cryptography.hazmat.primitives import serialization
+
     try:
         loaded = serialization.load_pem_private_key(key, password=None)
     except (ValueError, TypeError) as exc:
-        raise ConfigError(f"PublisherConfig.signing_key is neither 32 raw bytes nor an "
-                          f"unencrypted PEM private key ({exc})") from None
+        raise ConfigError(
+            f"PublisherConfig.signing_key is neither 32 raw bytes nor an unencrypted PEM private key ({exc})"
+        ) from None
     if not isinstance(loaded, ed25519.Ed25519PrivateKey):
         raise ConfigError(f"PublisherConfig.signing_key is a {type(loaded).__name__}, not Ed25519")
     return loaded
@@ -80,19 +87,22 @@ def _load_private(key: bytes):
 def _load_public(key: bytes):
     ed25519 = _ed25519()
     if not isinstance(key, bytes):
-        raise ConfigError(f"SubscriberConfig.trusted_keys holds a {type(key).__name__}: give "
-                          "each Ed25519 public key as 32 raw bytes or PEM bytes")
+        raise ConfigError(
+            f"SubscriberConfig.trusted_keys holds a {type(key).__name__}: give "
+            "each Ed25519 public key as 32 raw bytes or PEM bytes"
+        )
     if len(key) == 32:
         return ed25519.Ed25519PublicKey.from_public_bytes(key)
     from cryptography.hazmat.primitives import serialization
+
     try:
         loaded = serialization.load_pem_public_key(key)
     except ValueError as exc:
-        raise ConfigError(f"a key of SubscriberConfig.trusted_keys is neither 32 raw bytes "
-                          f"nor a PEM public key ({exc})") from None
+        raise ConfigError(
+            f"a key of SubscriberConfig.trusted_keys is neither 32 raw bytes nor a PEM public key ({exc})"
+        ) from None
     if not isinstance(loaded, ed25519.Ed25519PublicKey):
-        raise ConfigError(f"a key of SubscriberConfig.trusted_keys is a "
-                          f"{type(loaded).__name__}, not Ed25519")
+        raise ConfigError(f"a key of SubscriberConfig.trusted_keys is a {type(loaded).__name__}, not Ed25519")
     return loaded
 
 
@@ -131,29 +141,30 @@ class ManifestVerifier:
     def __call__(self, canonical: bytes, signature: object) -> None:
         key, sig = self._parse(signature)
         from cryptography.exceptions import InvalidSignature
+
         try:
             key.verify(sig, canonical)
         except InvalidSignature:
             raise ManifestSignatureError(
-                "the manifest's signature does not match its contents: it was modified after "
-                "it was signed (refused)") from None
+                "the manifest's signature does not match its contents: it was modified after it was signed (refused)"
+            ) from None
 
     def _parse(self, signature: object):
         """(the trusted key named, the raw signature) of a "signature" member."""
         trusted = sorted(self._keys)
         if signature is None:
             raise ManifestSignatureError(
-                f"the manifest is unsigned; only manifests signed by key(s) {trusted} are "
-                f"accepted ({self._hint})")
+                f"the manifest is unsigned; only manifests signed by key(s) {trusted} are accepted ({self._hint})"
+            )
         if not isinstance(signature, dict) or signature.get("alg") != ALGORITHM:
-            raise ManifestSignatureError(f"the manifest's signature is not an {ALGORITHM} "
-                                         "signature object")
+            raise ManifestSignatureError(f"the manifest's signature is not an {ALGORITHM} signature object")
         key_id = signature.get("key_id")
         key = self._keys.get(key_id) if isinstance(key_id, str) else None  # JSON: may be a list
         if key is None:
             raise ManifestSignatureError(
                 f"the manifest is signed by key {str(signature.get('key_id'))[:40]!r}, not by a "
-                f"trusted key {trusted} ({self._hint})")
+                f"trusted key {trusted} ({self._hint})"
+            )
         try:
             sig = base64.b64decode(str(signature.get("sig")), validate=True)
         except (binascii.Error, ValueError):

@@ -91,14 +91,19 @@ class TeleportVLLMClient(VLLMClient):
         from vllm.distributed.weight_transfer import HTTPVLLMWeightSyncClient, WeightTransferTrainerFactory
 
         if self.get_server_info()["weight_transfer_config"] is None:
-            raise ConfigError(f"the vLLM server at {self.base_url} has no weight-transfer engine: start it with "
-                              """--weight-transfer-config '{"backend": "weight_teleport"}' and the worker """
-                              "extension weight_teleport.targets.vllm_backend.TeleportBackendExtension")
+            raise ConfigError(
+                f"the vLLM server at {self.base_url} has no weight-transfer engine: start it with "
+                """--weight-transfer-config '{"backend": "weight_teleport"}' and the worker """
+                "extension weight_teleport.targets.vllm_backend.TeleportBackendExtension"
+            )
         if dist.is_available() and dist.is_initialized() and dist.get_world_size(self.teleport.group) > 1:
-            raise ConfigError("TeleportVLLMClient supports one trainer process: TRL calls the weight sync on the "
-                              "main process alone, so the other ranks would never join the engine's group")
+            raise ConfigError(
+                "TeleportVLLMClient supports one trainer process: TRL calls the weight sync on the "
+                "main process alone, so the other ranks would never join the engine's group"
+            )
         self.engine = WeightTransferTrainerFactory.trainer_init(
-            self.teleport, client=HTTPVLLMWeightSyncClient(self.base_url))
+            self.teleport, client=HTTPVLLMWeightSyncClient(self.base_url)
+        )
         atexit.register(self.close_communicator)
 
     @contextmanager
@@ -114,8 +119,9 @@ class TeleportVLLMClient(VLLMClient):
             self._pending = None
         self._send(pending)
 
-    def update_named_params(self, metadata: list[tuple[str, str, list[int]]],
-                            named_params: Iterator[tuple[str, torch.Tensor]]) -> None:
+    def update_named_params(
+        self, metadata: list[tuple[str, str, list[int]]], named_params: Iterator[tuple[str, torch.Tensor]]
+    ) -> None:
         """Copy the tensors TRL yields (`metadata` is TRL's announcement for NCCL; the
         store's manifest carries names, dtypes and shapes) and send them as one version,
         or add them to the `weight_update` block's version."""

@@ -35,9 +35,16 @@ class Heartbeat:
     """PUTs `position()` (plus the sampler id) to `URL/samplers/ID` every `interval_s`,
     and soon after each `nudge()`."""
 
-    def __init__(self, url: str, sampler_id: str, interval_s: float,
-                 position: Callable[[], dict], token: str | None = None,
-                 ca_file: str | None = None, timeout_s: float = 2.0):
+    def __init__(
+        self,
+        url: str,
+        sampler_id: str,
+        interval_s: float,
+        position: Callable[[], dict],
+        token: str | None = None,
+        ca_file: str | None = None,
+        timeout_s: float = 2.0,
+    ):
         parts = urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError(f"heartbeats go to an http(s):// origin, not {url!r}")
@@ -53,8 +60,7 @@ class Heartbeat:
         self._failures = Repeats()
         self.sent = 0
         """Heartbeats the origin accepted."""
-        self._thread = threading.Thread(target=self._run, daemon=True,
-                                        name="weight-teleport-heartbeat")
+        self._thread = threading.Thread(target=self._run, daemon=True, name="weight-teleport-heartbeat")
         self._thread.start()
 
     def nudge(self) -> None:
@@ -79,20 +85,27 @@ class Heartbeat:
             except Exception as exc:  # the origin's problem, never the sampler's
                 delay = min(MAX_BACKOFF_S, max(self.interval_s, 2 * delay))
                 if self._failures.should_log():
-                    log.warning("%s", kv("heartbeat_failed", sampler=self.sampler_id,
-                                         attempts=self._failures.count, retry_in_s=delay,
-                                         error=f"{type(exc).__name__}: {exc}"))
+                    log.warning(
+                        "%s",
+                        kv(
+                            "heartbeat_failed",
+                            sampler=self.sampler_id,
+                            attempts=self._failures.count,
+                            retry_in_s=delay,
+                            error=f"{type(exc).__name__}: {exc}",
+                        ),
+                    )
                 continue
             delay = self.interval_s
             self.sent += 1
             failed = self._failures.reset()
             if failed:
-                log.warning("%s", kv("heartbeat_recovered", sampler=self.sampler_id,
-                                     failed_attempts=failed))
+                log.warning("%s", kv("heartbeat_recovered", sampler=self.sampler_id, failed_attempts=failed))
 
     def _body(self) -> bytes:
-        report = {k: (None if isinstance(v, float) and not math.isfinite(v) else v)
-                  for k, v in self._position().items()}
+        report = {
+            k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in self._position().items()
+        }
         error = report.get("last_error")
         if error:
             report["last_error"] = error[:MAX_ERROR_CHARS]
@@ -103,8 +116,7 @@ class Heartbeat:
         body = self._body()
         conn: http.client.HTTPConnection
         if self._tls is not None:
-            conn = http.client.HTTPSConnection(*self._netloc, timeout=self.timeout_s,
-                                               context=self._tls)
+            conn = http.client.HTTPSConnection(*self._netloc, timeout=self.timeout_s, context=self._tls)
         else:
             conn = http.client.HTTPConnection(*self._netloc, timeout=self.timeout_s)
         try:
@@ -112,8 +124,7 @@ class Heartbeat:
             resp = conn.getresponse()
             text = resp.read(4096)
             if resp.status >= 300:
-                raise ConnectionError(f"HTTP {resp.status} "
-                                      f"{text.decode('utf-8', 'replace').strip()[:200]}")
+                raise ConnectionError(f"HTTP {resp.status} {text.decode('utf-8', 'replace').strip()[:200]}")
         finally:
             conn.close()
 
@@ -125,5 +136,11 @@ def heartbeat_for(url: str, config, position: Callable[[], dict]) -> Heartbeat |
     if target is None or config.heartbeat_s is None:
         return None
     store = config.store
-    return Heartbeat(target, config.sampler_id or default_sampler_id(), config.heartbeat_s,
-                     position, token=store.read_token or store.token, ca_file=store.ca_file)
+    return Heartbeat(
+        target,
+        config.sampler_id or default_sampler_id(),
+        config.heartbeat_s,
+        position,
+        token=store.read_token or store.token,
+        ca_file=store.ca_file,
+    )

@@ -13,8 +13,7 @@ from weight_teleport.observe.logs import kv
 log = logging.getLogger(__name__)
 
 NAMESPACE = "weight_teleport"
-SECONDS_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
-                   10.0, 30.0, 60.0, 120.0)
+SECONDS_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 """Buckets of the seconds histograms: a millisecond pause to a two-minute anchor upload."""
 
 

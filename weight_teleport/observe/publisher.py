@@ -19,22 +19,21 @@ class PublisherMetrics(Exposed):
         opts: dict[str, Any] = dict(namespace=NAMESPACE, subsystem="publisher", registry=self.registry)
         seconds: dict[str, Any] = dict(buckets=SECONDS_BUCKETS, **opts)
         self.versions = Counter("versions_published", "Versions published (in the manifest).", **opts)
-        self.skipped = Counter("versions_skipped", "Snapshots dropped by back-pressure "
-                                                   "(backpressure='skip').", **opts)
+        self.skipped = Counter("versions_skipped", "Snapshots dropped by back-pressure (backpressure='skip').", **opts)
         self.failures = Counter("failures", "Versions that failed to publish.", **opts)
         self.encode = Histogram("encode_seconds", "Time to encode a version's pack.", **seconds)
-        self.upload = Histogram("upload_seconds", "Time to store a version's pack and "
-                                                  "manifest.", **seconds)
-        self.total = Histogram("publish_seconds", "From the publish call to the manifest "
-                                                  "naming the version.", **seconds)
-        self.snapshot = Histogram("snapshot_seconds", "Time publish blocked the caller "
-                                                      "(copying the weights).", **seconds)
-        self.wire = Counter("wire_bytes", "Bytes a follower fetches per version (its delta, "
-                                          "else its snapshot), summed.", **opts)
-        self.raw = Counter("raw_bytes", "Bytes of the weights of each version published, "
-                                        "summed.", **opts)
-        self.stored = Counter("stored_bytes", "Bytes of the objects announced, by kind.",
-                              labelnames=("kind",), **opts)
+        self.upload = Histogram("upload_seconds", "Time to store a version's pack and manifest.", **seconds)
+        self.total = Histogram(
+            "publish_seconds", "From the publish call to the manifest naming the version.", **seconds
+        )
+        self.snapshot = Histogram(
+            "snapshot_seconds", "Time publish blocked the caller (copying the weights).", **seconds
+        )
+        self.wire = Counter(
+            "wire_bytes", "Bytes a follower fetches per version (its delta, else its snapshot), summed.", **opts
+        )
+        self.raw = Counter("raw_bytes", "Bytes of the weights of each version published, summed.", **opts)
+        self.stored = Counter("stored_bytes", "Bytes of the objects announced, by kind.", labelnames=("kind",), **opts)
         self.latest = Gauge("latest_version", "The newest version published.", **opts)
         self.queue = Gauge("queue_depth", "Snapshots waiting to be encoded.", **opts)
         self.queue.set_function(queue_depth)

@@ -57,16 +57,16 @@ class SubscriberMetrics(Exposed):
         opts: dict[str, Any] = dict(namespace=NAMESPACE, subsystem="subscriber", registry=self.registry)
         seconds: dict[str, Any] = dict(buckets=SECONDS_BUCKETS, **opts)
         self.fetch = Histogram("fetch_seconds", "Time to fetch and check an object.", **seconds)
-        self.stage = Histogram("stage_seconds", "Time to decode and verify an object "
-                                                "(outside the pause).", **seconds)
-        self.pause = Histogram("pause_seconds", "Time an apply wrote the live weights.",
-                               buckets=PAUSE_BUCKETS, **opts)
-        self.ready = Histogram("publish_to_ready_seconds", "From a version's publication "
-                                                           "to its patch staged here.", **seconds)
+        self.stage = Histogram("stage_seconds", "Time to decode and verify an object (outside the pause).", **seconds)
+        self.pause = Histogram("pause_seconds", "Time an apply wrote the live weights.", buckets=PAUSE_BUCKETS, **opts)
+        self.ready = Histogram(
+            "publish_to_ready_seconds", "From a version's publication to its patch staged here.", **seconds
+        )
         self.fetched_bytes = Counter("fetched_bytes", "Object bytes fetched and accepted.", **opts)
         self.fetched = Counter("objects_fetched", "Objects fetched and accepted.", **opts)
-        self.rejected = Counter("objects_rejected", "Objects refused (size, SHA-256 or header "
-                                                    "not the manifest's).", **opts)
+        self.rejected = Counter(
+            "objects_rejected", "Objects refused (size, SHA-256 or header not the manifest's).", **opts
+        )
         self.resyncs = Counter("resyncs", "Restarts from an anchor.", **opts)
         self.retries = Counter("retries", "Failed steps retried after a backoff.", **opts)
         self.applied = Counter("versions_applied", "Versions written into the target.", **opts)
@@ -103,10 +103,18 @@ class SubscriberMetrics(Exposed):
     def position(self) -> dict:
         """The figures a heartbeat reports: version, state, lag, last pause and error."""
         w = self.where()
-        return {"version": w.version, "latest": w.latest, "state": w.health.state,
-                "last_error": w.health.last_error, "versions_behind": _behind(w),
-                "lag_s": _lag_s(w), "pause_s": self.last_pause_s, "ready_s": self.last_ready_s,
-                "resyncs": self.resync_count, "fetched_bytes": self.fetched_byte_count}
+        return {
+            "version": w.version,
+            "latest": w.latest,
+            "state": w.health.state,
+            "last_error": w.health.last_error,
+            "versions_behind": _behind(w),
+            "lag_s": _lag_s(w),
+            "pause_s": self.last_pause_s,
+            "ready_s": self.last_ready_s,
+            "resyncs": self.resync_count,
+            "fetched_bytes": self.fetched_byte_count,
+        }
 
 
 def _behind(w: Where) -> int | None:
@@ -131,23 +139,33 @@ class _Gauges(Collector):
     def collect(self):
         w = self._m.where()
         nan = math.nan
-        yield GaugeMetricFamily(f"{_PREFIX}_version", "The version the target serves "
-                                "(NaN before the first apply).",
-                                value=nan if w.version is None else w.version)
-        yield GaugeMetricFamily(f"{_PREFIX}_latest_version", "The store's newest version "
-                                "as last read.", value=nan if w.latest is None else w.latest)
+        yield GaugeMetricFamily(
+            f"{_PREFIX}_version",
+            "The version the target serves (NaN before the first apply).",
+            value=nan if w.version is None else w.version,
+        )
+        yield GaugeMetricFamily(
+            f"{_PREFIX}_latest_version",
+            "The store's newest version as last read.",
+            value=nan if w.latest is None else w.latest,
+        )
         behind = _behind(w)
-        yield GaugeMetricFamily(f"{_PREFIX}_versions_behind", "Versions published after the "
-                                "one served.", value=nan if behind is None else behind)
-        yield GaugeMetricFamily(f"{_PREFIX}_lag_seconds", "Since the oldest version not yet "
-                                "served was published (0 when up to date).",
-                                value=_lag_s(w) if _lag_s(w) is not None else nan)
+        yield GaugeMetricFamily(
+            f"{_PREFIX}_versions_behind",
+            "Versions published after the one served.",
+            value=nan if behind is None else behind,
+        )
+        yield GaugeMetricFamily(
+            f"{_PREFIX}_lag_seconds",
+            "Since the oldest version not yet served was published (0 when up to date).",
+            value=_lag_s(w) if _lag_s(w) is not None else nan,
+        )
         state = StateSetMetricFamily(f"{_PREFIX}_health", "The subscriber's health state.")
         state.add_metric([], {s: s == w.health.state for s in STATES})
         yield state
-        info = InfoMetricFamily(f"{_PREFIX}_last_error", "The latest failure's message "
-                                "(empty: none yet).")
+        info = InfoMetricFamily(f"{_PREFIX}_last_error", "The latest failure's message (empty: none yet).")
         info.add_metric([], {"message": (w.health.last_error or "")[:200]})
         yield info
-        yield GaugeMetricFamily(f"{_PREFIX}_consecutive_failures", "Failures since the last "
-                                "progress.", value=w.health.consecutive_failures)
+        yield GaugeMetricFamily(
+            f"{_PREFIX}_consecutive_failures", "Failures since the last progress.", value=w.health.consecutive_failures
+        )

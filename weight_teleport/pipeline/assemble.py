@@ -54,10 +54,13 @@ def flat_patch(staged: StagedParts, state: Mapping[str, torch.Tensor]) -> FlatPa
             out += [W.flat_chunk(c, sub, order, tuple(state[t.name].shape)) for c in t.chunks]
     names = [n for n in infos if chunks[n]]
     digests = dict(zip(names, tensor_digests([state[n] for n in names])))
-    tensors = [TensorPatch(n, infos[n].info, tuple(state[n].shape), from_hex(digests[n]) if n in digests else 0,
-                           chunks[n]) for n in infos]
-    return FlatParts(staged.kind, staged.version, staged.base_version, tensors, staged.base_checked,
-                     records=patch_records(staged))
+    tensors = [
+        TensorPatch(n, infos[n].info, tuple(state[n].shape), from_hex(digests[n]) if n in digests else 0, chunks[n])
+        for n in infos
+    ]
+    return FlatParts(
+        staged.kind, staged.version, staged.base_version, tensors, staged.base_checked, records=patch_records(staged)
+    )
 
 
 def empty_state(headers: list[PackHeader]) -> dict[str, torch.Tensor]:

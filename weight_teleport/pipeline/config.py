@@ -45,10 +45,17 @@ class _Fields:
         value = getattr(self.config, name)
         if value is None and none:
             return
-        if isinstance(value, bool) or not isinstance(value, (int, float)) \
-                or not (value > 0 if positive else value >= 0) or (finite and value == float("inf")):
-            raise self.bad(name, f"use a{' finite' if finite else ''} number of seconds "
-                                 f"{'> 0' if positive else '>= 0'}" + (" or None" if none else ""))
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, (int, float))
+            or not (value > 0 if positive else value >= 0)
+            or (finite and value == float("inf"))
+        ):
+            raise self.bad(
+                name,
+                f"use a{' finite' if finite else ''} number of seconds "
+                f"{'> 0' if positive else '>= 0'}" + (" or None" if none else ""),
+            )
 
     def choice(self, name: str, choices: tuple) -> None:
         if getattr(self.config, name) not in choices:
@@ -142,12 +149,18 @@ class PublisherConfig:
                 raise bad("coder", f"coder is deprecated: set codec, one of {', '.join(map(repr, CHOICES))}")
             if self.codec not in (DEFAULT, DEPRECATED_CODERS[self.coder]):
                 raise bad("coder", f"it is deprecated: set codec={self.codec!r} alone")
-            warnings.warn(f"PublisherConfig.coder={self.coder!r} is deprecated: use "
-                          f"codec={DEPRECATED_CODERS[self.coder]!r}", DeprecationWarning, stacklevel=4)
+            warnings.warn(
+                f"PublisherConfig.coder={self.coder!r} is deprecated: use codec={DEPRECATED_CODERS[self.coder]!r}",
+                DeprecationWarning,
+                stacklevel=4,
+            )
             # a deprecated coder names one of CHOICES (checked below with the rest)
             self.codec, self.coder = cast(Codec, DEPRECATED_CODERS[self.coder]), None
-        for name, choices in (("backpressure", BACKPRESSURE), ("baseline_device", BASELINE_DEVICES),
-                              ("codec", CHOICES)):
+        for name, choices in (
+            ("backpressure", BACKPRESSURE),
+            ("baseline_device", BASELINE_DEVICES),
+            ("codec", CHOICES),
+        ):
             f.choice(name, choices)
         whole("anchor_every", 1)
         whole("max_pending", 1)
@@ -166,13 +179,11 @@ class PublisherConfig:
         f.seconds("retry_for_s", finite=False)  # inf: retry for as long as it takes
         if self.signing_key is not None and not isinstance(self.signing_key, (bytes, str)):
             raise bad("signing_key", "use the key's bytes (raw or PEM), or None")
-        for name, kind in (("retention", RetentionConfig), ("store", StoreConfig),
-                           ("metrics", MetricsConfig)):
+        for name, kind in (("retention", RetentionConfig), ("store", StoreConfig), ("metrics", MetricsConfig)):
             f.instance(name, kind, f"a {kind.__name__}")
         keep = self.retention.keep_anchors
         if isinstance(keep, bool) or not isinstance(keep, int) or keep < 0:
-            raise ConfigError(f"RetentionConfig.keep_anchors={keep!r}: use an integer >= 0 "
-                              "(0 keeps everything)")
+            raise ConfigError(f"RetentionConfig.keep_anchors={keep!r}: use an integer >= 0 (0 keeps everything)")
 
 
 @dataclass

@@ -7,8 +7,18 @@ from weight_teleport.errors import ConfigError, ManifestError, ManifestSignature
 
 # ConfigError and the manifest's errors live with the library's other typed errors (the
 # manifest's format, format/manifest.py, raises them); the pipeline names them from here too
-__all__ = ["ConfigError", "GroupFailed", "ManifestError", "ManifestRollback", "ManifestSignatureError", "NoPlanError",
-           "ObjectRejected", "PublishCancelled", "PublishConflict", "PublishFailed"]
+__all__ = [
+    "ConfigError",
+    "GroupFailed",
+    "ManifestError",
+    "ManifestRollback",
+    "ManifestSignatureError",
+    "NoPlanError",
+    "ObjectRejected",
+    "PublishCancelled",
+    "PublishConflict",
+    "PublishFailed",
+]
 
 
 class ManifestRollback(ManifestError):

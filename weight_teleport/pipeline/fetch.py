@@ -77,8 +77,9 @@ def _fetch_whole(store: Store, entry: Entry) -> bytes:
     except TooLarge as exc:
         raise ObjectRejected(f"{entry.key}: {exc} (the manifest says {entry.size})") from None
     if len(data) != entry.size:
-        raise ObjectRejected(f"{entry.key}: {len(data)} bytes, the manifest says {entry.size} "
-                             "(truncated or overwritten)")
+        raise ObjectRejected(
+            f"{entry.key}: {len(data)} bytes, the manifest says {entry.size} (truncated or overwritten)"
+        )
     _check_hash(entry, object_hash(data, entry.piece_bytes))
     return data
 
@@ -89,16 +90,14 @@ def _fetch_ranges(store: Store, entry: Entry, pinned: bool) -> np.ndarray:
     entry's size is allocated."""
     span = max(entry.piece_bytes, RANGE_BYTES - RANGE_BYTES % entry.piece_bytes)
     starts = range(0, entry.size, span)
-    _check_range(entry, entry.size - 1, entry.size,
-                 len(store.get_range(entry.key, entry.size - 1, entry.size)))
+    _check_range(entry, entry.size - 1, entry.size, len(store.get_range(entry.key, entry.size - 1, entry.size)))
     out = _buffer(entry.size, pinned)
 
     def place(start: int) -> list[bytes]:
         stop = min(start + span, entry.size)
         _check_range(entry, start, stop, store.get_range_into(entry.key, start, out[start:stop]))
         view = memoryview(out)[start:stop]  # type: ignore[arg-type]  # an ndarray is a buffer; its stubs say so from 3.12 only
-        return [piece_digest(view[at:at + entry.piece_bytes])
-                for at in range(0, len(view), entry.piece_bytes)]
+        return [piece_digest(view[at : at + entry.piece_bytes]) for at in range(0, len(view), entry.piece_bytes)]
 
     with ThreadPoolExecutor(min(FETCH_THREADS, len(starts)), thread_name_prefix="wt-fetch") as pool:
         digests = [d for part in pool.map(place, starts) for d in part]
@@ -108,15 +107,18 @@ def _fetch_ranges(store: Store, entry: Entry, pinned: bool) -> np.ndarray:
 
 def _check_range(entry: Entry, start: int, stop: int, came: int) -> None:
     if came != stop - start:
-        raise ObjectRejected(f"{entry.key}: bytes [{start}, {stop}) came back as {came} bytes; "
-                             f"the manifest says the object has {entry.size} (truncated or "
-                             "overwritten)")
+        raise ObjectRejected(
+            f"{entry.key}: bytes [{start}, {stop}) came back as {came} bytes; "
+            f"the manifest says the object has {entry.size} (truncated or "
+            "overwritten)"
+        )
 
 
 def _check_hash(entry: Entry, digest: str) -> None:
     if digest != entry.sha256:
-        raise ObjectRejected(f"{entry.key}: content hash {digest[:16]}..., the manifest says "
-                             f"{entry.sha256[:16]}... (corrupted)")
+        raise ObjectRejected(
+            f"{entry.key}: content hash {digest[:16]}..., the manifest says {entry.sha256[:16]}... (corrupted)"
+        )
 
 
 def _check_header(entry: Entry, data) -> PackHeader:
@@ -128,7 +130,8 @@ def _check_header(entry: Entry, data) -> PackHeader:
         raise ObjectRejected(
             f"{entry.key}: holds a {header.kind} to version {header.version} from "
             f"{header.base_version}, the manifest lists a {entry.kind} to {entry.version} from "
-            f"{entry.base} (duplicated or out-of-order object)")
+            f"{entry.base} (duplicated or out-of-order object)"
+        )
     return header
 
 
@@ -166,15 +169,21 @@ def fetch_side_files(store: Store, manifest: Manifest, version: int) -> dict[str
         except TooLarge as exc:
             raise ObjectRejected(f"side file {f.name} ({f.key}): {exc}") from None
         if len(data) != f.size or hashlib.sha256(data).hexdigest() != f.sha256:
-            raise ObjectRejected(f"side file {f.name} ({f.key}): not the bytes the manifest "
-                                 f"names ({len(data)} bytes, the manifest says {f.size})")
+            raise ObjectRejected(
+                f"side file {f.name} ({f.key}): not the bytes the manifest "
+                f"names ({len(data)} bytes, the manifest says {f.size})"
+            )
         out[f.name] = data
     return out
 
 
-def materialize(store: Store, manifest: Manifest, version: int | None = None,
-                progress: Progress | None = None,
-                threads: int | None = None) -> tuple[dict[str, torch.Tensor], int]:
+def materialize(
+    store: Store,
+    manifest: Manifest,
+    version: int | None = None,
+    progress: Progress | None = None,
+    threads: int | None = None,
+) -> tuple[dict[str, torch.Tensor], int]:
     """Full weights of `version` (default: the latest) decoded from the store's anchor and
     deltas, with every digest checked; returns (state, version). NoPlanError where the
     manifest lists no version."""
@@ -213,8 +222,9 @@ def fetch_parts(store: Store, entry: Entry, pinned: bool = False) -> list[Fetche
         check_covers(header, part)
         for r in header.tensors:
             if shapes.setdefault(r.name, (tuple(r.shape), r.dtype)) != (tuple(r.shape), r.dtype):
-                raise ObjectRejected(f"{part.key}: tensor {r.name!r} is {r.shape} {r.dtype} here, "
-                                     f"{shapes[r.name]} in another part")
+                raise ObjectRejected(
+                    f"{part.key}: tensor {r.name!r} is {r.shape} {r.dtype} here, {shapes[r.name]} in another part"
+                )
         packs.append(pack)
     check_parts_whole(entry, {n: s for n, (s, _) in shapes.items()})
     return packs
@@ -223,11 +233,15 @@ def fetch_parts(store: Store, entry: Entry, pinned: bool = False) -> list[Fetche
 def check_covers(header: PackHeader, part: Part) -> None:
     """ObjectRejected unless the records of a part's pack cover what the manifest lists for
     the part (the names and boxes of its records)."""
-    found = tuple((r.name, tuple(map(tuple, r.box)) if r.box is not None else tuple((0, d) for d in r.shape))
-                  for r in header.tensors)
+    found = tuple(
+        (r.name, tuple(map(tuple, r.box)) if r.box is not None else tuple((0, d) for d in r.shape))
+        for r in header.tensors
+    )
     if found != part.covers:
-        raise ObjectRejected(f"{part.key}: its records cover {found[:3]}..., the manifest lists "
-                             f"{part.covers[:3]}... (a pack of another part or writer)")
+        raise ObjectRejected(
+            f"{part.key}: its records cover {found[:3]}..., the manifest lists "
+            f"{part.covers[:3]}... (a pack of another part or writer)"
+        )
 
 
 def check_parts_whole(entry: Entry, shapes: dict[str, tuple[int, ...]]) -> None:
@@ -238,15 +252,17 @@ def check_parts_whole(entry: Entry, shapes: dict[str, tuple[int, ...]]) -> None:
         raise ObjectRejected(str(exc)) from None
 
 
-def _apply_parts(store: Store, entry: Entry, state: dict, progress: Progress | None,
-                 threads: int | None) -> dict[str, torch.Tensor]:
+def _apply_parts(
+    store: Store, entry: Entry, state: dict, progress: Progress | None, threads: int | None
+) -> dict[str, torch.Tensor]:
     """`state` advanced by a version made of parts (a snapshot's parts build a new state)."""
     packs = fetch_parts(store, entry)
     if progress is not None:
         progress(sum(len(p.data) for p in packs))
     if entry.kind == "snapshot":
         state = assemble.empty_state([p.header for p in packs])
-    staged = assemble.stage_parts(state, packs, threads=threads,
-                                  base_version=entry.base if entry.kind == "delta" else None)
+    staged = assemble.stage_parts(
+        state, packs, threads=threads, base_version=entry.base if entry.kind == "delta" else None
+    )
     assemble.apply_parts(state, staged, threads)
     return state

@@ -65,8 +65,13 @@ class HealthMonitor:
     """Turns the follower's failures and progress into `Health`, logs and a give-up time;
     `who` names the follower in its log events ("subscriber", "worker")."""
 
-    def __init__(self, failing_after: int, give_up_after_s: float | None,
-                 on_change: Callable[[Health], None] | None = None, who: str = "subscriber"):
+    def __init__(
+        self,
+        failing_after: int,
+        give_up_after_s: float | None,
+        on_change: Callable[[Health], None] | None = None,
+        who: str = "subscriber",
+    ):
         self.health = Health(since=time.time())
         self._who = who
         self._failing_after = max(1, failing_after)
@@ -91,8 +96,15 @@ class HealthMonitor:
             return
         if h.consecutive_failures:
             assert self._streak_start is not None  # set by the streak's first failure
-            log.warning("%s", kv(f"{self._who}_recovered", failures=h.consecutive_failures,
-                                 seconds=time.monotonic() - self._streak_start, what=what))
+            log.warning(
+                "%s",
+                kv(
+                    f"{self._who}_recovered",
+                    failures=h.consecutive_failures,
+                    seconds=time.monotonic() - self._streak_start,
+                    what=what,
+                ),
+            )
         self._streak_start, self._told = None, set()
         self._set(replace(h, consecutive_failures=0), "healthy")
 
@@ -103,16 +115,21 @@ class HealthMonitor:
 
     def should_give_up(self) -> bool:
         """True once failures have lasted `give_up_after_s` with no progress."""
-        return (self._give_up_after_s is not None and self._streak_start is not None
-                and time.monotonic() - self._streak_start >= self._give_up_after_s)
+        return (
+            self._give_up_after_s is not None
+            and self._streak_start is not None
+            and time.monotonic() - self._streak_start >= self._give_up_after_s
+        )
 
     def give_up(self) -> SubscriberFailed:
         """Mark the subscriber as given up; the error `wait` and `apply` raise."""
         h = self.health
         elapsed = time.monotonic() - (self._streak_start or time.monotonic())
-        message = (f"the subscriber gave up after {elapsed:.1f} s without progress "
-                   f"(SubscriberConfig.give_up_after_s={self._give_up_after_s}); last error: "
-                   f"{h.last_error}")
+        message = (
+            f"the subscriber gave up after {elapsed:.1f} s without progress "
+            f"(SubscriberConfig.give_up_after_s={self._give_up_after_s}); last error: "
+            f"{h.last_error}"
+        )
         log.error("%s", kv(f"{self._who}_gave_up", seconds=elapsed, error=h.last_error))
         self._set(replace(h, gave_up=True), "failing")
         return SubscriberFailed(message, self.health)
@@ -121,8 +138,7 @@ class HealthMonitor:
         """Log a failure unless this streak logged the same error already (turning to
         "failing" is always logged)."""
         shape, n = _shape(message), self.health.consecutive_failures + 1
-        line = kv(f"{self._who}_failing" if state == "failing" else f"{self._who}_retrying",
-                  failures=n, error=message)
+        line = kv(f"{self._who}_failing" if state == "failing" else f"{self._who}_retrying", failures=n, error=message)
         if state == "failing" and self.health.state != "failing":
             log.error("%s", line)
         elif shape not in self._told and len(self._told) < _TOLD_MAX:

@@ -25,8 +25,9 @@ class Plan:
         return sum(e.size for e in self.steps)
 
 
-def plan_catchup(manifest: Manifest, current: int | None, target: int | None = None,
-                 exclude: frozenset[str] | set[str] = frozenset()) -> Plan:
+def plan_catchup(
+    manifest: Manifest, current: int | None, target: int | None = None, exclude: frozenset[str] | set[str] = frozenset()
+) -> Plan:
     """The cheapest plan (fewest bytes, then fewest steps) from `current` (None: no usable
     weights) to `target` (None: the latest version), skipping keys in `exclude`.
 
@@ -40,25 +41,24 @@ def plan_catchup(manifest: Manifest, current: int | None, target: int | None = N
         current = None  # ahead of the store (it was reset): start again from an anchor
     best = _cheapest(manifest, current, target, exclude)
     if target not in best:
-        raise NoPlanError(f"no anchor or chain of deltas in the store reaches version {target} "
-                          f"(from {current}); publish a new anchor or pick another version")
+        raise NoPlanError(
+            f"no anchor or chain of deltas in the store reaches version {target} "
+            f"(from {current}); publish a new anchor or pick another version"
+        )
     steps = best[target]
     from_anchor = steps[0].kind == "snapshot"
-    broken = current is not None and from_anchor and not _chain_exists(manifest, current, target,
-                                                                       exclude)
+    broken = current is not None and from_anchor and not _chain_exists(manifest, current, target, exclude)
     return Plan(steps, target, from_anchor, broken)
 
 
-def _cheapest(manifest: Manifest, current: int | None, target: int,
-              exclude) -> dict[int | None, tuple[Entry, ...]]:
+def _cheapest(manifest: Manifest, current: int | None, target: int, exclude) -> dict[int | None, tuple[Entry, ...]]:
     """The cheapest steps from `current` to every version up to `target` that a plan
     avoiding `exclude` reaches (`current` itself in no steps)."""
     best: dict[int | None, tuple[int, int, tuple[Entry, ...]]] = {}
     if current is not None:
         best[current] = (0, 0, ())
     for e in manifest.entries:
-        if e.version > target or (current is not None and e.version <= current) \
-                or e.key in exclude:
+        if e.version > target or (current is not None and e.version <= current) or e.key in exclude:
             continue
         candidate: tuple[int, int, tuple[Entry, ...]]
         if e.kind == "snapshot":
@@ -73,8 +73,7 @@ def _cheapest(manifest: Manifest, current: int | None, target: int,
     return {v: steps for v, (_, _, steps) in best.items()}
 
 
-def plan_avoiding(manifest: Manifest, current: int | None, set_aside: set[str],
-                  broken: set[str]) -> Plan:
+def plan_avoiding(manifest: Manifest, current: int | None, set_aside: set[str], broken: set[str]) -> Plan:
     """The plan to follow from `current`: the cheapest to the latest version that avoids
     the `set_aside` keys; failing that, the cheapest to the newest version that such a plan
     reaches (its `target` is then older than the latest: what can be applied is, while the
@@ -98,8 +97,9 @@ def _newest_reachable(manifest: Manifest, current: int | None, exclude) -> int |
         return None
     if current is not None and current > latest:
         current = None  # ahead of the store: as plan_catchup
-    newer = [v for v in _cheapest(manifest, current, latest, exclude)
-             if v is not None and (current is None or v > current)]
+    newer = [
+        v for v in _cheapest(manifest, current, latest, exclude) if v is not None and (current is None or v > current)
+    ]
     return max(newer, default=None)
 
 
@@ -122,8 +122,7 @@ def plan_retention(manifest: Manifest, keep_anchors: int) -> tuple[Manifest, lis
     oldest = anchors[-keep_anchors].version
     kept = tuple(e for e in manifest.entries if e.version >= oldest)
     dropped = [e for e in manifest.entries if e.version < oldest]
-    removed = max(e.version for e in dropped) if removed is None else \
-        max(removed, *(e.version for e in dropped))
+    removed = max(e.version for e in dropped) if removed is None else max(removed, *(e.version for e in dropped))
     return replace(manifest, entries=kept, retention=Retention(keep_anchors, removed)), dropped
 
 

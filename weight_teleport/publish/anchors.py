@@ -54,8 +54,7 @@ class AnchorUploader:
     previous one is still uploading (the caller postpones the anchor to a later version;
     memory stays at one encoded anchor)."""
 
-    def __init__(self, store: Store, announce: Callable[[Entry], None],
-                 deltas_first: DeltasFirst | None = None):
+    def __init__(self, store: Store, announce: Callable[[Entry], None], deltas_first: DeltasFirst | None = None):
         self._store, self._announce = store, announce
         self.deltas_first = deltas_first or DeltasFirst()
         self._cond = threading.Condition()
@@ -72,8 +71,9 @@ class AnchorUploader:
             if self._busy:
                 return False
             self._busy = True
-        self._thread = threads.start(lambda: self._upload(entry, pack, result),
-                                     "weight-teleport-anchor", self._stopping.set)
+        self._thread = threads.start(
+            lambda: self._upload(entry, pack, result), "weight-teleport-anchor", self._stopping.set
+        )
         return True
 
     def _between_pieces(self) -> None:
@@ -84,14 +84,20 @@ class AnchorUploader:
     def _upload(self, entry: Entry, pack, result: PublishResult) -> None:
         t0 = time.perf_counter()
         try:
-            self._store.put(entry.key, pack, content_hash=entry.sha256,
-                            between_pieces=self._between_pieces)
+            self._store.put(entry.key, pack, content_hash=entry.sha256, between_pieces=self._between_pieces)
             self._announce(entry)
             result.objects.append(entry)
             result.anchor_s = time.perf_counter() - t0
         except Exception as exc:  # the next version gets an anchor instead
-            log.error("%s", kv("anchor_failed", version=entry.version,
-                               error=f"{type(exc).__name__}: {exc}", next="the next version gets one"))
+            log.error(
+                "%s",
+                kv(
+                    "anchor_failed",
+                    version=entry.version,
+                    error=f"{type(exc).__name__}: {exc}",
+                    next="the next version gets one",
+                ),
+            )
             self.failures.append((entry.version, exc))
         finally:
             with self._cond:

@@ -17,8 +17,19 @@ log = logging.getLogger(__name__)
 CHECKPOINT_FILE = "model.safetensors"
 MAX_SIDE_FILE_BYTES = 64 << 20
 """Largest side file carried with the anchors (a tokenizer.json is a few MB)."""
-WEIGHT_SUFFIXES = (".safetensors", ".safetensors.index.json", ".bin", ".bin.index.json", ".pt",
-                   ".pth", ".ckpt", ".gguf", ".h5", ".msgpack", ".onnx")
+WEIGHT_SUFFIXES = (
+    ".safetensors",
+    ".safetensors.index.json",
+    ".bin",
+    ".bin.index.json",
+    ".pt",
+    ".pth",
+    ".ckpt",
+    ".gguf",
+    ".h5",
+    ".msgpack",
+    ".onnx",
+)
 """Files that hold weights, or index them: never side files (`pull` writes one
 model.safetensors, which a shard index would contradict)."""
 _NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.=+-]{0,254}\Z")
@@ -31,15 +42,18 @@ def load_checkpoint(directory: Path) -> dict[str, torch.Tensor]:
 
     files = sorted(Path(directory).glob("*.safetensors"))
     if not files:
-        raise ConfigError(f"{directory} holds no *.safetensors file: give the directory of an "
-                          "HF-style checkpoint (model.safetensors or model-0000X-of-0000N.safetensors)")
+        raise ConfigError(
+            f"{directory} holds no *.safetensors file: give the directory of an "
+            "HF-style checkpoint (model.safetensors or model-0000X-of-0000N.safetensors)"
+        )
     state: dict[str, torch.Tensor] = {}
     for f in files:
         try:
             part = load_file(f)
         except SafetensorError as exc:
-            raise ConfigError(f"{f} is not a readable safetensors file ({exc}): truncated, "
-                              f"still being written, or not a checkpoint") from None
+            raise ConfigError(
+                f"{f} is not a readable safetensors file ({exc}): truncated, still being written, or not a checkpoint"
+            ) from None
         clash = set(part) & set(state)
         if clash:
             raise ConfigError(f"tensor {sorted(clash)[0]!r} appears in two files of {directory}")
@@ -47,8 +61,7 @@ def load_checkpoint(directory: Path) -> dict[str, torch.Tensor]:
     return state
 
 
-def save_checkpoint(state: Mapping[str, torch.Tensor], directory: Path,
-                    metadata: dict[str, str] | None = None) -> Path:
+def save_checkpoint(state: Mapping[str, torch.Tensor], directory: Path, metadata: dict[str, str] | None = None) -> Path:
     """Write `state` as `directory/model.safetensors` (a standard checkpoint)."""
     from safetensors.torch import save_file
 
@@ -76,8 +89,10 @@ def load_side_files(directory: Path) -> dict[str, bytes]:
             continue
         files[name] = path.read_bytes()
     if len(files) > MAX_SIDE_FILES:
-        raise ConfigError(f"{directory} holds {len(files)} side files; at most {MAX_SIDE_FILES} "
-                          "go with an anchor: move the others out of the checkpoint directory")
+        raise ConfigError(
+            f"{directory} holds {len(files)} side files; at most {MAX_SIDE_FILES} "
+            "go with an anchor: move the others out of the checkpoint directory"
+        )
     return files
 
 

@@ -18,8 +18,7 @@ from weight_teleport.pipeline.config import PublisherConfig
 from weight_teleport.pipeline.errors import ObjectRejected
 from weight_teleport.pipeline.fetch import materialize
 from weight_teleport.publish.anchors import AnchorUploader
-from weight_teleport.format.manifest import (KINDS, Entry, Manifest, checked, from_json, make_entry,
-                                               side_file)
+from weight_teleport.format.manifest import KINDS, Entry, Manifest, checked, from_json, make_entry, side_file
 from weight_teleport.pipeline.metrics import PublishResult
 from weight_teleport.pipeline.plan import needs_anchor, plan_retention, unreferenced_keys
 from weight_teleport.format.signing import ManifestSigner, signer
@@ -61,8 +60,11 @@ class Encoder:
         self.sign = sign or signer(config.signing_key)
         """The manifest's signer (None: unsigned): `check_config`'s, where the caller has it."""
         sign = self.sign  # a signing publisher builds on signed history only
-        self.manifest = from_json(raw, verify=sign.verifier() if sign is not None else None) \
-            if raw is not None and config.resume else Manifest()
+        self.manifest = (
+            from_json(raw, verify=sign.verifier() if sign is not None else None)
+            if raw is not None and config.resume
+            else Manifest()
+        )
         self.manifest_etag = None if raw is None else manifest_etag(raw)
         """The ETag of the store's manifest as last read or written: the next write is
         conditional on it (ManifestChanged if another writer came between)."""
@@ -98,12 +100,17 @@ class Encoder:
         if self.baseline is not None or self.manifest.latest is None:
             return
         try:
-            baseline, self.baseline_version = materialize(self.store, self.manifest,
-                                                          threads=self.config.threads)
+            baseline, self.baseline_version = materialize(self.store, self.manifest, threads=self.config.threads)
         except (ObjectRejected, NotFound) as exc:
-            log.warning("%s", kv("baseline_unreadable", latest=self.manifest.latest,
-                                 error=f"{type(exc).__name__}: {exc}",
-                                 next="this version is published as an anchor"))
+            log.warning(
+                "%s",
+                kv(
+                    "baseline_unreadable",
+                    latest=self.manifest.latest,
+                    error=f"{type(exc).__name__}: {exc}",
+                    next="this version is published as an anchor",
+                ),
+            )
             return
         self.baseline = {k: t.to(self.config.baseline_device) for k, t in baseline.items()}
 
@@ -118,12 +125,18 @@ class Encoder:
         if base is not None:
             assert self.baseline is not None  # a baseline version comes with its baseline
             if _layout(self.baseline) != _layout(job.snapshot):
-                log.warning("version %d changes tensor names, shapes or dtypes: publishing an "
-                            "anchor only; followers restart from it", job.version)
+                log.warning(
+                    "version %d changes tensor names, shapes or dtypes: publishing an "
+                    "anchor only; followers restart from it",
+                    job.version,
+                )
                 base = None
         with _side_stream(self.stream):
-            kind, pack = ("delta", self._encode_delta(job, base)) if base is not None \
+            kind, pack = (
+                ("delta", self._encode_delta(job, base))
+                if base is not None
                 else ("snapshot", self._encode_snapshot(job))
+            )
         t1 = time.perf_counter()
         entry = self._stamped(make_entry(job.version, kind, base, pack, state_nbytes(job.snapshot)), job)
         with self.anchors.deltas_first.uploading():
@@ -143,15 +156,13 @@ class Encoder:
         """Encode the anchor of `job`'s version (while the snapshot is still held) and hand
         it to the anchor thread; postponed to a later version while another uploads."""
         if self.anchors.busy:
-            log.info("%s", kv("anchor_postponed", version=job.version,
-                              why="the previous anchor is still uploading"))
+            log.info("%s", kv("anchor_postponed", version=job.version, why="the previous anchor is still uploading"))
             return
         t0 = time.perf_counter()
         with _side_stream(self.stream):
             pack = self._encode_snapshot(job)
         job.result.anchor_encode_s = time.perf_counter() - t0
-        entry = self._stamped(make_entry(job.version, "snapshot", None, pack,
-                                         state_nbytes(job.snapshot)), job)
+        entry = self._stamped(make_entry(job.version, "snapshot", None, pack, state_nbytes(job.snapshot)), job)
         if self.anchors.submit(entry, pack, job.result):
             self.last_anchor = job.version
 
@@ -175,8 +186,11 @@ class Encoder:
     def _options(self) -> dict:
         # a CUDA baseline's packs are copied from the device into pinned memory directly,
         # with no copy into a fresh `bytes` after (for an anchor, the whole model's size)
-        opts: dict[str, Any] = {"level": self.config.level, "threads": self.config.threads,
-                                "pinned": self.config.baseline_device == "cuda"}
+        opts: dict[str, Any] = {
+            "level": self.config.level,
+            "threads": self.config.threads,
+            "pinned": self.config.baseline_device == "cuda",
+        }
         if self.config.chunk_elems is not None:
             opts["chunk_elems"] = self.config.chunk_elems
         if self.config.hints:
@@ -185,8 +199,14 @@ class Encoder:
 
     def _encode_delta(self, job: EncodeJob, base: int):
         assert self.baseline is not None  # `base` is the baseline's version
-        return encode_delta(self.baseline, job.snapshot, base_version=base, version=job.version,
-                            codec=self.config.codec, **self._options())
+        return encode_delta(
+            self.baseline,
+            job.snapshot,
+            base_version=base,
+            version=job.version,
+            codec=self.config.codec,
+            **self._options(),
+        )
 
     def _encode_snapshot(self, job: EncodeJob):
         return encode_snapshot(job.snapshot, version=job.version, **self._options())

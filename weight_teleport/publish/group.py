@@ -59,8 +59,15 @@ class PublisherGroup:
     `slice_hints`) cut every rank's records where sampler ranks' slices begin or end.
     Baselines are each rank's own previous shards, kept where the shards are (a copy)."""
 
-    def __init__(self, url: str, config: PublisherConfig | None = None, *, group=None,
-                 store: Store | None = None, hints: Mapping | None = None):
+    def __init__(
+        self,
+        url: str,
+        config: PublisherConfig | None = None,
+        *,
+        group=None,
+        store: Store | None = None,
+        hints: Mapping | None = None,
+    ):
         self.config = config = config or PublisherConfig()
         self._ranks = Ranks(group)
         self.rank = self._ranks.rank
@@ -82,8 +89,13 @@ class PublisherGroup:
             self.close()
             raise
 
-    def publish(self, state: Mapping[str, torch.Tensor], version: int | None = None, *,
-                slices: Mapping[str, TensorSlice] | None = None) -> PartResult:
+    def publish(
+        self,
+        state: Mapping[str, torch.Tensor],
+        version: int | None = None,
+        *,
+        slices: Mapping[str, TensorSlice] | None = None,
+    ) -> PartResult:
         """Publish this rank's shards of `state` as `version` (default: the next one), with
         the other ranks: DTensors give their boxes; plain tensors are the boxes `slices`
         names (else whole tensors this rank alone holds). Returns once the version is in
@@ -124,34 +136,43 @@ class PublisherGroup:
             return None
         t0 = time.perf_counter()
         opts: dict[str, Any] = {
-            "level": self.config.level, "threads": self.config.threads, "slices": boxes or None,
-            "hints": {k: h for k, h in self.hints.items() if k in snapshot} or None}
+            "level": self.config.level,
+            "threads": self.config.threads,
+            "slices": boxes or None,
+            "hints": {k: h for k, h in self.hints.items() if k in snapshot} or None,
+        }
         if self.config.chunk_elems is not None:
             opts["chunk_elems"] = self.config.chunk_elems
         if kind == "delta":
             # a delta is published only with a baseline (`publish`)
             assert self.baseline is not None and self.baseline_version is not None
-            pack = encode_delta(self.baseline, snapshot, base_version=self.baseline_version, version=version,
-                                codec=self.config.codec, **opts)
+            pack = encode_delta(
+                self.baseline,
+                snapshot,
+                base_version=self.baseline_version,
+                version=version,
+                codec=self.config.codec,
+                **opts,
+            )
         else:
             pack = encode_snapshot(snapshot, version=version, **opts)
         pack = bytes(pack)
         t1 = time.perf_counter()
         digest = tree_sha256(pack, PIECE_BYTES)
         base = self.baseline_version if kind == "delta" else None
-        key = object_key(version, kind, base, pack, digest).replace(
-            ".pack", f"-r{self.rank}.pack")
+        key = object_key(version, kind, base, pack, digest).replace(".pack", f"-r{self.rank}.pack")
         assert self.store is not None  # opened in __init__
         self.store.put(key, pack, content_hash=digest)
         r.encode_s += t1 - t0
         r.upload_s += time.perf_counter() - t1
         r.part_bytes[kind] = len(pack)
-        covers = tuple((rec.name, tuple(map(tuple, rec.box)) if rec.box is not None
-                        else tuple((0, d) for d in rec.shape)) for rec in read_header(pack).tensors)
+        covers = tuple(
+            (rec.name, tuple(map(tuple, rec.box)) if rec.box is not None else tuple((0, d) for d in rec.shape))
+            for rec in read_header(pack).tensors
+        )
         return Part(key, len(pack), digest, covers, PIECE_BYTES)
 
-    def _commit(self, version: int, kinds: list[str], parts: dict, error: str | None,
-                r: PartResult) -> str | None:
+    def _commit(self, version: int, kinds: list[str], parts: dict, error: str | None, r: PartResult) -> str | None:
         """Gather every rank's parts; rank 0 announces the version's entries when all are
         stored. Returns None when the version is published, else why not (on every rank)."""
         reports = self._ranks.gather((parts, error, r.raw_bytes))
@@ -185,4 +206,3 @@ class PublisherGroup:
 
     def __exit__(self, *exc) -> None:
         self.close()
-

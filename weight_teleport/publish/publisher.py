@@ -68,8 +68,7 @@ class Publisher:
     Ctrl-C inside the `with` block cancels instead (`cancel()`).
     """
 
-    def __init__(self, url: str, config: PublisherConfig | None = None, *,
-                 store: Store | None = None):
+    def __init__(self, url: str, config: PublisherConfig | None = None, *, store: Store | None = None):
         """Open the store and check now that it takes writes (a wrong token, a read-only
         directory), before anything is encoded: raises the store's AuthError."""
         self.config = config = config or PublisherConfig()
@@ -87,8 +86,7 @@ class Publisher:
         except BaseException:
             self._close_store()
             raise
-        self._pool = SnapshotPool(config.memory_budget_bytes, config.max_pending + 2,
-                                  config.baseline_device)
+        self._pool = SnapshotPool(config.memory_budget_bytes, config.max_pending + 2, config.baseline_device)
         self._next_version = self._encoder.next_version()
         self._queue: deque[_Queued] = deque()
         self._cond = threading.Condition()
@@ -103,8 +101,9 @@ class Publisher:
         """Every finished PublishResult, in order (metrics)."""
         self._worker = threads.start(self._work, "weight-teleport-publisher", self._stop_at_exit)
 
-    def publish(self, state: Mapping[str, torch.Tensor], version: int | None = None, *,
-                files: Mapping[str, bytes] | None = None) -> PublishHandle:
+    def publish(
+        self, state: Mapping[str, torch.Tensor], version: int | None = None, *, files: Mapping[str, bytes] | None = None
+    ) -> PublishHandle:
         """Snapshot `state` (name -> tensor, checkpoint layout) as `version` (default: the
         next one) and return at once; the rest runs in the background. `files`: the
         checkpoint's small side files by name (config.json, tokenizer files), stored with
@@ -117,13 +116,20 @@ class Publisher:
                 raise RuntimeError("the publisher is closed")
             version = self._next_version if version is None else int(version)
             if version < self._next_version:
-                raise ValueError(f"version {version} is not after the last one published or "
-                                 f"queued ({self._next_version - 1}); versions only grow")
+                raise ValueError(
+                    f"version {version} is not after the last one published or "
+                    f"queued ({self._next_version - 1}); versions only grow"
+                )
             self._make_room()
             self._next_version = version + 1
         snapshot = self._pool.take(state)
-        job = EncodeJob(version, snapshot, PublishResult(version, snapshot_s=time.perf_counter() - t0),
-                        t0, None if files is None else dict(files))
+        job = EncodeJob(
+            version,
+            snapshot,
+            PublishResult(version, snapshot_s=time.perf_counter() - t0),
+            t0,
+            None if files is None else dict(files),
+        )
         queued = _Queued(PublishHandle(version), job)
         with self._cond:
             self._queue.append(queued)
@@ -141,8 +147,10 @@ class Publisher:
             dropped.job.result.skipped = True
             dropped.handle.future.set_result(dropped.job.result)
             self.metrics.skipped.inc()
-            log.info("%s", kv("version_skipped", version=dropped.handle.version,
-                              why="the encoder is busy (backpressure='skip')"))
+            log.info(
+                "%s",
+                kv("version_skipped", version=dropped.handle.version, why="the encoder is busy (backpressure='skip')"),
+            )
 
     def _work(self) -> None:
         while True:
@@ -173,12 +181,12 @@ class Publisher:
             error: Exception = self._lost_the_store(item.handle.version, exc)
         except Exception as exc:  # reported through the handle and flush; the baseline is kept
             if isinstance(exc, PublishCancelled) or self._cancelled:  # any error once cancelled
-                error = PublishCancelled(f"version {item.handle.version} was not published: "
-                                         f"the publisher was cancelled")
+                error = PublishCancelled(
+                    f"version {item.handle.version} was not published: the publisher was cancelled"
+                )
                 error.__cause__ = exc
             else:
-                log.error("%s", kv("publish_failed", version=item.handle.version,
-                                   error=f"{type(exc).__name__}: {exc}"))
+                log.error("%s", kv("publish_failed", version=item.handle.version, error=f"{type(exc).__name__}: {exc}"))
                 error = exc
         self._pool.give(item.job.snapshot)
         item.handle.future.set_exception(error)
@@ -191,13 +199,13 @@ class Publisher:
         """The error of the version that found another publisher's manifest; every later
         version fails with it too."""
         orphans = self._orphans(self._writes.unannounced())
-        left = f" Uploaded for it and named by no manifest (safe to delete): " \
-               f"{', '.join(orphans)}." if orphans else ""
+        left = f" Uploaded for it and named by no manifest (safe to delete): {', '.join(orphans)}." if orphans else ""
         self._conflict = PublishConflict(
             f"version {version} was not published: another publisher updated the manifest "
             f"of {self.url} since this one read it ({exc}). Two publishers on one store "
             f"would orphan each other's versions: run one publisher per store, or give each "
-            f"its own URL; this one publishes nothing more.{left}")
+            f"its own URL; this one publishes nothing more.{left}"
+        )
         log.error("%s", self._conflict)
         return self._conflict
 
@@ -222,11 +230,9 @@ class Publisher:
         """
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._cond:
-            done = self._cond.wait_for(lambda: not self._queue and self._current is None,
-                                       timeout)
+            done = self._cond.wait_for(lambda: not self._queue and self._current is None, timeout)
         if done:
-            done = self._encoder.anchors.wait(
-                None if deadline is None else max(0.0, deadline - time.monotonic()))
+            done = self._encoder.anchors.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
         self._raise_failures()
         return done
 
@@ -255,12 +261,20 @@ class Publisher:
         uploaded, announced, stray = self._writes.cancel()
         for item in dropped:
             self._pool.give(item.job.snapshot)
-            item.handle.future.set_exception(PublishCancelled(
-                f"version {item.handle.version} was not published: the publisher was "
-                f"cancelled before it was encoded"))
-        return describe_cancel([q.handle.version for q in dropped],
-                               current.handle.version if current else None, uploaded, announced,
-                               stray, published)
+            item.handle.future.set_exception(
+                PublishCancelled(
+                    f"version {item.handle.version} was not published: the publisher was "
+                    f"cancelled before it was encoded"
+                )
+            )
+        return describe_cancel(
+            [q.handle.version for q in dropped],
+            current.handle.version if current else None,
+            uploaded,
+            announced,
+            stray,
+            published,
+        )
 
     def _stop_at_exit(self) -> None:
         """The interpreter exits with the worker running: it writes nothing more, and a

@@ -35,8 +35,9 @@ class Ranks:
         if group is None:
             self._group = dist.new_group(backend="gloo")
         else:  # the other ranks of the job do not take part
-            self._group = dist.new_group(dist.get_process_group_ranks(group), backend="gloo",
-                                         use_local_synchronization=True)
+            self._group = dist.new_group(
+                dist.get_process_group_ranks(group), backend="gloo", use_local_synchronization=True
+            )
         self.rank = dist.get_rank(self._group)
         self.size = dist.get_world_size(self._group)
 
@@ -59,8 +60,9 @@ class Ranks:
             failure = f"{type(exc).__name__}: {exc}"
         else:
             return
-        raise GroupFailed(f"rank {self.rank}: a collective of the group failed "
-                          f"(a rank died, left or timed out): {failure}")
+        raise GroupFailed(
+            f"rank {self.rank}: a collective of the group failed (a rank died, left or timed out): {failure}"
+        )
 
     def close(self) -> None:
         """End the group; its threads have ended when this returns (module docstring)."""

@@ -11,8 +11,9 @@ import torch
 from weight_teleport.codec import TensorSlice
 
 
-def local_shards(state: Mapping[str, torch.Tensor],
-                 slices: Mapping[str, TensorSlice] | None = None) -> tuple[dict, dict]:
+def local_shards(
+    state: Mapping[str, torch.Tensor], slices: Mapping[str, TensorSlice] | None = None
+) -> tuple[dict, dict]:
     """(local tensors, slices) of the tensors this rank publishes.
 
     A DTensor gives its local shard and the box it covers; one replicated over some mesh

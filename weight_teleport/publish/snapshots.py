@@ -30,8 +30,7 @@ def check_config(config: PublisherConfig) -> ManifestSigner | None:
     machine cannot honour; the signer of its key (None: unsigned), parsed here once."""
     config.validate()
     if config.baseline_device == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("PublisherConfig.baseline_device='cuda' needs a CUDA device; none is "
-                          "visible (use 'cpu')")
+        raise ConfigError("PublisherConfig.baseline_device='cuda' needs a CUDA device; none is visible (use 'cpu')")
     return signer(config.signing_key)  # ConfigError now for a key that cannot sign, not after an encode
 
 
@@ -57,8 +56,10 @@ class SnapshotPool:
                 self._layout = layout
             buffers = self._free.pop() if self._free else None
         if buffers is None:
-            buffers = {k: torch.empty(shape, dtype=dtype, device=self._device, pin_memory=self._pin)
-                       for k, (shape, dtype) in layout.items()}
+            buffers = {
+                k: torch.empty(shape, dtype=dtype, device=self._device, pin_memory=self._pin)
+                for k, (shape, dtype) in layout.items()
+            }
         if self._stream is not None:
             self._copy_on_side_stream(state, buffers)
             return buffers
@@ -94,4 +95,5 @@ class SnapshotPool:
             raise ConfigError(
                 f"the baseline and queued snapshots need {need / 1e9:.2f} GB of {where} memory "
                 f"({self._max_sets} copies), over PublisherConfig.memory_budget_bytes="
-                f"{self._budget / 1e9:.2f} GB: raise the budget or lower max_pending")
+                f"{self._budget / 1e9:.2f} GB: raise the budget or lower max_pending"
+            )

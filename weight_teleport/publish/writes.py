@@ -48,9 +48,11 @@ class TrackedWrites:
             self.uploaded, self.announced = [], False
 
     def put(self, key: str, data: bytes, **kwargs: Any) -> None:
-        self._write(lambda *a: self._store.put(*a, **kwargs), (key, data), lambda mine: (
-            self.uploaded if mine else self._others.setdefault(threading.get_ident(), [])
-        ).append(key))
+        self._write(
+            lambda *a: self._store.put(*a, **kwargs),
+            (key, data),
+            lambda mine: (self.uploaded if mine else self._others.setdefault(threading.get_ident(), [])).append(key),
+        )
 
     def put_manifest(self, data: bytes, **kwargs: Any) -> None:
         def announced(mine: bool) -> None:
@@ -75,8 +77,7 @@ class TrackedWrites:
             self._cancelled = True
             self._cond.notify_all()  # a write waiting to try again gives up
             self._cond.wait_for(lambda: self._in_flight == 0)
-            return (list(self.uploaded), self.announced,
-                    [k for keys in self._others.values() for k in keys])
+            return (list(self.uploaded), self.announced, [k for keys in self._others.values() for k in keys])
 
     def _write(self, op: Callable[..., None], args: tuple, record: Callable[[bool], None]) -> None:
         with self._cond:
@@ -92,7 +93,6 @@ class TrackedWrites:
                 self._in_flight -= 1
                 self._cond.notify_all()
 
-
     def _retrying(self, op: Callable[..., None], args: tuple) -> None:
         retry = self._store.config.retry
         t0, delay, tries = time.monotonic(), retry.backoff_s, 0
@@ -105,20 +105,28 @@ class TrackedWrites:
                 if waited + delay > self.retry_for_s:
                     if tries == 1:
                         raise
-                    raise TransportError(f"{exc} ({tries} tries in {waited:.1f} s: "
-                                         f"PublisherConfig.retry_for_s)") from exc
+                    raise TransportError(
+                        f"{exc} ({tries} tries in {waited:.1f} s: PublisherConfig.retry_for_s)"
+                    ) from exc
                 if tries == 1:
-                    log.warning("%s", kv("store_write_failed", error=str(exc),
-                                         next=f"trying again for up to {self.retry_for_s:g} s"))
+                    log.warning(
+                        "%s",
+                        kv("store_write_failed", error=str(exc), next=f"trying again for up to {self.retry_for_s:g} s"),
+                    )
             with self._cond:
                 if self._cond.wait_for(lambda: self._cancelled, delay):
-                    raise PublishCancelled("the publisher was cancelled while a write "
-                                           "waited to be tried again")
+                    raise PublishCancelled("the publisher was cancelled while a write waited to be tried again")
             delay = min(delay * 2, retry.backoff_max_s)
 
 
-def describe_cancel(dropped: list[int], current: int | None, uploaded: list[str],
-                    announced: bool, stray: list[str], published: int | None = None) -> str:
+def describe_cancel(
+    dropped: list[int],
+    current: int | None,
+    uploaded: list[str],
+    announced: bool,
+    stray: list[str],
+    published: int | None = None,
+) -> str:
     """What a cancel left, in words: the newest version published (`published`, unless the
     version in hand, `current`, was announced after all), the versions not published and
     any object uploaded but not announced."""
@@ -129,14 +137,17 @@ def describe_cancel(dropped: list[int], current: int | None, uploaded: list[str]
         parts.append(f"version {published} was published")
     if current is not None and not announced:
         if uploaded:
-            parts.append(f"version {current} was not published: {', '.join(uploaded)} "
-                         f"uploaded but not in the manifest (unused; safe to delete)")
+            parts.append(
+                f"version {current} was not published: {', '.join(uploaded)} "
+                f"uploaded but not in the manifest (unused; safe to delete)"
+            )
         else:
-            parts.append(f"version {current} was not published (stopped before its "
-                         f"upload; nothing was written)")
+            parts.append(f"version {current} was not published (stopped before its upload; nothing was written)")
     if stray:
-        parts.append(f"an anchor upload was stopped: {', '.join(stray)} uploaded but not in "
-                     f"the manifest (unused; safe to delete)")
+        parts.append(
+            f"an anchor upload was stopped: {', '.join(stray)} uploaded but not in "
+            f"the manifest (unused; safe to delete)"
+        )
     if dropped:
         parts.append(f"queued version(s) {', '.join(map(str, dropped))} not published")
     return "; ".join(parts) or "nothing was published"

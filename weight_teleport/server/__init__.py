@@ -15,8 +15,7 @@ def _runner():
     except ImportError as exc:
         from ..store.errors import MissingDependency  # an ImportError the CLI reports plainly
 
-        raise MissingDependency(f"the origin server needs {exc.name!r}: "
-                                f'pip install "weight-teleport[http]"') from exc
+        raise MissingDependency(f'the origin server needs {exc.name!r}: pip install "weight-teleport[http]"') from exc
     return runner
 
 

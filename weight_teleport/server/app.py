@@ -37,10 +37,8 @@ from .config import ServerConfig
 from .metrics import METRICS, OriginMetrics, count_requests, get_metrics
 from .samplers import BOOK, make_book, put_sampler
 from .status import get_status_json, get_status_page
-from .connections import (CONNECTIONS, ConnectionLimits, Handler, poll_over,
-                          track_connections)
-from .origin import (ORIGIN, make_origin, open_upload, receive, request_key, require_reader,
-                     require_token)
+from .connections import CONNECTIONS, ConnectionLimits, Handler, poll_over, track_connections
+from .origin import ORIGIN, make_origin, open_upload, receive, request_key, require_reader, require_token
 
 _HASH = re.compile(r"[0-9a-f]{64}\Z")
 NO_CACHE = {"Cache-Control": "no-cache"}
@@ -55,8 +53,7 @@ async def resolve(request: web.Request) -> web.Response:
         raise web.HTTPNotFound(text=f"no object {key!r}") from None
     # Relative, so that it stays right behind a proxy that mounts the origin on a path.
     location = "../" * key.count("/") + f"../b/{digest}/{key}"
-    return web.Response(status=307, headers={"Location": location,
-                                             "X-Content-Tree-SHA256": digest, **NO_CACHE})
+    return web.Response(status=307, headers={"Location": location, "X-Content-Tree-SHA256": digest, **NO_CACHE})
 
 
 async def get_blob(request: web.Request) -> web.StreamResponse:
@@ -74,8 +71,7 @@ async def get_blob(request: web.Request) -> web.StreamResponse:
     headers = {"ETag": f'"{digest}"', "Cache-Control": IMMUTABLE}
     if request.if_none_match and any(e.value == digest for e in request.if_none_match):
         return web.Response(status=304, headers=headers)
-    resp = await send_file(request, path, headers, origin.config.chunk_bytes,
-                           origin.config.body_timeout_s)
+    resp = await send_file(request, path, headers, origin.config.chunk_bytes, origin.config.body_timeout_s)
     origin.stats["blob_get"] += 1
     origin.stats["blob_bytes"] += resp.content_length or 0
     return resp
@@ -90,18 +86,19 @@ async def put_object(request: web.Request) -> web.Response:
     path = origin.store.path_of(key)
     out = await open_upload(request, path, overwrite=False)
     try:
-        digest = await receive(request, out, config.max_object_bytes,
-                               stall_s=config.body_timeout_s)
+        digest = await receive(request, out, config.max_object_bytes, stall_s=config.body_timeout_s)
         created = await asyncio.get_running_loop().run_in_executor(None, _link, out)
     finally:
         out.abort()
     if not created and (not path.is_file() or await origin.hashes.hash_of(path) != digest):
-        raise web.HTTPConflict(text=f"object {key!r} exists with other bytes; objects "
-                                    f"are immutable: upload under a new key")
+        raise web.HTTPConflict(
+            text=f"object {key!r} exists with other bytes; objects are immutable: upload under a new key"
+        )
     origin.hashes.remember(path, digest)
     origin.stats["upload"] += 1
-    return web.Response(status=201 if created else 200,
-                        headers={"X-Content-Tree-SHA256": digest, "ETag": f'"{digest}"'})
+    return web.Response(
+        status=201 if created else 200, headers={"X-Content-Tree-SHA256": digest, "ETag": f'"{digest}"'}
+    )
 
 
 def _link(out: AtomicFile) -> bool:
@@ -147,10 +144,8 @@ async def put_manifest(request: web.Request) -> web.Response:
     if_match = _manifest_condition(request)
     out = await open_upload(request, origin.store.manifest_path, overwrite=True)
     try:
-        digest = await receive(request, out, config.max_manifest_bytes,
-                               stall_s=config.body_timeout_s)
-        await asyncio.get_running_loop().run_in_executor(
-            None, origin.store.commit_manifest, out, if_match)
+        digest = await receive(request, out, config.max_manifest_bytes, stall_s=config.body_timeout_s)
+        await asyncio.get_running_loop().run_in_executor(None, origin.store.commit_manifest, out, if_match)
     except ManifestChanged as exc:
         raise web.HTTPPreconditionFailed(text=str(exc), headers=NO_CACHE) from None
     finally:
@@ -172,8 +167,9 @@ def _manifest_condition(request: web.Request) -> IfMatch:
         return UNCONDITIONAL
     etags = request.if_match or ()
     if len(etags) != 1 or etags[0].value == "*" or etags[0].is_weak:
-        raise web.HTTPBadRequest(text='a manifest write takes one If-Match: "ETAG" (the '
-                                      'ETag of the manifest the writer read)')
+        raise web.HTTPBadRequest(
+            text='a manifest write takes one If-Match: "ETAG" (the ETag of the manifest the writer read)'
+        )
     return etags[0].value
 
 
@@ -190,15 +186,15 @@ async def watch(request: web.Request) -> web.Response:
     origin.stats["watch"] += 1
     over = poll_over(request)
     with request.app[METRICS].watchers.track_inprogress():
-        manifest = await origin.manifest.wait_change(
-            after, min(timeout, origin.config.max_watch_s), over)
+        manifest = await origin.manifest.wait_change(after, min(timeout, origin.config.max_watch_s), over)
     headers = {"Cache-Control": "no-store"}
     if manifest is None:
         resp = web.Response(status=304 if origin.manifest.current() else 204, headers=headers)
     else:
         data, etag = manifest
-        resp = web.Response(body=data, headers={"ETag": f'"{etag}"', **headers},
-                            content_type="application/octet-stream")
+        resp = web.Response(
+            body=data, headers={"ETag": f'"{etag}"', **headers}, content_type="application/octet-stream"
+        )
     if over is not None and over.is_set():  # ended early: its slot was wanted, or none was free
         resp.headers["Retry-After"] = "1"
         resp.force_close()
@@ -249,14 +245,16 @@ async def disk_errors(request: web.Request, handler: Handler) -> web.StreamRespo
         root = request.app[ORIGIN].config.root
         raise web.HTTPInsufficientStorage(
             text=f"the origin's disk is full ({errno.errorcode[exc.errno]} under {root}): "
-                 f"nothing was stored; free space there, then upload again") from None
+            f"nothing was stored; free space there, then upload again"
+        ) from None
 
 
 def make_app(config: ServerConfig) -> web.Application:
     """The origin as an aiohttp application serving `config.root`."""
-    app = web.Application(client_max_size=config.max_manifest_bytes,
-                          middlewares=[count_requests, track_connections, check_reader,
-                                       disk_errors])
+    app = web.Application(
+        client_max_size=config.max_manifest_bytes,
+        middlewares=[count_requests, track_connections, check_reader, disk_errors],
+    )
     app[ORIGIN] = make_origin(config)
     app[METRICS] = OriginMetrics()
     app[BOOK] = make_book(config)

@@ -62,8 +62,7 @@ def _byte_range(request: web.Request, size: int) -> tuple[int, int] | None:
     try:
         rng = request.http_range
     except ValueError:
-        raise web.HTTPBadRequest(text=f"malformed Range header "
-                                      f"{request.headers.get('Range')!r}") from None
+        raise web.HTTPBadRequest(text=f"malformed Range header {request.headers.get('Range')!r}") from None
     if rng.start is None and rng.stop is None:
         return None
     start = max(0, rng.start if rng.start >= 0 else size + rng.start)  # -N: the last N
@@ -73,8 +72,9 @@ def _byte_range(request: web.Request, size: int) -> tuple[int, int] | None:
     return start, stop
 
 
-async def send_file(request: web.Request, path: Path, headers: dict[str, str],
-                    chunk_bytes: int, stall_s: float) -> web.StreamResponse:
+async def send_file(
+    request: web.Request, path: Path, headers: dict[str, str], chunk_bytes: int, stall_s: float
+) -> web.StreamResponse:
     """Stream `path` (or the asked byte range of it) with `headers` added."""
     f = open(path, "rb")
     try:
@@ -103,8 +103,9 @@ async def send_file(request: web.Request, path: Path, headers: dict[str, str],
         f.close()
 
 
-async def _send_span(request: web.Request, f, start: int, stop: int,
-                     resp: web.StreamResponse, chunk: int, stall_s: float) -> None:
+async def _send_span(
+    request: web.Request, f, start: int, stop: int, resp: web.StreamResponse, chunk: int, stall_s: float
+) -> None:
     """Send bytes [start, stop) of `f` with the kernel's sendfile where the transport
     allows it (plain TCP), in pieces of `SENDFILE_BYTES`, each bounded by the stall limit
     (a client that stops reading is cut, as `connections.Guard` cuts buffered writes);
@@ -118,8 +119,7 @@ async def _send_span(request: web.Request, f, start: int, stop: int,
     while at < stop:
         count = min(SENDFILE_BYTES, stop - at)
         try:
-            sent = await asyncio.wait_for(
-                loop.sendfile(transport, f, at, count, fallback=False), stall_s)
+            sent = await asyncio.wait_for(loop.sendfile(transport, f, at, count, fallback=False), stall_s)
         except (NotImplementedError, RuntimeError):  # no native sendfile here
             return await _copy(f, at, stop, resp, chunk)
         except asyncio.TimeoutError:

@@ -71,30 +71,25 @@ class ServerConfig:
 
     def __post_init__(self) -> None:
         if (self.tls_cert_file is None) != (self.tls_key_file is None):
-            raise ValueError("ServerConfig: tls_cert_file and tls_key_file go together "
-                             "(--tls-cert and --tls-key)")
+            raise ValueError("ServerConfig: tls_cert_file and tls_key_file go together (--tls-cert and --tls-key)")
         for name in ("token", "read_token"):
             value = getattr(self, name)
-            if value is not None and not (value.isascii() and value.isprintable()
-                                          and " " not in value and value):
-                raise ValueError(f"ServerConfig.{name}: a bearer token is printable ASCII "
-                                 f"without spaces (RFC 6750)")
+            if value is not None and not (value.isascii() and value.isprintable() and " " not in value and value):
+                raise ValueError(f"ServerConfig.{name}: a bearer token is printable ASCII without spaces (RFC 6750)")
         if self.max_connections < 1:
-            raise ValueError(f"ServerConfig.max_connections must be >= 1, not "
-                             f"{self.max_connections}")
-        if self.reserved_connections is not None and \
-                not 0 <= self.reserved_connections < self.max_connections:
-            raise ValueError(f"ServerConfig.reserved_connections must be in [0, "
-                             f"max_connections), not {self.reserved_connections}")
+            raise ValueError(f"ServerConfig.max_connections must be >= 1, not {self.max_connections}")
+        if self.reserved_connections is not None and not 0 <= self.reserved_connections < self.max_connections:
+            raise ValueError(
+                f"ServerConfig.reserved_connections must be in [0, max_connections), not {self.reserved_connections}"
+            )
 
     @property
     def reserve(self) -> int:
         """The slots reads cannot hold: `reserved_connections` or its default."""
-        wanted = self.max_connections // 10 if self.reserved_connections is None \
-            else self.reserved_connections
+        wanted = self.max_connections // 10 if self.reserved_connections is None else self.reserved_connections
         return min(wanted, self.max_connections - 1)  # max_connections may have been lowered
 
     @property
     def scheme(self) -> str:
-        """"https" when the server terminates TLS itself, else "http"."""
+        """ "https" when the server terminates TLS itself, else "http"."""
         return "http" if self.tls_cert_file is None else "https"

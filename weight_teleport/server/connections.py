@@ -39,15 +39,19 @@ POLL_PATHS = ("/watch",)
 
 def _status(code: str, text: str) -> bytes:
     body = text.encode()
-    return (f"HTTP/1.1 {code}\r\nContent-Type: text/plain; charset=utf-8\r\n"
-            f"Connection: close\r\nRetry-After: 1\r\nContent-Length: {len(body)}\r\n\r\n"
-            ).encode() + body
+    return (
+        f"HTTP/1.1 {code}\r\nContent-Type: text/plain; charset=utf-8\r\n"
+        f"Connection: close\r\nRetry-After: 1\r\nContent-Length: {len(body)}\r\n\r\n"
+    ).encode() + body
 
 
-_BUSY = _status("503 Service Unavailable", "every connection slot is busy with a request "
-                                           "(ServerConfig.max_connections); retry shortly")
-_SLOW_HEAD = _status("408 Request Timeout", "the request line and headers took too long "
-                                            "(ServerConfig.header_timeout_s)")
+_BUSY = _status(
+    "503 Service Unavailable",
+    "every connection slot is busy with a request (ServerConfig.max_connections); retry shortly",
+)
+_SLOW_HEAD = _status(
+    "408 Request Timeout", "the request line and headers took too long (ServerConfig.header_timeout_s)"
+)
 
 
 class ConnectionLimits:
@@ -178,8 +182,7 @@ class Guard(asyncio.Protocol):
             return
         if not self._busy and self._head_timer is None:
             # The first bytes of a request: its head must be complete within the timeout.
-            self._head_timer = asyncio.get_running_loop().call_later(
-                self.limits.header_timeout_s, self._head_timed_out)
+            self._head_timer = asyncio.get_running_loop().call_later(self.limits.header_timeout_s, self._head_timed_out)
         self.inner.data_received(data)
 
     def eof_received(self) -> bool | None:
@@ -193,8 +196,7 @@ class Guard(asyncio.Protocol):
             self.inner.connection_lost(exc)
 
     def pause_writing(self) -> None:
-        self._write_timer = asyncio.get_running_loop().call_later(
-            self.limits.write_stall_s, self.cut, "stalled_write")
+        self._write_timer = asyncio.get_running_loop().call_later(self.limits.write_stall_s, self.cut, "stalled_write")
         self.inner.pause_writing()
 
     def resume_writing(self) -> None:
@@ -226,8 +228,9 @@ class Guard(asyncio.Protocol):
         self.limits.stats[why] += 1
         if why == "stalled_write":
             peer = self.transport.get_extra_info("peername") if self.transport else None
-            log.warning("%s", kv("connection_cut", reason=why, remote=peer and peer[0],
-                                 stall_s=self.limits.write_stall_s))
+            log.warning(
+                "%s", kv("connection_cut", reason=why, remote=peer and peer[0], stall_s=self.limits.write_stall_s)
+            )
         self.limits.forget(self)
         self._cancel_timers()
         if self.transport is not None:
@@ -265,8 +268,9 @@ async def track_connections(request: web.Request, handler: Handler) -> web.Strea
         if not admitted:
             busy = web.HTTPServiceUnavailable(
                 text="every connection slot that reads may hold is busy "
-                     "(ServerConfig.max_connections, reserved_connections); retry shortly",
-                headers={"Retry-After": "1"})
+                "(ServerConfig.max_connections, reserved_connections); retry shortly",
+                headers={"Retry-After": "1"},
+            )
             busy.force_close()
             raise busy
         return await handler(request)

@@ -24,19 +24,31 @@ class OriginMetrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         opts: dict[str, Any] = dict(namespace=NAMESPACE, subsystem="origin", registry=self.registry)
-        self.requests = Counter("requests", "Requests answered, by route, method and status.",
-                                labelnames=("route", "method", "status"), **opts)
-        self.seconds = Histogram("request_seconds", "Time to answer a request (a long-poll's "
-                                 "wait included), by route.", labelnames=("route",),
-                                 buckets=SECONDS_BUCKETS, **opts)
-        self.served = Counter("served_bytes", "Response body bytes sent, by route.",
-                              labelnames=("route",), **opts)
+        self.requests = Counter(
+            "requests",
+            "Requests answered, by route, method and status.",
+            labelnames=("route", "method", "status"),
+            **opts,
+        )
+        self.seconds = Histogram(
+            "request_seconds",
+            "Time to answer a request (a long-poll's wait included), by route.",
+            labelnames=("route",),
+            buckets=SECONDS_BUCKETS,
+            **opts,
+        )
+        self.served = Counter("served_bytes", "Response body bytes sent, by route.", labelnames=("route",), **opts)
         self.received = Counter("received_bytes", "Upload bytes stored.", **opts)
-        self.refused = Counter("uploads_refused", "Writes refused (PUT, POST, DELETE with a "
-                               "4xx/5xx answer), by status.", labelnames=("status",), **opts)
+        self.refused = Counter(
+            "uploads_refused",
+            "Writes refused (PUT, POST, DELETE with a 4xx/5xx answer), by status.",
+            labelnames=("status",),
+            **opts,
+        )
         self.watchers = Gauge("watchers", "Long-polls (/watch) open now.", **opts)
-        self.samplers = Gauge("samplers", "Samplers known from their heartbeats, by state.",
-                              labelnames=("state",), **opts)
+        self.samplers = Gauge(
+            "samplers", "Samplers known from their heartbeats, by state.", labelnames=("state",), **opts
+        )
 
     def observe(self, request: web.Request, status: int, nbytes: int, seconds: float) -> None:
         route = _route(request)
@@ -72,8 +84,7 @@ async def count_requests(request: web.Request, handler: Handler) -> web.StreamRe
     except Exception:
         metrics.observe(request, 500, 0, time.perf_counter() - t0)
         raise
-    metrics.observe(request, response.status, response.content_length or 0,
-                    time.perf_counter() - t0)
+    metrics.observe(request, response.status, response.content_length or 0, time.perf_counter() - t0)
     return response
 
 
@@ -82,5 +93,7 @@ async def get_metrics(request: web.Request) -> web.Response:
     metrics = request.app[METRICS]
     for state, n in request.app[BOOK].counts().items():
         metrics.samplers.labels(state).set(n)
-    return web.Response(body=generate_latest(metrics.registry),
-                        headers={"Content-Type": CONTENT_TYPE_LATEST, "Cache-Control": "no-store"})
+    return web.Response(
+        body=generate_latest(metrics.registry),
+        headers={"Content-Type": CONTENT_TYPE_LATEST, "Cache-Control": "no-store"},
+    )

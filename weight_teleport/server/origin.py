@@ -45,11 +45,13 @@ def _bearer(request: web.Request, what: str) -> str:
     """The request's bearer token; 401 without one, 400 if it is not ASCII."""
     given = bearer(request)
     if given is None:
-        raise web.HTTPUnauthorized(text=f"{what} need 'Authorization: Bearer TOKEN'",
-                                   headers={"WWW-Authenticate": "Bearer"})
+        raise web.HTTPUnauthorized(
+            text=f"{what} need 'Authorization: Bearer TOKEN'", headers={"WWW-Authenticate": "Bearer"}
+        )
     if not given.isascii():
-        raise web.HTTPBadRequest(text="the Authorization header is not ASCII: a bearer "
-                                      "token is made of ASCII characters (RFC 6750)")
+        raise web.HTTPBadRequest(
+            text="the Authorization header is not ASCII: a bearer token is made of ASCII characters (RFC 6750)"
+        )
     return given
 
 
@@ -72,9 +74,11 @@ def require_reader(request: web.Request, config: ServerConfig) -> None:
 
 def _too_large(limit: int) -> web.HTTPRequestEntityTooLarge:
     # the body's size is unknown (it is cut at the limit); `text` replaces the message that names it
-    return web.HTTPRequestEntityTooLarge(max_size=limit, actual_size=None,  # type: ignore[arg-type]
-                                         text=f"body larger than the limit of {limit} "
-                                              f"bytes (see ServerConfig)")
+    return web.HTTPRequestEntityTooLarge(
+        max_size=limit,
+        actual_size=None,  # type: ignore[arg-type]
+        text=f"body larger than the limit of {limit} bytes (see ServerConfig)",
+    )
 
 
 async def open_upload(request: web.Request, target, **kwargs) -> AtomicFile:
@@ -83,8 +87,9 @@ async def open_upload(request: web.Request, target, **kwargs) -> AtomicFile:
     try:
         return await loop.run_in_executor(None, lambda: AtomicFile(target, **kwargs))
     except (FileExistsError, NotADirectoryError):
-        raise web.HTTPConflict(text=f"{request.path} collides with another key used as "
-                                    f"a directory (as 'a' and 'a/b' do)") from None
+        raise web.HTTPConflict(
+            text=f"{request.path} collides with another key used as a directory (as 'a' and 'a/b' do)"
+        ) from None
 
 
 async def receive(request: web.Request, out: AtomicFile, limit: int, *, stall_s: float) -> str:
@@ -103,8 +108,8 @@ async def receive(request: web.Request, out: AtomicFile, limit: int, *, stall_s:
                 data = await asyncio.wait_for(request.content.readany(), stall_s)
             except asyncio.TimeoutError:
                 raise web.HTTPRequestTimeout(
-                    text=f"the body stalled: no byte for {stall_s:g} s "
-                         f"(ServerConfig.body_timeout_s); upload again") from None
+                    text=f"the body stalled: no byte for {stall_s:g} s (ServerConfig.body_timeout_s); upload again"
+                ) from None
             if not data:
                 break
             size += len(data)
@@ -116,8 +121,9 @@ async def receive(request: web.Request, out: AtomicFile, limit: int, *, stall_s:
         await sink.drain()
     expected = request.headers.get("X-Content-Tree-SHA256", digest).lower()
     if expected != digest:
-        raise web.HTTPBadRequest(text=f"body hash {digest} differs from "
-                                      f"X-Content-Tree-SHA256 {expected}: corrupted upload")
+        raise web.HTTPBadRequest(
+            text=f"body hash {digest} differs from X-Content-Tree-SHA256 {expected}: corrupted upload"
+        )
     return digest
 
 
@@ -125,5 +131,4 @@ def make_origin(config: ServerConfig) -> Origin:
     """The shared state of an origin serving `config.root` (created if missing)."""
     config.root.mkdir(parents=True, exist_ok=True)
     store = FileStore(config.root)
-    return Origin(config, store, HashIndex(),
-                  ManifestWatch(store.manifest_path, config.disk_check_s))
+    return Origin(config, store, HashIndex(), ManifestWatch(store.manifest_path, config.disk_check_s))

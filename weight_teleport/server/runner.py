@@ -30,8 +30,7 @@ _SPARE_FILES = 64  # descriptors beyond the connections' (listening socket, logs
 class _GuardedSite(web.BaseSite):
     """A TCP listener whose connections go through the app's ConnectionLimits."""
 
-    def __init__(self, runner: web.AppRunner, config: ServerConfig,
-                 tls: ssl.SSLContext | None):
+    def __init__(self, runner: web.AppRunner, config: ServerConfig, tls: ssl.SSLContext | None):
         super().__init__(runner, ssl_context=tls)
         self._config = config
         self.port = config.port
@@ -46,9 +45,13 @@ class _GuardedSite(web.BaseSite):
         assert server is not None  # made by super().start()
         limits: ConnectionLimits = self._runner.app[CONNECTIONS]  # type: ignore[attr-defined]
         self._server = await asyncio.get_running_loop().create_server(
-            lambda: limits.guard(server()), self._config.host, self._config.port,
-            ssl=self._ssl_context, backlog=self._backlog,
-            ssl_handshake_timeout=self._config.header_timeout_s if self._ssl_context else None)
+            lambda: limits.guard(server()),
+            self._config.host,
+            self._config.port,
+            ssl=self._ssl_context,
+            backlog=self._backlog,
+            ssl_handshake_timeout=self._config.header_timeout_s if self._ssl_context else None,
+        )
         self.port = self._server.sockets[0].getsockname()[1]
 
 
@@ -72,8 +75,13 @@ def _fit_file_limit(config: ServerConfig) -> ServerConfig:
     if allowed >= need:
         return config
     fits = max(1, (allowed - _SPARE_FILES) // 2)
-    log.warning("serving at most %d connections, not %d (max_connections): the open-file "
-                "limit is %d (raise it with `ulimit -n`)", fits, config.max_connections, allowed)
+    log.warning(
+        "serving at most %d connections, not %d (max_connections): the open-file "
+        "limit is %d (raise it with `ulimit -n`)",
+        fits,
+        config.max_connections,
+        allowed,
+    )
     return dataclasses.replace(config, max_connections=fits)
 
 
@@ -83,16 +91,27 @@ async def _start(config: ServerConfig) -> tuple[web.AppRunner, int]:
     app = make_app(config)
     # Lingering: after an early answer (413, 408, 507), the rest of a body is read and
     # dropped for this long, so that a client still sending gets to read the answer.
-    runner = web.AppRunner(app, access_log=ACCESS_LOG, access_log_format=ACCESS_FORMAT,
-                           shutdown_timeout=1.0,
-                           keepalive_timeout=config.keepalive_timeout_s,
-                           lingering_time=min(10.0, config.body_timeout_s))
+    runner = web.AppRunner(
+        app,
+        access_log=ACCESS_LOG,
+        access_log_format=ACCESS_FORMAT,
+        shutdown_timeout=1.0,
+        keepalive_timeout=config.keepalive_timeout_s,
+        lingering_time=min(10.0, config.body_timeout_s),
+    )
     await runner.setup()
     site = _GuardedSite(runner, config, tls)
     await site.start()
-    log.info("%s", kv("origin_listening", url=site.name, root=config.root,
-                      uploads="token" if config.token else "refused",
-                      reads="token" if config.read_token else "open"))
+    log.info(
+        "%s",
+        kv(
+            "origin_listening",
+            url=site.name,
+            root=config.root,
+            uploads="token" if config.token else "refused",
+            reads="token" if config.read_token else "open",
+        ),
+    )
     return runner, site.port
 
 
@@ -105,8 +124,7 @@ async def _stop(runner: web.AppRunner) -> None:
     await asyncio.gather(*tasks, return_exceptions=True)
 
 
-async def _serve_until_signalled(config: ServerConfig,
-                                 on_ready: Callable[[str], None] | None) -> None:
+async def _serve_until_signalled(config: ServerConfig, on_ready: Callable[[str], None] | None) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -136,8 +154,7 @@ class OriginServer:
         self.config = config
         self.port = 0
         self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True,
-                                        name="weight-teleport-origin")
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True, name="weight-teleport-origin")
         self._runner: web.AppRunner | None = None
 
     @property

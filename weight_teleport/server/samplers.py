@@ -116,15 +116,22 @@ async def put_sampler(request: web.Request) -> web.Response:
     require_reader(request, request.app[ORIGIN].config)
     sampler_id = request.match_info["id"]
     if not _ID.match(sampler_id):
-        raise web.HTTPBadRequest(text="a sampler id is 1-128 letters, digits and _ . : @ -, "
-                                      "starting with a letter, digit or _")
+        raise web.HTTPBadRequest(
+            text="a sampler id is 1-128 letters, digits and _ . : @ -, starting with a letter, digit or _"
+        )
     if (request.content_length or 0) > MAX_REPORT_BYTES:
-        raise web.HTTPRequestEntityTooLarge(max_size=MAX_REPORT_BYTES, actual_size=request.content_length or 0,
-                                            text=f"a heartbeat is at most {MAX_REPORT_BYTES} bytes")
+        raise web.HTTPRequestEntityTooLarge(
+            max_size=MAX_REPORT_BYTES,
+            actual_size=request.content_length or 0,
+            text=f"a heartbeat is at most {MAX_REPORT_BYTES} bytes",
+        )
     body = await request.content.read(MAX_REPORT_BYTES + 1)
     if len(body) > MAX_REPORT_BYTES:
-        raise web.HTTPRequestEntityTooLarge(max_size=MAX_REPORT_BYTES, actual_size=len(body),  # at least
-                                            text=f"a heartbeat is at most {MAX_REPORT_BYTES} bytes")
+        raise web.HTTPRequestEntityTooLarge(
+            max_size=MAX_REPORT_BYTES,
+            actual_size=len(body),  # at least
+            text=f"a heartbeat is at most {MAX_REPORT_BYTES} bytes",
+        )
     try:
         report = _decode.decode(body)
     except msgspec.DecodeError as exc:
@@ -132,7 +139,7 @@ async def put_sampler(request: web.Request) -> web.Response:
     if report.state not in STATES:
         raise web.HTTPBadRequest(text=f"state {report.state!r} is not one of {STATES}")
     if not request.app[BOOK].hear(sampler_id, report):
-        raise web.HTTPServiceUnavailable(text="the origin keeps no more samplers "
-                                              "(ServerConfig.max_samplers)",
-                                         headers={"Retry-After": "60"})
+        raise web.HTTPServiceUnavailable(
+            text="the origin keeps no more samplers (ServerConfig.max_samplers)", headers={"Retry-After": "60"}
+        )
     return web.Response(status=204, headers={"Cache-Control": "no-store"})

@@ -51,9 +51,16 @@ def _int_arg(request: web.Request, name: str, default: int, high: int) -> int:
     return value
 
 
-def samplers_section(book: Book, latest: int | None, *, offset: int = 0,
-                     limit: int = DEFAULT_PAGE, state: str | None = None,
-                     version: int | None = None, query: str = "") -> dict:
+def samplers_section(
+    book: Book,
+    latest: int | None,
+    *,
+    offset: int = 0,
+    limit: int = DEFAULT_PAGE,
+    state: str | None = None,
+    version: int | None = None,
+    query: str = "",
+) -> dict:
     """Counts of every sampler by state and version, and one page of the matching ones,
     the worst first (failing, stale, degraded...; then the most behind)."""
     book.sweep()
@@ -62,23 +69,42 @@ def samplers_section(book: Book, latest: int | None, *, offset: int = 0,
     for s in book.samplers.values():
         r = s.report
         behind = None if latest is None or r.version is None else max(0, latest - r.version)
-        rows.append({"id": s.id, "state": book.state(s, now), "version": r.version,
-                     "versions_behind": behind, "lag_s": r.lag_s, "pause_s": r.pause_s,
-                     "ready_s": r.ready_s, "last_error": r.last_error, "resyncs": r.resyncs,
-                     "heard_s_ago": round(now - s.heard, 3),
-                     "first_heard": s.first_heard_wall, "since_s": round(wall - s.first_heard_wall, 1)})
+        rows.append(
+            {
+                "id": s.id,
+                "state": book.state(s, now),
+                "version": r.version,
+                "versions_behind": behind,
+                "lag_s": r.lag_s,
+                "pause_s": r.pause_s,
+                "ready_s": r.ready_s,
+                "last_error": r.last_error,
+                "resyncs": r.resyncs,
+                "heard_s_ago": round(now - s.heard, 3),
+                "first_heard": s.first_heard_wall,
+                "since_s": round(wall - s.first_heard_wall, 1),
+            }
+        )
     by_state, by_version = {k: 0 for k in _WORST_FIRST}, dict[str, int]()
     for row in rows:
         by_state[row["state"]] = by_state.get(row["state"], 0) + 1
         key = "none" if row["version"] is None else str(row["version"])
         by_version[key] = by_version.get(key, 0) + 1
-    matched = [r for r in rows if (state is None or r["state"] == state)
-               and (version is None or r["version"] == version) and query in r["id"]]
+    matched = [
+        r
+        for r in rows
+        if (state is None or r["state"] == state) and (version is None or r["version"] == version) and query in r["id"]
+    ]
     matched.sort(key=lambda r: (_WORST_FIRST.get(r["state"], 9), -(r["versions_behind"] or 0), r["id"]))
-    return {"total": len(rows), "by_state": by_state,
-            "by_version": dict(sorted(by_version.items(), key=lambda kv: kv[0])),
-            "matched": len(matched), "offset": offset, "limit": limit,
-            "items": matched[offset:offset + limit]}
+    return {
+        "total": len(rows),
+        "by_state": by_state,
+        "by_version": dict(sorted(by_version.items(), key=lambda kv: kv[0])),
+        "matched": len(matched),
+        "offset": offset,
+        "limit": limit,
+        "items": matched[offset : offset + limit],
+    }
 
 
 def charts(book: Book, store: dict) -> dict:
@@ -92,9 +118,11 @@ def charts(book: Book, store: dict) -> dict:
             ready.setdefault(version, []).append(ready_s)
         if pause_s is not None:
             pauses.append([round(wall, 3), pause_s])
-    return {"bytes_per_version": [[v["version"], v["wire_bytes"], v["anchor"]] for v in versions],
-            "ready_per_version": [[v, statistics.median(s)] for v, s in sorted(ready.items())][-CHART_VERSIONS:],
-            "pauses": pauses[-1000:]}
+    return {
+        "bytes_per_version": [[v["version"], v["wire_bytes"], v["anchor"]] for v in versions],
+        "ready_per_version": [[v, statistics.median(s)] for v, s in sorted(ready.items())][-CHART_VERSIONS:],
+        "pauses": pauses[-1000:],
+    }
 
 
 def status_document(request: web.Request) -> dict:
@@ -108,14 +136,28 @@ def status_document(request: web.Request) -> dict:
     state = q.get("state") or None
     version = _int_arg(request, "version", 0, 1 << 62) if q.get("version") else None
     book = request.app[BOOK]
-    samplers = samplers_section(book, store["latest"], offset=_int_arg(request, "offset", 0, 1 << 31),
-                                limit=_int_arg(request, "limit", DEFAULT_PAGE, MAX_PAGE),
-                                state=state, version=version, query=q.get("q", "")[:128])
+    samplers = samplers_section(
+        book,
+        store["latest"],
+        offset=_int_arg(request, "offset", 0, 1 << 31),
+        limit=_int_arg(request, "limit", DEFAULT_PAGE, MAX_PAGE),
+        state=state,
+        version=version,
+        query=q.get("q", "")[:128],
+    )
     config = origin.config
-    return {"now": time.time(), "store": store, "samplers": samplers, "charts": charts(book, store),
-            "origin": {"sampler_stale_s": config.sampler_stale_s,
-                       "sampler_expiry_s": config.sampler_expiry_s,
-                       "uploads": config.token is not None, "read_token": config.read_token is not None}}
+    return {
+        "now": time.time(),
+        "store": store,
+        "samplers": samplers,
+        "charts": charts(book, store),
+        "origin": {
+            "sampler_stale_s": config.sampler_stale_s,
+            "sampler_expiry_s": config.sampler_expiry_s,
+            "uploads": config.token is not None,
+            "read_token": config.read_token is not None,
+        },
+    }
 
 
 async def get_status_json(request: web.Request) -> web.Response:
@@ -125,5 +167,6 @@ async def get_status_json(request: web.Request) -> web.Response:
 async def get_status_page(request: web.Request) -> web.Response:
     from .status_page import render
 
-    return web.Response(text=render(status_document(request)), content_type="text/html",
-                        headers={"Cache-Control": "no-store"})
+    return web.Response(
+        text=render(status_document(request)), content_type="text/html", headers={"Cache-Control": "no-store"}
+    )

@@ -51,29 +51,47 @@ def _td(value: object, cls: str = "") -> str:
 
 
 def sampler_row(s: dict) -> str:
-    return (f'<tr data-sampler="{escape(s["id"])}" data-state="{s["state"]}" '
-            f'data-version="{"" if s["version"] is None else s["version"]}">'
-            + _td(s["id"]) + _td(s["state"], s["state"]) + _td(s["version"])
-            + _td(s["versions_behind"]) + _td(fmt_s(s["lag_s"])) + _td(fmt_s(s["pause_s"]))
-            + _td(fmt_s(s["ready_s"])) + _td(fmt_s(s["heard_s_ago"]) + " ago")
-            + _td(s["last_error"] or "", "err") + "</tr>")
+    return (
+        f'<tr data-sampler="{escape(s["id"])}" data-state="{s["state"]}" '
+        f'data-version="{"" if s["version"] is None else s["version"]}">'
+        + _td(s["id"])
+        + _td(s["state"], s["state"])
+        + _td(s["version"])
+        + _td(s["versions_behind"])
+        + _td(fmt_s(s["lag_s"]))
+        + _td(fmt_s(s["pause_s"]))
+        + _td(fmt_s(s["ready_s"]))
+        + _td(fmt_s(s["heard_s_ago"]) + " ago")
+        + _td(s["last_error"] or "", "err")
+        + "</tr>"
+    )
 
 
 def version_row(v: dict) -> str:
     ratio = "-" if v["ratio"] is None else f"{v['ratio']:.0f}x"
     kind = "+".join(v["kinds"]) + (" (anchor)" if v["anchor"] else "")
-    return ("<tr>" + _td(v["version"]) + _td(kind) + _td(v["base"]) + _td(fmt_bytes(v["wire_bytes"]))
-            + _td(fmt_bytes(v["raw_bytes"])) + _td(ratio)
-            + _td("-" if v["age_s"] is None else fmt_s(v["age_s"]) + " ago") + "</tr>")
+    return (
+        "<tr>"
+        + _td(v["version"])
+        + _td(kind)
+        + _td(v["base"])
+        + _td(fmt_bytes(v["wire_bytes"]))
+        + _td(fmt_bytes(v["raw_bytes"]))
+        + _td(ratio)
+        + _td("-" if v["age_s"] is None else fmt_s(v["age_s"]) + " ago")
+        + "</tr>"
+    )
 
 
 def summary(doc: dict) -> str:
     store, samplers = doc["store"], doc["samplers"]
     states = ", ".join(f"{n} {k}" for k, n in samplers["by_state"].items() if n) or "none yet"
     latest = "none" if store["latest"] is None else store["latest"]
-    return (f"latest version <b>{latest}</b> · {len(store['versions'])} versions, "
-            f"{fmt_bytes(store['stored_bytes'])} stored · {samplers['total']} samplers "
-            f"({escape(states)})")
+    return (
+        f"latest version <b>{latest}</b> · {len(store['versions'])} versions, "
+        f"{fmt_bytes(store['stored_bytes'])} stored · {samplers['total']} samplers "
+        f"({escape(states)})"
+    )
 
 
 @functools.lru_cache(maxsize=1)
@@ -84,8 +102,7 @@ def _script() -> str:
 def render(doc: dict) -> str:
     """The page, with `doc` (the status document) rendered in and embedded for the script."""
     samplers, store = doc["samplers"], doc["store"]
-    chips = "".join(f'<span class="chip {k}" data-state="{k}">{k} {n}</span>'
-                    for k, n in samplers["by_state"].items())
+    chips = "".join(f'<span class="chip {k}" data-state="{k}">{k} {n}</span>' for k, n in samplers["by_state"].items())
     versions = " · ".join(f"v{escape(k)}: {n}" for k, n in samplers["by_version"].items())
     first, last = samplers["offset"] + 1, samplers["offset"] + len(samplers["items"])
     error = f'<p class="failing">{escape(store["error"])}</p>' if store.get("error") else ""

@@ -17,5 +17,9 @@ def bearer(request: web.Request) -> str | None:
 def matches(given: str | None, token: str | None) -> bool:
     """Whether `given` is `token` (False when either is missing, or `given` is not ASCII:
     tokens are)."""
-    return given is not None and token is not None and given.isascii() and \
-        hmac.compare_digest(given.encode(), token.encode())
+    return (
+        given is not None
+        and token is not None
+        and given.isascii()
+        and hmac.compare_digest(given.encode(), token.encode())
+    )

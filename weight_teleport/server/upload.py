@@ -53,8 +53,9 @@ def _store_piece(fd: int, piece: memoryview, offset: int) -> bytes:
 class PieceSink:
     """Bytes fed in order become `out`'s content, hashed as `store.hashing`'s tree."""
 
-    def __init__(self, out: AtomicFile, *, expected: int | None = None,
-                 piece_bytes: int = PIECE_BYTES, depth: int | None = None):
+    def __init__(
+        self, out: AtomicFile, *, expected: int | None = None, piece_bytes: int = PIECE_BYTES, depth: int | None = None
+    ):
         """`expected`: the body's length where known (a small body gets a small buffer)."""
         self._fd, self._expected = out.fileno(), expected
         self._piece_bytes = piece_bytes
@@ -78,7 +79,7 @@ class PieceSink:
                 self._buf.extend(bytes(self._piece_bytes - len(self._buf)))
                 self._view = memoryview(self._buf)
             take = min(len(rest), len(self._buf) - self._fill)
-            self._view[self._fill:self._fill + take] = rest[:take]
+            self._view[self._fill : self._fill + take] = rest[:take]
             self._fill += take
             rest = rest[take:]
             if self._fill == self._piece_bytes:
@@ -105,15 +106,16 @@ class PieceSink:
         if self._free:
             self._buf = self._free.pop()
         else:
-            left = self._piece_bytes if self._expected is None else \
-                self._expected - self._submitted() * self._piece_bytes
+            left = (
+                self._piece_bytes if self._expected is None else self._expected - self._submitted() * self._piece_bytes
+            )
             self._buf = bytearray(max(1, min(self._piece_bytes, left)))
         self._view, self._fill = memoryview(self._buf), 0
 
     def _submit(self) -> None:
         assert self._buf is not None and self._view is not None  # a piece is being filled
         offset = self._submitted() * self._piece_bytes
-        piece = self._view[:self._fill]
+        piece = self._view[: self._fill]
         future = hash_pool().submit(_store_piece, self._fd, piece, offset)
         self._pending.append((future, self._buf))
         self._buf = self._view = None

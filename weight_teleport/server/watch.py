@@ -35,8 +35,9 @@ class ManifestWatch:
         event, self._event = self._event, asyncio.Event()
         event.set()
 
-    async def wait_change(self, after: str, timeout: float,
-                          over: asyncio.Event | None = None) -> tuple[bytes, str] | None:
+    async def wait_change(
+        self, after: str, timeout: float, over: asyncio.Event | None = None
+    ) -> tuple[bytes, str] | None:
         """Return the manifest once its ETag differs from `after`, or None at timeout or
         once `over` is set (the long-poll must give its connection up).
 

@@ -42,8 +42,9 @@ IfMatch = Union[str, None, _Unconditional]
 
 def too_large(key: str, max_bytes: int) -> TooLarge:
     """The error of a read that got more than `max_bytes` bytes of `key`."""
-    return TooLarge(f"{key!r} is larger than the {max_bytes} bytes allowed; reading "
-                    f"stopped there (a wrong or hostile store)")
+    return TooLarge(
+        f"{key!r} is larger than the {max_bytes} bytes allowed; reading stopped there (a wrong or hostile store)"
+    )
 
 
 class Store:
@@ -68,8 +69,14 @@ class Store:
         self.config = config or StoreConfig()
 
     # Public API: checks, retries, then the primitive.
-    def put(self, key: str, data: bytes, *, content_hash: str | None = None,
-            between_pieces: Callable[[], None] | None = None) -> None:
+    def put(
+        self,
+        key: str,
+        data: bytes,
+        *,
+        content_hash: str | None = None,
+        between_pieces: Callable[[], None] | None = None,
+    ) -> None:
         """Store `data` (any bytes-like object) under `key`; readers see all of it or
         nothing. Stores that keep the bytes copy them; the others send them from where
         they are (a pack in pinned memory is not copied into a `bytes` first).
@@ -81,8 +88,7 @@ class Store:
         `between_pieces`: called between the pieces of a streamed upload (HTTP), where it
         may block for a few seconds to let other uploads go first; stores that write in
         one step do not call it."""
-        self._retry(self._put_with, validate_key(key), memoryview(data).cast("B"), content_hash,
-                    between_pieces)
+        self._retry(self._put_with, validate_key(key), memoryview(data).cast("B"), content_hash, between_pieces)
 
     def get(self, key: str, max_bytes: int | None = None) -> bytes:
         """Return the bytes under `key`; raise NotFound if there are none.
@@ -164,8 +170,9 @@ class Store:
     def _check_manifest_size(self, manifest: bytes | None) -> bytes | None:
         limit = self.config.max_manifest_bytes
         if manifest is not None and len(manifest) > limit:
-            raise TooLarge(f"the store's manifest has {len(manifest)} bytes, more than "
-                           f"StoreConfig.max_manifest_bytes ({limit})")
+            raise TooLarge(
+                f"the store's manifest has {len(manifest)} bytes, more than StoreConfig.max_manifest_bytes ({limit})"
+            )
         return manifest
 
     def close(self) -> None:
@@ -181,8 +188,9 @@ class Store:
     def _put(self, key: str, data: bytes) -> None:
         raise NotImplementedError
 
-    def _put_with(self, key: str, data: bytes, content_hash: str | None,
-                  between_pieces: Callable[[], None] | None) -> None:
+    def _put_with(
+        self, key: str, data: bytes, content_hash: str | None, between_pieces: Callable[[], None] | None
+    ) -> None:
         """`_put` told what the caller knows (see `put`); stores that neither send a hash
         nor stream an upload in pieces ignore both."""
         self._put(key, data)
@@ -202,7 +210,7 @@ class Store:
         import numpy as np
 
         part = self._get_range(key, start, start + len(out))
-        out[:len(part)] = np.frombuffer(part, np.uint8)
+        out[: len(part)] = np.frombuffer(part, np.uint8)
         return len(part)
 
     def _list(self, prefix: str) -> builtins.list[str]:  # `list` here is Store.list
@@ -243,7 +251,6 @@ class Store:
             except TransportError as exc:
                 if attempt >= retry.attempts:
                     raise
-                log.debug("%s failed (%s); retry %d/%d in %.2fs", op.__name__, exc,
-                          attempt, retry.attempts - 1, delay)
+                log.debug("%s failed (%s); retry %d/%d in %.2fs", op.__name__, exc, attempt, retry.attempts - 1, delay)
                 time.sleep(delay * (0.5 + random.random() / 2))
                 delay, attempt = min(delay * 2, retry.backoff_max_s), attempt + 1

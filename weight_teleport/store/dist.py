@@ -33,15 +33,13 @@ class DistStore(MemoryStore):
     def __init__(self, src: int = 0, config: StoreConfig | None = None, backend: str = "gloo"):
         super().__init__(None, config)
         if not dist.is_initialized():
-            raise StoreError("dist:// needs torch.distributed initialised first "
-                             "(torch.distributed.init_process_group)")
+            raise StoreError("dist:// needs torch.distributed initialised first (torch.distributed.init_process_group)")
         if backend not in ("gloo", "nccl"):
             raise StoreError(f"dist:// backend {backend!r} is not supported: use gloo or nccl")
         if backend == "nccl" and not torch.cuda.is_available():
             raise StoreError("dist://?backend=nccl needs a CUDA device on every rank")
         self.src = src
-        self._device = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" \
-            else torch.device("cpu")
+        self._device = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
         self._group = dist.new_group(backend=backend)
         self._send_lock = threading.RLock()  # held across a compare-and-swap and its broadcast
         self._receiver: threading.Thread | None = None
@@ -60,8 +58,9 @@ class DistStore(MemoryStore):
         if self._group is None:
             raise StoreError("this dist:// store is closed: open a new one (on every rank) to write")
         if dist.get_rank() != self.src:
-            raise StoreError(f"only rank {self.src} (the source) writes to this dist:// "
-                             f"store; rank {dist.get_rank()} reads it")
+            raise StoreError(
+                f"only rank {self.src} (the source) writes to this dist:// store; rank {dist.get_rank()} reads it"
+            )
 
     def _broadcast(self, op: int, key: str = "", data: bytes = b"") -> None:
         self._check_source()
@@ -74,8 +73,7 @@ class DistStore(MemoryStore):
                 dist.broadcast(body, self.src, group=self._group)
 
     def _exiting(self) -> None:
-        log.info("the interpreter exits: waiting for rank %d to close the dist:// store "
-                 "(or to end)", self.src)
+        log.info("the interpreter exits: waiting for rank %d to close the dist:// store (or to end)", self.src)
 
     def _receive(self) -> None:
         """Apply the source's broadcasts to the local replica until it closes."""

@@ -43,8 +43,7 @@ class AtomicFile:
     def __init__(self, path: Path, *, overwrite: bool):
         path.parent.mkdir(parents=True, exist_ok=True)
         # The name is cut so that the temp name stays within a file name's 255 bytes.
-        fd, self._tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name[:200]}.",
-                                         suffix=".tmp")
+        fd, self._tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name[:200]}.", suffix=".tmp")
         self._file: BinaryIO = os.fdopen(fd, "wb")
         self.path, self.overwrite = path, overwrite
 
@@ -113,13 +112,15 @@ class FileStore(Store):
         (`file://tmp/store`, one slash short): refused, never read as a relative path."""
         rest = url.partition("://")[2]
         if rest.startswith("localhost/"):
-            rest = rest[len("localhost"):]
+            rest = rest[len("localhost") :]
         if not rest.startswith(("/", "./", "../")) and rest not in (".", ".."):
             host = rest.partition("/")[0]
-            raise StoreError(f"{url!r} names the host {host!r}, which a file store cannot "
-                             f"reach: an absolute path takes three slashes (file:///{rest}), "
-                             f"a path under the current directory starts with ./ "
-                             f"(file://./{rest})")
+            raise StoreError(
+                f"{url!r} names the host {host!r}, which a file store cannot "
+                f"reach: an absolute path takes three slashes (file:///{rest}), "
+                f"a path under the current directory starts with ./ "
+                f"(file://./{rest})"
+            )
         return cls(rest, config)
 
     def path_of(self, key: str) -> Path:
@@ -136,7 +137,8 @@ class FileStore(Store):
                 raise Conflict(
                     f"cannot write {key!r}: it exists with other bytes (objects are "
                     f"immutable: use a new key), or it collides with another key used as "
-                    f"a directory (as 'a' and 'a/b' do)") from None
+                    f"a directory (as 'a' and 'a/b' do)"
+                ) from None
 
     def _get(self, key: str) -> bytes:
         try:
@@ -228,9 +230,11 @@ class FileStore(Store):
         except OSError as exc:
             if exc.errno not in (errno.EACCES, errno.EPERM, errno.EROFS):
                 raise
-            raise AuthError(f"cannot write to {self.root}: {exc.strerror}; give this "
-                            f"process write access to the directory or pick another "
-                            f"store") from None
+            raise AuthError(
+                f"cannot write to {self.root}: {exc.strerror}; give this "
+                f"process write access to the directory or pick another "
+                f"store"
+            ) from None
 
     def _space_checked(self):
         return _no_space_is_store_full(self.root)
@@ -253,5 +257,6 @@ def _no_space_is_store_full(root: Path) -> Iterator[None]:
     except OSError as exc:
         if exc.errno not in NO_SPACE:
             raise
-        raise StoreFull(f"no space left under {root} ({exc.strerror}): free space or "
-                        f"lower RetentionConfig.keep_anchors") from None
+        raise StoreFull(
+            f"no space left under {root} ({exc.strerror}): free space or lower RetentionConfig.keep_anchors"
+        ) from None

@@ -17,8 +17,7 @@ import fsspec
 
 from .base import UNCONDITIONAL, IfMatch, Store
 from .config import StoreConfig
-from .errors import AuthError, Conflict, ManifestChanged, MissingDependency, NotFound, \
-    StoreError, TransportError
+from .errors import AuthError, Conflict, ManifestChanged, MissingDependency, NotFound, StoreError, TransportError
 from .keys import check_manifest_etag, describe_manifest_change, manifest_etag
 
 log = logging.getLogger(__name__)
@@ -34,9 +33,11 @@ def _storage_options(protocol: str, config: StoreConfig) -> dict[str, Any]:
             options["key"] = config.key
         if config.secret is not None:
             options["secret"] = config.secret
-        options["config_kwargs"] = {"connect_timeout": config.timeout_s,
-                                    "read_timeout": config.timeout_s,
-                                    "retries": {"max_attempts": 1}}
+        options["config_kwargs"] = {
+            "connect_timeout": config.timeout_s,
+            "read_timeout": config.timeout_s,
+            "retries": {"max_attempts": 1},
+        }
     return {**options, **config.storage_options}
 
 
@@ -45,13 +46,11 @@ class FsspecStore(Store):
 
     parallel_ranges = True
 
-    def __init__(self, fs: fsspec.AbstractFileSystem, root: str,
-                 config: StoreConfig | None = None):
+    def __init__(self, fs: fsspec.AbstractFileSystem, root: str, config: StoreConfig | None = None):
         super().__init__(config)
         self.fs = fs
         self.root = root.rstrip("/")
-        self._s3 = any(p in _S3 for p in ([fs.protocol] if isinstance(fs.protocol, str)
-                                          else fs.protocol))
+        self._s3 = any(p in _S3 for p in ([fs.protocol] if isinstance(fs.protocol, str) else fs.protocol))
         self._written: tuple[str, str] | None = None
         """(our ETag, S3's ETag) of the manifest this store last wrote: the next
         conditional write needs no read when it expects that one."""
@@ -66,9 +65,11 @@ class FsspecStore(Store):
         except ImportError as exc:
             raise MissingDependency(f"the {protocol}:// store: {exc}") from exc
         except ValueError:
-            raise StoreError(f"unknown store URL scheme {protocol!r} in {url!r}: use "
-                             f"file://, memory://, http://, s3:// or another fsspec "
-                             f"protocol") from None
+            raise StoreError(
+                f"unknown store URL scheme {protocol!r} in {url!r}: use "
+                f"file://, memory://, http://, s3:// or another fsspec "
+                f"protocol"
+            ) from None
         return cls(fs_class(**_storage_options(protocol, config)), root, config)
 
     def _path(self, key: str) -> str:
@@ -81,10 +82,12 @@ class FsspecStore(Store):
         except FileNotFoundError:
             raise NotFound(f"no object {args[0]!r}") from None
         except PermissionError as exc:
-            raise AuthError(f"{op} {args[0]!r} refused: {exc}; check the credentials: "
-                            f"AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY (or ~/.aws) for the "
-                            f"command line, StoreConfig(key=..., secret=...) or "
-                            f"storage_options in Python") from exc
+            raise AuthError(
+                f"{op} {args[0]!r} refused: {exc}; check the credentials: "
+                f"AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY (or ~/.aws) for the "
+                f"command line, StoreConfig(key=..., secret=...) or "
+                f"storage_options in Python"
+            ) from exc
         except (OSError, TimeoutError, ConnectionError) as exc:
             if _precondition_failed(exc):
                 raise ManifestChanged(f"{op} {args[0]!r}: a precondition failed") from None
@@ -99,8 +102,9 @@ class FsspecStore(Store):
             self._call("pipe_file", path, data)
             return
         if existing != data:
-            raise Conflict(f"object {key!r} already exists with different bytes; "
-                           f"objects are immutable: write under a new key")
+            raise Conflict(
+                f"object {key!r} already exists with different bytes; objects are immutable: write under a new key"
+            )
 
     def _get(self, key: str) -> bytes:
         return self._call("cat_file", self._path(key))
@@ -127,7 +131,7 @@ class FsspecStore(Store):
             paths = self._call("find", top)
         except NotFound:
             return []
-        keys = [p[len(base):] for p in paths if p.startswith(base)]
+        keys = [p[len(base) :] for p in paths if p.startswith(base)]
         return [k for k in keys if k.startswith(prefix)]
 
     def _delete(self, key: str) -> None:
@@ -161,8 +165,9 @@ class FsspecStore(Store):
             reply = self._call("pipe_file", path, data, **condition)
         except ManifestChanged:
             current = self._get_manifest()
-            raise ManifestChanged(describe_manifest_change(
-                if_match, None if current is None else manifest_etag(current))) from None
+            raise ManifestChanged(
+                describe_manifest_change(if_match, None if current is None else manifest_etag(current))
+            ) from None
         etag = reply.get("ETag") if isinstance(reply, dict) else None
         self._written = (manifest_etag(data), etag) if etag else None
 
@@ -178,8 +183,7 @@ class FsspecStore(Store):
 
     def _get_manifest(self) -> bytes | None:
         try:  # one ranged GET: the base refuses a manifest that fills the range
-            return self._read_range(f"{self.root}/manifest", 0,
-                                    self.config.max_manifest_bytes + 1)
+            return self._read_range(f"{self.root}/manifest", 0, self.config.max_manifest_bytes + 1)
         except NotFound:
             return None
 

@@ -52,9 +52,9 @@ def tree_sha256(data, piece_bytes: int = PIECE_BYTES) -> str:
     view = memoryview(data).cast("B")
     starts = range(0, len(view), piece_bytes)
     if len(starts) <= 1:
-        return root_of([piece_digest(view[s:s + piece_bytes]) for s in starts])
+        return root_of([piece_digest(view[s : s + piece_bytes]) for s in starts])
     pool = hash_pool()
-    futures = [pool.submit(piece_digest, view[s:s + piece_bytes]) for s in starts]
+    futures = [pool.submit(piece_digest, view[s : s + piece_bytes]) for s in starts]
     return root_of([f.result() for f in futures])
 
 

@@ -21,22 +21,41 @@ from urllib.parse import quote, urlencode, urlsplit
 
 from .base import UNCONDITIONAL, IfMatch, Store, too_large
 from .config import StoreConfig
-from .errors import (AuthError, Conflict, ManifestChanged, NotFound, RangeIgnored, StoreError,
-                     StoreFull, TooLarge, TransportError)
+from .errors import (
+    AuthError,
+    Conflict,
+    ManifestChanged,
+    NotFound,
+    RangeIgnored,
+    StoreError,
+    StoreFull,
+    TooLarge,
+    TransportError,
+)
 from .keys import content_hash
 
 _RESOLVED_KEYS = 4096  # key -> content hash entries remembered per store
 _WATCH_SLICE_S = 30.0  # longest single long-poll request
 _ERROR_BODY = 64 << 10  # the most of an error response's body read (its message)
 _RETRY_AFTER_MAX_S = 60.0  # the longest a Retry-After header makes a watch wait
-_PAGES = {"/status": "status page", "/status.json": "status document", "/metrics": "metrics",
-          "/healthz": "readiness probe", "/manifest": "manifest", "/watch": "long-poll"}
+_PAGES = {
+    "/status": "status page",
+    "/status.json": "status document",
+    "/metrics": "metrics",
+    "/healthz": "readiness probe",
+    "/manifest": "manifest",
+    "/watch": "long-poll",
+}
 """Routes of the origin, by what they are: an address ending in one is not a store URL."""
-UPLOAD_TOKEN_HINT = ("the origin's upload token: --token-file FILE or WEIGHT_TELEPORT_TOKEN "
-                     "on the command line, StoreConfig(token=...) in Python")
-READ_TOKEN_HINT = ("the origin's read token: --read-token-file FILE or "
-                   "WEIGHT_TELEPORT_READ_TOKEN on the command line, "
-                   "StoreConfig(read_token=...) in Python")
+UPLOAD_TOKEN_HINT = (
+    "the origin's upload token: --token-file FILE or WEIGHT_TELEPORT_TOKEN "
+    "on the command line, StoreConfig(token=...) in Python"
+)
+READ_TOKEN_HINT = (
+    "the origin's read token: --read-token-file FILE or "
+    "WEIGHT_TELEPORT_READ_TOKEN on the command line, "
+    "StoreConfig(read_token=...) in Python"
+)
 
 
 class _BodyTooLarge(Exception):
@@ -53,8 +72,7 @@ class HttpStore(Store):
         parts = urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise StoreError(f"invalid origin URL {url!r}: expected http://host:port/path")
-        self._tls = ssl.create_default_context(cafile=self.config.ca_file) \
-            if parts.scheme == "https" else None
+        self._tls = ssl.create_default_context(cafile=self.config.ca_file) if parts.scheme == "https" else None
         self._netloc = (parts.hostname, parts.port)
         self._base = parts.path.rstrip("/")
         self.url = f"{parts.scheme}://{parts.netloc}{self._base}"
@@ -63,7 +81,8 @@ class HttpStore(Store):
             if self._base.endswith(route):
                 raise StoreError(
                     f"{url} is the address of the origin's {what}, not of the store: "
-                    f"use {self.url[:len(self.url) - len(route)] or '/'}")
+                    f"use {self.url[: len(self.url) - len(route)] or '/'}"
+                )
         self._origin_checked = False
         self._local = threading.local()
         self._hashes: OrderedDict[str, str] = OrderedDict()
@@ -79,8 +98,7 @@ class HttpStore(Store):
         conn = getattr(self._local, "conn", None)
         if conn is None:
             if self._tls is not None:
-                conn = http.client.HTTPSConnection(*self._netloc, timeout=self.config.timeout_s,
-                                                   context=self._tls)
+                conn = http.client.HTTPSConnection(*self._netloc, timeout=self.config.timeout_s, context=self._tls)
             else:
                 conn = http.client.HTTPConnection(*self._netloc, timeout=self.config.timeout_s)
             self._local.conn = conn
@@ -92,9 +110,15 @@ class HttpStore(Store):
             conn.close()
             self._local.conn = None
 
-    def _request(self, method: str, path: str, body=None,
-                 headers: dict[str, str] | None = None, timeout: float | None = None,
-                 limit: int | None = None) -> tuple[int, http.client.HTTPMessage, bytes]:
+    def _request(
+        self,
+        method: str,
+        path: str,
+        body=None,
+        headers: dict[str, str] | None = None,
+        timeout: float | None = None,
+        limit: int | None = None,
+    ) -> tuple[int, http.client.HTTPMessage, bytes]:
         """Send one request; reconnect at once if a kept-alive connection went stale.
 
         The body of a successful answer is read up to `limit` bytes (None: all of it);
@@ -113,9 +137,9 @@ class HttpStore(Store):
                 raise
         return send(*args)
 
-    def _send(self, method: str, path: str, body, headers: dict[str, str],
-              timeout: float | None, limit: int | None
-              ) -> tuple[int, http.client.HTTPMessage, bytes]:
+    def _send(
+        self, method: str, path: str, body, headers: dict[str, str], timeout: float | None, limit: int | None
+    ) -> tuple[int, http.client.HTTPMessage, bytes]:
         def read(resp: http.client.HTTPResponse):
             if resp.status >= 400:
                 return resp.status, resp.headers, self._read_error(resp)
@@ -123,8 +147,7 @@ class HttpStore(Store):
 
         return self._exchange(method, path, body, headers, timeout, read)
 
-    def _exchange(self, method: str, path: str, body, headers: dict[str, str],
-                  timeout: float | None, read):
+    def _exchange(self, method: str, path: str, body, headers: dict[str, str], timeout: float | None, read):
         """`read(response)` of one request on this thread's connection. A network failure
         drops the connection and raises TransportError; an unverified certificate raises
         StoreError with what to do."""
@@ -141,11 +164,14 @@ class HttpStore(Store):
                 f"{method} {path}: the origin's certificate was not verified "
                 f"({exc.verify_message}); if a private authority signed it, pass its "
                 f"certificate: --ca-file FILE on the command line, StoreConfig(ca_file=...) "
-                f"in Python") from None
+                f"in Python"
+            ) from None
         except ConnectionRefusedError:
             self._drop_connection()
-            raise TransportError(f"{method} {path}: connection refused: is the origin running "
-                                 f"at {self.url}? (`weight-teleport serve` starts one)") from None
+            raise TransportError(
+                f"{method} {path}: connection refused: is the origin running "
+                f"at {self.url}? (`weight-teleport serve` starts one)"
+            ) from None
         except (OSError, http.client.HTTPException) as exc:
             self._drop_connection()
             raise TransportError(f"{method} {self.url}{path} failed: {exc!r}") from exc
@@ -204,12 +230,12 @@ class HttpStore(Store):
     def _get_small(self, path: str, what: str) -> tuple[int, http.client.HTTPMessage, bytes]:
         """GET a manifest-sized answer (the manifest, a listing, a long-poll)."""
         try:
-            return self._request("GET", path, headers=self._auth(),
-                                 limit=self.config.max_manifest_bytes)
+            return self._request("GET", path, headers=self._auth(), limit=self.config.max_manifest_bytes)
         except _BodyTooLarge:
-            raise TooLarge(f"{what}: the origin's answer is larger than "
-                           f"StoreConfig.max_manifest_bytes ({self.config.max_manifest_bytes})"
-                           ) from None
+            raise TooLarge(
+                f"{what}: the origin's answer is larger than "
+                f"StoreConfig.max_manifest_bytes ({self.config.max_manifest_bytes})"
+            ) from None
 
     def _blob_path(self, key: str) -> str:
         """The content-addressed path of `key`, asking the origin once."""
@@ -220,8 +246,9 @@ class HttpStore(Store):
             self._check(status, body, f"resolve {key!r}")
             digest = headers.get("X-Content-Tree-SHA256", "")
             if status != 307 or not digest:
-                raise StoreError(f"resolve {key!r}: {self._base or '/'} is not a "
-                                 f"weight-teleport origin (HTTP {status})")
+                raise StoreError(
+                    f"resolve {key!r}: {self._base or '/'} is not a weight-teleport origin (HTTP {status})"
+                )
             with self._hashes_lock:
                 self._hashes[key] = digest
                 while len(self._hashes) > _RESOLVED_KEYS:
@@ -241,19 +268,20 @@ class HttpStore(Store):
         self._put_with(key, data, None, None)
 
     def _put_with(self, key: str, data: bytes, digest: str | None, between_pieces) -> None:
-        headers = {**self._auth(write=True), "Content-Type": "application/octet-stream",
-                   "Content-Length": str(len(data)),
-                   "X-Content-Tree-SHA256": digest or content_hash(data)}
+        headers = {
+            **self._auth(write=True),
+            "Content-Type": "application/octet-stream",
+            "Content-Length": str(len(data)),
+            "X-Content-Tree-SHA256": digest or content_hash(data),
+        }
         progress = self.config.upload_progress
-        body = data if progress is None and between_pieces is None else \
-            _Pieces(data, progress, between_pieces)
+        body = data if progress is None and between_pieces is None else _Pieces(data, progress, between_pieces)
         status, _, body = self._request("PUT", "/o/" + quote(key), body, headers)
         self._check(status, body, f"put {key!r}", write=True)
 
     def _fetch(self, key: str, max_bytes: int | None = None) -> bytes:
         try:
-            status, _, body = self._request("GET", self._blob_path(key), headers=self._auth(),
-                                            limit=max_bytes)
+            status, _, body = self._request("GET", self._blob_path(key), headers=self._auth(), limit=max_bytes)
         except _BodyTooLarge:
             assert max_bytes is not None  # raised only past a limit
             raise too_large(key, max_bytes) from None
@@ -313,7 +341,8 @@ class HttpStore(Store):
                 raise RangeIgnored(
                     f"get {key!r}: bytes from {start} were asked and the answer is the whole "
                     f"object (HTTP 200): a cache or proxy in front of the origin ignores "
-                    f"Range requests (or the store is hostile); refused, not read through")
+                    f"Range requests (or the store is hostile); refused, not read through"
+                )
             if partial and resp.length is not None and resp.length > count:
                 raise _BodyTooLarge
             data = read(resp, count)
@@ -327,8 +356,7 @@ class HttpStore(Store):
             return self._reconnecting(self._exchange, "GET", path, None, headers, None, answer)
         except _BodyTooLarge:
             self._drop_connection()
-            raise TransportError(f"get {key!r}: the origin answered a range with more bytes "
-                                 f"than asked") from None
+            raise TransportError(f"get {key!r}: the origin answered a range with more bytes than asked") from None
 
     def _list(self, prefix: str) -> list[str]:
         what = f"list {prefix!r}"
@@ -365,16 +393,17 @@ class HttpStore(Store):
             return
         status, _, body = self._get_small("/healthz", "readiness probe")
         if status != 200 or body != b"ok":
-            raise StoreError(f"{self.url} is not the address of a weight-teleport origin "
-                             f"(GET {self._base}/healthz answered HTTP {status}): give the "
-                             f"base URL the origin serves, as `weight-teleport serve` prints it")
+            raise StoreError(
+                f"{self.url} is not the address of a weight-teleport origin "
+                f"(GET {self._base}/healthz answered HTTP {status}): give the "
+                f"base URL the origin serves, as `weight-teleport serve` prints it"
+            )
         self._origin_checked = True
 
     def get_status(self, query: str = "") -> dict | None:
         """The origin's status document (`/status.json?QUERY`: versions, samplers); None
         from an origin that serves none."""
-        status, _, body = self._retry(self._get_small, "/status.json" + (f"?{query}" if query else ""),
-                                      "get status")
+        status, _, body = self._retry(self._get_small, "/status.json" + (f"?{query}" if query else ""), "get status")
         if status == 404:
             return None
         self._check(status, body, "get status")
@@ -405,13 +434,18 @@ class HttpStore(Store):
 
     def _watch_once(self, query: str, wait: float) -> tuple[int, http.client.HTTPMessage, bytes]:
         try:
-            return self._request("GET", f"/watch?{query}", headers=self._auth(),
-                                 timeout=wait + self.config.timeout_s,
-                                 limit=self.config.max_manifest_bytes)
+            return self._request(
+                "GET",
+                f"/watch?{query}",
+                headers=self._auth(),
+                timeout=wait + self.config.timeout_s,
+                limit=self.config.max_manifest_bytes,
+            )
         except _BodyTooLarge:
-            raise TooLarge(f"watch: the origin's answer is larger than "
-                           f"StoreConfig.max_manifest_bytes ({self.config.max_manifest_bytes})"
-                           ) from None
+            raise TooLarge(
+                f"watch: the origin's answer is larger than "
+                f"StoreConfig.max_manifest_bytes ({self.config.max_manifest_bytes})"
+            ) from None
 
 
 def _retry_after(value: str | None) -> float:
@@ -439,7 +473,7 @@ class _Pieces:
         for start in range(0, len(self.data), self.PIECE):
             if start and self.between is not None:
                 self.between()
-            piece = self.data[start:start + self.PIECE]
+            piece = self.data[start : start + self.PIECE]
             yield piece
             if self.progress is not None:
                 self.progress(len(piece))

@@ -24,17 +24,19 @@ def validate_key(key: str) -> str:
     escape a store's root.
     """
     if not isinstance(key, str) or not key or len(key) > MAX_KEY_LENGTH:
-        raise InvalidKey(f"invalid key {key!r}: expected a non-empty str of at most "
-                         f"{MAX_KEY_LENGTH} characters")
+        raise InvalidKey(f"invalid key {key!r}: expected a non-empty str of at most {MAX_KEY_LENGTH} characters")
     for segment in key.split("/"):
         if not _SEGMENT.match(segment):
             raise InvalidKey(
                 f"invalid key {key!r}: segment {segment!r} must match "
                 f"[A-Za-z0-9_][A-Za-z0-9_.=+-]* (no '..', no absolute paths, no empty "
-                f"segments)")
+                f"segments)"
+            )
         if len(segment) > MAX_SEGMENT_LENGTH:
-            raise InvalidKey(f"invalid key {key[:40]!r}...: a segment of {len(segment)} "
-                             f"characters; at most {MAX_SEGMENT_LENGTH} (a file name's limit)")
+            raise InvalidKey(
+                f"invalid key {key[:40]!r}...: a segment of {len(segment)} "
+                f"characters; at most {MAX_SEGMENT_LENGTH} (a file name's limit)"
+            )
     return key
 
 
@@ -67,8 +69,11 @@ def check_manifest_etag(current: bytes | None, if_match: str | None) -> None:
 
 def describe_manifest_change(expected: str | None, found: str | None) -> str:
     """The message of a failed conditional manifest write."""
+
     def name(etag: str | None) -> str:
         return "no manifest" if etag is None else f"ETag {etag[:16]}..."
 
-    return (f"the manifest changed since it was read (expected {name(expected)}, found "
-            f"{name(found)}): another writer updated the store meanwhile")
+    return (
+        f"the manifest changed since it was read (expected {name(expected)}, found "
+        f"{name(found)}): another writer updated the store meanwhile"
+    )

@@ -50,8 +50,9 @@ class MemoryStore(Store):
         data = bytes(data)  # kept: the caller may reuse its buffer
         with self._shared.changed:
             if self._shared.objects.setdefault(key, data) != data:
-                raise Conflict(f"object {key!r} already exists with different bytes; "
-                               f"objects are immutable: write under a new key")
+                raise Conflict(
+                    f"object {key!r} already exists with different bytes; objects are immutable: write under a new key"
+                )
 
     def _get(self, key: str) -> bytes:
         with self._shared.changed:
@@ -94,6 +95,7 @@ class MemoryStore(Store):
 
     def _watch(self, after: str | None, deadline: float) -> bytes | None:
         """Wake up on the writer's notification instead of polling."""
+
         def changed() -> bool:
             m = self._shared.manifest
             return m is not None and manifest_etag(m) != after

@@ -44,15 +44,17 @@ def open_store(url: str, config: StoreConfig | None = None) -> Store:
         raise StoreError(
             f"store URL {url!r} has no scheme: write file:///absolute/path for a directory, "
             f"http://host:port (or https://) for an origin, s3://bucket/prefix, "
-            f"memory://name, or dist://?src=RANK")
+            f"memory://name, or dist://?src=RANK"
+        )
     entry = _REGISTRY.get(scheme, _FSSPEC_FALLBACK)
     module_name, _, class_name = entry.target.partition(":")
     try:
         module = importlib.import_module(module_name, __package__)
     except ImportError as exc:
-        hint = f'pip install "weight-teleport[{entry.extra}]"' if entry.extra else \
-            f"install the package that provides {exc.name!r}"
-        raise MissingDependency(
-            f"the {scheme}:// store needs {exc.name!r}, which is not installed: {hint}"
-        ) from exc
+        hint = (
+            f'pip install "weight-teleport[{entry.extra}]"'
+            if entry.extra
+            else f"install the package that provides {exc.name!r}"
+        )
+        raise MissingDependency(f"the {scheme}:// store needs {exc.name!r}, which is not installed: {hint}") from exc
     return getattr(module, class_name).from_url(url, config)

@@ -30,8 +30,9 @@ class Failures:
     def note(self) -> str:
         """What is set aside and why, for a message that no plan exists ("" if nothing)."""
         notes = [f"{k} ({why})" for k, why in self.broken.items()]
-        notes += [f"{k} (failed {n} times)" for k, n in self.strikes.items()
-                  if n >= self.attempts and k not in self.broken]
+        notes += [
+            f"{k} (failed {n} times)" for k, n in self.strikes.items() if n >= self.attempts and k not in self.broken
+        ]
         return f"; set aside: {'; '.join(notes[:3])}" if notes else ""
 
     def keep_listed(self, listed: set[str]) -> None:

@@ -48,8 +48,7 @@ class FollowLoop(abc.ABC):
     head_entry: Entry | None
     """The object that produced `head` (None: a claimed version, or none)."""
 
-    def __init__(self, config: SubscriberConfig, store: Store, *, floor: int | None,
-                 set_aside_after: int, who: str):
+    def __init__(self, config: SubscriberConfig, store: Store, *, floor: int | None, set_aside_after: int, who: str):
         self.config, self.store = config, store
         self.monitor = HealthMonitor(config.fetch_attempts, config.give_up_after_s, config.on_health, who)
         self.failures = Failures(set_aside_after, self._failed)
@@ -113,14 +112,12 @@ class FollowLoop(abc.ABC):
                 self.monitor.failure(f"cannot read the store: {exc}")
             except Exception as exc:  # keep following: a sampler must not lose its updates
                 log.debug("unexpected error while following the store", exc_info=True)
-                self.monitor.failure(f"unexpected {type(exc).__name__} while following the "
-                                     f"store: {exc}")
+                self.monitor.failure(f"unexpected {type(exc).__name__} while following the store: {exc}")
             if self.monitor.should_give_up():
                 self._give_up(self.monitor.give_up())
                 return
             if self.monitor.health.consecutive_failures > before:
-                self._back_off(self.monitor.backoff_s(self.config.retry_backoff_s,
-                                                      self.config.retry_backoff_max_s))
+                self._back_off(self.monitor.backoff_s(self.config.retry_backoff_s, self.config.retry_backoff_max_s))
 
     def step(self) -> None:
         """One turn: stage the next object of the plan, or wait for a new manifest."""
@@ -184,9 +181,11 @@ class FollowLoop(abc.ABC):
         if entry is None or entry in manifest.entries:
             return
         if any(e.version == entry.version for e in manifest.entries):
-            self.resync(f"the store lists version {entry.version} without {entry.key}, the "
-                        f"object the weights held come from: other weights under that "
-                        f"number (a reset store, or another run)")
+            self.resync(
+                f"the store lists version {entry.version} without {entry.key}, the "
+                f"object the weights held come from: other weights under that "
+                f"number (a reset store, or another run)"
+            )
 
     def _check_not_older(self, manifest: Manifest) -> None:
         """ManifestRollback for a manifest older than what this follower holds, unless it
@@ -198,9 +197,13 @@ class FollowLoop(abc.ABC):
         if not self.config.follow_resets:
             raise ManifestRollback(
                 f"its latest version is {latest}, older than version {held} that this follower "
-                f"holds or saw listed: the store was rolled back or reset ({self.RESET_HINT})")
-        self.event(f"the store went back from version {held} to {latest}: following the "
-                   "reset (SubscriberConfig.follow_resets)", resync=True)
+                f"holds or saw listed: the store was rolled back or reset ({self.RESET_HINT})"
+            )
+        self.event(
+            f"the store went back from version {held} to {latest}: following the "
+            "reset (SubscriberConfig.follow_resets)",
+            resync=True,
+        )
         self.floor = self.highest = None
         self.failures.forget()
 
@@ -213,8 +216,7 @@ class FollowLoop(abc.ABC):
             return None
         broken = self.failures.broken
         try:
-            plan = plan_avoiding(self.manifest, self.head, self.failures.set_aside() | broken.keys(),
-                                 set(broken))
+            plan = plan_avoiding(self.manifest, self.head, self.failures.set_aside() | broken.keys(), set(broken))
         except NoPlanError as exc:
             self.monitor.failure(f"{exc}{self.failures.note()}", permanent=True)
             return None
@@ -222,8 +224,10 @@ class FollowLoop(abc.ABC):
             self.monitor.progress(f"up to date at version {plan.target}")
             return None
         if plan.target != self.manifest.latest:
-            self.event(f"version {self.manifest.latest} cannot be reached{self.failures.note()}: "
-                       f"following version {plan.target}, the newest that can be")
+            self.event(
+                f"version {self.manifest.latest} cannot be reached{self.failures.note()}: "
+                f"following version {plan.target}, the newest that can be"
+            )
         return plan
 
 

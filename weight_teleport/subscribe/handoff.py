@@ -69,6 +69,7 @@ class Handoff:
 
     def wait_for_room(self) -> bool:
         """Block until another version may be staged; False once closed."""
+
         def room() -> bool:
             if self._closed:
                 return True
@@ -76,6 +77,7 @@ class Handoff:
                 return not self._pending and not self._applying
             staged = sum(s.nbytes for _, s in self._pending)
             return not self._pending or staged < self._max_staged_bytes
+
         with self._cond:
             self._cond.wait_for(room)
             return not self._closed

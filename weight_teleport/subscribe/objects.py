@@ -25,8 +25,9 @@ class Objects:
     """Fetches the plan's objects from `store` (into pinned memory when `pinned`: for CUDA
     weights); counts their failures in `failures`, the rest in `stats` and `metrics`."""
 
-    def __init__(self, store: Store, pinned: bool, failures: Failures, stats: SubscriberStats,
-                 metrics: SubscriberMetrics):
+    def __init__(
+        self, store: Store, pinned: bool, failures: Failures, stats: SubscriberStats, metrics: SubscriberMetrics
+    ):
         self.store, self.pinned, self.failures = store, pinned, failures
         self.stats, self.metrics = stats, metrics
         self.prefetcher = ThreadPoolExecutor(1, thread_name_prefix="wt-prefetch")
@@ -45,8 +46,11 @@ class Objects:
 
     def _timed_fetch(self, entry: Entry) -> tuple[Fetched | list[Fetched], float]:
         t0 = time.perf_counter()
-        pack = fetch_parts(self.store, entry, self.pinned) if entry.parts \
+        pack = (
+            fetch_parts(self.store, entry, self.pinned)
+            if entry.parts
             else fetch_pack(self.store, entry, pinned=self.pinned)
+        )
         return pack, time.perf_counter() - t0
 
     def fetch(self, entry: Entry) -> Fetched | list[Fetched] | None:

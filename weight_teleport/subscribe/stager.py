@@ -27,8 +27,7 @@ from weight_teleport.pipeline.verify import mismatched, record_digests, record_k
 
 
 def _empty_like(header: PackHeader) -> dict[str, torch.Tensor]:
-    return {t.name: torch.empty(t.shape, dtype=BY_NAME[t.dtype].torch_dtype)
-            for t in header.tensors}
+    return {t.name: torch.empty(t.shape, dtype=BY_NAME[t.dtype].torch_dtype) for t in header.tensors}
 
 
 def _cuda_device(view: Mapping[str, torch.Tensor] | None) -> torch.device | None:
@@ -41,8 +40,13 @@ def _cuda_device(view: Mapping[str, torch.Tensor] | None) -> torch.device | None
 class Stager:
     """Where staged patches are decoded: the target's view, or a shadow copy."""
 
-    def __init__(self, view: Mapping[str, torch.Tensor] | None, threads: int | None,
-                 device_budget: int | None = None, decompress_backend: str = "default"):
+    def __init__(
+        self,
+        view: Mapping[str, torch.Tensor] | None,
+        threads: int | None,
+        device_budget: int | None = None,
+        decompress_backend: str = "default",
+    ):
         self.view = view
         self.shadow: dict[str, torch.Tensor] | None = None
         self.threads = threads
@@ -94,8 +98,12 @@ class Stager:
         return staged
 
     def _options(self) -> dict:
-        return dict(strict=False, threads=self.threads, device_budget=self.device_budget,
-                    cuda=self.cuda if self.on_cuda else None)
+        return dict(
+            strict=False,
+            threads=self.threads,
+            device_budget=self.device_budget,
+            cuda=self.cuda if self.on_cuda else None,
+        )
 
     def _stage_parts(self, entry: Entry, packs: list[Fetched], head: int | None) -> StagedParts | FlatParts:
         """Every part staged before any is applied. In shadow mode the shadow (a new one for
@@ -106,8 +114,9 @@ class Stager:
         base = self.view if self.uses_view else shadow
         assert base is not None, "plans from no weights start with a snapshot"
         with self._on_stream():
-            staged = assemble.stage_parts(base, packs, base_version=head if entry.kind == "delta" else None,
-                                          **self._options())
+            staged = assemble.stage_parts(
+                base, packs, base_version=head if entry.kind == "delta" else None, **self._options()
+            )
         if self.uses_view:
             return staged
         assert shadow is not None  # without a view, the base is the shadow
@@ -134,8 +143,7 @@ class Stager:
         with self._on_stream():
             for dtype in sorted(dtypes, key=str):
                 old, new = warm_pair(dtype)
-                pack = encode_delta({"w": old}, {"w": new}, base_version=0, version=1,
-                                    threads=self.threads)
+                pack = encode_delta({"w": old}, {"w": new}, base_version=0, version=1, threads=self.threads)
                 live = {"w": old.to(self.device)}
                 staged = stage_delta(live, pack, base_version=0, threads=self.threads, cuda=self.cuda)
                 apply_staged(live, staged)
@@ -151,8 +159,15 @@ class Stager:
         if base is None:
             return {}
         headers = headers if isinstance(headers, list) else [headers]
-        recs = [r for h in headers for r in h.tensors if r.name in base and tuple(base[r.name].shape) == r.shape
-                and r.dtype in BY_NAME and base[r.name].dtype == BY_NAME[r.dtype].torch_dtype]
+        recs = [
+            r
+            for h in headers
+            for r in h.tensors
+            if r.name in base
+            and tuple(base[r.name].shape) == r.shape
+            and r.dtype in BY_NAME
+            and base[r.name].dtype == BY_NAME[r.dtype].torch_dtype
+        ]
         keys = [record_key(r.name, r.shape, r.box, r.order) for r in recs]
         with self._on_stream():
             found = record_digests(base, keys)

@@ -32,8 +32,7 @@ class Subscriber:
     `SubscriberConfig.give_up_after_s` without progress, `wait` and `apply` raise
     SubscriberFailed."""
 
-    def __init__(self, url: str, target: Target, config: SubscriberConfig | None = None, *,
-                 store: Store | None = None):
+    def __init__(self, url: str, target: Target, config: SubscriberConfig | None = None, *, store: Store | None = None):
         self.config = config = config or SubscriberConfig()
         config.validate()
         self.target = target
@@ -42,8 +41,11 @@ class Subscriber:
         view = target.checkpoint_view()
         initial = config.initial_version
         if view is None and initial is not None:
-            log.warning("SubscriberConfig.initial_version=%d is ignored: the target lends no "
-                        "checkpoint view to decode against, so it starts from an anchor", initial)
+            log.warning(
+                "SubscriberConfig.initial_version=%d is ignored: the target lends no "
+                "checkpoint view to decode against, so it starts from an anchor",
+                initial,
+            )
             initial = None
         self.stats = SubscriberStats()
         self._stager = Stager(view, config.threads, config.device_staged_bytes, config.decompress_backend)
@@ -52,8 +54,7 @@ class Subscriber:
         self.metrics = self._follower.metrics
         """Prometheus metrics (`metrics.registry`; `SubscriberConfig.metrics`)."""
         self._heartbeat = heartbeat_for(url, config, self.metrics.position)
-        self._thread = threads.start(self._follower.run, "weight-teleport-subscriber",
-                                     self._handoff.close)
+        self._thread = threads.start(self._follower.run, "weight-teleport-subscriber", self._handoff.close)
 
     @property
     def version(self) -> int | None:

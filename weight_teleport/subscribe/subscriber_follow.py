@@ -43,8 +43,15 @@ class SubscriberFollower(FollowLoop):
     stages with `stager`, hands staged versions to `apply` through `handoff`, and counts in
     `stats` and its `metrics`; `head`: the version the target holds when it starts."""
 
-    def __init__(self, config: SubscriberConfig, store: Store, stager: Stager, handoff: Handoff,
-                 stats: SubscriberStats, head: int | None):
+    def __init__(
+        self,
+        config: SubscriberConfig,
+        store: Store,
+        stager: Stager,
+        handoff: Handoff,
+        stats: SubscriberStats,
+        head: int | None,
+    ):
         self.stager, self.handoff, self.stats = stager, handoff, stats
         self.head = head
         self.head_entry: Entry | None = None
@@ -113,8 +120,10 @@ class SubscriberFollower(FollowLoop):
         if pack is None:
             return  # the weights held stay the head: a failed anchor must not cost them
         if plan.chain_broken:
-            self.resync(f"no chain of deltas from version {self.head} to {plan.target} "
-                        "(retention removed it, or its objects are set aside)")
+            self.resync(
+                f"no chain of deltas from version {self.head} to {plan.target} "
+                "(retention removed it, or its objects are set aside)"
+            )
         if len(plan.steps) > 1:
             self.objects.prefetch(plan.steps[1])  # fetched while this one stages
         t0 = time.perf_counter()
@@ -125,8 +134,7 @@ class SubscriberFollower(FollowLoop):
             return
         except Exception as exc:  # a decoder bug or a resource error: counted, set aside
             log.debug("staging %s raised", entry.key, exc_info=True)
-            self.failures.strike(entry, f"staging {entry.key} raised {type(exc).__name__}: {exc}",
-                                 staging=True)
+            self.failures.strike(entry, f"staging {entry.key} raised {type(exc).__name__}: {exc}", staging=True)
             return
         self.stats.stage_s += time.perf_counter() - t0
         self.metrics.staged(time.perf_counter() - t0, _published_s(entry))
@@ -146,8 +154,10 @@ class SubscriberFollower(FollowLoop):
             return
         bad = self.stager.verify(staged)
         if bad:
-            self.resync(f"after applying version {staged.version}, tensor {bad[0]!r} "
-                        f"({len(bad)} in all) lacks its digest", failed=True)
+            self.resync(
+                f"after applying version {staged.version}, tensor {bad[0]!r} ({len(bad)} in all) lacks its digest",
+                failed=True,
+            )
 
     def _staged(self, entry: Entry, staged: StagedPatch | StagedParts) -> None:
         self.head, self.head_entry = entry.version, entry
@@ -163,17 +173,27 @@ class SubscriberFollower(FollowLoop):
             return
         headers = [p.header for p in pack] if entry.parts else [pack.header]
         found = self.stager.base_digests(headers)
-        stale = [r.name for h in headers for r in h.tensors
-                 if found.get(record_key(r.name, r.shape, r.box, r.order)) != r.base_digest]
+        stale = [
+            r.name
+            for h in headers
+            for r in h.tensors
+            if found.get(record_key(r.name, r.shape, r.box, r.order)) != r.base_digest
+        ]
         if not stale:
             self.failures.set_broken(entry, f"delta {entry.key} fails on its own base weights: {exc}")
         elif self._holding_published_head(found):
-            self.failures.set_broken(entry, f"delta {entry.key} was not encoded from version "
-                                            f"{entry.base} as this store published it (tensor "
-                                            f"{stale[0]!r}): {exc}")
+            self.failures.set_broken(
+                entry,
+                f"delta {entry.key} was not encoded from version "
+                f"{entry.base} as this store published it (tensor "
+                f"{stale[0]!r}): {exc}",
+            )
         else:
-            self.resync(f"the weights are not the base of version {entry.version}'s delta "
-                        f"(tensor {stale[0]!r}, {len(stale)} in all): {exc}", failed=True)
+            self.resync(
+                f"the weights are not the base of version {entry.version}'s delta "
+                f"(tensor {stale[0]!r}, {len(stale)} in all): {exc}",
+                failed=True,
+            )
 
     def _holding_published_head(self, found: dict) -> bool:
         """Whether the weights are exactly what `head_entry` produced and the manifest still

@@ -33,6 +33,7 @@ import torch.distributed as dist
 class Outcome(enum.IntEnum):
     """What the group did with a version (equal on every rank). The values are the vote's
     states: the group's outcome is the worst (largest) of its ranks' states."""
+
     APPLIED = 0
     SKIPPED = 1
     RESYNC = 2
@@ -135,8 +136,9 @@ def _vote(state: Outcome, group) -> Outcome:
     return Outcome(int(flag.item()))
 
 
-def commit(version: int, board: StageBoard, apply: Callable[[Any], None], *,
-           group=None, wait_s: float = 30.0) -> Outcome:
+def commit(
+    version: int, board: StageBoard, apply: Callable[[Any], None], *, group=None, wait_s: float = 30.0
+) -> Outcome:
     """Apply `version` on every rank of `group` or on none (see the module docstring).
     Call on every rank of the group at once; returns the group's outcome."""
     if board.applied is not None and version <= board.applied:

@@ -48,18 +48,23 @@ class FleetWait:
             if value is not None and (not isinstance(value, int) or value < 0):
                 raise ConfigError(f"FleetWait.{name} must be a non-negative int or None, not {value!r}")
         if not self.timeout_s >= 0 or not self.retry_s > 0:
-            raise ConfigError(f"FleetWait needs timeout_s >= 0 and retry_s > 0, not {self.timeout_s!r}, "
-                              f"{self.retry_s!r}")
+            raise ConfigError(
+                f"FleetWait needs timeout_s >= 0 and retry_s > 0, not {self.timeout_s!r}, {self.retry_s!r}"
+            )
 
     def check(self, engines: int, confirmable: int) -> None:
         """Refuse a wait these engines can never meet (`confirmable`: those whose client
         reports outcomes)."""
         if self.min_applied is not None and self.min_applied > confirmable:
-            raise ConfigError(f"FleetWait.min_applied={self.min_applied}, but only {confirmable} of {engines} "
-                              "engines report what they apply")
+            raise ConfigError(
+                f"FleetWait.min_applied={self.min_applied}, but only {confirmable} of {engines} "
+                "engines report what they apply"
+            )
         if self.max_lag is not None and confirmable < engines:
-            raise ConfigError(f"FleetWait.max_lag needs every engine to report what it applies; "
-                              f"{engines - confirmable} of {engines} cannot (their clients return nothing)")
+            raise ConfigError(
+                f"FleetWait.max_lag needs every engine to report what it applies; "
+                f"{engines - confirmable} of {engines} cannot (their clients return nothing)"
+            )
 
 
 @dataclass
@@ -109,9 +114,12 @@ class SyncReport:
         return [e.name for e in self.engines if e.outcome == FAILED]
 
     def describe(self) -> str:
-        rows = [f"{e.name}: {e.outcome}, holds {e.held if e.held is not None else 'unknown'}"
-                + (f" ({e.lag(self.version)} behind)" if e.held is not None and e.held != self.version else "")
-                + (f", error: {e.error}" if e.error else "") for e in self.engines]
+        rows = [
+            f"{e.name}: {e.outcome}, holds {e.held if e.held is not None else 'unknown'}"
+            + (f" ({e.lag(self.version)} behind)" if e.held is not None and e.held != self.version else "")
+            + (f", error: {e.error}" if e.error else "")
+            for e in self.engines
+        ]
         return f"version {self.version} after {self.rounds} round(s), {self.waited_s:.1f} s: " + "; ".join(rows)
 
 
@@ -163,8 +171,9 @@ class Fleet:
             left = wait.timeout_s - (time.monotonic() - t0)
             if left <= 0:
                 report = SyncReport(version, self.engines, False, time.monotonic() - t0, rounds)
-                raise FleetLagging(f"the fleet did not reach {wait} within {wait.timeout_s} s: "
-                                   f"{report.describe()}", report)
+                raise FleetLagging(
+                    f"the fleet did not reach {wait} within {wait.timeout_s} s: {report.describe()}", report
+                )
             time.sleep(min(wait.retry_s, left))
             behind = [e for e in self.engines if e.held != version]
             self._round(behind, version, max(0.0, min(wait.retry_s, wait.timeout_s - (time.monotonic() - t0))))

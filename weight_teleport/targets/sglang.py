@@ -132,7 +132,7 @@ def parse(named: list) -> dict:
         raise ValueError("expected one weight-teleport control message; this loader takes no weights")
     if getattr(named[0][1], "numel", lambda: 1)() != 0:
         raise ValueError("a control message's tensor must be empty")
-    command = json.loads(named[0][0][len(PREFIX):])
+    command = json.loads(named[0][0][len(PREFIX) :])
     if not isinstance(command, dict) or command.get("command") not in COMMANDS:
         raise ValueError(f"unknown control message {named[0][0][:200]!r}")
     return command
@@ -199,8 +199,15 @@ class SglangEngine:
     `api_key`: the key SGLang's weight-update routes require where the server has one: its
     `--admin-api-key`, else its `--api-key`."""
 
-    def __init__(self, url: str, *, tp_size: int = 1, status_dir: str | None = None,
-                 timeout: float = 600.0, api_key: str | None = None) -> None:
+    def __init__(
+        self,
+        url: str,
+        *,
+        tp_size: int = 1,
+        status_dir: str | None = None,
+        timeout: float = 600.0,
+        api_key: str | None = None,
+    ) -> None:
         self.url, self.tp_size, self.status_dir, self.timeout = url.rstrip("/"), tp_size, status_dir, timeout
         self.headers = {"Content-Type": "application/json"}
         if api_key:
@@ -245,8 +252,13 @@ class SglangEngine:
         each TP rank (rank i reads copy i), for the target model alone, not a speculative
         draft's (`selector`; SGLang before 0.5.21 reads `disable_draft_model`, and each
         version ignores the other's field)."""
-        body = {"serialized_named_tensors": [serialize(named)] * self.tp_size, "load_format": LOADER,
-                "flush_cache": flush_cache, "selector": "target", "disable_draft_model": True}
+        body = {
+            "serialized_named_tensors": [serialize(named)] * self.tp_size,
+            "load_format": LOADER,
+            "flush_cache": flush_cache,
+            "selector": "target",
+            "disable_draft_model": True,
+        }
         return json.dumps(body).encode()
 
     def _send(self, named: list, flush_cache: bool = False) -> None:

@@ -58,6 +58,7 @@ SHADOW_HEADROOM = 1 << 30
 @dataclass(frozen=True)
 class Step:
     """One version staged on one worker."""
+
     version: int
     kind: str
     slices: Mapping[str, Slice]
@@ -95,9 +96,11 @@ def read_pack_header(store, entry: Entry) -> tuple[PackHeader, bytes]:
             first += store.get_range(entry.key, len(first), need)
     header = read_header(first, total_length=entry.size)
     if (header.kind, header.version, header.base_version) != (entry.kind, entry.version, entry.base):
-        raise ObjectRejected(f"{entry.key}: holds a {header.kind} to version {header.version} from "
-                             f"{header.base_version}, the manifest lists a {entry.kind} to {entry.version} "
-                             f"from {entry.base}")
+        raise ObjectRejected(
+            f"{entry.key}: holds a {header.kind} to version {header.version} from "
+            f"{header.base_version}, the manifest lists a {entry.kind} to {entry.version} "
+            f"from {entry.base}"
+        )
     return header, first
 
 
@@ -109,8 +112,9 @@ def held_box(s: Slice) -> W.Box:
     return ((0, s.shape[0]), (s.lo, s.hi - s.lo)) + rest[1:]
 
 
-def held_state(params: Mapping[str, torch.Tensor], slices: Mapping[str, Slice]
-               ) -> tuple[dict[str, torch.Tensor], dict[str, W.TensorSlice]]:
+def held_state(
+    params: Mapping[str, torch.Tensor], slices: Mapping[str, Slice]
+) -> tuple[dict[str, torch.Tensor], dict[str, W.TensorSlice]]:
     """(state, held): each slice as its box of the checkpoint tensor (a view of its
     parameter), and that box: what `stage_delta` and `apply_staged` take for this worker."""
     state = {name: box_view(params[s.param], s) for name, s in slices.items()}
@@ -138,8 +142,7 @@ class HeldViews:
         return last[1]
 
 
-def _fetch_into(store, key: str, ranges: list[tuple[int, int]], prefix: bytes,
-                pinned: bool) -> tuple[np.ndarray, int]:
+def _fetch_into(store, key: str, ranges: list[tuple[int, int]], prefix: bytes, pinned: bool) -> tuple[np.ndarray, int]:
     """A buffer laid out as the pack up to the end of the last of `ranges` (pinned host
     memory with `pinned`) holding its first bytes `prefix` and each of `ranges`, read
     straight into it (adjacent ones together, in pieces of at most RANGE_BYTES on
@@ -152,10 +155,11 @@ def _fetch_into(store, key: str, ranges: list[tuple[int, int]], prefix: bytes,
         raise ObjectRejected(f"{key}: the object ends before byte {end}, where its header puts a chunk")
     if pinned:  # CUDA parameters only: the CUDA backend's modules need triton
         from weight_teleport.codec.cuda.runtime.memory import pinned_empty
+
         buf = pinned_empty(end)
     else:
         buf = np.empty(end, np.uint8)
-    buf[:len(prefix)] = np.frombuffer(prefix, np.uint8)
+    buf[: len(prefix)] = np.frombuffer(prefix, np.uint8)
     spans = sorted((max(a, len(prefix)), b) for a, b in set(ranges) if b > len(prefix))
     merged: list[list[int]] = []
     for lo, hi in spans:
@@ -187,8 +191,10 @@ def _shadow(state: dict[str, torch.Tensor], held, pending: Sequence[Step]) -> tu
     nbytes = sum(t.numel() * t.element_size() for t in state.values())
     if not first.is_cuda or torch.cuda.mem_get_info(first.device)[0] >= nbytes + SHADOW_HEADROOM:
         # each copy keeps its slice's strides: the patches address elements through them
-        copy = {name: torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device).copy_(t)
-                for name, t in state.items()}
+        copy = {
+            name: torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device).copy_(t)
+            for name, t in state.items()
+        }
         for step in pending:
             for patch in step.patches:
                 apply_staged(copy, patch, relocate=True)
@@ -200,9 +206,15 @@ def _shadow(state: dict[str, torch.Tensor], held, pending: Sequence[Step]) -> tu
     return copy, True
 
 
-def stage_entry(store, entry: Entry, params: Mapping[str, torch.Tensor], slices: Mapping[str, Slice],
-                pending: Sequence[Step] = (), device_budget: int | None = None,
-                views: HeldViews | None = None) -> Step:
+def stage_entry(
+    store,
+    entry: Entry,
+    params: Mapping[str, torch.Tensor],
+    slices: Mapping[str, Slice],
+    pending: Sequence[Step] = (),
+    device_budget: int | None = None,
+    views: HeldViews | None = None,
+) -> Step:
     """Stage `entry`'s pack on this worker (parameters `params` by name, its `slices` by
     checkpoint name), after the `pending` steps. Raises a typed error where the pack does
     not fit this worker or a chunk fails its checks; nothing is written. An entry made of
@@ -218,6 +230,7 @@ def stage_entry(store, entry: Entry, params: Mapping[str, torch.Tensor], slices:
     if not state_on_cuda(state):
         return _stage(store, entry, params, slices, state, held, pending, device_budget)
     from weight_teleport.codec.cuda.runtime.memory import side_stream  # CUDA parameters only
+
     device = next(iter(state.values())).device
     stream = side_stream(device, "worker-stage")
     stream.wait_stream(torch.cuda.current_stream(device))
@@ -235,7 +248,7 @@ def _stage(store, entry: Entry, params, slices, state, held, pending: Sequence[S
     if device_budget is not None:
         device_budget = max(0, device_budget - sum(s.nbytes for s in pending))
     patches, packs, read, fetch_s = [], [], 0, 0.0
-    for part in ([None] if not entry.parts else _overlapping_parts(entry, slices)):
+    for part in [None] if not entry.parts else _overlapping_parts(entry, slices):
         e = entry if part is None else part_entry(entry, part)
         t0 = time.perf_counter()
         header, prefix = read_pack_header(store, e)
@@ -244,18 +257,27 @@ def _stage(store, entry: Entry, params, slices, state, held, pending: Sequence[S
             check_covers(header, part)
         data, n = _fetch_into(store, e.key, _chunk_ranges(header, held), prefix, pinned)
         fetch_s += time.perf_counter() - t0
-        patch = stage_delta(base, data, header=header, held=held, strict=False, device_budget=device_budget,
-                            base_version=entry.base if entry.kind == "delta" else None)
+        patch = stage_delta(
+            base,
+            data,
+            header=header,
+            held=held,
+            strict=False,
+            device_budget=device_budget,
+            base_version=entry.base if entry.kind == "delta" else None,
+        )
         if on_host:  # the CPU staged it: the CUDA backend's form for the parameters
             from weight_teleport.codec.cuda.stage.patch import DevicePatch
+
             patch = DevicePatch.of_host(patch)  # type: ignore[assignment]  # the same patch, in that form
         patches.append(patch)
         packs.append((data, header))
         read += len(prefix) + n
     relocate = base is not state
     write = in_turn([bind_staged(state, p, relocate=relocate) for p in patches])
-    return Step(entry.version, entry.kind, slices, tuple(patches), tuple(packs), relocate, read, fetch_s, dict(params),
-                write)
+    return Step(
+        entry.version, entry.kind, slices, tuple(patches), tuple(packs), relocate, read, fetch_s, dict(params), write
+    )
 
 
 def state_on_cuda(state: Mapping[str, torch.Tensor]) -> bool:
@@ -294,8 +316,11 @@ def _overlapping_parts(entry: Entry, slices: Mapping[str, Slice]) -> list[Part]:
     if extra:
         raise PackMismatchError(f"the version holds tensor {extra[0]!r}, which this engine's model lacks")
     check_parts_whole(entry, {**absent, **{n: s.shape for n, s in slices.items()}})
-    return [p for p in entry.parts if any(name in slices and W.intersect(box, held_box(slices[name]))
-                                          for name, box in p.covers)]
+    return [
+        p
+        for p in entry.parts
+        if any(name in slices and W.intersect(box, held_box(slices[name])) for name, box in p.covers)
+    ]
 
 
 def apply_steps(params: Mapping[str, torch.Tensor], steps: Sequence[Step], views: HeldViews | None = None) -> None:
@@ -309,8 +334,9 @@ def apply_steps(params: Mapping[str, torch.Tensor], steps: Sequence[Step], views
         if step.params.keys() == params.keys() and all(params[n] is t for n, t in step.params.items()):
             step.write()
             continue
-        state, _ = views.of(params) if views is not None and views.slices is step.slices \
-            else held_state(params, step.slices)
+        state, _ = (
+            views.of(params) if views is not None and views.slices is step.slices else held_state(params, step.slices)
+        )
         for patch in step.patches:
             apply_staged(state, patch, relocate=step.relocate)
 
@@ -326,11 +352,12 @@ def warm_up(device: torch.device, dtypes) -> None:
     for dtype in sorted(set(dtypes), key=str):
         old, new = warm_pair(dtype)
         rows = old.numel() // 64 // 8 * 8
-        old, new = old[:rows * 64].view(rows, 64), new[:rows * 64].view(rows, 64)
-        for order, bound, box in (("rows", rows // 2 * 64, ((0, rows // 2), (0, 64))),
-                                  ("cols", 32 * rows, ((0, rows), (32, 32)))):
-            pack = encode_delta({"w": old}, {"w": new}, base_version=0, version=1,
-                                hints={"w": W.Hint(order, (bound,))})
+        old, new = old[: rows * 64].view(rows, 64), new[: rows * 64].view(rows, 64)
+        for order, bound, box in (
+            ("rows", rows // 2 * 64, ((0, rows // 2), (0, 64))),
+            ("cols", 32 * rows, ((0, rows), (32, 32))),
+        ):
+            pack = encode_delta({"w": old}, {"w": new}, base_version=0, version=1, hints={"w": W.Hint(order, (bound,))})
             sub = tuple(slice(o, o + e) for o, e in box)
             live = {"w": old.to(device)[sub]}  # a view of a larger tensor, as a worker's slice is
             held = {"w": W.TensorSlice(tuple(old.shape), box)}

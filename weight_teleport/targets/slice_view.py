@@ -17,8 +17,10 @@ from weight_teleport.targets.vllm_layout import Slice
 def _matrix(param: torch.Tensor, s: Slice) -> torch.Tensor:
     """What the slice lies in: `param`, or its matrix `s.expert`, after checking `param`."""
     if tuple(param.shape) != s.param_shape or not param.is_contiguous():
-        raise ValueError(f"{s.param!r} is {tuple(param.shape)} (contiguous: {param.is_contiguous()}), "
-                         f"the layout expects a contiguous {s.param_shape}")
+        raise ValueError(
+            f"{s.param!r} is {tuple(param.shape)} (contiguous: {param.is_contiguous()}), "
+            f"the layout expects a contiguous {s.param_shape}"
+        )
     return param if s.expert is None else param[s.expert]
 
 
@@ -28,10 +30,10 @@ def box_view(param: torch.Tensor, s: Slice) -> torch.Tensor:
     param = _matrix(param, s)
     n = s.hi - s.lo
     if s.order == "rows":
-        return param.view(-1)[s.dest * s.inner:(s.dest + n) * s.inner].view((n,) + s.shape[1:])
+        return param.view(-1)[s.dest * s.inner : (s.dest + n) * s.inner].view((n,) + s.shape[1:])
     if len(s.shape) != 2:
         raise ValueError(f"{s.name!r}: a column slice of a {len(s.shape)}-D tensor; layouts cut 2-D tensors by columns")
-    return param[:, s.dest:s.dest + n]
+    return param[:, s.dest : s.dest + n]
 
 
 def walk_view(param: torch.Tensor, s: Slice) -> torch.Tensor:
@@ -40,8 +42,8 @@ def walk_view(param: torch.Tensor, s: Slice) -> torch.Tensor:
     param = _matrix(param, s)
     n = s.hi - s.lo
     if s.order == "rows":
-        return param.view(-1)[s.dest * s.inner:(s.dest + n) * s.inner]
-    return param[:, s.dest:s.dest + n].t()
+        return param.view(-1)[s.dest * s.inner : (s.dest + n) * s.inner]
+    return param[:, s.dest : s.dest + n].t()
 
 
 def gather_walk(param: torch.Tensor, s: Slice) -> torch.Tensor:

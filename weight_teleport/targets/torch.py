@@ -35,15 +35,15 @@ class TorchTarget(Target):
     `prefix` is prepended to the module's names to form checkpoint names (e.g. "model."
     when the target is the inner decoder of a model whose checkpoint names start so)."""
 
-    def __init__(self, weights: torch.nn.Module | MutableMapping[str, torch.Tensor],
-                 prefix: str = ""):
+    def __init__(self, weights: torch.nn.Module | MutableMapping[str, torch.Tensor], prefix: str = ""):
         named: Iterable[tuple[str, torch.Tensor]]
         if isinstance(weights, torch.nn.Module):
             named = weights.state_dict(keep_vars=True).items()
         else:
             named = weights.items()
-        self.tensors: dict[str, torch.Tensor] = {prefix + k: t.data if isinstance(
-            t, torch.nn.Parameter) else t for k, t in named}
+        self.tensors: dict[str, torch.Tensor] = {
+            prefix + k: t.data if isinstance(t, torch.nn.Parameter) else t for k, t in named
+        }
         """Checkpoint name -> live tensor (tied names share one tensor)."""
 
     def checkpoint_view(self) -> Mapping[str, torch.Tensor] | None:
@@ -56,18 +56,21 @@ class TorchTarget(Target):
         try:
             return self.tensors[name]
         except KeyError:
-            raise PackMismatchError(f"the target has no tensor {name!r} (it has "
-                                    f"{len(self.tensors)}, e.g. {next(iter(self.tensors), None)!r});"
-                                    " pass TorchTarget(prefix=...) if the names differ by a prefix")\
-                from None
+            raise PackMismatchError(
+                f"the target has no tensor {name!r} (it has "
+                f"{len(self.tensors)}, e.g. {next(iter(self.tensors), None)!r});"
+                " pass TorchTarget(prefix=...) if the names differ by a prefix"
+            ) from None
 
     def load(self, state: Mapping[str, torch.Tensor]) -> None:
         """Copy a full checkpoint-layout state into the live tensors."""
         for name, t in state.items():
             live = self._live(name)
             if live.shape != t.shape or live.dtype != t.dtype:
-                raise PackMismatchError(f"tensor {name!r} is {tuple(live.shape)} {live.dtype} in "
-                                        f"the target but {tuple(t.shape)} {t.dtype} in the state")
+                raise PackMismatchError(
+                    f"tensor {name!r} is {tuple(live.shape)} {live.dtype} in "
+                    f"the target but {tuple(t.shape)} {t.dtype} in the state"
+                )
         with torch.no_grad():
             for name, t in state.items():
                 self.tensors[name].copy_(t)
@@ -90,7 +93,7 @@ class TorchTarget(Target):
         flat = live.view(tensor.info.int_torch).view(-1)
         values = _signed(chunk.values).to(live.device, non_blocking=True)
         if chunk.positions is None:
-            flat[chunk.start:chunk.start + values.numel()].copy_(values)
+            flat[chunk.start : chunk.start + values.numel()].copy_(values)
         else:
             index = torch.from_numpy(chunk.positions.astype(np.int64)).to(live.device)
             flat.index_copy_(0, index.add_(chunk.start), values)

@@ -58,17 +58,30 @@ class VllmTarget(Target):
 
     def load(self, state: Mapping[str, torch.Tensor]) -> None:
         """Reload full checkpoint-layout weights through vLLM's own in-place reload."""
-        wire = [[n, str(t.dtype).removeprefix("torch."), list(t.shape), _tensor_bytes(t)]
-                for n, t in state.items()]
+        wire = [[n, str(t.dtype).removeprefix("torch."), list(t.shape), _tensor_bytes(t)] for n, t in state.items()]
         self._llm.collective_rpc("teleport_load", args=(wire,))
         reset_weight_caches(self._llm)
 
     def apply(self, staged: StagedPatch | StagedParts) -> None:
-        wire = [[t.name, t.info.name, list(t.shape),
-                 [[c.start, None if c.positions is None else c.positions.dtype.str,
-                   None if c.positions is None else c.positions.tobytes(),
-                   c.values.dtype.str, c.values.tobytes()] for c in t.chunks]]
-                for t in staged.tensors if t.chunks]
+        wire = [
+            [
+                t.name,
+                t.info.name,
+                list(t.shape),
+                [
+                    [
+                        c.start,
+                        None if c.positions is None else c.positions.dtype.str,
+                        None if c.positions is None else c.positions.tobytes(),
+                        c.values.dtype.str,
+                        c.values.tobytes(),
+                    ]
+                    for c in t.chunks
+                ],
+            ]
+            for t in staged.tensors
+            if t.chunks
+        ]
         self._llm.collective_rpc("teleport_apply", args=(wire,))
         reset_weight_caches(self._llm)
         self._llm.update_weight_version(str(staged.version))
@@ -91,6 +104,7 @@ def _tensor_from(dtype: str, shape: list[int], data: bytes) -> torch.Tensor:
 @dataclass(frozen=True)
 class _Box:
     """Checkpoint elements [lo, hi) (per dimension) live at `dest` in parameter `param`."""
+
     param: str
     shape: tuple[int, ...]
     lo: tuple[int, ...]
@@ -100,8 +114,9 @@ class _Box:
 
     @property
     def identity(self) -> bool:
-        return self.shape == self.local_shape and self.lo == self.dest == (0,) * len(self.shape) \
-            and self.hi == self.shape
+        return (
+            self.shape == self.local_shape and self.lo == self.dest == (0,) * len(self.shape) and self.hi == self.shape
+        )
 
     def locate(self, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The mask of checkpoint flat indices `idx` inside the box, and their local flat indices."""
@@ -123,8 +138,10 @@ def _box_from_capture(name: str, param: str, shape: tuple[int, ...], cap: torch.
     """The box a probe wrote (`cap` holds checkpoint flat index + 1, or <= 0 where untouched)."""
     written = (cap > 0).nonzero()
     if cap.dim() != len(shape) or written.numel() == 0:
-        raise UnsupportedLayoutError(f"vLLM loads checkpoint tensor {name!r} {shape} into "
-                                     f"{param!r} {tuple(cap.shape)} in a layout with no block map")
+        raise UnsupportedLayoutError(
+            f"vLLM loads checkpoint tensor {name!r} {shape} into "
+            f"{param!r} {tuple(cap.shape)} in a layout with no block map"
+        )
     dest = written.min(0).values
     extent = written.max(0).values + 1 - dest
     first = int(cap[tuple(dest.tolist())]) - 1
@@ -138,22 +155,23 @@ def _box_from_capture(name: str, param: str, shape: tuple[int, ...], cap: torch.
         axis = (torch.arange(int(extent[d])) + int(lo[d])) * strides[d]
         expected = expected.unsqueeze(-1) + axis
     block = cap[tuple(slice(int(a), int(a + e)) for a, e in zip(dest, extent))]
-    if len(written) != expected.numel() or not torch.equal(block.to(torch.int64) - 1, expected) \
-            or any(h > s for h, s in zip(hi, shape)):
-        raise UnsupportedLayoutError(f"vLLM scatters checkpoint tensor {name!r} into {param!r} "
-                                     "in a layout that is not one block per worker")
-    return _Box(param, tuple(shape), tuple(int(v) for v in lo), hi,
-                tuple(dest.tolist()), tuple(cap.shape))
+    if (
+        len(written) != expected.numel()
+        or not torch.equal(block.to(torch.int64) - 1, expected)
+        or any(h > s for h, s in zip(hi, shape))
+    ):
+        raise UnsupportedLayoutError(
+            f"vLLM scatters checkpoint tensor {name!r} into {param!r} in a layout that is not one block per worker"
+        )
+    return _Box(param, tuple(shape), tuple(int(v) for v in lo), hi, tuple(dest.tolist()), tuple(cap.shape))
 
 
 def _param_name(model, name: str, params: Mapping) -> str | None:
     """The parameter the engine loads checkpoint tensor `name` into (fused names included):
     vLLM models name their fused projections in `packed_modules_mapping`, SGLang models in
     `bitsandbytes_stacked_params_mapping`."""
-    fused = {part: f for f, parts in getattr(model, "packed_modules_mapping", {}).items()
-             for part in parts}
-    fused.update({part: f for part, (f, _) in
-                  getattr(model, "bitsandbytes_stacked_params_mapping", {}).items()})
+    fused = {part: f for f, parts in getattr(model, "packed_modules_mapping", {}).items() for part in parts}
+    fused.update({part: f for part, (f, _) in getattr(model, "bitsandbytes_stacked_params_mapping", {}).items()})
     for candidate in [name] + [name.replace(f".{part}.", f".{f}.") for part, f in fused.items()]:
         if candidate in params:
             return candidate
@@ -165,8 +183,10 @@ def _probe_one(model, name: str, shape: tuple[int, ...], params: Mapping, saved:
     (None when the engine does not use the tensor, e.g. a tied lm_head)."""
     pname = _param_name(model, name, params)
     if pname is None and ".experts." in name:  # stacked fused-MoE parameters: no block per checkpoint tensor
-        raise UnsupportedLayoutError(f"{name!r} lives in a stacked fused-MoE parameter, which this target "
-                                     "does not map; use the weight-transfer backend (targets.vllm_backend)")
+        raise UnsupportedLayoutError(
+            f"{name!r} lives in a stacked fused-MoE parameter, which this target "
+            "does not map; use the weight-transfer backend (targets.vllm_backend)"
+        )
     numel = int(np.prod(shape))
     kind = torch.int32 if numel < 2**31 - 1 else torch.int64
     cap = None if pname is None else torch.full(saved[pname].shape, -1, dtype=kind)
@@ -175,8 +195,9 @@ def _probe_one(model, name: str, shape: tuple[int, ...], params: Mapping, saved:
     try:
         model.load_weights([(name, torch.arange(1, numel + 1, dtype=kind).view(shape))])
     except (RuntimeError, KeyError) as e:
-        raise UnsupportedLayoutError(f"the engine loads {name!r} into a parameter this target "
-                                     f"cannot name, or in a way it cannot follow: {e!r}") from e
+        raise UnsupportedLayoutError(
+            f"the engine loads {name!r} into a parameter this target cannot name, or in a way it cannot follow: {e!r}"
+        ) from e
     finally:
         if cap is not None:
             params[pname].data = _guard(saved[pname])
@@ -234,11 +255,16 @@ def check_weights_not_frozen(vllm_config) -> None:
     """vLLM's CPU backend compiles with Inductor's `freezing` under `max_autotune`, which
     folds the weights into the compiled graph as constants: writes to the parameters would
     never reach it."""
-    if vllm_config.device_config.device_type == "cpu" and not vllm_config.model_config.enforce_eager \
-            and vllm_config.compilation_config.inductor_compile_config.get("max_autotune", False):
-        raise UnsupportedLayoutError("vLLM's CPU backend freezes the weights into its compiled graph under "
-                                     "max_autotune, where in-place updates cannot reach them; start the engine "
-                                     "without max_autotune in compilation_config.inductor_compile_config")
+    if (
+        vllm_config.device_config.device_type == "cpu"
+        and not vllm_config.model_config.enforce_eager
+        and vllm_config.compilation_config.inductor_compile_config.get("max_autotune", False)
+    ):
+        raise UnsupportedLayoutError(
+            "vLLM's CPU backend freezes the weights into its compiled graph under "
+            "max_autotune, where in-place updates cannot reach them; start the engine "
+            "without max_autotune in compilation_config.inductor_compile_config"
+        )
 
 
 def _use_plain_linear(worker) -> None:
@@ -271,20 +297,27 @@ class TeleportWorkerExtension:
         if new:
             self._teleport_boxes.update(probe(model, new))
         params = dict(model.named_parameters())
-        writes = [(params[box.param], box, chunks) for name, dtype, _, chunks in wire
-                  if (box := _checked(self._teleport_boxes[name], params, dtype)) is not None]
+        writes = [
+            (params[box.param], box, chunks)
+            for name, dtype, _, chunks in wire
+            if (box := _checked(self._teleport_boxes[name], params, dtype)) is not None
+        ]
         for param, box, chunks in writes:  # every tensor checked before the first write
             _scatter(param, box, chunks)
 
     def teleport_local_weights(self) -> dict[str, list]:
-        return {n: [str(p.dtype).removeprefix("torch."), list(p.shape), _tensor_bytes(p)]
-                for n, p in self.model_runner.get_model().named_parameters()}
+        return {
+            n: [str(p.dtype).removeprefix("torch."), list(p.shape), _tensor_bytes(p)]
+            for n, p in self.model_runner.get_model().named_parameters()
+        }
 
 
 def _checked(box: _Box | None, params: Mapping, dtype: str) -> _Box | None:
     if box is not None and BY_TORCH[params[box.param].dtype].name != dtype:
-        raise PackMismatchError(f"the pack holds {box.param!r} as {dtype}, the engine runs it in "
-                                f"{params[box.param].dtype}; start the engine in the checkpoint's dtype")
+        raise PackMismatchError(
+            f"the pack holds {box.param!r} as {dtype}, the engine runs it in "
+            f"{params[box.param].dtype}; start the engine in the checkpoint's dtype"
+        )
     return box
 
 
@@ -293,13 +326,15 @@ def _scatter(param: torch.nn.Parameter, box: _Box, chunks: list) -> None:
     idx, vals = [], []
     for start, pos_dtype, pos, val_dtype, val in chunks:
         v = np.frombuffer(val, dtype=val_dtype)
-        idx.append(np.arange(start, start + v.size, dtype=np.int64) if pos is None
-                   else np.frombuffer(pos, dtype=pos_dtype).astype(np.int64) + start)
+        idx.append(
+            np.arange(start, start + v.size, dtype=np.int64)
+            if pos is None
+            else np.frombuffer(pos, dtype=pos_dtype).astype(np.int64) + start
+        )
         vals.append(v)
     nbytes = BY_TORCH[param.dtype].nbytes
     signed = np.dtype(f"<i{nbytes}") if nbytes > 1 else np.dtype(np.uint8)
-    write_box(param, box, torch.from_numpy(np.concatenate(idx)),
-              torch.from_numpy(np.concatenate(vals).view(signed)))
+    write_box(param, box, torch.from_numpy(np.concatenate(idx)), torch.from_numpy(np.concatenate(vals).view(signed)))
 
 
 def write_box(param: torch.nn.Parameter, box: _Box, idx: torch.Tensor, bits: torch.Tensor) -> None:
@@ -307,7 +342,9 @@ def write_box(param: torch.nn.Parameter, box: _Box, idx: torch.Tensor, bits: tor
     place, keeping only the indices inside this worker's box."""
     flat = param.data.view(-1).view(BY_TORCH[param.dtype].int_torch)
     if bits.dtype != flat.dtype:
-        raise PackMismatchError(f"the pack holds {box.param!r} as {bits.dtype} bit patterns, the "
-                                f"engine runs it in {param.dtype}; start it in the checkpoint's dtype")
+        raise PackMismatchError(
+            f"the pack holds {box.param!r} as {bits.dtype} bit patterns, the "
+            f"engine runs it in {param.dtype}; start it in the checkpoint's dtype"
+        )
     inside, local = box.locate(idx)
     flat[local.to(flat.device)] = bits[inside].to(flat.device)

@@ -72,8 +72,14 @@ from weight_teleport.targets.worker_local import TeleportInitInfo, TeleportUpdat
 
 BACKEND = "weight_teleport"
 WORKER_EXTENSION = "weight_teleport.targets.vllm_backend.TeleportBackendExtension"
-__all__ = ["BACKEND", "WORKER_EXTENSION", "TeleportInitInfo", "VllmUpdateInfo", "TeleportTransferEngine",
-           "commit_version"]
+__all__ = [
+    "BACKEND",
+    "WORKER_EXTENSION",
+    "TeleportInitInfo",
+    "VllmUpdateInfo",
+    "TeleportTransferEngine",
+    "commit_version",
+]
 _log = logging.getLogger(__name__)
 
 
@@ -88,6 +94,7 @@ class VllmUpdateInfo(TeleportUpdateInfo):
 
 def _engine_base():
     from vllm.distributed.weight_transfer.base import WeightTransferEngine
+
     return WeightTransferEngine
 
 
@@ -111,15 +118,23 @@ class TeleportTransferEngine(_engine_base()):  # type: ignore[misc]  # vLLM's ba
         self.packed: CpuPackedExperts | None = None
         if layers := moe_layers(model):
             if parallel.data_parallel_size > 1:
-                raise UnsupportedLayoutError("a fused-MoE model with data parallelism: vLLM spreads its experts over "
-                                             "the DP x TP ranks, the layout maps one DP rank")
+                raise UnsupportedLayoutError(
+                    "a fused-MoE model with data parallelism: vLLM spreads its experts over "
+                    "the DP x TP ranks, the layout maps one DP rank"
+                )
             if parallel.enable_eplb:
                 raise UnsupportedLayoutError("a fused-MoE model with EPLB: its experts move between ranks")
             check_moe_layers(model, {n: expert_range(m.global_num_experts, tp, rank, ep) for n, m in layers.items()})
             if torch.device(device).type == "cpu":
                 self.packed = CpuPackedExperts(model) or None
-        self.worker = WorkerLocal(self._params, slices, rank, group.cpu_group, torch.device(device),
-                                  after_apply=self.packed.repack if self.packed else None)
+        self.worker = WorkerLocal(
+            self._params,
+            slices,
+            rank,
+            group.cpu_group,
+            torch.device(device),
+            after_apply=self.packed.repack if self.packed else None,
+        )
 
     def init_transfer_engine(self, init_info: TeleportInitInfo) -> None:
         """Start following `init_info.store_url` on this worker (again: from scratch)."""
@@ -145,9 +160,12 @@ class TeleportTransferEngine(_engine_base()):  # type: ignore[misc]  # vLLM's ba
     def receive_weights(self, update_info: VllmUpdateInfo) -> None:
         outcome = self.worker.commit(update_info)
         if outcome is Outcome.APPLIED and not update_info.resets_caches and self.worker.rank == 0:
-            _log.warning("version %d is applied, but the engine's prefix cache still holds KV computed with "
-                         "the old weights: reset it before generating (commit_version, VllmServer, or "
-                         "llm.reset_prefix_cache after finish_weight_update)", update_info.version)
+            _log.warning(
+                "version %d is applied, but the engine's prefix cache still holds KV computed with "
+                "the old weights: reset it before generating (commit_version, VllmServer, or "
+                "llm.reset_prefix_cache after finish_weight_update)",
+                update_info.version,
+            )
 
     def shutdown(self) -> None:
         self.worker.shutdown()
@@ -171,8 +189,14 @@ class TeleportBackendExtension(TeleportWorkerExtension):
         """On vLLM's CPU backend, the plain copies of the prepacked fused-MoE parameters that
         this worker stages against, as `teleport_local_weights` gives parameters (for checks)."""
         packed = self.weight_transfer_engine.packed
-        return {} if packed is None else {n: [str(t.dtype).removeprefix("torch."), list(t.shape), _tensor_bytes(t)]
-                                          for n, t in packed.plain().items()}
+        return (
+            {}
+            if packed is None
+            else {
+                n: [str(t.dtype).removeprefix("torch."), list(t.shape), _tensor_bytes(t)]
+                for n, t in packed.plain().items()
+            }
+        )
 
 
 def register() -> None:
@@ -184,8 +208,9 @@ def register() -> None:
     if BACKEND not in WeightTransferEngineFactory._registry:
         WeightTransferEngineFactory.register_engine(BACKEND, TeleportTransferEngine)
     if BACKEND not in WeightTransferTrainerFactory._registry:
-        WeightTransferTrainerFactory.register_engine(BACKEND, "weight_teleport.targets.vllm_trainer",
-                                                     "TeleportTrainerEngine")
+        WeightTransferTrainerFactory.register_engine(
+            BACKEND, "weight_teleport.targets.vllm_trainer", "TeleportTrainerEngine"
+        )
 
 
 register()

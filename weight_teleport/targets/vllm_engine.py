@@ -30,9 +30,11 @@ def reset_weight_caches(llm) -> None:
     are preempted and recompute their KV with the new weights; a KV connector's external
     cache too) and the encoder cache."""
     if not llm.reset_prefix_cache(reset_running_requests=True, reset_connector=True):
-        raise EngineCacheError("the engine's KV connector refused to reset its cache: prompts may reuse KV "
-                               "computed with the old weights; reset it before generating "
-                               "(llm.reset_prefix_cache(reset_connector=True))")
+        raise EngineCacheError(
+            "the engine's KV connector refused to reset its cache: prompts may reuse KV "
+            "computed with the old weights; reset it before generating "
+            "(llm.reset_prefix_cache(reset_connector=True))"
+        )
     llm.llm_engine.reset_encoder_cache()
 
 
@@ -54,8 +56,9 @@ def commit_version(llm, version: int, *, wait_s: float | None = None) -> str:
     statuses = llm.collective_rpc("teleport_status")
     outcome = group_outcome(statuses, version)
     if outcome is None:
-        raise RuntimeError(f"the workers report no common outcome for version {version}: "
-                           f"{[s['outcomes'][-1:] for s in statuses]}")
+        raise RuntimeError(
+            f"the workers report no common outcome for version {version}: {[s['outcomes'][-1:] for s in statuses]}"
+        )
     if outcome == "APPLIED":
         reset_weight_caches(llm)
         llm.update_weight_version(str(version))

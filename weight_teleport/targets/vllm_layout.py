@@ -64,6 +64,7 @@ class Slice:
     stored at rows (resp. columns) [dest, dest + hi - lo) of parameter `param`, whose
     full local shape is `param_shape`; with `expert`, of the matrix `param[expert]` of a
     stacked parameter [E_local, ...] instead (one expert of a fused-MoE layer)."""
+
     name: str
     shape: tuple[int, ...]
     order: str
@@ -119,6 +120,7 @@ def absent_of(slices: Mapping[str, Slice]) -> dict[str, tuple[int, ...]]:
 @dataclass(frozen=True)
 class SliceHint:
     """How a publisher walks and cuts one checkpoint tensor for sliced receivers."""
+
     order: str
     bounds: tuple[int, ...]
     """Walk positions strictly inside (0, numel) where some receiver's slice begins or ends,
@@ -161,28 +163,42 @@ def _dims(config) -> _Dims:
     c = config if isinstance(config, Mapping) else config.to_dict()
     family = c.get("model_type")
     if family not in FAMILIES:
-        raise UnsupportedLayoutError(f"no vLLM layout known for model_type {family!r}; "
-                                     f"known: {', '.join(FAMILIES)}")
+        raise UnsupportedLayoutError(f"no vLLM layout known for model_type {family!r}; known: {', '.join(FAMILIES)}")
     heads = c["num_attention_heads"]
     layers = c["num_hidden_layers"]
     moe = {}
     if family == "mixtral":
-        moe = dict(experts=_experts(c), moe_inter=c["intermediate_size"], sparse=frozenset(range(layers)),
-                   block="block_sparse_moe", names=("w1", "w3", "w2"))
+        moe = dict(
+            experts=_experts(c),
+            moe_inter=c["intermediate_size"],
+            sparse=frozenset(range(layers)),
+            block="block_sparse_moe",
+            names=("w1", "w3", "w2"),
+        )
     elif family in MOE:  # Qwen's sparse layers, as vLLM's Qwen3MoeDecoderLayer / Qwen2MoeDecoderLayer pick them
         experts, step = _experts(c), c.get("decoder_sparse_step") or 1
         dense = set(c.get("mlp_only_layers") or ())
         shared = c.get("shared_expert_intermediate_size") or 0
-        moe = dict(experts=experts, moe_inter=c["moe_intermediate_size"], shared_inter=shared,
-                   sparse=frozenset(i for i in range(layers) if i not in dense and experts > 0 and (i + 1) % step == 0),
-                   shared_gate=family == "qwen2_moe" or shared > 0)
-    return _Dims(vocab=c["vocab_size"], hidden=c["hidden_size"], inter=c.get("intermediate_size") or 0,
-                 layers=layers, heads=heads,
-                 kv_heads=c.get("num_key_value_heads") or heads,
-                 head_dim=c.get("head_dim") or c["hidden_size"] // heads,
-                 tied=bool(c.get("tie_word_embeddings", False)),
-                 bias=family == "qwen2_moe" or bool(c.get("attention_bias", family == "qwen2")),
-                 qk_norm=family in ("qwen3", "qwen3_moe"), **moe)
+        moe = dict(
+            experts=experts,
+            moe_inter=c["moe_intermediate_size"],
+            shared_inter=shared,
+            sparse=frozenset(i for i in range(layers) if i not in dense and experts > 0 and (i + 1) % step == 0),
+            shared_gate=family == "qwen2_moe" or shared > 0,
+        )
+    return _Dims(
+        vocab=c["vocab_size"],
+        hidden=c["hidden_size"],
+        inter=c.get("intermediate_size") or 0,
+        layers=layers,
+        heads=heads,
+        kv_heads=c.get("num_key_value_heads") or heads,
+        head_dim=c.get("head_dim") or c["hidden_size"] // heads,
+        tied=bool(c.get("tie_word_embeddings", False)),
+        bias=family == "qwen2_moe" or bool(c.get("attention_bias", family == "qwen2")),
+        qk_norm=family in ("qwen3", "qwen3_moe"),
+        **moe,
+    )
 
 
 def _split(total: int, tp: int, what: str) -> int:
@@ -205,17 +221,41 @@ def _attention(d: _Dims, prefix: str, tp: int, rank: int) -> list[Slice]:
         hkv, kv_head = 1, rank // _split(tp, d.kv_heads, "the TP size over num_key_value_heads")
     hd, qkv = d.head_dim, f"{prefix}.qkv_proj"
     rows = (hq + 2 * hkv) * hd
-    parts = [("q_proj", d.heads, rank * hq, hq, 0), ("k_proj", d.kv_heads, kv_head, hkv, hq),
-             ("v_proj", d.kv_heads, kv_head, hkv, hq + hkv)]
+    parts = [
+        ("q_proj", d.heads, rank * hq, hq, 0),
+        ("k_proj", d.kv_heads, kv_head, hkv, hq),
+        ("v_proj", d.kv_heads, kv_head, hkv, hq + hkv),
+    ]
     out = []
     for part, total, first, count, dest in parts:
-        for kind, shape, pshape in [("weight", (total * hd, d.hidden), (rows, d.hidden))] + \
-                ([("bias", (total * hd,), (rows,))] if d.bias else []):
-            out.append(Slice(f"{prefix}.{part}.{kind}", shape, "rows", first * hd, (first + count) * hd,
-                             f"{qkv}.{kind}", dest * hd, pshape))
+        for kind, shape, pshape in [("weight", (total * hd, d.hidden), (rows, d.hidden))] + (
+            [("bias", (total * hd,), (rows,))] if d.bias else []
+        ):
+            out.append(
+                Slice(
+                    f"{prefix}.{part}.{kind}",
+                    shape,
+                    "rows",
+                    first * hd,
+                    (first + count) * hd,
+                    f"{qkv}.{kind}",
+                    dest * hd,
+                    pshape,
+                )
+            )
     cols = _split(d.heads * hd, tp, "the attention output width")
-    out.append(Slice(f"{prefix}.o_proj.weight", (d.hidden, d.heads * hd), "cols", rank * cols,
-                     (rank + 1) * cols, f"{prefix}.o_proj.weight", 0, (d.hidden, cols)))
+    out.append(
+        Slice(
+            f"{prefix}.o_proj.weight",
+            (d.hidden, d.heads * hd),
+            "cols",
+            rank * cols,
+            (rank + 1) * cols,
+            f"{prefix}.o_proj.weight",
+            0,
+            (d.hidden, cols),
+        )
+    )
     return out
 
 
@@ -223,12 +263,38 @@ def _mlp(d: _Dims, prefix: str, tp: int, rank: int, total: int | None = None) ->
     total = d.inter if total is None else total
     inter = _split(total, tp, "intermediate_size")
     lo, hi = rank * inter, (rank + 1) * inter
-    return [Slice(f"{prefix}.gate_proj.weight", (total, d.hidden), "rows", lo, hi,
-                  f"{prefix}.gate_up_proj.weight", 0, (2 * inter, d.hidden)),
-            Slice(f"{prefix}.up_proj.weight", (total, d.hidden), "rows", lo, hi,
-                  f"{prefix}.gate_up_proj.weight", inter, (2 * inter, d.hidden)),
-            Slice(f"{prefix}.down_proj.weight", (d.hidden, total), "cols", lo, hi,
-                  f"{prefix}.down_proj.weight", 0, (d.hidden, inter))]
+    return [
+        Slice(
+            f"{prefix}.gate_proj.weight",
+            (total, d.hidden),
+            "rows",
+            lo,
+            hi,
+            f"{prefix}.gate_up_proj.weight",
+            0,
+            (2 * inter, d.hidden),
+        ),
+        Slice(
+            f"{prefix}.up_proj.weight",
+            (total, d.hidden),
+            "rows",
+            lo,
+            hi,
+            f"{prefix}.gate_up_proj.weight",
+            inter,
+            (2 * inter, d.hidden),
+        ),
+        Slice(
+            f"{prefix}.down_proj.weight",
+            (d.hidden, total),
+            "cols",
+            lo,
+            hi,
+            f"{prefix}.down_proj.weight",
+            0,
+            (d.hidden, inter),
+        ),
+    ]
 
 
 def expert_range(experts: int, tp: int, rank: int, expert_parallel: bool) -> range:
@@ -261,9 +327,11 @@ def _moe(d: _Dims, prefix: str, tp: int, rank: int, ep: bool) -> tuple[list[Slic
             absent.update({names[0]: (total, h), names[1]: (total, h), names[2]: (h, total)})
             continue
         local = e - mine.start
-        out += [Slice(names[0], (total, h), "rows", lo, hi, f"{stacked}.w13_weight", 0, w13, local),
-                Slice(names[1], (total, h), "rows", lo, hi, f"{stacked}.w13_weight", inter, w13, local),
-                Slice(names[2], (h, total), "cols", lo, hi, f"{stacked}.w2_weight", 0, w2, local)]
+        out += [
+            Slice(names[0], (total, h), "rows", lo, hi, f"{stacked}.w13_weight", 0, w13, local),
+            Slice(names[1], (total, h), "rows", lo, hi, f"{stacked}.w13_weight", inter, w13, local),
+            Slice(names[2], (h, total), "cols", lo, hi, f"{stacked}.w2_weight", 0, w2, local),
+        ]
     out.append(_replicated(f"{prefix}.gate.weight", (d.experts, h)))
     if d.shared_inter:
         out += _mlp(d, f"{prefix}.shared_expert", tp, rank, d.shared_inter)
@@ -298,15 +366,17 @@ def worker_slices(config, tp: int, rank: int, expert_parallel: bool = False) -> 
             absent.update(lacks)
         else:
             out += _mlp(d, f"{layer}.mlp", tp, rank)
-        out += [_replicated(f"{layer}.{n}.weight", (d.hidden,))
-                for n in ("input_layernorm", "post_attention_layernorm")]
+        out += [
+            _replicated(f"{layer}.{n}.weight", (d.hidden,)) for n in ("input_layernorm", "post_attention_layernorm")
+        ]
         if d.qk_norm:
             out += [_replicated(f"{layer}.self_attn.{n}.weight", (d.head_dim,)) for n in ("q_norm", "k_norm")]
     return WorkerSlices({s.name: s for s in out}, absent)
 
 
-def slice_hints(config, tp_sizes: Iterable[int], expert_parallel: bool | Iterable[bool] = False
-                ) -> dict[str, SliceHint]:
+def slice_hints(
+    config, tp_sizes: Iterable[int], expert_parallel: bool | Iterable[bool] = False
+) -> dict[str, SliceHint]:
     """Walk order and slice bounds of every checkpoint tensor for samplers running at any
     of `tp_sizes` (e.g. [1, 2, 8]), with expert parallelism off, on, or either
     (`expert_parallel`: a bool or several: (False, True)). Replicated tensors and experts
@@ -324,6 +394,8 @@ def slice_hints(config, tp_sizes: Iterable[int], expert_parallel: bool | Iterabl
                     bounds.setdefault(name, set()).update(p for p in s.walk if 0 < p < numel)
     for name, cut in bounds.items():
         if bad := sorted(p for p in cut if p % 8):
-            raise UnsupportedLayoutError(f"{name!r}: a sampler slice starts at walk position {bad[0]}, "
-                                         "not a multiple of 8, so no chunk can end there")
+            raise UnsupportedLayoutError(
+                f"{name!r}: a sampler slice starts at walk position {bad[0]}, "
+                "not a multiple of 8, so no chunk can end there"
+            )
     return {n: SliceHint(orders[n], tuple(sorted(bounds[n]))) for n in orders}

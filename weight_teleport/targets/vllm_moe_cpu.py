@@ -39,8 +39,11 @@ PLAIN_BACKENDS = ("TRITON", "BATCHED_TRITON")
 def moe_layers(model) -> dict[str, Any]:
     """The model's fused-MoE expert modules (vLLM's `RoutedExperts`, whose attributes the
     checker does not know) by module name."""
-    return {name: m for name, m in model.named_modules()
-            if isinstance(getattr(m, "w13_weight", None), torch.Tensor) and hasattr(m, "expert_map_manager")}
+    return {
+        name: m
+        for name, m in model.named_modules()
+        if isinstance(getattr(m, "w13_weight", None), torch.Tensor) and hasattr(m, "expert_map_manager")
+    }
 
 
 def _cpu_packer(layer):
@@ -66,13 +69,17 @@ def check_moe_layers(model, expected: Mapping[str, range]) -> None:
             raise UnsupportedLayoutError(f"{name}: experts with biases are not mapped")
         backend = layer.quant_method.unquantized_backend.name
         if backend not in PLAIN_BACKENDS and backend != "CPU":
-            raise UnsupportedLayoutError(f"{name}: vLLM's {backend} MoE backend rewrites the expert weights after "
-                                         "loading; only the Triton and CPU backends are mapped")
+            raise UnsupportedLayoutError(
+                f"{name}: vLLM's {backend} MoE backend rewrites the expert weights after "
+                "loading; only the Triton and CPU backends are mapped"
+            )
         mine = layer.expert_map_manager.get_local_expert_ids()
         want = expected.get(name)
         if want is not None and mine != list(want):
-            raise UnsupportedLayoutError(f"{name}: the engine holds experts {mine}, the layout expects {list(want)} "
-                                         "(expert placement other than vLLM's linear one, or EPLB)")
+            raise UnsupportedLayoutError(
+                f"{name}: the engine holds experts {mine}, the layout expects {list(want)} "
+                "(expert placement other than vLLM's linear one, or EPLB)"
+            )
 
 
 class CpuPackedExperts:
@@ -80,8 +87,11 @@ class CpuPackedExperts:
     by parameter name, in the loader's layout."""
 
     def __init__(self, model) -> None:
-        self.layers = {name: (layer, packer) for name, layer in moe_layers(model).items()
-                       if (packer := _cpu_packer(layer)) is not None}
+        self.layers = {
+            name: (layer, packer)
+            for name, layer in moe_layers(model).items()
+            if (packer := _cpu_packer(layer)) is not None
+        }
         self._plain: dict[str, torch.Tensor] = {}
         self._seen: dict[str, int] = {}
         """Parameter name -> id of the packed parameter the plain copy was unpacked from."""
@@ -126,7 +136,7 @@ class CpuPackedExperts:
             out[:, :, :inter] = plain
             return out
         out = plain.new_zeros(e, 2 * padded, cols)
-        out[:, :inter], out[:, padded:padded + inter] = plain[:, :inter], plain[:, inter:]
+        out[:, :inter], out[:, padded : padded + inter] = plain[:, :inter], plain[:, inter:]
         return out
 
     def _unpack(self, layer, packer, kind: str, packed: torch.Tensor) -> torch.Tensor:
@@ -141,7 +151,7 @@ class CpuPackedExperts:
             return full
         if kind == "w2_weight":
             return full[:, :, :inter].contiguous()
-        return torch.cat([full[:, :inter], full[:, padded:padded + inter]], dim=1)
+        return torch.cat([full[:, :inter], full[:, padded : padded + inter]], dim=1)
 
     def _perm(self, rows: int, cols: int, dtype: torch.dtype, isa: str) -> torch.Tensor:
         """For one expert's [rows, cols] matrix: the plain flat index of each packed position."""
@@ -161,7 +171,9 @@ class CpuPackedExperts:
                 got = out.view(ints).view(-1).to(torch.int64) & ((1 << (8 * size)) - 1)
                 perm |= got << shift
             if not torch.equal(perm.sort().values, index):
-                raise UnsupportedLayoutError(f"vLLM's CPU MoE packing ({isa}) of a {rows}x{cols} {dtype} matrix "
-                                             "is not a permutation of its elements")
+                raise UnsupportedLayoutError(
+                    f"vLLM's CPU MoE packing ({isa}) of a {rows}x{cols} {dtype} matrix "
+                    "is not a permutation of its elements"
+                )
             self._perms[key] = perm
         return self._perms[key]

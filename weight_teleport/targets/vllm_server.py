@@ -74,8 +74,10 @@ class VllmServer:
             statuses = self.status()
             outcome = group_outcome(statuses, version)
             if outcome is None:
-                raise VllmServerError(f"the workers report no common outcome for version {version}: "
-                                      f"{[s['outcomes'][-1:] for s in statuses]}")
+                raise VllmServerError(
+                    f"the workers report no common outcome for version {version}: "
+                    f"{[s['outcomes'][-1:] for s in statuses]}"
+                )
             if outcome == "APPLIED":
                 self._reset_caches()
                 self.update_weight_version(str(version))
@@ -114,9 +116,11 @@ class VllmServer:
     def _reset_caches(self) -> None:
         reply = self._post("/reset_prefix_cache", query={"reset_running_requests": "true", "reset_external": "true"})
         if not reply.get("success"):
-            raise EngineCacheError("the server's KV connector refused to reset its cache: prompts may reuse KV "
-                                   "computed with the old weights; POST /reset_prefix_cache?reset_external=true "
-                                   "before serving")
+            raise EngineCacheError(
+                "the server's KV connector refused to reset its cache: prompts may reuse KV "
+                "computed with the old weights; POST /reset_prefix_cache?reset_external=true "
+                "before serving"
+            )
         self._post("/reset_encoder_cache")
 
     def _post(self, route: str, body: dict | None = None, query: dict | None = None) -> dict:
@@ -124,12 +128,18 @@ class VllmServer:
 
     def _request(self, method: str, route: str, body: dict | None) -> dict:
         url = self.url + route
-        request = urllib.request.Request(url, data=None if body is None else json.dumps(body).encode(),
-                                         method=method, headers={"Content-Type": "application/json"})
+        request = urllib.request.Request(
+            url,
+            data=None if body is None else json.dumps(body).encode(),
+            method=method,
+            headers={"Content-Type": "application/json"},
+        )
         try:
             with urllib.request.urlopen(request, timeout=self.timeout) as response:
                 raw = response.read()
         except urllib.error.HTTPError as e:
-            raise VllmServerError(f"{method} {route} failed ({e.code}): {e.read()[:2000]!r}; the server needs "
-                                  "VLLM_SERVER_DEV_MODE=1 and the backend's serve arguments") from e
+            raise VllmServerError(
+                f"{method} {route} failed ({e.code}): {e.read()[:2000]!r}; the server needs "
+                "VLLM_SERVER_DEV_MODE=1 and the backend's serve arguments"
+            ) from e
         return json.loads(raw) if raw else {}

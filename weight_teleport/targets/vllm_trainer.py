@@ -59,8 +59,15 @@ from weight_teleport.targets.vllm_server import VllmServer
 from weight_teleport.targets.worker_local import TeleportInitInfo
 
 BACKEND = "weight_teleport"
-__all__ = ["BACKEND", "TeleportTrainerInitInfo", "TeleportTrainerEngine", "ShardedModuleSource", "FleetWait",
-           "FleetLagging", "SyncReport"]
+__all__ = [
+    "BACKEND",
+    "TeleportTrainerInitInfo",
+    "TeleportTrainerEngine",
+    "ShardedModuleSource",
+    "FleetWait",
+    "FleetLagging",
+    "SyncReport",
+]
 _log = logging.getLogger(__name__)
 
 
@@ -113,8 +120,11 @@ def _public_pem(private_key: bytes | str) -> str:
     from weight_teleport.format.signing import public_key
 
     raw = public_key(private_key.encode() if isinstance(private_key, str) else private_key)
-    return Ed25519PublicKey.from_public_bytes(raw).public_bytes(
-        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo).decode()
+    return (
+        Ed25519PublicKey.from_public_bytes(raw)
+        .public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+        .decode()
+    )
 
 
 class ShardedModuleSource(ModuleSource):
@@ -150,8 +160,7 @@ class TeleportTrainerEngine(TrainerWeightTransferEngine[TeleportTrainerInitInfo]
 
     init_info_cls = TeleportTrainerInitInfo
 
-    def __init__(self, *, client, source=None, is_sender: bool = True,
-                 info: TeleportTrainerInitInfo) -> None:
+    def __init__(self, *, client, source=None, is_sender: bool = True, info: TeleportTrainerInitInfo) -> None:
         super().__init__(client=client, source=source, is_sender=is_sender)
         self.info = info
         self.clients = list(client) if isinstance(client, (list, tuple)) else [client]
@@ -167,8 +176,9 @@ class TeleportTrainerEngine(TrainerWeightTransferEngine[TeleportTrainerInitInfo]
         if is_sender:
             if info.fleet is not None:
                 info.fleet.check(len(self.clients), sum(s is not None for s in self.servers))
-            self.fleet = Fleet([EngineState(_name_of(c, i), held) for i, c in enumerate(self.clients)],
-                               self._commit, info.fleet)
+            self.fleet = Fleet(
+                [EngineState(_name_of(c, i), held) for i, c in enumerate(self.clients)], self._commit, info.fleet
+            )
 
     @classmethod
     def trainer_init(cls, init_info: TeleportTrainerInitInfo, *, client, source=None) -> "TeleportTrainerEngine":
@@ -194,8 +204,10 @@ class TeleportTrainerEngine(TrainerWeightTransferEngine[TeleportTrainerInitInfo]
         if ranks > 1 and hasattr(self.source, "local_state"):
             self.group = PublisherGroup(info.store_url, info.publisher, group=info.group, hints=info.publisher.hints)
             if (self.group.rank == 0) != self.is_sender:
-                raise ConfigError(f"TrainerInitInfo.rank={info.rank}, but this is rank {self.group.rank} of the "
-                                  "trainer ranks' group: the sender is the group's rank 0")
+                raise ConfigError(
+                    f"TrainerInitInfo.rank={info.rank}, but this is rank {self.group.rank} of the "
+                    "trainer ranks' group: the sender is the group's rank 0"
+                )
         elif self.is_sender:
             self.publisher = Publisher(info.store_url, info.publisher)
 

@@ -50,6 +50,7 @@ MAX_ERRORS = 100
 @dataclass(frozen=True)
 class Staged:
     """What staging one version took on this worker."""
+
     fetched: int
     """Bytes read from the store."""
     fetch_s: float
@@ -69,8 +70,18 @@ class WorkerFollower(FollowLoop):
 
     RESET_HINT = "init the engine's weight transfer again, at the reset store's version, to follow it"
 
-    def __init__(self, store, params, slices, board: StageBoard, *, watch_timeout_s: float = 5.0,
-                 max_pending: int = 4, trusted_keys: Sequence[bytes] = (), device_budget: int | None = None) -> None:
+    def __init__(
+        self,
+        store,
+        params,
+        slices,
+        board: StageBoard,
+        *,
+        watch_timeout_s: float = 5.0,
+        max_pending: int = 4,
+        trusted_keys: Sequence[bytes] = (),
+        device_budget: int | None = None,
+    ) -> None:
         self.params, self.slices, self.board = params, slices, board
         self.max_pending = max_pending
         self.device_budget = device_budget
@@ -94,9 +105,13 @@ class WorkerFollower(FollowLoop):
         # Never gives up: no caller waits on a worker to raise to, and a commit of a version
         # it lacks is skipped; its health says it is failing. An object that failed here is
         # avoided at once where another path exists.
-        config = SubscriberConfig(watch_timeout_s=watch_timeout_s, retry_backoff_s=RETRY_S,
-                                  retry_backoff_max_s=RETRY_MAX_S, give_up_after_s=None,
-                                  trusted_keys=tuple(trusted_keys))
+        config = SubscriberConfig(
+            watch_timeout_s=watch_timeout_s,
+            retry_backoff_s=RETRY_S,
+            retry_backoff_max_s=RETRY_MAX_S,
+            give_up_after_s=None,
+            trusted_keys=tuple(trusted_keys),
+        )
         super().__init__(config, store, floor=board.applied, set_aside_after=1, who="worker")
         self._thread = threads.start(self.run, "weight-teleport-worker", self._stop.set)
 
@@ -162,17 +177,24 @@ class WorkerFollower(FollowLoop):
         entry, t0 = plan.steps[0], time.perf_counter()
         self._epoch = self.board.epoch
         try:
-            step = stage_entry(self.store, entry, self.params(), self.slices, pending=self.chain,
-                               device_budget=self.device_budget, views=self.views)
+            step = stage_entry(
+                self.store,
+                entry,
+                self.params(),
+                self.slices,
+                pending=self.chain,
+                device_budget=self.device_budget,
+                views=self.views,
+            )
         except STAGE_ERRORS as e:
             self.board.fail(entry.version, e, self._epoch)
-            self.failures.strike(entry, f"staging version {entry.version} ({entry.key}) failed on this "
-                                        f"worker: {e}")
+            self.failures.strike(entry, f"staging version {entry.version} ({entry.key}) failed on this worker: {e}")
             return
         self._made[entry.version] = entry
         self.chain.append(step)
-        self.stages[step.version] = Staged(step.fetched, step.fetch_s, time.perf_counter() - t0, step.nbytes,
-                                           time.time())
+        self.stages[step.version] = Staged(
+            step.fetched, step.fetch_s, time.perf_counter() - t0, step.nbytes, time.time()
+        )
         self._progressed(entry)
         self.board.put(step.version, tuple(self.chain))
 
@@ -188,6 +210,6 @@ class WorkerFollower(FollowLoop):
         if any(s.kind == "snapshot" for s in done):
             self._from_anchor = False  # the weights applied come from an anchor
         # the group refused a version: stage again from what is applied
-        self.chain = [] if resyncs != self._seen[1] else self.chain[len(done):]
+        self.chain = [] if resyncs != self._seen[1] else self.chain[len(done) :]
         self._made = {v: e for v, e in self._made.items() if applied is None or v >= applied}
         self._seen = state

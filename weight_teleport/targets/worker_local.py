@@ -26,8 +26,13 @@ from weight_teleport.targets.worker_follow import WorkerFollower
 _log = logging.getLogger(__name__)
 
 
-STATUS_FIELDS = (("fetched", "fetched"), ("fetch_s", "fetch_s"), ("stage_s", "stage_s"),
-                 ("patch_bytes", "patch_bytes"), ("staged_at", "at"))
+STATUS_FIELDS = (
+    ("fetched", "fetched"),
+    ("fetch_s", "fetch_s"),
+    ("stage_s", "stage_s"),
+    ("patch_bytes", "patch_bytes"),
+    ("staged_at", "at"),
+)
 """(status key, `worker_follow.Staged` field): per staged version, in `WorkerLocal.status()`."""
 
 
@@ -69,8 +74,15 @@ class WorkerLocal:
     `after_apply`: called once a version is written, inside the commit, on every rank that
     applied it (an engine's tensors derived from the parameters are made again there)."""
 
-    def __init__(self, params: Callable[[], Mapping[str, torch.Tensor]], slices: Mapping[str, Slice],
-                 rank: int, group, device: torch.device, after_apply: Callable[[], None] | None = None) -> None:
+    def __init__(
+        self,
+        params: Callable[[], Mapping[str, torch.Tensor]],
+        slices: Mapping[str, Slice],
+        rank: int,
+        group,
+        device: torch.device,
+        after_apply: Callable[[], None] | None = None,
+    ) -> None:
         self.params, self.slices, self.rank, self.group, self.device = params, slices, rank, group, device
         self.after_apply = after_apply
         self.board = StageBoard()
@@ -89,9 +101,16 @@ class WorkerLocal:
         if self.device.type == "cuda":
             warm_up(self.device, {p.dtype for p in self.params().values()})
         keys = tuple(k.encode() if isinstance(k, str) else k for k in info.trusted_keys)
-        self.follower = WorkerFollower(store, self.params, self.slices, self.board,
-                                       watch_timeout_s=info.watch_timeout_s, max_pending=info.max_pending,
-                                       trusted_keys=keys, device_budget=info.device_staged_bytes)
+        self.follower = WorkerFollower(
+            store,
+            self.params,
+            self.slices,
+            self.board,
+            watch_timeout_s=info.watch_timeout_s,
+            max_pending=info.max_pending,
+            trusted_keys=keys,
+            device_budget=info.device_staged_bytes,
+        )
         self._wait_s = info.wait_s
 
     def commit(self, update: TeleportUpdateInfo) -> Outcome:
@@ -102,16 +121,18 @@ class WorkerLocal:
         outcome = commit(update.version, self.board, self._apply, group=self.group, wait_s=wait_s)
         self.outcomes.append((update.version, outcome.name))
         if outcome is not Outcome.APPLIED:
-            why = ("a worker has not staged it yet; commit it again later" if outcome is Outcome.SKIPPED
-                   else "a worker failed to stage or verify it; the group resyncs")
+            why = (
+                "a worker has not staged it yet; commit it again later"
+                if outcome is Outcome.SKIPPED
+                else "a worker failed to stage or verify it; the group resyncs"
+            )
             _log.warning("version %d was applied on no worker: %s", update.version, why)
         return outcome
 
     def _apply(self, steps) -> None:
         assert self.follower is not None  # `commit` runs only between `start` and `shutdown`
         applied, t0 = self.board.applied, time.perf_counter()
-        apply_steps(self.params(), [st for st in steps if applied is None or st.version > applied],
-                    self.follower.views)
+        apply_steps(self.params(), [st for st in steps if applied is None or st.version > applied], self.follower.views)
         if self.after_apply is not None:
             self.after_apply()
         if self.device.type == "cuda":
@@ -125,13 +146,17 @@ class WorkerLocal:
 
     def status(self) -> dict:
         f = self.follower
-        return {"rank": self.rank, "applied": self.board.applied, "outcomes": self.outcomes,
-                "resyncs": self.board.resyncs, "staged": [s.version for s in f.chain] if f else [],
-                "apply_s": dict(self.apply_s),
-                **{key: {v: getattr(s, field) for v, s in (f.stages.items() if f else ())}
-                   for key, field in STATUS_FIELDS},
-                "errors": list(f.errors) if f else [],
-                "health": dataclasses.asdict(f.monitor.health) if f else None}
+        return {
+            "rank": self.rank,
+            "applied": self.board.applied,
+            "outcomes": self.outcomes,
+            "resyncs": self.board.resyncs,
+            "staged": [s.version for s in f.chain] if f else [],
+            "apply_s": dict(self.apply_s),
+            **{key: {v: getattr(s, field) for v, s in (f.stages.items() if f else ())} for key, field in STATUS_FIELDS},
+            "errors": list(f.errors) if f else [],
+            "health": dataclasses.asdict(f.monitor.health) if f else None,
+        }
 
     def shutdown(self) -> None:
         if self.follower is not None:

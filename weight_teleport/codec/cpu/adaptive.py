@@ -17,8 +17,17 @@ from weight_teleport.codec.cpu.chunks import chunk_events, place, starts
 from weight_teleport.codec.cpu.kernels import unzigzag, zigzag
 from weight_teleport.codec.dtypes import DtypeInfo
 from weight_teleport.codec.plan import ClassPlan
-from weight_teleport.codec.sparse_ac import (GAP_MANT, GAP_TREE, KERNEL, N_CONTEXTS, PROB_BITS, RES_LEN, TOP,
-                                             read_tables, write_table)
+from weight_teleport.codec.sparse_ac import (
+    GAP_MANT,
+    GAP_TREE,
+    KERNEL,
+    N_CONTEXTS,
+    PROB_BITS,
+    RES_LEN,
+    TOP,
+    read_tables,
+    write_table,
+)
 from weight_teleport.errors import PackFormatError
 
 U64 = np.uint64
@@ -53,6 +62,7 @@ def _adapt(ctxs, ctx, bit):
 
 
 # ---- encoder: state is (low, range, cache, pending, out position, first) in `st` ----
+
 
 @njit(inline="always")
 def _shift_low(st, out):
@@ -206,6 +216,7 @@ def _flush(st, out):
 
 # ---- decoder: state is (range, code, input position), passed and returned as scalars ----
 
+
 @njit(inline="always")
 def _normalize_dec(data, rng, code, pos):
     while rng < U64(TOP):
@@ -327,10 +338,20 @@ def encode_chunk(old, new, info: DtypeInfo, plan: ClassPlan, total, changed, lev
     while True:
         out = np.empty(room, np.uint8)
         at = write_table(out, 0, plan.n_classes, events, chg, plan.inverted)
-        n = encode_classes(gaps, starts(events), events, res, starts(chg), chg, plan.inverted,
-                           U64(1 << (info.bits - 1)), wmask, out[at:])
+        n = encode_classes(
+            gaps,
+            starts(events),
+            events,
+            res,
+            starts(chg),
+            chg,
+            plan.inverted,
+            U64(1 << (info.bits - 1)),
+            wmask,
+            out[at:],
+        )
         if n >= 0:
-            return out[:at + n].tobytes()
+            return out[: at + n].tobytes()
         room *= 4
 
 
@@ -340,15 +361,30 @@ def decode_chunk(old, chunk, info: DtypeInfo, lut: np.ndarray, inverted: np.ndar
     data = np.frombuffer(chunk, np.uint8)
     k = inverted.size
     events, changes, coded = np.zeros((1, k), np.int64), np.zeros((1, k), np.int64), np.zeros(1, np.int64)
-    if read_tables(data, np.zeros(1, np.int64), np.array([data.size], np.int64), np.array([k], np.int64),
-                   inverted[None], np.array([old.size], np.int64), events, changes, coded) >= 0:
-        raise PackFormatError("sparse_ac chunk's class table is one its chunk cannot have (truncated, another "
-                              "class count than its record's, or more events or changes than elements)")
+    if (
+        read_tables(
+            data,
+            np.zeros(1, np.int64),
+            np.array([data.size], np.int64),
+            np.array([k], np.int64),
+            inverted[None],
+            np.array([old.size], np.int64),
+            events,
+            changes,
+            coded,
+        )
+        >= 0
+    ):
+        raise PackFormatError(
+            "sparse_ac chunk's class table is one its chunk cannot have (truncated, another "
+            "class count than its record's, or more events or changes than elements)"
+        )
     events, changes = events[0], changes[0]
     gaps = np.empty(int(events.sum()), np.int64)
     res = np.empty(int(changes.sum()), np.uint64)
     wmask = U64((1 << info.bits) - 1)
-    if not decode_classes(data[coded[0]:], starts(events), events, starts(changes), changes, inverted, wmask,
-                          gaps, res):
+    if not decode_classes(
+        data[coded[0] :], starts(events), events, starts(changes), changes, inverted, wmask, gaps, res
+    ):
         raise PackFormatError("sparse_ac chunk's coded stream is malformed")
     return place(old, info, lut, inverted, events, gaps, changes, res)

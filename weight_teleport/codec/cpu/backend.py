@@ -24,16 +24,25 @@ from weight_teleport.format import ChunkRef, PackHeader, TensorRecord, chunk_pay
 SAME, DENSE_CODECS, SPARSE_CODECS = (registry.family(f) for f in ("same", "dense", "sparse"))
 
 
-def item(name: str, info: DtypeInfo, new: torch.Tensor, old: torch.Tensor | None, cuts=None,
-         chunk_digests: bool = False) -> EncodeItem:
+def item(
+    name: str, info: DtypeInfo, new: torch.Tensor, old: torch.Tensor | None, cuts=None, chunk_digests: bool = False
+) -> EncodeItem:
     """The bit patterns of one tensor (and of its base, for deltas) to encode, flattened in
     row-major order (a walk view: codec/walks.py); `cuts`, `chunk_digests` as EncodeItem's."""
-    return EncodeItem(name, info, tuple(new.shape), as_uint(new), None if old is None else as_uint(old),
-                      cuts, chunk_digests)
+    return EncodeItem(
+        name, info, tuple(new.shape), as_uint(new), None if old is None else as_uint(old), cuts, chunk_digests
+    )
 
 
-def walk_item(name: str, info: DtypeInfo, new: torch.Tensor, old: torch.Tensor | None, sl: W.TensorSlice,
-              hint: W.Hint, chunk_elems: int) -> EncodeItem:
+def walk_item(
+    name: str,
+    info: DtypeInfo,
+    new: torch.Tensor,
+    old: torch.Tensor | None,
+    sl: W.TensorSlice,
+    hint: W.Hint,
+    chunk_elems: int,
+) -> EncodeItem:
     """The item of a record over a walk of the box `sl`, cut where `hint.bounds` fall, with
     a digest per chunk (receivers holding slices verify the chunks they stage alone). `new`
     and `old` are views whose row-major order is the walk, flattened here."""
@@ -43,8 +52,10 @@ def walk_item(name: str, info: DtypeInfo, new: torch.Tensor, old: torch.Tensor |
 
 def _no_config(config) -> None:
     if config is not None:
-        raise ValueError("a CUDA codec configuration was given for CPU tensors; move the state to a "
-                         "CUDA device or leave `cuda` unset")
+        raise ValueError(
+            "a CUDA codec configuration was given for CPU tensors; move the state to a "
+            "CUDA device or leave `cuda` unset"
+        )
 
 
 def digest(tensor: torch.Tensor) -> str:
@@ -91,8 +102,15 @@ def _candidates(item: EncodeItem, changed: int, sparse: str) -> tuple[str, ...]:
     return (sparse, *DENSE_CODECS)
 
 
-def encode(items: list[EncodeItem], chunk_elems: int, level: int, threads: int | None, config=None,
-           pinned: bool = False, codec: str = registry.DEFAULT) -> Encoded:
+def encode(
+    items: list[EncodeItem],
+    chunk_elems: int,
+    level: int,
+    threads: int | None,
+    config=None,
+    pinned: bool = False,
+    codec: str = registry.DEFAULT,
+) -> Encoded:
     """The backend interface's encode (codec/backend.py): zstd streams at `level`, sparse
     records of `codec`; `config` must be None; the chunks are host bytes whatever `pinned`
     says."""
@@ -101,8 +119,9 @@ def encode(items: list[EncodeItem], chunk_elems: int, level: int, threads: int |
     return Encoded(records, chunks, lambda: None, ["raw", "zstd"])
 
 
-def encode_chunks(items: list[EncodeItem], chunk_elems: int, level: int, threads: int | None,
-                  sparse: str = registry.DEFAULT):
+def encode_chunks(
+    items: list[EncodeItem], chunk_elems: int, level: int, threads: int | None, sparse: str = registry.DEFAULT
+):
     """Records (chunk offsets relative to the returned chunk list) and chunk bytes; sparse
     records of codec `sparse`, dense ones of the dense codec that codes them smallest."""
     coders: dict[str, Callable] = {}
@@ -120,8 +139,13 @@ def encode_chunks(items: list[EncodeItem], chunk_elems: int, level: int, threads
                     coders[codec] = registry.cpu_coder(codec)[0]
                 sparse_family = codec in SPARSE_CODECS
                 for r, s in zip(rs, sc):
-                    jobs.append((len(records) - 1, codec, pool.submit(_encode_chunk, it, r, s, coders[codec],
-                                                                      sparse_family, plan, level)))
+                    jobs.append(
+                        (
+                            len(records) - 1,
+                            codec,
+                            pool.submit(_encode_chunk, it, r, s, coders[codec], sparse_family, plan, level),
+                        )
+                    )
         outputs: dict[tuple[int, str], list[bytes]] = {}
         for idx, codec, fut in jobs:
             outputs.setdefault((idx, codec), []).append(fut.result())
@@ -130,8 +154,14 @@ def encode_chunks(items: list[EncodeItem], chunk_elems: int, level: int, threads
 
 def _record(it: EncodeItem, sc, sparse: str) -> tuple[TensorRecord, object]:
     nbytes = it.new.size * it.info.nbytes
-    rec = TensorRecord(name=it.name, dtype=it.info.name, shape=it.shape, codec=registry.SNAPSHOT[0],
-                       digest=D.to_hex(D.finish(sum(s[3] for s in sc), nbytes)), changed=it.new.size)
+    rec = TensorRecord(
+        name=it.name,
+        dtype=it.info.name,
+        shape=it.shape,
+        codec=registry.SNAPSHOT[0],
+        digest=D.to_hex(D.finish(sum(s[3] for s in sc), nbytes)),
+        changed=it.new.size,
+    )
     if it.old is None:
         return rec, None
     rec.base_digest = D.to_hex(D.finish(sum(s[2] for s in sc), nbytes))
@@ -193,9 +223,9 @@ class Live:
         self.u = as_uint(tensor)
         u8 = self.u.view(np.uint8)
         self.n_full = u8.size // 8
-        self.words = u8[:self.n_full * 8].view(np.uint64)
+        self.words = u8[: self.n_full * 8].view(np.uint64)
         tail = np.zeros(8, np.uint8)
-        tail[:u8.size % 8] = u8[self.n_full * 8:]
+        tail[: u8.size % 8] = u8[self.n_full * 8 :]
         self.tail = tail.view(np.uint64)[0]
 
     def commit(self) -> None:
@@ -205,8 +235,20 @@ class Live:
             self.tensor.view(self.info.int_torch).copy_(flat)
 
 
-def _stage_chunk(live: Live, rec: TensorRecord, decode: Callable, ref: ChunkRef, start: int, stop: int,
-                 pack, header: PackHeader, lut, inverted, check_base: bool, walk_start: int = 0):
+def _stage_chunk(
+    live: Live,
+    rec: TensorRecord,
+    decode: Callable,
+    ref: ChunkRef,
+    start: int,
+    stop: int,
+    pack,
+    header: PackHeader,
+    lut,
+    inverted,
+    check_base: bool,
+    walk_start: int = 0,
+):
     """(ChunkPatch, old digest sum or None, new digest sum or delta) of one chunk, the walk's
     elements [start, stop), decoded by `decode` (the chunk decoder of the record's codec);
     `live` holds the walk from element `walk_start` on."""
@@ -220,8 +262,11 @@ def _stage_chunk(live: Live, rec: TensorRecord, decode: Callable, ref: ChunkRef,
     if rec.codec in SPARSE_CODECS:
         pos, val = decode(old, data, info, lut, inverted)
         wmask = np.uint64((1 << info.bits) - 1)
-        delta = int(K.digest_patch_delta(live.words, live.tail, live.n_full, start, info.nbytes,
-                                         pos, val, wmask, _first_word(walk_start, info)))
+        delta = int(
+            K.digest_patch_delta(
+                live.words, live.tail, live.n_full, start, info.nbytes, pos, val, wmask, _first_word(walk_start, info)
+            )
+        )
         return ChunkPatch(start, pos, val), s_old, delta
     values = decode(old, data, info, stop - start)
     s_new = C.digest_sum(values, fw)
@@ -237,7 +282,8 @@ def check_readable(stream_codecs: list[str]) -> None:
     if unknown:
         raise UnsupportedFormatError(
             f"pack uses stream codecs {sorted(unknown)} that the CPU cannot decode; stage it onto CUDA "
-            "weights, or ask its writer for portable zstd packs (CudaCodecConfig(stream_coder='huffman'), the default)")
+            "weights, or ask its writer for portable zstd packs (CudaCodecConfig(stream_coder='huffman'), the default)"
+        )
 
 
 def check_stage(header: PackHeader, windows: dict) -> None:
@@ -246,8 +292,15 @@ def check_stage(header: PackHeader, windows: dict) -> None:
     check_readable(header.stream_codecs)
 
 
-def stage(lives: dict[str, Live], header: PackHeader, pack, check_base: bool, threads: int | None,
-          windows: dict | None = None, config=None):
+def stage(
+    lives: dict[str, Live],
+    header: PackHeader,
+    pack,
+    check_base: bool,
+    threads: int | None,
+    windows: dict | None = None,
+    config=None,
+):
     """Decode and verify every chunk against the live weights; nothing is written. Records
     named in `lives` only. `windows`: name -> (walk_start, first chunk, stop chunk) of the
     records a receiver holds a slice of: `lives[name]` holds the walk from `walk_start`, and
@@ -272,20 +325,30 @@ def stage(lives: dict[str, Live], header: PackHeader, pack, check_base: bool, th
             if rec.codec not in decoders:
                 decoders[rec.codec] = registry.cpu_coder(rec.codec)[1]
             decode = decoders[rec.codec]
-            futures.append([pool.submit(_stage_chunk, live, rec, decode, ref, s, e, pack, header, lut, inverted,
-                                        check_base, walk_start) for ref, (s, e) in zip(rec.chunks[lo:hi], rs)])
+            futures.append(
+                [
+                    pool.submit(
+                        _stage_chunk, live, rec, decode, ref, s, e, pack, header, lut, inverted, check_base, walk_start
+                    )
+                    for ref, (s, e) in zip(rec.chunks[lo:hi], rs)
+                ]
+            )
         try:
             results = [[f.result() for f in fs] for fs in futures]
         except ChunkMisfit:
             raise _misfit(recs, lives, header, check_base, windows) from None
-    tensors = [_verify_window(rec, lives[rec.name], res, header, check_base, windows[rec.name])
-               if rec.name in windows else _verify(rec, lives[rec.name], res, header, check_base)
-               for rec, res in zip(recs, results)]
+    tensors = [
+        _verify_window(rec, lives[rec.name], res, header, check_base, windows[rec.name])
+        if rec.name in windows
+        else _verify(rec, lives[rec.name], res, header, check_base)
+        for rec, res in zip(recs, results)
+    ]
     return StagedPatch(header.kind, header.version, header.base_version, tensors, check_base)
 
 
-def _misfit(recs: list[TensorRecord], lives: dict[str, Live], header: PackHeader,
-             check_base: bool, windows: dict) -> PackFormatError:
+def _misfit(
+    recs: list[TensorRecord], lives: dict[str, Live], header: PackHeader, check_base: bool, windows: dict
+) -> PackFormatError:
     """Why a sparse chunk did not fit: the first tensor that is not the pack's base (its
     digest, read now), else corrupt streams, or a base that went unchecked."""
     if check_base:
@@ -302,17 +365,19 @@ def _check_base(rec: TensorRecord, live: Live, s_old: int, header: PackHeader) -
         raise PackMismatchError(
             f"tensor {rec.name!r} does not hold the weights of base version {header.base_version} "
             f"(digest {actual}, expected {rec.base_digest}): the state is at another version or "
-            "was modified; resync from a snapshot")
+            "was modified; resync from a snapshot"
+        )
 
 
-def _verify_window(rec: TensorRecord, live: Live, results, header: PackHeader, check_base: bool,
-                   window) -> TensorPatch:
+def _verify_window(rec: TensorRecord, live: Live, results, header: PackHeader, check_base: bool, window) -> TensorPatch:
     """`_verify` for some chunks of a record: each against its chunk digests."""
     walk_start, lo, hi = window
     spans = rec.chunk_spans(header.chunk_elems)[lo:hi]
     if hi > lo and not rec.chunk_digests:
-        raise PackMismatchError(f"tensor {rec.name!r}: the pack has no chunk digests, so a slice of it "
-                                "cannot be verified alone; stage the whole record")
+        raise PackMismatchError(
+            f"tensor {rec.name!r}: the pack has no chunk digests, so a slice of it "
+            "cannot be verified alone; stage the whole record"
+        )
     for k, ((s, e), res) in enumerate(zip(spans, results)):
         nbytes = (e - s) * live.info.nbytes
         if header.kind == "delta":
@@ -320,13 +385,16 @@ def _verify_window(rec: TensorRecord, live: Live, results, header: PackHeader, c
             if check_base and D.finish(res[1], nbytes) != base:
                 raise PackMismatchError(
                     f"tensor {rec.name!r}: the slice does not hold the weights of base version "
-                    f"{header.base_version} (chunk {lo + k}); resync from a snapshot")
+                    f"{header.base_version} (chunk {lo + k}); resync from a snapshot"
+                )
             predicted = D.finish(D.word_sum(base, nbytes) + res[2], nbytes)
         else:
             predicted = D.finish(res[2], nbytes)
         if predicted != D.from_hex(rec.chunk_digests[lo + k]):
-            raise DigestMismatchError(f"tensor {rec.name!r}: chunk {lo + k} would not have the digest the "
-                                      "pack promises; the pack is corrupt or was encoded from other weights")
+            raise DigestMismatchError(
+                f"tensor {rec.name!r}: chunk {lo + k} would not have the digest the "
+                "pack promises; the pack is corrupt or was encoded from other weights"
+            )
     chunks = [r[0] for r in results]
     return TensorPatch(rec.name, BY_NAME[rec.dtype], (live.u.size,), 0, chunks)
 
@@ -340,7 +408,7 @@ def _unchanged(live: Live):
 def _class_map(rec: TensorRecord, info: DtypeInfo):
     """(class of every key, inverted flag of every class) of a sparse record."""
     luts, inverted, n_classes = class_maps([rec], info)
-    return luts[0], inverted[0, :n_classes[0]]
+    return luts[0], inverted[0, : n_classes[0]]
 
 
 def _verify(rec: TensorRecord, live: Live, results, header: PackHeader, check_base: bool) -> TensorPatch:
@@ -356,7 +424,8 @@ def _verify(rec: TensorRecord, live: Live, results, header: PackHeader, check_ba
     if predicted != digest:
         raise DigestMismatchError(
             f"tensor {rec.name!r}: the patched weights would have digest {D.to_hex(predicted)}, "
-            f"the pack promises {rec.digest}; the pack is corrupt or was encoded from other weights")
+            f"the pack promises {rec.digest}; the pack is corrupt or was encoded from other weights"
+        )
     chunks = [r[0] for r in results if r[0] is not None]
     return TensorPatch(rec.name, BY_NAME[rec.dtype], rec.shape, digest, chunks)
 
@@ -380,6 +449,6 @@ def _apply(lives: dict[str, Live], staged: StagedPatch, threads: int | None) -> 
 
 def _apply_chunk(live: Live, chunk: ChunkPatch) -> None:
     if chunk.positions is None:
-        live.u[chunk.start:chunk.start + chunk.values.size] = chunk.values
+        live.u[chunk.start : chunk.start + chunk.values.size] = chunk.values
     else:
-        K.scatter(live.u[chunk.start:], chunk.positions, chunk.values)
+        K.scatter(live.u[chunk.start :], chunk.positions, chunk.values)

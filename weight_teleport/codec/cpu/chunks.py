@@ -31,10 +31,10 @@ def digest_sum(data: np.ndarray, first_word: int) -> int:
     (a partial last word is zero-padded)."""
     u8 = data.view(np.uint8)
     n_full = u8.size // 8
-    s = int(K.digest_words(u8[:n_full * 8].view(np.uint64), first_word))
+    s = int(K.digest_words(u8[: n_full * 8].view(np.uint64), first_word))
     if u8.size % 8:
         tail = np.zeros(8, np.uint8)
-        tail[:u8.size % 8] = u8[n_full * 8:]
+        tail[: u8.size % 8] = u8[n_full * 8 :]
         s += int(K.digest_words(tail.view(np.uint64), first_word + n_full))
     return s & ((1 << 64) - 1)
 
@@ -73,8 +73,9 @@ def chunk_events(old, new, info: DtypeInfo, plan: ClassPlan, total, changed):
     _, chg, events = class_counts(plan, total, changed)
     gaps = np.empty(int(events.sum()), np.int64)
     res = np.empty(int(chg.sum()), np.uint64)
-    K.sparse_encode(old, new, shift, kmask, plan.lut, plan.inverted, signbit, wmask,
-                    starts(events), starts(chg), gaps, res)
+    K.sparse_encode(
+        old, new, shift, kmask, plan.lut, plan.inverted, signbit, wmask, starts(events), starts(chg), gaps, res
+    )
     return events, chg, gaps, res
 
 
@@ -87,14 +88,15 @@ def encode_sparse(old, new, info: DtypeInfo, plan: ClassPlan, total, changed, le
         if events[c] == 0 and chg[c] == 0:
             groups.append(Group(0, []))
             continue
-        g = gaps[ev_off[c]:ev_off[c] + events[c]]
-        r = res[res_off[c]:res_off[c] + chg[c]]
+        g = gaps[ev_off[c] : ev_off[c] + events[c]]
+        r = res[res_off[c] : res_off[c] + chg[c]]
         syms = np.empty(g.size, np.uint8)
         bits = np.empty(g.size * 4 + 8, np.uint8)
         rsyms = np.empty(max(g.size, r.size), np.uint8)
         esc = np.empty(rsyms.size, np.uint64)
-        nbits, n_r, n_esc = K.class_to_symbols(g, r, not plan.inverted[c], U64(1 << (info.bits - 1)),
-                                               wmask, syms, bits, rsyms, esc)
+        nbits, n_r, n_esc = K.class_to_symbols(
+            g, r, not plan.inverted[c], U64(1 << (info.bits - 1)), wmask, syms, bits, rsyms, esc
+        )
         streams = [syms, bits[:nbits], rsyms[:n_r], esc[:n_esc].astype(info.uint_numpy)]
         groups.append(Group(int(events[c]), [_stream(s, level) for s in streams]))
     return write_groups(groups)
@@ -128,7 +130,7 @@ def _check_tables(groups: list[Group], n_classes: int, elems: int, width: int) -
     for c, g in enumerate(groups):
         if len(g.streams) not in (0, 4):
             raise PackFormatError(f"sparse class has {len(g.streams)} streams, expected 4")
-        raw[0, c, :len(g.streams)] = [s.raw_len for s in g.streams]
+        raw[0, c, : len(g.streams)] = [s.raw_len for s in g.streams]
     events = np.array([[g.count for g in groups]], np.int64)
     check_sparse_lengths(events, raw, np.array([elems], np.int64), width)
 
@@ -150,8 +152,23 @@ def place(old, info: DtypeInfo, lut, inverted, ev_cnt, gaps, res_cnt, res):
     shift, kmask, signbit, wmask = consts(info)
     pos = np.empty(res.size, np.int64)
     val = np.empty(res.size, info.uint_numpy)
-    n = K.sparse_decode(old, shift, kmask, lut, inverted, signbit, wmask,
-                        starts(ev_cnt), ev_cnt, gaps, starts(res_cnt), res_cnt, res, pos, val)
+    n = K.sparse_decode(
+        old,
+        shift,
+        kmask,
+        lut,
+        inverted,
+        signbit,
+        wmask,
+        starts(ev_cnt),
+        ev_cnt,
+        gaps,
+        starts(res_cnt),
+        res_cnt,
+        res,
+        pos,
+        val,
+    )
     if n != res.size:
         raise ChunkMisfit("sparse chunk does not fit the receiver's weights")
     return pos, val

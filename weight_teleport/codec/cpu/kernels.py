@@ -107,8 +107,9 @@ def sparse_encode(old, new, shift, kmask, lut, inverted, signbit, wmask, ev_off,
 
 
 @njit(**KERNEL)
-def sparse_decode(old, shift, kmask, lut, inverted, signbit, wmask,
-                  ev_off, ev_cnt, gaps, res_off, res_cnt, res, out_pos, out_val):
+def sparse_decode(
+    old, shift, kmask, lut, inverted, signbit, wmask, ev_off, ev_cnt, gaps, res_off, res_cnt, res, out_pos, out_val
+):
     """Inverse of sparse_encode against the receiver's old chunk: positions and new bit
     patterns of the changed elements, ascending. Returns their number, or -1 when the
     streams do not fit the chunk (a corrupt pack).

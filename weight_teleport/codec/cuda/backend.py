@@ -27,14 +27,22 @@ def walk_item(name, info, new, old, sl, hint, chunk_elems: int) -> EncodeItem:
     return encode_item(name, info, new, old, walk_cuts(sl, hint, new.numel(), chunk_elems), chunk_digests=True)
 
 
-def encode(items: list[EncodeItem], chunk_elems: int, level: int, threads: int | None,
-           config: CudaCodecConfig | None = None, pinned: bool = False, codec: str = registry.DEFAULT) -> Encoded:
+def encode(
+    items: list[EncodeItem],
+    chunk_elems: int,
+    level: int,
+    threads: int | None,
+    config: CudaCodecConfig | None = None,
+    pinned: bool = False,
+    codec: str = registry.DEFAULT,
+) -> Encoded:
     """The backend interface's encode: `config` (default `DEFAULT_CONFIG`) picks the stream
     coder (of `sparse` records); with `pinned` the payload is copied from the device into the
     pinned pack (of a `sparse` payload: `sparse_ac` chunks are laid out on the host)."""
     config = config or DEFAULT_CONFIG
-    records, chunks, ready = encoder.encode(items, chunk_elems, level, threads, config=config, pinned=pinned,
-                                            codec=codec)
+    records, chunks, ready = encoder.encode(
+        items, chunk_elems, level, threads, config=config, pinned=pinned, codec=codec
+    )
     return Encoded(records, chunks, ready, ["raw", "zstd", *extra_stream_codecs(config)])
 
 
@@ -46,8 +54,15 @@ def check_stage(header, windows: dict) -> None:
     check_readable(header.stream_codecs)
 
 
-def stage(lives: dict[str, Live], header, pack, check_base: bool, threads: int | None,
-          windows: dict | None = None, config: CudaCodecConfig | None = None):
+def stage(
+    lives: dict[str, Live],
+    header,
+    pack,
+    check_base: bool,
+    threads: int | None,
+    windows: dict | None = None,
+    config: CudaCodecConfig | None = None,
+):
     """Decode and verify every chunk against the live weights on their device; nothing is
     written. `windows`: the records staged in part (codec/api.py); `config` picks nvCOMP's
     decompression backend."""
@@ -79,12 +94,16 @@ def check_readable(stream_codecs: list[str]) -> None:
     portable = {streams.NAMES[c] for c in streams.CPU_READABLE}
     unknown = set(stream_codecs) - portable - {streams.NAMES[c] for c in nvcomp.CODED}
     if unknown:
-        raise UnsupportedFormatError(f"pack uses stream codecs {sorted(unknown)} that this build cannot decode; "
-                                     "upgrade weight-teleport to read it")
+        raise UnsupportedFormatError(
+            f"pack uses stream codecs {sorted(unknown)} that this build cannot decode; "
+            "upgrade weight-teleport to read it"
+        )
     gpu_only = set(stream_codecs) - portable
     if gpu_only and not nvcomp.available():
-        raise UnsupportedFormatError(f"pack uses the GPU-only stream codecs {sorted(gpu_only)}, which need "
-                                     "nvCOMP: pip install 'weight-teleport[cuda]'")
+        raise UnsupportedFormatError(
+            f"pack uses the GPU-only stream codecs {sorted(gpu_only)}, which need "
+            "nvCOMP: pip install 'weight-teleport[cuda]'"
+        )
 
 
 def extra_stream_codecs(config: CudaCodecConfig) -> list[str]:
@@ -92,5 +111,18 @@ def extra_stream_codecs(config: CudaCodecConfig) -> list[str]:
     return [] if config.portable else [streams.NAMES[CODEC_ID[NVCOMP_ALGORITHM[config.stream_coder]]]]
 
 
-__all__ = ["DEFAULT_CONFIG", "EncodeItem", "Live", "bind", "check_readable", "check_stage", "digest", "digests",
-           "encode", "extra_stream_codecs", "item", "stage", "walk_item"]
+__all__ = [
+    "DEFAULT_CONFIG",
+    "EncodeItem",
+    "Live",
+    "bind",
+    "check_readable",
+    "check_stage",
+    "digest",
+    "digests",
+    "encode",
+    "extra_stream_codecs",
+    "item",
+    "stage",
+    "walk_item",
+]

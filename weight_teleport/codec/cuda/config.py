@@ -51,11 +51,16 @@ class CudaCodecConfig:
     def __post_init__(self, algorithm, use_nvcomp, huffman):
         if (algorithm, use_nvcomp, huffman) != (None, None, None):
             if self.stream_coder != "huffman":
-                raise ValueError("give `stream_coder` alone, not with the deprecated algorithm / use_nvcomp / "
-                                 "huffman flags")
+                raise ValueError(
+                    "give `stream_coder` alone, not with the deprecated algorithm / use_nvcomp / huffman flags"
+                )
             coder = legacy_stream_coder(algorithm, use_nvcomp, huffman)
-            warnings.warn(f"CudaCodecConfig's algorithm / use_nvcomp / huffman flags are deprecated: use "
-                          f"CudaCodecConfig(stream_coder={coder!r})", DeprecationWarning, stacklevel=3)
+            warnings.warn(
+                f"CudaCodecConfig's algorithm / use_nvcomp / huffman flags are deprecated: use "
+                f"CudaCodecConfig(stream_coder={coder!r})",
+                DeprecationWarning,
+                stacklevel=3,
+            )
             object.__setattr__(self, "stream_coder", coder)
         if self.stream_coder not in STREAM_CODERS:
             raise ValueError(f"stream_coder must be one of {STREAM_CODERS}, got {self.stream_coder!r}")

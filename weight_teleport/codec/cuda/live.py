@@ -35,8 +35,7 @@ class Live:
     `window`: (offset, count) of the tensor's flat walk that is staged, for a tensor that
     is not contiguous (a contiguous one is narrowed by a view: `narrowed`)."""
 
-    def __init__(self, tensor: torch.Tensor, info: DtypeInfo, origin: int = 0,
-                 window: tuple[int, int] | None = None):
+    def __init__(self, tensor: torch.Tensor, info: DtypeInfo, origin: int = 0, window: tuple[int, int] | None = None):
         self.tensor, self.info, self.origin, self.window = tensor, info, origin, window
 
     @cached_property
@@ -54,7 +53,7 @@ class Live:
         if self.window is not None:
             offset += self.window[0]
         if self.tensor.is_contiguous():
-            return Live(self.tensor.reshape(-1)[offset:offset + count], self.info, origin)
+            return Live(self.tensor.reshape(-1)[offset : offset + count], self.info, origin)
         return Live(self.tensor, self.info, origin, (offset, count))
 
     def storage_offsets(self, positions: torch.Tensor) -> torch.Tensor:
@@ -86,12 +85,12 @@ def walk_bits(tensor: torch.Tensor, info: DtypeInfo, start: int = 0, count: int 
         flat = flat_bits(tensor, info)
         if start == 0 and count is None:
             return flat
-        return flat[start:] if count is None else flat[start:start + count]
+        return flat[start:] if count is None else flat[start : start + count]
     bits = tensor.detach().view(info.int_torch)
     count = tensor.numel() - start if count is None else count
     geometry = walk_2d(tensor) if memory.on_device(tensor) else None
     if geometry is None:
-        return bits.contiguous().view(-1)[start:start + count]
+        return bits.contiguous().view(-1)[start : start + count]
     return copy_walk(bits, torch.empty(count, dtype=bits.dtype, device=bits.device), start, geometry)
 
 
@@ -123,15 +122,17 @@ def storage_view(tensor: torch.Tensor, info: DtypeInfo) -> torch.Tensor:
     return tensor.view(info.int_torch).as_strided((span,), (1,))
 
 
-def encode_item(name: str, info: DtypeInfo, new: torch.Tensor, old: torch.Tensor | None, cuts=None,
-                chunk_digests: bool = False) -> EncodeItem:
+def encode_item(
+    name: str, info: DtypeInfo, new: torch.Tensor, old: torch.Tensor | None, cuts=None, chunk_digests: bool = False
+) -> EncodeItem:
     """An item of the caller's tensors (`EncodeItem.new`: the tensor itself where it is
     contiguous, else its flat bits), with no torch call on a contiguous one: a flat view
     costs four torch dispatches, and for every tensor of a large state they would be the
     encode call's first milliseconds of host work, before any launch. The kernels read the
     bits through the chunk table's pointers; only its base gets a flat view (`flat_bits`)."""
-    return EncodeItem(name, info, tuple(new.shape), _bits(new, info), None if old is None else _bits(old, info),
-                      cuts, chunk_digests)
+    return EncodeItem(
+        name, info, tuple(new.shape), _bits(new, info), None if old is None else _bits(old, info), cuts, chunk_digests
+    )
 
 
 def _bits(tensor: torch.Tensor, info: DtypeInfo) -> torch.Tensor:

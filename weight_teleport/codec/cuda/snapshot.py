@@ -40,8 +40,9 @@ BLOCK = 4096
 
 
 @triton.jit
-def _planes_kernel(src_ptr, dst_ptr, plane_ptr, n, chunk_elems, WIDTH: tl.constexpr, TO_PLANES: tl.constexpr,
-                   BLOCK: tl.constexpr):
+def _planes_kernel(
+    src_ptr, dst_ptr, plane_ptr, n, chunk_elems, WIDTH: tl.constexpr, TO_PLANES: tl.constexpr, BLOCK: tl.constexpr
+):
     """Between a tensor's bytes (`src`, element e's byte b at e * WIDTH + b) and its chunks'
     byte planes (chunk c's plane b at plane[c] + b * count + e - c * chunk_elems in `dst`):
     to the planes when TO_PLANES, else back."""
@@ -60,14 +61,20 @@ def _planes_kernel(src_ptr, dst_ptr, plane_ptr, n, chunk_elems, WIDTH: tl.conste
             tl.store(at_src, tl.load(at_dst, mask=live), mask=live)
 
 
-def _transpose(tensor_bytes: torch.Tensor, buffer: torch.Tensor, planes: list[int] | np.ndarray, n: int, chunk_elems: int,
-               width: int, to_planes: bool) -> None:
+def _transpose(
+    tensor_bytes: torch.Tensor,
+    buffer: torch.Tensor,
+    planes: list[int] | np.ndarray,
+    n: int,
+    chunk_elems: int,
+    width: int,
+    to_planes: bool,
+) -> None:
     if not len(planes):
         return
     plane_at = memory.upload(np.asarray(planes, np.int64), buffer.device)
     grid = (len(planes), triton.cdiv(min(chunk_elems, n), BLOCK))
-    _planes_kernel[grid](tensor_bytes, buffer, plane_at, n, chunk_elems, WIDTH=width, TO_PLANES=to_planes,
-                         BLOCK=BLOCK)
+    _planes_kernel[grid](tensor_bytes, buffer, plane_at, n, chunk_elems, WIDTH=width, TO_PLANES=to_planes, BLOCK=BLOCK)
 
 
 def chunk_table(count: int, width: int) -> bytes:
@@ -211,8 +218,11 @@ class _Inbound:
         n = 2 if self.cuda else 1
         self.buffers = [torch.empty(size, dtype=torch.uint8, device=device) for _ in range(n)]
         self.read: list[torch.cuda.Event | None] = [None] * n
-        self.staging = None if pinned_source or not self.cuda else \
-            [torch.empty(size, dtype=torch.uint8, pin_memory=True) for _ in range(n)]
+        self.staging = (
+            None
+            if pinned_source or not self.cuda
+            else [torch.empty(size, dtype=torch.uint8, pin_memory=True) for _ in range(n)]
+        )
         self.sent: list[torch.cuda.Event | None] = [None] * n
         self.copier = memory.side_stream(device, "dense-copy") if self.cuda else None
         self.turn = 0
@@ -220,7 +230,7 @@ class _Inbound:
     def fill(self, src: torch.Tensor) -> torch.Tensor:
         """The next buffer holding `src` (host bytes), for the caller's stream."""
         k = self.turn % len(self.buffers)
-        buf = self.buffers[k][:src.numel()]
+        buf = self.buffers[k][: src.numel()]
         if not self.cuda:
             buf.copy_(src)
             return buf
@@ -228,7 +238,7 @@ class _Inbound:
             sent = self.sent[k]
             if sent is not None:
                 sent.synchronize()  # the copy out of this staging buffer is done
-            host = self.staging[k][:src.numel()]
+            host = self.staging[k][: src.numel()]
             fill(host.numpy(), [src.numpy()])
             src = host
         assert self.copier is not None  # made on CUDA
@@ -258,8 +268,12 @@ def encode(items: list[EncodeItem], chunk_elems: int, pinned: bool, host_empty):
     widths = [it.info.nbytes for it in items]
     chunks = _lay_out([it.new.numel() for it in items], widths, chunk_elems)
     total = chunks[-1].offset + chunks[-1].length if chunks else 0
-    records = [TensorRecord(name=it.name, dtype=it.info.name, shape=it.shape, codec="dense_values", digest="",
-                            changed=it.new.numel()) for it in items]
+    records = [
+        TensorRecord(
+            name=it.name, dtype=it.info.name, shape=it.shape, codec="dense_values", digest="", changed=it.new.numel()
+        )
+        for it in items
+    ]
     room = prefix_bound(records, len(chunks)) if pinned else 0
     host = host_empty(room + total)
     payload = host[room:]
@@ -275,18 +289,21 @@ def encode(items: list[EncodeItem], chunk_elems: int, pinned: bool, host_empty):
             _wave_tables(wave, lo, buf)
             for i, part in _by_item(wave).items():
                 it, first = items[i], part[0].index
-                src = _bytes_of(it.new)[first * chunk_elems * widths[i]:]
+                src = _bytes_of(it.new)[first * chunk_elems * widths[i] :]
                 planes = [ch.offset - lo + len(ch.table) for ch in part]
                 _transpose(src, buf, planes, it.new.numel() - first * chunk_elems, chunk_elems, widths[i], True)
-            crcs.append(crc32(buf[:hi - lo], [ch.offset - lo for ch in wave], [ch.length for ch in wave]))
-            ring.copy(k, host_t[lo:hi], buf[:hi - lo])
+            crcs.append(crc32(buf[: hi - lo], [ch.offset - lo for ch in wave], [ch.length for ch in wave]))
+            ring.copy(k, host_t[lo:hi], buf[: hi - lo])
         ring.finish()
     # one read-back, behind the copies of every wave (ring.finish): the payload is complete
-    back = torch.cat([sums, *[c.long() & 0xFFFFFFFF for c in crcs]]).cpu().numpy() if sums is not None \
+    back = (
+        torch.cat([sums, *[c.long() & 0xFFFFFFFF for c in crcs]]).cpu().numpy()
+        if sums is not None
         else np.zeros(0, np.int64)
-    for rec, it, s in zip(records, items, back[:len(items)].tolist()):
+    )
+    for rec, it, s in zip(records, items, back[: len(items)].tolist()):
         rec.digest = D.to_hex(D.finish(s & D.MASK64, it.new.numel() * it.info.nbytes))
-    for ch, crc in zip(chunks, back[len(items):].tolist()):
+    for ch, crc in zip(chunks, back[len(items) :].tolist()):
         records[ch.item].chunks.append((ch.offset, ch.length, int(crc)))
     return records, [payload], lambda: None
 
@@ -305,7 +322,7 @@ def _host_bytes(pack) -> torch.Tensor:
 def raw_planes(header, pack, recs) -> bool:
     """Whether every chunk of `recs` (dense_values) holds raw planes of whole chunks: the
     form this module reads on the device (the tables are read from the host's pack)."""
-    data = memoryview(pack)[header.payload_offset:]
+    data = memoryview(pack)[header.payload_offset :]
     for rec in recs:
         for ref in rec.chunks:
             table = _table_of(data, ref)
@@ -318,7 +335,7 @@ def _table_of(data: memoryview, ref) -> list[Group] | None:
     """The groups of a chunk when its streams are raw planes, else None."""
     offset, length = ref[0], ref[1]
     try:
-        groups = read_groups(data[offset:offset + length])
+        groups = read_groups(data[offset : offset + length])
     except PackFormatError:
         return None
     if len(groups) != 1 or any(s.codec != RAW for s in groups[0].streams):
@@ -333,7 +350,7 @@ def stage(lives: dict[str, Live], header, pack, recs: list[TensorRecord], chunk_
     if not recs:
         return {}
     device = lives[recs[0].name].tensor.device
-    data = memoryview(pack)[header.payload_offset:]
+    data = memoryview(pack)[header.payload_offset :]
     numels = [r.numel for r in recs]
     widths = [lives[r.name].info.nbytes for r in recs]
     chunks = _lay_out(numels, widths, chunk_elems)
@@ -342,9 +359,13 @@ def stage(lives: dict[str, Live], header, pack, recs: list[TensorRecord], chunk_
         raise PackFormatError("a dense tensor has the wrong number of chunks")
     for ch, ref in zip(chunks, refs):
         groups = _table_of(data, ref)
-        if groups is None or ref[1] != ch.length or groups[0].count != ch.count or \
-                any(s.raw_len != ch.count or len(s.data) != ch.count for s in groups[0].streams) or \
-                len(groups[0].streams) != widths[ch.item]:
+        if (
+            groups is None
+            or ref[1] != ch.length
+            or groups[0].count != ch.count
+            or any(s.raw_len != ch.count or len(s.data) != ch.count for s in groups[0].streams)
+            or len(groups[0].streams) != widths[ch.item]
+        ):
             raise PackFormatError(f"dense chunk {ch.index} of tensor {recs[ch.item].name!r} does not fit its tensor")
         ch.offset = ref[0]  # where the pack has it (a writer may order chunks otherwise)
     values = [torch.empty(n, dtype=lives[r.name].info.int_torch, device=device) for r, n in zip(recs, numels)]
@@ -352,28 +373,33 @@ def stage(lives: dict[str, Live], header, pack, recs: list[TensorRecord], chunk_
     spans = ChunkSpans.of(header, recs)
     order = sorted(range(len(chunks)), key=lambda j: chunks[j].offset)
     waves = _spans([chunks[j] for j in order])
-    ring = _Inbound(max(w[-1].offset + w[-1].length - w[0].offset for w in waves), device,
-                    pinned_source=memory.pinned(pack) is not None)
+    ring = _Inbound(
+        max(w[-1].offset + w[-1].length - w[0].offset for w in waves),
+        device,
+        pinned_source=memory.pinned(pack) is not None,
+    )
     crcs = []
     for wave in waves:  # a wave of chunks in payload order: one copy, one CRC launch
         lo, hi = wave[0].offset, wave[-1].offset + wave[-1].length
-        buf = ring.fill(src[header.payload_offset + lo:header.payload_offset + hi])
+        buf = ring.fill(src[header.payload_offset + lo : header.payload_offset + hi])
         crcs.append(crc32(buf, [ch.offset - lo for ch in wave], [ch.length for ch in wave]))
         for i, part in _by_item(wave).items():
             for run in _runs(part):
                 first = run[0].index
-                dst = _bytes_of(values[i])[first * chunk_elems * widths[i]:]
+                dst = _bytes_of(values[i])[first * chunk_elems * widths[i] :]
                 planes = [ch.offset - lo + len(ch.table) for ch in run]
                 _transpose(dst, buf, planes, numels[i] - first * chunk_elems, chunk_elems, widths[i], False)
         ring.release()
     sums = word_sums(values)
     back = torch.cat([sums, *[c.long() & 0xFFFFFFFF for c in crcs]]).cpu().numpy()
     got = np.empty(len(chunks), np.int64)
-    got[order] = back[len(recs):]
+    got[order] = back[len(recs) :]
     spans.compare(got)
-    for r, v, s in zip(recs, values, back[:len(recs)].tolist()):
+    for r, v, s in zip(recs, values, back[: len(recs)].tolist()):
         nbytes = v.numel() * v.element_size()
         if D.to_hex(D.finish(s & D.MASK64, nbytes)) != r.digest:
-            raise DigestMismatchError(f"tensor {r.name!r}: the snapshot's weights do not have the digest it "
-                                      f"promises ({r.digest}); the pack is corrupt or was encoded from other weights")
+            raise DigestMismatchError(
+                f"tensor {r.name!r}: the snapshot's weights do not have the digest it "
+                f"promises ({r.digest}); the pack is corrupt or was encoded from other weights"
+            )
     return {r.name: [(0, v)] for r, v in zip(recs, values)}

@@ -29,15 +29,16 @@ def _lay_out(coded, room_at, coded_len, ev_cnt, res_cnt, inverted, n_groups, ncp
     for c in range(n_groups.size):
         offsets[c] = at
         s = c * ncp
-        at = write_table(out, at, n_groups[c], ev_cnt[s:s + ncp], res_cnt[s:s + ncp], inverted[s:s + ncp])
-        out[at:at + coded_len[c]] = coded[room_at[c]:room_at[c] + coded_len[c]]
+        at = write_table(out, at, n_groups[c], ev_cnt[s : s + ncp], res_cnt[s : s + ncp], inverted[s : s + ncp])
+        out[at : at + coded_len[c]] = coded[room_at[c] : room_at[c] + coded_len[c]]
         at += coded_len[c]
         lengths[c] = at - offsets[c]
     return at
 
 
-def encode(ev: sparse.Events, cfg=None, level: int = 0, threads: int | None = None,
-           room: int | None = None) -> sparse.Encoded:
+def encode(
+    ev: sparse.Events, cfg=None, level: int = 0, threads: int | None = None, room: int | None = None
+) -> sparse.Encoded:
     """The `sparse_ac` chunks of every tensor of the batch whose events `ev` are, laid out
     on the host (a sparse codec's CUDA encoder: `cfg`, `level`, `threads` and `room` serve
     the stream coding of `sparse` and are not used)."""
@@ -52,8 +53,9 @@ def encode(ev: sparse.Events, cfg=None, level: int = 0, threads: int | None = No
     ev_cnt, res_cnt, inverted = host[0], host[1], host[2] != 0
     per_chunk = (ROOM_EVENT * ev_cnt + ROOM_CHANGE * res_cnt).reshape(n_chunks, ev.ncp).sum(1) + ROOM_BASE
     chunk_room = torch.from_numpy(per_chunk).to(ranks.device)
-    buf, room_at_d, coded_len_d = encode_adaptive.encode(ranks, residuals, seg_ev_cnt, seg_res_cnt, seg_inverted,
-                                                         ev.ncp, seg.bits, chunk_room)
+    buf, room_at_d, coded_len_d = encode_adaptive.encode(
+        ranks, residuals, seg_ev_cnt, seg_res_cnt, seg_inverted, ev.ncp, seg.bits, chunk_room
+    )
     coded_len = coded_len_d.cpu().numpy()
     room_at = room_at_d.cpu().numpy()
     coded = buf.cpu().numpy()
@@ -61,8 +63,19 @@ def encode(ev: sparse.Events, cfg=None, level: int = 0, threads: int | None = No
     out = np.empty(int(coded_len.sum() + table_bound.sum()), np.uint8)
     offsets = np.empty(n_chunks, np.int64)
     lengths = np.empty(n_chunks, np.int64)
-    size = _lay_out(coded, room_at, coded_len, ev_cnt, res_cnt, inverted, ev.n_groups.astype(np.int64), ev.ncp, out,
-                    offsets, lengths)
+    size = _lay_out(
+        coded,
+        room_at,
+        coded_len,
+        ev_cnt,
+        res_cnt,
+        inverted,
+        ev.n_groups.astype(np.int64),
+        ev.ncp,
+        out,
+        offsets,
+        lengths,
+    )
     data = out[:size]
     crcs = np.array(crc32_ranges(data, offsets, lengths, os.cpu_count() or 1), np.int64)
     return sparse.Encoded(Payload(data, offsets, lengths, crcs, None, None), ev.first_chunk)

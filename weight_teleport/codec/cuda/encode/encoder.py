@@ -47,11 +47,12 @@ def _host_item(it: EncodeItem) -> EncodeItem:
 
 def _on_cpu(items: list[EncodeItem], chunk_elems: int, level: int, threads, codec: str):
     """(records, per-record chunk lists) through the CPU backend (sparse records of `codec`)."""
-    records, chunks, _, _ = registry.backend("cpu").encode([_host_item(it) for it in items], chunk_elems, level,
-                                                           threads, codec=codec)
+    records, chunks, _, _ = registry.backend("cpu").encode(
+        [_host_item(it) for it in items], chunk_elems, level, threads, codec=codec
+    )
     parts, at = [], 0
     for rec in records:
-        parts.append(chunks[at:at + len(rec.chunks)])
+        parts.append(chunks[at : at + len(rec.chunks)])
         at += len(rec.chunks)
         rec.chunks = []
     return records, parts
@@ -65,6 +66,7 @@ def _by_type(items: list[EncodeItem], which) -> list[list[int]]:
 @dataclass
 class _Scan:
     """The scan of one element type's items (those with elements)."""
+
     items: list[int]
     rows: np.ndarray
     """[items, 2 * n_keys + 2] int64: per item its key counts, changed key counts, old and new
@@ -101,6 +103,7 @@ def _waves(numel: np.ndarray) -> list[list[int]]:
 class _Launched:
     """The scans of a wave's items, per element type, queued on the device with the copy of
     their rows to the host."""
+
     groups: list
     """(item indices, scan.Scanned, each item's first program then the programs) per type."""
     rows: np.ndarray | None
@@ -119,8 +122,9 @@ def _launch_scan(items: list[EncodeItem], which: list[int], chunk_elems: int) ->
         info = items[g[0]].info
         table = chunk_table.build_cached(olds, chunk_elems, SPAN, info, _cuts([items[i] for i in g]))
         done = scan(table, chunk_table.pair(news, table, info), info, any(items[i].chunk_digests for i in g))
-        per = np.bincount(table.host[:, chunk_table.TENSOR], -(-table.host[:, chunk_table.LEN] // SPAN),
-                          len(g)).astype(np.int64)
+        per = np.bincount(table.host[:, chunk_table.TENSOR], -(-table.host[:, chunk_table.LEN] // SPAN), len(g)).astype(
+            np.int64
+        )
         groups.append((g, done, np.concatenate([[0], np.cumsum(per)]), table.host))
     if not groups:
         return _Launched(groups, None, None)
@@ -141,11 +145,11 @@ def _scans(w: _Launched) -> list[_Scan]:
     copied = cast(np.ndarray, w.rows)  # set wherever there are groups
     for g, done, first, table in w.groups:
         n = done.rows.numel()
-        scan = _Scan(g, copied[at:at + n].reshape(done.rows.shape), done.hist, first)
+        scan = _Scan(g, copied[at : at + n].reshape(done.rows.shape), done.hist, first)
         at += n
         if done.chunk_sums is not None:
             n = done.chunk_sums.numel()
-            rows = np.concatenate([table[:, chunk_table.LEN, None], copied[at:at + n].reshape(-1, 2)], 1)
+            rows = np.concatenate([table[:, chunk_table.LEN, None], copied[at : at + n].reshape(-1, 2)], 1)
             # a tensor's chunks are consecutive rows of the table
             bounds = np.searchsorted(table[:, chunk_table.TENSOR], np.arange(len(g) + 1))
             scan.chunks = {i: rows[a:b] for i, a, b in zip(g, bounds[:-1], bounds[1:])}
@@ -176,26 +180,32 @@ def _plans(scans: list[_Scan], changed: np.ndarray, codec: str) -> list[PlanTabl
     plans = []
     for s in scans:
         nk = (s.rows.shape[1] - 2) // 2
-        changed[s.items] = s.rows[:, nk:2 * nk].sum(1)
-        plans.append(plan_table(s.rows[:, :nk], s.rows[:, nk:2 * nk], codec))
+        changed[s.items] = s.rows[:, nk : 2 * nk].sum(1)
+        plans.append(plan_table(s.rows[:, :nk], s.rows[:, nk : 2 * nk], codec))
     return plans
 
 
-def _record(it: EncodeItem, s_old: int, s_new: int, changed: int, plan, codec: str = registry.DEFAULT
-            ) -> TensorRecord:
+def _record(it: EncodeItem, s_old: int, s_new: int, changed: int, plan, codec: str = registry.DEFAULT) -> TensorRecord:
     """An item's record (without chunks) as the CPU backend makes it, from its old and new
     digest word sums and its class plan (None: unchanged); `codec`: its sparse codec."""
     nbytes = it.new.numel() * it.info.nbytes
-    rec = TensorRecord(name=it.name, dtype=it.info.name, shape=it.shape, codec=registry.SAME,
-                       digest=D.to_hex(D.finish(s_new & D.MASK64, nbytes)),
-                       base_digest=D.to_hex(D.finish(s_old & D.MASK64, nbytes)), changed=changed)
+    rec = TensorRecord(
+        name=it.name,
+        dtype=it.info.name,
+        shape=it.shape,
+        codec=registry.SAME,
+        digest=D.to_hex(D.finish(s_new & D.MASK64, nbytes)),
+        base_digest=D.to_hex(D.finish(s_old & D.MASK64, nbytes)),
+        changed=changed,
+    )
     if changed:
         rec.codec, rec.classes, rec.inverted = codec, plan.runs, np.flatnonzero(plan.inverted).tolist()
     return rec
 
 
-def _records(items: list[EncodeItem], scans: list[_Scan], plans: list[PlanTable], changed: np.ndarray,
-             out: list, codec: str) -> None:
+def _records(
+    items: list[EncodeItem], scans: list[_Scan], plans: list[PlanTable], changed: np.ndarray, out: list, codec: str
+) -> None:
     """The records of the scans' items into `out`, but where `out` has one already (the CPU
     backend's, of a dense tensor)."""
     for s, p in zip(scans, plans):
@@ -218,8 +228,15 @@ def _add_chunk_digests(rec: TensorRecord, it: EncodeItem, chunks: np.ndarray) ->
         rec.cuts = list(it.cuts)
 
 
-def encode(items: list[EncodeItem], chunk_elems: int, level: int, threads: int | None,
-           config: CudaCodecConfig = DEFAULT_CONFIG, pinned: bool = False, codec: str = registry.DEFAULT):
+def encode(
+    items: list[EncodeItem],
+    chunk_elems: int,
+    level: int,
+    threads: int | None,
+    config: CudaCodecConfig = DEFAULT_CONFIG,
+    pinned: bool = False,
+    codec: str = registry.DEFAULT,
+):
     """Records (chunk offsets into the concatenation of the returned parts), the payload as
     bytes-like parts (valid until this thread's next encode call) and `ready()`, which waits
     for the parts' copies from the device: call it before reading them (the pack's header
@@ -257,8 +274,13 @@ def encode(items: list[EncodeItem], chunk_elems: int, level: int, threads: int |
             if not len(j):
                 continue
             g = [s.items[k] for k in j.tolist()]
-            b = sparse.Batch([items[i] for i in g], p if len(j) == len(p) else p.take(j),
-                                   int(p.events[j].sum()), int(changed[g].sum()), _batch_hist(s, j))
+            b = sparse.Batch(
+                [items[i] for i in g],
+                p if len(j) == len(p) else p.take(j),
+                int(p.events[j].sum()),
+                int(changed[g].sum()),
+                _batch_hist(s, j),
+            )
             by_type.setdefault(items[g[0]].info.name, []).append((g, sparse.events(b, chunk_elems)))
         _records(items, scans, plans, changed, records, codec)  # while the device works on the events
     for i in np.flatnonzero(numel == 0).tolist():
@@ -267,8 +289,9 @@ def encode(items: list[EncodeItem], chunk_elems: int, level: int, threads: int |
     for waves in by_type.values():  # the sparse items of one element type
         g = [i for g, _ in waves for i in g]
         ev = sparse.merge([ev for _, ev in waves])
-        room = prefix_bound(records, int(ev.first_chunk[-1])) if pinned and len(by_type) == 1 and not cpu_coded \
-            else None
+        room = (
+            prefix_bound(records, int(ev.first_chunk[-1])) if pinned and len(by_type) == 1 and not cpu_coded else None
+        )
         done = chunks_of(ev, config, level, threads or os.cpu_count() or 1, room)
         if done.room is not None:
             in_room = done.payload.data
@@ -280,6 +303,7 @@ def encode(items: list[EncodeItem], chunk_elems: int, level: int, threads: int |
     def ready() -> None:
         for copied in copies:
             memory.wait(copied)
+
     return records, parts if in_room is None else [in_room], ready
 
 
@@ -289,6 +313,7 @@ class _Part:
     payload and length (lists: a header holds thousands of chunk references, a few per
     tensor, where numpy's cost per call outweighs its speed); their CRCs are the payload's from
     chunk `first` on, which may still be on their way."""
+
     view: memoryview
     start: int
     """The offset of the first chunk in the payload."""
@@ -303,7 +328,7 @@ def _tensor_parts(done: sparse.Encoded, n: int) -> list[_Part]:
     p = done.payload
     offsets, lengths = p.offsets.tolist(), p.lengths.tolist()
     data, out = memoryview(p.data), []  # type: ignore[arg-type]  # an ndarray is a buffer; its stubs say so from 3.12 only
-    for a, b in zip(done.first_chunk[:n].tolist(), done.first_chunk[1:n + 1].tolist()):
+    for a, b in zip(done.first_chunk[:n].tolist(), done.first_chunk[1 : n + 1].tolist()):
         start = offsets[a] if b > a else 0
         stop = offsets[b - 1] + lengths[b - 1] if b > a else 0
         out.append(_Part(data[start:stop], start, offsets[a:b], lengths[a:b], p, a))
@@ -316,7 +341,7 @@ def _lay_out(records: list[TensorRecord], parts: list):
     for rec, ps in zip(records, parts):
         if isinstance(ps, _Part):
             shift = offset - ps.start
-            crcs = ps.payload.crc_list[ps.first:ps.first + len(ps.offsets)]
+            crcs = ps.payload.crc_list[ps.first : ps.first + len(ps.offsets)]
             # plain tuples, made by zip: ChunkRef's constructor is Python and much slower,
             # and the header writes both the same
             rec.chunks = list(zip([o + shift for o in ps.offsets], ps.lengths, crcs))

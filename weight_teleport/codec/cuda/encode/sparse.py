@@ -11,8 +11,14 @@ import numpy as np
 import torch
 
 from weight_teleport.codec.cuda.encode import sparse_chunks
-from weight_teleport.codec.cuda.kernels import (chunk_table, class_ranks, encode_events, encode_scan, encode_symbols,
-                                                warp)
+from weight_teleport.codec.cuda.kernels import (
+    chunk_table,
+    class_ranks,
+    encode_events,
+    encode_scan,
+    encode_symbols,
+    warp,
+)
 from weight_teleport.codec.cuda.runtime import memory
 from weight_teleport.codec.cuda.config import CudaCodecConfig
 from weight_teleport.codec.items import EncodeItem
@@ -22,6 +28,7 @@ from weight_teleport.codec.plan import PlanTable
 @dataclass
 class Batch:
     """The tensors of one batch, their class plans and their event and change totals."""
+
     items: list[EncodeItem]
     plans: PlanTable
     n_events: int
@@ -34,6 +41,7 @@ class Batch:
 class Encoded:
     """A batch's chunks on the host, tensor after tensor (what every sparse codec's CUDA
     encoder returns)."""
+
     payload: sparse_chunks.Payload
     first_chunk: np.ndarray
     """Index of each tensor's first chunk, then the number of chunks."""
@@ -52,6 +60,7 @@ def _class_tables(plans: PlanTable, dev) -> tuple[torch.Tensor, torch.Tensor, np
 @dataclass
 class Events:
     """A batch's events and residuals, launched on the device and not yet waited for."""
+
     ranks: list[torch.Tensor]
     residuals: list[torch.Tensor]
     """The ranks and residuals of each piece of the segments (one: `merge` makes more)."""
@@ -72,8 +81,9 @@ def events(b: Batch, chunk_elems: int) -> Events:
     luts, inv, k, ncp = _class_tables(b.plans, dev)
     fast = warp.available(olds[0])  # the scan's blocks, their class counts from its histograms
     cuts = [it.cuts for it in b.items]
-    table = chunk_table.build_cached(olds, chunk_elems, encode_scan.SPAN if fast else class_ranks.BLOCK, info,
-                                     cuts if any(cuts) else None)
+    table = chunk_table.build_cached(
+        olds, chunk_elems, encode_scan.SPAN if fast else class_ranks.BLOCK, info, cuts if any(cuts) else None
+    )
     new = chunk_table.pair([it.new for it in b.items], table, info)
     if fast:
         counts, evc = warp.hist_counts(b.hist, table, luts, inv, info, ncp)
@@ -84,11 +94,29 @@ def events(b: Batch, chunk_elems: int) -> Events:
     inv_rows = inv[table.rows[:, chunk_table.TENSOR]] != 0
     chg = torch.where(inv_rows, tot - ev, ev).view(-1)
     ev = ev.view(-1)
-    rk, res = encode_events.events(table, new, luts, inv, rbase, ebase, memory.starts(ev), memory.starts(chg),
-                                   b.n_events, b.n_changed, int(k.max()), info)
+    rk, res = encode_events.events(
+        table,
+        new,
+        luts,
+        inv,
+        rbase,
+        ebase,
+        memory.starts(ev),
+        memory.starts(chg),
+        b.n_events,
+        b.n_changed,
+        int(k.max()),
+        info,
+    )
     n_chunks = np.bincount(table.host[:, chunk_table.TENSOR], minlength=len(b.items)).astype(np.int64)
-    return Events([rk], [res], encode_symbols.Segments(ev, chg, inv_rows.view(-1), info.bits), ncp,
-                  k[table.host[:, chunk_table.TENSOR]], np.concatenate([[0], np.cumsum(n_chunks)]))
+    return Events(
+        [rk],
+        [res],
+        encode_symbols.Segments(ev, chg, inv_rows.view(-1), info.bits),
+        ncp,
+        k[table.host[:, chunk_table.TENSOR]],
+        np.concatenate([[0], np.cumsum(n_chunks)]),
+    )
 
 
 def merge(parts: list[Events]) -> Events:
@@ -106,13 +134,26 @@ def merge(parts: list[Events]) -> Events:
             t = getattr(e.segments, which).view(-1, e.ncp)
             out.append(torch.cat([t, t.new_zeros((t.shape[0], ncp - e.ncp))], 1) if e.ncp < ncp else t)
         return torch.cat(out).view(-1)
+
     starts = memory.starts(np.array([e.first_chunk[-1] for e in parts]))
-    first = np.concatenate([*(e.first_chunk[:-1] + at for e, at in zip(parts, starts)),
-                            [starts[-1] + parts[-1].first_chunk[-1]]])
-    segments = encode_symbols.Segments(padded("ev_cnt"), padded("res_cnt"), padded("inverted"), parts[0].segments.bits,
-                                tuple(int(e.first_chunk[-1]) * ncp for e in parts))
-    return Events([r for e in parts for r in e.ranks], [x for e in parts for x in e.residuals], segments, ncp,
-                  np.concatenate([e.n_groups for e in parts]), first)
+    first = np.concatenate(
+        [*(e.first_chunk[:-1] + at for e, at in zip(parts, starts)), [starts[-1] + parts[-1].first_chunk[-1]]]
+    )
+    segments = encode_symbols.Segments(
+        padded("ev_cnt"),
+        padded("res_cnt"),
+        padded("inverted"),
+        parts[0].segments.bits,
+        tuple(int(e.first_chunk[-1]) * ncp for e in parts),
+    )
+    return Events(
+        [r for e in parts for r in e.ranks],
+        [x for e in parts for x in e.residuals],
+        segments,
+        ncp,
+        np.concatenate([e.n_groups for e in parts]),
+        first,
+    )
 
 
 def encode(ev: Events, cfg: CudaCodecConfig, level: int, threads: int, room: int | None = None) -> Encoded:

@@ -32,6 +32,7 @@ CODEC_ID = nvcomp.CODEC_ID
 class Coded:
     """Every stream's stored form, as [segments, 4] int64 device tensors like the symbol
     streams' lengths."""
+
     codec: torch.Tensor
     """Stream codec ids."""
     stored: torch.Tensor
@@ -75,7 +76,7 @@ def _code_nvcomp(algorithm: str, st: encode_symbols.SymbolStreams) -> Coded:
     out, out_off, pending = nvcomp.compress(algorithm, st.buffer, off, ln)
     sizes, statuses = pending.host()
     host = torch.cat([sizes, statuses.long()]).cpu().numpy()
-    sizes, statuses = pending.unpermute(host[:ln.size]), pending.unpermute(host[ln.size:])
+    sizes, statuses = pending.unpermute(host[: ln.size]), pending.unpermute(host[ln.size :])
     if (statuses != 0).any():
         raise RuntimeError(f"nvCOMP {algorithm} failed on {int((statuses != 0).sum())} streams")
     smaller = sizes < ln
@@ -86,7 +87,7 @@ def _code_cpu(level: int, st: encode_symbols.SymbolStreams, threads: int) -> Cod
     todo, off, ln = _to_code(st)
     raw_host = st.buffer.cpu().numpy()
     with ThreadPoolExecutor(max_workers=threads) as pool:
-        out = list(pool.map(lambda a: codecs.encode_stream(raw_host[a[0]:a[0] + a[1]], level), zip(off, ln)))
+        out = list(pool.map(lambda a: codecs.encode_stream(raw_host[a[0] : a[0] + a[1]], level), zip(off, ln)))
     smaller = np.array([cid == codecs.ZSTD for cid, _ in out], bool)
     data = [d for (cid, d), s in zip(out, smaller) if s]
     sizes = np.array([len(d) for d in data], np.int64)
@@ -155,17 +156,18 @@ def _to_host(t: torch.Tensor, room: int | None = None) -> tuple[np.ndarray, torc
             _staging.buffers[i] = torch.empty(max(t.numel(), 1 << 20), dtype=torch.uint8, pin_memory=t.is_cuda)
         _staging.used += 1
         host = _staging.buffers[i]
-    host[at:at + t.numel()].copy_(t, non_blocking=True)
+    host[at : at + t.numel()].copy_(t, non_blocking=True)
     copied = None
     if t.is_cuda:
         copied = torch.cuda.Event()
         copied.record()
-    return host.numpy()[at:at + t.numel()], copied
+    return host.numpy()[at : at + t.numel()], copied
 
 
 @dataclass
 class Payload:
     """The chunks of a batch back to back, on the host."""
+
     data: np.ndarray
     """uint8 bytes of every chunk."""
     offsets: np.ndarray
@@ -223,8 +225,9 @@ def assemble(st: encode_symbols.SymbolStreams, coded: Coded, n_groups: np.ndarra
     return Payload(data, memory.starts(host_lengths), host_lengths, crcs, copied, crcs_known)
 
 
-def _side_crcs(out: torch.Tensor, offsets: torch.Tensor, lengths: torch.Tensor,
-               bounds: np.ndarray) -> tuple[np.ndarray, torch.cuda.Event | None]:
+def _side_crcs(
+    out: torch.Tensor, offsets: torch.Tensor, lengths: torch.Tensor, bounds: np.ndarray
+) -> tuple[np.ndarray, torch.cuda.Event | None]:
     """The chunks' CRC-32s (int32 patterns) as `memory.to_pinned` gives them, computed on the CRC
     stream, which waits for the payload's kernels queued so far: they run beside the
     payload's copy to the host, queued next on the caller's stream."""

@@ -52,14 +52,15 @@ class ChunkTable:
         atomic per row and column, and with millions of programs over a few hundred tensors
         its adds serialise on a few addresses."""
         assert not rows.dtype.is_floating_point
-        flat = rows[:self.programs].reshape(self.programs, -1).contiguous()
+        flat = rows[: self.programs].reshape(self.programs, -1).contiguous()
         k = flat.shape[1]
         out = torch.zeros((self.tensors, k), dtype=torch.int64, device=rows.device)
         if self.programs and k:
             kb = min(64, triton.next_power_of_2(k))
             g = max(16, 4096 // kb)
             _per_tensor_kernel[(triton.cdiv(self.programs, g), triton.cdiv(k, kb))](
-                flat, self.program_tensor, out, self.programs, k, G=g, KB=kb)
+                flat, self.program_tensor, out, self.programs, k, G=g, KB=kb
+            )
         return out.view(self.tensors, *rows.shape[1:])
 
 
@@ -111,8 +112,7 @@ def _elements_from_base(flats: list[torch.Tensor]) -> tuple[np.ndarray, int]:
     return (ptrs - ptrs[base]) // size, base
 
 
-def build(flats: list[torch.Tensor], chunk_elems: int, block: int, info=None, cuts=None,
-          origins=None) -> ChunkTable:
+def build(flats: list[torch.Tensor], chunk_elems: int, block: int, info=None, cuts=None, origins=None) -> ChunkTable:
     """The chunk table of the contiguous tensors `flats` (one element size, one device), of
     which only pointers and sizes are read; its base is the lowest-addressed one as given,
     or its flat bit patterns of element type `info` (a DtypeInfo) when given. `cuts`: per
@@ -127,10 +127,12 @@ def build(flats: list[torch.Tensor], chunk_elems: int, block: int, info=None, cu
     rows = np.stack([elem[tensor] + start, length, at, tensor, memory.starts(progs)], axis=1).astype(np.int64)
     dev = flats[0].device
     rows_d, progs_d = memory.to_device([rows, progs], dev)
-    prog_chunk = torch.repeat_interleave(torch.arange(rows.shape[0], dtype=torch.int32, device=dev), progs_d,
-                                         output_size=int(progs.sum()))
-    return ChunkTable(_base(flats[base], info), rows_d, rows, prog_chunk, rows_d[prog_chunk.long(), TENSOR], block,
-                      len(flats))
+    prog_chunk = torch.repeat_interleave(
+        torch.arange(rows.shape[0], dtype=torch.int32, device=dev), progs_d, output_size=int(progs.sum())
+    )
+    return ChunkTable(
+        _base(flats[base], info), rows_d, rows, prog_chunk, rows_d[prog_chunk.long(), TENSOR], block, len(flats)
+    )
 
 
 CACHED = 8
@@ -140,17 +142,24 @@ a block (about 3 MB per GB of bf16 weights at 2048-element blocks), so the cache
 _cached: dict = {}
 
 
-def build_cached(flats: list[torch.Tensor], chunk_elems: int, block: int, info=None, cuts=None,
-                 origins=None) -> ChunkTable:
+def build_cached(
+    flats: list[torch.Tensor], chunk_elems: int, block: int, info=None, cuts=None, origins=None
+) -> ChunkTable:
     """`build`, reusing a table built before for the same pointers and sizes (a sampler
     stages every version onto the same weights, a trainer keeps its published weights in
     the same memory), of which a table reads nothing else; only its base is made anew.
     The stage's host path before the decompression's launch is its first link, and building
     a table is a millisecond-scale part of it for a large state."""
-    key = (flats[0].device, flats[0].dtype, chunk_elems, block, None if info is None else info.name,
-           tuple((t.data_ptr(), t.numel()) for t in flats),
-           None if cuts is None or not any(cuts) else tuple(tuple(c) if c else None for c in cuts),
-           None if origins is None or not any(origins) else tuple(origins))
+    key = (
+        flats[0].device,
+        flats[0].dtype,
+        chunk_elems,
+        block,
+        None if info is None else info.name,
+        tuple((t.data_ptr(), t.numel()) for t in flats),
+        None if cuts is None or not any(cuts) else tuple(tuple(c) if c else None for c in cuts),
+        None if origins is None or not any(origins) else tuple(origins),
+    )
     if key not in _cached:
         if len(_cached) >= CACHED:
             _cached.clear()
@@ -170,6 +179,7 @@ def _base(tensor: torch.Tensor, info) -> torch.Tensor:
 class Paired:
     """Tensors of the same shapes as a chunk table's (the new weights beside the old), read
     through the table's rows with their own chunk offsets."""
+
     base: torch.Tensor
     """Flat tensor at the lowest address among them."""
     offsets: torch.Tensor

@@ -111,10 +111,25 @@ def class_counts(cls, flag, NCP: tl.constexpr):
 
 
 @triton.jit
-def _table_counts_kernel(base_ptr, rows_ptr, prog_ptr, lut_ptr, counts_ptr, new_ptr, new_off_ptr, inv_ptr,
-                         events_ptr, NK: tl.constexpr, MANT: tl.constexpr, KMASK: tl.constexpr,
-                         BITS: tl.constexpr, NCP: tl.constexpr,
-                         HAS_NEW: tl.constexpr, BLOCK: tl.constexpr, ROW: tl.constexpr):
+def _table_counts_kernel(
+    base_ptr,
+    rows_ptr,
+    prog_ptr,
+    lut_ptr,
+    counts_ptr,
+    new_ptr,
+    new_off_ptr,
+    inv_ptr,
+    events_ptr,
+    NK: tl.constexpr,
+    MANT: tl.constexpr,
+    KMASK: tl.constexpr,
+    BITS: tl.constexpr,
+    NCP: tl.constexpr,
+    HAS_NEW: tl.constexpr,
+    BLOCK: tl.constexpr,
+    ROW: tl.constexpr,
+):
     pid = tl.program_id(0).to(tl.int64)
     k, t, off, start, length, first = table_block(pid, rows_ptr, prog_ptr, BLOCK)
     offs, valid = grid(first, length, BLOCK, ROW)
@@ -135,8 +150,15 @@ def stage_block(tensor: torch.Tensor) -> int:
     return WARP_BLOCK if warp.available(tensor) else BLOCK
 
 
-def table_counts(table: chunk_table.ChunkTable, luts: torch.Tensor, info, ncp: int, n_classes: int,
-                 new: chunk_table.Paired | None = None, inverted: torch.Tensor | None = None):
+def table_counts(
+    table: chunk_table.ChunkTable,
+    luts: torch.Tensor,
+    info,
+    ncp: int,
+    n_classes: int,
+    new: chunk_table.Paired | None = None,
+    inverted: torch.Tensor | None = None,
+):
     """[programs, ncp] int32 counts of each class's elements per block of a chunk table's
     tensors; `luts` [tensors, keys] uint8 are their class maps (at most `n_classes` classes).
     Returned with:
@@ -164,16 +186,31 @@ def table_counts(table: chunk_table.ChunkTable, luts: torch.Tensor, info, ncp: i
         events = torch.empty_like(counts)
     if fast:
         old_sums = torch.empty(table.programs, dtype=torch.int64, device=table.base.device)
-        warp.launch("class_counts", table, info, [table.base, table.rows, table.program_chunk, luts, counts, old_sums],
-                    NCP=ncp)
+        warp.launch(
+            "class_counts", table, info, [table.base, table.rows, table.program_chunk, luts, counts, old_sums], NCP=ncp
+        )
         return counts, old_sums
     if table.programs:
         _table_counts_kernel[(table.programs,)](
-            table.base, table.rows, table.program_chunk, luts, counts,
-            table.base if new is None else new.base, table.rows if new is None else new.offsets,
-            luts if inverted is None else inverted, events, NK=nk, MANT=info.mantissa_bits,
-            KMASK=nk - 1, BITS=info.bits, NCP=ncp, HAS_NEW=new is not None,
-            BLOCK=BLOCK, ROW=COUNT_ROW, num_warps=NUM_WARPS)
+            table.base,
+            table.rows,
+            table.program_chunk,
+            luts,
+            counts,
+            table.base if new is None else new.base,
+            table.rows if new is None else new.offsets,
+            luts if inverted is None else inverted,
+            events,
+            NK=nk,
+            MANT=info.mantissa_bits,
+            KMASK=nk - 1,
+            BITS=info.bits,
+            NCP=ncp,
+            HAS_NEW=new is not None,
+            BLOCK=BLOCK,
+            ROW=COUNT_ROW,
+            num_warps=NUM_WARPS,
+        )
     return counts, (None if new is None else events)
 
 

@@ -90,8 +90,17 @@ def _xor(a, b):
 
 
 @triton.jit
-def _crc_kernel(data_ptr, tables_ptr, progs_ptr, ranges_ptr, out_ptr, SHIFT_BITS: tl.constexpr, PIECE: tl.constexpr,
-                PIECE_BITS: tl.constexpr, LANES: tl.constexpr):
+def _crc_kernel(
+    data_ptr,
+    tables_ptr,
+    progs_ptr,
+    ranges_ptr,
+    out_ptr,
+    SHIFT_BITS: tl.constexpr,
+    PIECE: tl.constexpr,
+    PIECE_BITS: tl.constexpr,
+    LANES: tl.constexpr,
+):
     pid = tl.program_id(0).to(tl.int64)
     r, first = tl.load(progs_ptr + pid * 2), tl.load(progs_ptr + pid * 2 + 1)
     start, length = tl.load(ranges_ptr + r * 2), tl.load(ranges_ptr + r * 2 + 1)
@@ -141,10 +150,24 @@ def crc32(data: torch.Tensor, offsets, lengths, bounds: np.ndarray | None = None
     else:
         progs = memory.upload(host_progs, data.device)
     if fast:
-        _module().launch("crc_ranges", owner.size, LANES, [data, _device_tables(data.device, True), progs, ranges, out,
-                                                           owner.size], data.device)
+        _module().launch(
+            "crc_ranges",
+            owner.size,
+            LANES,
+            [data, _device_tables(data.device, True), progs, ranges, out, owner.size],
+            data.device,
+        )
         return out
     shift_bits = max(1, int(pieces.max() - 1).bit_length())
-    _crc_kernel[(owner.size,)](data, _device_tables(data.device), progs, ranges, out, SHIFT_BITS=shift_bits, PIECE=PIECE,
-                               PIECE_BITS=PIECE_BITS, LANES=LANES)
+    _crc_kernel[(owner.size,)](
+        data,
+        _device_tables(data.device),
+        progs,
+        ranges,
+        out,
+        SHIFT_BITS=shift_bits,
+        PIECE=PIECE,
+        PIECE_BITS=PIECE_BITS,
+        LANES=LANES,
+    )
     return out

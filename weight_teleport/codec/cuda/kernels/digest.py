@@ -44,7 +44,7 @@ def _words(tensor: torch.Tensor) -> torch.Tensor:
     if u8.data_ptr() % 8 == 0 and u8.numel() % 8 == 0:
         return u8.view(torch.int64)
     padded = torch.zeros(-(-u8.numel() // 8) * 8, dtype=torch.uint8, device=u8.device)
-    padded[:u8.numel()] = u8
+    padded[: u8.numel()] = u8
     return padded.view(torch.int64)
 
 
@@ -58,8 +58,7 @@ def word_sums(tensors: list[torch.Tensor]) -> torch.Tensor:
     words = [_words(tensors[i]) for i in keep]  # alive until the launch: the table holds addresses
     table = chunk_table.build(words, 1 << 62, BLOCK * TILES)
     partial = torch.empty(table.programs, dtype=torch.int64, device=out.device)
-    _digest_kernel[(table.programs,)](table.base, table.rows, table.program_chunk, partial, BLOCK=BLOCK,
-                                      TILES=TILES)
+    _digest_kernel[(table.programs,)](table.base, table.rows, table.program_chunk, partial, BLOCK=BLOCK, TILES=TILES)
     per = table.per_tensor(partial)
     if len(keep) == len(tensors):
         return per

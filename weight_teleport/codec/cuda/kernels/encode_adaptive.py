@@ -14,8 +14,17 @@ import triton
 import triton.language as tl
 
 from weight_teleport.codec.cuda.kernels.encode_symbols import _residual, _zigzag, segment
-from weight_teleport.codec.cuda.kernels.stage_adaptive import (GAP_MANT0, GAP_MANT_TOP, RES_LEN0, RES_LEN_TOP,
-                                                               RES_MANT0, TOP, adapted, fresh_contexts, probability)
+from weight_teleport.codec.cuda.kernels.stage_adaptive import (
+    GAP_MANT0,
+    GAP_MANT_TOP,
+    RES_LEN0,
+    RES_LEN_TOP,
+    RES_MANT0,
+    TOP,
+    adapted,
+    fresh_contexts,
+    probability,
+)
 from weight_teleport.codec.cuda.runtime import memory
 
 
@@ -86,20 +95,24 @@ def _gap(out_ptr, room, ctx, gap, low, rng, cache, pending, n, first, last):
     node = tl.full((), 1, tl.int64)
     for k in tl.static_range(4, -1, -1):
         b = (nb >> k) & 1
-        ctx, low, rng, cache, pending, n, first, last = _bit(out_ptr, room, ctx, node, b, low, rng, cache, pending,
-                                                             n, first, last)
+        ctx, low, rng, cache, pending, n, first, last = _bit(
+            out_ptr, room, ctx, node, b, low, rng, cache, pending, n, first, last
+        )
         node = 2 * node + b
     if nb >= 1:
         base = GAP_MANT0 + 4 * tl.minimum(nb, GAP_MANT_TOP)
         b1 = (v >> (nb - 1)) & 1
-        ctx, low, rng, cache, pending, n, first, last = _bit(out_ptr, room, ctx, base, b1, low, rng, cache, pending,
-                                                             n, first, last)
+        ctx, low, rng, cache, pending, n, first, last = _bit(
+            out_ptr, room, ctx, base, b1, low, rng, cache, pending, n, first, last
+        )
         if nb >= 2:
             b2 = (v >> (nb - 2)) & 1
-            ctx, low, rng, cache, pending, n, first, last = _bit(out_ptr, room, ctx, base + 1 + b1, b2, low, rng,
-                                                                 cache, pending, n, first, last)
-            low, rng, cache, pending, n, first, last = _direct(out_ptr, room, v, nb - 2, low, rng, cache, pending,
-                                                               n, first, last)
+            ctx, low, rng, cache, pending, n, first, last = _bit(
+                out_ptr, room, ctx, base + 1 + b1, b2, low, rng, cache, pending, n, first, last
+            )
+            low, rng, cache, pending, n, first, last = _direct(
+                out_ptr, room, v, nb - 2, low, rng, cache, pending, n, first, last
+            )
     return ctx, low, rng, cache, pending, n, first, last
 
 
@@ -113,25 +126,52 @@ def _zz(out_ptr, room, ctx, z, low, rng, cache, pending, n, first, last):
     k = length * 0
     one = tl.full((), 1, tl.int64)
     while k < length:
-        ctx, low, rng, cache, pending, n, first, last = _bit(out_ptr, room, ctx, RES_LEN0 + tl.minimum(k, RES_LEN_TOP),
-                                                             one, low, rng, cache, pending, n, first, last)
+        ctx, low, rng, cache, pending, n, first, last = _bit(
+            out_ptr, room, ctx, RES_LEN0 + tl.minimum(k, RES_LEN_TOP), one, low, rng, cache, pending, n, first, last
+        )
         k += 1
     if length < 64:
-        ctx, low, rng, cache, pending, n, first, last = _bit(out_ptr, room, ctx,
-                                                             RES_LEN0 + tl.minimum(length, RES_LEN_TOP), one * 0,
-                                                             low, rng, cache, pending, n, first, last)
+        ctx, low, rng, cache, pending, n, first, last = _bit(
+            out_ptr,
+            room,
+            ctx,
+            RES_LEN0 + tl.minimum(length, RES_LEN_TOP),
+            one * 0,
+            low,
+            rng,
+            cache,
+            pending,
+            n,
+            first,
+            last,
+        )
     if length >= 2:
-        ctx, low, rng, cache, pending, n, first, last = _bit(out_ptr, room, ctx, RES_MANT0 + length,
-                                                             (z >> (length - 2)) & 1, low, rng, cache, pending, n,
-                                                             first, last)
-        low, rng, cache, pending, n, first, last = _direct(out_ptr, room, z, length - 2, low, rng, cache, pending,
-                                                           n, first, last)
+        ctx, low, rng, cache, pending, n, first, last = _bit(
+            out_ptr, room, ctx, RES_MANT0 + length, (z >> (length - 2)) & 1, low, rng, cache, pending, n, first, last
+        )
+        low, rng, cache, pending, n, first, last = _direct(
+            out_ptr, room, z, length - 2, low, rng, cache, pending, n, first, last
+        )
     return ctx, low, rng, cache, pending, n, first, last
 
 
 @triton.jit
-def _chunk_kernel(ranks_ptr, res_ptr, ev_ptr, ev_start_ptr, res_cnt_ptr, res_start_ptr, inv_ptr, out_ptr, room_at_ptr,
-                  room_ptr, len_ptr, need_ptr, NCP: tl.constexpr, BITS: tl.constexpr):
+def _chunk_kernel(
+    ranks_ptr,
+    res_ptr,
+    ev_ptr,
+    ev_start_ptr,
+    res_cnt_ptr,
+    res_start_ptr,
+    inv_ptr,
+    out_ptr,
+    room_at_ptr,
+    room_ptr,
+    len_ptr,
+    need_ptr,
+    NCP: tl.constexpr,
+    BITS: tl.constexpr,
+):
     c = tl.program_id(0).to(tl.int64)
     out = out_ptr + tl.load(room_at_ptr + c)
     room = tl.load(room_ptr + c)
@@ -150,20 +190,23 @@ def _chunk_kernel(ranks_ptr, res_ptr, ev_ptr, ev_start_ptr, res_cnt_ptr, res_sta
         i = tl.zeros((), tl.int64)
         while i < n_ev:
             rank = tl.load(ranks_ptr + e0 + i).to(tl.int64)
-            ctx, low, rng, cache, pending, n, first, last = _gap(out, room, ctx, rank - prev - 1, low, rng, cache,
-                                                                 pending, n, first, last)
+            ctx, low, rng, cache, pending, n, first, last = _gap(
+                out, room, ctx, rank - prev - 1, low, rng, cache, pending, n, first, last
+            )
             prev = rank
             if not inv:
                 z = _zigzag(_residual(res_ptr, r0, i, True, 0, BITS), BITS)
-                ctx, low, rng, cache, pending, n, first, last = _zz(out, room, ctx, z, low, rng, cache, pending, n,
-                                                                    first, last)
+                ctx, low, rng, cache, pending, n, first, last = _zz(
+                    out, room, ctx, z, low, rng, cache, pending, n, first, last
+                )
             i += 1
         if inv:
             j = tl.zeros((), tl.int64)
             while j < n_rs:
                 z = _zigzag(_residual(res_ptr, r0, j, True, 0, BITS), BITS)
-                ctx, low, rng, cache, pending, n, first, last = _zz(out, room, ctx, z, low, rng, cache, pending, n,
-                                                                    first, last)
+                ctx, low, rng, cache, pending, n, first, last = _zz(
+                    out, room, ctx, z, low, rng, cache, pending, n, first, last
+                )
                 j += 1
     # the flush: end on the start of the largest aligned block inside [low, low + range)
     keep = tl.full((), 0xFFFFFFFF, tl.int64)
@@ -176,9 +219,16 @@ def _chunk_kernel(ranks_ptr, res_ptr, ev_ptr, ev_start_ptr, res_cnt_ptr, res_sta
     tl.store(need_ptr + c, n)
 
 
-def encode(ranks: torch.Tensor, residuals: torch.Tensor, ev_cnt: torch.Tensor, res_cnt: torch.Tensor,
-           inverted: torch.Tensor, ncp: int, bits: int, room: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor,
-                                                                                    torch.Tensor]:
+def encode(
+    ranks: torch.Tensor,
+    residuals: torch.Tensor,
+    ev_cnt: torch.Tensor,
+    res_cnt: torch.Tensor,
+    inverted: torch.Tensor,
+    ncp: int,
+    bits: int,
+    room: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(buffer, room offsets, coded lengths) of every chunk's stream: chunk c's [chunks * ncp]
     segments' events (`ranks`, int32 class ranks at the starts of `ev_cnt`) and residuals (in
     the elements' width at the starts of `res_cnt`) coded into `room[c]` bytes of the buffer
@@ -193,8 +243,23 @@ def encode(ranks: torch.Tensor, residuals: torch.Tensor, ev_cnt: torch.Tensor, r
         lengths = torch.zeros(max(n_chunks, 1), dtype=torch.int64, device=dev)
         need = torch.zeros_like(lengths)
         if n_chunks:
-            _chunk_kernel[(n_chunks,)](ranks, residuals, ev_cnt, ev_start, res_cnt, res_start, inv, buf, at, room,
-                                       lengths, need, NCP=ncp, BITS=bits, num_warps=1)
+            _chunk_kernel[(n_chunks,)](
+                ranks,
+                residuals,
+                ev_cnt,
+                ev_start,
+                res_cnt,
+                res_start,
+                inv,
+                buf,
+                at,
+                room,
+                lengths,
+                need,
+                NCP=ncp,
+                BITS=bits,
+                num_warps=1,
+            )
         need = need[:n_chunks]
         if bool((need <= room).all()):
             return buf, at, lengths[:n_chunks]

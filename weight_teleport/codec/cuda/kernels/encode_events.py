@@ -20,11 +20,30 @@ shared memory)."""
 
 
 @triton.jit
-def _events_kernel(old_ptr, rows_ptr, prog_ptr, new_ptr, new_off_ptr, lut_ptr, inv_ptr, rbase_ptr, ebase_ptr,
-                   eoff_ptr, roff_ptr, ranks_ptr, res_ptr, NK: tl.constexpr, MANT: tl.constexpr,
-                   KMASK: tl.constexpr, BITS: tl.constexpr, IS_FLOAT: tl.constexpr, NCP: tl.constexpr,
-                   N_LANES: tl.constexpr, BLOCK: tl.constexpr,
-                   ROW: tl.constexpr):
+def _events_kernel(
+    old_ptr,
+    rows_ptr,
+    prog_ptr,
+    new_ptr,
+    new_off_ptr,
+    lut_ptr,
+    inv_ptr,
+    rbase_ptr,
+    ebase_ptr,
+    eoff_ptr,
+    roff_ptr,
+    ranks_ptr,
+    res_ptr,
+    NK: tl.constexpr,
+    MANT: tl.constexpr,
+    KMASK: tl.constexpr,
+    BITS: tl.constexpr,
+    IS_FLOAT: tl.constexpr,
+    NCP: tl.constexpr,
+    N_LANES: tl.constexpr,
+    BLOCK: tl.constexpr,
+    ROW: tl.constexpr,
+):
     pid = tl.program_id(0).to(tl.int64)
     k, t, off, start, length, first = class_ranks.table_block(pid, rows_ptr, prog_ptr, BLOCK)
     offs, valid = class_ranks.grid(first, length, BLOCK, ROW)
@@ -42,8 +61,20 @@ def _events_kernel(old_ptr, rows_ptr, prog_ptr, new_ptr, new_off_ptr, lut_ptr, i
     tl.store(res_ptr + slot, as_int64(res, BITS).to(res_ptr.dtype.element_ty), mask=changed)
 
 
-def events(table: chunk_table.ChunkTable, new: chunk_table.Paired, luts, inverted, rbase, ebase, ev_off, res_off,
-           n_events: int, n_changed: int, n_classes: int, info):
+def events(
+    table: chunk_table.ChunkTable,
+    new: chunk_table.Paired,
+    luts,
+    inverted,
+    rbase,
+    ebase,
+    ev_off,
+    res_off,
+    n_events: int,
+    n_changed: int,
+    n_classes: int,
+    info,
+):
     """(event ranks int32, residuals of the elements' width, `info.int_torch`) of every
     chunk of a chunk table, grouped by chunk then class at the flat [chunks * NCP] offsets
     `ev_off` / `res_off`. `rbase` / `ebase`
@@ -59,16 +90,55 @@ def events(table: chunk_table.ChunkTable, new: chunk_table.Paired, luts, inverte
     out_ranks = torch.empty(n_events, dtype=torch.int32, device=table.base.device)
     out_res = torch.empty(n_changed, dtype=info.int_torch, device=table.base.device)
     if table.programs and warp.available(table.base):
-        warp.launch("class_events", table, info, warp.EventParams.of(
-            old=table.base, rows=table.rows, prog=table.program_chunk, nw=new.base, new_off=new.offsets, lut=luts,
-            inv_tab=inverted, rbase=rbase, ebase=ebase, eoff=ev_off, roff=res_off, ranks_out=out_ranks,
-            res_out=out_res, programs=table.programs), warps=EVENT_WARPS, NCP=ncp, EVENT_WARPS=EVENT_WARPS)
+        warp.launch(
+            "class_events",
+            table,
+            info,
+            warp.EventParams.of(
+                old=table.base,
+                rows=table.rows,
+                prog=table.program_chunk,
+                nw=new.base,
+                new_off=new.offsets,
+                lut=luts,
+                inv_tab=inverted,
+                rbase=rbase,
+                ebase=ebase,
+                eoff=ev_off,
+                roff=res_off,
+                ranks_out=out_ranks,
+                res_out=out_res,
+                programs=table.programs,
+            ),
+            warps=EVENT_WARPS,
+            NCP=ncp,
+            EVENT_WARPS=EVENT_WARPS,
+        )
     elif table.programs:
         assert table.block == class_ranks.BLOCK, "the Triton events kernel takes blocks of class_ranks.BLOCK"
         _events_kernel[(table.programs,)](
-            old_ptr=table.base, rows_ptr=table.rows, prog_ptr=table.program_chunk, new_ptr=new.base,
-            new_off_ptr=new.offsets, lut_ptr=luts, inv_ptr=inverted, rbase_ptr=rbase, ebase_ptr=ebase,
-            eoff_ptr=ev_off, roff_ptr=res_off, ranks_ptr=out_ranks, res_ptr=out_res, NK=luts.shape[1],
-            MANT=info.mantissa_bits, KMASK=luts.shape[1] - 1, BITS=info.bits, IS_FLOAT=info.is_float, NCP=ncp,
-            N_LANES=class_ranks.lanes(n_classes), BLOCK=class_ranks.BLOCK, ROW=ROW, num_warps=NUM_WARPS)
+            old_ptr=table.base,
+            rows_ptr=table.rows,
+            prog_ptr=table.program_chunk,
+            new_ptr=new.base,
+            new_off_ptr=new.offsets,
+            lut_ptr=luts,
+            inv_ptr=inverted,
+            rbase_ptr=rbase,
+            ebase_ptr=ebase,
+            eoff_ptr=ev_off,
+            roff_ptr=res_off,
+            ranks_ptr=out_ranks,
+            res_ptr=out_res,
+            NK=luts.shape[1],
+            MANT=info.mantissa_bits,
+            KMASK=luts.shape[1] - 1,
+            BITS=info.bits,
+            IS_FLOAT=info.is_float,
+            NCP=ncp,
+            N_LANES=class_ranks.lanes(n_classes),
+            BLOCK=class_ranks.BLOCK,
+            ROW=ROW,
+            num_warps=NUM_WARPS,
+        )
     return out_ranks, out_res

@@ -21,9 +21,22 @@ SPAN = BLOCK * TILES
 
 
 @triton.jit
-def _scan_kernel(old_ptr, rows_ptr, prog_ptr, new_ptr, new_off_ptr, hist_ptr, sums_ptr, NK: tl.constexpr,
-                 NB: tl.constexpr, MANT: tl.constexpr, KMASK: tl.constexpr, BITS: tl.constexpr,
-                 BLOCK: tl.constexpr, TILES: tl.constexpr):
+def _scan_kernel(
+    old_ptr,
+    rows_ptr,
+    prog_ptr,
+    new_ptr,
+    new_off_ptr,
+    hist_ptr,
+    sums_ptr,
+    NK: tl.constexpr,
+    NB: tl.constexpr,
+    MANT: tl.constexpr,
+    KMASK: tl.constexpr,
+    BITS: tl.constexpr,
+    BLOCK: tl.constexpr,
+    TILES: tl.constexpr,
+):
     PW: tl.constexpr = 64 // BITS
     WORDS: tl.constexpr = BLOCK // PW
     pid = tl.program_id(0).to(tl.int64)
@@ -42,15 +55,21 @@ def _scan_kernel(old_ptr, rows_ptr, prog_ptr, new_ptr, new_off_ptr, hist_ptr, su
     for i in range(TILES):
         w = (first + i * BLOCK) // PW + tl.arange(0, WORDS)
         inside = tl.minimum(tl.maximum(length - w * PW, 0), PW)
-        keep = tl.where(inside == PW, 0xFFFFFFFFFFFFFFFF,
-                        (tl.full([WORDS], 1, tl.uint64) << (tl.minimum(inside, PW - 1) * BITS).to(tl.uint64)) - 1)
+        keep = tl.where(
+            inside == PW,
+            0xFFFFFFFFFFFFFFFF,
+            (tl.full([WORDS], 1, tl.uint64) << (tl.minimum(inside, PW - 1) * BITS).to(tl.uint64)) - 1,
+        )
         wo = tl.load(old_w + w, mask=inside > 0, other=0).to(tl.uint64, bitcast=True) & keep
         wn = tl.load(new_w + w, mask=inside > 0, other=0).to(tl.uint64, bitcast=True) & keep
         key = ((wo[:, None] >> (lane[None, :] + MANT)) & KMASK).to(tl.int32)
         changed = ((((wo ^ wn)[:, None] >> lane[None, :]) & ((1 << BITS) - 1)) != 0).to(tl.int32)
         valid = tl.arange(0, PW)[None, :] < inside[:, None]
-        hist += tl.histogram(tl.reshape(key + changed * NK, (BLOCK,), can_reorder=True), NB,
-                             mask=tl.reshape(valid, (BLOCK,), can_reorder=True))
+        hist += tl.histogram(
+            tl.reshape(key + changed * NK, (BLOCK,), can_reorder=True),
+            NB,
+            mask=tl.reshape(valid, (BLOCK,), can_reorder=True),
+        )
         j = start // PW + w
         s_old += tl.sum(tl.where(inside > 0, term(wo, j), 0), axis=0)
         s_new += tl.sum(tl.where(inside > 0, term(wn, j), 0), axis=0)
@@ -93,13 +112,26 @@ def scan(table: chunk_table.ChunkTable, new: chunk_table.Paired, info, per_chunk
     if table.programs and warp.available(table.base):
         warp.scan(table, info, nb, [table.base, table.rows, table.program_chunk, new.base, new.offsets, hist, sums])
     elif table.programs:
-        _scan_kernel[(table.programs,)](table.base, table.rows, table.program_chunk, new.base, new.offsets,
-                                        hist, sums, NK=nk, NB=nb, MANT=info.mantissa_bits, KMASK=nk - 1,
-                                        BITS=info.bits, BLOCK=BLOCK, TILES=TILES)
+        _scan_kernel[(table.programs,)](
+            table.base,
+            table.rows,
+            table.program_chunk,
+            new.base,
+            new.offsets,
+            hist,
+            sums,
+            NK=nk,
+            NB=nb,
+            MANT=info.mantissa_bits,
+            KMASK=nk - 1,
+            BITS=info.bits,
+            BLOCK=BLOCK,
+            TILES=TILES,
+        )
     keys = table.per_tensor(hist)
-    changed = keys[:, nk:2 * nk]
+    changed = keys[:, nk : 2 * nk]
     chunks = None
     if per_chunk:  # a chunk's programs' sums added up, mod 2^64 as every digest sum
         chunks = torch.zeros((table.chunks, 2), dtype=torch.int64, device=dev)
-        chunks.index_add_(0, table.program_chunk.long(), sums[:table.programs])
+        chunks.index_add_(0, table.program_chunk.long(), sums[: table.programs])
     return Scanned(torch.cat([keys[:, :nk] + changed, changed, table.per_tensor(sums)], 1), hist, chunks)

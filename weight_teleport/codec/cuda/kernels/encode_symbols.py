@@ -48,6 +48,7 @@ def _module(bits: int) -> nvrtc.Module:
 @dataclass
 class Segments:
     """Tables of the segments, in stream order (host arrays or device tensors)."""
+
     ev_cnt: np.ndarray | torch.Tensor
     """Events of each segment (int64)."""
     res_cnt: np.ndarray | torch.Tensor
@@ -64,6 +65,7 @@ class Segments:
 @dataclass
 class SymbolStreams:
     """The four streams of every segment in one device buffer."""
+
     buffer: torch.Tensor
     """uint8, every stream at its slot."""
     offsets: torch.Tensor
@@ -145,13 +147,32 @@ def _residual_symbols(res_ptr, at, j, m, inv, BITS: tl.constexpr):
 @triton.jit
 def segment(s, ev_cnt_ptr, ev_start_ptr, res_cnt_ptr, res_start_ptr, inv_ptr):
     """(events, first event, changed elements, first residual, inverted) of segment `s`."""
-    return (tl.load(ev_cnt_ptr + s), tl.load(ev_start_ptr + s), tl.load(res_cnt_ptr + s),
-            tl.load(res_start_ptr + s), tl.load(inv_ptr + s) != 0)
+    return (
+        tl.load(ev_cnt_ptr + s),
+        tl.load(ev_start_ptr + s),
+        tl.load(res_cnt_ptr + s),
+        tl.load(res_start_ptr + s),
+        tl.load(inv_ptr + s) != 0,
+    )
 
 
 @triton.jit
-def _symbols_kernel(ranks_ptr, res_ptr, ev_cnt_ptr, ev_start_ptr, res_cnt_ptr, res_start_ptr, inv_ptr, off_ptr,
-                    buf_ptr, words_ptr, counts_ptr, BITS: tl.constexpr, T: tl.constexpr, WRITE: tl.constexpr):
+def _symbols_kernel(
+    ranks_ptr,
+    res_ptr,
+    ev_cnt_ptr,
+    ev_start_ptr,
+    res_cnt_ptr,
+    res_start_ptr,
+    inv_ptr,
+    off_ptr,
+    buf_ptr,
+    words_ptr,
+    counts_ptr,
+    BITS: tl.constexpr,
+    T: tl.constexpr,
+    WRITE: tl.constexpr,
+):
     """One segment's streams: without WRITE, its extra bits, residual symbols and escapes
     counted into `counts_ptr` (the slots are laid out from them); with WRITE, its four
     streams written at its slots `off_ptr`."""
@@ -202,17 +223,23 @@ def _symbols_kernel(ranks_ptr, res_ptr, ev_cnt_ptr, ev_start_ptr, res_cnt_ptr, r
         tl.store(counts_ptr + s * 3 + 2, n_esc)
 
 
-def _pieces(ranks: list[torch.Tensor], res: list[torch.Tensor], seg: Segments, ev_cnt: torch.Tensor,
-            res_cnt: torch.Tensor, inv: torch.Tensor) -> list[tuple[tuple, int, int]]:
+def _pieces(
+    ranks: list[torch.Tensor],
+    res: list[torch.Tensor],
+    seg: Segments,
+    ev_cnt: torch.Tensor,
+    res_cnt: torch.Tensor,
+    inv: torch.Tensor,
+) -> list[tuple[tuple, int, int]]:
     """(the kernels' leading arguments, first segment, segments) of each piece of the
     segments that has any."""
     sizes = list(seg.pieces) if seg.pieces else [ev_cnt.numel()]
     assert len(ranks) == len(res) == len(sizes) and sum(sizes) == ev_cnt.numel()
     out, a = [], 0
     for r, x, n in zip(ranks, res, sizes):
-        e, c = ev_cnt[a:a + n], res_cnt[a:a + n]
+        e, c = ev_cnt[a : a + n], res_cnt[a : a + n]
         if n:
-            out.append(((r, x, e, memory.starts(e), c, memory.starts(c), inv[a:a + n]), a, n))
+            out.append(((r, x, e, memory.starts(e), c, memory.starts(c), inv[a : a + n]), a, n))
         a += n
     return out
 
@@ -234,11 +261,12 @@ def encode(ranks: list[torch.Tensor], res: list[torch.Tensor], seg: Segments) ->
     fast = n_seg and warp.available(ranks[0])
     for args, a, n in pieces:
         if fast:
-            _module(seg.bits).launch("segment_counts", -(-n // SEG_WARPS), SEG_WARPS * 32,
-                                     [*args, counts[a:a + n], n], dev)
+            _module(seg.bits).launch(
+                "segment_counts", -(-n // SEG_WARPS), SEG_WARPS * 32, [*args, counts[a : a + n], n], dev
+            )
         else:
             unused = args[0]  # the slot and buffer pointers, not read when counting
-            _symbols_kernel[(n,)](*args, unused, unused, unused, counts[a:a + n], BITS=seg.bits, T=TILE, WRITE=False)
+            _symbols_kernel[(n,)](*args, unused, unused, unused, counts[a : a + n], BITS=seg.bits, T=TILE, WRITE=False)
     c = counts[:n_seg]
     lengths = torch.stack([ev_cnt, (c[:, 0] + 7) // 8, c[:, 1], c[:, 2] * (seg.bits // 8)], 1)
     slots = (lengths + SLOT_ALIGN - 1) // SLOT_ALIGN * SLOT_ALIGN
@@ -249,9 +277,11 @@ def encode(ranks: list[torch.Tensor], res: list[torch.Tensor], seg: Segments) ->
     buf = torch.zeros(int(host[0]) + 2 * SLOT_ALIGN, dtype=torch.uint8, device=dev)
     for args, a, n in pieces:
         if fast:
-            _module(seg.bits).launch("segment_symbols", -(-n // SEG_WARPS), SEG_WARPS * 32,
-                                     [*args, offsets[a:a + n], buf, n], dev)
+            _module(seg.bits).launch(
+                "segment_symbols", -(-n // SEG_WARPS), SEG_WARPS * 32, [*args, offsets[a : a + n], buf, n], dev
+            )
         else:
-            _symbols_kernel[(n,)](*args, offsets[a:a + n], buf, buf.view(torch.int32), counts, BITS=seg.bits, T=TILE,
-                                  WRITE=True)
+            _symbols_kernel[(n,)](
+                *args, offsets[a : a + n], buf, buf.view(torch.int32), counts, BITS=seg.bits, T=TILE, WRITE=True
+            )
     return SymbolStreams(buf, offsets, lengths, res_cnt, host[3:])

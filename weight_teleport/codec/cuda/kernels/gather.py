@@ -26,8 +26,9 @@ def _gather_kernel(src_ptr, dst_ptr, ranges_ptr, PIECE: tl.constexpr):
         t += PIECE
 
 
-def gather(src: torch.Tensor, dst: torch.Tensor, src_off: torch.Tensor, dst_off: torch.Tensor,
-           length: torch.Tensor) -> None:
+def gather(
+    src: torch.Tensor, dst: torch.Tensor, src_off: torch.Tensor, dst_off: torch.Tensor, length: torch.Tensor
+) -> None:
     """dst[dst_off[i]:+length[i]] = src[src_off[i]:+length[i]] for every range, the ranges'
     table on the device (made there, unchecked: the caller's ranges lie inside both
     buffers; ranges of length 0 copy nothing). No sync."""

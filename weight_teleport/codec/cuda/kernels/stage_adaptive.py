@@ -59,8 +59,15 @@ def adapted(ctx, c, one):
     w = tl.sum(tl.where(lane == c, ctx, 0), 0)
     p = (w & 0xFFFF).to(tl.int64)
     n = w >> 16
-    s = 1 + (n >= 1).to(tl.int32) + (n >= 3).to(tl.int32) + (n >= 7).to(tl.int32) + (n >= 15).to(tl.int32) \
-        + (n >= 31).to(tl.int32) + (n >= 63).to(tl.int32)
+    s = (
+        1
+        + (n >= 1).to(tl.int32)
+        + (n >= 3).to(tl.int32)
+        + (n >= 7).to(tl.int32)
+        + (n >= 15).to(tl.int32)
+        + (n >= 31).to(tl.int32)
+        + (n >= 63).to(tl.int32)
+    )
     s = tl.minimum(s, RATE_MAX).to(tl.int64)
     p = tl.where(one, p - (p >> s), p + ((65536 - p) >> s))
     n = n + (n <= 126).to(tl.int32)
@@ -141,8 +148,24 @@ def fresh_contexts():
 
 
 @triton.jit
-def _chunk_kernel(buf_ptr, start_ptr, end_ptr, ev_ptr, res_cnt_ptr, res_start_ptr, inv_ptr, seg_word_ptr, top_bit,
-                  bitmap_ptr, last_ptr, res_ptr, n_res, bad_ptr, NCP: tl.constexpr, BITS: tl.constexpr):
+def _chunk_kernel(
+    buf_ptr,
+    start_ptr,
+    end_ptr,
+    ev_ptr,
+    res_cnt_ptr,
+    res_start_ptr,
+    inv_ptr,
+    seg_word_ptr,
+    top_bit,
+    bitmap_ptr,
+    last_ptr,
+    res_ptr,
+    n_res,
+    bad_ptr,
+    NCP: tl.constexpr,
+    BITS: tl.constexpr,
+):
     c = tl.program_id(0).to(tl.int64)
     pos = tl.load(start_ptr + c)
     end = tl.load(end_ptr + c)
@@ -167,8 +190,11 @@ def _chunk_kernel(buf_ptr, start_ptr, end_ptr, ev_ptr, res_cnt_ptr, res_start_pt
             bad |= g > MAX_GAP
             rank += tl.minimum(g, MAX_GAP) + 1
             at = tl.minimum(tl.maximum(bit0 + rank, 0), top_bit)
-            tl.atomic_or(bitmap_ptr + (at >> 5), (tl.full((), 1, tl.uint32) << (at & 31).to(tl.uint32)).to(
-                tl.int32, bitcast=True), sem="relaxed")
+            tl.atomic_or(
+                bitmap_ptr + (at >> 5),
+                (tl.full((), 1, tl.uint32) << (at & 31).to(tl.uint32)).to(tl.int32, bitcast=True),
+                sem="relaxed",
+            )
             if not inv:
                 r, ok, ctx, rng, code, pos = _residual(buf_ptr, end, ctx, rng, code, pos, BITS)
                 bad |= ~ok
@@ -186,9 +212,19 @@ def _chunk_kernel(buf_ptr, start_ptr, end_ptr, ev_ptr, res_cnt_ptr, res_start_pt
     tl.store(bad_ptr + c, bad.to(tl.int8))
 
 
-def decode(buf: torch.Tensor, starts: torch.Tensor, ends: torch.Tensor, ev_cnt: torch.Tensor,
-           res_cnt: torch.Tensor, inverted: torch.Tensor, seg_word: torch.Tensor, bitmap: torch.Tensor, n_res: int,
-           bits: int, ncp: int) -> Decoded:
+def decode(
+    buf: torch.Tensor,
+    starts: torch.Tensor,
+    ends: torch.Tensor,
+    ev_cnt: torch.Tensor,
+    res_cnt: torch.Tensor,
+    inverted: torch.Tensor,
+    seg_word: torch.Tensor,
+    bitmap: torch.Tensor,
+    n_res: int,
+    bits: int,
+    ncp: int,
+) -> Decoded:
     """Event bitmaps and residuals of every (chunk, class) segment of `sparse_ac` chunks, a
     program per chunk. `buf`: the pack's bytes on the device, chunk c's coded stream at
     [starts[c], ends[c]); per segment (chunk c's classes at c * ncp ...): its events, its
@@ -204,7 +240,23 @@ def decode(buf: torch.Tensor, starts: torch.Tensor, ends: torch.Tensor, ev_cnt: 
     res = torch.empty(max(n_res, 1), dtype=torch.int64, device=dev)
     bad = torch.zeros(max(n_chunks, 1), dtype=torch.int8, device=dev)
     if n_chunks:
-        _chunk_kernel[(n_chunks,)](buf, starts, ends, ev_cnt, res_cnt, memory.starts(res_cnt), inverted.to(torch.int8),
-                                   seg_word, bitmap.numel() * 32 - 1, bitmap, last, res, n_res, bad, NCP=ncp,
-                                   BITS=bits, num_warps=1)
+        _chunk_kernel[(n_chunks,)](
+            buf,
+            starts,
+            ends,
+            ev_cnt,
+            res_cnt,
+            memory.starts(res_cnt),
+            inverted.to(torch.int8),
+            seg_word,
+            bitmap.numel() * 32 - 1,
+            bitmap,
+            last,
+            res,
+            n_res,
+            bad,
+            NCP=ncp,
+            BITS=bits,
+            num_warps=1,
+        )
     return Decoded(bitmap, last[:n_seg], res[:n_res], (bad != 0).any())

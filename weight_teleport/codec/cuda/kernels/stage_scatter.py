@@ -42,8 +42,9 @@ def _walk_scatter_kernel(base_ptr, rows_ptr, off_ptr, val_ptr, ROW: tl.constexpr
     i = first + tl.arange(0, BLOCK)
     m = i < stop
     p = start + tl.load(off_ptr + i, mask=m, other=0).to(tl.int64)
-    tl.store(base_ptr + at + (p // inner) * outer_stride + (p % inner) * inner_stride,
-             tl.load(val_ptr + i, mask=m), mask=m)
+    tl.store(
+        base_ptr + at + (p // inner) * outer_stride + (p % inner) * inner_stride, tl.load(val_ptr + i, mask=m), mask=m
+    )
 
 
 def scatter(base: torch.Tensor, offsets: torch.Tensor, values: torch.Tensor) -> None:

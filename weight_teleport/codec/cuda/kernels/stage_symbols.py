@@ -71,8 +71,25 @@ def _capped(n, cap):
 
 
 @triton.jit
-def _segment_kernel(buf_ptr, top, off_ptr, raw_ptr, ev_cnt_ptr, ev_start_ptr, res_cnt_ptr, res_start_ptr, inv_ptr,
-                    seg_word_ptr, top_bit, bitmap_ptr, last_ptr, res_ptr, bad_ptr, BITS: tl.constexpr, T: tl.constexpr):
+def _segment_kernel(
+    buf_ptr,
+    top,
+    off_ptr,
+    raw_ptr,
+    ev_cnt_ptr,
+    ev_start_ptr,
+    res_cnt_ptr,
+    res_start_ptr,
+    inv_ptr,
+    seg_word_ptr,
+    top_bit,
+    bitmap_ptr,
+    last_ptr,
+    res_ptr,
+    bad_ptr,
+    BITS: tl.constexpr,
+    T: tl.constexpr,
+):
     # Per-event arithmetic is int32: within a valid segment ranks stay below 2^22 and a
     # tile's extra bits below 2^15. Stream indices are clamped into their stream's slot
     # (every slot is followed by another slot or the buffer's zero padding, so a read of up
@@ -109,8 +126,12 @@ def _segment_kernel(buf_ptr, top, off_ptr, raw_ptr, ev_cnt_ptr, ev_start_ptr, re
         bad |= tl.max((m & ((bucket > MAX_BUCKET) | (inv & (rc != 0)) | (v > V_MAX))).to(tl.int32), 0)
         v = tl.where(m, tl.minimum(v, V_MAX), 0)
         pos = tl.minimum(tl.maximum(bit0 + rank + tl.cumsum(v, 0), 0), top_bit)
-        tl.atomic_or(bitmap_ptr + (pos >> 5), (tl.full((T,), 1, tl.uint32) << (pos & 31).to(tl.uint32)).to(
-            tl.int32, bitcast=True), mask=m, sem="relaxed")
+        tl.atomic_or(
+            bitmap_ptr + (pos >> 5),
+            (tl.full((T,), 1, tl.uint32) << (pos & 31).to(tl.uint32)).to(tl.int32, bitcast=True),
+            mask=m,
+            sem="relaxed",
+        )
         bits += tl.sum(tl.where(m, ne, 0), 0)
         rank += tl.sum(v.to(tl.int64), 0)  # exact: an int32 sum of a malformed segment's gaps may wrap
         t += T
@@ -140,8 +161,18 @@ def _segment_kernel(buf_ptr, top, off_ptr, raw_ptr, ev_cnt_ptr, ev_start_ptr, re
     tl.store(bad_ptr + s, bad.to(tl.int8))
 
 
-def decode(buf: torch.Tensor, off: torch.Tensor, raw: torch.Tensor, ev_cnt: torch.Tensor, res_cnt: torch.Tensor,
-           inverted: torch.Tensor, seg_word: torch.Tensor, bitmap: torch.Tensor, n_res: int, bits: int) -> Decoded:
+def decode(
+    buf: torch.Tensor,
+    off: torch.Tensor,
+    raw: torch.Tensor,
+    ev_cnt: torch.Tensor,
+    res_cnt: torch.Tensor,
+    inverted: torch.Tensor,
+    seg_word: torch.Tensor,
+    bitmap: torch.Tensor,
+    n_res: int,
+    bits: int,
+) -> Decoded:
     """Event bitmaps and residuals of every segment, one program per segment walking its
     streams. Per segment (device tensors): `off`/`raw` [S, 4] slot offsets and raw lengths
     of its streams in `buf`, its events, its changed elements (events, or residual symbols
@@ -157,8 +188,24 @@ def decode(buf: torch.Tensor, off: torch.Tensor, raw: torch.Tensor, ev_cnt: torc
     res = torch.empty(n_res, dtype=torch.int64, device=dev)
     bad = torch.zeros(max(n_seg, 1), dtype=torch.int8, device=dev)
     if n_seg:
-        _segment_kernel[(n_seg,)](buf, buf.numel() - 1, off.contiguous(), raw.contiguous(), ev_cnt,
-                                  memory.starts(ev_cnt), res_cnt, memory.starts(res_cnt), inverted.to(torch.int8),
-                                  seg_word, bitmap.numel() * 32 - 1, bitmap, last, res, bad, BITS=bits, T=BLOCK,
-                                  num_warps=NUM_WARPS)
+        _segment_kernel[(n_seg,)](
+            buf,
+            buf.numel() - 1,
+            off.contiguous(),
+            raw.contiguous(),
+            ev_cnt,
+            memory.starts(ev_cnt),
+            res_cnt,
+            memory.starts(res_cnt),
+            inverted.to(torch.int8),
+            seg_word,
+            bitmap.numel() * 32 - 1,
+            bitmap,
+            last,
+            res,
+            bad,
+            BITS=bits,
+            T=BLOCK,
+            num_warps=NUM_WARPS,
+        )
     return Decoded(bitmap, last[:n_seg], res, (bad != 0).any())

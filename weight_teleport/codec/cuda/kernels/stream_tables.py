@@ -37,6 +37,7 @@ it saves on them."""
 @dataclass
 class StreamTable:
     """Per segment (chunk, class; [chunks * ncp] rows, classes past a tensor's own empty)."""
+
     events: np.ndarray
     """Events (the group's count; 0 for a group without streams), int64."""
     codec: np.ndarray
@@ -88,8 +89,7 @@ def _read_chunk(pack, i, start, end, n_groups_expected, ncp, events, codec, raw,
 def _read(pack, starts, lengths, classes, ncp, lo, hi, events, codec, raw, stored, at) -> int:
     """Fills the [chunks * ncp(, 4)] tables of chunks lo..hi-1; the first malformed one, or -1."""
     for i in range(lo, hi):
-        if not _read_chunk(pack, i, starts[i], starts[i] + lengths[i], classes[i], ncp, events, codec, raw, stored,
-                           at):
+        if not _read_chunk(pack, i, starts[i], starts[i] + lengths[i], classes[i], ncp, events, codec, raw, stored, at):
             return i
     return -1
 
@@ -128,8 +128,20 @@ def empty(n: int, ncp: int, zeros: bool = True) -> StreamTable:
 
 
 @triton.jit
-def _table_kernel(n_groups_ptr, events_ptr, has_ptr, codec_ptr, raw_ptr, stored_ptr, at_ptr, out_ptr, len_ptr,
-                  NCP: tl.constexpr, F: tl.constexpr, WRITE: tl.constexpr):
+def _table_kernel(
+    n_groups_ptr,
+    events_ptr,
+    has_ptr,
+    codec_ptr,
+    raw_ptr,
+    stored_ptr,
+    at_ptr,
+    out_ptr,
+    len_ptr,
+    NCP: tl.constexpr,
+    F: tl.constexpr,
+    WRITE: tl.constexpr,
+):
     """Chunk c's table as F varint fields (n_groups, then per group count, n_streams and
     (codec, raw, stored) per stream; absent ones of no bytes; a codec id is below 128, so
     its byte is its own varint): without WRITE its length into len_ptr, with WRITE its
@@ -174,17 +186,39 @@ class Tables:
     their codec, raw and stored lengths. Classes at or past a chunk's number of groups are
     left out of its table. The kernel's inputs are made once, for both its launches."""
 
-    def __init__(self, n_groups: torch.Tensor, events: torch.Tensor, has_streams: torch.Tensor, codec: torch.Tensor,
-                 raw: torch.Tensor, stored: torch.Tensor):
+    def __init__(
+        self,
+        n_groups: torch.Tensor,
+        events: torch.Tensor,
+        has_streams: torch.Tensor,
+        codec: torch.Tensor,
+        raw: torch.Tensor,
+        stored: torch.Tensor,
+    ):
         self.n, self.ncp = events.shape
-        self._flat = [t.reshape(-1).to(d).contiguous() for t, d in ((n_groups, torch.int64), (events, torch.int64),
-                                                                    (has_streams, torch.int8), (codec, torch.int64),
-                                                                    (raw, torch.int64), (stored, torch.int64))]
+        self._flat = [
+            t.reshape(-1).to(d).contiguous()
+            for t, d in (
+                (n_groups, torch.int64),
+                (events, torch.int64),
+                (has_streams, torch.int8),
+                (codec, torch.int64),
+                (raw, torch.int64),
+                (stored, torch.int64),
+            )
+        ]
 
     def _launch(self, at: torch.Tensor, out: torch.Tensor, lengths: torch.Tensor, write: bool) -> None:
         if self.n:
-            _table_kernel[(self.n,)](*self._flat, at, out, lengths, NCP=self.ncp,
-                                     F=triton.next_power_of_2(1 + self.ncp * GROUP_FIELDS), WRITE=write)
+            _table_kernel[(self.n,)](
+                *self._flat,
+                at,
+                out,
+                lengths,
+                NCP=self.ncp,
+                F=triton.next_power_of_2(1 + self.ncp * GROUP_FIELDS),
+                WRITE=write,
+            )
 
     def lengths(self) -> torch.Tensor:
         """Each chunk's table bytes (int64; no sync)."""

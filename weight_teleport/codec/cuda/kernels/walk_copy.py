@@ -15,8 +15,9 @@ TILE = 64
 
 
 @triton.jit
-def _walk_copy_kernel(src_ptr, dst_ptr, start, count, first_outer, inner, outer_stride, inner_stride, inner_tiles,
-                      TILE: tl.constexpr):
+def _walk_copy_kernel(
+    src_ptr, dst_ptr, start, count, first_outer, inner, outer_stride, inner_stride, inner_tiles, TILE: tl.constexpr
+):
     pid = tl.program_id(0).to(tl.int64)
     o = first_outer + (pid // inner_tiles) * TILE + tl.arange(0, TILE).to(tl.int64)[:, None]
     i = (pid % inner_tiles) * TILE + tl.arange(0, TILE).to(tl.int64)[None, :]
@@ -40,6 +41,7 @@ def copy_walk(src: torch.Tensor, out: torch.Tensor, start: int, geometry: tuple[
         first, last = start // inner, (start + count - 1) // inner
         inner_tiles = triton.cdiv(inner, TILE)
         grid = (triton.cdiv(last - first + 1, TILE) * inner_tiles,)
-        _walk_copy_kernel[grid](src, out, start, count, first, inner, outer_stride, inner_stride, inner_tiles,
-                                TILE=TILE)
+        _walk_copy_kernel[grid](
+            src, out, start, count, first, inner, outer_stride, inner_stride, inner_tiles, TILE=TILE
+        )
     return out

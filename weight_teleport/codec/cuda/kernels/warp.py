@@ -38,17 +38,52 @@ class EventParams(KernelParams):
     """class_events' parameters (warp.cu's struct EventParams, in its order)."""
 
     CUDA_NAME = "EventParams"
-    _fields_ = [(name, POINTER) for name in ("old", "rows", "prog", "nw", "new_off", "lut", "inv_tab", "rbase",
-                                             "ebase", "eoff", "roff", "ranks_out", "res_out")] + [("programs", I64)]
+    _fields_ = [
+        (name, POINTER)
+        for name in (
+            "old",
+            "rows",
+            "prog",
+            "nw",
+            "new_off",
+            "lut",
+            "inv_tab",
+            "rbase",
+            "ebase",
+            "eoff",
+            "roff",
+            "ranks_out",
+            "res_out",
+        )
+    ] + [("programs", I64)]
 
 
 class PlaceParams(KernelParams):
     """place_lanes' parameters (warp.cu's struct PlaceParams, in its order)."""
 
     CUDA_NAME = "PlaceParams"
-    _fields_ = [(name, POINTER) for name in ("old", "rows", "prog", "lut", "inv_tab", "counts", "base", "seg_word",
-                                             "bitmap", "pref", "roff", "res", "starts", "old_sums", "pos", "val",
-                                             "sums")] + [(name, I64) for name in ("n_words", "n_res", "programs")]
+    _fields_ = [
+        (name, POINTER)
+        for name in (
+            "old",
+            "rows",
+            "prog",
+            "lut",
+            "inv_tab",
+            "counts",
+            "base",
+            "seg_word",
+            "bitmap",
+            "pref",
+            "roff",
+            "res",
+            "starts",
+            "old_sums",
+            "pos",
+            "val",
+            "sums",
+        )
+    ] + [(name, I64) for name in ("n_words", "n_res", "programs")]
 
 
 PARAMS = (EventParams, PlaceParams)
@@ -81,12 +116,32 @@ def _defines(info, block: int, unroll: int | None = None, **extra) -> tuple:
     u = _unroll(info, unroll)
     assert block % (32 * u) == 0 and extra.get("NCP", 0) <= 32 and u & (u - 1) == 0
     mant = info.mantissa_bits if info.is_float else 0
-    return tuple(sorted(dict(BITS=info.bits, IS_FLOAT=info.is_float, MANT=mant, KMASK=(1 << info.exponent_bits) - 1,
-                             BLOCK=block, WARPS=WARPS, UNROLL=u, **extra).items()))
+    return tuple(
+        sorted(
+            dict(
+                BITS=info.bits,
+                IS_FLOAT=info.is_float,
+                MANT=mant,
+                KMASK=(1 << info.exponent_bits) - 1,
+                BLOCK=block,
+                WARPS=WARPS,
+                UNROLL=u,
+                **extra,
+            ).items()
+        )
+    )
 
 
-def launch(kernel: str, table, info, args: list | KernelParams, shared: int = 0, unroll: int | None = None,
-           warps: int = WARPS, **defines) -> None:
+def launch(
+    kernel: str,
+    table,
+    info,
+    args: list | KernelParams,
+    shared: int = 0,
+    unroll: int | None = None,
+    warps: int = WARPS,
+    **defines,
+) -> None:
     """Run `kernel` with a warp per program of the chunk table `table`, `warps` warps a CTA
     (elements of `info`'s type; `defines` such as NCP, the class slots), `unroll` slices a
     round (UNROLL when None) and `shared` bytes of dynamic shared memory a warp. `args`: the
@@ -106,8 +161,9 @@ def scan(table, info, nb: int, args: list) -> None:
     histogram bins; `args` precede the program count."""
     lanes = SCAN_COUNTERS and info.exponent_bits <= 8
     warps = 2 if lanes else WARPS  # the lanes' counters hold two warps' counts
-    module = _module(_defines(info, table.block, SCAN_UNROLL if lanes else None, NB=nb, SCAN_LANES=lanes,
-                              SCAN_WARPS=warps))
+    module = _module(
+        _defines(info, table.block, SCAN_UNROLL if lanes else None, NB=nb, SCAN_LANES=lanes, SCAN_WARPS=warps)
+    )
     module.launch("scan_words", table.programs, warps * 32, [*args, table.programs], table.base.device)
 
 
@@ -121,6 +177,12 @@ def hist_counts(hist: torch.Tensor, table, luts: torch.Tensor, inverted: torch.T
     counts = torch.empty((table.programs, ncp), dtype=torch.int32, device=hist.device)
     events = torch.empty_like(counts)
     if table.programs:
-        launch("hist_counts", table, info, [hist, table.program_tensor, luts, inverted, counts, events],
-               NCP=ncp, NB=hist.shape[1])
+        launch(
+            "hist_counts",
+            table,
+            info,
+            [hist, table.program_tensor, luts, inverted, counts, events],
+            NCP=ncp,
+            NB=hist.shape[1],
+        )
     return counts, events

@@ -90,12 +90,11 @@ class PinnedRing:
         at = -(-self.used // 64) * 64
         if at + n > self.buffer.numel():
             if n > self.buffer.numel() or not all(done.query() for done in self.copies):
-                self.buffer = torch.empty(max(n, 2 * self.buffer.numel(), 4 << 20), dtype=torch.uint8,
-                                          pin_memory=True)
+                self.buffer = torch.empty(max(n, 2 * self.buffer.numel(), 4 << 20), dtype=torch.uint8, pin_memory=True)
             self.copies.clear()
             at = 0
         self.used = at + n
-        return self.buffer[at:at + n]
+        return self.buffer[at : at + n]
 
     def rewind(self) -> None:
         """Start over from the front when every copy out of the buffer is done."""
@@ -140,7 +139,7 @@ class HostArena:
             self.buffer = np.empty(max(self.taken, 1 << 20), np.uint8)
             at = 0
         self.used = at + n
-        return self.buffer[at:at + n].view(dtype).reshape(shape)
+        return self.buffer[at : at + n].view(dtype).reshape(shape)
 
     def zeros(self, shape, dtype) -> np.ndarray:
         out = self.empty(shape, dtype)
@@ -193,12 +192,12 @@ def to_device(arrays: list[np.ndarray], dev) -> list[torch.Tensor]:
     flat = arena().empty(sum(sizes), np.int64)
     at = 0
     for a, n in zip(arrays, sizes):
-        flat[at:at + n] = np.ravel(a)
+        flat[at : at + n] = np.ravel(a)
         at += n
     on_dev = upload(flat, dev)
     out, at = [], 0
     for a, n in zip(arrays, sizes):
-        out.append(on_dev[at:at + n].view(np.shape(a)))
+        out.append(on_dev[at : at + n].view(np.shape(a)))
         at += n
     return out
 

@@ -28,6 +28,7 @@ P, S = ctypes.c_void_p, ctypes.c_size_t
 
 class _Opts(ctypes.Structure):
     """Any nvCOMP batched options struct: two 32-bit fields, then reserved zero bytes."""
+
     _fields_ = [("a", ctypes.c_int32), ("b", ctypes.c_int32), ("rest", ctypes.c_char * 56)]
 
 
@@ -220,23 +221,36 @@ def compress(algorithm: str, src: torch.Tensor, offsets: np.ndarray, lengths: np
         temp = max(temp, t.value)
     out_off = np.concatenate([[0], np.cumsum(slot)[:-1]]).astype(np.int64)
     out = torch.empty(int(slot.sum()), dtype=torch.uint8, device=src.device)
-    table = _ptr_table(src.data_ptr() + offsets[order], out.data_ptr() + out_off[order], lengths[order],
-                       device=src.device)
+    table = _ptr_table(
+        src.data_ptr() + offsets[order], out.data_ptr() + out_off[order], lengths[order], device=src.device
+    )
     sizes = torch.empty(lengths.size, dtype=torch.int64, device=src.device)
     statuses = torch.empty(lengths.size, dtype=torch.int32, device=src.device)
     scratch = torch.empty(max(temp, 1), dtype=torch.uint8, device=src.device)
     run = _fn(algorithm, "CompressAsync", [P, P, S, S, P, S, P, P, _Opts, P, P])
     for a, b in ranges:
         biggest = int(lengths[order[a:b]].max())
-        _call(run, table[0, a:].data_ptr(), table[2, a:].data_ptr(), biggest, b - a, scratch.data_ptr(),
-              scratch.numel(), table[1, a:].data_ptr(), sizes[a:].data_ptr(), opts, statuses[a:].data_ptr(),
-              _stream())
+        _call(
+            run,
+            table[0, a:].data_ptr(),
+            table[2, a:].data_ptr(),
+            biggest,
+            b - a,
+            scratch.data_ptr(),
+            scratch.numel(),
+            table[1, a:].data_ptr(),
+            sizes[a:].data_ptr(),
+            opts,
+            statuses[a:].data_ptr(),
+            _stream(),
+        )
     return out, out_off, Pending(order, sizes, statuses, (table, scratch))
 
 
 @dataclass
 class DecompressPlan:
     """The host's part of a batched decompression (`plan_decompress`), made on any thread."""
+
     order: np.ndarray
     """The streams grouped by codec and size bucket."""
     ranges: list[tuple[int, int, str]]
@@ -248,8 +262,15 @@ class DecompressPlan:
     offsets from the start of the source and the destination buffers."""
 
 
-def plan_decompress(cfg: CudaCodecConfig, offsets: np.ndarray, stored: np.ndarray, dst_offsets: np.ndarray,
-                    raw: np.ndarray, stream: int, codec: np.ndarray) -> DecompressPlan:
+def plan_decompress(
+    cfg: CudaCodecConfig,
+    offsets: np.ndarray,
+    stored: np.ndarray,
+    dst_offsets: np.ndarray,
+    raw: np.ndarray,
+    stream: int,
+    codec: np.ndarray,
+) -> DecompressPlan:
     """The plan of `decompress`ing streams at `offsets` (SLOT_ALIGN-aligned, `stored` bytes)
     of a source buffer into `dst_offsets` (aligned, `raw` bytes each) of a destination,
     each of stream codec `codec` (CODED's ids); nvCOMP's scratch sizes are queried for
@@ -261,8 +282,9 @@ def plan_decompress(cfg: CudaCodecConfig, offsets: np.ndarray, stored: np.ndarra
     return sized_plan(cfg, order, ranges, table, stream)
 
 
-def sized_plan(cfg: CudaCodecConfig, order: np.ndarray, ranges: list[tuple[int, int, str]], table: np.ndarray,
-               stream: int) -> DecompressPlan:
+def sized_plan(
+    cfg: CudaCodecConfig, order: np.ndarray, ranges: list[tuple[int, int, str]], table: np.ndarray, stream: int
+) -> DecompressPlan:
     """The DecompressPlan of streams sorted into `ranges` of `order` with their `table`
     (`bucket_sort`, `plan_rows`), nvCOMP's scratch sized for each group; `cfg` gives the
     decompression backend."""
@@ -271,8 +293,15 @@ def sized_plan(cfg: CudaCodecConfig, order: np.ndarray, ranges: list[tuple[int, 
     for a, b, algorithm in ranges:
         temp_size = _fn(algorithm, "DecompressGetTempSize", [S, S, _Opts, ctypes.POINTER(S), S, P])
         t = S()
-        _call(temp_size, b - a, int(table[2, a:b].max()), _decompress_opts(cfg, algorithm), ctypes.byref(t),
-              int(table[2, a:b].sum()), P(stream))
+        _call(
+            temp_size,
+            b - a,
+            int(table[2, a:b].max()),
+            _decompress_opts(cfg, algorithm),
+            ctypes.byref(t),
+            int(table[2, a:b].sum()),
+            P(stream),
+        )
         temps.append(_aligned(max(t.value, 1), 256))  # each group's own scratch, 256-byte aligned
     return DecompressPlan(order, ranges, temps, table)
 
@@ -293,7 +322,18 @@ def decompress(cfg: CudaCodecConfig, src: torch.Tensor, dst: torch.Tensor, plan:
     with _fanned(len(ranges)) as streams:  # each group its own scratch
         for (a, b, algorithm), t, at, stream in zip(ranges, temps, scratch_at, streams):
             run = _fn(algorithm, "DecompressAsync", [P, P, P, P, S, P, S, P, _Opts, P, P])
-            _call(run, table[0, a:].data_ptr(), table[1, a:].data_ptr(), table[2, a:].data_ptr(),
-                  sizes[a:].data_ptr(), b - a, scratch.data_ptr() + int(at), t, table[3, a:].data_ptr(),
-                  _decompress_opts(cfg, algorithm), statuses[a:].data_ptr(), stream)
+            _call(
+                run,
+                table[0, a:].data_ptr(),
+                table[1, a:].data_ptr(),
+                table[2, a:].data_ptr(),
+                sizes[a:].data_ptr(),
+                b - a,
+                scratch.data_ptr() + int(at),
+                t,
+                table[3, a:].data_ptr(),
+                _decompress_opts(cfg, algorithm),
+                statuses[a:].data_ptr(),
+                stream,
+            )
     return Pending(order, sizes, statuses, (table, scratch))

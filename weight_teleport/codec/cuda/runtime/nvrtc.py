@@ -146,8 +146,10 @@ class Module:
             self._modules[index] = module
         if (index, kernel) not in self._functions:
             func = ctypes.c_void_p()
-            _check_driver(_driver().cuModuleGetFunction(ctypes.byref(func), self._modules[index], kernel.encode()),
-                          f"cuModuleGetFunction({kernel})")
+            _check_driver(
+                _driver().cuModuleGetFunction(ctypes.byref(func), self._modules[index], kernel.encode()),
+                f"cuModuleGetFunction({kernel})",
+            )
             self._functions[index, kernel] = func
         return self._functions[index, kernel]
 
@@ -156,12 +158,20 @@ class Module:
         `shared` bytes of dynamic shared memory (at most 48 KB)."""
         index = torch.device(device).index
         index = torch.cuda.current_device() if index is None else index
-        keep = [a if isinstance(a, ctypes.Structure) else ctypes.c_void_p(a.data_ptr())
-                if isinstance(a, torch.Tensor) else ctypes.c_longlong(int(a)) for a in args]
+        keep = [
+            a
+            if isinstance(a, ctypes.Structure)
+            else ctypes.c_void_p(a.data_ptr())
+            if isinstance(a, torch.Tensor)
+            else ctypes.c_longlong(int(a))
+            for a in args
+        ]
         params = (ctypes.c_void_p * len(keep))(*[ctypes.cast(ctypes.byref(k), ctypes.c_void_p) for k in keep])
         with torch.cuda.device(index):
             _make_current(index)
             func = self.function(kernel, index)
             stream = torch.cuda.current_stream(index).cuda_stream
-            _check_driver(_driver().cuLaunchKernel(func, grid, 1, 1, block, 1, 1, shared, ctypes.c_void_p(stream),
-                                                   params, None), f"launch of {kernel}")
+            _check_driver(
+                _driver().cuLaunchKernel(func, grid, 1, 1, block, 1, 1, shared, ctypes.c_void_p(stream), params, None),
+                f"launch of {kernel}",
+            )

@@ -59,8 +59,7 @@ class KernelParams(ctypes.Structure):
         return "\n// host mirror check (codec/cuda/runtime/params.py)\n" + line + "\n"
 
 
-_SIZES = {"i64": 8, "u64": 8, "long long": 8, "unsigned long long": 8, "int": 4, "unsigned": 4,
-          "unsigned int": 4}
+_SIZES = {"i64": 8, "u64": 8, "long long": 8, "unsigned long long": 8, "int": 4, "unsigned": 4, "unsigned int": 4}
 
 
 def declared_fields(source: str, name: str) -> list[tuple[str, str]]:

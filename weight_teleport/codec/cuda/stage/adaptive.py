@@ -29,8 +29,13 @@ class AdaptiveBatch(SparseBatch):
     copies the chunks to the device, `decode` launches the range decoder and the rest."""
 
     # the stager hands each codec's batch what it reads: here the chunks' spans
-    def decompress(self, pack, spans: ChunkSpans, threads: int | None = None,  # type: ignore[override]
-                   upload=None) -> None:
+    def decompress(  # type: ignore[override]
+        self,
+        pack,
+        spans: ChunkSpans,
+        threads: int | None = None,
+        upload=None,
+    ) -> None:
         """Reads the chunks' class tables (`spans`: the batch's chunks in the pack, in order)
         and queues their bytes' copy to the device; `threads` and `upload` are unused (a
         `sparse` batch's)."""
@@ -41,8 +46,9 @@ class AdaptiveBatch(SparseBatch):
         inv = self._inv_tensors[self.table.host[:, chunk_table.TENSOR]] != 0
         k = self.n_classes[self.table.host[:, chunk_table.TENSOR]]
         u8 = np.frombuffer(pack, np.uint8)
-        bad = read_tables(u8, spans.starts, spans.lengths, k, inv, self.table.host[:, chunk_table.LEN], events,
-                          changes, coded)
+        bad = read_tables(
+            u8, spans.starts, spans.lengths, k, inv, self.table.host[:, chunk_table.LEN], events, changes, coded
+        )
         if bad >= 0:
             rec = self.recs[int(self.table.host[bad, chunk_table.TENSOR])]
             raise PackFormatError(f"tensor {rec.name!r}: a sparse_ac chunk's class table is one its chunk cannot have")
@@ -56,7 +62,8 @@ class AdaptiveBatch(SparseBatch):
         dev = self.table.base.device
         n_res = int(self.res_cnt.sum())
         ev, res_cnt, inv, st, en, res_off = memory.to_device(
-            [self.events, self.res_cnt, self.inverted, starts, ends, memory.starts(self.res_cnt)], dev)
+            [self.events, self.res_cnt, self.inverted, starts, ends, memory.starts(self.res_cnt)], dev
+        )
         inv = inv != 0
         tot = self.tot.view(-1)
         seg_word = memory.starts((tot + 31) // 32)
@@ -82,8 +89,12 @@ class AdaptiveStage:
             spans = ChunkSpans.of(self.header, rs)
             spans.compare(crc32_ranges(self.pack, spans.starts, spans.lengths, self.threads or os.cpu_count() or 1))
             info = self.lives[rs[0].name].info
-            b = AdaptiveBatch([self.lives[r.name] for r in rs], rs, self.header,
-                              class_maps(rs, info, run_arrays([r.classes for r in rs])))
+            b = AdaptiveBatch(
+                [self.lives[r.name] for r in rs],
+                rs,
+                self.header,
+                class_maps(rs, info, run_arrays([r.classes for r in rs])),
+            )
             b.decompress(self.pack, spans)
             b.decode()
             out.append(b)

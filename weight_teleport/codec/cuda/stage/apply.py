@@ -17,7 +17,9 @@ def _address(live: Live, window) -> int:
     """The data_ptr of `live` narrowed to `window` ((offset, count, origin) or None), without
     making the view: a contiguous tensor moves by the offset, a strided one stays."""
     if window is not None and live.tensor.is_contiguous():
-        return live.tensor.data_ptr() + (window[0] + (live.window[0] if live.window else 0)) * live.tensor.element_size()
+        return (
+            live.tensor.data_ptr() + (window[0] + (live.window[0] if live.window else 0)) * live.tensor.element_size()
+        )
     return live.tensor.data_ptr()
 
 
@@ -25,16 +27,19 @@ def _check_addresses(found: dict[str, int], staged: DevicePatch) -> None:
     for g in staged.groups:
         for name, ptr in g.addresses.items():
             if found[name] != ptr:
-                raise ValueError(f"tensor {name!r} moved in memory since the patch was staged; "
-                                 "stage the pack again against the state it is applied to")
+                raise ValueError(
+                    f"tensor {name!r} moved in memory since the patch was staged; "
+                    "stage the pack again against the state it is applied to"
+                )
 
 
 def _device(t: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     return t.to(like.device, non_blocking=True) if t.device != like.device else t
 
 
-def bind(lives: dict[str, Live], staged: DevicePatch, threads: int | None = None,
-         relocate: bool = False) -> Callable[[], None]:
+def bind(
+    lives: dict[str, Live], staged: DevicePatch, threads: int | None = None, relocate: bool = False
+) -> Callable[[], None]:
     """The writes of a staged patch into the live weights, as a function to call in the
     pause: one scatter per element type for all contiguous tensors, one for all 2-D walk
     views that are not (column-parallel shards), one for any other strided views, then
@@ -51,11 +56,15 @@ def bind(lives: dict[str, Live], staged: DevicePatch, threads: int | None = None
         base = narrow(g.base)
         if isinstance(g, WalkGroup):  # before FusedGroup, which it extends
             flat = storage_view(base.tensor, base.info)
-            writes.append(lambda g=g, flat=flat: scatter_walks(flat, _device(g.rows, flat), _device(g.offsets, flat),
-                                                               _device(g.values, flat)))
+            writes.append(
+                lambda g=g, flat=flat: scatter_walks(
+                    flat, _device(g.rows, flat), _device(g.offsets, flat), _device(g.values, flat)
+                )
+            )
         elif isinstance(g, FusedGroup):
-            writes.append(lambda g=g, u=base.u: scatter_chunks(u, _device(g.rows, u), _device(g.offsets, u),
-                                                               _device(g.values, u)))
+            writes.append(
+                lambda g=g, u=base.u: scatter_chunks(u, _device(g.rows, u), _device(g.offsets, u), _device(g.values, u))
+            )
         else:
             flat = storage_view(base.tensor, base.info)
             writes.append(lambda g=g, flat=flat: scatter(flat, _device(g.offsets, flat), _device(g.values, flat)))
@@ -66,13 +75,13 @@ def bind(lives: dict[str, Live], staged: DevicePatch, threads: int | None = None
     def write() -> None:
         for w in writes:
             w()
+
     return write
 
 
 def _write_tensor(live: Live, t) -> None:
     for start, values in t.dense:
-        live.u[start:start + values.numel()].copy_(values, non_blocking=True)
+        live.u[start : start + values.numel()].copy_(values, non_blocking=True)
     if t.positions is not None:
         scatter(live.u, _device(t.positions, live.u), _device(t.values, live.u))
     live.commit()
-

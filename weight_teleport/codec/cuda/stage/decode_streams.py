@@ -111,6 +111,7 @@ class Upload:
 
 class Layout(NamedTuple):
     """Where every stream goes in the device buffer (`_plan`)."""
+
     out_off: np.ndarray
     """Each raw stream's slot."""
     out_total: int
@@ -169,7 +170,7 @@ def laid_out(pack, codec, raw, stored, at, arrays: tuple, planned: tuple) -> Lay
         c = int(codec[bad])
         if c in nvcomp.CODED and c != ZSTD:
             raise PackFormatError(f"{codecs.NAMES[c]} stream is empty ({raw[bad]} raw, {stored[bad]} stored bytes)")
-        codecs.decode_stream(c, memoryview(pack)[at[bad]:at[bad] + stored[bad]], int(raw[bad]))
+        codecs.decode_stream(c, memoryview(pack)[at[bad] : at[bad] + stored[bad]], int(raw[bad]))
         raise PackFormatError("malformed stream")  # decode_stream refuses every other stream _plan does
     out_off, copies, coded, comp_off = arrays
     return Layout(out_off, out_total, comp_total, copies[:k], coded[:z], comp_off[:z])
@@ -183,6 +184,7 @@ def _layout(pack, codec, raw, stored, at, lo: int) -> Layout:
 
 class Prepared(NamedTuple):
     """The host's part of `inflate` (`prepare`, `planned`)."""
+
     layout: Layout
     lo: int
     """The first byte of the pack the upload holds."""
@@ -239,16 +241,17 @@ def _on_cpu(pack, lay: Layout, codec, raw, stored, at, device, threads) -> tuple
     view = memoryview(pack)
 
     def one(i: int) -> None:
-        data = view[at[i]:at[i] + stored[i]]
-        host[lay.out_off[i]:lay.out_off[i] + raw[i]] = codecs.decode_stream(int(codec[i]), data, int(raw[i]))
+        data = view[at[i] : at[i] + stored[i]]
+        host[lay.out_off[i] : lay.out_off[i] + raw[i]] = codecs.decode_stream(int(codec[i]), data, int(raw[i]))
 
     with ThreadPoolExecutor(max_workers=threads or os.cpu_count() or 1) as pool:
         list(pool.map(one, np.flatnonzero(raw)))
     return torch.from_numpy(host).to(device), torch.zeros((), dtype=torch.bool, device=device)
 
 
-def prepare(pack, table: StreamTable, device, upload: Upload | None = None,
-            cfg: CudaCodecConfig | None = None) -> Prepared:
+def prepare(
+    pack, table: StreamTable, device, upload: Upload | None = None, cfg: CudaCodecConfig | None = None
+) -> Prepared:
     """The streams' layout in the device buffer and, with nvCOMP, the decompression's plan
     (`cfg`: its backend)."""
     codec, raw, stored, at = (a.ravel() for a in (table.codec, table.raw, table.stored, table.at))
@@ -259,8 +262,17 @@ def prepare(pack, table: StreamTable, device, upload: Upload | None = None,
     return planned(_layout(pack, codec, raw, stored, at, lo), lo, hi, codec, raw, stored, device, cfg)
 
 
-def planned(lay: Layout, lo: int, hi: int | None, codec: np.ndarray, raw: np.ndarray, stored: np.ndarray, device,
-            cfg: CudaCodecConfig | None = None, bucketed: tuple[np.ndarray, list[tuple[int, int, str]], np.ndarray] | None = None) -> Prepared:
+def planned(
+    lay: Layout,
+    lo: int,
+    hi: int | None,
+    codec: np.ndarray,
+    raw: np.ndarray,
+    stored: np.ndarray,
+    device,
+    cfg: CudaCodecConfig | None = None,
+    bucketed: tuple[np.ndarray, list[tuple[int, int, str]], np.ndarray] | None = None,
+) -> Prepared:
     """`lay` (of streams of `codec`, `raw` and `stored` lengths) and, with nvCOMP, the plan of
     its coded streams' decompression with `cfg`'s backend; `bucketed`: their (order, ranges,
     table) made already (`nvcomp.bucket_sort`, `nvcomp.plan_rows`)."""
@@ -269,13 +281,22 @@ def planned(lay: Layout, lo: int, hi: int | None, codec: np.ndarray, raw: np.nda
         dev = torch.device(device)
         handle = stream(dev).cuda_stream if dev.type == "cuda" else 0
         cs = lay.coded
-        plan = nvcomp.sized_plan(cfg, *bucketed, handle) if bucketed else \
-            nvcomp.plan_decompress(cfg, lay.comp_off, stored[cs], lay.out_off[cs], raw[cs], handle, codec[cs])
+        plan = (
+            nvcomp.sized_plan(cfg, *bucketed, handle)
+            if bucketed
+            else nvcomp.plan_decompress(cfg, lay.comp_off, stored[cs], lay.out_off[cs], raw[cs], handle, codec[cs])
+        )
     return Prepared(lay, lo, hi, plan, cfg)
 
 
-def inflate(pack, table: StreamTable, device, threads: int | None = None, upload: Upload | None = None,
-            prep: Prepared | None = None) -> Inflated:
+def inflate(
+    pack,
+    table: StreamTable,
+    device,
+    threads: int | None = None,
+    upload: Upload | None = None,
+    prep: Prepared | None = None,
+) -> Inflated:
     """Every stream of `table` decoded into one device buffer (nvCOMP when installed).
     `upload`, started earlier, holds the streams' bytes on the device; without it they are
     uploaded here. `prep`: the layout and plan made already (`prepare`, or `planned` on a

@@ -33,8 +33,9 @@ class DeviceTensorPatch:
         return self.changed > 0 or bool(self.dense)
 
 
-def _moved(at: torch.Tensor, addresses: dict[str, int], base: str, nbytes: int,
-           to: dict[str, int]) -> tuple[torch.Tensor, str]:
+def _moved(
+    at: torch.Tensor, addresses: dict[str, int], base: str, nbytes: int, to: dict[str, int]
+) -> tuple[torch.Tensor, str]:
     """Element offsets `at` (from `base`'s first element, each inside one member of
     `addresses`) as offsets from the lowest of the members' new addresses `to`, each kept at
     its place in its member; (offsets, the new base)."""
@@ -50,6 +51,7 @@ def _moved(at: torch.Tensor, addresses: dict[str, int], base: str, nbytes: int,
 class FusedGroup:
     """Changes of several contiguous tensors of one element type, addressed from one base:
     4-byte offsets in their chunks, and a row per scatter program naming its chunk."""
+
     base: str
     """Name of the tensor chunk positions count from (the lowest address of the group)."""
     addresses: dict[str, int]
@@ -65,8 +67,13 @@ class FusedGroup:
 
     def moved(self, to: dict[str, int]) -> "FusedGroup":
         """The same changes written into members now at addresses `to`."""
-        first, base = _moved(self.rows[:, 0].contiguous().to(self.values.device), self.addresses, self.base,
-                             self.values.element_size(), to)
+        first, base = _moved(
+            self.rows[:, 0].contiguous().to(self.values.device),
+            self.addresses,
+            self.base,
+            self.values.element_size(),
+            to,
+        )
         rows = self.rows.to(self.values.device).clone()
         rows[:, 0] = first
         return dataclasses.replace(self, base=base, addresses={n: to[n] for n in self.addresses}, rows=rows)
@@ -87,6 +94,7 @@ class ScatterGroup:
     """Changes of tensors of one element type that are not contiguous and whose walks are
     not 2-D views (else `WalkGroup`), written where they lie in memory: int64 offsets from
     the base's first element."""
+
     base: str
     addresses: dict[str, int]
     offsets: torch.Tensor
@@ -96,8 +104,9 @@ class ScatterGroup:
         return [self.offsets, self.values]
 
     def moved(self, to: dict[str, int]) -> "ScatterGroup":
-        offsets, base = _moved(self.offsets.to(self.values.device), self.addresses, self.base,
-                               self.values.element_size(), to)
+        offsets, base = _moved(
+            self.offsets.to(self.values.device), self.addresses, self.base, self.values.element_size(), to
+        )
         return ScatterGroup(base, {n: to[n] for n in self.addresses}, offsets, self.values)
 
 
@@ -159,15 +168,19 @@ class DevicePatch:
             signed = np.dtype(f"<i{t.info.nbytes}") if t.info.nbytes > 1 else np.dtype(np.uint8)
             pin = lambda a: torch.from_numpy(np.ascontiguousarray(a)).pin_memory()
             sparse = [c for c in t.chunks if c.positions is not None]
-            patch = DeviceTensorPatch(t.name, t.info, t.shape, t.digest, changed=sum(c.values.size for c in sparse),
-                                      dense=[(c.start, pin(c.values.view(signed))) for c in t.chunks
-                                             if c.positions is None])
+            patch = DeviceTensorPatch(
+                t.name,
+                t.info,
+                t.shape,
+                t.digest,
+                changed=sum(c.values.size for c in sparse),
+                dense=[(c.start, pin(c.values.view(signed))) for c in t.chunks if c.positions is None],
+            )
             if sparse:
                 patch.positions = pin(np.concatenate([c.positions.astype(np.int64) + c.start for c in sparse]))
                 patch.values = pin(np.concatenate([c.values for c in sparse]).view(signed))
             tensors.append(patch)
-        return cls(staged.kind, staged.version, staged.base_version, tensors, staged.base_checked,
-                   walks=staged.walks)
+        return cls(staged.kind, staged.version, staged.base_version, tensors, staged.base_checked, walks=staged.walks)
 
     def moved(self, to: dict[str, int]) -> "DevicePatch":
         """The patch written into tensors of the same shapes and contents as those it was

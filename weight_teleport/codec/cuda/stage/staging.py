@@ -52,8 +52,11 @@ def _on_host(lives: dict[str, Live], recs, header, pack, check_base: bool, threa
     them); each chunk's new values as one run from its start (`_run`)."""
     if not recs:
         return {}
-    if header.kind == "snapshot" and not any(r.cuts or r.name in cut for r in recs) \
-            and snapshot.raw_planes(header, pack, recs):
+    if (
+        header.kind == "snapshot"
+        and not any(r.cuts or r.name in cut for r in recs)
+        and snapshot.raw_planes(header, pack, recs)
+    ):
         return snapshot.stage(lives, header, pack, recs, header.chunk_elems)
     cpu = registry.backend("cpu")  # looked up at each call: tests stand in for its functions
     host, windows = {}, {}
@@ -68,8 +71,9 @@ def _on_host(lives: dict[str, Live], recs, header, pack, check_base: bool, threa
             windows[r.name] = cut[r.name][1]
     sub = dataclasses.replace(header, tensors=[cut[r.name][0] if r.name in cut else r for r in recs])
     staged = cpu.stage(host, sub, pack, check_base, threads, windows)
-    return {t.name: [(c.start, _upload(_run(c, host[t.name].u), lives[t.name])) for c in t.chunks]
-            for t in staged.tensors}
+    return {
+        t.name: [(c.start, _upload(_run(c, host[t.name].u), lives[t.name])) for c in t.chunks] for t in staged.tensors
+    }
 
 
 def _run(chunk: ChunkPatch, old: np.ndarray) -> np.ndarray:
@@ -77,7 +81,7 @@ def _run(chunk: ChunkPatch, old: np.ndarray) -> np.ndarray:
     over the `old` values (the host copy it was staged against) up to its last change."""
     if chunk.positions is None:
         return chunk.values
-    run = old[chunk.start:chunk.start + (int(chunk.positions[-1]) + 1 if chunk.positions.size else 0)].copy()
+    run = old[chunk.start : chunk.start + (int(chunk.positions[-1]) + 1 if chunk.positions.size else 0)].copy()
     run[chunk.positions] = chunk.values
     return run
 
@@ -113,7 +117,8 @@ def _check_base(rec, nbytes: int, s_old: int, header) -> None:
         raise PackMismatchError(
             f"tensor {rec.name!r} does not hold the weights of base version {header.base_version} "
             f"(digest {D.to_hex(D.finish(s_old, nbytes))}, expected {rec.base_digest}): the state is at "
-            "another version or was modified; resync from a snapshot")
+            "another version or was modified; resync from a snapshot"
+        )
 
 
 def _check_result(rec, nbytes: int, s_old: int, s_new: int) -> None:
@@ -121,7 +126,8 @@ def _check_result(rec, nbytes: int, s_old: int, s_new: int) -> None:
     if predicted != D.from_hex(rec.digest):
         raise DigestMismatchError(
             f"tensor {rec.name!r}: the patched weights would have digest {D.to_hex(predicted)}, "
-            f"the pack promises {rec.digest}; the pack is corrupt or was encoded from other weights")
+            f"the pack promises {rec.digest}; the pack is corrupt or was encoded from other weights"
+        )
 
 
 _HEX = re.compile(r"[0-9a-f]*")
@@ -142,8 +148,9 @@ def _record_digests(recs) -> tuple[np.ndarray | None, np.ndarray | None]:
     return _digest_words([r.base_digest for r in recs]), _digest_words([r.digest for r in recs])
 
 
-def _digest_failures(recs, nbytes: np.ndarray, sums: np.ndarray, digests: tuple | None = None
-                     ) -> tuple[list[int], list[int]]:
+def _digest_failures(
+    recs, nbytes: np.ndarray, sums: np.ndarray, digests: tuple | None = None
+) -> tuple[list[int], list[int]]:
     """(the records whose base digest the old weights miss, those whose promised digest the
     patched weights would miss), from the device's word sums (`sums` [records, 2] int64: old,
     new) in uint64 arithmetic over all records at once; every record where a digest is not in
@@ -171,8 +178,7 @@ _helpers = ThreadPoolExecutor(max_workers=2, thread_name_prefix="weight-teleport
 thread launches the class counts."""
 
 
-def _start_reads(pack, groups: list[list], runs: list[Runs], spans: ChunkSpans, uploaded: bool,
-                 reads: list) -> None:
+def _start_reads(pack, groups: list[list], runs: list[Runs], spans: ChunkSpans, uploaded: bool, reads: list) -> None:
     """Starts each group's stream-table walk on a helper thread (into `reads`), on the classes
     its records' class-map runs give (`runs`): `plan.class_maps` checks the maps later, and a
     valid map's runs give its count. `spans` holds the groups' chunks end to end, `uploaded`:
@@ -184,8 +190,18 @@ def _start_reads(pack, groups: list[list], runs: list[Runs], spans: ChunkSpans, 
         reads.append(sparse.StreamsRead(pack, part, rs, rn.top_classes() + 1, lo, hi, _helpers))
 
 
-def _batches(lives: dict[str, Live], groups: list[list], runs: list[Runs], header, spans: ChunkSpans, pack, threads,
-             upload, reads: list, config: CudaCodecConfig | None) -> tuple[list[SparseBatch], torch.Tensor | None]:
+def _batches(
+    lives: dict[str, Live],
+    groups: list[list],
+    runs: list[Runs],
+    header,
+    spans: ChunkSpans,
+    pack,
+    threads,
+    upload,
+    reads: list,
+    config: CudaCodecConfig | None,
+) -> tuple[list[SparseBatch], torch.Tensor | None]:
     """(a SparseBatch per group, the chunks' CRC-32s where the pack was copied to the device,
     else None); `reads`: the groups' stream-table walks (`_start_reads`). The device runs
     what is queued in order, each kernel's blocks before the next one's, and the class
@@ -211,16 +227,30 @@ def _read_back(batches: list[SparseBatch], same_sums: torch.Tensor | None, crcs:
     """(flags [batches, 3], digest sums [tensors, 2] int64 (old, new) per sparse tensor then
     per `same` tensor (its word sum twice), each of `crcs`, chunk CRC-32s): one transfer."""
     n_crcs = [c.numel() for c in crcs]
-    parts = [b.flags.long() for b in batches] + [b.sums.view(-1) for b in batches] + \
-        ([] if same_sums is None else [same_sums.repeat_interleave(2)]) + [c.long() & 0xFFFFFFFF for c in crcs]
+    parts = (
+        [b.flags.long() for b in batches]
+        + [b.sums.view(-1) for b in batches]
+        + ([] if same_sums is None else [same_sums.repeat_interleave(2)])
+        + [c.long() & 0xFFFFFFFF for c in crcs]
+    )
     host = torch.cat(parts).cpu().numpy() if parts else np.zeros(0, np.int64)
     n, tail = 3 * len(batches), host.size - sum(n_crcs)
     bounds = np.cumsum([tail, *n_crcs]).tolist()
     return host[:n].reshape(-1, 3), host[n:tail].reshape(-1, 2), [host[a:b] for a, b in zip(bounds, bounds[1:])]
 
 
-def _launched(lives: dict[str, Live], groups: list[list], runs: list[Runs], header, spans: ChunkSpans, pack, threads,
-              reads: list, uploaded: bool, config: CudaCodecConfig | None) -> tuple[list[SparseBatch], torch.Tensor | None]:
+def _launched(
+    lives: dict[str, Live],
+    groups: list[list],
+    runs: list[Runs],
+    header,
+    spans: ChunkSpans,
+    pack,
+    threads,
+    reads: list,
+    uploaded: bool,
+    config: CudaCodecConfig | None,
+) -> tuple[list[SparseBatch], torch.Tensor | None]:
     """`_batches`, with the pack's bytes on their way to the device (`uploaded`: to be
     decompressed there by nvCOMP)."""
     # the sparse chunks' bytes go to the device on a host thread while this thread launches
@@ -251,8 +281,9 @@ class SparseStage:
     records; `launch` then launches the batches with the pack's bytes on their way to the
     device (`_launched`)."""
 
-    def __init__(self, lives: dict[str, Live], recs: list, header, pack, threads: int | None,
-                 config: CudaCodecConfig | None):
+    def __init__(
+        self, lives: dict[str, Live], recs: list, header, pack, threads: int | None, config: CudaCodecConfig | None
+    ):
         self.lives, self.header, self.pack, self.threads, self.config = lives, header, pack, threads, config
         self.groups = _by_type(lives, recs)
         self.spans = ChunkSpans.of(header, [r for rs in self.groups for r in rs])
@@ -267,8 +298,18 @@ class SparseStage:
             raise
 
     def launch(self) -> list[SparseBatch]:
-        batches, self.crcs = _launched(self.lives, self.groups, self.runs, self.header, self.spans, self.pack,
-                                       self.threads, self.reads, self.uploaded, self.config)
+        batches, self.crcs = _launched(
+            self.lives,
+            self.groups,
+            self.runs,
+            self.header,
+            self.spans,
+            self.pack,
+            self.threads,
+            self.reads,
+            self.uploaded,
+            self.config,
+        )
         return batches
 
     def close(self) -> None:
@@ -276,8 +317,15 @@ class SparseStage:
         wait([r.done for r in self.reads])
 
 
-def stage(lives: dict[str, Live], header, pack, check_base: bool, threads: int | None,
-          config: CudaCodecConfig | None = None, windows: dict | None = None) -> DevicePatch:
+def stage(
+    lives: dict[str, Live],
+    header,
+    pack,
+    check_base: bool,
+    threads: int | None,
+    config: CudaCodecConfig | None = None,
+    windows: dict | None = None,
+) -> DevicePatch:
     """Decode and verify every chunk against the live weights; nothing is written. `config`:
     nvCOMP's decompression backend (`decompress_backend`). `windows`: the records staged in
     part, as `windows.windowed` takes them; each such run of chunks is checked against its chunk
@@ -292,16 +340,24 @@ def stage(lives: dict[str, Live], header, pack, check_base: bool, threads: int |
         for name, stager in stagers.items():
             if stager is not None:
                 stages.append(stager(lives, by_codec[name], header, pack, threads, config))
-        dense = _on_host(lives, [r for r in header.tensors if r.codec in stagers and stagers[r.codec] is None],
-                         header, pack, check, threads, cut)
+        dense = _on_host(
+            lives,
+            [r for r in header.tensors if r.codec in stagers and stagers[r.codec] is None],
+            header,
+            pack,
+            check,
+            threads,
+            cut,
+        )
         batches = [b for st in stages for b in st.launch()]
     finally:
         for st in stages:
             st.close()
     patch = _patch(lives, header, batches, dense, check)  # host work while the device decodes
     # records are cut only where `windows` names them
-    patch.windows = {name: (w[0] - cast(dict, windows)[name][0], lives[name].u.numel(), w[0])
-                     for name, (_, w) in cut.items()}
+    patch.windows = {
+        name: (w[0] - cast(dict, windows)[name][0], lives[name].u.numel(), w[0]) for name, (_, w) in cut.items()
+    }
     same = [r for r in header.tensors if r.codec in SAME and check and r.name not in cut]
     same_sums = word_sums([lives[r.name].tensor for r in same]) if same else None
     # what the digest checks need of the records, made while the device works, not on the
@@ -363,15 +419,21 @@ def _tensor_patches(b: SparseBatch, walked: set[int]) -> list[DeviceTensorPatch]
     changed = np.concatenate([[0], np.cumsum(n)])[bounds]
     out = []
     for i, (rec, live) in enumerate(zip(b.recs, b.lives)):
-        t = DeviceTensorPatch(rec.name, live.info, rec.shape, D.from_hex(rec.digest),
-                              changed=int(changed[i + 1] - changed[i]), fused=live.in_place or i in walked)
+        t = DeviceTensorPatch(
+            rec.name,
+            live.info,
+            rec.shape,
+            D.from_hex(rec.digest),
+            changed=int(changed[i + 1] - changed[i]),
+            fused=live.in_place or i in walked,
+        )
         if not t.fused and t.changed:
             ks = slice(bounds[i], bounds[i + 1])
             r0, dev = int(first[ks][0]), live.u.device
             starts, counts = memory.to_device([b.table.host[ks, chunk_table.START] - live.origin, n[ks]], dev)
             rep = torch.repeat_interleave(starts, counts, output_size=t.changed)
-            t.positions = b.pos[r0:r0 + t.changed].long() + rep
-            t.values = b.val[r0:r0 + t.changed]
+            t.positions = b.pos[r0 : r0 + t.changed].long() + rep
+            t.values = b.val[r0 : r0 + t.changed]
         out.append(t)
     return out
 
@@ -419,8 +481,9 @@ def _walk_group(b: SparseBatch, walked: dict[int, tuple[int, int, int]]) -> Walk
         skip[i] = (lv.window[0] if lv.window is not None else 0) - lv.origin
     n, first = b.chunk_changes[chunks], b.chunk_first_change[chunks]
     out = memory.arena().empty((int((-(-n // stage_scatter.BLOCK)).sum()), stage_scatter.WALK_ROW), np.int64)
-    _walk_program_rows(geometry[tensor], rows[chunks, chunk_table.START] + skip[tensor], first, n,
-                       stage_scatter.BLOCK, out)
+    _walk_program_rows(
+        geometry[tensor], rows[chunks, chunk_table.START] + skip[tensor], first, n, stage_scatter.BLOCK, out
+    )
     return WalkGroup(base, ptrs, memory.upload(out, b.pos.device), b.pos, b.val)
 
 
@@ -445,8 +508,12 @@ def _strided_group(b: SparseBatch, patches: list[DeviceTensorPatch]) -> ScatterG
     ptrs = {t.name: lv.tensor.data_ptr() for lv, t in members}
     base = min(ptrs, key=ptrs.__getitem__)
     # members have their positions, and staged tensors their values
-    offsets = torch.cat([lv.storage_offsets(cast(torch.Tensor, t.positions))
-                         + (ptrs[t.name] - ptrs[base]) // b.info.nbytes for lv, t in members])
+    offsets = torch.cat(
+        [
+            lv.storage_offsets(cast(torch.Tensor, t.positions)) + (ptrs[t.name] - ptrs[base]) // b.info.nbytes
+            for lv, t in members
+        ]
+    )
     values = torch.cat([cast(torch.Tensor, t.values) for _, t in members])
     for _, t in members:
         t.positions, t.values, t.fused = None, None, True
@@ -458,10 +525,17 @@ def _patch(lives: dict[str, Live], header, batches: list[SparseBatch], dense: di
     patches = [_tensor_patches(b, set(w)) for b, w in zip(batches, walked)]
     strided = [g for g in (_strided_group(b, ts) for b, ts in zip(batches, patches)) if g is not None]
     by_name = {t.name: t for ts in patches for t in ts}
-    tensors = [by_name.get(rec.name) or DeviceTensorPatch(rec.name, lives[rec.name].info, rec.shape,
-                                                          D.from_hex(rec.digest), dense=dense.get(rec.name, []))
-               for rec in header.tensors]
+    tensors = [
+        by_name.get(rec.name)
+        or DeviceTensorPatch(
+            rec.name, lives[rec.name].info, rec.shape, D.from_hex(rec.digest), dense=dense.get(rec.name, [])
+        )
+        for rec in header.tensors
+    ]
     patch = DevicePatch(header.kind, header.version, header.base_version, tensors, check)
-    patch.groups = [g for g in (_fused_group(b) for b in batches) if g is not None] \
-        + [g for g in (_walk_group(b, w) for b, w in zip(batches, walked)) if g is not None] + strided
+    patch.groups = (
+        [g for g in (_fused_group(b) for b in batches) if g is not None]
+        + [g for g in (_walk_group(b, w) for b, w in zip(batches, walked)) if g is not None]
+        + strided
+    )
     return patch

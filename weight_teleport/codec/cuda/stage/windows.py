@@ -16,8 +16,9 @@ def window_digest(digests: list[str], spans, nbytes: int) -> str:
     """The digest of a run of a record's chunks, from their chunk digests (each over its
     words numbered by their place in the walk: their word sums add up)."""
     total = sum((e - s) * nbytes for s, e in spans)
-    return D.to_hex(D.finish(sum(D.word_sum(D.from_hex(d), (e - s) * nbytes) for d, (s, e) in zip(digests, spans)),
-                             total))
+    return D.to_hex(
+        D.finish(sum(D.word_sum(D.from_hex(d), (e - s) * nbytes) for d, (s, e) in zip(digests, spans)), total)
+    )
 
 
 def windowed(lives: dict[str, Live], header, windows: dict):
@@ -41,20 +42,34 @@ def windowed(lives: dict[str, Live], header, windows: dict):
                 continue
             spans = rec.chunk_spans(header.chunk_elems)[i:j]
             if not rec.chunk_digests or (header.kind == "delta" and not rec.chunk_base_digests):
-                raise PackMismatchError(f"tensor {rec.name!r}: the pack has no chunk digests, so a slice of it "
-                                        "cannot be verified alone; stage the whole record")
+                raise PackMismatchError(
+                    f"tensor {rec.name!r}: the pack has no chunk digests, so a slice of it "
+                    "cannot be verified alone; stage the whole record"
+                )
             nb, first, stop = lives[rec.name].info.nbytes, spans[0][0], spans[-1][1]
             base = None if header.kind != "delta" else window_digest(rec.chunk_base_digests[i:j], spans, nb)
             cut[rec.name] = (rec, (first, i, j))
             rec = msgspec.structs.replace(
-                rec, shape=(stop - first,), box=None, order=None, chunks=rec.chunks[i:j],
-                cuts=[e - s for s, e in spans] if rec.cuts else [], chunk_digests=[], chunk_base_digests=[],
-                digest=window_digest(rec.chunk_digests[i:j], spans, nb), base_digest=base)
+                rec,
+                shape=(stop - first,),
+                box=None,
+                order=None,
+                chunks=rec.chunks[i:j],
+                cuts=[e - s for s, e in spans] if rec.cuts else [],
+                chunk_digests=[],
+                chunk_base_digests=[],
+                digest=window_digest(rec.chunk_digests[i:j], spans, nb),
+                base_digest=base,
+            )
             out[rec.name] = lives[rec.name].narrowed(first - walk_start, stop - first, first)
             lo, hi = lo + i, lo + j
         recs.append(rec)
         rows.append(header.chunk_rows[lo:hi])
         firsts.append(firsts[-1] + hi - lo)
-    sub = dataclasses.replace(header, tensors=recs, chunk_first=np.array(firsts, np.int64),
-                              chunk_rows=np.concatenate(rows) if rows else header.chunk_rows[:0])
+    sub = dataclasses.replace(
+        header,
+        tensors=recs,
+        chunk_first=np.array(firsts, np.int64),
+        chunk_rows=np.concatenate(rows) if rows else header.chunk_rows[:0],
+    )
     return out, sub, cut

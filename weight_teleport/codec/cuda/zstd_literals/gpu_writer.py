@@ -40,6 +40,7 @@ def _module() -> nvrtc.Module:
 class Blocks:
     """The blocks of the streams at least min_length bytes long, then empty ones up to the
     launch's bound (int64 device tensors)."""
+
     src: torch.Tensor
     """Each block's first byte in the streams' buffer."""
     size: torch.Tensor
@@ -59,6 +60,7 @@ class Blocks:
 @dataclass
 class Plan:
     """Every block of the streams, planned on the device."""
+
     n: int
     """Blocks of the launch."""
     blocks: Blocks
@@ -86,14 +88,18 @@ def blocks(offsets: torch.Tensor, lengths: torch.Tensor, min_length: int, max_bl
     b = torch.arange(max_blocks, device=lengths.device)
     stream = torch.searchsorted(ends[:n], b, right=True)
     k = b - (ends - count)[stream]
-    return Blocks(offsets[stream] + k * BLOCK_BYTES,
-                  torch.where(stream < n, torch.clamp(lengths[stream] - k * BLOCK_BYTES, max=BLOCK_BYTES), 0), stream,
-                  b - k, torch.where(k == 0, lengths[stream], 0), (k == count[stream] - 1).long(),
-                  frame_header_size(lengths))
+    return Blocks(
+        offsets[stream] + k * BLOCK_BYTES,
+        torch.where(stream < n, torch.clamp(lengths[stream] - k * BLOCK_BYTES, max=BLOCK_BYTES), 0),
+        stream,
+        b - k,
+        torch.where(k == 0, lengths[stream], 0),
+        (k == count[stream] - 1).long(),
+        frame_header_size(lengths),
+    )
 
 
-def plan(buffer: torch.Tensor, offsets: torch.Tensor, lengths: torch.Tensor, min_length: int,
-         max_blocks: int) -> Plan:
+def plan(buffer: torch.Tensor, offsets: torch.Tensor, lengths: torch.Tensor, min_length: int, max_blocks: int) -> Plan:
     """Launch the planning of the streams buffer[offsets[i]:offsets[i] + lengths[i]] (device
     int64) at least `min_length` (>= 1) bytes long, the others left out; `max_blocks` (at
     least their blocks) sizes the launch, its blocks past theirs empty. Nothing syncs."""
@@ -107,15 +113,20 @@ def plan(buffer: torch.Tensor, offsets: torch.Tensor, lengths: torch.Tensor, min
     trees = torch.empty(n * TREE_MAX, dtype=torch.uint8, device=dev)
     size = bl.size.int()
     if max_blocks:
-        _module().launch("huf_plan", -(-max_blocks // PLAN_WARPS), 32 * PLAN_WARPS,
-                         [buffer, bl.src, size, info, codes, code_lengths, trees, max_blocks], dev)
+        _module().launch(
+            "huf_plan",
+            -(-max_blocks // PLAN_WARPS),
+            32 * PLAN_WARPS,
+            [buffer, bl.src, size, info, codes, code_lengths, trees, max_blocks],
+            dev,
+        )
     return Plan(max_blocks, bl, size, info, codes, code_lengths, trees)
 
 
 def frame_sizes(p: Plan) -> torch.Tensor:
     """Each stream's frame bytes (device int64; no sync); those of streams left out are
     meaningless."""
-    sizes = p.blocks.header.clone().index_add_(0, p.blocks.stream, 3 + p.info[:p.n, 1].long())
+    sizes = p.blocks.header.clone().index_add_(0, p.blocks.stream, 3 + p.info[: p.n, 1].long())
     return sizes[:-1]
 
 
@@ -126,10 +137,27 @@ def write(buffer: torch.Tensor, p: Plan, take: torch.Tensor, at: torch.Tensor, o
     if not p.n:
         return
     bl = p.blocks
-    block_at = memory.starts(3 + p.info[:p.n, 1].long())
+    block_at = memory.starts(3 + p.info[: p.n, 1].long())
     keep = torch.cat([take.reshape(-1), take.new_zeros(1)])[bl.stream]
     at = torch.cat([at.reshape(-1), at.new_zeros(1)])[bl.stream]
     block_at = torch.where(keep, at + bl.header[bl.stream] + block_at - block_at[bl.first], -1)
-    _module().launch("huf_write", p.n, THREADS, [buffer, bl.src, p.size, p.info, p.codes, p.code_lengths, p.trees,
-                                                 block_at, torch.where(keep, bl.frame, 0), bl.last.int(), out, p.n],
-                     buffer.device)
+    _module().launch(
+        "huf_write",
+        p.n,
+        THREADS,
+        [
+            buffer,
+            bl.src,
+            p.size,
+            p.info,
+            p.codes,
+            p.code_lengths,
+            p.trees,
+            block_at,
+            torch.where(keep, bl.frame, 0),
+            bl.last.int(),
+            out,
+            p.n,
+        ],
+        buffer.device,
+    )

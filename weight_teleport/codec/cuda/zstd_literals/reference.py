@@ -231,8 +231,9 @@ def _tree(lengths: np.ndarray, last: int) -> bytes | None:
     top = int(lengths.max())
     weights = np.where(lengths[:last] > 0, top + 1 - lengths[:last], 0)
     if last <= MAX_SYMBOL:
-        return bytes([127 + last]) + bytes(int(weights[k]) << 4 | int(weights[k + 1] if k + 1 < last else 0)
-                                           for k in range(0, last, 2))
+        return bytes([127 + last]) + bytes(
+            int(weights[k]) << 4 | int(weights[k + 1] if k + 1 < last else 0) for k in range(0, last, 2)
+        )
     fse = _fse_weights(weights)
     return None if fse is None else bytes([len(fse)]) + fse
 
@@ -249,7 +250,7 @@ def _huffman_block(data: np.ndarray, hist: np.ndarray) -> bytes | None:
         body = _bitstream(data, codes, lengths)
     else:
         quarter = (data.size + 3) // 4
-        streams = [_bitstream(data[k * quarter:(k + 1) * quarter], codes, lengths) for k in range(4)]
+        streams = [_bitstream(data[k * quarter : (k + 1) * quarter], codes, lengths) for k in range(4)]
         body = b"".join(len(s).to_bytes(2, "little") for s in streams[:3]) + b"".join(streams)
     head = 3 if data.size < ONE_STREAM_BELOW else 4 if data.size < 1 << 14 else 5
     if head + len(tree) + len(body) + 1 >= data.size:
@@ -279,7 +280,7 @@ def frame(data) -> bytes:
     assert data.size
     out = [frame_header(data.size)]
     for at in range(0, data.size, BLOCK_BYTES):
-        block = data[at:at + BLOCK_BYTES]
+        block = data[at : at + BLOCK_BYTES]
         last = int(at + BLOCK_BYTES >= data.size)
         hist = np.bincount(block, minlength=256)
         if np.count_nonzero(hist) == 1:
