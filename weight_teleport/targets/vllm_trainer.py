@@ -199,6 +199,11 @@ class TeleportTrainerEngine(TrainerWeightTransferEngine[TeleportTrainerInitInfo]
 
         info = self.info
         ranks = dist.get_world_size(info.group) if dist.is_available() and dist.is_initialized() else 1
+        if ranks == 1 and not self.is_sender:
+            raise ConfigError(
+                f"TrainerInitInfo.rank={info.rank} is not the sender, and no torch.distributed group "
+                "joins this process to one: a single trainer process is rank 0"
+            )
         if ranks > 1:
             self.ranks = Ranks(info.group)
         if ranks > 1 and hasattr(self.source, "local_state"):
