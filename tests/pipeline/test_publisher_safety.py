@@ -333,9 +333,9 @@ def test_a_subscriber_config_refuses_an_unusable_field_when_made(field, value):
 def test_the_config_literals_list_the_choices_the_checks_accept():
     import typing
 
-    from weight_teleport.format.codecs import CHOICES
-    from weight_teleport.pipeline import config
     from weight_teleport.codec.cuda.config import BACKENDS
+    from weight_teleport.format.codecs import CHOICES, Choice
+    from weight_teleport.pipeline import config
 
-    assert typing.get_args(config.Codec) == CHOICES
+    assert typing.get_args(Choice) == CHOICES
     assert set(typing.get_args(config.DecompressBackend)) == set(BACKENDS)

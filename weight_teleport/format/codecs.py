@@ -12,7 +12,7 @@ A codec has one name everywhere: in packs (a name, once written, never changes),
 and the docs."""
 
 from dataclasses import dataclass
-from typing import Final
+from typing import Final, Literal
 
 
 @dataclass(frozen=True)
@@ -86,6 +86,8 @@ DEFAULT: Final = "sparse"
 it, and the GPU's speed is measured on it (BENCHMARKS.md)."""
 CHOICES = tuple(name for name, c in CODECS.items() if c.family == "sparse")
 """The codecs a user may pick for a delta's sparse records."""
+Choice = Literal["sparse", "sparse_ac"]
+"""CHOICES as the type checkers read it (`PublisherConfig.codec`; a test holds the two equal)."""
 DEPRECATED_CODERS = {"zstd": "sparse", "adaptive": "sparse_ac"}
 """The choice's old spelling (`coder=...`, `--coder`) and the codec each meant, still
 accepted with a warning."""

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Literal, cast, get_args
 
-from weight_teleport.format.codecs import CHOICES, DEFAULT, DEPRECATED_CODERS
+from weight_teleport.format.codecs import CHOICES, DEFAULT, DEPRECATED_CODERS, Choice
 from weight_teleport.format.limits import MAX_CHUNK_ELEMS
 from weight_teleport.observe.config import MetricsConfig
 from weight_teleport.pipeline.errors import ConfigError
@@ -18,8 +18,6 @@ if TYPE_CHECKING:
 
 Backpressure = Literal["block", "skip"]
 BaselineDevice = Literal["cpu", "cuda"]
-Codec = Literal["sparse", "sparse_ac"]
-"""`format/codecs.py`'s CHOICES (a test holds them equal)."""
 DecompressBackend = Literal["default", "cuda", "hardware"]
 BACKPRESSURE, BASELINE_DEVICES = get_args(Backpressure), get_args(BaselineDevice)
 DECOMPRESS_BACKENDS = get_args(DecompressBackend)
@@ -106,7 +104,7 @@ class PublisherConfig:
     version 2). None: regular chunks (format version 1)."""
     level: int = 3
     """Zstd level of the pack streams."""
-    codec: Codec = DEFAULT
+    codec: Choice = DEFAULT
     """The codec of a delta's sparse records (`encode_delta`'s `codec`): "sparse", or
     "sparse_ac", smaller packs, slower to code where many elements change (readers older
     than codec `sparse_ac` refuse them)."""
@@ -155,7 +153,7 @@ class PublisherConfig:
                 stacklevel=4,
             )
             # a deprecated coder names one of CHOICES (checked below with the rest)
-            self.codec, self.coder = cast(Codec, DEPRECATED_CODERS[self.coder]), None
+            self.codec, self.coder = cast(Choice, DEPRECATED_CODERS[self.coder]), None
         for name, choices in (
             ("backpressure", BACKPRESSURE),
             ("baseline_device", BASELINE_DEVICES),
