@@ -17,9 +17,8 @@ import torch
 
 from helpers import bits
 from services import free_port
-from test_slice_parts import trainer_split
+from test_slice_parts import rank_piece, trainer_split
 from test_vllm_moe_layout import STAGE, _mutate, engine_params, experts_of, owners
-from weight_teleport.codec import TensorSlice
 from weight_teleport.format.manifest import from_json
 from weight_teleport.store import open_store
 from weight_teleport.targets.slice_stage import HEADER_PROBE, apply_steps, stage_entry
@@ -65,15 +64,9 @@ def trainer_shard(state: dict, rank: int) -> tuple[dict, dict]:
             if rank == 0:
                 local[name] = t
             continue
-        dim, pieces = split
-        start = 0
-        for r, extent in pieces:
-            if r == rank:
-                box = [(0, d) for d in t.shape]
-                box[dim] = (start, extent)
-                local[name] = t.narrow(dim, start, extent).contiguous()
-                slices[name] = TensorSlice(tuple(t.shape), box)
-            start += extent
+        held = rank_piece(t, split, rank)
+        if held is not None:
+            local[name], slices[name] = held
     return local, slices
 
 

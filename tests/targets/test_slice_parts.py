@@ -47,16 +47,23 @@ def trainer_shard(state: dict, rank: int, hints: dict = HINTS, trainers: int = T
             if rank == (1 if "_norm" in name and "self_attn" in name else 0):
                 local[name] = t
             continue
-        dim, pieces = split
-        start = 0
-        for r, extent in pieces:
-            if r == rank:
-                box = [(0, d) for d in t.shape]
-                box[dim] = (start, extent)
-                local[name] = t.narrow(dim, start, extent).contiguous()
-                slices[name] = TensorSlice(tuple(t.shape), box)
-            start += extent
+        held = rank_piece(t, split, rank)
+        if held is not None:
+            local[name], slices[name] = held
     return local, slices
+
+
+def rank_piece(t: torch.Tensor, split: tuple[int, list], rank: int) -> tuple[torch.Tensor, TensorSlice] | None:
+    """Rank `rank`'s piece of `t` split as `trainer_split` says, and its box; None: none."""
+    dim, pieces = split
+    start = 0
+    for r, extent in pieces:
+        if r == rank:
+            box = [(0, d) for d in t.shape]
+            box[dim] = (start, extent)
+            return t.narrow(dim, start, extent).contiguous(), TensorSlice(tuple(t.shape), box)
+        start += extent
+    return None
 
 
 def publish_parts(store, states: list) -> list:
