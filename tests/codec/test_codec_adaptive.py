@@ -10,10 +10,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from helpers import DTYPES, assert_bits_equal, clone_state, from_bits, with_renewed_crcs
+from helpers import DTYPES, assert_bits_equal, clone_state, with_renewed_crcs
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_codec_roundtrip import make_pair
+from test_format_golden import _states
 
 import weight_teleport as wt
 from weight_teleport.codec.cpu import adaptive as A
@@ -152,27 +153,6 @@ def test_adaptive_packs_are_smaller_on_weight_like_steps():
     assert sizes["sparse_ac"] < sizes["sparse"]
 
 
-OLD_BITS = [
-    0x3C00,
-    0xBC00,
-    0x0000,
-    0x8000,
-    0x7F80,
-    0x7FC1,
-    0x0001,
-    0x3F80,
-    0x4000,
-    0xC040,
-    0x3A00,
-    0x1234,
-    0x4321,
-    0x0F0F,
-    0xF0F0,
-    0x3C01,
-    0x3C02,
-    0x3C03,
-]
-CHANGES = {0: 0x3C01, 3: 0x0000, 5: 0x7FC2, 9: 0xC03F, 17: 0x3C02}
 CODEC_GOLDEN = {"sparse_ac": (537, "a961ee9541b19812ce6383183a500ffe12772eac4e19cd8a21bf39ea0ff9fc47")}
 """(length, sha256) of the `sparse_ac` pack of test_format_golden's states that every backend
 writes (tests/codec/test_conformance.py holds each backend to it)."""
@@ -182,11 +162,9 @@ their events), then the coded stream."""
 
 
 def _golden_states():
-    old_u = np.array(OLD_BITS, np.uint16)
-    new_u = old_u.copy()
-    for i, v in CHANGES.items():
-        new_u[i] = v
-    return {"w": from_bits(old_u, torch.bfloat16, (3, 6))}, {"w": from_bits(new_u, torch.bfloat16, (3, 6))}
+    """test_format_golden's states, tensor "w" alone."""
+    old, new = _states()
+    return {"w": old["w"]}, {"w": new["w"]}
 
 
 def _chunks(pack: bytes) -> list[str]:

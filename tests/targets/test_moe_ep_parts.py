@@ -18,7 +18,8 @@ import torch
 from helpers import bits
 from services import free_port
 from test_slice_parts import rank_piece, trainer_split
-from test_vllm_moe_layout import STAGE, _mutate, engine_params, experts_of, owners
+from test_slice_stage import _mutate
+from test_vllm_moe_layout import STAGE, engine_params, experts_of, owners
 from weight_teleport.format.manifest import from_json
 from weight_teleport.store import open_store
 from weight_teleport.targets.slice_stage import HEADER_PROBE, apply_steps, stage_entry

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from helpers import bits
+from test_slice_stage import _mutate
 from weight_teleport.format.manifest import from_json
 from weight_teleport.pipeline import PublisherConfig
 from weight_teleport.publish import Publisher
@@ -257,15 +258,6 @@ def engine_params(state: dict, slices) -> dict[str, torch.Tensor]:
             state[name][s.lo : s.hi] if s.order == "rows" else state[name][:, s.lo : s.hi]
         )
     return params
-
-
-def _mutate(state: dict, density: float, gen) -> dict:
-    out = {}
-    for n, t in state.items():
-        b = t.view(torch.int16).clone()
-        b[torch.rand(t.shape, generator=gen) < density] += 1
-        out[n] = b.view(torch.bfloat16)
-    return out
 
 
 @pytest.mark.parametrize("ep", [False, True])
