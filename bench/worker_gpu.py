@@ -54,6 +54,10 @@ from weight_teleport.targets.vllm_layout import slice_hints, worker_slices
 from weight_teleport.targets.worker_local import TeleportInitInfo, TeleportUpdateInfo, WorkerLocal
 
 
+APPLY_TOGETHER = False
+"""`--apply-together`: the ranks sharing this one device apply their commits at the same time
+(else one after another, as ranks each on a device of its own would not contend for its
+memory bandwidth; the pause of each is timed once its turn has come)."""
 PROFILE = False
 """`--profile`: print where one worker stage spends its time (cProfile)."""
 DEVICE = "cuda"
@@ -214,12 +218,15 @@ class LocalRank:
         self.worker.shutdown()
 
 
-def rank_process(conn, params: dict, slices: dict, rank: int, url: str, device: str, group: tuple[int, int]) -> None:
+def rank_process(
+    conn, params: dict, slices: dict, rank: int, url: str, device: str, group: tuple[int, int], turn
+) -> None:
     """A worker rank in a process of its own, as an engine runs one per rank: its parameters
     are the bench's (CUDA IPC), its memory its own. Answers ("status", v) with its status
     once it has staged v (the host memory, pinned memory and device memory it added since
     attaching in it), ("commit", v) with the outcome, "stop" by leaving. The ranks commit
-    together on a gloo group of their own (`group`: its port, its size), as an engine's do."""
+    together on a gloo group of their own (`group`: its port, its size), as an engine's do;
+    `turn` (a lock shared by the ranks, or None) makes them apply after the vote one at a time."""
     global DEVICE
     DEVICE = device  # a spawned process starts from this module's defaults
     if DEVICE == "cuda":
@@ -227,6 +234,14 @@ def rank_process(conn, params: dict, slices: dict, rank: int, url: str, device: 
     port, size = group
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=size)
     worker = WorkerLocal(lambda: params, slices, rank, None, torch.device(DEVICE))
+    if turn is not None:
+        apply = worker._apply
+
+        def in_turn(steps) -> None:
+            with turn:
+                apply(steps)
+
+        worker._apply = in_turn  # type: ignore[method-assign]
     worker.start(TeleportInitInfo(url, initial_version=0, watch_timeout_s=1.0, read_token=None))
     host0, pinned0, dev0 = rss(), pinned(), device_marker()  # attached: its modules loaded, its kernels warm
     conn.send("attached")
@@ -256,11 +271,11 @@ def rank_process(conn, params: dict, slices: dict, rank: int, url: str, device: 
 class ProcessRank:
     """A worker rank in a child process (`rank_process`)."""
 
-    def __init__(self, params: dict, slices: dict, rank: int, url: str, group: tuple[int, int]):
+    def __init__(self, params: dict, slices: dict, rank: int, url: str, group: tuple[int, int], turn=None):
         ctx = mp.get_context("spawn")
         self.conn, child = ctx.Pipe()
         self.proc = ctx.Process(
-            target=rank_process, args=(child, params, slices, rank, url, DEVICE, group), daemon=True
+            target=rank_process, args=(child, params, slices, rank, url, DEVICE, group, turn), daemon=True
         )
         self.proc.start()
         self.last: dict = {}
@@ -311,10 +326,13 @@ def workers_route(
     ranks = []
     try:
         group = (_free_port(), tp)
+        turn = None if APPLY_TOGETHER or DEVICE != "cuda" else mp.get_context("spawn").Lock()
         for r in range(tp):
             slices = worker_slices(config, tp, r, ep)
             ranks.append(
-                ProcessRank(params[r], slices, r, url, group) if processes else LocalRank(params[r], slices, r, url)
+                ProcessRank(params[r], slices, r, url, group, turn)
+                if processes
+                else LocalRank(params[r], slices, r, url)
             )
         for rk in ranks:
             rk.attached()
@@ -587,13 +605,18 @@ def main() -> None:
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     ap.add_argument("--profile", action="store_true")
     ap.add_argument(
+        "--apply-together",
+        action="store_true",
+        help="rank processes sharing the one GPU apply at the same time, contending for its memory",
+    )
+    ap.add_argument(
         "--processes",
         action="store_true",
         help="each worker rank in a process of its own (not with the memory:// store)",
     )
     args = ap.parse_args()
-    global DEVICE, PROFILE
-    DEVICE, PROFILE = args.device, args.profile
+    global DEVICE, PROFILE, APPLY_TOGETHER
+    DEVICE, PROFILE, APPLY_TOGETHER = args.device, args.profile, args.apply_together
     if args.processes and "memory" in (args.transport or ["memory"]):
         ap.error("--processes needs a store other processes reach: --transport http")
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1)
