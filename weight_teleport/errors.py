@@ -40,3 +40,8 @@ class ManifestSignatureError(ManifestError):
     """The manifest is unsigned, signed by an untrusted key, or its signature does not
     match its contents, and the subscriber requires signatures
     (`SubscriberConfig.trusted_keys`)."""
+
+
+class QuantizationError(WeightTeleportError, ValueError):
+    """A weight cannot be quantized to the sampler's format (it holds NaN or Inf): the
+    message names the tensor and the block; nothing was published."""

@@ -1,0 +1,122 @@
+"""Sampler formats: which of the trainer's tensors a quantized sampler holds quantized, the
+names and shapes of what it holds, and the quantization itself, run where the weights are
+(the trainer's GPU: one kernel pass over them; else torch on the CPU)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Literal, get_args
+
+import torch
+
+from weight_teleport.errors import ConfigError
+from weight_teleport.quantize import fp8
+
+Layout = dict[str, tuple[tuple[int, ...], torch.dtype]]
+
+
+class SamplerFormat:
+    """Block-wise FP8 (`fp8-block`, `quantize.fp8`): the weights of linear layers (2-D
+    floating tensors named `*_proj.weight`: attention, MLP and expert projections) become
+    float8_e4m3fn with a float32 `*_proj.weight_scale_inv` beside them; embeddings, norms,
+    routers and the LM head stay as the trainer holds them, as in DeepSeek-V3's and
+    Qwen3-*-FP8's checkpoints. The trainer's full-precision tensors never leave it."""
+
+    name = "fp8-block"
+
+    def quantized(self, name: str, t: torch.Tensor) -> bool:
+        """Whether the sampler holds tensor `name` quantized."""
+        return name.endswith("_proj.weight") and t.dim() == 2 and t.is_floating_point() and t.element_size() > 1
+
+    @staticmethod
+    def scale_name(name: str) -> str:
+        return name + "_scale_inv"
+
+    def layout(self, state: Mapping[str, torch.Tensor]) -> Layout:
+        """The sampler's tensors (name -> shape, dtype) for the trainer's `state`."""
+        out: Layout = {}
+        for name, t in state.items():
+            if not self.quantized(name, t):
+                out[name] = (tuple(t.shape), t.dtype)
+                continue
+            scale = self.scale_name(name)
+            if scale in state:
+                raise ConfigError(
+                    f"PublisherConfig.sampler_format={self.name!r}: the state already holds {scale!r}, "
+                    f"the scale this format adds for {name!r}; publish unquantized weights"
+                )
+            out[name] = (tuple(t.shape), torch.float8_e4m3fn)
+            out[scale] = (fp8.scale_shape(tuple(t.shape)), torch.float32)
+        return out
+
+    def quantize(self, state: Mapping[str, torch.Tensor], out: Mapping[str, torch.Tensor]) -> None:
+        """Fill `out` (tensors of `layout(state)`) from `state`; raise QuantizationError
+        naming the first tensor that holds NaN or Inf. On CUDA the work is queued on the
+        current stream and waited for here."""
+        on_device = [n for n, t in state.items() if self.quantized(n, t) and t.is_cuda]
+        for name, t in state.items():
+            if name not in on_device:
+                if self.quantized(name, t):
+                    fp8.quantize_reference(name, t.detach(), out[name], out[self.scale_name(name)])
+                else:
+                    out[name].copy_(t.detach(), non_blocking=True)
+        if on_device:
+            self._quantize_on_device({n: state[n] for n in on_device}, out)
+
+    def _quantize_on_device(self, state: Mapping[str, torch.Tensor], out: Mapping[str, torch.Tensor]) -> None:
+        from weight_teleport.quantize.kernels import quantize_into
+
+        device = next(iter(state.values())).device
+        bad = torch.zeros(len(state), dtype=torch.int32, device=device)
+        copies = []
+        for i, (name, w) in enumerate(state.items()):
+            q, s = out[name], out[self.scale_name(name)]
+            qd = q if q.device == device and q.stride(-1) == 1 else torch.empty(q.shape, dtype=q.dtype, device=device)
+            sd = s if s.device == device and s.is_contiguous() else torch.empty(s.shape, dtype=s.dtype, device=device)
+            w = w.detach() if w.stride(-1) == 1 else w.detach().contiguous()
+            quantize_into(w, qd, sd, bad[i])
+            copies += [(q, qd), (s, sd)]
+        for dst, src in copies:
+            if dst is not src:
+                dst.copy_(src, non_blocking=True)
+        torch.cuda.current_stream(device).synchronize()
+        refused = bad.nonzero().flatten().tolist()
+        if refused:
+            name = list(state)[refused[0]]
+            fp8.check_finite(name, state[name].detach())  # names the block
+            raise AssertionError(f"the quantizer flagged {name!r} but its blocks are finite")
+
+    def hf_config(self, config: bytes) -> bytes:
+        """The checkpoint's config.json with this format's `quantization_config`: what an
+        engine reads to load the sampler's tensors as a pre-quantized checkpoint."""
+        try:
+            data = json.loads(config)
+        except ValueError as exc:
+            raise ConfigError(f"config.json is not JSON ({exc}): it cannot name the sampler's format") from None
+        if not isinstance(data, dict):
+            raise ConfigError("config.json is not a JSON object: it cannot name the sampler's format")
+        data["quantization_config"] = {
+            "quant_method": "fp8",
+            "fmt": "e4m3",
+            "activation_scheme": "dynamic",
+            "weight_block_size": [fp8.BLOCK, fp8.BLOCK],
+            "modules_to_not_convert": ["lm_head"],
+        }
+        return json.dumps(data, indent=2, sort_keys=True).encode()
+
+
+FormatName = Literal["fp8-block"]
+FORMATS: tuple[str, ...] = get_args(FormatName)
+"""The sampler formats a publisher can make (`PublisherConfig.sampler_format`)."""
+
+
+def sampler_format(name: str | None) -> SamplerFormat | None:
+    """The format named `name` (None: the sampler holds the trainer's tensors as they are)."""
+    if name is None:
+        return None
+    if name != SamplerFormat.name:
+        raise ConfigError(
+            f"PublisherConfig.sampler_format={name!r}: use one of {', '.join(map(repr, FORMATS))} or None"
+        )
+    return SamplerFormat()
