@@ -12,6 +12,7 @@ from weight_teleport.cli.common import INTERRUPTED, ByteBar, add_store_arguments
 def publish_arguments(p: argparse.ArgumentParser) -> None:
     from weight_teleport.format.codecs import CHOICES, DEPRECATED_CODERS
     from weight_teleport.pipeline.config import PublisherConfig as d, RetentionConfig
+    from weight_teleport.quantize import FORMATS
 
     p.add_argument("checkpoint", type=Path, help="directory of an HF-style safetensors checkpoint")
     p.add_argument("--to", required=True, dest="url", help="store URL (file://, http://, s3://)")
@@ -27,6 +28,12 @@ def publish_arguments(p: argparse.ArgumentParser) -> None:
         help="the codec of a delta's sparse records (sparse_ac: smaller, slower on dense steps)",
     )
     p.add_argument("--coder", choices=tuple(DEPRECATED_CODERS), help=argparse.SUPPRESS)  # deprecated: --codec
+    p.add_argument(
+        "--sampler-format",
+        choices=FORMATS,
+        default=None,
+        help="publish the checkpoint quantized (fp8-block: block-FP8 linear layers, as DeepSeek-V3's)",
+    )
     add_store_arguments(p)
 
 
@@ -73,6 +80,7 @@ def publish_main(args: argparse.Namespace) -> int:
             store=store,
             codec=codec,
             retention=RetentionConfig(keep_anchors=args.keep_anchors),
+            sampler_format=args.sampler_format,
         )
         publisher = Publisher(args.url, config)
         print(f"weight-teleport publish: {args.checkpoint} to {args.url} (Ctrl-C cancels)", file=sys.stderr, flush=True)

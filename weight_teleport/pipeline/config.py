@@ -11,6 +11,7 @@ from weight_teleport.format.codecs import CHOICES, DEFAULT, DEPRECATED_CODERS, C
 from weight_teleport.format.limits import MAX_CHUNK_ELEMS
 from weight_teleport.observe.config import MetricsConfig
 from weight_teleport.pipeline.errors import ConfigError
+from weight_teleport.quantize.formats import FORMATS, FormatName
 from weight_teleport.store import StoreConfig
 
 if TYPE_CHECKING:
@@ -130,6 +131,13 @@ class PublisherConfig:
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     """Where the Prometheus metrics are seen (`Publisher.metrics`): a port of their own,
     or a registry the host process serves."""
+    sampler_format: FormatName | None = None
+    """What the samplers hold: None, the tensors `publish` is given; "fp8-block", a
+    block-FP8 checkpoint (`weight_teleport.quantize`, docs/FORMAT.md): the weights of
+    linear layers quantized where they lie (on the trainer's GPU, one pass over them) as
+    `publish` snapshots them, and published with their scales as any tensor is. The
+    given tensors never leave the trainer; a `config.json` among `publish`'s files gains
+    the format's `quantization_config`."""
     coder: str | None = None
     """Deprecated (use `codec`): "zstd" meant "sparse", "adaptive" "sparse_ac". Checked
     and moved into `codec` when the config is made (then None)."""
@@ -158,6 +166,7 @@ class PublisherConfig:
             ("backpressure", BACKPRESSURE),
             ("baseline_device", BASELINE_DEVICES),
             ("codec", CHOICES),
+            ("sampler_format", (None, *FORMATS)),
         ):
             f.choice(name, choices)
         whole("anchor_every", 1)

@@ -24,6 +24,7 @@ from weight_teleport.format.manifest import from_json
 from weight_teleport.pipeline.metrics import PublishResult
 from weight_teleport.publish.snapshots import SnapshotPool, check_config
 from weight_teleport.publish.writes import TrackedWrites, describe_cancel
+from weight_teleport.quantize import sampler_format
 from weight_teleport.store import ManifestChanged, Store, StoreError, open_store
 
 log = logging.getLogger(__name__)
@@ -86,7 +87,10 @@ class Publisher:
         except BaseException:
             self._close_store()
             raise
-        self._pool = SnapshotPool(config.memory_budget_bytes, config.max_pending + 2, config.baseline_device)
+        self._format = sampler_format(config.sampler_format)
+        self._pool = SnapshotPool(
+            config.memory_budget_bytes, config.max_pending + 2, config.baseline_device, self._format
+        )
         self._next_version = self._encoder.next_version()
         self._queue: deque[_Queued] = deque()
         self._cond = threading.Condition()
@@ -122,19 +126,33 @@ class Publisher:
                 )
             self._make_room()
             self._next_version = version + 1
-        snapshot = self._pool.take(state)
+        try:
+            snapshot = self._pool.take(state)
+        except BaseException:
+            with self._cond:  # nothing of this version was queued: it can be published again
+                if self._next_version == version + 1:
+                    self._next_version = version
+            raise
         job = EncodeJob(
             version,
             snapshot,
             PublishResult(version, snapshot_s=time.perf_counter() - t0),
             t0,
-            None if files is None else dict(files),
+            None if files is None else self._files(files),
         )
         queued = _Queued(PublishHandle(version), job)
         with self._cond:
             self._queue.append(queued)
             self._cond.notify_all()
         return queued.handle
+
+    def _files(self, files: Mapping[str, bytes]) -> dict[str, bytes]:
+        """The side files stored with anchors: `files`, with the sampler format's
+        `quantization_config` in config.json."""
+        out = dict(files)
+        if self._format is not None and "config.json" in out:
+            out["config.json"] = self._format.hf_config(out["config.json"])
+        return out
 
     def _make_room(self) -> None:
         """Apply back-pressure until the queue has a free slot (holding the lock)."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+import math
 import threading
 
 import torch
@@ -16,6 +17,7 @@ import torch
 from weight_teleport.pipeline.config import PublisherConfig
 from weight_teleport.pipeline.errors import ConfigError
 from weight_teleport.format.signing import ManifestSigner, signer
+from weight_teleport.quantize import SamplerFormat
 
 State = dict[str, torch.Tensor]
 
@@ -35,9 +37,10 @@ def check_config(config: PublisherConfig) -> ManifestSigner | None:
 
 
 class SnapshotPool:
-    """Recycled host buffer sets shaped like the published state."""
+    """Recycled buffer sets shaped like the published state: the tensors `take` is given,
+    or the sampler format `fmt` made of them."""
 
-    def __init__(self, budget_bytes: int | None, max_sets: int, device: str = "cpu"):
+    def __init__(self, budget_bytes: int | None, max_sets: int, device: str = "cpu", fmt: SamplerFormat | None = None):
         self._free: list[State] = []
         self._layout: dict[str, tuple[tuple[int, ...], torch.dtype]] | None = None
         self._budget, self._max_sets = budget_bytes, max_sets
@@ -45,13 +48,17 @@ class SnapshotPool:
         self._pin = device == "cpu" and torch.cuda.is_available()
         self._stream = torch.cuda.Stream() if self._device.type == "cuda" else None
         self._lock = threading.Lock()
+        self._format = fmt
 
     def take(self, state: Mapping[str, torch.Tensor]) -> State:
-        """A host copy of `state` (in a recycled buffer set when the layout is unchanged)."""
-        layout = {k: (tuple(t.shape), t.dtype) for k, t in state.items()}
+        """A copy of `state`, or the sampler format made of it (in a recycled buffer set
+        when the layout is unchanged). Raises the format's QuantizationError, keeping
+        nothing, for tensors it cannot quantize."""
+        fmt = self._format
+        layout = fmt.layout(state) if fmt else {k: (tuple(t.shape), t.dtype) for k, t in state.items()}
         with self._lock:
             if layout != self._layout:
-                self._check_budget(state)
+                self._check_budget(layout)
                 self._free.clear()
                 self._layout = layout
             buffers = self._free.pop() if self._free else None
@@ -60,14 +67,24 @@ class SnapshotPool:
                 k: torch.empty(shape, dtype=dtype, device=self._device, pin_memory=self._pin)
                 for k, (shape, dtype) in layout.items()
             }
-        if self._stream is not None:
-            self._copy_on_side_stream(state, buffers)
-            return buffers
+        try:
+            if self._stream is not None:
+                self._copy_on_side_stream(state, buffers)
+            else:
+                self._copy(state, buffers)
+                if self._pin:
+                    torch.cuda.synchronize()
+        except BaseException:
+            self.give(buffers)
+            raise
+        return buffers
+
+    def _copy(self, state: Mapping[str, torch.Tensor], buffers: State) -> None:
+        if self._format is not None:
+            self._format.quantize(state, buffers)
+            return
         for k, t in state.items():
             buffers[k].copy_(t.detach(), non_blocking=self._pin)
-        if self._pin:
-            torch.cuda.synchronize()
-        return buffers
 
     def _copy_on_side_stream(self, state: Mapping[str, torch.Tensor], buffers: State) -> None:
         """Device copies that wait for the work producing `state`, off the training stream."""
@@ -75,8 +92,7 @@ class SnapshotPool:
         assert stream is not None  # called only where there is a side stream
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
-            for k, t in state.items():
-                buffers[k].copy_(t.detach(), non_blocking=True)
+            self._copy(state, buffers)
         stream.synchronize()
 
     def give(self, buffers: State | None) -> None:
@@ -88,8 +104,8 @@ class SnapshotPool:
             if layout == self._layout:
                 self._free.append(buffers)
 
-    def _check_budget(self, state: Mapping[str, torch.Tensor]) -> None:
-        need = state_nbytes(state) * self._max_sets
+    def _check_budget(self, layout: Mapping[str, tuple[tuple[int, ...], torch.dtype]]) -> None:
+        need = sum(math.prod(shape) * dtype.itemsize for shape, dtype in layout.values()) * self._max_sets
         if self._budget is not None and need > self._budget:
             where = "GPU" if self._stream is not None else "host"
             raise ConfigError(
