@@ -12,6 +12,12 @@ trainer's, which the trainer computes from its own bf16 weights).
 
     python bench/e2e.py [--model qwen3-8b] [--versions 10] [--anchor-every 4] \\
         [--lr 5e-7 --lr 1e-6] [--transport memory --transport http] [--out DIR]
+        [--format bf16 --format fp8-block]
+
+`--format fp8-block`: the samplers hold the block-FP8 checkpoint (`PublisherConfig.
+sampler_format`), quantized from the bf16 weights as each version is published; the
+memory route checks it against the quantization of the trainer's weights, bit for bit.
+Each format runs with a trainer of its own, seeded alike: the same steps, side by side.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ import sys
 import tempfile
 import threading
 import time
+from math import prod
 from pathlib import Path
 
 import torch
@@ -35,6 +42,7 @@ from weight_teleport.bench.simulate import make_config, make_state
 from weight_teleport.codec.api import tensor_digests
 from weight_teleport.pipeline import PublisherConfig, RetentionConfig, SubscriberConfig
 from weight_teleport.publish import Publisher
+from weight_teleport.quantize import sampler_format
 from weight_teleport.subscribe import Subscriber
 from weight_teleport.store import StoreConfig
 from weight_teleport.targets.torch import TorchTarget
@@ -47,8 +55,8 @@ class Trainer:
     """fp32 masters on the GPU and the bf16 weights published from them; a step moves every
     master by lr * u, u standard normal (an Adam step moves each weight by about lr)."""
 
-    def __init__(self, model: str, device: str, seed: int = 0):
-        self.device = device
+    def __init__(self, model: str, device: str, seed: int = 0, fmt: str | None = None):
+        self.device, self.format = device, sampler_format(fmt)
         self.master = make_state(make_config(model), seed, device=device)
         self.weights = {k: v.to(torch.bfloat16) for k, v in self.master.items()}
         self.gen = torch.Generator(device=device).manual_seed(seed + 1)
@@ -64,8 +72,23 @@ class Trainer:
             self.weights[k].copy_(new)
         return int(changed) / self.numel
 
+    def sampler_state(self) -> dict[str, torch.Tensor]:
+        """What the samplers hold of the current weights: them, or their quantization."""
+        if self.format is None:
+            return self.weights
+        layout = self.format.layout(self.weights)
+        out = {k: torch.empty(shape, dtype=dt, device=self.device) for k, (shape, dt) in layout.items()}
+        self.format.quantize(self.weights, out)
+        return out
+
+    def layout(self) -> dict:
+        """The samplers' tensors: name -> (shape, dtype)."""
+        if self.format is None:
+            return {k: (tuple(v.shape), v.dtype) for k, v in self.weights.items()}
+        return self.format.layout(self.weights)
+
     def digests(self) -> list[str]:
-        return tensor_digests(list(self.weights.values()))
+        return tensor_digests(list(self.sampler_state().values()))
 
 
 def _peak_rss_gb() -> float:
@@ -112,10 +135,6 @@ class Sampler:
         self.thread.join()
 
 
-def _zeros_like(weights: dict) -> dict:
-    return {k: torch.zeros_like(v) for k, v in weights.items()}
-
-
 def _gpu_peak_gb() -> float | None:
     return torch.cuda.max_memory_allocated() / 1e9 if torch.cuda.is_available() else None
 
@@ -123,7 +142,7 @@ def _gpu_peak_gb() -> float | None:
 def subscriber_process(url: str, shapes: dict, device: str, jobs: mp.Queue, out: mp.Queue) -> None:
     """The HTTP case's sampler: follows `url`, reports a row per version (bit-exactness from
     the digests of its live weights against the trainer's), then a cold start."""
-    live = {k: torch.zeros(s, dtype=torch.bfloat16, device=device) for k, s in shapes.items()}
+    live = {k: torch.zeros(s, dtype=dt, device=device) for k, (s, dt) in shapes.items()}
     with Subscriber(url, TorchTarget(live), SubscriberConfig(**SUB)) as sub:
         sampler = Sampler(sub)
         while (job := jobs.get()) is not None:
@@ -143,7 +162,7 @@ def subscriber_process(url: str, shapes: dict, device: str, jobs: mp.Queue, out:
 
 def cold_start(url: str, shapes: dict, device: str, latest: int, digests: list[str]) -> dict:
     """A new subscriber attached to `url`: seconds until its weights are at `latest`."""
-    live = {k: torch.zeros(s, dtype=torch.bfloat16, device=device) for k, s in shapes.items()}
+    live = {k: torch.zeros(s, dtype=dt, device=device) for k, (s, dt) in shapes.items()}
     t0 = time.monotonic()
     with Subscriber(url, TorchTarget(live), SubscriberConfig(**SUB)) as sub:
         sampler = Sampler(sub)
@@ -199,9 +218,10 @@ def run(
         resume=False,
         codec=codec,
         retention=RetentionConfig(keep_anchors=1),
+        sampler_format=None if trainer.format is None else trainer.format.name,
         store=StoreConfig(token=TOKEN),
     )
-    shapes = {k: tuple(v.shape) for k, v in trainer.weights.items()}
+    shapes = trainer.layout()
     rows, child, sampler, sub = [], None, None, None
     pub = Publisher(url, config)
     if transport == "http":
@@ -210,7 +230,7 @@ def run(
         child = ctx.Process(target=subscriber_process, args=(url, shapes, device, jobs, out))
         child.start()
     else:
-        live = _zeros_like(trainer.weights)
+        live = {k: torch.zeros(s, dtype=dt, device=device) for k, (s, dt) in shapes.items()}
         sub = Subscriber(url, TorchTarget(live), SubscriberConfig(**SUB))
         sampler = Sampler(sub)
     try:
@@ -230,8 +250,9 @@ def run(
             else:
                 row = sampler.wait_for(v, 600)
                 if row is not None:
-                    row["exact"] = all(
-                        torch.equal(live[k].view(torch.int16), w.view(torch.int16)) for k, w in trainer.weights.items()
+                    want = trainer.sampler_state()
+                    row["exact"] = live.keys() == want.keys() and all(
+                        torch.equal(live[k].view(torch.uint8), w.view(torch.uint8)) for k, w in want.items()
                     )
             r = dict(
                 version=v,
@@ -287,12 +308,21 @@ def run(
         if origin is not None:
             origin.terminate()
             origin.wait(30)
-    return dict(transport=transport, rows=rows, anchors=anchors, memory=memory, cold=cold, raw_bytes=2 * trainer.numel)
+    raw = sum(prod(s) * dt.itemsize for s, dt in shapes.values())
+    return dict(
+        transport=transport,
+        format=config.sampler_format or "bf16",
+        rows=rows,
+        anchors=anchors,
+        memory=memory,
+        cold=cold,
+        raw_bytes=raw,
+    )
 
 
 def table(res: dict) -> str:
     lines = [
-        f"## {res['transport']}  (raw {res['raw_bytes'] / 1e9:.1f} GB)",
+        f"## {res['transport']}, {res['format']}  (raw {res['raw_bytes'] / 1e9:.1f} GB)",
         "| v | kind | density | publish ms | encode ms | upload ms | visible s | fetch ms | stage ms "
         "| ready s | pause ms | MB | exact |",
         "|" + "---|" * 13,
@@ -328,12 +358,23 @@ def main() -> None:
     p.add_argument(
         "--codec", default="sparse", choices=["sparse", "sparse_ac"], help="the codec of a delta's sparse records"
     )
+    p.add_argument(
+        "--format",
+        action="append",
+        choices=["bf16", "fp8-block"],
+        help="what the samplers hold (default bf16); each format with its own trainer, the same steps",
+    )
     args = p.parse_args()
-    trainer = Trainer(args.model, args.device)
-    results = [
-        run(t, trainer, args.lr or [5e-7], args.versions, args.anchor_every, args.codec)
-        for t in args.transport or ["memory", "http"]
-    ]
+    results = []
+    for fmt in args.format or ["bf16"]:
+        trainer = Trainer(args.model, args.device, fmt=None if fmt == "bf16" else fmt)
+        results += [
+            run(t, trainer, args.lr or [5e-7], args.versions, args.anchor_every, args.codec)
+            for t in args.transport or ["memory", "http"]
+        ]
+        del trainer
+        if args.device == "cuda":
+            torch.cuda.empty_cache()
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "e2e.json").write_text(json.dumps(results, indent=1))
