@@ -12,6 +12,7 @@ import torch
 
 from weight_teleport.errors import ConfigError
 from weight_teleport.quantize import fp8
+from weight_teleport.quantize.names import quantized_name, scale_name
 
 Layout = dict[str, tuple[tuple[int, ...], torch.dtype]]
 
@@ -27,11 +28,9 @@ class SamplerFormat:
 
     def quantized(self, name: str, t: torch.Tensor) -> bool:
         """Whether the sampler holds tensor `name` quantized."""
-        return name.endswith("_proj.weight") and t.dim() == 2 and t.is_floating_point() and t.element_size() > 1
+        return quantized_name(name) and t.dim() == 2 and t.is_floating_point() and t.element_size() > 1
 
-    @staticmethod
-    def scale_name(name: str) -> str:
-        return name + "_scale_inv"
+    scale_name = staticmethod(scale_name)
 
     def layout(self, state: Mapping[str, torch.Tensor]) -> Layout:
         """The sampler's tensors (name -> shape, dtype) for the trainer's `state`."""

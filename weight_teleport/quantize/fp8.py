@@ -20,9 +20,8 @@ from __future__ import annotations
 import torch
 
 from weight_teleport.errors import QuantizationError
+from weight_teleport.quantize.names import BLOCK
 
-BLOCK = 128
-"""Rows and columns of a scale block."""
 FP8_MAX = 448.0
 """The largest finite float8_e4m3fn."""
 AMAX_FLOOR = 2.0**-64

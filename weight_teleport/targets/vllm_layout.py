@@ -32,6 +32,16 @@ Qwen2-MoE with its shared expert, Mixtral), as vLLM 0.32's loaders fill them (re
   ranks' experts are `WorkerSlices.absent` on it. Attention, dense MLPs and a shared expert
   stay tensor-parallel.
 
+A block-FP8 checkpoint (`quantization_config` with `quant_method: fp8` and
+`weight_block_size: [128, 128]`, as `PublisherConfig(sampler_format="fp8-block")` publishes)
+keeps every linear weight as float8 in the same slices, and each weight's scales
+`X_proj.weight_scale_inv` [ceil(N/128), ceil(K/128)] in the parameter `{param}_scale_inv`,
+cut in block units: vLLM's `BlockQuantScaleParameter` of a fused layer stacks its shards'
+scale rows (a shard at row offset o starts at scale row o / 128, `adjust_block_scale_shard`),
+and a row-parallel layer's scales are cut by columns as its weight is. A shard that does not
+start on a block (and end on one, or at the tensor's end) cannot be loaded by vLLM and is
+refused here, naming it. Fused-MoE layers of a block-FP8 model are not mapped yet.
+
 The stacked parameters hold this layout as loaded; a backend that repacks them after
 loading (vLLM's CPU kernels) keeps plain copies in it (`targets.vllm_moe_cpu`). A model this
 module does not know raises `UnsupportedLayoutError`; the probe in `targets.vllm` can still
@@ -42,6 +52,7 @@ from dataclasses import dataclass
 from math import prod
 
 from weight_teleport.errors import WeightTeleportError
+from weight_teleport.quantize.names import BLOCK, quantized_name, scale_name
 
 VOCAB_PADDING = 64
 """vLLM's DEFAULT_VOCAB_PADDING_SIZE: vocab-parallel tables are padded to a multiple of it."""
@@ -151,6 +162,24 @@ class _Dims:
     shared_inter: int = 0
     """A shared expert's intermediate size (0: none)."""
     shared_gate: bool = False
+    fp8_block: bool = False
+    """A block-FP8 checkpoint: linear weights in float8 with 128 x 128 block scales."""
+    not_converted: tuple[str, ...] = ()
+    """Modules a block-FP8 checkpoint keeps unquantized (`modules_to_not_convert`)."""
+
+
+def _quantization(c: Mapping) -> dict:
+    """The `_Dims` fields of the checkpoint's `quantization_config` (none: unquantized)."""
+    q = c.get("quantization_config")
+    if not q:
+        return {}
+    method, block = q.get("quant_method"), q.get("weight_block_size")
+    if method != "fp8" or list(block or ()) != [BLOCK, BLOCK]:
+        raise UnsupportedLayoutError(
+            f"no vLLM layout known for quantization {method!r} with weight_block_size {block!r}; "
+            f"known: fp8 with [{BLOCK}, {BLOCK}] blocks (block-FP8)"
+        )
+    return dict(fp8_block=True, not_converted=tuple(q.get("modules_to_not_convert") or ()))
 
 
 def _experts(c: Mapping) -> int:
@@ -186,6 +215,12 @@ def _dims(config) -> _Dims:
             sparse=frozenset(i for i in range(layers) if i not in dense and experts > 0 and (i + 1) % step == 0),
             shared_gate=family == "qwen2_moe" or shared > 0,
         )
+    quantization = _quantization(c)
+    if quantization and moe.get("sparse"):
+        raise UnsupportedLayoutError(
+            f"{family}: the fused-MoE layers of a block-FP8 model are not mapped (their scales' layout "
+            "depends on vLLM's MoE backend); serve it unquantized"
+        )
     return _Dims(
         vocab=c["vocab_size"],
         hidden=c["hidden_size"],
@@ -198,6 +233,7 @@ def _dims(config) -> _Dims:
         bias=family == "qwen2_moe" or bool(c.get("attention_bias", family == "qwen2")),
         qk_norm=family in ("qwen3", "qwen3_moe"),
         **moe,
+        **quantization,
     )
 
 
@@ -344,6 +380,37 @@ def _replicated(name: str, shape: tuple[int, ...]) -> Slice:
     return Slice(name, shape, "rows", 0, shape[0], name, 0, shape)
 
 
+def _blocks(s: Slice, value: int, what: str, end: int | None = None) -> int:
+    """`value` (a row or column of `s`) in scale blocks; UnsupportedLayoutError unless it
+    lies on a block's edge (or is `end`, where a last, ragged block ends)."""
+    if value % BLOCK and value != end:
+        raise UnsupportedLayoutError(
+            f"{s.name!r}: this worker's {what} {value} is not a multiple of the FP8 block ({BLOCK}); "
+            f"vLLM cannot load its block scales ({s.param!r})"
+        )
+    return -(-value // BLOCK)
+
+
+def _scales(s: Slice) -> Slice:
+    """The slice of `s`'s block scales, for a block-FP8 weight slice `s`."""
+    full = s.shape[0] if s.order == "rows" else s.shape[1]
+    lo, hi = _blocks(s, s.lo, "first " + s.order[:-1]), _blocks(s, s.hi, "end", full)
+    dest = _blocks(s, s.dest, "place in the fused parameter")
+    matrix = tuple(-(-n // BLOCK) for n in s.matrix_shape)
+    shape = tuple(-(-n // BLOCK) for n in s.shape)
+    param_shape = matrix if s.expert is None else (s.param_shape[0], *matrix)
+    return Slice(scale_name(s.name), shape, s.order, lo, hi, scale_name(s.param), dest, param_shape, s.expert)
+
+
+def _converted(d: _Dims, s: Slice) -> bool:
+    return (
+        d.fp8_block
+        and quantized_name(s.name)
+        and len(s.shape) == 2
+        and not any(s.name == m or s.name.startswith(m + ".") for m in d.not_converted)
+    )
+
+
 def worker_slices(config, tp: int, rank: int, expert_parallel: bool = False) -> WorkerSlices:
     """Every checkpoint tensor of the model (a HF config or its config.json dict) as worker
     `rank` of `tp` holds it, keyed by checkpoint name (a tied lm_head is absent: the
@@ -371,6 +438,7 @@ def worker_slices(config, tp: int, rank: int, expert_parallel: bool = False) -> 
         ]
         if d.qk_norm:
             out += [_replicated(f"{layer}.self_attn.{n}.weight", (d.head_dim,)) for n in ("q_norm", "k_norm")]
+    out += [_scales(s) for s in out if _converted(d, s)]
     return WorkerSlices({s.name: s for s in out}, absent)
 
 

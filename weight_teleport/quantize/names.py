@@ -1,0 +1,16 @@
+"""Which checkpoint tensors block-FP8 quantizes and what it names their scales (plain
+Python: the layout modules read it without torch)."""
+
+BLOCK = 128
+"""Rows and columns of a scale block."""
+
+
+def quantized_name(name: str) -> bool:
+    """Whether block-FP8 quantizes a 2-D floating tensor named `name`: the weights of linear
+    projections (attention, MLP and expert `*_proj.weight`)."""
+    return name.endswith("_proj.weight")
+
+
+def scale_name(name: str) -> str:
+    """The name of a quantized weight's scales (`X_proj.weight_scale_inv`)."""
+    return name + "_scale_inv"
