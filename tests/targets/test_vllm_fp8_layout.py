@@ -183,3 +183,14 @@ def test_tp2_workers_follow_a_quantizing_publisher(tmp_path):
         finally:
             for w in workers:
                 w.shutdown()
+
+
+def test_kernels_that_rewrite_weights_refused():
+    """Workers patch only layers whose kernel reads the checkpoint's tensors as loaded."""
+    from weight_teleport.targets.vllm_fp8 import refusal
+
+    assert refusal("m.qkv_proj", True, "CutlassFp8BlockScaledMMKernel", e8m0=True) is None
+    assert refusal("m.qkv_proj", True, "DeepGemmFp8BlockScaledMMKernel", e8m0=False) is None
+    assert "VLLM_USE_DEEP_GEMM_E8M0=0" in refusal("m.qkv_proj", True, "DeepGemmFp8BlockScaledMMKernel", e8m0=True)
+    assert "repacks" in refusal("m.o_proj", True, "CPUFp8BlockScaledMMKernel", e8m0=False)
+    assert "per-tensor" in refusal("m.o_proj", False, "CutlassFP8ScaledMMLinearKernel", e8m0=False)

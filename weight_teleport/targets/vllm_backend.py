@@ -67,6 +67,7 @@ from weight_teleport.targets.commit import Outcome
 from weight_teleport.targets.vllm import TeleportWorkerExtension, _tensor_bytes
 from weight_teleport.targets.vllm_engine import commit_version
 from weight_teleport.targets.vllm_layout import UnsupportedLayoutError, expert_range, worker_slices
+from weight_teleport.targets.vllm_fp8 import check_fp8_layers
 from weight_teleport.targets.vllm_moe_cpu import CpuPackedExperts, check_moe_layers, moe_layers
 from weight_teleport.targets.worker_local import TeleportInitInfo, TeleportUpdateInfo, WorkerLocal
 
@@ -115,6 +116,7 @@ class TeleportTransferEngine(_engine_base()):  # type: ignore[misc]  # vLLM's ba
         parallel = vllm_config.parallel_config
         ep = bool(parallel.enable_expert_parallel) and tp > 1
         slices = worker_slices(vllm_config.model_config.hf_config, tp, rank, ep)
+        check_fp8_layers(model)
         self.packed: CpuPackedExperts | None = None
         if layers := moe_layers(model):
             if parallel.data_parallel_size > 1:
