@@ -94,9 +94,10 @@ def test_cli_publish_and_pull_a_block_fp8_checkpoint(tmp_path: Path):
     from test_checkpoint_files import tiny_checkpoint
 
     url, ckpt, out = f"file://{tmp_path}/store", tmp_path / "ckpt", tmp_path / "out"
-    state = tiny_checkpoint(ckpt, seed=1)
-    save_file(state, str(ckpt / "model.safetensors"))
-    assert main(["publish", str(ckpt), "--to", url, "--sampler-format", "fp8-block"]) == 0
+    for seed in (1, 2):  # an anchor, then a delta against the quantized version in the store
+        state = tiny_checkpoint(ckpt, seed=seed)
+        save_file(state, str(ckpt / "model.safetensors"))
+        assert main(["publish", str(ckpt), "--to", url, "--sampler-format", "fp8-block"]) == 0
     assert main(["pull", url, "--out", str(out)]) == 0
     pulled = load_file(str(out / "model.safetensors"))
     assert same(pulled, quantized(state))
