@@ -15,7 +15,7 @@ import tempfile
 
 import pytest
 import torch
-from engine_runs import NEEDS_VLLM, run_engine_script
+from engine_runs import NEEDS_VLLM, backend_engine, run_engine_script
 
 pytestmark = pytest.mark.vllm
 
@@ -94,33 +94,17 @@ def same_bits(a: list[dict], b: list[dict]) -> bool:
 
 def scenario(tp: int) -> None:
     from transformers import AutoConfig
-    from vllm import LLM
 
     from test_target_vllm import bf16, check_loader_equal, tiny_qwen3
     from weight_teleport.pipeline import PublisherConfig
     from weight_teleport.publish import Publisher
-    from weight_teleport.targets.vllm import VllmTarget
-    from weight_teleport.targets.vllm_backend import BACKEND, WORKER_EXTENSION
     from weight_teleport.targets.vllm_layout import slice_hints
 
     with tempfile.TemporaryDirectory() as path, tempfile.TemporaryDirectory() as store:
         state = bf16(tiny_qwen3(path))
         config = AutoConfig.from_pretrained(path).to_dict()
         pub = Publisher(f"file://{store}", PublisherConfig(hints=slice_hints(config, [1, 2]), threads=1))
-        llm = LLM(
-            model=path,
-            skip_tokenizer_init=True,
-            enforce_eager=True,
-            dtype="bfloat16",
-            tensor_parallel_size=tp,
-            max_model_len=128,
-            max_num_seqs=4,
-            seed=0,
-            worker_extension_cls=WORKER_EXTENSION,
-            weight_transfer_config={"backend": BACKEND},
-        )
-        target = VllmTarget(llm)  # on vLLM's CPU backend: plain, patchable linear weights
-        llm.init_weight_transfer_engine({"init_info": {"store_url": f"file://{store}", "watch_timeout_s": 0.2}})
+        llm, target = backend_engine(path, f"file://{store}", tp)
         gen = torch.Generator().manual_seed(3)
         densities = [0.5] + DENSITIES  # a full anchor first, then the deltas
         for version, density in enumerate(densities, start=1):

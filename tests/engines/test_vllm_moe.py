@@ -21,7 +21,7 @@ import tempfile
 import pytest
 import torch
 
-from engine_runs import NEEDS_VLLM, run_engine_script
+from engine_runs import NEEDS_VLLM, backend_engine, run_engine_script
 
 pytestmark = pytest.mark.vllm
 
@@ -122,13 +122,11 @@ def check_moe_loader_equal(llm, target, trainer: dict, packed: bool = True) -> N
 
 def scenario(tp: int, ep: bool) -> None:
     from transformers import AutoConfig
-    from vllm import LLM, SamplingParams
+    from vllm import SamplingParams
 
     from test_vllm_backend import check_fetched, commit, mutate, same_bits
     from weight_teleport.pipeline import PublisherConfig
     from weight_teleport.publish import Publisher
-    from weight_teleport.targets.vllm import VllmTarget
-    from weight_teleport.targets.vllm_backend import BACKEND, WORKER_EXTENSION
     from weight_teleport.targets.vllm_layout import slice_hints
 
     with tempfile.TemporaryDirectory() as path, tempfile.TemporaryDirectory() as store:
@@ -136,21 +134,7 @@ def scenario(tp: int, ep: bool) -> None:
         config = AutoConfig.from_pretrained(path).to_dict()
         hints = slice_hints(config, [1, 2], expert_parallel=(False, True))
         pub = Publisher(f"file://{store}", PublisherConfig(hints=hints, threads=1))
-        llm = LLM(
-            model=path,
-            skip_tokenizer_init=True,
-            enforce_eager=True,
-            dtype="bfloat16",
-            tensor_parallel_size=tp,
-            enable_expert_parallel=ep,
-            max_model_len=128,
-            max_num_seqs=4,
-            seed=0,
-            worker_extension_cls=WORKER_EXTENSION,
-            weight_transfer_config={"backend": BACKEND},
-        )
-        target = VllmTarget(llm)  # on vLLM's CPU backend: plain, patchable linear weights
-        llm.init_weight_transfer_engine({"init_info": {"store_url": f"file://{store}", "watch_timeout_s": 0.2}})
+        llm, target = backend_engine(path, f"file://{store}", tp, enable_expert_parallel=ep)
         gen = torch.Generator().manual_seed(3)
         for version, density in enumerate(DENSITIES, start=1):
             new = mutate(state, density, gen)

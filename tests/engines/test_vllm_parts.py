@@ -16,7 +16,7 @@ from datetime import timedelta
 
 import pytest
 import torch
-from engine_runs import NEEDS_VLLM, run_engine_script
+from engine_runs import NEEDS_VLLM, backend_engine, run_engine_script
 
 pytestmark = pytest.mark.vllm
 
@@ -121,14 +121,11 @@ def trainer(rank: int, port: int, url: str, master: dict, path: str, layout: str
 
 
 def scenario(layout: str) -> None:
-    from vllm import LLM
 
     from services import free_port
     from test_target_vllm import check_loader_equal, tiny_qwen3
     from test_vllm_backend import commit
     from weight_teleport.targets.slice_stage import HEADER_PROBE
-    from weight_teleport.targets.vllm import VllmTarget
-    from weight_teleport.targets.vllm_backend import BACKEND, WORKER_EXTENSION
 
     with tempfile.TemporaryDirectory() as path, tempfile.TemporaryDirectory() as store:
         master = tiny_qwen3(path)
@@ -141,20 +138,7 @@ def scenario(layout: str) -> None:
         wants = list(versions({k: v.clone() for k, v in master.items()}))
         for p in procs:
             p.start()
-        llm = LLM(
-            model=path,
-            skip_tokenizer_init=True,
-            enforce_eager=True,
-            dtype="bfloat16",
-            tensor_parallel_size=TP,
-            max_model_len=128,
-            max_num_seqs=4,
-            seed=0,
-            worker_extension_cls=WORKER_EXTENSION,
-            weight_transfer_config={"backend": BACKEND},
-        )
-        target = VllmTarget(llm)  # on vLLM's CPU backend: plain, patchable linear weights
-        llm.init_weight_transfer_engine({"init_info": {"store_url": url, "watch_timeout_s": 0.2}})
+        llm, target = backend_engine(path, url, TP)
         for version, want in enumerate(wants):
             for q in go:
                 q.put(version)
