@@ -48,8 +48,9 @@ SGLang's unpickler allowlist, and the caller need not share the server's host.
 Layouts: SGLang's dense decoders (Llama, Qwen2, Qwen3, Mistral) keep vLLM's parallel layers
 and names (fused qkv_proj / gate_up_proj, row-parallel o_proj / down_proj, vocabularies
 padded to 64 and split by rows), so `vllm_layout.worker_slices` maps them. Not mapped: DP
-attention (`--enable-dp-attention`, attention split over another group) and pipeline
-parallelism (`--pp-size`, each stage holding some of the layers).
+attention (`--enable-dp-attention`, attention split over another group), pipeline
+parallelism (`--pp-size`, each stage holding some of the layers), fused-MoE layers, and
+block-FP8 models (SGLang's FP8 path may requantize the loaded weights; vLLM's is mapped).
 
 Outcomes: SGLang's scheduler does not catch an exception from a weight loader (the server
 goes down), so the loader never raises: each rank logs every outcome and keeps it in its
@@ -156,6 +157,8 @@ def _worker(model: torch.nn.Module) -> WorkerLocal:
         slices = worker_slices(model.config, size, rank)
         if any(s.expert is not None for s in slices.values()):
             raise UnsupportedLayoutError("SGLang's fused-MoE parameters are not mapped (vLLM's are)")
+        if any(n.endswith("_scale_inv") for n in slices):  # SGLang may requantize them (DeepGEMM's UE8M0)
+            raise UnsupportedLayoutError("SGLang's block-FP8 parameters are not mapped (vLLM's are)")
         _workers[id(model)] = (WorkerLocal(params, slices, rank, group, device), None)
     return _workers[id(model)][0]
 
