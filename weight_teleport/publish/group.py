@@ -27,6 +27,7 @@ from weight_teleport.format.parts import Part
 from weight_teleport.pipeline.plan import needs_anchor
 from weight_teleport.publish.ranks import Ranks
 from weight_teleport.publish.shards import local_shards
+from weight_teleport.quantize import sampler_format
 from weight_teleport.store import Store, open_store
 from weight_teleport.store.hashing import PIECE_BYTES, tree_sha256
 
@@ -72,6 +73,7 @@ class PublisherGroup:
         self._ranks = Ranks(group)
         self.rank = self._ranks.rank
         self.hints = dict(hints or {})
+        self._format = sampler_format(config.sampler_format)
         self._own_store = store is None
         self.store: Store | None = None
         self._encoder: Encoder | None = None
@@ -105,13 +107,17 @@ class PublisherGroup:
         t0 = time.perf_counter()
         version = self.next_version if version is None else int(version)
         tensors, boxes = local_shards(state, slices)
-        snapshot = {k: t.clone() for k, t in tensors.items()}
-        r = PartResult(version, raw_bytes=sum(t.numel() * t.element_size() for t in snapshot.values()))
+        r = PartResult(version)
         kinds = ["delta"] if self.baseline is not None else ["snapshot"]
         if kinds == ["delta"] and needs_anchor(self.last_anchor, version, self.config.anchor_every):
             kinds.append("snapshot")
         parts, error = {}, None
         try:
+            if self._format is None:
+                snapshot = {k: t.clone() for k, t in tensors.items()}
+            else:  # the sampler's checkpoint of this rank's shards (new tensors: the snapshot)
+                snapshot, boxes = self._format.quantize_shards(tensors, boxes)
+            r.raw_bytes = sum(t.numel() * t.element_size() for t in snapshot.values())
             for kind in kinds:
                 parts[kind] = self._part(kind, version, snapshot, boxes, r)
         except Exception as exc:  # reported to the group: nobody announces the version

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from typing import Literal, get_args
+from typing import Any, Literal, get_args
 
 import torch
 
@@ -86,6 +86,25 @@ class SamplerFormat:
             fp8.check_finite(name, state[name].detach())  # names the block
             raise AssertionError(f"the quantizer flagged {name!r} but its blocks are finite")
 
+    def quantize_shards(
+        self, tensors: Mapping[str, torch.Tensor], boxes: Mapping[str, Any]
+    ) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+        """A sharded trainer rank's part of the sampler's checkpoint: its `tensors` (name ->
+        local shard), each the box `boxes[name]` of its checkpoint tensor (else whole), made
+        into the format's tensors and their boxes. Blocks never straddle ranks, so a shard is
+        quantized as the whole tensor would be there: ConfigError, naming the tensor, for a
+        shard of a quantized tensor that does not start on a block's edge and end on one
+        (or at the tensor's end)."""
+        device = {k: t.device for k, t in tensors.items()}
+        device.update({scale_name(k): d for k, d in device.items()})
+        out = {k: torch.empty(shape, dtype=dt, device=device[k]) for k, (shape, dt) in self.layout(tensors).items()}
+        self.quantize(tensors, out)
+        placed = {k: b for k, b in boxes.items() if k in out}
+        for name, box in boxes.items():
+            if scale_name(name) in out:
+                placed[scale_name(name)] = _scale_box(name, box)
+        return out, placed
+
     def hf_config(self, config: bytes) -> bytes:
         """The checkpoint's config.json with this format's `quantization_config`: what an
         engine reads to load the sampler's tensors as a pre-quantized checkpoint."""
@@ -103,6 +122,21 @@ class SamplerFormat:
             "modules_to_not_convert": ["lm_head"],
         }
         return json.dumps(data, indent=2, sort_keys=True).encode()
+
+
+def _scale_box(name: str, box: Any) -> Any:
+    """The box of a weight shard's block scales (`box`: the shard's box of weight `name`)."""
+    out = []
+    for (offset, extent), size in zip(box.box, box.shape):
+        end = offset + extent
+        if offset % fp8.BLOCK or (end % fp8.BLOCK and end != size):
+            raise ConfigError(
+                f"PublisherConfig.sampler_format='fp8-block': this rank's shard of {name!r} covers "
+                f"[{offset}, {end}) of a dimension of {size}, not whole {fp8.BLOCK}-element blocks; "
+                f"shard quantized weights on multiples of {fp8.BLOCK}"
+            )
+        out.append((offset // fp8.BLOCK, -(-end // fp8.BLOCK) - offset // fp8.BLOCK))
+    return type(box)(fp8.scale_shape(tuple(box.shape)), tuple(out))
 
 
 FormatName = Literal["fp8-block"]

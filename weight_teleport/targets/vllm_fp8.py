@@ -58,7 +58,7 @@ def check_fp8_layers(model) -> None:
     e8m0 = None
     for name, module in model.named_modules():
         method = getattr(module, "quant_method", None)
-        if type(method).__name__ != "Fp8LinearMethod":
+        if method is None or type(method).__name__ != "Fp8LinearMethod":
             continue
         if e8m0 is None:
             e8m0 = bool(is_deep_gemm_e8m0_used())
