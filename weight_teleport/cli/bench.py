@@ -6,7 +6,7 @@ import argparse
 
 
 def bench_arguments(p: argparse.ArgumentParser) -> None:
-    from weight_teleport.quantize import FORMATS
+    from weight_teleport.quantize.names import FORMATS
 
     p.add_argument("--config", default="small", help="model config: tiny, small, qwen3-0.6b, qwen3-8b")
     p.add_argument("--lrs", type=float, nargs="+", default=[1e-6, 3e-6, 1e-5], help="learning rates")

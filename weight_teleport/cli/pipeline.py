@@ -12,7 +12,7 @@ from weight_teleport.cli.common import INTERRUPTED, ByteBar, add_store_arguments
 def publish_arguments(p: argparse.ArgumentParser) -> None:
     from weight_teleport.format.codecs import CHOICES, DEPRECATED_CODERS
     from weight_teleport.pipeline.config import PublisherConfig as d, RetentionConfig
-    from weight_teleport.quantize import FORMATS
+    from weight_teleport.quantize.names import FORMATS
 
     p.add_argument("checkpoint", type=Path, help="directory of an HF-style safetensors checkpoint")
     p.add_argument("--to", required=True, dest="url", help="store URL (file://, http://, s3://)")

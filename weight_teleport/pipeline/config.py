@@ -11,7 +11,7 @@ from weight_teleport.format.codecs import CHOICES, DEFAULT, DEPRECATED_CODERS, C
 from weight_teleport.format.limits import MAX_CHUNK_ELEMS
 from weight_teleport.observe.config import MetricsConfig
 from weight_teleport.pipeline.errors import ConfigError
-from weight_teleport.quantize.formats import FORMATS, FormatName
+from weight_teleport.quantize.names import FORMATS, FormatName
 from weight_teleport.store import StoreConfig
 
 if TYPE_CHECKING:

@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from typing import Any, Literal, get_args
+from typing import Any
 
 import torch
 
 from weight_teleport.errors import ConfigError
 from weight_teleport.quantize import fp8
-from weight_teleport.quantize.names import quantized_name, scale_name
+from weight_teleport.quantize.names import FORMATS, quantized_name, scale_name
 
 Layout = dict[str, tuple[tuple[int, ...], torch.dtype]]
 
@@ -137,11 +137,6 @@ def _scale_box(name: str, box: Any) -> Any:
             )
         out.append((offset // fp8.BLOCK, -(-end // fp8.BLOCK) - offset // fp8.BLOCK))
     return type(box)(fp8.scale_shape(tuple(box.shape)), tuple(out))
-
-
-FormatName = Literal["fp8-block"]
-FORMATS: tuple[str, ...] = get_args(FormatName)
-"""The sampler formats a publisher can make (`PublisherConfig.sampler_format`)."""
 
 
 def sampler_format(name: str | None) -> SamplerFormat | None:

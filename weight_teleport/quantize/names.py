@@ -1,5 +1,12 @@
-"""Which checkpoint tensors block-FP8 quantizes and what it names their scales (plain
-Python: the layout modules read it without torch)."""
+"""The sampler formats' names, which checkpoint tensors block-FP8 quantizes and what it
+names their scales (plain Python: configs, the CLI and the layout modules read it without
+torch)."""
+
+from typing import Literal, get_args
+
+FormatName = Literal["fp8-block"]
+FORMATS: tuple[str, ...] = get_args(FormatName)
+"""The sampler formats a publisher can make (`PublisherConfig.sampler_format`)."""
 
 BLOCK = 128
 """Rows and columns of a scale block."""
