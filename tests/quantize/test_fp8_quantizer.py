@@ -199,3 +199,25 @@ def test_format_layout_and_names():
     assert sampler_format(None) is None
     with pytest.raises(Exception, match="sampler_format='fp4'"):
         sampler_format("fp4")
+
+
+@pytest.mark.skipif(not KERNEL, reason="the Triton kernel needs a GPU or TRITON_INTERPRET=1")
+def test_format_runs_the_kernel_per_tensor_and_names_a_refused_one():
+    """`SamplerFormat`'s device path (the kernel per weight, one flag read-back per device)
+    gives torch's bytes, and refuses a weight holding NaN by name and block."""
+    fmt = sampler_format("fp8-block")
+    g = torch.Generator().manual_seed(3)
+    state = {
+        "a.q_proj.weight": (torch.randn(130, 260, generator=g) * 0.02).to(torch.bfloat16).to(DEVICE),
+        "a.o_proj.weight": (torch.randn(64, 128, generator=g)).to(torch.float32).to(DEVICE),
+    }
+    out = {k: torch.empty(s, dtype=dt, device=DEVICE) for k, (s, dt) in fmt.layout(state).items()}
+    fmt._quantize_on_device(state, out)
+    for name, w in state.items():
+        q, s = reference(w.cpu())
+        assert torch.equal(bits(out[name]).cpu(), bits(q)) and torch.equal(
+            bits(out[name + "_scale_inv"]).cpu(), bits(s)
+        )
+    state["a.o_proj.weight"][5, 7] = float("nan")
+    with pytest.raises(QuantizationError, match=r"'a\.o_proj\.weight'.*rows 0\.\. and columns 0\.\."):
+        fmt._quantize_on_device(state, out)

@@ -51,40 +51,48 @@ class SamplerFormat:
 
     def quantize(self, state: Mapping[str, torch.Tensor], out: Mapping[str, torch.Tensor]) -> None:
         """Fill `out` (tensors of `layout(state)`) from `state`; raise QuantizationError
-        naming the first tensor that holds NaN or Inf. On CUDA the work is queued on the
-        current stream and waited for here."""
-        on_device = [n for n, t in state.items() if self.quantized(n, t) and t.is_cuda]
+        naming the first tensor that holds NaN or Inf. Weights on a CUDA device are quantized
+        there, on its current stream, and waited for here; copies of the other tensors are
+        queued as `copy_(non_blocking=True)` queues them."""
+        on_device = {n: t for n, t in state.items() if self.quantized(n, t) and t.is_cuda}
         for name, t in state.items():
-            if name not in on_device:
-                if self.quantized(name, t):
-                    fp8.quantize_reference(name, t.detach(), out[name], out[self.scale_name(name)])
-                else:
-                    out[name].copy_(t.detach(), non_blocking=True)
+            if name in on_device:
+                continue
+            if self.quantized(name, t):
+                fp8.quantize_reference(name, t.detach(), out[name], out[self.scale_name(name)])
+            else:
+                out[name].copy_(t.detach(), non_blocking=True)
         if on_device:
-            self._quantize_on_device({n: state[n] for n in on_device}, out)
+            self._quantize_on_device(on_device, out)
 
     def _quantize_on_device(self, state: Mapping[str, torch.Tensor], out: Mapping[str, torch.Tensor]) -> None:
+        """The kernel over each weight of `state` (on CUDA devices), into device buffers of
+        its own device where `out`'s tensors lie elsewhere, then copied."""
         from weight_teleport.quantize.kernels import quantize_into
 
-        device = next(iter(state.values())).device
-        bad = torch.zeros(len(state), dtype=torch.int32, device=device)
+        flags: dict[str, torch.Tensor] = {}
         copies = []
-        for i, (name, w) in enumerate(state.items()):
+        for name, w in state.items():
             q, s = out[name], out[self.scale_name(name)]
-            qd = q if q.device == device and q.stride(-1) == 1 else torch.empty(q.shape, dtype=q.dtype, device=device)
-            sd = s if s.device == device and s.is_contiguous() else torch.empty(s.shape, dtype=s.dtype, device=device)
-            w = w.detach() if w.stride(-1) == 1 else w.detach().contiguous()
-            quantize_into(w, qd, sd, bad[i])
+            here = w.device
+            qd = q if q.device == here and q.stride(-1) == 1 else torch.empty(q.shape, dtype=q.dtype, device=here)
+            sd = s if s.device == here and s.is_contiguous() else torch.empty(s.shape, dtype=s.dtype, device=here)
+            flags[name] = torch.zeros((), dtype=torch.int32, device=here)
+            quantize_into(w.detach() if w.stride(-1) == 1 else w.detach().contiguous(), qd, sd, flags[name])
             copies += [(q, qd), (s, sd)]
         for dst, src in copies:
             if dst is not src:
                 dst.copy_(src, non_blocking=True)
-        torch.cuda.current_stream(device).synchronize()
-        refused = bad.nonzero().flatten().tolist()
+        refused = []
+        for device in {w.device for w in state.values()}:  # one read-back of the flags per device
+            names = [n for n, w in state.items() if w.device == device]
+            bad = torch.stack([flags[n] for n in names]).cpu()  # waits for the device's kernels
+            if device.type == "cuda":  # (Triton's interpreter runs the kernel on the CPU)
+                torch.cuda.current_stream(device).synchronize()  # and its copies
+            refused += [n for n, b in zip(names, bad.tolist()) if b]
         if refused:
-            name = list(state)[refused[0]]
-            fp8.check_finite(name, state[name].detach())  # names the block
-            raise AssertionError(f"the quantizer flagged {name!r} but its blocks are finite")
+            fp8.check_finite(refused[0], state[refused[0]].detach())  # raises, naming the block
+            raise AssertionError(f"the quantizer flagged {refused[0]!r} but its blocks are finite")
 
     def quantize_shards(
         self, tensors: Mapping[str, torch.Tensor], boxes: Mapping[str, Any]
