@@ -283,6 +283,14 @@ class TeleportWorkerExtension:
     def teleport_attach(self) -> None:
         if hasattr(self, "_teleport_boxes"):
             return
+        if any(
+            type(getattr(m, "quant_method", None)).__name__ == "Fp8LinearMethod"
+            for m in self.model_runner.get_model().modules()
+        ):
+            raise UnsupportedLayoutError(
+                "VllmTarget does not patch FP8 engines (its probe of the loader is unchecked there): "
+                "follow the store with the weight-transfer backend (targets.vllm_backend)"
+            )
         self._teleport_boxes: dict[str, _Box | None] = {}
         _keep_plain_cpu_weights(self)
 
