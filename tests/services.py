@@ -32,6 +32,22 @@ def free_port() -> int:
     return free_ports(1)[0]
 
 
+def run_ranks(target: Callable, world: int, *args, timeout: float) -> tuple[list[int | None], list[str]]:
+    """Runs `target(rank, port, *args, errors)` in `world` spawned processes sharing a free
+    `port` (a gloo group's rendezvous) and waits up to `timeout` seconds for each; their exit
+    codes, and the messages they put on the `errors` queue."""
+    import multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    errors, port = ctx.Queue(), free_port()
+    procs = [ctx.Process(target=target, args=(r, port, *args, errors)) for r in range(world)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout)
+    return [p.exitcode for p in procs], [errors.get() for _ in range(errors.qsize())] if not errors.empty() else []
+
+
 def free_ports(n: int) -> list[int]:
     """n distinct TCP ports nothing listens on right now (all held open while they are
     picked: ports picked one after another can repeat)."""

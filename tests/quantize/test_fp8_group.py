@@ -6,14 +6,13 @@ that cuts a block fails the version on every rank, naming the tensor."""
 
 from __future__ import annotations
 
-import multiprocessing as mp
 import traceback
 from datetime import timedelta
 
 import torch
 
 from helpers import bits
-from services import free_port
+from services import run_ranks
 from weight_versions import FAST, follow
 from weight_teleport import Subscriber, TorchTarget
 from weight_teleport.quantize import sampler_format
@@ -86,15 +85,9 @@ def _trainer(rank: int, port: int, url: str, split: dict, errors) -> None:
 
 
 def _publish(url: str, split: dict) -> list[str]:
-    ctx = mp.get_context("spawn")
-    errors, port = ctx.Queue(), free_port()
-    procs = [ctx.Process(target=_trainer, args=(r, port, url, split, errors)) for r in range(RANKS)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(WAIT_S)
-    assert [p.exitcode for p in procs] == [0] * RANKS
-    return [errors.get() for _ in range(errors.qsize())] if not errors.empty() else []
+    codes, found = run_ranks(_trainer, RANKS, url, split, timeout=WAIT_S)
+    assert codes == [0] * RANKS
+    return found
 
 
 def test_ranks_quantize_their_shards(tmp_path):

@@ -8,7 +8,6 @@ trainer's weights in vLLM's stacked parameters."""
 
 from __future__ import annotations
 
-import multiprocessing as mp
 import traceback
 from datetime import timedelta
 
@@ -16,7 +15,7 @@ import pytest
 import torch
 
 from helpers import bits
-from services import free_port
+from services import run_ranks
 from test_slice_parts import rank_piece, trainer_split
 from test_slice_stage import _mutate
 from test_vllm_moe_layout import STAGE, engine_params, experts_of, owners
@@ -100,16 +99,9 @@ def _trainer(rank: int, port: int, url: str, errors) -> None:
 
 
 def _publish(url: str) -> None:
-    ctx = mp.get_context("spawn")
-    errors, port = ctx.Queue(), free_port()
-    procs = [ctx.Process(target=_trainer, args=(r, port, url, errors)) for r in range(TRAINERS)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(WAIT_S)
-    found = [errors.get() for _ in range(errors.qsize())] if not errors.empty() else []
+    codes, found = run_ranks(_trainer, TRAINERS, url, timeout=WAIT_S)
     assert not found, "\n".join(found)
-    assert [p.exitcode for p in procs] == [0] * TRAINERS
+    assert codes == [0] * TRAINERS
 
 
 @pytest.mark.parametrize("ep", [False, True])
