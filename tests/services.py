@@ -48,6 +48,31 @@ def run_ranks(target: Callable, world: int, *args, timeout: float) -> tuple[list
     return [p.exitcode for p in procs], [errors.get() for _ in range(errors.qsize())] if not errors.empty() else []
 
 
+@contextmanager
+def gloo_rank(rank: int, port: int, world: int, errors) -> Iterator[None]:
+    """Inside a `run_ranks` process: rank `rank` of a gloo group of `world` at `port` (one
+    torch thread) for the block; an exception raised in it is put on `errors` (with its
+    traceback) and raised again; the group is left at the end."""
+    import traceback
+    from datetime import timedelta
+
+    import torch
+    import torch.distributed as dist
+
+    try:
+        dist.init_process_group(
+            "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world, timeout=timedelta(seconds=120)
+        )
+        torch.set_num_threads(1)
+        yield
+    except BaseException:
+        errors.put(f"rank {rank}: {traceback.format_exc()}")
+        raise
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
 def free_ports(n: int) -> list[int]:
     """n distinct TCP ports nothing listens on right now (all held open while they are
     picked: ports picked one after another can repeat)."""

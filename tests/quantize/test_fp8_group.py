@@ -6,13 +6,11 @@ that cuts a block fails the version on every rank, naming the tensor."""
 
 from __future__ import annotations
 
-import traceback
-from datetime import timedelta
 
 import torch
 
 from helpers import bits
-from services import run_ranks
+from services import gloo_rank, run_ranks
 from weight_versions import FAST, follow
 from weight_teleport import Subscriber, TorchTarget
 from weight_teleport.quantize import sampler_format
@@ -56,17 +54,11 @@ def shard(state: dict, rank: int, split: dict) -> tuple[dict, dict]:
 
 
 def _trainer(rank: int, port: int, url: str, split: dict, errors) -> None:
-    import torch.distributed as dist
-
     from weight_teleport.pipeline import PublisherConfig
     from weight_teleport.pipeline.errors import PublishFailed
     from weight_teleport.publish import PublisherGroup
 
-    try:
-        dist.init_process_group(
-            "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=RANKS, timeout=timedelta(seconds=120)
-        )
-        torch.set_num_threads(1)
+    with gloo_rank(rank, port, RANKS, errors):
         config = PublisherConfig(anchor_every=10, threads=1, sampler_format="fp8-block")
         with PublisherGroup(url, config) as group:
             for v, state in enumerate(versions()):
@@ -76,12 +68,6 @@ def _trainer(rank: int, port: int, url: str, split: dict, errors) -> None:
                 except PublishFailed as exc:
                     errors.put(f"rank {rank}: failed: {exc}")
                     return
-    except BaseException:
-        errors.put(f"rank {rank}: {traceback.format_exc()}")
-        raise
-    finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
 
 
 def _publish(url: str, split: dict) -> list[str]:

@@ -8,14 +8,12 @@ trainer's weights in vLLM's stacked parameters."""
 
 from __future__ import annotations
 
-import traceback
-from datetime import timedelta
 
 import pytest
 import torch
 
 from helpers import bits
-from services import run_ranks
+from services import gloo_rank, run_ranks
 from test_slice_parts import rank_piece, trainer_split
 from test_slice_stage import _mutate
 from test_vllm_moe_layout import STAGE, engine_params, experts_of, owners
@@ -71,31 +69,15 @@ def trainer_shard(state: dict, rank: int) -> tuple[dict, dict]:
 
 
 def _trainer(rank: int, port: int, url: str, errors) -> None:
-    import torch.distributed as dist
-
     from weight_teleport.pipeline import PublisherConfig
     from weight_teleport.publish import PublisherGroup
 
-    try:
-        dist.init_process_group(
-            "gloo",
-            init_method=f"tcp://127.0.0.1:{port}",
-            rank=rank,
-            world_size=TRAINERS,
-            timeout=timedelta(seconds=120),
-        )
-        torch.set_num_threads(1)
+    with gloo_rank(rank, port, TRAINERS, errors):
         config = PublisherConfig(anchor_every=10, threads=1, chunk_elems=256)
         with PublisherGroup(url, config, hints=HINTS) as group:
             for v, state in enumerate(versions(), start=1):
                 local, slices = trainer_shard(state, rank)
                 group.publish(local, v, slices=slices)
-    except BaseException:
-        errors.put(f"rank {rank}: {traceback.format_exc()}")
-        raise
-    finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
 
 
 def _publish(url: str) -> None:
