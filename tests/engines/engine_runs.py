@@ -36,17 +36,13 @@ def run_engine_script(
     return run
 
 
-def backend_engine(path: str, store_url: str, tp: int, **extra):
-    """A CPU vLLM engine of the checkpoint at `path` with our weight-transfer backend started
-    on `store_url`, and a `VllmTarget` over it (on vLLM's CPU backend: plain, patchable
-    linear weights); `extra` goes to `LLM` (e.g. `enable_expert_parallel`). Run it in an
-    engine script, a process of its own."""
+def cpu_engine(path: str, tp: int, **extra):
+    """A small CPU vLLM engine of the checkpoint at `path` at TP size `tp` (eager, token ids
+    in, a 128-token context); `extra` goes to `LLM`. Run it in an engine script, a process
+    of its own."""
     from vllm import LLM
 
-    from weight_teleport.targets.vllm import VllmTarget
-    from weight_teleport.targets.vllm_backend import BACKEND, WORKER_EXTENSION
-
-    llm = LLM(
+    return LLM(
         model=path,
         skip_tokenizer_init=True,
         enforce_eager=True,
@@ -55,9 +51,19 @@ def backend_engine(path: str, store_url: str, tp: int, **extra):
         max_model_len=128,
         max_num_seqs=4,
         seed=0,
-        worker_extension_cls=WORKER_EXTENSION,
-        weight_transfer_config={"backend": BACKEND},
         **extra,
+    )
+
+
+def backend_engine(path: str, store_url: str, tp: int, **extra):
+    """A `cpu_engine` with our weight-transfer backend started on `store_url`, and a
+    `VllmTarget` over it (on vLLM's CPU backend: plain, patchable linear weights); `extra`
+    goes to `LLM` (e.g. `enable_expert_parallel`)."""
+    from weight_teleport.targets.vllm import VllmTarget
+    from weight_teleport.targets.vllm_backend import BACKEND, WORKER_EXTENSION
+
+    llm = cpu_engine(
+        path, tp, worker_extension_cls=WORKER_EXTENSION, weight_transfer_config={"backend": BACKEND}, **extra
     )
     target = VllmTarget(llm)
     llm.init_weight_transfer_engine({"init_info": {"store_url": store_url, "watch_timeout_s": 0.2}})

@@ -12,7 +12,7 @@ import tempfile
 
 import pytest
 import torch
-from engine_runs import NEEDS_VLLM, run_engine_script
+from engine_runs import NEEDS_VLLM, cpu_engine, run_engine_script
 
 pytestmark = pytest.mark.vllm
 
@@ -134,24 +134,13 @@ def check_greedy(path: str, state: dict, outputs: list[list[int]], version: int)
 
 
 def scenario(tp: int) -> None:
-    from vllm import LLM
 
     from weight_teleport.codec import apply_staged, encode_delta, stage_delta
     from weight_teleport.targets.vllm import WORKER_EXTENSION, VllmTarget
 
     with tempfile.TemporaryDirectory() as path:
         master = tiny_qwen3(path)
-        llm = LLM(
-            model=path,
-            skip_tokenizer_init=True,
-            enforce_eager=True,
-            dtype="bfloat16",
-            tensor_parallel_size=tp,
-            max_model_len=128,
-            max_num_seqs=4,
-            seed=0,
-            worker_extension_cls=WORKER_EXTENSION,
-        )
+        llm = cpu_engine(path, tp, worker_extension_cls=WORKER_EXTENSION)
         target = VllmTarget(llm)
         shadow = bf16(master)
         first = vllm_greedy(llm)
