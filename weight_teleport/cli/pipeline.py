@@ -19,6 +19,13 @@ def publish_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--version", type=int, help="version number (default: the next one)")
     p.add_argument("--anchor-every", type=int, default=d.anchor_every, help="a full snapshot every N versions")
     p.add_argument(
+        "--catchup-every",
+        type=int,
+        default=d.catchup_every,
+        help="also a delta from the boot version (the store's first) every N versions, for samplers "
+        "that start from that checkpoint (0: off)",
+    )
+    p.add_argument(
         "--keep-anchors", type=int, default=RetentionConfig.keep_anchors, help="anchors kept (0: keep everything)"
     )
     p.add_argument(
@@ -77,6 +84,7 @@ def publish_main(args: argparse.Namespace) -> int:
         store.upload_progress = bar.update
         config = PublisherConfig(
             anchor_every=args.anchor_every,
+            catchup_every=args.catchup_every,
             store=store,
             codec=codec,
             retention=RetentionConfig(keep_anchors=args.keep_anchors),

@@ -1,9 +1,11 @@
 """The manifest: the store's one mutable object, a JSON log of immutable packs.
 
 Every published version has an entry per object: a "delta" from its base version, and
-at anchors a "snapshot" too (the first version has only the snapshot). Entries are
-ordered by version (a delta before the snapshot of the same version); keys are unique
-and content-addressed, so a key is never reused for other bytes.
+at anchors a "snapshot" too (the first version has only the snapshot). A version may also
+have a catch-up delta from the boot version (the checkpoint the run began from), so that a
+sampler that booted from it reaches the version in one delta. Entries are ordered by
+version, then kind (deltas before the snapshot), then base; keys are unique and
+content-addressed, so a key is never reused for other bytes.
 """
 
 from __future__ import annotations
@@ -23,6 +25,10 @@ from weight_teleport.store.keys import validate_key
 FORMAT = "weight-teleport-manifest/1"
 FORMAT_PARTS = "weight-teleport-manifest/2"
 """The format of a manifest with an entry made of parts (a version of several writers)."""
+FORMAT_BOOT = "weight-teleport-manifest/3"
+"""The format of a manifest with a boot version, whose versions may have a second delta:
+a catch-up delta from the boot version (entries may also be made of parts)."""
+FORMATS = (FORMAT, FORMAT_PARTS, FORMAT_BOOT)
 KINDS = ("delta", "snapshot")
 MAX_MANIFEST_BYTES = 16 << 20
 """Largest manifest parsed (the origin's default `max_manifest_bytes`): about 60 k entries."""
@@ -32,7 +38,7 @@ MAX_SIDE_FILES = 64
 _SHA256 = re.compile(r"[0-9a-f]{64}\Z")
 _FILE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.=+-]{0,254}\Z")
 _TOP_REQUIRED = {"format", "latest", "model", "entries"}
-_TOP_OPTIONAL = {"signature", "retention"}
+_TOP_OPTIONAL = {"signature", "retention", "boot"}
 
 Signer = Callable[[bytes], dict]
 """Canonical bytes -> the manifest's "signature" member."""
@@ -89,6 +95,9 @@ class Entry:
     """When the publisher announced the object: Unix time in milliseconds (0: unknown)."""
     files: tuple[SideFile, ...] = ()
     """Snapshots: the checkpoint's side files published with it (`pull` writes them)."""
+    catchup: bool = False
+    """A catch-up delta: from the manifest's boot version, published beside the version's
+    own delta (format 3). It applies as any delta; retention keeps the newest one only."""
     parts: tuple[Part, ...] = ()
     """The packs of a version made of parts (several writers); then `key`, `size` and
     `sha256` are those of the first part and of all of them together (`parts_entry`),
@@ -112,6 +121,8 @@ class Entry:
         else:
             d = asdict(self)
             del d["parts"]
+            if not self.catchup:
+                del d["catchup"]
             if not self.files:
                 del d["files"]
             else:
@@ -142,7 +153,7 @@ def parts_entry(
 
 
 _FIELDS = {f.name for f in fields(Entry)} - {"parts"}
-_REQUIRED = _FIELDS - {"raw_bytes", "piece_bytes", "published_at_ms", "files"}
+_REQUIRED = _FIELDS - {"raw_bytes", "piece_bytes", "published_at_ms", "files", "catchup"}
 _FILE_FIELDS = {f.name for f in fields(SideFile)}
 _PARTS_FIELDS = {"version", "kind", "base", "raw_bytes", "parts", "published_at_ms"}
 MIN_PIECE, MAX_PIECE = 1 << 16, 1 << 30
@@ -158,6 +169,10 @@ class Manifest:
     """Free-form description of the weights (names, dtypes), for people and `status`."""
     retention: Retention | None = None
     """What retention keeps and removed (None: the publisher did not say)."""
+    boot: int | None = None
+    """The boot version: the checkpoint the run began from, which samplers may hold from
+    their start. Its anchor is kept by retention, and the publisher adds a catch-up delta
+    from it to some versions (`PublisherConfig.catchup_every`). None: no boot version."""
 
     @property
     def latest(self) -> int | None:
@@ -172,6 +187,17 @@ class Manifest:
     def versions(self) -> list[int]:
         return sorted({e.version for e in self.entries})
 
+    @property
+    def format(self) -> str:
+        """The oldest format that describes this manifest (what `to_json` writes)."""
+        if self.boot is not None or _several_deltas(self.entries) or any(e.catchup for e in self.entries):
+            return FORMAT_BOOT
+        return FORMAT_PARTS if any(e.parts for e in self.entries) else FORMAT
+
+    def catchup_deltas(self) -> list[Entry]:
+        """The catch-up deltas, oldest first."""
+        return [e for e in self.entries if e.catchup]
+
     def with_entries(self, *entries: Entry) -> "Manifest":
         """A new manifest with `entries` appended (checked)."""
         return checked(replace(self, entries=self.entries + tuple(entries)))
@@ -179,7 +205,7 @@ class Manifest:
     def to_json(self, sign: Signer | None = None) -> bytes:
         """The manifest as the bytes stored in the store; `sign` (signing.ManifestSigner)
         adds a "signature" member over its canonical bytes (docs/FORMAT.md, Manifest)."""
-        fmt = FORMAT_PARTS if any(e.parts for e in self.entries) else FORMAT
+        fmt = self.format
         doc = {
             "format": fmt,
             "latest": self.latest,
@@ -188,6 +214,8 @@ class Manifest:
         }
         if self.retention is not None:
             doc["retention"] = asdict(self.retention)
+        if self.boot is not None:
+            doc["boot"] = self.boot
         if sign is not None:
             doc["signature"] = sign(canonical_bytes(doc))
         return json.dumps(doc, indent=1, sort_keys=True).encode()
@@ -222,11 +250,17 @@ def from_json(data: bytes, *, verify: Verifier | None = None, max_bytes: int = M
         raise ManifestError(f"malformed manifest: entries is a {type(entries).__name__}, not a list")
     manifest = checked(
         Manifest(
-            tuple(_entry(i, e) for i, e in enumerate(entries)), _model(doc["model"]), _retention(doc.get("retention"))
+            tuple(_entry(i, e) for i, e in enumerate(entries)),
+            _model(doc["model"]),
+            _retention(doc.get("retention")),
+            _boot(doc),
         )
     )
-    if doc["format"] == FORMAT and any(e.parts for e in manifest.entries):
-        raise ManifestError(f"malformed manifest: a {FORMAT} manifest with an entry made of parts")
+    if FORMATS.index(doc["format"]) < FORMATS.index(manifest.format):
+        raise ManifestError(
+            f"malformed manifest: a {doc['format']} manifest with what only {manifest.format} describes "
+            "(entries made of parts, a boot version, catch-up deltas, a version with two deltas)"
+        )
     if doc["latest"] != manifest.latest or isinstance(doc["latest"], bool):
         raise ManifestError(
             f"malformed manifest: latest is {str(doc['latest'])[:40]!r}, its last entry is version {manifest.latest}"
@@ -244,9 +278,9 @@ def _parse(data: bytes) -> dict:
         raise ManifestError(f"malformed manifest: not JSON ({type(exc).__name__}: {str(exc)[:200]})") from None
     if not isinstance(doc, dict):
         raise ManifestError(f"malformed manifest: a JSON {type(doc).__name__}, not an object")
-    if doc.get("format") not in (FORMAT, FORMAT_PARTS):
+    if doc.get("format") not in FORMATS:
         raise ManifestError(
-            f"not a {FORMAT} or {FORMAT_PARTS} manifest (format "
+            f"not a {', '.join(FORMATS)} manifest (format "
             f"{str(doc.get('format'))[:100]!r}): a newer writer's? upgrade weight-teleport"
         )
     missing, unknown = _TOP_REQUIRED - doc.keys(), doc.keys() - _TOP_REQUIRED - _TOP_OPTIONAL
@@ -298,6 +332,9 @@ def _entry(index: int, raw: object) -> Entry:
     piece = _int(raw, "piece_bytes", 0) if "piece_bytes" in raw else 0
     _check_piece(piece, f"manifest entry {key!r}")
     files = _files(key, kind, raw.get("files", []))
+    catchup = raw.get("catchup", False)
+    if type(catchup) is not bool:
+        raise ManifestError(f"manifest entry {key!r}: catchup {str(catchup)[:40]!r} is not true or false")
     return Entry(
         _int(raw, "version", 0),
         kind,
@@ -309,6 +346,7 @@ def _entry(index: int, raw: object) -> Entry:
         piece,
         _int(raw, "published_at_ms", 0) if "published_at_ms" in raw else 0,
         files,
+        catchup,
     )
 
 
@@ -351,6 +389,27 @@ def _retention(raw: object) -> Retention | None:
     return Retention(_int(raw, "keep_anchors", 0), removed)
 
 
+def _boot(doc: dict) -> int | None:
+    if doc.get("boot") is None:
+        return None
+    if doc["format"] != FORMAT_BOOT:
+        raise ManifestError(f"malformed manifest: a {doc['format']} manifest with a boot version")
+    boot = doc["boot"]
+    if type(boot) is not int or not 0 <= boot <= MAX_INT:
+        raise ManifestError(f"malformed manifest: boot {str(boot)[:40]!r} is not an integer in [0, 2^63)")
+    return boot
+
+
+def _several_deltas(entries: tuple[Entry, ...]) -> set[int]:
+    """The versions that have more than one delta."""
+    seen: set[int] = set()
+    several: set[int] = set()
+    for e in entries:
+        if e.kind == "delta":
+            (several if e.version in seen else seen).add(e.version)
+    return several
+
+
 def _check_piece(piece: int, where: str) -> None:
     if piece and not (MIN_PIECE <= piece <= MAX_PIECE and piece & (piece - 1) == 0):
         raise ManifestError(f"{where}: piece_bytes {piece} is not 0 or a power of two in [{MIN_PIECE}, {MAX_PIECE}]")
@@ -389,8 +448,10 @@ def _model(model: object) -> dict:
     return model
 
 
-def _order(e: Entry) -> tuple[int, int]:
-    return e.version, KINDS.index(e.kind)
+def entry_order(e: Entry) -> tuple[int, int, int]:
+    """Where `e` goes in a manifest's entries: by version, then kind (deltas before the
+    snapshot), then base (a catch-up delta before the version's step delta)."""
+    return e.version, KINDS.index(e.kind), -1 if e.base is None else e.base
 
 
 def checked(manifest: Manifest) -> Manifest:
@@ -401,7 +462,11 @@ def checked(manifest: Manifest) -> Manifest:
             raise ManifestError(f"entry {e.key!r}: kind {e.kind!r} with base {e.base!r}")
         if e.base is not None and e.base >= e.version:
             raise ManifestError(f"entry {e.key!r}: delta to {e.version} from later base {e.base}")
-        if i and _order(e) <= _order(manifest.entries[i - 1]):
+        if e.catchup and (e.kind != "delta" or e.base is None or e.base != manifest.boot):
+            raise ManifestError(
+                f"entry {e.key!r}: a catch-up {e.kind} from {e.base}, not a delta from the boot version {manifest.boot}"
+            )
+        if i and entry_order(e) <= entry_order(manifest.entries[i - 1]):
             raise ManifestError(f"entry {e.key!r} (version {e.version} {e.kind}) is out of order or duplicated")
         for key in e.keys:
             if key in keys:

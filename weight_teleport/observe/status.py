@@ -41,9 +41,9 @@ def store_summary(manifest: Manifest | None, now: float | None = None, problems:
                 "age_s": None,
             },
         )
-        row["kinds"].append(e.kind)
+        row["kinds"].append("catchup" if e.catchup else e.kind)
         row["stored_bytes"] += e.size
-        if e.kind == "delta" or not row["wire_bytes"]:
+        if (e.kind == "delta" and not e.catchup) or not row["wire_bytes"]:
             row["wire_bytes"], row["base"] = e.size, e.base
         if e.kind == "snapshot":
             row["anchor"] = True
@@ -57,6 +57,7 @@ def store_summary(manifest: Manifest | None, now: float | None = None, problems:
         "latest": manifest.latest,
         "versions": [rows[v] for v in sorted(rows)],
         "anchors": [e.version for e in manifest.anchors],
+        "boot": manifest.boot,
         "stored_bytes": sum(e.size for e in manifest.entries),
         "retention": retention_summary(manifest),
         "broken": broken_objects(manifest, problems or {}),

@@ -81,6 +81,16 @@ class PublisherConfig:
     anchor_every: int = 16
     """A full snapshot (anchor) is published with every Nth version after the previous
     anchor, beside that version's delta. The first version is always an anchor."""
+    catchup_every: int = 0
+    """Catch-up deltas from the boot version (the first version of a fresh store: the
+    checkpoint the run began from, which samplers start from): every Nth version after the
+    previous one also gets a delta straight from the boot version, uploaded in the
+    background after the version's own delta, and the older one is deleted. A sampler
+    that holds the boot version (`SubscriberConfig.initial_version`) joins or restarts
+    with that one delta where it is smaller than an anchor and the deltas after it. It costs
+    one more copy of the weights on `baseline_device` (counted in `memory_budget_bytes`)
+    and an encode every N versions; the boot version's anchor is kept by retention. The
+    manifest becomes format 3, which readers older than it refuse. 0: off."""
     max_pending: int = 1
     """Snapshots waiting to be encoded while one is in flight (the bounded queue)."""
     backpressure: Backpressure = "block"
@@ -170,6 +180,7 @@ class PublisherConfig:
         ):
             f.choice(name, choices)
         whole("anchor_every", 1)
+        whole("catchup_every", 0)
         whole("max_pending", 1)
         whole("memory_budget_bytes", 1, none=True)
         whole("threads", 1, none=True)

@@ -34,12 +34,17 @@ class PublishResult:
     (0 when it carries none)."""
     anchor_s: float = 0.0
     """Time the anchor thread took to store and announce the anchor (0 until it has)."""
+    catchup_encode_s: float = 0.0
+    """Time the worker spent encoding this version's catch-up delta from the boot version
+    (0 when it carries none)."""
+    catchup_s: float = 0.0
+    """Time the catch-up thread took to store and announce it (0 until it has)."""
 
     @property
     def wire_bytes(self) -> int:
         """Bytes a follower fetches for this version (the delta, else the snapshot)."""
-        deltas = [e.size for e in self.objects if e.kind == "delta"]
-        return deltas[0] if deltas else sum(e.size for e in self.objects)
+        deltas = [e.size for e in self.objects if e.kind == "delta" and e.base == self.base_version]
+        return deltas[0] if deltas else sum(e.size for e in self.objects if e.kind == "snapshot")
 
     @property
     def ratio(self) -> float:

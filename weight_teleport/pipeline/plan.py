@@ -113,17 +113,32 @@ def _chain_exists(manifest: Manifest, current: int, target: int, exclude) -> boo
 
 def plan_retention(manifest: Manifest, keep_anchors: int) -> tuple[Manifest, list[Entry]]:
     """Split `manifest` into what to keep and the entries to delete: everything older
-    than the `keep_anchors`-th newest anchor goes (0 keeps everything). The manifest
-    kept records the rule and the newest version removed (`Manifest.retention`)."""
+    than the `keep_anchors`-th newest anchor goes (0 keeps everything), except the boot
+    version's anchor and the newest catch-up delta (the deltas after it are kept: they
+    are newer than that anchor, or older than it and kept with it); an older catch-up
+    delta goes, whatever `keep_anchors`, and all go once the manifest has no boot version.
+    The manifest kept records the rule and the newest version removed (`Manifest.retention`)."""
     removed = manifest.retention.removed_through if manifest.retention else None
+    catchups = manifest.catchup_deltas() if manifest.boot is not None else []
+    superseded = {e.key for e in manifest.catchup_deltas()} - {e.key for e in catchups[-1:]}
+    newest = {e.key for e in catchups[-1:]}
     anchors = manifest.anchors
-    if keep_anchors <= 0 or len(anchors) <= keep_anchors:
-        return replace(manifest, retention=Retention(max(0, keep_anchors), removed)), []
-    oldest = anchors[-keep_anchors].version
-    kept = tuple(e for e in manifest.entries if e.version >= oldest)
-    dropped = [e for e in manifest.entries if e.version < oldest]
-    removed = max(e.version for e in dropped) if removed is None else max(removed, *(e.version for e in dropped))
-    return replace(manifest, entries=kept, retention=Retention(keep_anchors, removed)), dropped
+    oldest = anchors[-keep_anchors].version if 0 < keep_anchors < len(anchors) else None
+    boot_anchor = manifest.boot
+
+    def kept_entry(e: Entry) -> bool:
+        if e.key in superseded:
+            return False
+        if e.key in newest or (e.version == boot_anchor and e.kind == "snapshot"):
+            return True
+        return oldest is None or e.version >= oldest
+
+    kept = tuple(e for e in manifest.entries if kept_entry(e))
+    dropped = [e for e in manifest.entries if not kept_entry(e)]
+    gone = [e.version for e in dropped if e.key not in superseded]  # a superseded delta removes no version
+    if gone:
+        removed = max(gone) if removed is None else max(removed, *gone)
+    return replace(manifest, entries=kept, retention=Retention(max(0, keep_anchors), removed)), dropped
 
 
 def unreferenced_keys(kept: Manifest, dropped: list[Entry]) -> list[str]:

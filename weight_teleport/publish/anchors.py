@@ -52,27 +52,37 @@ class DeltasFirst:
 class AnchorUploader:
     """One anchor in flight at a time: `submit` hands it over, or returns False while the
     previous one is still uploading (the caller postpones the anchor to a later version;
-    memory stays at one encoded anchor)."""
+    memory stays at one encoded anchor). A second uploader, `what="catchup"`, carries the
+    catch-up deltas the same way."""
 
-    def __init__(self, store: Store, announce: Callable[[Entry], None], deltas_first: DeltasFirst | None = None):
+    def __init__(
+        self,
+        store: Store,
+        announce: Callable[[Entry], None],
+        deltas_first: DeltasFirst | None = None,
+        what: str = "anchor",
+    ):
         self._store, self._announce = store, announce
+        self.what = what
+        """"anchor" or "catchup": the objects carried, as logs and `PublishResult` name them."""
         self.deltas_first = deltas_first or DeltasFirst()
         self._cond = threading.Condition()
         self._busy = False
         self._thread: threading.Thread | None = None
         self._stopping = threading.Event()
         self.failures: list[tuple[int, Exception]] = []
-        """(version, error) of every anchor that could not be stored or announced."""
+        """(version, error) of every object that could not be stored or announced."""
 
     def submit(self, entry: Entry, pack, result: PublishResult) -> bool:
         """Upload `pack` under `entry` and announce it in the background; its timings go
-        into `result` (`anchor_s`) and the entry into `result.objects` once announced."""
+        into `result` (`anchor_s` or `catchup_s`) and the entry into `result.objects` once
+        announced."""
         with self._cond:
             if self._busy:
                 return False
             self._busy = True
         self._thread = threads.start(
-            lambda: self._upload(entry, pack, result), "weight-teleport-anchor", self._stopping.set
+            lambda: self._upload(entry, pack, result), f"weight-teleport-{self.what}", self._stopping.set
         )
         return True
 
@@ -87,12 +97,12 @@ class AnchorUploader:
             self._store.put(entry.key, pack, content_hash=entry.sha256, between_pieces=self._between_pieces)
             self._announce(entry)
             result.objects.append(entry)
-            result.anchor_s = time.perf_counter() - t0
-        except Exception as exc:  # the next version gets an anchor instead
+            setattr(result, f"{self.what}_s", time.perf_counter() - t0)
+        except Exception as exc:  # the next version gets one instead
             log.error(
                 "%s",
                 kv(
-                    "anchor_failed",
+                    f"{self.what}_failed",
                     version=entry.version,
                     error=f"{type(exc).__name__}: {exc}",
                     next="the next version gets one",

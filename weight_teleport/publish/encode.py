@@ -15,10 +15,10 @@ import torch
 from weight_teleport.codec import encode_delta, encode_snapshot
 from weight_teleport.observe.logs import kv
 from weight_teleport.pipeline.config import PublisherConfig
-from weight_teleport.pipeline.errors import ObjectRejected
+from weight_teleport.pipeline.errors import NoPlanError, ObjectRejected
 from weight_teleport.pipeline.fetch import materialize
 from weight_teleport.publish.anchors import AnchorUploader
-from weight_teleport.format.manifest import KINDS, Entry, Manifest, checked, from_json, make_entry, side_file
+from weight_teleport.format.manifest import Entry, Manifest, checked, entry_order, from_json, make_entry, side_file
 from weight_teleport.pipeline.metrics import PublishResult
 from weight_teleport.pipeline.plan import needs_anchor, plan_retention, unreferenced_keys
 from weight_teleport.format.signing import ManifestSigner, signer
@@ -77,6 +77,14 @@ class Encoder:
         """The version of the newest anchor stored or on its way."""
         self._manifest_lock = threading.Lock()
         self.anchors = AnchorUploader(store, self.announce)
+        self.catchups = AnchorUploader(store, self.announce, self.anchors.deltas_first, what="catchup")
+        self.boot: State | None = None
+        """The boot version's weights (`PublisherConfig.catchup_every`), on the baseline
+        device; None: no catch-up deltas (off, not yet known, or no longer possible)."""
+        catchups = self.manifest.catchup_deltas()
+        self.last_catchup: int | None = catchups[-1].version if catchups else self.manifest.boot
+        """The newest version with a catch-up delta stored or on its way (at first, the
+        boot version)."""
         self.files: dict[str, bytes] = {}
         """The side files every snapshot carries (the latest a `publish` gave)."""
         self._stored_files = {f.key for e in self.manifest.entries for f in e.files}
@@ -114,6 +122,24 @@ class Encoder:
             return
         self.baseline = {k: t.to(self.config.baseline_device) for k, t in baseline.items()}
 
+    def _resume_boot(self) -> None:
+        """Fetch the boot version's weights (a resumed publisher making catch-up deltas);
+        where they cannot be read, catch-up deltas stop, and retention no longer keeps the
+        boot version."""
+        boot = self.manifest.boot
+        if self.boot is not None or not self.config.catchup_every or boot is None:
+            return
+        try:
+            state, _ = materialize(self.store, self.manifest, boot, threads=self.config.threads)
+        except (ObjectRejected, NotFound, NoPlanError) as exc:
+            log.warning(
+                "%s",
+                kv("boot_unreadable", boot=boot, error=f"{type(exc).__name__}: {exc}", next="no catch-up deltas"),
+            )
+            self.manifest = replace(self.manifest, boot=None)
+            return
+        self.boot = {k: t.to(self.config.baseline_device) for k, t in state.items()}
+
     def run(self, job: EncodeJob) -> PublishResult:
         """Encode, upload and announce `job`'s version; returns its measurements. A delta is
         announced as soon as it is stored; an anchor due with it is encoded next and
@@ -121,6 +147,7 @@ class Encoder:
         r, t0 = job.result, time.perf_counter()
         r.queued_s = t0 - job.t_publish - r.snapshot_s
         self._resume()
+        self._resume_boot()
         base = self.baseline_version
         if base is not None:
             assert self.baseline is not None  # a baseline version comes with its baseline
@@ -133,11 +160,13 @@ class Encoder:
                 base = None
         with _side_stream(self.stream):
             kind, pack = (
-                ("delta", self._encode_delta(job, base))
-                if base is not None
+                ("delta", self._encode_delta(self.baseline, job, base))
+                if base is not None and self.baseline is not None
                 else ("snapshot", self._encode_snapshot(job))
             )
         t1 = time.perf_counter()
+        if kind == "snapshot":
+            self._keep_boot(job)
         entry = self._stamped(make_entry(job.version, kind, base, pack, state_nbytes(job.snapshot)), job)
         with self.anchors.deltas_first.uploading():
             self.store.put(entry.key, pack, content_hash=entry.sha256)
@@ -150,7 +179,47 @@ class Encoder:
         r.encode_s, r.upload_s, r.total_s = t1 - t0, t2 - t1, t2 - job.t_publish
         if kind == "delta" and needs_anchor(self.last_anchor, job.version, self.config.anchor_every):
             self._start_anchor(job)
+        if kind == "delta" and base != self.manifest.boot:
+            self._start_catchup(job)
         return r
+
+    def _keep_boot(self, job: EncodeJob) -> None:
+        """At a version published as a snapshot: the first version of a fresh store becomes
+        the boot version (a copy of its weights is kept); a later one whose tensors differ
+        from the boot version's ends catch-up deltas."""
+        if not self.config.catchup_every:
+            return
+        if self.manifest.latest is None:
+            with _side_stream(self.stream):
+                self.boot = {k: t.clone() for k, t in job.snapshot.items()}
+            if self.stream is not None:
+                self.stream.synchronize()  # before the snapshot's buffers are recycled
+            self.manifest = replace(self.manifest, boot=job.version)
+            self.last_catchup = job.version
+        elif self.boot is not None and _layout(self.boot) != _layout(job.snapshot):
+            log.warning(
+                "%s", kv("catchup_ended", version=job.version, why="the tensors differ from the boot version's")
+            )
+            self.boot = None
+            self.manifest = replace(self.manifest, boot=None)
+
+    def _start_catchup(self, job: EncodeJob) -> None:
+        """Encode the delta from the boot version to `job`'s version, where one is due, and
+        hand it to the catch-up thread; postponed to a later version while another uploads."""
+        boot, last = self.manifest.boot, self.last_catchup
+        if self.boot is None or boot is None or last is None or job.version - last < self.config.catchup_every:
+            return
+        if self.catchups.busy:
+            log.info("%s", kv("catchup_postponed", version=job.version, why="the previous one is still uploading"))
+            return
+        t0 = time.perf_counter()
+        with _side_stream(self.stream):
+            pack = self._encode_delta(self.boot, job, boot)
+        job.result.catchup_encode_s = time.perf_counter() - t0
+        entry = make_entry(job.version, "delta", boot, pack, state_nbytes(job.snapshot))
+        entry = self._stamped(replace(entry, catchup=True), job)
+        if self.catchups.submit(entry, pack, job.result):
+            self.last_catchup = job.version
 
     def _start_anchor(self, job: EncodeJob) -> None:
         """Encode the anchor of `job`'s version (while the snapshot is still held) and hand
@@ -197,10 +266,9 @@ class Encoder:
             opts["hints"] = self.config.hints
         return opts
 
-    def _encode_delta(self, job: EncodeJob, base: int):
-        assert self.baseline is not None  # `base` is the baseline's version
+    def _encode_delta(self, old: State, job: EncodeJob, base: int):
         return encode_delta(
-            self.baseline,
+            old,
             job.snapshot,
             base_version=base,
             version=job.version,
@@ -216,9 +284,10 @@ class Encoder:
         versions), then delete what retention dropped from it. One writer at a time: the
         worker and the anchor thread both announce."""
         with self._manifest_lock:
-            entries = sorted(self.manifest.entries + (entry,), key=lambda e: (e.version, KINDS.index(e.kind)))
-            manifest = checked(replace(self.manifest, entries=tuple(entries)))
+            entries = sorted(self.manifest.entries + (entry,), key=entry_order)
+            manifest = replace(self.manifest, entries=tuple(entries))
             manifest, dropped = plan_retention(manifest, self.config.retention.keep_anchors)
+            manifest = checked(manifest)
             data = manifest.to_json(sign=self.sign)
             self.store.put_manifest(data, if_match=self.manifest_etag)
             self.manifest, self.manifest_etag = manifest, manifest_etag(data)
@@ -231,6 +300,14 @@ class Encoder:
                 pass
             self._stored_files.discard(key)
 
+    def wait_uploads(self, deadline: float | None = None) -> bool:
+        """Block until no anchor or catch-up delta is in flight (until `deadline`, a
+        `time.monotonic()` value; None: no limit); False on timeout."""
+        for uploads in (self.anchors, self.catchups):
+            if not uploads.wait(None if deadline is None else max(0.0, deadline - time.monotonic())):
+                return False
+        return True
+
     def close(self) -> None:
-        """Wait for the anchor in flight."""
-        self.anchors.wait()
+        """Wait for the anchor and the catch-up delta in flight."""
+        self.wait_uploads()

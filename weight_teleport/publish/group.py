@@ -21,7 +21,7 @@ from weight_teleport.codec import TensorSlice, encode_delta, encode_snapshot
 from weight_teleport.format import read_header
 from weight_teleport.pipeline.config import PublisherConfig
 from weight_teleport.publish.encode import Encoder
-from weight_teleport.pipeline.errors import GroupFailed, PublishFailed
+from weight_teleport.pipeline.errors import ConfigError, GroupFailed, PublishFailed
 from weight_teleport.format.manifest import object_key, parts_entry
 from weight_teleport.format.parts import Part
 from weight_teleport.pipeline.plan import needs_anchor
@@ -70,6 +70,11 @@ class PublisherGroup:
         hints: Mapping | None = None,
     ):
         self.config = config = config or PublisherConfig()
+        if config.catchup_every:
+            raise ConfigError(
+                "PublisherConfig.catchup_every: a PublisherGroup does not make catch-up deltas "
+                "(a single Publisher does); use 0"
+            )
         self._ranks = Ranks(group)
         self.rank = self._ranks.rank
         self.hints = dict(hints or {})

@@ -88,9 +88,8 @@ class Publisher:
             self._close_store()
             raise
         self._format = sampler_format(config.sampler_format)
-        self._pool = SnapshotPool(
-            config.memory_budget_bytes, config.max_pending + 2, config.baseline_device, self._format
-        )
+        copies = config.max_pending + 2 + (1 if config.catchup_every else 0)  # + the boot version's
+        self._pool = SnapshotPool(config.memory_budget_bytes, copies, config.baseline_device, self._format)
         self._next_version = self._encoder.next_version()
         self._queue: deque[_Queued] = deque()
         self._cond = threading.Condition()
@@ -239,8 +238,8 @@ class Publisher:
         return [key for key in uploaded if key not in named]
 
     def flush(self, timeout: float | None = None) -> bool:
-        """Wait until every queued version is published and its anchor stored; False on
-        timeout.
+        """Wait until every queued version is published and its anchor and catch-up delta
+        stored; False on timeout.
 
         Raises PublishFailed naming the versions that failed since the last flush (those
         whose error `PublishHandle.wait` raised already excepted). An anchor that could
@@ -250,7 +249,7 @@ class Publisher:
         with self._cond:
             done = self._cond.wait_for(lambda: not self._queue and self._current is None, timeout)
         if done:
-            done = self._encoder.anchors.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
+            done = self._encoder.wait_uploads(deadline)
         self._raise_failures()
         return done
 
@@ -312,7 +311,7 @@ class Publisher:
             self._cond.notify_all()
         if not self._cancelled:  # a cancelled worker writes nothing more: not awaited
             self._worker.join()
-            self._encoder.close()  # the anchor in flight
+            self._encoder.close()  # the anchor and catch-up delta in flight
         self._close_store()
         self._raise_failures()
 
