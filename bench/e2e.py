@@ -6,13 +6,15 @@ Two transports, one after the other: `memory://` (the subscriber in this process
 HTTP origin (`weight-teleport serve`, a separate process on loopback, the subscriber in a
 child process). Per version: `publish()` blocking time, encode, upload, fetch, stage,
 publish -> ready, pause, bytes; the anchors' encode; a cold start from the newest anchor
-(attach -> weights at the latest version); the subscriber's peak host and GPU memory.
+(attach -> weights at the latest version); with `--catchup-every N`, catch-up deltas from
+version 0 (`PublisherConfig.catchup_every`) and a second cold start by a sampler that holds
+version 0 (`initial_version=0`); the subscriber's peak host and GPU memory.
 Every version is checked bit for bit (in the child: every tensor's digest against the
 trainer's, which the trainer computes from its own bf16 weights).
 
     python bench/e2e.py [--model qwen3-8b] [--versions 10] [--anchor-every 4] \\
         [--lr 5e-7 --lr 1e-6] [--transport memory --transport http] [--out DIR]
-        [--format bf16 --format fp8-block]
+        [--format bf16 --format fp8-block] [--catchup-every 4]
 
 `--format fp8-block`: the samplers hold the block-FP8 checkpoint (`PublisherConfig.
 sampler_format`), quantized from the bf16 weights as each version is published; the
@@ -156,15 +158,31 @@ def subscriber_process(url: str, shapes: dict, device: str, jobs: mp.Queue, out:
     del live
     if device == "cuda":
         torch.cuda.empty_cache()
-    latest, digests = jobs.get()
-    out.put(("cold", cold_start(url, shapes, device, latest, digests)))
+    latest, digests, boot = jobs.get()
+    out.put(("cold", cold_starts(url, shapes, device, latest, digests, boot)))
 
 
-def cold_start(url: str, shapes: dict, device: str, latest: int, digests: list[str]) -> dict:
-    """A new subscriber attached to `url`: seconds until its weights are at `latest`."""
-    live = {k: torch.zeros(s, dtype=dt, device=device) for k, (s, dt) in shapes.items()}
+def cold_starts(url: str, shapes: dict, device: str, latest: int, digests: list[str], boot: str | None) -> dict:
+    """The cold start of a sampler holding nothing, and where `boot` (a file of version 0's
+    weights) is given, of one holding version 0."""
+    out = {"cold": cold_start(url, shapes, device, latest, digests)}
+    if boot is not None:
+        out["cold_from_boot"] = cold_start(url, shapes, device, latest, digests, torch.load(boot))
+    return out
+
+
+def cold_start(url: str, shapes: dict, device: str, latest: int, digests: list[str], boot: dict | None = None) -> dict:
+    """A new subscriber attached to `url`: seconds until its weights are at `latest`. With
+    `boot` (version 0's weights), it starts holding them (`initial_version=0`)."""
+    if boot is None:
+        live = {k: torch.zeros(s, dtype=dt, device=device) for k, (s, dt) in shapes.items()}
+    else:
+        live = {k: t.to(device) for k, t in boot.items()}
+    if device == "cuda":
+        torch.cuda.synchronize()
     t0 = time.monotonic()
-    with Subscriber(url, TorchTarget(live), SubscriberConfig(**SUB)) as sub:
+    config = SubscriberConfig(**SUB, initial_version=None if boot is None else 0)
+    with Subscriber(url, TorchTarget(live), config) as sub:
         sampler = Sampler(sub)
         row = sampler.wait_for(latest, 600)
         sampler.close()
@@ -176,6 +194,7 @@ def cold_start(url: str, shapes: dict, device: str, latest: int, digests: list[s
         exact=exact,
         fetch_s=warm.fetch_s,
         stage_s=warm.stage_s,
+        bytes=warm.bytes_fetched,
         pause_ms=None if row is None else row["pause_ms"],
     )
 
@@ -203,7 +222,13 @@ def start_origin(root: Path) -> tuple[subprocess.Popen, str]:
 
 
 def run(
-    transport: str, trainer: Trainer, lrs: list[float], versions: int, anchor_every: int, codec: str = "sparse"
+    transport: str,
+    trainer: Trainer,
+    lrs: list[float],
+    versions: int,
+    anchor_every: int,
+    codec: str = "sparse",
+    catchup_every: int = 0,
 ) -> dict:
     tmp = tempfile.mkdtemp(prefix="wt-e2e-")
     origin = None
@@ -215,6 +240,7 @@ def run(
     config = PublisherConfig(
         baseline_device=device,
         anchor_every=anchor_every,
+        catchup_every=catchup_every,
         resume=False,
         codec=codec,
         retention=RetentionConfig(keep_anchors=1),
@@ -222,7 +248,7 @@ def run(
         store=StoreConfig(token=TOKEN),
     )
     shapes = trainer.layout()
-    rows, child, sampler, sub = [], None, None, None
+    rows, child, sampler, sub, boot = [], None, None, None, None
     pub = Publisher(url, config)
     if transport == "http":
         ctx = mp.get_context("spawn")
@@ -237,6 +263,9 @@ def run(
         for v in range(versions):
             lr = lrs[v % len(lrs)]
             density = trainer.step(lr) if v else 0.0
+            if v == 0 and catchup_every:  # what a sampler booted from version 0 holds
+                boot = os.path.join(tmp, "boot.pt")
+                torch.save({k: t.cpu() for k, t in trainer.sampler_state().items()}, boot)
             if device == "cuda":
                 torch.cuda.synchronize()
             t0 = time.monotonic()
@@ -262,6 +291,7 @@ def run(
                 encode_ms=result.encode_s * 1e3,
                 upload_ms=result.upload_s * 1e3,
                 anchor_encode_ms=result.anchor_encode_s * 1e3,
+                catchup_encode_ms=result.catchup_encode_s * 1e3,
                 bytes=result.objects[0].size,
                 kind=result.objects[0].kind,
                 visible_s=result.total_s,
@@ -292,7 +322,7 @@ def run(
         if child is not None:
             jobs.put(None)
             memory = out.get(timeout=600)[1]
-            jobs.put((versions - 1, latest_digests))
+            jobs.put((versions - 1, latest_digests, boot))
             cold = out.get(timeout=900)[1]
             child.join(60)
         else:
@@ -302,7 +332,7 @@ def run(
             del live, sub, sampler
             if device == "cuda":
                 torch.cuda.empty_cache()
-            cold = cold_start(url, shapes, device, versions - 1, latest_digests)
+            cold = cold_starts(url, shapes, device, versions - 1, latest_digests, boot)
     finally:
         pub.close()
         if origin is not None:
@@ -329,7 +359,8 @@ def table(res: dict) -> str:
     ]
     for r in res["rows"]:
         lines.append(
-            f"| {r['version']} | {r['kind']}{'+A' if r['anchor_encode_ms'] else ''} | {r['density']:.2%} "
+            f"| {r['version']} | {r['kind']}{'+A' if r['anchor_encode_ms'] else ''}"
+            f"{'+C' if r['catchup_encode_ms'] else ''} | {r['density']:.2%} "
             f"| {r['publish_ms']:.1f} | {r['encode_ms']:.0f} | {r['upload_ms']:.0f} | {r['visible_s']:.2f} "
             f"| {r.get('fetch_ms', float('nan')):.0f} | {r.get('stage_ms', float('nan')):.0f} "
             f"| {r.get('ready_s', float('nan')):.2f} | {r.get('pause_ms', float('nan')):.1f} "
@@ -341,7 +372,11 @@ def table(res: dict) -> str:
             f"anchor v{a['version']}: encode {a['encode_ms']:.0f} ms ({gbps:.0f} GB/s), "
             f"stored+announced {a['store_s']:.1f} s, {a['bytes']}"
         )
-    lines.append(f"cold start: {json.dumps(res['cold'])}")
+    for r in res["rows"]:
+        if r["catchup_encode_ms"]:
+            lines.append(f"catch-up delta 0 -> v{r['version']}: encode {r['catchup_encode_ms']:.0f} ms")
+    for name, cold in res["cold"].items():
+        lines.append(f"{name}: {json.dumps(cold)}")
     lines.append(f"subscriber memory: {json.dumps(res['memory'])}")
     return "\n".join(lines)
 
@@ -352,6 +387,7 @@ def main() -> None:
     p.add_argument("--versions", type=int, default=10)
     p.add_argument("--anchor-every", type=int, default=4)
     p.add_argument("--lr", type=float, action="append")
+    p.add_argument("--catchup-every", type=int, default=0, help="catch-up deltas from version 0 every N versions")
     p.add_argument("--transport", action="append", choices=["memory", "http"])
     p.add_argument("--device", default="cuda", help="cuda, or cpu for a quick check of the script")
     p.add_argument("--out", type=Path)
@@ -369,7 +405,7 @@ def main() -> None:
     for fmt in args.format or ["bf16"]:
         trainer = Trainer(args.model, args.device, fmt=None if fmt == "bf16" else fmt)
         results += [
-            run(t, trainer, args.lr or [5e-7], args.versions, args.anchor_every, args.codec)
+            run(t, trainer, args.lr or [5e-7], args.versions, args.anchor_every, args.codec, args.catchup_every)
             for t in args.transport or ["memory", "http"]
         ]
         del trainer

@@ -117,3 +117,22 @@ def test_gpu_snapshot_packs_stage_on_the_device_without_a_host_copy(monkeypatch)
     live = {k: torch.zeros_like(v) for k, v in state.items()}
     wt.apply_delta(live, pack)
     assert _same(live, state)
+
+
+def test_gpu_publisher_makes_catch_up_deltas_from_the_boot_version():
+    """The boot version kept on the GPU; a GPU sampler holding it joins with one delta."""
+    url = "memory://cuda-pipeline-catchup"
+    versions = _versions(7)
+    config = PublisherConfig(baseline_device="cuda", anchor_every=100, catchup_every=3)
+    with Publisher(url, config) as pub:
+        for v, state in enumerate(versions):
+            pub.publish(state, version=v)
+        assert pub.flush(60)
+        assert pub._encoder.boot is not None and pub._encoder.boot["w"].device.type == "cuda"
+        assert [e.version for e in pub._encoder.manifest.catchup_deltas()] == [6]
+        live = {k: v.clone() for k, v in versions[0].items()}
+        sub_config = SubscriberConfig(watch_timeout_s=0.2, initial_version=0)
+        with Subscriber(url, TorchTarget(live), sub_config) as sub:
+            reports = _follow(sub, 6)
+    assert [v for r in reports for v in r.versions] == [6]
+    assert _same(live, versions[6])
