@@ -262,9 +262,9 @@ def test_corrupt_chunks_behind_renewed_crcs_are_refused(backend):
 # --- sparse_ac (adaptive) ---------------------------------------------------------------------
 
 ADAPTIVE_STATES = [
-    (torch.bfloat16, 1500, 0.02, 512),
-    (torch.float32, 400, 0.9, 256),
-    (torch.float16, 300, 0.3, 4096),
+    (torch.bfloat16, 800, 0.02, 256),
+    (torch.float32, 120, 0.9, 64),
+    (torch.float16, 200, 0.3, 4096),
     (torch.int8, 300, 0.5, 128),
     (torch.float64, 200, 0.05, 64),
     (torch.bfloat16, 3000, 0.002, 1 << 22),
@@ -304,8 +304,8 @@ def test_sparse_ac_packs_are_the_cpus_and_stage_exactly(backend, i, monkeypatch)
 def test_corrupt_sparse_ac_chunks_are_refused(backend):
     """`sparse_ac` chunks corrupted behind renewed CRCs: at least half refused with the state
     untouched, the others exact."""
-    old, new = pair(torch.bfloat16, 1600, 0.02, 3)
-    pack = wt.encode_delta({"w": old}, {"w": new}, base_version=0, version=1, chunk_elems=400, codec="sparse_ac")
+    old, new = pair(torch.bfloat16, 800, 0.02, 3)
+    pack = wt.encode_delta({"w": old}, {"w": new}, base_version=0, version=1, chunk_elems=200, codec="sparse_ac")
     edits = [(k % 4, 7 * k + 3, (59 * k + 1) % 256) for k in range(6)]
     assert _staged_corruptions(backend, pack, old, new, edits) >= 3
 
