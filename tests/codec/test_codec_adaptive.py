@@ -20,6 +20,7 @@ import weight_teleport as wt
 from weight_teleport.codec.cpu import adaptive as A
 from weight_teleport.errors import DigestMismatchError, PackFormatError, PackMismatchError
 from weight_teleport.format import read_header
+from weight_teleport.format.codecs import pick
 
 U64 = np.uint64
 MAX_GAP = (1 << 22) - 1
@@ -136,6 +137,27 @@ def test_adaptive_pack_round_trip(seed, dtype, shape, base, mode, change, p, chu
     report = wt.apply_delta(state, pack, base_version=3)
     assert_bits_equal(state, {"w": new})
     assert report.digest_verified
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    dtypes=st.lists(st.sampled_from(DTYPES), min_size=1, max_size=4),
+    n=st.integers(1, 3000),
+    ps=st.lists(st.sampled_from([0.0005, 0.005, 0.01, 0.02, 0.3, 0.95]), min_size=4, max_size=4),
+    chunk=st.sampled_from([24, 1024, 1 << 22]),
+)
+def test_auto_packs_round_trip_with_the_codec_each_records_counts_pick(seed, dtypes, n, ps, chunk):
+    olds, news = {}, {}
+    for i, (dtype, p) in enumerate(zip(dtypes, ps)):
+        olds[f"t{i}"], news[f"t{i}"] = make_pair(seed + i, dtype, (n,), "weights", "density", "random", p)
+    pack = wt.encode_delta(olds, news, base_version=3, version=4, chunk_elems=chunk, codec="auto")
+    for t in read_header(pack).tensors:
+        if t.codec in ("sparse", "sparse_ac"):
+            assert t.codec == pick("auto", t.changed, n)
+    state = clone_state(olds)
+    wt.apply_delta(state, pack, base_version=3)
+    assert_bits_equal(state, news)
 
 
 def test_adaptive_packs_are_smaller_on_weight_like_steps():

@@ -6,6 +6,7 @@ CPU backend."""
 import ast
 import dataclasses
 from pathlib import Path
+from typing import get_args
 
 import numpy as np
 import pytest
@@ -14,7 +15,7 @@ import torch
 import weight_teleport as wt
 from weight_teleport.codec import registry
 from weight_teleport.format import checks, read_header
-from weight_teleport.format.codecs import CHOICES, CODECS, DEFAULT
+from weight_teleport.format.codecs import CHOICES, CODECS, DEFAULT, Choice
 
 CODEC = Path(registry.__file__).parent
 
@@ -48,7 +49,8 @@ def test_the_format_and_the_choices_read_the_registry():
     assert checks.CODECS == tuple(CODECS)
     assert checks.SNAPSHOT_CODECS == registry.SNAPSHOT == ("dense_values",)
     assert checks.DENSE_CODECS == registry.family("dense")
-    assert CHOICES == registry.family("sparse") == ("sparse", "sparse_ac") and CHOICES[0] == DEFAULT
+    assert CHOICES == (*registry.family("sparse"), "auto") == ("sparse", "sparse_ac", "auto")
+    assert CHOICES[0] == DEFAULT and set(get_args(Choice)) == set(CHOICES)
     parse = lambda codec: build_parser().parse_args(["publish", "ckpt", "--to", "file:///s", "--codec", codec])
     assert [parse(c).codec for c in CHOICES] == [PublisherConfig(codec=c).codec for c in CHOICES] == list(CHOICES)
     with pytest.raises(SystemExit):

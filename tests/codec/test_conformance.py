@@ -301,6 +301,37 @@ def test_sparse_ac_packs_are_the_cpus_and_stage_exactly(backend, i, monkeypatch)
     assert same_bits(state, news)
 
 
+def test_auto_picks_a_codec_per_record_as_the_cpu_does(backend):
+    """`auto` packs written on the backend are the CPU's bytes: records at or under
+    AUTO_AC_MAX_DENSITY coded with sparse_ac, others with sparse, of two element types (four
+    batches on the GPU), staged bit-exact."""
+    olds, news = {}, {}
+    for name, (dtype, n, density) in {
+        "bf16_sparse": (torch.bfloat16, 3000, 0.004),
+        "bf16_dense": (torch.bfloat16, 600, 0.2),
+        "f32_sparse": (torch.float32, 2000, 0.005),
+        "f32_dense": (torch.float32, 300, 0.1),
+    }.items():
+        olds[name], news[name] = pair(dtype, n, density, len(olds))
+    pack = wt.encode_delta(olds, news, base_version=0, version=1, chunk_elems=1024, codec="auto")
+    codecs = {t.name: t.codec for t in read_header(pack).tensors}
+    assert codecs == {
+        "bf16_sparse": "sparse_ac",
+        "bf16_dense": "sparse",
+        "f32_sparse": "sparse_ac",
+        "f32_dense": "sparse",
+    }
+    with backend.active():
+        got = wt.encode_delta(
+            backend.inputs(olds), backend.inputs(news), base_version=0, version=1, chunk_elems=1024, codec="auto"
+        )
+    assert bytes(got) == pack
+    state = backend.to(olds)
+    with backend.active():
+        wt.apply_staged(state, wt.stage_delta(state, pack))
+    assert same_bits(state, news)
+
+
 def test_corrupt_sparse_ac_chunks_are_refused(backend):
     """`sparse_ac` chunks corrupted behind renewed CRCs: at least half refused with the state
     untouched, the others exact."""

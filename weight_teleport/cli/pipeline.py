@@ -32,7 +32,8 @@ def publish_arguments(p: argparse.ArgumentParser) -> None:
         "--codec",
         choices=CHOICES,
         default=d.codec,
-        help="the codec of a delta's sparse records (sparse_ac: smaller, slower on dense steps)",
+        help="the codec of a delta's sparse records (sparse_ac: smaller, slower on dense steps; "
+        "auto: sparse_ac for records with at most 1%% changed, sparse for the others)",
     )
     p.add_argument("--coder", choices=tuple(DEPRECATED_CODERS), help=argparse.SUPPRESS)  # deprecated: --codec
     p.add_argument(

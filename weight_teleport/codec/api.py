@@ -150,9 +150,11 @@ def encode_delta(
 
     Both states map the same names to tensors of the same shapes and dtypes. `level` is the
     zstd level of the streams (CPU stream coding); `threads` defaults to all cores. `codec`
-    is the codec of the sparse records: "sparse" (zstd streams, which every reader stages)
-    or "sparse_ac" (an adaptive range coder, smaller packs, slower to code where many
-    elements change; both backends write and stage it; docs/FORMAT.md); unchanged and
+    is the codec of the sparse records: "sparse" (zstd streams, which every reader stages),
+    "sparse_ac" (an adaptive range coder, smaller packs, slower to code where many
+    elements change; both backends write and stage it; docs/FORMAT.md), or "auto" (per
+    record: `sparse_ac` where at most 1% of its elements changed, else `sparse`; the same
+    bytes on both backends, `format.codecs.pick`); unchanged and
     heavily changed tensors get their own codecs. `coder` is its deprecated spelling
     ("zstd": "sparse", "adaptive": "sparse_ac"). `cuda`, a
     `weight_teleport.codec.cuda.config.CudaCodecConfig`, picks the CUDA backend's stream

@@ -84,10 +84,30 @@ equal sizes is kept)."""
 DEFAULT: Final = "sparse"
 """The codec of a delta's sparse records unless a user picks another: every reader stages
 it, and the GPU's speed is measured on it (BENCHMARKS.md)."""
-CHOICES = tuple(name for name, c in CODECS.items() if c.family == "sparse")
-"""The codecs a user may pick for a delta's sparse records."""
-Choice = Literal["sparse", "sparse_ac"]
+AUTO: Final = "auto"
+"""The choice that picks a codec per record (`pick`): no codec of its own, never in a pack."""
+AUTO_AC_MAX_DENSITY = 0.01
+"""`auto` codes a record with `sparse_ac` where at most this share of its elements changed,
+and with `sparse` above. Below it `sparse_ac` is smaller and at least as fast to decode on
+the CPU; above it its decode falls under 1 GB/s while `sparse`'s does not (BENCHMARKS.md)."""
+CHOICES = (*(name for name, c in CODECS.items() if c.family == "sparse"), AUTO)
+"""What a user may pick for a delta's sparse records: a sparse codec, or `auto`."""
+Choice = Literal["sparse", "sparse_ac", "auto"]
 """CHOICES as the type checkers read it (`PublisherConfig.codec`; a test holds the two equal)."""
 DEPRECATED_CODERS = {"zstd": "sparse", "adaptive": "sparse_ac"}
 """The choice's old spelling (`coder=...`, `--coder`) and the codec each meant, still
 accepted with a warning."""
+
+
+def pick(choice: str, changed: int, numel: int) -> str:
+    """The sparse codec of a record of `numel` elements of which `changed` changed, given a
+    user's choice (`CHOICES`): the codec chosen, or for `auto` the one `AUTO_AC_MAX_DENSITY`
+    says. The rule is one function of the counts: every backend writes the same packs."""
+    if choice != AUTO:
+        return choice
+    return "sparse_ac" if changed <= AUTO_AC_MAX_DENSITY * numel else "sparse"
+
+
+def picks(choice: str) -> tuple[str, ...]:
+    """The sparse codecs `choice` may pick."""
+    return tuple(c for c in CHOICES if c != AUTO) if choice == AUTO else (choice,)

@@ -116,9 +116,11 @@ class PublisherConfig:
     level: int = 3
     """Zstd level of the pack streams."""
     codec: Choice = DEFAULT
-    """The codec of a delta's sparse records (`encode_delta`'s `codec`): "sparse", or
+    """The codec of a delta's sparse records (`encode_delta`'s `codec`): "sparse";
     "sparse_ac", smaller packs, slower to code where many elements change (readers older
-    than codec `sparse_ac` refuse them)."""
+    than codec `sparse_ac` refuse them); or "auto", `sparse_ac` for each record with at
+    most 1% of its elements changed and `sparse` for the others
+    (`format.codecs.AUTO_AC_MAX_DENSITY`)."""
     threads: int | None = None
     """Encoder threads; None uses every core."""
     retention: RetentionConfig = field(default_factory=RetentionConfig)

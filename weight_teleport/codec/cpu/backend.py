@@ -18,6 +18,7 @@ from weight_teleport.codec.dtypes import BY_NAME, DtypeInfo, as_uint, contiguous
 from weight_teleport.codec.items import EncodeItem, Encoded, walk_cuts
 from weight_teleport.codec.patch import ChunkMisfit, ChunkPatch, StagedPatch, TensorPatch, misfit
 from weight_teleport.codec.plan import SPARSE_MAX_DENSITY, class_maps, plan_classes
+from weight_teleport.format.codecs import pick
 from weight_teleport.errors import DigestMismatchError, PackFormatError, PackMismatchError, UnsupportedFormatError
 from weight_teleport.format import ChunkRef, PackHeader, TensorRecord, chunk_payload
 
@@ -120,17 +121,18 @@ def encode(
 
 
 def encode_chunks(
-    items: list[EncodeItem], chunk_elems: int, level: int, threads: int | None, sparse: str = registry.DEFAULT
+    items: list[EncodeItem], chunk_elems: int, level: int, threads: int | None, choice: str = registry.DEFAULT
 ):
     """Records (chunk offsets relative to the returned chunk list) and chunk bytes; sparse
-    records of codec `sparse`, dense ones of the dense codec that codes them smallest."""
+    records of the codec `choice` picks for each (`format.codecs.pick`), dense ones of the codec
+    that codes them smallest."""
     coders: dict[str, Callable] = {}
     ranges = [it.spans(it.new.size, chunk_elems) for it in items]
     with _pool(threads) as pool:
         scans = [list(pool.map(lambda r, it=it: _scan(it, *r), rs)) for it, rs in zip(items, ranges)]
         records, jobs = [], []
         for it, rs, sc in zip(items, ranges, scans):
-            rec, plan = _record(it, sc, sparse)
+            rec, plan, sparse = _record(it, sc, choice)
             if it.chunk_digests and (it.old is None or rec.changed):
                 _add_chunk_digests(rec, it, rs, sc)
             records.append(rec)
@@ -152,7 +154,9 @@ def encode_chunks(
     return _lay_out(records, outputs)
 
 
-def _record(it: EncodeItem, sc, sparse: str) -> tuple[TensorRecord, object]:
+def _record(it: EncodeItem, sc, choice: str) -> tuple[TensorRecord, object, str]:
+    """The item's record (without chunks) from its chunks' scans, its class plan (None:
+    nothing to code with a sparse codec) and the sparse codec `choice` picks for it."""
     nbytes = it.new.size * it.info.nbytes
     rec = TensorRecord(
         name=it.name,
@@ -163,17 +167,18 @@ def _record(it: EncodeItem, sc, sparse: str) -> tuple[TensorRecord, object]:
         changed=it.new.size,
     )
     if it.old is None:
-        return rec, None
+        return rec, None, choice
     rec.base_digest = D.to_hex(D.finish(sum(s[2] for s in sc), nbytes))
     total = sum(s[0] for s in sc) if sc else np.zeros(C.n_keys(it.info), np.int64)
     changed = sum(s[1] for s in sc) if sc else np.zeros_like(total)
     rec.changed = int(changed.sum())
     rec.codec = registry.SAME
+    sparse = pick(choice, rec.changed, it.new.size)
     if rec.changed == 0:
-        return rec, None
+        return rec, None, sparse
     plan = plan_classes(total, changed, sparse)
     rec.classes, rec.inverted = plan.runs, [int(c) for c in np.flatnonzero(plan.inverted)]
-    return rec, plan
+    return rec, plan, sparse
 
 
 def _add_chunk_digests(rec: TensorRecord, it: EncodeItem, spans, scans) -> None:

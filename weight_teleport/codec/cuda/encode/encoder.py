@@ -12,6 +12,7 @@ encoder, go through the CPU backend (through the registry: no backend imports an
 
 import dataclasses
 import os
+from collections.abc import Callable
 import zlib
 from dataclasses import dataclass
 from typing import cast
@@ -29,8 +30,9 @@ from weight_teleport.codec.cuda.config import CudaCodecConfig
 from weight_teleport.codec.cuda.live import flat_bits, grouped
 from weight_teleport.codec.cuda.kernels.encode_scan import SPAN, aligned, scan
 from weight_teleport.codec.items import EncodeItem
-from weight_teleport.codec.plan import SPARSE_MAX_DENSITY, PlanTable, plan_table
+from weight_teleport.codec.plan import SPARSE_MAX_DENSITY, ClassPlan, PlanTable, plan_table
 from weight_teleport.format import ChunkRef, TensorRecord, prefix_bound
+from weight_teleport.format.codecs import pick, picks
 
 DEFAULT_CONFIG = CudaCodecConfig()
 
@@ -173,15 +175,32 @@ def _batch_hist(s: _Scan, j: np.ndarray) -> torch.Tensor:
     return s.hist.index_select(0, idx)
 
 
-def _plans(scans: list[_Scan], changed: np.ndarray, codec: str) -> list[PlanTable]:
-    """Each scan's class plans, a row per item (those of items without changes are not
-    used), from the scan rows as the CPU backend makes them; the items' changed elements
-    into `changed`."""
+@dataclass
+class _Plans:
+    """A scan's class plans: per item the sparse codec the choice picks for it, and per codec
+    picked the plans of every item as that codec would code it (rows of items without
+    changes, or coded by the other codec, are not used)."""
+
+    codecs: np.ndarray
+    """[items] the codec of each item (str objects)."""
+    tables: dict[str, PlanTable]
+
+    def of(self, j: int) -> ClassPlan:
+        """The plan of item j of the scan."""
+        return self.tables[self.codecs[j]][j]
+
+
+def _plans(scans: list[_Scan], changed: np.ndarray, numel: np.ndarray, choice: str) -> list[_Plans]:
+    """Each scan's class plans from the scan rows as the CPU backend makes them, of the codec
+    `choice` picks per item (`format.codecs.pick`); the items' changed elements into
+    `changed`."""
     plans = []
     for s in scans:
         nk = (s.rows.shape[1] - 2) // 2
         changed[s.items] = s.rows[:, nk : 2 * nk].sum(1)
-        plans.append(plan_table(s.rows[:, :nk], s.rows[:, nk : 2 * nk], codec))
+        codecs = np.array([pick(choice, int(changed[i]), int(numel[i])) for i in s.items], object)
+        tables = {c: plan_table(s.rows[:, :nk], s.rows[:, nk : 2 * nk], c) for c in dict.fromkeys(codecs.tolist())}
+        plans.append(_Plans(codecs, tables))
     return plans
 
 
@@ -203,15 +222,14 @@ def _record(it: EncodeItem, s_old: int, s_new: int, changed: int, plan, codec: s
     return rec
 
 
-def _records(
-    items: list[EncodeItem], scans: list[_Scan], plans: list[PlanTable], changed: np.ndarray, out: list, codec: str
-) -> None:
+def _records(items: list[EncodeItem], scans: list[_Scan], plans: list[_Plans], changed: np.ndarray, out: list) -> None:
     """The records of the scans' items into `out`, but where `out` has one already (the CPU
     backend's, of a dense tensor)."""
     for s, p in zip(scans, plans):
         for j, (i, (s_old, s_new)) in enumerate(zip(s.items, s.rows[:, -2:].tolist())):
             if out[i] is None:
-                out[i] = _record(items[i], s_old, s_new, int(changed[i]), p[j] if changed[i] else None, codec)
+                plan = p.of(j) if changed[i] else None
+                out[i] = _record(items[i], s_old, s_new, int(changed[i]), plan, p.codecs[j])
                 if items[i].chunk_digests and changed[i]:
                     # a scan of items with chunk digests has their chunks' sums
                     _add_chunk_digests(out[i], items[i], cast("dict[int, np.ndarray]", s.chunks)[i])
@@ -245,54 +263,58 @@ def encode(
     (every changed tensor sparse and of one element type) is copied from the device into
     fresh pinned host memory with room for the pack's preamble and header before it, and is
     the one part (format.write_pack_into writes the pack around it) where the codec's
-    encoder writes it there. `codec`: the codec of the sparse records (`sparse`: streams as
-    `config` says)."""
-    chunks_of = registry.cuda_encoder(codec)
+    encoder writes it there. `codec`: the codec of the sparse records, or the choice that
+    picks one per record (`format.codecs.pick`; `sparse`: streams as `config` says)."""
+    encoders = {c: registry.cuda_encoder(c) for c in picks(codec)}
     sparse_chunks.begin_encode()
     memory.begin_call()
     snap = any(it.old is None for it in items)
     if snap and not any(it.chunk_digests for it in items):  # a snapshot: raw byte planes, written on the device
         return snapshot.encode(items, chunk_elems, pinned, memory.pinned_empty if pinned else _pageable)
-    if snap or chunks_of is None:  # a snapshot's records per walk, or a codec the GPU does not write: on the host
+    if (
+        snap or None in encoders.values()
+    ):  # a snapshot's records per walk, or a codec the GPU does not write: on the host
         records, parts = _lay_out(*_on_cpu(items, chunk_elems, level, threads, codec))
         return records, parts, lambda: None
     numel = np.fromiter((it.new.numel() for it in items), np.int64, len(items))
     launched = [_launch_scan(items, w, chunk_elems) for w in _waves(numel)]
     changed = np.zeros(len(items), np.int64)
     records, parts, cpu_coded = [None] * len(items), [[] for _ in items], False
-    by_type: dict[str, list] = {}  # per element type, the (item indices, events) of each wave's sparse items
+    by_type: dict[tuple[str, str], list] = {}  # per (element type, codec), each wave's (item indices, events)
     for w in launched:
         scans = _scans(w)
-        plans = _plans(scans, changed, codec)
+        plans = _plans(scans, changed, numel, codec)
         dense = changed > SPARSE_MAX_DENSITY * numel  # the wave's items, and those before it
         at = [i for s in scans for i in s.items if dense[i]]
         if at:
             for i, rec, ch in zip(at, *_on_cpu([items[i] for i in at], chunk_elems, level, threads, codec)):
                 records[i], parts[i], cpu_coded = rec, ch, True
         for s, p in zip(scans, plans):
-            j = np.flatnonzero((changed[s.items] > 0) & ~dense[s.items])
-            if not len(j):
-                continue
-            g = [s.items[k] for k in j.tolist()]
-            b = sparse.Batch(
-                [items[i] for i in g],
-                p if len(j) == len(p) else p.take(j),
-                int(p.events[j].sum()),
-                int(changed[g].sum()),
-                _batch_hist(s, j),
-            )
-            by_type.setdefault(items[g[0]].info.name, []).append((g, sparse.events(b, chunk_elems)))
-        _records(items, scans, plans, changed, records, codec)  # while the device works on the events
+            coded = (changed[s.items] > 0) & ~dense[s.items]
+            for c, table in p.tables.items():
+                j = np.flatnonzero(coded & (p.codecs == c))
+                if not len(j):
+                    continue
+                g = [s.items[k] for k in j.tolist()]
+                b = sparse.Batch(
+                    [items[i] for i in g],
+                    table if len(j) == len(table) else table.take(j),
+                    int(table.events[j].sum()),
+                    int(changed[g].sum()),
+                    _batch_hist(s, j),
+                )
+                by_type.setdefault((items[g[0]].info.name, c), []).append((g, sparse.events(b, chunk_elems)))
+        _records(items, scans, plans, changed, records)  # while the device works on the events
     for i in np.flatnonzero(numel == 0).tolist():
         records[i] = _record(items[i], 0, 0, 0, None)
     in_room, copies = None, []
-    for waves in by_type.values():  # the sparse items of one element type
+    for (_, c), waves in by_type.items():  # the sparse items of one element type and codec
         g = [i for g, _ in waves for i in g]
         ev = sparse.merge([ev for _, ev in waves])
         room = (
             prefix_bound(records, int(ev.first_chunk[-1])) if pinned and len(by_type) == 1 and not cpu_coded else None
         )
-        done = chunks_of(ev, config, level, threads or os.cpu_count() or 1, room)
+        done = cast(Callable, encoders[c])(ev, config, level, threads or os.cpu_count() or 1, room)
         if done.room is not None:
             in_room = done.payload.data
         copies.append(done.payload.copied)
