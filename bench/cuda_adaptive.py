@@ -1,11 +1,12 @@
-"""Codec `sparse_ac` on the GPU against `sparse`: both codecs' packs of the same delta,
-encoded by the CUDA encoder and staged onto the same CUDA weights (one device run).
+"""Codec `sparse_ac` on the GPU against `sparse`, and the per-record choice `auto`: each
+one's pack of the same delta, encoded by the CUDA encoder and staged onto the same CUDA
+weights (one device run).
 
 The delta is `cuda_bench.make_delta`'s (a Qwen3-8B-shaped bf16 state, new = bf16(master -
 lr * u)) at each learning rate. Per codec: the pack's bytes, `encode_delta` and
 `stage_delta` wall times (medians of repeats after a warm-up, the device synchronised) and
-whether stage + apply is bit-exact; the `sparse_ac` pack is also encoded by the CPU backend,
-which must give the same bytes.
+whether stage + apply is bit-exact; the `auto` pack (records of both codecs) is also encoded
+by the CPU backend, which must give the same bytes.
 
     python bench/cuda_adaptive.py [--model qwen3-8b] [--lr 5e-8 5e-7] [--out DIR]
 """
@@ -30,7 +31,7 @@ def run(model: str, lr: float, repeats: int) -> dict:
     n = sum(t.numel() for t in old.values())
     changed = sum(int((old[k].view(torch.int16) != new[k].view(torch.int16)).sum()) for k in old)
     row = {"lr": lr, "elements": n, "density": changed / n, "packs": {}}
-    for codec in ("sparse", "sparse_ac"):
+    for codec in ("sparse", "sparse_ac", "auto"):
         enc_s, pack = wall_s(lambda: bytes(wt.encode_delta(old, new, base_version=0, version=1, codec=codec)), repeats)
         state = {k: v.clone() for k, v in old.items()}
         stage_s, staged = wall_s(lambda: wt.stage_delta(state, pack), repeats)
@@ -47,7 +48,7 @@ def run(model: str, lr: float, repeats: int) -> dict:
     old_c = {k: v.cpu() for k, v in old.items()}
     new_c = {k: v.cpu() for k, v in new.items()}
     t0 = time.perf_counter()
-    cpu_pack = wt.encode_delta(old_c, new_c, base_version=0, version=1, codec="sparse_ac")
+    cpu_pack = wt.encode_delta(old_c, new_c, base_version=0, version=1, codec="auto")
     row["cpu_encode_s"] = time.perf_counter() - t0
     row["cpu_pack_identical"] = cpu_pack == pack
     del old_c, new_c, cpu_pack
@@ -73,7 +74,7 @@ def main() -> None:
                 f"{r['lr']:>6g} {r['density']:>8.3%} {name:<9} {p['bytes']:>12,} {p['encode_ms']:>10.1f} "
                 f"{p['stage_ms']:>9.1f} {p['stage_gbps']:>7.1f} {p['bit_exact']}"
             )
-        print(f"       the CPU's sparse_ac pack ({r['cpu_encode_s']:.1f} s) is identical: {r['cpu_pack_identical']}")
+        print(f"       the CPU's auto pack ({r['cpu_encode_s']:.1f} s) is identical: {r['cpu_pack_identical']}")
 
 
 if __name__ == "__main__":
