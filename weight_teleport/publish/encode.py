@@ -136,9 +136,15 @@ class Encoder:
                 "%s",
                 kv("boot_unreadable", boot=boot, error=f"{type(exc).__name__}: {exc}", next="no catch-up deltas"),
             )
-            self.manifest = replace(self.manifest, boot=None)
+            self._set_boot(None)
             return
         self.boot = {k: t.to(self.config.baseline_device) for k, t in state.items()}
+
+    def _set_boot(self, version: int | None) -> None:
+        """Name `version` as the manifest's boot version (None: none) from the next write on
+        (under the lock the anchor and catch-up threads announce with)."""
+        with self._manifest_lock:
+            self.manifest = replace(self.manifest, boot=version)
 
     def run(self, job: EncodeJob) -> PublishResult:
         """Encode, upload and announce `job`'s version; returns its measurements. A delta is
@@ -194,14 +200,14 @@ class Encoder:
                 self.boot = {k: t.clone() for k, t in job.snapshot.items()}
             if self.stream is not None:
                 self.stream.synchronize()  # before the snapshot's buffers are recycled
-            self.manifest = replace(self.manifest, boot=job.version)
+            self._set_boot(job.version)
             self.last_catchup = job.version
         elif self.boot is not None and _layout(self.boot) != _layout(job.snapshot):
             log.warning(
                 "%s", kv("catchup_ended", version=job.version, why="the tensors differ from the boot version's")
             )
             self.boot = None
-            self.manifest = replace(self.manifest, boot=None)
+            self._set_boot(None)
 
     def _start_catchup(self, job: EncodeJob) -> None:
         """Encode the delta from the boot version to `job`'s version, where one is due, and
