@@ -144,3 +144,34 @@ def test_manifest_format_3_round_trips_and_older_formats_refuse_its_members() ->
     doc["entries"][2]["catchup"] = 1
     with pytest.raises(ManifestError, match="not true or false"):
         from_json(json.dumps(doc).encode())
+
+
+def test_pull_from_a_checkpoint_it_holds(tmp_path, capsys) -> None:
+    """`pull --from`: from the boot checkpoint (the store's boot version), from an earlier
+    pull (the version written in it), from nothing (the boot anchor and the catch-up delta
+    are the fewest bytes), and from weights that are not what they claim (the pack's base
+    digests refuse them: pulled from an anchor instead). Bit-exact each time."""
+    from safetensors.torch import load_file
+
+    from weight_teleport.cli import main
+    from weight_teleport.publish.checkpoint import save_checkpoint
+
+    url = f"file://{tmp_path}/store"
+    with Publisher(url, config(anchor_every=5)) as pub:
+        publish(pub, range(9))
+    boot, wrong = tmp_path / "boot", tmp_path / "wrong"
+    save_checkpoint(expected(0), boot)
+    save_checkpoint(expected(1), wrong)
+
+    def pull(out, *extra) -> str:
+        assert main(["pull", url, "--out", str(tmp_path / out), *extra]) == 0
+        assert same_bits(load_file(tmp_path / out / "model.safetensors"), 8)
+        said = capsys.readouterr()
+        return said.out + said.err
+
+    assert [(e.version, e.base) for e in manifest(url).catchup_deltas()] == [(8, 0)]
+    assert "(1 objects" in pull("a", "--from", str(boot))  # the catch-up delta 0 -> 8
+    assert "(0 objects" in pull("b", "--from", str(tmp_path / "a"))  # version 8, written by the pull
+    assert "(2 objects" in pull("c")  # anchor 0 and the catch-up delta: less than anchor 5 and 3 deltas
+    said = pull("d", "--from", str(wrong), "--from-version", "0")
+    assert "is not version 0" in said and "pulling from an anchor" in said and "(2 objects" in said

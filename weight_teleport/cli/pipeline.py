@@ -50,6 +50,18 @@ def pull_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", required=True, type=Path, help="directory to write model.safetensors to")
     p.add_argument("--version", type=int, help="version to pull (default: the latest)")
     p.add_argument(
+        "--from",
+        dest="from_dir",
+        type=Path,
+        help="a checkpoint this machine holds at a version of the store (an earlier pull, or the "
+        "checkpoint the run began from): fetch the deltas from it where that is less than an anchor",
+    )
+    p.add_argument(
+        "--from-version",
+        type=int,
+        help="the version --from holds (default: what an earlier pull wrote in it, else the store's boot version)",
+    )
+    p.add_argument(
         "--follow",
         action="store_true",
         help="then keep OUT at the newest version until Ctrl-C: each version replaces OUT/model.safetensors atomically",
@@ -120,14 +132,13 @@ def publish_main(args: argparse.Namespace) -> int:
 def pull_main(args: argparse.Namespace) -> int:
     """Write a version of the store as OUT/model.safetensors, with the side files its
     anchor carries (config.json, tokenizer files): a checkpoint an engine starts from.
-    With --follow, then apply every newer version to it (a subscriber), until Ctrl-C."""
-    from tqdm import tqdm
-
+    With --follow, then apply every newer version to it (a subscriber), until Ctrl-C. With
+    --from, start from a checkpoint this machine holds where that fetches less."""
     from weight_teleport.observe.status import missing_version
-    from weight_teleport.publish.checkpoint import save_checkpoint, save_side_files
+    from weight_teleport.errors import PackMismatchError
+    from weight_teleport.publish.checkpoint import VERSION_KEY, save_checkpoint, save_side_files
     from weight_teleport.pipeline.errors import NoPlanError
-    from weight_teleport.pipeline.fetch import fetch_side_files, materialize
-    from weight_teleport.pipeline.plan import plan_catchup
+    from weight_teleport.pipeline.fetch import fetch_side_files
     from weight_teleport.store import open_store
 
     if args.follow and args.version is not None:
@@ -141,11 +152,20 @@ def pull_main(args: argparse.Namespace) -> int:
         why = None if args.version is None else missing_version(manifest, args.version)
         if why is not None:
             raise NoPlanError(why)
-        plan = plan_catchup(manifest, None, args.version)
-        with tqdm(total=plan.nbytes, unit="B", unit_scale=True, desc="pull") as bar:
-            state, version = materialize(store, manifest, args.version, progress=bar.update)
+        start = _held(args, manifest)
+        try:
+            plan, state, version = _materialize(store, manifest, args.version, start)
+        except PackMismatchError as exc:
+            assert start is not None  # only a held checkpoint's weights can mismatch
+            print(
+                f"weight-teleport pull: {args.from_dir} is not version {start[1]} of {args.url} ({exc}); "
+                "pulling from an anchor",
+                file=sys.stderr,
+                flush=True,
+            )
+            plan, state, version = _materialize(store, manifest, args.version, None)
         files = fetch_side_files(store, manifest, version)
-    path = save_checkpoint(state, args.out, {"weight_teleport_version": str(version)})
+    path = save_checkpoint(state, args.out, {VERSION_KEY: str(version)})
     save_side_files(files, args.out)
     extra = f" and {', '.join(sorted(files))}" if files else " (no side files were published)"
     print(
@@ -154,6 +174,41 @@ def pull_main(args: argparse.Namespace) -> int:
         flush=True,
     )
     return _follow(args, state, version) if args.follow else 0
+
+
+def _held(args: argparse.Namespace, manifest) -> tuple[dict, int] | None:
+    """The weights of `--from` and the version they are (None: no --from)."""
+    from weight_teleport.pipeline.errors import ConfigError
+    from weight_teleport.publish.checkpoint import checkpoint_version, load_checkpoint
+
+    if args.from_dir is None:
+        if args.from_version is not None:
+            raise ConfigError("--from-version says which version --from holds: give --from too")
+        return None
+    version = args.from_version
+    if version is None:
+        version = checkpoint_version(args.from_dir)
+    if version is None:
+        version = manifest.boot
+    if version is None:
+        raise ConfigError(
+            f"--from {args.from_dir}: no version is written in it and {args.url} names no boot version; "
+            "say which version it holds with --from-version"
+        )
+    return load_checkpoint(args.from_dir), version
+
+
+def _materialize(store, manifest, version: int | None, start: tuple[dict, int] | None):
+    """(plan, weights, version) of `version` pulled from `start` (or nothing), with a bar."""
+    from tqdm import tqdm
+
+    from weight_teleport.pipeline.fetch import materialize
+    from weight_teleport.pipeline.plan import plan_catchup
+
+    plan = plan_catchup(manifest, None if start is None else start[1], version)
+    with tqdm(total=plan.nbytes, unit="B", unit_scale=True, desc="pull") as bar:
+        state, version = materialize(store, manifest, version, progress=bar.update, start=start)
+    return plan, state, version
 
 
 SIDE_FILES_CHECK_S = 5.0

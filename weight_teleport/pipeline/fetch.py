@@ -183,14 +183,18 @@ def materialize(
     version: int | None = None,
     progress: Progress | None = None,
     threads: int | None = None,
+    start: tuple[dict[str, torch.Tensor], int] | None = None,
 ) -> tuple[dict[str, torch.Tensor], int]:
     """Full weights of `version` (default: the latest) decoded from the store's anchor and
-    deltas, with every digest checked; returns (state, version). NoPlanError where the
-    manifest lists no version."""
-    plan = plan_catchup(manifest, None, version)
+    deltas, with every digest checked; returns (state, version). `start`: weights the caller
+    holds and their version (patched in place), planned from as a subscriber does (its deltas,
+    a catch-up delta from the boot version, or an anchor: the fewest bytes); a delta whose
+    base digests they do not match raises PackMismatchError before anything is written.
+    NoPlanError where the manifest lists no version."""
+    plan = plan_catchup(manifest, None if start is None else start[1], version)
     if plan.target is None:
         raise NoPlanError("the manifest lists no version: nothing to materialize")
-    state: dict[str, torch.Tensor] = {}
+    state: dict[str, torch.Tensor] = {} if start is None else start[0]
     for entry in plan.steps:
         if entry.parts:
             state = _apply_parts(store, entry, state, progress, threads)

@@ -61,6 +61,23 @@ def load_checkpoint(directory: Path) -> dict[str, torch.Tensor]:
     return state
 
 
+VERSION_KEY = "weight_teleport_version"
+"""The metadata key of model.safetensors that `pull` writes: the store version it holds."""
+
+
+def checkpoint_version(directory: Path) -> int | None:
+    """The store version `pull` wrote into `directory`'s model.safetensors (None: not one
+    `pull` wrote, or not a version number)."""
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(str(Path(directory) / CHECKPOINT_FILE), "pt") as f:
+            value = (f.metadata() or {}).get(VERSION_KEY)
+    except (OSError, SafetensorError):
+        return None
+    return int(value) if value is not None and value.isdigit() else None
+
+
 def save_checkpoint(state: Mapping[str, torch.Tensor], directory: Path, metadata: dict[str, str] | None = None) -> Path:
     """Write `state` as `directory/model.safetensors` (a standard checkpoint)."""
     from safetensors.torch import save_file
