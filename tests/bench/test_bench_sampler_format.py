@@ -18,7 +18,7 @@ def test_run_bench_measures_the_fp8_block_sampler_format(tmp_path, capsys):
     assert parts["fp8"]["changed"] > 0
     assert q["elements"] == sum(p["elements"] for p in parts.values())
     assert q["quantize_ms"] > 0
-    assert set(q["codecs"]) == {OURS, f"{OURS}_sparse_ac"}
+    assert set(q["codecs"]) == {OURS, f"{OURS}_sparse_ac", f"{OURS}_auto"}
     for name, stats in q["codecs"].items():
         bf16 = row["codecs"][name]
         assert stats["available"] and stats["bytes_per_step"] > 0

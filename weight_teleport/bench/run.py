@@ -305,7 +305,7 @@ def _print_row(row: dict) -> None:
 
 
 def _print_sampler_table(rows: list[dict]) -> None:
-    """The quantized pairs beside the bf16 ones: one line per row (sparse / sparse_ac)."""
+    """The quantized pairs beside the bf16 ones: one line per row (each of our codec choices)."""
     rows = [r for r in rows if "sampler_format" in r]
     if not rows:
         return
