@@ -175,3 +175,6 @@ def test_pull_from_a_checkpoint_it_holds(tmp_path, capsys) -> None:
     assert "(2 objects" in pull("c")  # anchor 0 and the catch-up delta: less than anchor 5 and 3 deltas
     said = pull("d", "--from", str(wrong), "--from-version", "0")
     assert "is not version 0" in said and "pulling from an anchor" in said and "(2 objects" in said
+    assert main(["status", url]) == 0
+    said = capsys.readouterr().out
+    assert "boot version 0 (catch-up deltas from it)" in said and "catchup+delta" in said

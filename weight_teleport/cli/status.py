@@ -98,9 +98,10 @@ def render(doc: dict, url: str) -> str:
     if not versions:
         lines.append(f"{url}: nothing was published there yet")
     else:
+        boot = "" if store.get("boot") is None else f", boot version {store['boot']} (catch-up deltas from it)"
         lines.append(
             f"{url}: {len(versions)} versions, latest {store['latest']}, anchors "
-            f"{store['anchors']}, {store['stored_bytes'] / 1e6:.2f} MB stored"
+            f"{store['anchors']}{boot}, {store['stored_bytes'] / 1e6:.2f} MB stored"
         )
     lines.append(store["retention"]["note"])
     if store.get("error"):
