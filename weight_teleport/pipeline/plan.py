@@ -119,9 +119,9 @@ def plan_retention(manifest: Manifest, keep_anchors: int) -> tuple[Manifest, lis
     delta goes, whatever `keep_anchors`, and all go once the manifest has no boot version.
     The manifest kept records the rule and the newest version removed (`Manifest.retention`)."""
     removed = manifest.retention.removed_through if manifest.retention else None
-    catchups = manifest.catchup_deltas() if manifest.boot is not None else []
-    superseded = {e.key for e in manifest.catchup_deltas()} - {e.key for e in catchups[-1:]}
-    newest = {e.key for e in catchups[-1:]}
+    catchups = manifest.catchup_deltas()
+    newest = {catchups[-1].key} if catchups and manifest.boot is not None else set()
+    superseded = {e.key for e in catchups} - newest
     anchors = manifest.anchors
     oldest = anchors[-keep_anchors].version if 0 < keep_anchors < len(anchors) else None
     boot_anchor = manifest.boot
