@@ -88,8 +88,9 @@ AUTO: Final = "auto"
 """The choice that picks a codec per record (`pick`): no codec of its own, never in a pack."""
 AUTO_AC_MAX_DENSITY = 0.01
 """`auto` codes a record with `sparse_ac` where at most this share of its elements changed,
-and with `sparse` above. Below it `sparse_ac` is smaller and at least as fast to decode on
-the CPU; above it its decode falls under 1 GB/s while `sparse`'s does not (BENCHMARKS.md)."""
+and with `sparse` above. Below it `sparse_ac`'s packs are smaller and decode at least as fast
+on the CPU; above it `sparse_ac` encodes slower for a few percent fewer bytes (BENCHMARKS.md,
+real steps)."""
 CHOICES = (*(name for name, c in CODECS.items() if c.family == "sparse"), AUTO)
 """What a user may pick for a delta's sparse records: a sparse codec, or `auto`."""
 Choice = Literal["sparse", "sparse_ac", "auto"]
