@@ -90,7 +90,8 @@ AUTO_AC_MAX_DENSITY = 0.01
 """`auto` codes a record with `sparse_ac` where at most this share of its elements changed,
 and with `sparse` above. Below it `sparse_ac`'s packs are smaller and decode at least as fast
 on the CPU; above it `sparse_ac` encodes slower for a few percent fewer bytes (BENCHMARKS.md,
-real steps)."""
+real steps). On a GPU `sparse_ac` encodes and stages several times slower than `sparse` at
+every density (one serial coder per chunk), which keeps `auto` from being the default."""
 CHOICES = (*(name for name, c in CODECS.items() if c.family == "sparse"), AUTO)
 """What a user may pick for a delta's sparse records: a sparse codec, or `auto`."""
 Choice = Literal["sparse", "sparse_ac", "auto"]
