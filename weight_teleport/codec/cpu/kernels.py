@@ -310,13 +310,17 @@ def digest_patch_delta(words, tail_word, n_full, first_elem, elem_bytes, pos, va
     receiver holding a slice of a record's walk)."""
     acc = U64(0)
     k = 0
-    per_word = 8 // elem_bytes
+    # elements per word and element bits are powers of two: shifts and masks, not divisions
+    # (a division by a run-time divisor per event cost more than the two terms)
+    log_per_word = 3 - _floor_log2(U64(elem_bytes))
+    in_word = (np.int64(1) << log_per_word) - 1
+    log_bits = _floor_log2(U64(elem_bytes)) + 3
     while k < pos.size:
-        j = (first_elem + pos[k]) // per_word
+        j = (first_elem + pos[k]) >> log_per_word
         old_w = words[j] if j < n_full else tail_word
         new_w = old_w
-        while k < pos.size and (first_elem + pos[k]) // per_word == j:
-            sh = U64(((first_elem + pos[k]) % per_word) * elem_bytes * 8)
+        while k < pos.size and (first_elem + pos[k]) >> log_per_word == j:
+            sh = U64(((first_elem + pos[k]) & in_word) << log_bits)
             new_w = (new_w & ~(wmask << sh)) | ((U64(val[k]) & wmask) << sh)
             k += 1
         acc += _term(new_w, j + word_base) - _term(old_w, j + word_base)
