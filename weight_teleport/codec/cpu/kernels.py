@@ -114,38 +114,49 @@ def sparse_decode(
     patterns of the changed elements, ascending. Returns their number, or -1 when the
     streams do not fit the chunk (a corrupt pack).
 
-    left[c] counts the class-c elements still to pass before its next event (a gap);
-    NEVER once the class has no events left."""
+    skip[c] counts the class-c elements to pass before the class needs a look: in an
+    ordinary class the gap to its next event (NEVER once it has none left), in an inverted
+    class always 0, since each of its elements is an event or a change. The common case,
+    an unchanged element of an ordinary class, is then one load, one test and one store.
+    left[c] is the gap to an inverted class's next event."""
     n_cls = ev_off.size
     never = np.int64(1) << 62
+    skip = np.zeros(n_cls, np.int64)
     left = np.full(n_cls, never, np.int64)
     ev_i = np.zeros(n_cls, np.int64)
     res_i = np.zeros(n_cls, np.int64)
     for c in range(n_cls):
         if ev_cnt[c] > 0:
             left[c] = gaps[ev_off[c]]
+        if not inverted[c]:
+            skip[c] = left[c]
     k = 0
     for i in range(old.size):
         o = U64(old[i])
         c = lut[(o >> shift) & kmask]
-        n_left = left[c]
-        if n_left != 0 and not inverted[c]:
-            left[c] = n_left - 1  # the common case: an unchanged element of an ordinary class
+        s = skip[c]
+        if s != 0:
+            skip[c] = s - 1
             continue
-        ev = n_left == 0
-        if ev:
-            ev_i[c] += 1
-            left[c] = gaps[ev_off[c] + ev_i[c]] if ev_i[c] < ev_cnt[c] else never
-        else:
+        if inverted[c]:
+            n_left = left[c]
+            if n_left == 0:  # an event of an inverted class: an unchanged element
+                e = ev_i[c] + 1
+                ev_i[c] = e
+                left[c] = gaps[ev_off[c] + e] if e < ev_cnt[c] else never
+                continue
             left[c] = n_left - 1
-        if ev != inverted[c]:
-            if res_i[c] >= res_cnt[c]:
-                return -1
-            d = res[res_off[c] + res_i[c]]
-            res_i[c] += 1
-            out_pos[k] = i
-            out_val[k] = _unkey((_key(o, signbit, wmask) + d) & wmask, signbit, wmask)
-            k += 1
+        else:  # an event of an ordinary class: a change
+            e = ev_i[c] + 1
+            ev_i[c] = e
+            skip[c] = gaps[ev_off[c] + e] if e < ev_cnt[c] else never
+        r = res_i[c]
+        if r >= res_cnt[c]:
+            return -1
+        res_i[c] = r + 1
+        out_pos[k] = i
+        out_val[k] = _unkey((_key(o, signbit, wmask) + res[res_off[c] + r]) & wmask, signbit, wmask)
+        k += 1
     for c in range(n_cls):
         if ev_i[c] != ev_cnt[c] or res_i[c] != res_cnt[c]:
             return -1
