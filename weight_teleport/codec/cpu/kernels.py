@@ -321,11 +321,11 @@ def digest_patch_delta(words, tail_word, n_full, first_elem, elem_bytes, pos, va
     receiver holding a slice of a record's walk)."""
     acc = U64(0)
     k = 0
-    # elements per word and element bits are powers of two: shifts and masks, not divisions
-    # (a division by a run-time divisor per event cost more than the two terms)
-    log_per_word = 3 - _floor_log2(U64(elem_bytes))
+    # element bytes are a power of two: shifts and masks, since a division by a run-time
+    # divisor per change costs more than the two terms
+    log_bytes = _floor_log2(U64(elem_bytes))
+    log_per_word, log_bits = 3 - log_bytes, 3 + log_bytes
     in_word = (np.int64(1) << log_per_word) - 1
-    log_bits = _floor_log2(U64(elem_bytes)) + 3
     while k < pos.size:
         j = (first_elem + pos[k]) >> log_per_word
         old_w = words[j] if j < n_full else tail_word
